@@ -1,0 +1,3 @@
+//! `nereid-data-plane`: everything that runs models on one node.
+
+pub mod backend;

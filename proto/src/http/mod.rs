@@ -1,0 +1,1 @@
+//! HTTP frontend (KServe v2 REST + Triton extensions).

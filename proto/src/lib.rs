@@ -1,0 +1,26 @@
+//! `nereid-proto`: the wire contract and the protocol frontends, written once.
+//!
+//! ```text
+//!  HTTP body (JSON / binary tensor extension) ──► http::  ─┐
+//!                                                          ├─► types::InferRequest ──► InferenceService
+//!  gRPC ModelInferRequest ──────────────────────► grpc::  ─┘            (data plane or router)
+//! ```
+//!
+//! - [`pb`]: prost/tonic types generated from Triton's `.proto` files (package `inference`).
+//! - [`types`]: the internal request/response/tensor types every frontend converts into.
+//! - [`error`]: [`ServiceError`], classified by meaning; each transport maps it exhaustively.
+//! - [`service`]: the [`InferenceService`] trait the frontends call.
+//! - [`http`] and [`grpc`]: the two frontends.
+
+pub mod datatype;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod json;
+pub mod pb;
+pub mod service;
+pub mod types;
+
+pub use datatype::DataType;
+pub use error::ServiceError;
+pub use service::InferenceService;

@@ -1,0 +1,85 @@
+//! [`InferenceService`]: what the HTTP and gRPC frontends call.
+//!
+//! The single-node data plane implements it by running models; in cluster mode the router
+//! implements it by forwarding to a worker. Frontends stay thin translations over this trait.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::ServiceResult;
+use crate::pb::inference::{ModelConfig, ModelStatistics};
+use crate::types::{InferRequest, InferResponse};
+
+/// `GET /v2` / gRPC `ServerMetadata`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerMetadata {
+    pub name: String,
+    pub version: String,
+    pub extensions: Vec<String>,
+}
+
+/// One input or output as model metadata describes it (batch dimension shown as -1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorMetadata {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+}
+
+/// `GET /v2/models/{m}` / gRPC `ModelMetadata`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: String,
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// One row of the repository index.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelIndexEntry {
+    pub name: String,
+    /// Empty for a model on disk that was never loaded.
+    pub version: String,
+    /// `READY`, `UNAVAILABLE`, `LOADING`, `UNLOADING`; empty when never loaded.
+    pub state: String,
+    /// Why the model is not ready; empty when there is nothing to say.
+    pub reason: String,
+}
+
+/// A repository load request's overrides.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadRequest {
+    /// A `ModelConfig` in protobuf JSON form that replaces the model's `config.pbtxt`.
+    pub config: Option<String>,
+    /// `file:<version>/<path>` entries: file contents for an override model directory.
+    pub files: BTreeMap<String, Bytes>,
+}
+
+/// The operations every frontend exposes. `version: None` means the latest served version.
+#[async_trait]
+pub trait InferenceService: Send + Sync + 'static {
+    /// Liveness: the process is up and serving requests.
+    async fn server_live(&self) -> bool;
+    /// Readiness: live and, with strict readiness, every model loaded successfully.
+    async fn server_ready(&self) -> bool;
+    fn server_metadata(&self) -> ServerMetadata;
+    /// Whether the model version is ready; `NotFound` for an unknown model or version.
+    async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool>;
+    async fn model_metadata(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelMetadata>;
+    async fn model_config(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelConfig>;
+    /// Statistics of one model (version), or of every loaded model when `name` is empty.
+    async fn model_statistics(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> ServiceResult<Vec<ModelStatistics>>;
+    /// Runs one request. Dropping the future cancels the request.
+    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse>;
+    async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>>;
+    async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()>;
+    async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()>;
+}

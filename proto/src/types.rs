@@ -1,0 +1,390 @@
+//! The internal inference request, response and tensor types.
+//!
+//! Every frontend converts its wire form into these once, at the edge; the data plane and router
+//! never see JSON or prost types. Tensor data is always raw little-endian row-major bytes in a
+//! [`Bytes`] (shared, never copied on the way through); `BYTES` tensors keep Triton's layout of a
+//! 4-byte little-endian length before each element. A [`Tensor`] can only be built through
+//! [`Tensor::new`], which checks that the bytes agree with shape and datatype, so later stages can
+//! trust them.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::datatype::DataType;
+use crate::error::{ServiceError, ServiceResult};
+
+/// A request or response parameter value (KServe v2 `InferParameter`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ParamValue {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Double(f64),
+    String(String),
+}
+
+/// Named parameters, ordered so responses print deterministically.
+pub type Parameters = BTreeMap<String, ParamValue>;
+
+/// Request parameter keys with meaning to the server; they are never passed to the model as
+/// custom parameters.
+pub const RESERVED_PARAMETER_KEYS: [&str; 7] = [
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "priority",
+    "timeout",
+    "headers",
+    "binary_data_output",
+];
+
+/// A correlation id for the sequence batcher: an integer or a string (0 / "" mean none).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CorrelationId {
+    Uint(u64),
+    String(String),
+}
+
+/// The scheduling options a request carries in its reserved parameters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestOptions {
+    /// Priority level; 0 means the model's default level.
+    pub priority: u64,
+    /// Queue timeout in microseconds; 0 means the model's default.
+    pub timeout_us: u64,
+    pub sequence_id: Option<CorrelationId>,
+    pub sequence_start: bool,
+    pub sequence_end: bool,
+}
+
+impl RequestOptions {
+    /// Splits request parameters into the reserved options and the custom parameters that are
+    /// passed to the model. `binary_data_output` is a transport concern and is dropped here.
+    /// Keys starting with `triton_` and reserved keys of the wrong type are refused.
+    pub fn split(params: Parameters) -> ServiceResult<(RequestOptions, Parameters)> {
+        let mut options = RequestOptions::default();
+        let mut custom = Parameters::new();
+        for (key, value) in params {
+            match key.as_str() {
+                "priority" => options.priority = non_negative(&key, &value)?,
+                "timeout" => options.timeout_us = non_negative(&key, &value)?,
+                "sequence_id" => {
+                    options.sequence_id = match value {
+                        ParamValue::Int(v) if v >= 0 => Some(CorrelationId::Uint(v as u64)),
+                        ParamValue::Uint(v) => Some(CorrelationId::Uint(v)),
+                        ParamValue::String(s) => Some(CorrelationId::String(s)),
+                        _ => {
+                            return Err(ServiceError::invalid(
+                                "parameter 'sequence_id' must be a non-negative integer or a string",
+                            ));
+                        }
+                    };
+                    if matches!(&options.sequence_id, Some(CorrelationId::Uint(0)))
+                        || matches!(&options.sequence_id, Some(CorrelationId::String(s)) if s.is_empty())
+                    {
+                        options.sequence_id = None;
+                    }
+                }
+                "sequence_start" => options.sequence_start = boolean(&key, &value)?,
+                "sequence_end" => options.sequence_end = boolean(&key, &value)?,
+                "binary_data_output" => {
+                    boolean(&key, &value)?;
+                }
+                "headers" => {
+                    return Err(ServiceError::invalid(
+                        "parameter 'headers' is reserved and cannot be set in a request",
+                    ));
+                }
+                k if k.starts_with("triton_") => {
+                    return Err(ServiceError::invalid(format!(
+                        "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified, got '{k}'"
+                    )));
+                }
+                _ => {
+                    custom.insert(key, value);
+                }
+            }
+        }
+        Ok((options, custom))
+    }
+}
+
+fn non_negative(key: &str, value: &ParamValue) -> ServiceResult<u64> {
+    match *value {
+        ParamValue::Int(v) if v >= 0 => Ok(v as u64),
+        ParamValue::Uint(v) => Ok(v),
+        _ => Err(ServiceError::invalid(format!(
+            "parameter '{key}' must be a non-negative integer"
+        ))),
+    }
+}
+
+fn boolean(key: &str, value: &ParamValue) -> ServiceResult<bool> {
+    match *value {
+        ParamValue::Bool(b) => Ok(b),
+        _ => Err(ServiceError::invalid(format!("parameter '{key}' must be a boolean"))),
+    }
+}
+
+/// A named tensor whose bytes are known to agree with its datatype and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    name: String,
+    datatype: DataType,
+    shape: Vec<i64>,
+    data: Bytes,
+}
+
+impl Tensor {
+    /// Checks and builds a tensor. `shape` must be non-negative; for fixed-size types the byte
+    /// length must equal the element count times the element size; for `BYTES` the data must be
+    /// exactly as many length-prefixed elements as the shape holds.
+    pub fn new(
+        name: impl Into<String>,
+        datatype: DataType,
+        shape: Vec<i64>,
+        data: Bytes,
+    ) -> ServiceResult<Tensor> {
+        let name = name.into();
+        let count = element_count(&shape).ok_or_else(|| {
+            ServiceError::invalid(format!(
+                "tensor '{name}': shape {} is invalid (dimensions must be non-negative and the element count must fit in memory)",
+                format_shape(&shape)
+            ))
+        })?;
+        match datatype.element_size() {
+            Some(size) => {
+                let expected = count.checked_mul(size).ok_or_else(|| {
+                    ServiceError::invalid(format!("tensor '{name}': shape is too large"))
+                })?;
+                if expected != data.len() {
+                    return Err(ServiceError::invalid(format!(
+                        "tensor '{name}': {datatype} shape {} needs {expected} bytes, got {}",
+                        format_shape(&shape),
+                        data.len()
+                    )));
+                }
+            }
+            None => {
+                let found = count_bytes_elements(&data).ok_or_else(|| {
+                    ServiceError::invalid(format!(
+                        "tensor '{name}': BYTES data is malformed: an element's 4-byte length prefix runs past the end of the data"
+                    ))
+                })?;
+                if found != count {
+                    return Err(ServiceError::invalid(format!(
+                        "tensor '{name}': BYTES shape {} holds {count} elements, but the data has {found}",
+                        format_shape(&shape)
+                    )));
+                }
+            }
+        }
+        Ok(Tensor { name, datatype, shape, data })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn datatype(&self) -> DataType {
+        self.datatype
+    }
+
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    pub fn data(&self) -> &Bytes {
+        &self.data
+    }
+
+    /// Number of elements (the product of the shape).
+    pub fn element_count(&self) -> usize {
+        element_count(&self.shape).unwrap_or(0)
+    }
+
+    pub fn into_parts(self) -> (String, DataType, Vec<i64>, Bytes) {
+        (self.name, self.datatype, self.shape, self.data)
+    }
+
+    /// The same tensor under another name (ensembles and identity models rename outputs).
+    pub fn renamed(mut self, name: impl Into<String>) -> Tensor {
+        self.name = name.into();
+        self
+    }
+}
+
+/// Product of a shape; `None` if a dimension is negative or the product overflows.
+pub fn element_count(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        let d = usize::try_from(d).ok()?;
+        acc.checked_mul(d)
+    })
+}
+
+/// Counts the length-prefixed elements of `BYTES` data; `None` if a prefix overruns the data.
+pub fn count_bytes_elements(data: &[u8]) -> Option<usize> {
+    let mut pos = 0usize;
+    let mut n = 0usize;
+    while pos < data.len() {
+        let len_bytes: [u8; 4] = data.get(pos..pos + 4)?.try_into().ok()?;
+        let len = u32::from_le_bytes(len_bytes) as usize;
+        pos = pos.checked_add(4)?.checked_add(len)?;
+        if pos > data.len() {
+            return None;
+        }
+        n += 1;
+    }
+    Some(n)
+}
+
+/// Iterates the elements of well-formed `BYTES` data (as checked by [`Tensor::new`]).
+pub fn bytes_elements(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let len_bytes: [u8; 4] = data.get(pos..pos + 4)?.try_into().ok()?;
+        let len = u32::from_le_bytes(len_bytes) as usize;
+        let start = pos + 4;
+        let elem = data.get(start..start + len)?;
+        pos = start + len;
+        Some(elem)
+    })
+}
+
+/// Appends one `BYTES` element in Triton's layout.
+pub fn push_bytes_element(out: &mut Vec<u8>, element: &[u8]) {
+    out.extend_from_slice(&(element.len() as u32).to_le_bytes());
+    out.extend_from_slice(element);
+}
+
+/// Formats a shape the way Triton's messages do: `[1,3,224,224]`.
+pub fn format_shape(shape: &[i64]) -> String {
+    let dims: Vec<String> = shape.iter().map(i64::to_string).collect();
+    format!("[{}]", dims.join(","))
+}
+
+/// An output the client asked for, with its per-output parameters (e.g. `classification`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestedOutput {
+    pub name: String,
+    pub parameters: Parameters,
+}
+
+/// One inference request, as every frontend produces it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InferRequest {
+    pub model_name: String,
+    /// `None` asks for the version the model's policy serves as latest.
+    pub model_version: Option<i64>,
+    /// Client-chosen id, echoed in the response; may be empty.
+    pub id: String,
+    pub options: RequestOptions,
+    /// Custom parameters, passed to the model.
+    pub parameters: Parameters,
+    pub inputs: Vec<Tensor>,
+    /// Outputs to return, in order; empty means every output of the model.
+    pub outputs: Vec<RequestedOutput>,
+}
+
+/// The answer to an [`InferRequest`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: String,
+    pub parameters: Parameters,
+    pub outputs: Vec<Tensor>,
+}
+
+/// Parses a version as it arrives on the wire ("" = latest).
+pub fn parse_version(model: &str, version: &str) -> ServiceResult<Option<i64>> {
+    if version.is_empty() {
+        return Ok(None);
+    }
+    match version.parse::<i64>() {
+        Ok(v) if v >= 0 => Ok(Some(v)),
+        _ => Err(ServiceError::invalid(format!(
+            "model '{model}': version '{version}' is not a non-negative integer"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_tensor(elems: &[&[u8]]) -> Bytes {
+        let mut v = Vec::new();
+        for e in elems {
+            push_bytes_element(&mut v, e);
+        }
+        Bytes::from(v)
+    }
+
+    #[test]
+    fn fixed_size_tensor_checks_byte_length() {
+        assert!(Tensor::new("x", DataType::Fp32, vec![2, 2], Bytes::from(vec![0u8; 16])).is_ok());
+        let err = Tensor::new("x", DataType::Fp32, vec![2, 2], Bytes::from(vec![0u8; 15])).unwrap_err();
+        assert_eq!(err.message(), "tensor 'x': FP32 shape [2,2] needs 16 bytes, got 15");
+        assert!(Tensor::new("x", DataType::Int8, vec![0, 5], Bytes::new()).is_ok());
+    }
+
+    #[test]
+    fn negative_and_overflowing_shapes_are_refused() {
+        assert!(Tensor::new("x", DataType::Fp32, vec![-1], Bytes::new()).is_err());
+        let huge = vec![i64::MAX, i64::MAX];
+        assert!(Tensor::new("x", DataType::Uint8, huge, Bytes::new()).is_err());
+        assert!(Tensor::new("x", DataType::Fp64, vec![1 << 62], Bytes::new()).is_err());
+    }
+
+    #[test]
+    fn bytes_tensor_counts_elements() {
+        let data = bytes_tensor(&[b"ab", b"", b"xyz"]);
+        let t = Tensor::new("s", DataType::Bytes, vec![3], data.clone()).unwrap();
+        let elems: Vec<&[u8]> = bytes_elements(t.data()).collect();
+        assert_eq!(elems, vec![&b"ab"[..], b"", b"xyz"]);
+        let err = Tensor::new("s", DataType::Bytes, vec![2], data).unwrap_err();
+        assert!(err.message().contains("holds 2 elements, but the data has 3"));
+        let truncated = Bytes::from_static(&[5, 0, 0, 0, b'a']);
+        assert!(Tensor::new("s", DataType::Bytes, vec![1], truncated).is_err());
+        assert!(Tensor::new("s", DataType::Bytes, vec![1], Bytes::from_static(&[1, 0])).is_err());
+    }
+
+    #[test]
+    fn options_split_reserved_from_custom() {
+        let mut p = Parameters::new();
+        p.insert("priority".into(), ParamValue::Int(2));
+        p.insert("timeout".into(), ParamValue::Uint(100));
+        p.insert("sequence_id".into(), ParamValue::String("abc".into()));
+        p.insert("sequence_start".into(), ParamValue::Bool(true));
+        p.insert("my_key".into(), ParamValue::Double(1.5));
+        let (o, custom) = RequestOptions::split(p).unwrap();
+        assert_eq!(o.priority, 2);
+        assert_eq!(o.timeout_us, 100);
+        assert_eq!(o.sequence_id, Some(CorrelationId::String("abc".into())));
+        assert!(o.sequence_start && !o.sequence_end);
+        assert_eq!(custom.len(), 1);
+    }
+
+    #[test]
+    fn options_refuse_triton_keys_and_bad_types() {
+        let mut p = Parameters::new();
+        p.insert("triton_x".into(), ParamValue::Bool(true));
+        assert!(RequestOptions::split(p).unwrap_err().message().contains("reserved"));
+        let mut p = Parameters::new();
+        p.insert("priority".into(), ParamValue::Int(-1));
+        assert!(RequestOptions::split(p).is_err());
+        let mut p = Parameters::new();
+        p.insert("sequence_end".into(), ParamValue::Int(1));
+        assert!(RequestOptions::split(p).is_err());
+    }
+
+    #[test]
+    fn version_parsing() {
+        assert_eq!(parse_version("m", "").unwrap(), None);
+        assert_eq!(parse_version("m", "3").unwrap(), Some(3));
+        assert!(parse_version("m", "x").is_err());
+        assert!(parse_version("m", "-1").is_err());
+    }
+}

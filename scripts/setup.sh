@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what Nereid's build, `make run` and `make test` need, idempotently:
+#   - .venv/: onnxruntime (its shared library is what the ONNX backend loads), onnx, numpy,
+#     pytest, and Triton's Python client (tritonclient[all] 2.50.0, manylinux wheel, which
+#     carries perf_analyzer) plus the CUDA runtime wheel perf_analyzer links against;
+#   - Debian's libb64-0d (perf_analyzer needs it);
+#   - .venv/perf_analyzer: a wrapper that sets LD_LIBRARY_PATH for perf_analyzer.
+# Only package registries are used. Safe to run again: each step checks before it acts.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${NEREID_VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3}
+ORT_VERSION=1.31.1
+ONNX_VERSION=1.23.2
+TC_VERSION=2.50.0
+TC_WHEEL=tritonclient-${TC_VERSION}-py3-none-manylinux1_x86_64.whl
+STAMP=$VENV/.nereid-setup-v1
+
+log() { echo "setup: $*" >&2; }
+
+if ! dpkg -s libb64-0d >/dev/null 2>&1; then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  log "installing libb64-0d (for perf_analyzer)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libb64-0d >/dev/null
+fi
+
+[ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
+PIP="$VENV/bin/pip --disable-pip-version-check -q"
+
+if [ ! -f "$STAMP" ]; then
+  log "installing python packages into $VENV"
+  $PIP install "onnxruntime==${ORT_VERSION}" "onnx==${ONNX_VERSION}" "numpy<2" pytest pytest-timeout
+  mkdir -p "$VENV/wheels"
+  if [ ! -f "$VENV/wheels/$TC_WHEEL" ]; then
+    # The manylinux1 wheel is the one that carries bin/perf_analyzer; name it explicitly.
+    $PIP download --no-deps --only-binary=:all: --platform manylinux1_x86_64 \
+      --python-version 3 --implementation py --abi none \
+      "tritonclient==${TC_VERSION}" -d "$VENV/wheels"
+  fi
+  $PIP install --only-binary=:all: "$VENV/wheels/$TC_WHEEL[all]"
+  $PIP install --only-binary=:all: "nvidia-cuda-runtime-cu12>=12,<13"
+  # tritonclient[all] pins an old protobuf; onnx needs 6.x and tritonclient works with it.
+  $PIP install --only-binary=:all: "protobuf>=6.31.1"
+  touch "$STAMP"
+fi
+
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+ORT_LIB=$(ls "$SITE"/onnxruntime/capi/libonnxruntime.so.* | head -n1)
+[ -f "$ORT_LIB" ] || { echo "setup: libonnxruntime not found under $SITE" >&2; exit 1; }
+CUDART_DIR=$SITE/nvidia/cuda_runtime/lib
+
+cat > "$VENV/perf_analyzer" <<WRAP
+#!/usr/bin/env bash
+export LD_LIBRARY_PATH="$CUDART_DIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+exec "$VENV/bin/perf_analyzer" "\$@"
+WRAP
+chmod +x "$VENV/perf_analyzer"
+
+# The path the build bakes into the binary as its default ONNX Runtime library.
+echo "$ORT_LIB" > "$VENV/ort-lib-path"
+log "ok: onnxruntime library at $ORT_LIB"
