@@ -1,3 +1,18 @@
 //! `nereid-data-plane`: everything that runs models on one node.
+//!
+//! ```text
+//! repository (disk) ─► config (parse, complete, validate) ─► manager (load / unload / poll)
+//!                                                                │
+//! InferenceService (server) ─► request_check ─► instances (threads) ─► backend (ONNX Runtime)
+//! ```
 
 pub mod backend;
+pub mod config;
+pub mod instances;
+pub mod manager;
+pub mod metrics;
+pub mod repository;
+pub mod request_check;
+pub mod serve;
+pub mod server;
+pub mod stats;

@@ -84,3 +84,28 @@ pub trait Backend: Send + Sync {
     /// Loads one instance. Fails with [`BackendError::Load`] and a reason the user can act on.
     fn load_instance(&self, ctx: &InstanceContext) -> Result<Box<dyn BackendInstance>, BackendError>;
 }
+
+/// The backends this build can run, by Triton backend name.
+#[derive(Clone)]
+pub struct Backends {
+    onnxruntime: Arc<onnx::OnnxRuntimeBackend>,
+}
+
+impl Backends {
+    /// `onnxruntime_library`: the ONNX Runtime shared library to load (see
+    /// [`onnx::OnnxRuntimeBackend::new`]).
+    pub fn new(onnxruntime_library: Option<PathBuf>) -> Self {
+        Backends { onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)) }
+    }
+
+    /// The backend for a config's `backend` field; a message naming it when this build has none.
+    pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>, String> {
+        match name {
+            "onnxruntime" => Ok(self.onnxruntime.clone()),
+            "pytorch" | "python" => Err(format!(
+                "backend '{name}' is not supported by this version of Nereid yet"
+            )),
+            other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime'")),
+        }
+    }
+}

@@ -1,1 +1,62 @@
-//! gRPC frontend.
+//! gRPC frontend: Triton's `inference.GRPCInferenceService` and `grpc.health.v1.Health`.
+//!
+//! ```text
+//! tonic server (HTTP/2, prost decoding, message size limits from GrpcConfig)
+//!   └─► handlers::GrpcFrontend ── one method per rpc, a thin translation
+//!         ├─ infer::decode_request    ModelInferRequest ─► types::InferRequest
+//!         │    └─ contents::contents_to_bytes   typed contents ─► raw LE bytes
+//!         ├─ repository               load/unload parameters ─► LoadRequest / flag
+//!         ├─ InferenceService         the one shared implementation (data plane or router)
+//!         ├─ infer::encode_response   types::InferResponse ─► ModelInferResponse (raw outputs)
+//!         └─ error                    ServiceError ─► tonic::Status (one exhaustive match)
+//! ```
+//!
+//! [`routes`] is the whole public surface: the caller adds the routes to a
+//! `tonic::transport::Server` and owns the listener and shutdown. Tensor bytes are `Bytes` from
+//! prost decoding to the service and back, never copied. A cancelled rpc drops its handler
+//! future, which drops the in-flight `InferenceService::infer` future and so cancels the request.
+//! Streaming inference, shared memory, trace and log settings answer UNIMPLEMENTED for now.
+
+mod contents;
+pub mod error;
+mod handlers;
+mod infer;
+mod repository;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use crate::pb::health::health_server::HealthServer;
+use crate::pb::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
+use crate::service::InferenceService;
+
+/// Settings of the gRPC frontend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcConfig {
+    /// Largest message, in bytes, accepted from or sent to a client. Triton uses `INT32_MAX`
+    /// both ways so large tensors fit in one `ModelInfer`; lower it to bound per-request memory.
+    pub max_message_size: usize,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig {
+            max_message_size: i32::MAX as usize,
+        }
+    }
+}
+
+/// tonic routes serving `inference.GRPCInferenceService` and `grpc.health.v1.Health` over
+/// `service`, ready for
+/// `tonic::transport::Server::builder().add_routes(routes).serve_with_incoming_shutdown(..)`.
+pub fn routes(service: Arc<dyn InferenceService>, config: GrpcConfig) -> tonic::service::Routes {
+    let frontend = Arc::new(handlers::GrpcFrontend::new(service));
+    let inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size);
+    let health = HealthServer::from_arc(frontend)
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size);
+    tonic::service::Routes::new(inference).add_service(health)
+}

@@ -1,0 +1,46 @@
+# The commands a person types. `make run` and `make test` work on a fresh machine: each sets up
+# what it needs first (idempotently).
+
+VENV        := .venv
+PYTHON      := $(VENV)/bin/python
+NEREID      := target/release/nereid
+EXAMPLES    := docs/examples/model_repository
+CARGO_FLAGS ?= --locked
+
+.PHONY: all setup build examples run test test-rust test-python lint bench clean
+
+all: build
+
+## setup: Python venv with the ONNX Runtime library, onnx, tritonclient and perf_analyzer.
+setup: $(VENV)/ort-lib-path
+
+$(VENV)/ort-lib-path: scripts/setup.sh
+	bash scripts/setup.sh
+
+## build: target/release/nereid, runnable as is (ONNX Runtime is found without env vars).
+build: setup
+	cargo build --release $(CARGO_FLAGS) --bin nereid
+	cp -f "$$(cat $(VENV)/ort-lib-path)" target/release/
+
+## examples: the example model repository under docs/examples/.
+examples: setup
+	$(PYTHON) scripts/gen_models.py $(EXAMPLES) --set example
+
+## run: serve the example repository on 8000 (HTTP), 8001 (gRPC), 8002 (metrics).
+run: build examples
+	$(NEREID) serve --model-repository $(EXAMPLES)
+
+## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer.
+test: test-rust test-python
+
+test-rust: build
+	cargo test --release $(CARGO_FLAGS) --workspace
+
+test-python: build
+	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q
+
+lint:
+	cargo clippy --workspace --all-targets -- -D warnings
+
+clean:
+	cargo clean

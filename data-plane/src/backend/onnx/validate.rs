@@ -1,0 +1,266 @@
+//! Load-time check that a model config fits the ONNX model, like Triton's ORT backend.
+//!
+//! ```text
+//!  every model input  ── must be named by the config (input, batch_input, sequence control/state)
+//!  every config input/output ── must exist in the model, same datatype, compatible shape
+//! ```
+//! Shapes: with `max_batch_size > 0` the model's first dimension must be dynamic (-1) and the
+//! rest must match the config's `dims` (or `reshape.shape` when given); without batching the whole
+//! shape must match. A -1 on either side matches any size. A scalar model tensor accepts config
+//! dims that are all 1 (Triton's rule). Messages start with `unable to load model '<name>'`.
+
+use nereid_proto::DataType;
+use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::pb::inference::model_config::SchedulingChoice;
+use nereid_proto::types::format_shape;
+
+use super::signature::{ModelSignature, TensorSig};
+use super::types::config_name;
+
+/// Checks `config` against `sig`; `Err` is the reason the model cannot load.
+pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(), String> {
+    let prefix = format!("unable to load model '{}'", config.name);
+    check_input_coverage(config, sig).map_err(|e| format!("{prefix}, {e}"))?;
+    let batching = config.max_batch_size > 0;
+    for input in &config.input {
+        if input.optional && batching {
+            return Err(format!(
+                "{prefix}, optional input '{}' is not supported for models that support batching",
+                input.name
+            ));
+        }
+        let Some(model) = sig.input(&input.name) else {
+            if input.optional {
+                // An optional input may be an initializer the model lets callers override.
+                continue;
+            }
+            return Err(format!(
+                "{prefix}, configuration input '{}' is not an input of the model; model inputs are: {}",
+                input.name,
+                sig.input_names()
+            ));
+        };
+        check_datatype(input.data_type, model, "input").map_err(|e| format!("{prefix}, {e}"))?;
+        let dims = input.reshape.as_ref().map_or(&input.dims, |r| &r.shape);
+        if input.allow_ragged_batch {
+            if model.dims != [-1] {
+                return Err(format!(
+                    "{prefix}, configuration expects model provides input with shape [-1] for ragged input '{}', model provides {}",
+                    input.name,
+                    format_shape(&model.dims)
+                ));
+            }
+            continue;
+        }
+        check_dims(model, dims, config.max_batch_size).map_err(|e| format!("{prefix}, {e}"))?;
+    }
+    for output in &config.output {
+        let Some(model) = sig.output(&output.name) else {
+            return Err(format!(
+                "{prefix}, configuration output '{}' is not an output of the model; model outputs are: {}",
+                output.name,
+                sig.output_names()
+            ));
+        };
+        check_datatype(output.data_type, model, "output").map_err(|e| format!("{prefix}, {e}"))?;
+        if config.batch_output.iter().any(|b| b.target_name.contains(&output.name)) {
+            continue; // a batch output's shape need not match the model's
+        }
+        let dims = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
+        check_dims(model, dims, config.max_batch_size).map_err(|e| format!("{prefix}, {e}"))?;
+    }
+    Ok(())
+}
+
+/// Every model input must be fed by something the config declares, or the model could never run.
+fn check_input_coverage(config: &ModelConfig, sig: &ModelSignature) -> Result<(), String> {
+    let mut declared: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
+    declared.extend(config.batch_input.iter().flat_map(|b| b.target_name.iter().map(String::as_str)));
+    if let Some(SchedulingChoice::SequenceBatching(seq)) = &config.scheduling_choice {
+        declared.extend(seq.control_input.iter().map(|c| c.name.as_str()));
+        declared.extend(seq.state.iter().map(|s| s.input_name.as_str()));
+    }
+    let missing: Vec<&TensorSig> =
+        sig.inputs.iter().filter(|t| !declared.contains(&t.name.as_str())).collect();
+    if let Some(first) = missing.first() {
+        return Err(format!(
+            "configuration expects {} inputs, model provides {} (model input '{}' is not in the configuration)",
+            declared.len(),
+            sig.inputs.len(),
+            first.name
+        ));
+    }
+    Ok(())
+}
+
+fn check_datatype(config_type: i32, model: &TensorSig, kind: &str) -> Result<(), String> {
+    let model_type = match &model.datatype {
+        Ok(dt) => *dt,
+        Err(what) => {
+            return Err(format!("model {kind} '{}' is {what}, which Triton cannot serve", model.name));
+        }
+    };
+    let Some(config_type) = DataType::from_config_i32(config_type) else {
+        return Err(format!("configuration {kind} '{}' has no valid data_type", model.name));
+    };
+    if config_type != model_type {
+        return Err(format!(
+            "configuration expects datatype {} for {kind} '{}', model provides {}",
+            config_name(config_type),
+            model.name,
+            config_name(model_type)
+        ));
+    }
+    Ok(())
+}
+
+/// Triton's `CompareDimsSupported`, with -1 matching on either side.
+fn check_dims(model: &TensorSig, dims: &[i64], max_batch_size: i32) -> Result<(), String> {
+    let name = &model.name;
+    if model.dims.is_empty() && max_batch_size == 0 {
+        if dims.iter().any(|&d| d != 1) {
+            return Err(format!(
+                "scalar tensor '{name}', should only provide 1 in the model configuration when the model doesn't support batching. Model configuration provided: {}.",
+                format_shape(dims)
+            ));
+        }
+        return Ok(());
+    }
+    let full: Vec<i64> = if max_batch_size > 0 {
+        if !model.batchable() {
+            return Err(format!(
+                "tensor '{name}': for the model to support batching the shape should have at least 1 dimension and the first dimension must be -1; but shape expected by the model is {}",
+                format_shape(&model.dims)
+            ));
+        }
+        std::iter::once(-1).chain(dims.iter().copied()).collect()
+    } else {
+        dims.to_vec()
+    };
+    let compatible = full.len() == model.dims.len()
+        && full.iter().zip(&model.dims).all(|(&c, &m)| c == -1 || m == -1 || c == m);
+    if !compatible {
+        let how = if max_batch_size > 0 {
+            "(with the batch dimension first because max_batch_size > 0) "
+        } else {
+            ""
+        };
+        return Err(format!(
+            "tensor '{name}': the model expects {} dimensions (shape {}) but the model configuration specifies {} dimensions {how}(shape {})",
+            model.dims.len(),
+            format_shape(&model.dims),
+            full.len(),
+            format_shape(&full)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use nereid_proto::pb::inference::{ModelInput, ModelOutput};
+
+    use super::*;
+    use crate::backend::onnx::signature::sig;
+
+    fn add_sub() -> ModelSignature {
+        ModelSignature {
+            inputs: vec![sig("a", DataType::Fp32, &[-1, 4]), sig("b", DataType::Fp32, &[-1, 4])],
+            outputs: vec![sig("y", DataType::Fp32, &[-1, 4])],
+        }
+    }
+
+    fn io(dt: DataType, dims: &[i64]) -> (i32, Vec<i64>) {
+        (dt.to_config() as i32, dims.to_vec())
+    }
+
+    fn config(mbs: i32, inputs: &[(&str, DataType, &[i64])], outputs: &[(&str, DataType, &[i64])]) -> ModelConfig {
+        ModelConfig {
+            name: "m".into(),
+            max_batch_size: mbs,
+            input: inputs
+                .iter()
+                .map(|(n, dt, d)| {
+                    let (data_type, dims) = io(*dt, d);
+                    ModelInput { name: n.to_string(), data_type, dims, ..Default::default() }
+                })
+                .collect(),
+            output: outputs
+                .iter()
+                .map(|(n, dt, d)| {
+                    let (data_type, dims) = io(*dt, d);
+                    ModelOutput { name: n.to_string(), data_type, dims, ..Default::default() }
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    const F: DataType = DataType::Fp32;
+
+    #[test]
+    fn matching_configs_pass() {
+        let ok = config(8, &[("a", F, &[4]), ("b", F, &[-1])], &[("y", F, &[4])]);
+        assert_eq!(validate(&ok, &add_sub()), Ok(()));
+        let no_batch = config(0, &[("a", F, &[2, 4]), ("b", F, &[-1, 4])], &[("y", F, &[-1, -1])]);
+        assert_eq!(validate(&no_batch, &add_sub()), Ok(()));
+    }
+
+    #[test]
+    fn input_count_and_names_are_checked() {
+        let one = config(8, &[("a", F, &[4])], &[("y", F, &[4])]);
+        assert_eq!(
+            validate(&one, &add_sub()).unwrap_err(),
+            "unable to load model 'm', configuration expects 1 inputs, model provides 2 (model input 'b' is not in the configuration)"
+        );
+        let wrong = config(8, &[("a", F, &[4]), ("b", F, &[4]), ("c", F, &[4])], &[("y", F, &[4])]);
+        let err = validate(&wrong, &add_sub()).unwrap_err();
+        assert!(err.contains("configuration input 'c' is not an input of the model; model inputs are: 'a', 'b'"), "{err}");
+        let out = config(8, &[("a", F, &[4]), ("b", F, &[4])], &[("z", F, &[4])]);
+        assert!(validate(&out, &add_sub()).unwrap_err().contains("configuration output 'z' is not an output"));
+    }
+
+    #[test]
+    fn datatypes_and_dims_are_checked() {
+        let dt = config(8, &[("a", DataType::Fp16, &[4]), ("b", F, &[4])], &[("y", F, &[4])]);
+        assert_eq!(
+            validate(&dt, &add_sub()).unwrap_err(),
+            "unable to load model 'm', configuration expects datatype TYPE_FP16 for input 'a', model provides TYPE_FP32"
+        );
+        let dims = config(8, &[("a", F, &[5]), ("b", F, &[4])], &[("y", F, &[4])]);
+        let err = validate(&dims, &add_sub()).unwrap_err();
+        assert!(err.contains("tensor 'a': the model expects 2 dimensions (shape [-1,4])"), "{err}");
+        assert!(err.contains("(shape [-1,5])"), "{err}");
+        let rank = config(0, &[("a", F, &[4]), ("b", F, &[-1, 4])], &[("y", F, &[-1, 4])]);
+        assert!(validate(&rank, &add_sub()).unwrap_err().contains("tensor 'a': the model expects 2 dimensions"));
+    }
+
+    #[test]
+    fn batching_needs_a_dynamic_first_dimension() {
+        let fixed = ModelSignature { inputs: vec![sig("x", F, &[1, 3])], outputs: vec![sig("y", F, &[1, 3])] };
+        let err = validate(&config(4, &[("x", F, &[3])], &[("y", F, &[3])]), &fixed).unwrap_err();
+        assert!(err.contains("the first dimension must be -1; but shape expected by the model is [1,3]"), "{err}");
+        assert_eq!(validate(&config(0, &[("x", F, &[1, 3])], &[("y", F, &[1, 3])]), &fixed), Ok(()));
+    }
+
+    #[test]
+    fn scalars_and_reshape() {
+        let scalar = ModelSignature { inputs: vec![sig("x", F, &[])], outputs: vec![sig("y", F, &[])] };
+        assert_eq!(validate(&config(0, &[("x", F, &[1])], &[("y", F, &[1])]), &scalar), Ok(()));
+        assert!(validate(&config(0, &[("x", F, &[2])], &[("y", F, &[1])]), &scalar).is_err());
+        let batched = ModelSignature { inputs: vec![sig("x", F, &[-1])], outputs: vec![sig("y", F, &[-1])] };
+        let mut cfg = config(4, &[("x", F, &[1])], &[("y", F, &[1])]);
+        assert!(validate(&cfg, &batched).is_err());
+        cfg.input[0].reshape = Some(Default::default());
+        cfg.output[0].reshape = Some(Default::default());
+        assert_eq!(validate(&cfg, &batched), Ok(()));
+    }
+
+    #[test]
+    fn unservable_model_types_are_named() {
+        let mut s = add_sub();
+        s.inputs[0].datatype = Err("an ONNX sequence".into());
+        let err = validate(&config(8, &[("a", F, &[4]), ("b", F, &[4])], &[("y", F, &[4])]), &s).unwrap_err();
+        assert!(err.contains("model input 'a' is an ONNX sequence, which Triton cannot serve"), "{err}");
+    }
+}

@@ -1,0 +1,263 @@
+//! Model configuration: from `config.pbtxt` (or a load request's override) to the complete,
+//! validated [`ModelConfig`] a model is loaded with.
+//!
+//! ```text
+//! config.pbtxt ─► text::parse_model_config ─┐
+//! load override (JSON) ─────────────────────┴► complete():
+//!     name check ─► platform/backend from config or files ─► backend auto-complete
+//!     ─► defaults (version policy, instance groups) ─► validate::validate
+//! ```
+
+pub mod text;
+pub mod validate;
+
+use std::path::{Path, PathBuf};
+
+use nereid_proto::pb::inference::model_instance_group::Kind;
+use nereid_proto::pb::inference::model_version_policy::{Latest, PolicyChoice};
+use nereid_proto::pb::inference::{ModelConfig, ModelInstanceGroup, ModelVersionPolicy};
+
+use crate::backend::Backends;
+
+/// Why a model's config could not be completed. The `Display` text is the model's
+/// UNAVAILABLE reason and what `nereid check-config` prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("{path}:{error}")]
+    Text { path: PathBuf, error: text::TextError },
+    #[error("{}", .0.join("; "))]
+    Invalid(Vec<String>),
+}
+
+/// Options that shape how a config is completed.
+#[derive(Clone, Copy, Debug)]
+pub struct CompleteOptions {
+    /// Let the backend fill inputs, outputs and batching from the model file.
+    pub auto_complete: bool,
+}
+
+/// The config file name inside a model directory.
+pub const CONFIG_FILE: &str = "config.pbtxt";
+
+/// Reads `<model_dir>/config.pbtxt`. A missing file gives an empty config (auto-complete or
+/// validation decides whether that is enough).
+pub fn read_config_file(model_dir: &Path) -> Result<ModelConfig, ConfigError> {
+    let path = model_dir.join(CONFIG_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse_config_text(&path, &text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
+        Err(e) => Err(ConfigError::Read { path, message: e.to_string() }),
+    }
+}
+
+/// Parses config text, naming `path` in errors (`path:line:col: message`).
+pub fn parse_config_text(path: &Path, text: &str) -> Result<ModelConfig, ConfigError> {
+    text::parse_model_config(text).map_err(|error| {
+        let error = if error.line.is_some() {
+            error
+        } else {
+            text::TextError { message: format!(" {}", error.message), ..error }
+        };
+        ConfigError::Text { path: path.to_path_buf(), error }
+    })
+}
+
+/// Platform ↔ backend pairs Triton knows, and the file that implies them.
+const PLATFORMS: &[(&str, &str, &str)] = &[
+    ("onnxruntime_onnx", "onnxruntime", "model.onnx"),
+    ("pytorch_libtorch", "pytorch", "model.pt"),
+    ("libtorch", "pytorch", ""),
+    ("torch_aoti", "pytorch", "model.pt2"),
+    ("tensorrt_plan", "tensorrt", "model.plan"),
+    ("tensorflow_savedmodel", "tensorflow", "model.savedmodel"),
+    ("tensorflow_graphdef", "tensorflow", "model.graphdef"),
+];
+
+/// Backends that are named by file alone (no platform string).
+const BACKEND_FILES: &[(&str, &str)] = &[("python", "model.py"), ("openvino", "model.xml")];
+
+/// Completes a parsed config for the model `name` in `model_dir` whose served version
+/// directories are `versions`: fills platform/backend and defaults, runs the backend's
+/// auto-complete, and validates. Errors are full sentences naming the model.
+pub fn complete(
+    name: &str,
+    mut config: ModelConfig,
+    versions: &[PathBuf],
+    backends: &Backends,
+    options: CompleteOptions,
+) -> Result<ModelConfig, ConfigError> {
+    if !config.name.is_empty() && config.name != name {
+        return Err(ConfigError::Invalid(vec![format!(
+            "model name '{}' in config.pbtxt does not match the model directory name '{name}'",
+            config.name
+        )]));
+    }
+    config.name = name.to_string();
+    fill_platform_and_backend(&mut config, versions)?;
+
+    if config.platform != "ensemble" {
+        let backend = backends.get(&config.backend).map_err(|e| ConfigError::Invalid(vec![e]))?;
+        if config.default_model_filename.is_empty() {
+            config.default_model_filename = backend.default_model_filename().to_string();
+        }
+        if options.auto_complete {
+            // The newest version's file is the one Triton auto-completes from.
+            if let Some(dir) = versions.last() {
+                let path = dir.join(&config.default_model_filename);
+                backend
+                    .auto_complete(&mut config, &path)
+                    .map_err(|e| ConfigError::Invalid(vec![e.to_string()]))?;
+            }
+        }
+    }
+    fill_defaults(&mut config);
+    let errors = validate::validate(&config);
+    if errors.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(errors)) }
+}
+
+/// Fills `platform` from `backend` or vice versa, or both from the model file found in the
+/// version directories.
+pub fn fill_platform_and_backend(
+    config: &mut ModelConfig,
+    versions: &[PathBuf],
+) -> Result<(), ConfigError> {
+    if config.platform == "ensemble" {
+        return Ok(());
+    }
+    if !config.platform.is_empty() {
+        let Some((_, backend, _)) = PLATFORMS.iter().find(|(p, _, _)| *p == config.platform) else {
+            return Err(ConfigError::Invalid(vec![format!(
+                "unexpected platform type '{}' for {}",
+                config.platform, config.name
+            )]));
+        };
+        if config.backend.is_empty() {
+            config.backend = backend.to_string();
+        } else if config.backend != *backend {
+            return Err(ConfigError::Invalid(vec![format!(
+                "model '{}': platform '{}' does not match backend '{}'",
+                config.name, config.platform, config.backend
+            )]));
+        }
+        return Ok(());
+    }
+    if !config.backend.is_empty() {
+        if let Some((platform, _, _)) = PLATFORMS.iter().find(|(_, b, f)| *b == config.backend && !f.is_empty()) {
+            // Triton fills the platform only for backends with a single platform file.
+            if config.backend == "onnxruntime" {
+                config.platform = platform.to_string();
+            }
+        }
+        return Ok(());
+    }
+    let has = |file: &str| {
+        let file = if config.default_model_filename.is_empty() { file } else { &config.default_model_filename };
+        versions.iter().any(|v| v.join(file).exists())
+    };
+    for (platform, backend, file) in PLATFORMS {
+        if !file.is_empty() && has(file) {
+            config.backend = backend.to_string();
+            if *backend == "onnxruntime" || *backend == "pytorch" && *file == "model.pt" {
+                config.platform = platform.to_string();
+            }
+            return Ok(());
+        }
+    }
+    for (backend, file) in BACKEND_FILES {
+        if has(file) {
+            config.backend = backend.to_string();
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Defaults Triton fills in every config: version policy (latest 1) and instance groups (one
+/// CPU group; two instances for ONNX Runtime on CPU, one otherwise; named `<model>_<index>`).
+/// `KIND_AUTO` resolves to `KIND_CPU` (GPU instances need an explicit `KIND_GPU` here).
+pub fn fill_defaults(config: &mut ModelConfig) {
+    if config.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()).is_none() {
+        config.version_policy = Some(ModelVersionPolicy {
+            policy_choice: Some(PolicyChoice::Latest(Latest { num_versions: 1 })),
+        });
+    }
+    if config.platform == "ensemble" {
+        return;
+    }
+    if config.instance_group.is_empty() {
+        config.instance_group.push(ModelInstanceGroup::default());
+    }
+    let default_count = if config.backend == "onnxruntime" { 2 } else { 1 };
+    let name = config.name.clone();
+    for (index, group) in config.instance_group.iter_mut().enumerate() {
+        if group.name.is_empty() {
+            group.name = format!("{name}_{index}");
+        }
+        if group.kind == Kind::Auto as i32 {
+            group.kind = Kind::Cpu as i32;
+        }
+        if group.count == 0 {
+            group.count = default_count;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn versions_with(file: &str) -> (tempfile::TempDir, Vec<PathBuf>) {
+        let dir = tempfile::tempdir().unwrap();
+        let v = dir.path().join("1");
+        std::fs::create_dir_all(&v).unwrap();
+        std::fs::write(v.join(file), b"x").unwrap();
+        (dir, vec![v])
+    }
+
+    #[test]
+    fn platform_and_backend_fill_each_other() {
+        let mut c = ModelConfig { name: "m".into(), platform: "onnxruntime_onnx".into(), ..Default::default() };
+        fill_platform_and_backend(&mut c, &[]).unwrap();
+        assert_eq!(c.backend, "onnxruntime");
+        let mut c = ModelConfig { name: "m".into(), backend: "onnxruntime".into(), ..Default::default() };
+        fill_platform_and_backend(&mut c, &[]).unwrap();
+        assert_eq!(c.platform, "onnxruntime_onnx");
+        let mut c = ModelConfig { name: "m".into(), platform: "caffe".into(), ..Default::default() };
+        let e = fill_platform_and_backend(&mut c, &[]).unwrap_err();
+        assert_eq!(e.to_string(), "unexpected platform type 'caffe' for m");
+    }
+
+    #[test]
+    fn backend_is_inferred_from_files() {
+        let (_d, v) = versions_with("model.onnx");
+        let mut c = ModelConfig { name: "m".into(), ..Default::default() };
+        fill_platform_and_backend(&mut c, &v).unwrap();
+        assert_eq!((c.platform.as_str(), c.backend.as_str()), ("onnxruntime_onnx", "onnxruntime"));
+        let (_d, v) = versions_with("model.py");
+        let mut c = ModelConfig { name: "m".into(), ..Default::default() };
+        fill_platform_and_backend(&mut c, &v).unwrap();
+        assert_eq!((c.platform.as_str(), c.backend.as_str()), ("", "python"));
+    }
+
+    #[test]
+    fn defaults_fill_instance_groups_and_policy() {
+        let mut c = ModelConfig { name: "m".into(), backend: "onnxruntime".into(), ..Default::default() };
+        fill_defaults(&mut c);
+        assert_eq!(c.instance_group.len(), 1);
+        assert_eq!(c.instance_group[0].name, "m_0");
+        assert_eq!(c.instance_group[0].count, 2);
+        assert_eq!(c.instance_group[0].kind, Kind::Cpu as i32);
+        assert!(matches!(
+            c.version_policy.unwrap().policy_choice,
+            Some(PolicyChoice::Latest(Latest { num_versions: 1 }))
+        ));
+    }
+
+    #[test]
+    fn text_errors_carry_the_path() {
+        let e = parse_config_text(Path::new("/r/m/config.pbtxt"), "name: \"m\"\nbogus: 1\n").unwrap_err();
+        assert!(e.to_string().starts_with("/r/m/config.pbtxt:2:1: "), "{e}");
+    }
+}

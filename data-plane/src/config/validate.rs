@@ -1,0 +1,227 @@
+//! Config checks Triton makes when it loads a model, with messages that name the model, the
+//! tensor and the field. Runs on the complete config (after defaults and auto-complete).
+
+use std::collections::HashSet;
+
+use nereid_proto::pb::inference::model_config::SchedulingChoice;
+use nereid_proto::pb::inference::model_instance_group::Kind;
+use nereid_proto::pb::inference::model_input::Format;
+use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig, ModelTensorReshape};
+
+/// Checks a complete config; returns every problem found, each a full sentence.
+pub fn validate(config: &ModelConfig) -> Vec<String> {
+    let mut errors = Vec::new();
+    let m = &config.name;
+    if config.max_batch_size < 0 {
+        errors.push(format!("'max_batch_size' must be non-negative value for {m}"));
+    }
+    let is_ensemble = config.platform == "ensemble";
+    if is_ensemble && !config.backend.is_empty() {
+        errors.push(format!(
+            "Ensemble model '{m}' must have platform type 'ensemble' and empty backend type"
+        ));
+    }
+    if !is_ensemble && config.backend.is_empty() {
+        errors.push(format!(
+            "unable to find a backend for model '{m}': set 'backend' or 'platform' in config.pbtxt, or put a model file (model.onnx, model.pt, model.py) in a version directory"
+        ));
+    }
+
+    let mut names = HashSet::new();
+    for input in &config.input {
+        check_tensor(&mut errors, m, "input", &input.name, input.data_type, &input.dims, input.reshape.as_ref());
+        if !names.insert(("input", input.name.as_str())) {
+            errors.push(format!("model input '{}' is specified more than once for {m}", input.name));
+        }
+        let format = Format::try_from(input.format).unwrap_or(Format::None);
+        if format != Format::None && input.dims.len() != 3 {
+            errors.push(format!(
+                "model input '{}' has format {} and must have exactly 3 dims (got {}) for {m}",
+                input.name,
+                format.as_str_name(),
+                input.dims.len()
+            ));
+        }
+    }
+    for output in &config.output {
+        check_tensor(&mut errors, m, "output", &output.name, output.data_type, &output.dims, output.reshape.as_ref());
+        if !names.insert(("output", output.name.as_str())) {
+            errors.push(format!("model output '{}' is specified more than once for {m}", output.name));
+        }
+    }
+
+    for group in &config.instance_group {
+        let name = &group.name;
+        if group.count < 1 {
+            errors.push(format!("instance group '{name}' of model '{m}' must have count >= 1, got {}", group.count));
+        }
+        let kind = Kind::try_from(group.kind).unwrap_or(Kind::Auto);
+        if kind == Kind::Gpu && group.gpus.iter().any(|g| *g < 0) {
+            errors.push(format!("instance group '{name}' of model '{m}' has a negative GPU id"));
+        }
+        if kind == Kind::Cpu && !group.gpus.is_empty() {
+            errors.push(format!(
+                "instance group '{name}' of model '{m}' has kind KIND_CPU but specifies 'gpus'"
+            ));
+        }
+    }
+    if is_ensemble && !config.instance_group.is_empty() {
+        errors.push(format!("instance group should not be specified for ensemble '{m}'"));
+    }
+
+    if let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice {
+        for &size in &db.preferred_batch_size {
+            if size < 1 {
+                errors.push(format!("dynamic batching preferred size must be positive for {m}"));
+            } else if size > config.max_batch_size {
+                errors.push(format!(
+                    "dynamic batching preferred size must be <= max batch size for {m}"
+                ));
+            }
+        }
+        if db.priority_levels > 0
+            && (db.default_priority_level < 1 || db.default_priority_level > db.priority_levels)
+        {
+            errors.push(format!(
+                "default priority level must be in range [1, {}] for {m}",
+                db.priority_levels
+            ));
+        }
+        if db.preserve_ordering && db.priority_levels > 1 {
+            errors.push(format!(
+                "Only one priority level is allowed when 'preserve_ordering' is true for {m}"
+            ));
+        }
+        for level in db.priority_queue_policy.keys() {
+            if *level < 1 || *level > u64::from(db.priority_levels) {
+                errors.push(format!(
+                    "'priority_queue_policy' level {level} is not in range [1, {}] for {m}",
+                    db.priority_levels
+                ));
+            }
+        }
+    }
+    if let Some(SchedulingChoice::EnsembleScheduling(_)) = &config.scheduling_choice
+        && !is_ensemble
+    {
+        errors.push(format!("ensemble scheduling cannot be set for model '{m}' whose platform is not ensemble"));
+    }
+    if let Some(SchedulingChoice::SequenceBatching(_)) = &config.scheduling_choice
+        && config.max_batch_size < 0
+    {
+        errors.push(format!("sequence batching requires 'max_batch_size' >= 0 for {m}"));
+    }
+    errors
+}
+
+fn check_tensor(
+    errors: &mut Vec<String>,
+    m: &str,
+    what: &str,
+    name: &str,
+    data_type: i32,
+    dims: &[i64],
+    reshape: Option<&ModelTensorReshape>,
+) {
+    if name.is_empty() {
+        errors.push(format!("model {what} must specify 'name' for {m}"));
+        return;
+    }
+    match ConfigDataType::try_from(data_type) {
+        Ok(ConfigDataType::TypeInvalid) | Err(_) => {
+            errors.push(format!("model {what} '{name}' must specify 'data_type' for {m}"));
+        }
+        Ok(_) => {}
+    }
+    if dims.is_empty() && reshape.is_none() {
+        errors.push(format!("model {what} '{name}' must specify 'dims' for {m}"));
+    }
+    if dims.iter().any(|&d| d == 0 || d < -1) {
+        errors.push(format!(
+            "model {what} '{name}' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for {m}"
+        ));
+    }
+    if let Some(reshape) = reshape {
+        if reshape.shape.iter().any(|&d| d == 0 || d < -1) {
+            errors.push(format!(
+                "model {what} '{name}' reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension for {m}"
+            ));
+        }
+        let fixed = |s: &[i64]| -> Option<i64> {
+            if s.contains(&-1) { None } else { Some(s.iter().product()) }
+        };
+        if let (Some(a), Some(b)) = (fixed(dims), fixed(&reshape.shape))
+            && a != b
+        {
+            errors.push(format!(
+                "model {what} '{name}' has different size for dims and reshape for {m}"
+            ));
+        }
+        let vars = |s: &[i64]| s.iter().filter(|&&d| d == -1).count();
+        if (vars(dims) == 0) != (vars(&reshape.shape) == 0) {
+            errors.push(format!(
+                "model {what} '{name}' has different number of variable-size dimensions for dims and reshape for {m}"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::text::parse_model_config;
+
+    fn errors_of(text: &str) -> Vec<String> {
+        let mut c = parse_model_config(text).unwrap();
+        if c.name.is_empty() {
+            c.name = "m".into();
+        }
+        if c.backend.is_empty() && c.platform != "ensemble" {
+            c.backend = "onnxruntime".into();
+        }
+        validate(&c)
+    }
+
+    #[test]
+    fn valid_config_has_no_errors() {
+        let e = errors_of(
+            r#"max_batch_size: 8 input [{name: "x" data_type: TYPE_FP32 dims: [4]}]
+               output [{name: "y" data_type: TYPE_FP32 dims: [-1]}]
+               dynamic_batching { preferred_batch_size: [4, 8] }"#,
+        );
+        assert!(e.is_empty(), "{e:?}");
+    }
+
+    #[test]
+    fn reports_tensor_problems_by_name() {
+        let e = errors_of(r#"input [{name: "input" dims: [0]}]"#);
+        assert!(e.contains(&"model input 'input' must specify 'data_type' for m".to_string()), "{e:?}");
+        assert!(e.iter().any(|s| s.starts_with("model input 'input' dimension must be integer >= 1")));
+        let e = errors_of(r#"output [{name: "o" data_type: TYPE_FP32}]"#);
+        assert_eq!(e, vec!["model output 'o' must specify 'dims' for m"]);
+    }
+
+    #[test]
+    fn reports_batching_problems() {
+        let e = errors_of("max_batch_size: -1");
+        assert_eq!(e, vec!["'max_batch_size' must be non-negative value for m"]);
+        let e = errors_of("max_batch_size: 4 dynamic_batching { preferred_batch_size: [8] }");
+        assert_eq!(e, vec!["dynamic batching preferred size must be <= max batch size for m"]);
+        let e = errors_of(
+            "max_batch_size: 4 dynamic_batching { preserve_ordering: true priority_levels: 2 default_priority_level: 1 }",
+        );
+        assert_eq!(e, vec!["Only one priority level is allowed when 'preserve_ordering' is true for m"]);
+    }
+
+    #[test]
+    fn reshape_must_keep_element_count() {
+        let e = errors_of(r#"input [{name: "x" data_type: TYPE_FP32 dims: [4] reshape: { shape: [2, 3] }}]"#);
+        assert_eq!(e, vec!["model input 'x' has different size for dims and reshape for m"]);
+    }
+
+    #[test]
+    fn ensemble_rules() {
+        let e = errors_of(r#"platform: "ensemble" backend: "onnxruntime""#);
+        assert!(e[0].contains("must have platform type 'ensemble' and empty backend type"));
+    }
+}

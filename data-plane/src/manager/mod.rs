@@ -1,0 +1,417 @@
+//! The model manager: which models exist, their state, and loading, unloading and polling.
+//!
+//! ```text
+//!  startup / poll tick / repository API
+//!        │ per-model async lock (one load or unload of a model at a time)
+//!        ▼
+//!  mark LOADING ─► build::build on a blocking thread ─► swap in new versions (READY)
+//!                                                  └─► or keep old versions, record reason
+//! ```
+//!
+//! Requests take an `Arc<LoadedVersion>` out of the map under a short read lock, so a reload or
+//! unload never waits for them and never interrupts them: old instance pools drain and stop
+//! when the last request holding them finishes.
+
+mod build;
+pub mod overrides;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use nereid_proto::ServiceError;
+use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::service::ModelIndexEntry;
+use parking_lot::{Mutex, RwLock};
+
+pub use build::LoadedVersion;
+use build::{BuildInput, build};
+use overrides::OverrideDir;
+
+use crate::backend::Backends;
+use crate::config::CompleteOptions;
+use crate::repository::{self, Fingerprint};
+
+/// How models are loaded, like Triton's `--model-control-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlMode {
+    /// Load everything at startup; the repository API cannot load or unload.
+    None,
+    /// Load everything at startup, then follow changes on disk.
+    Poll,
+    /// Load only what `--load-model` names; the repository API loads and unloads.
+    Explicit,
+}
+
+/// Settings of the manager.
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    pub repositories: Vec<PathBuf>,
+    pub control_mode: ControlMode,
+    /// Models to load at startup in explicit mode (`*` = all).
+    pub startup_models: Vec<String>,
+    pub auto_complete: bool,
+    /// Bound of each model version's request queue.
+    pub queue_capacity: usize,
+}
+
+/// A model's lifecycle state as the repository index shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelState {
+    Loading,
+    Ready,
+    Unavailable,
+    Unloading,
+}
+
+impl ModelState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelState::Loading => "LOADING",
+            ModelState::Ready => "READY",
+            ModelState::Unavailable => "UNAVAILABLE",
+            ModelState::Unloading => "UNLOADING",
+        }
+    }
+}
+
+struct ModelEntry {
+    state: ModelState,
+    reason: String,
+    versions: BTreeMap<i64, Arc<LoadedVersion>>,
+    /// Versions that failed to load, shown as UNAVAILABLE in the index.
+    failed_versions: Vec<i64>,
+    /// The model's directory fingerprint at the last load (poll mode compares it).
+    fingerprint: Option<Fingerprint>,
+    /// Set when the model was loaded from a repository API override.
+    overridden: Option<Arc<OverrideDir>>,
+}
+
+impl ModelEntry {
+    fn new() -> ModelEntry {
+        ModelEntry {
+            state: ModelState::Loading,
+            reason: String::new(),
+            versions: BTreeMap::new(),
+            failed_versions: Vec::new(),
+            fingerprint: None,
+            overridden: None,
+        }
+    }
+}
+
+/// Where a load takes the model from.
+pub enum LoadSource {
+    /// The model's directory in the repositories (config.pbtxt, or an override config).
+    Repository { config_override: Option<ModelConfig> },
+    /// Files from a load request, with the config that must accompany them.
+    Files { config: ModelConfig, dir: OverrideDir },
+}
+
+/// Owns every model of the node.
+pub struct ModelManager {
+    config: ManagerConfig,
+    backends: Backends,
+    models: RwLock<BTreeMap<String, ModelEntry>>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    startup_done: AtomicBool,
+}
+
+impl ModelManager {
+    pub fn new(config: ManagerConfig, backends: Backends) -> ModelManager {
+        ModelManager {
+            config,
+            backends,
+            models: RwLock::new(BTreeMap::new()),
+            locks: Mutex::new(HashMap::new()),
+            startup_done: AtomicBool::new(false),
+        }
+    }
+
+    pub fn control_mode(&self) -> ControlMode {
+        self.config.control_mode
+    }
+
+    /// Loads the startup models (all of them, or `--load-model` in explicit mode), concurrently.
+    /// Failures are recorded per model; they never stop the others.
+    pub async fn load_startup_models(self: &Arc<Self>) -> Result<(), ServiceError> {
+        let scan = self.scan()?;
+        let names: Vec<String> = match self.config.control_mode {
+            ControlMode::Explicit if !self.config.startup_models.iter().any(|m| m == "*") => {
+                self.config.startup_models.clone()
+            }
+            _ => scan.models.keys().chain(scan.duplicates.keys()).cloned().collect(),
+        };
+        let loads = names.into_iter().map(|name| {
+            let this = self.clone();
+            async move {
+                if let Err(e) = this.load(&name, LoadSource::Repository { config_override: None }).await {
+                    tracing::error!(model = %name, error = %e, "model failed to load");
+                }
+            }
+        });
+        futures::future::join_all(loads).await;
+        self.startup_done.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn scan(&self) -> Result<repository::ScanResult, ServiceError> {
+        repository::scan(&self.config.repositories).map_err(|e| {
+            ServiceError::internal(format!("failed to read the model repository: {e}"))
+        })
+    }
+
+    fn model_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().entry(name.to_string()).or_default().clone()
+    }
+
+    /// Loads or reloads a model. Running versions keep serving until the new ones are ready;
+    /// unchanged versions are kept as they are.
+    pub async fn load(&self, name: &str, source: LoadSource) -> Result<(), ServiceError> {
+        let lock = self.model_lock(name);
+        let _guard = lock.lock().await;
+
+        let (dir, config_override, overridden) = match source {
+            LoadSource::Files { config, dir } => {
+                let dir = Arc::new(dir);
+                (dir.path().to_path_buf(), Some(config), Some(dir))
+            }
+            LoadSource::Repository { config_override } => {
+                let scan = self.scan()?;
+                if let Some(paths) = scan.duplicates.get(name) {
+                    let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                    let reason = format!(
+                        "model '{name}' appears in more than one model repository ({}); rename one",
+                        paths.join(", ")
+                    );
+                    self.record_failure(name, reason.clone(), Vec::new());
+                    return Err(ServiceError::invalid(format!("failed to load '{name}': {reason}")));
+                }
+                let Some(model_dir) = scan.models.get(name) else {
+                    return Err(ServiceError::invalid(format!(
+                        "failed to load '{name}', failed to poll from model repository"
+                    )));
+                };
+                (model_dir.path.clone(), config_override, None)
+            }
+        };
+
+        let running = {
+            let mut models = self.models.write();
+            let entry = models.entry(name.to_string()).or_insert_with(ModelEntry::new);
+            entry.state = if entry.versions.is_empty() { ModelState::Loading } else { entry.state };
+            entry.versions.clone()
+        };
+        let input = BuildInput {
+            name: name.to_string(),
+            dir: dir.clone(),
+            config_override,
+            options: CompleteOptions { auto_complete: self.config.auto_complete },
+            queue_capacity: self.config.queue_capacity,
+        };
+        let backends = self.backends.clone();
+        let fingerprint = Fingerprint::of(&dir);
+        let started = std::time::Instant::now();
+        let result = tokio::task::spawn_blocking(move || build(&input, &backends, &running))
+            .await
+            .map_err(|e| ServiceError::internal(format!("failed to load '{name}': loader panicked: {e}")))?;
+        match result {
+            Ok(built) => {
+                let mut models = self.models.write();
+                let entry = models.entry(name.to_string()).or_insert_with(ModelEntry::new);
+                entry.state = ModelState::Ready;
+                entry.reason.clear();
+                entry.failed_versions.clear();
+                entry.versions = built.versions;
+                entry.fingerprint = Some(fingerprint);
+                entry.overridden = overridden;
+                tracing::info!(
+                    model = %name,
+                    versions = ?entry.versions.keys().collect::<Vec<_>>(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "model ready"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                {
+                    let mut models = self.models.write();
+                    if let Some(entry) = models.get_mut(name) {
+                        entry.fingerprint = Some(fingerprint);
+                    }
+                }
+                self.record_failure(name, e.reason.clone(), e.versions);
+                Err(ServiceError::invalid(format!("failed to load '{name}': {}", e.reason)))
+            }
+        }
+    }
+
+    /// Records a failed load. A model that still has running versions keeps serving them.
+    fn record_failure(&self, name: &str, reason: String, versions: Vec<i64>) {
+        tracing::error!(model = %name, %reason, "model load failed");
+        let mut models = self.models.write();
+        let entry = models.entry(name.to_string()).or_insert_with(ModelEntry::new);
+        if entry.versions.is_empty() {
+            entry.state = ModelState::Unavailable;
+            entry.failed_versions = versions;
+        } else {
+            entry.state = ModelState::Ready;
+        }
+        entry.reason = reason;
+    }
+
+    /// Unloads a model: it stops taking requests at once; requests already running finish.
+    pub async fn unload(&self, name: &str) -> Result<(), ServiceError> {
+        let lock = self.model_lock(name);
+        let _guard = lock.lock().await;
+        let mut models = self.models.write();
+        let Some(entry) = models.get_mut(name) else {
+            return Err(ServiceError::invalid(format!(
+                "failed to unload '{name}', model is not loaded"
+            )));
+        };
+        entry.versions.clear();
+        entry.failed_versions.clear();
+        entry.state = ModelState::Unavailable;
+        entry.reason = "unloaded".to_string();
+        entry.overridden = None;
+        entry.fingerprint = None;
+        tracing::info!(model = %name, "model unloaded");
+        Ok(())
+    }
+
+    /// Poll mode: loads new and changed models, unloads removed ones. Unchanged models are not
+    /// touched; changed ones keep serving their old versions while the new ones load.
+    pub async fn poll_once(&self) -> Result<(), ServiceError> {
+        let scan = self.scan()?;
+        let known: Vec<(String, Option<Fingerprint>, bool)> = self
+            .models
+            .read()
+            .iter()
+            .map(|(n, e)| (n.clone(), e.fingerprint, e.overridden.is_some()))
+            .collect();
+        for (name, _, overridden) in &known {
+            let gone = !scan.models.contains_key(name) && !scan.duplicates.contains_key(name);
+            if gone && !overridden {
+                tracing::info!(model = %name, "model removed from the repository");
+                let _ = self.unload(name).await;
+                self.models.write().remove(name);
+            }
+        }
+        for (name, dir) in &scan.models {
+            let previous = known.iter().find(|(n, _, _)| n == name);
+            let changed = match previous {
+                None => true,
+                Some((_, _, true)) => false,
+                Some((_, fp, false)) => *fp != Some(Fingerprint::of(&dir.path)),
+            };
+            if changed {
+                let _ = self.load(name, LoadSource::Repository { config_override: None }).await;
+            }
+        }
+        for name in scan.duplicates.keys() {
+            if !known.iter().any(|(n, _, _)| n == name) {
+                let _ = self.load(name, LoadSource::Repository { config_override: None }).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The version a request runs on: `version`, or the highest ready one.
+    pub fn get(&self, name: &str, version: Option<i64>) -> Result<Arc<LoadedVersion>, ServiceError> {
+        let models = self.models.read();
+        let Some(entry) = models.get(name) else {
+            return Err(ServiceError::not_found(format!(
+                "Request for unknown model: '{name}' is not found"
+            )));
+        };
+        match version {
+            Some(v) => entry.versions.get(&v).cloned().ok_or_else(|| {
+                ServiceError::not_found(format!(
+                    "Request for unknown model: '{name}' version {v} is not found"
+                ))
+            }),
+            None => entry.versions.values().next_back().cloned().ok_or_else(|| {
+                ServiceError::not_found(format!(
+                    "Request for unknown model: '{name}' has no available versions"
+                ))
+            }),
+        }
+    }
+
+    /// Whether the model (version) is known at all, and whether it is ready.
+    pub fn readiness(&self, name: &str, version: Option<i64>) -> Result<bool, ServiceError> {
+        let models = self.models.read();
+        let Some(entry) = models.get(name) else {
+            return Err(ServiceError::not_found(format!(
+                "Request for unknown model: '{name}' is not found"
+            )));
+        };
+        Ok(match version {
+            Some(v) => entry.versions.contains_key(&v),
+            None => !entry.versions.is_empty(),
+        })
+    }
+
+    /// All served versions of a model, ascending.
+    pub fn versions(&self, name: &str) -> Vec<i64> {
+        self.models.read().get(name).map(|e| e.versions.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// Every served version of every model (for statistics).
+    pub fn all_versions(&self) -> Vec<Arc<LoadedVersion>> {
+        self.models.read().values().flat_map(|e| e.versions.values().cloned()).collect()
+    }
+
+    /// Startup finished and every model that was asked for is ready.
+    pub fn all_ready(&self) -> bool {
+        self.startup_done.load(Ordering::SeqCst)
+            && self.models.read().values().all(|e| e.state == ModelState::Ready || e.reason == "unloaded")
+    }
+
+    pub fn startup_done(&self) -> bool {
+        self.startup_done.load(Ordering::SeqCst)
+    }
+
+    /// The repository index: every model on disk or loaded, one row per version where known.
+    pub fn index(&self, ready_only: bool) -> Result<Vec<ModelIndexEntry>, ServiceError> {
+        let scan = self.scan()?;
+        let models = self.models.read();
+        let mut rows = Vec::new();
+        let mut names: Vec<&String> = scan.models.keys().chain(scan.duplicates.keys()).collect();
+        names.extend(models.keys().filter(|n| !scan.models.contains_key(*n) && !scan.duplicates.contains_key(*n)));
+        names.sort();
+        names.dedup();
+        for name in names {
+            let row = |version: String, state: &str, reason: &str| ModelIndexEntry {
+                name: name.clone(),
+                version,
+                state: state.to_string(),
+                reason: reason.to_string(),
+            };
+            match models.get(name) {
+                None => {
+                    if !ready_only {
+                        rows.push(row(String::new(), "", ""));
+                    }
+                }
+                Some(entry) => {
+                    for v in entry.versions.keys() {
+                        rows.push(row(v.to_string(), entry.state.as_str(), ""));
+                    }
+                    if ready_only || !entry.versions.is_empty() {
+                        continue;
+                    }
+                    if entry.failed_versions.is_empty() {
+                        rows.push(row(String::new(), entry.state.as_str(), &entry.reason));
+                    }
+                    for v in &entry.failed_versions {
+                        rows.push(row(v.to_string(), entry.state.as_str(), &entry.reason));
+                    }
+                }
+            }
+        }
+        Ok(rows)
+    }
+}

@@ -1,0 +1,269 @@
+//! Checks an [`InferRequest`] against the model's config before anything runs, with Triton's
+//! messages: unknown or missing inputs, datatypes, shapes, batch size, requested outputs.
+//!
+//! The result, [`ValidRequest`], is what instances execute: inputs in the shape the backend
+//! expects (config `reshape` applied) and the list of outputs to produce.
+
+use std::collections::HashSet;
+
+use nereid_proto::DataType;
+use nereid_proto::ServiceError;
+use nereid_proto::pb::inference::{ModelConfig, ModelTensorReshape};
+use nereid_proto::types::{InferRequest, Tensor, format_shape};
+
+/// A request that fits its model.
+#[derive(Debug)]
+pub struct ValidRequest {
+    /// Inputs in config order of arrival, reshaped for the backend.
+    pub inputs: Vec<Tensor>,
+    /// Output names to produce, in response order.
+    pub outputs: Vec<String>,
+    /// The batch size (1 for models without batching).
+    pub batch_size: usize,
+}
+
+/// Validates `request` against `config`. Error messages carry Triton's
+/// `[request id: <id>] ` prefix.
+pub fn check(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest, ServiceError> {
+    let prefix = format!(
+        "[request id: {}] ",
+        if request.id.is_empty() { "<id_unknown>" } else { request.id.as_str() }
+    );
+    check_inner(config, request).map_err(|e| e.prefixed(&prefix))
+}
+
+fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest, ServiceError> {
+    let m = &config.name;
+    let batching = config.max_batch_size > 0;
+
+    let mut seen = HashSet::new();
+    for input in &request.inputs {
+        if !config.input.iter().any(|i| i.name == input.name()) {
+            return Err(ServiceError::invalid(format!(
+                "unexpected inference input '{}' for model '{m}'",
+                input.name()
+            )));
+        }
+        if !seen.insert(input.name().to_string()) {
+            return Err(ServiceError::invalid(format!(
+                "input '{}' already exists in request",
+                input.name()
+            )));
+        }
+    }
+    let missing: Vec<&str> = config
+        .input
+        .iter()
+        .filter(|i| !i.optional && !seen.contains(&i.name))
+        .map(|i| i.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        let got: Vec<String> = request.inputs.iter().map(|t| format!("'{}'", t.name())).collect();
+        let missing: Vec<String> = missing.iter().map(|n| format!("'{n}'")).collect();
+        let required = config.input.iter().filter(|i| !i.optional).count();
+        return Err(ServiceError::invalid(format!(
+            "expected {required} inputs but got {} inputs for model '{m}'. Got input(s) [{}], but missing required input(s) [{}]. Please provide all required input(s).",
+            request.inputs.len(),
+            got.join(","),
+            missing.join(",")
+        )));
+    }
+
+    let mut batch_size: Option<i64> = None;
+    let mut inputs = Vec::with_capacity(request.inputs.len());
+    for tensor in request.inputs {
+        let Some(spec) = config.input.iter().find(|i| i.name == tensor.name()) else {
+            continue;
+        };
+        let expected = DataType::from_config_i32(spec.data_type);
+        if expected != Some(tensor.datatype()) {
+            return Err(ServiceError::invalid(format!(
+                "inference input '{}' data-type is '{}', but model '{m}' expects '{}'",
+                tensor.name(),
+                tensor.datatype(),
+                expected.map_or("INVALID", DataType::as_wire)
+            )));
+        }
+        let shape = tensor.shape();
+        let dims = if batching {
+            let Some((&batch, rest)) = shape.split_first() else {
+                return Err(ServiceError::invalid(format!(
+                    "inference input '{}' for model '{m}' has no batch dimension; the model has max_batch_size {} so the shape must be [batch, ...]",
+                    tensor.name(),
+                    config.max_batch_size
+                )));
+            };
+            if batch < 1 || batch > i64::from(config.max_batch_size) {
+                return Err(ServiceError::invalid(format!(
+                    "inference request batch-size must be <= {} for '{m}'",
+                    config.max_batch_size
+                )));
+            }
+            match batch_size {
+                None => batch_size = Some(batch),
+                Some(b) if b != batch => {
+                    return Err(ServiceError::invalid(format!(
+                        "inference input '{}' for model '{m}' has batch size {batch}, but other inputs have {b}",
+                        tensor.name()
+                    )));
+                }
+                Some(_) => {}
+            }
+            rest
+        } else {
+            shape
+        };
+        if !dims_match(&spec.dims, dims) {
+            let mut expected = spec.dims.clone();
+            if batching {
+                expected.insert(0, -1);
+            }
+            return Err(ServiceError::invalid(format!(
+                "unexpected shape for input '{}' for model '{m}'. Expected {}, got {}. NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended to each input shape. If you want to specify the full shape including the batch dim in your input dims config, try setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size.",
+                tensor.name(),
+                format_shape(&expected),
+                format_shape(shape)
+            )));
+        }
+        inputs.push(apply_reshape(tensor, spec.reshape.as_ref(), batching)?);
+    }
+
+    let outputs = if request.outputs.is_empty() {
+        config.output.iter().map(|o| o.name.clone()).collect()
+    } else {
+        let mut names = Vec::with_capacity(request.outputs.len());
+        for out in &request.outputs {
+            if !config.output.iter().any(|o| o.name == out.name) {
+                return Err(ServiceError::invalid(format!(
+                    "unexpected inference output '{}' for model '{m}'",
+                    out.name
+                )));
+            }
+            if names.contains(&out.name) {
+                return Err(ServiceError::invalid(format!(
+                    "output '{}' already exists in request",
+                    out.name
+                )));
+            }
+            if !out.parameters.is_empty()
+                && let Some(key) = out.parameters.keys().find(|k| k.as_str() == "classification")
+            {
+                return Err(ServiceError::unsupported(format!(
+                    "output '{}' of model '{m}': the '{key}' extension is not supported by this version of Nereid yet",
+                    out.name
+                )));
+            }
+            names.push(out.name.clone());
+        }
+        names
+    };
+
+    Ok(ValidRequest {
+        inputs,
+        outputs,
+        batch_size: batch_size.unwrap_or(1) as usize,
+    })
+}
+
+/// Whether request dims match config dims (-1 in the config matches any size).
+pub fn dims_match(config: &[i64], request: &[i64]) -> bool {
+    config.len() == request.len() && config.iter().zip(request).all(|(&c, &r)| c == -1 || c == r)
+}
+
+/// Gives the tensor the shape the backend expects under `reshape` (batch dim kept first).
+fn apply_reshape(
+    tensor: Tensor,
+    reshape: Option<&ModelTensorReshape>,
+    batching: bool,
+) -> Result<Tensor, ServiceError> {
+    let Some(reshape) = reshape else { return Ok(tensor) };
+    let (name, datatype, shape, data) = tensor.into_parts();
+    let count: i64 = shape.iter().product();
+    let mut target: Vec<i64> = Vec::new();
+    if batching {
+        target.push(shape[0]);
+    }
+    target.extend_from_slice(&reshape.shape);
+    let known: i64 = target.iter().filter(|&&d| d != -1).product();
+    if let Some(pos) = target.iter().position(|&d| d == -1) {
+        target[pos] = if known == 0 { 0 } else { count / known };
+    }
+    Tensor::new(name, datatype, target, data)
+}
+
+/// Gives a backend output the shape the config declares (inverse of the output `reshape`).
+pub fn output_api_shape(config: &ModelConfig, tensor: Tensor, batch_size: usize) -> Result<Tensor, ServiceError> {
+    let Some(spec) = config.output.iter().find(|o| o.name == tensor.name()) else { return Ok(tensor) };
+    if spec.reshape.is_none() {
+        return Ok(tensor);
+    }
+    let (name, datatype, shape, data) = tensor.into_parts();
+    let count: i64 = shape.iter().product();
+    let mut target: Vec<i64> = Vec::new();
+    if config.max_batch_size > 0 {
+        target.push(batch_size as i64);
+    }
+    target.extend_from_slice(&spec.dims);
+    let known: i64 = target.iter().filter(|&&d| d != -1).product();
+    if let Some(pos) = target.iter().position(|&d| d == -1) {
+        target[pos] = if known == 0 { 0 } else { count / known };
+    }
+    Tensor::new(name, datatype, target, data).map_err(|e| {
+        ServiceError::internal(format!("model '{}' output reshape failed: {}", config.name, e.message()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use nereid_proto::types::RequestedOutput;
+
+    fn config() -> ModelConfig {
+        crate::config::text::parse_model_config(
+            r#"name: "m" max_batch_size: 4
+               input [{name: "a" data_type: TYPE_FP32 dims: [2]}, {name: "b" data_type: TYPE_INT32 dims: [-1] optional: true}]
+               output [{name: "y" data_type: TYPE_FP32 dims: [2]}]"#,
+        )
+        .unwrap()
+    }
+
+    fn fp32(name: &str, shape: Vec<i64>) -> Tensor {
+        let n: i64 = shape.iter().product();
+        Tensor::new(name, DataType::Fp32, shape, Bytes::from(vec![0u8; n as usize * 4])).unwrap()
+    }
+
+    fn request(inputs: Vec<Tensor>) -> InferRequest {
+        InferRequest { model_name: "m".into(), id: "r1".into(), inputs, ..Default::default() }
+    }
+
+    #[test]
+    fn accepts_a_good_request() {
+        let v = check(&config(), request(vec![fp32("a", vec![3, 2])])).unwrap();
+        assert_eq!(v.batch_size, 3);
+        assert_eq!(v.outputs, vec!["y"]);
+    }
+
+    #[test]
+    fn refuses_with_triton_messages() {
+        let e = check(&config(), request(vec![fp32("a", vec![5, 2])])).unwrap_err();
+        assert_eq!(e.message(), "[request id: r1] inference request batch-size must be <= 4 for 'm'");
+        let e = check(&config(), request(vec![fp32("a", vec![1, 3])])).unwrap_err();
+        assert!(e.message().starts_with("[request id: r1] unexpected shape for input 'a' for model 'm'. Expected [-1,2], got [1,3]."));
+        let e = check(&config(), request(vec![fp32("zz", vec![1, 2])])).unwrap_err();
+        assert_eq!(e.message(), "[request id: r1] unexpected inference input 'zz' for model 'm'");
+        let e = check(&config(), request(vec![fp32("b", vec![1, 2])])).unwrap_err();
+        assert_eq!(e.message(), "[request id: r1] inference input 'b' data-type is 'FP32', but model 'm' expects 'INT32'");
+        let e = check(&config(), request(vec![])).unwrap_err();
+        assert!(e.message().contains("expected 1 inputs but got 0 inputs for model 'm'"), "{}", e.message());
+    }
+
+    #[test]
+    fn checks_requested_outputs() {
+        let mut r = request(vec![fp32("a", vec![1, 2])]);
+        r.id.clear();
+        r.outputs = vec![RequestedOutput { name: "nope".into(), ..Default::default() }];
+        let e = check(&config(), r).unwrap_err();
+        assert_eq!(e.message(), "[request id: <id_unknown>] unexpected inference output 'nope' for model 'm'");
+    }
+}

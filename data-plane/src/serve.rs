@@ -1,0 +1,151 @@
+//! `nereid serve`: the single-node server's life from start to graceful exit.
+//!
+//! ```text
+//! bind HTTP, gRPC, metrics ports (fail fast, before any model loads)
+//!   ─► load startup models ─► serve HTTP + gRPC + metrics (+ poll loop in poll mode)
+//!   ─► shutdown signal: not ready, stop accepting, drain in-flight requests
+//!      (bounded by the exit timeout) ─► return
+//! ```
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nereid_proto::InferenceService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::backend::Backends;
+use crate::manager::{ControlMode, ManagerConfig, ModelManager};
+use crate::metrics;
+use crate::server::{DataPlane, DataPlaneConfig};
+
+/// Everything `nereid serve` needs, already validated by the binary.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub manager: ManagerConfig,
+    pub data_plane: DataPlaneConfig,
+    /// `None` disables the endpoint.
+    pub http_addr: Option<SocketAddr>,
+    pub grpc_addr: Option<SocketAddr>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub http_max_input_size: usize,
+    pub poll_interval: Duration,
+    /// How long in-flight requests may take to finish after a shutdown signal.
+    pub exit_timeout: Duration,
+    pub onnxruntime_library: Option<PathBuf>,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    #[error("{0}")]
+    Startup(String),
+}
+
+async fn bind(what: &'static str, addr: Option<SocketAddr>) -> Result<Option<TcpListener>, ServeError> {
+    match addr {
+        None => Ok(None),
+        Some(addr) => TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|source| ServeError::Bind { what, addr, source }),
+    }
+}
+
+/// Runs the server until `shutdown` resolves, then drains and returns.
+pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let http = bind("HTTP", config.http_addr).await?;
+    let grpc = bind("gRPC", config.grpc_addr).await?;
+    let metrics_listener = bind("metrics", config.metrics_addr).await?;
+
+    let backends = Backends::new(config.onnxruntime_library.clone());
+    let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));
+    manager.load_startup_models().await.map_err(|e| ServeError::Startup(e.to_string()))?;
+    let data_plane = Arc::new(DataPlane::new(config.data_plane.clone(), manager.clone()));
+    let service: Arc<dyn InferenceService> = data_plane.clone();
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut servers = tokio::task::JoinSet::new();
+    if let Some(listener) = http {
+        tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "HTTP service listening");
+        let router = nereid_proto::http::router(
+            service.clone(),
+            nereid_proto::http::HttpConfig { max_input_size: config.http_max_input_size },
+        );
+        let done = stopped(stop_rx.clone());
+        servers.spawn(async move {
+            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(done).await {
+                tracing::error!(error = %e, "HTTP service failed");
+            }
+        });
+    }
+    if let Some(listener) = grpc {
+        tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "gRPC service listening");
+        let routes = nereid_proto::grpc::routes(service.clone(), nereid_proto::grpc::GrpcConfig::default());
+        let done = stopped(stop_rx.clone());
+        servers.spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let result = tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, done)
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "gRPC service failed");
+            }
+        });
+    }
+    if let Some(listener) = metrics_listener {
+        tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "metrics service listening");
+        let router = metrics::router(manager.clone());
+        let done = stopped(stop_rx.clone());
+        servers.spawn(async move {
+            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(done).await {
+                tracing::error!(error = %e, "metrics service failed");
+            }
+        });
+    }
+    if manager.control_mode() == ControlMode::Poll {
+        let manager = manager.clone();
+        let interval = config.poll_interval;
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {
+                        if let Err(e) = manager.poll_once().await {
+                            tracing::error!(error = %e, "repository poll failed");
+                        }
+                    }
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+            }
+        });
+    }
+    tracing::info!("server started");
+
+    shutdown.await;
+    tracing::info!(timeout_s = config.exit_timeout.as_secs(), "shutting down: draining in-flight requests");
+    data_plane.begin_shutdown();
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(config.exit_timeout, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("exit timeout reached with requests still in flight; stopping anyway");
+        servers.abort_all();
+    }
+    tracing::info!("server stopped");
+    Ok(())
+}

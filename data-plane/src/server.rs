@@ -1,0 +1,246 @@
+//! [`DataPlane`]: the single-node [`InferenceService`] — requests in, models run, answers out.
+//!
+//! ```text
+//! infer: manager.get(model, version) ─► request_check::check ─► pool.submit (queue, instance)
+//!        ─► outputs in requested order, config shapes ─► statistics ─► InferResponse
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use nereid_proto::error::ServiceResult;
+use nereid_proto::json::message_from_json;
+use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
+use nereid_proto::service::{
+    LoadRequest, ModelIndexEntry, ModelMetadata, ServerMetadata, TensorMetadata,
+};
+use nereid_proto::types::{InferRequest, InferResponse};
+use nereid_proto::{DataType, InferenceService, ServiceError};
+
+use crate::backend::BackendError;
+use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
+use crate::request_check;
+use crate::stats::RequestTimings;
+
+/// Triton's server extensions that Nereid implements, in Triton's order.
+pub const EXTENSIONS: &[&str] = &[
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+];
+
+/// Server-level settings visible through the API.
+#[derive(Clone, Debug)]
+pub struct DataPlaneConfig {
+    /// Name in server metadata (Triton's `--id`).
+    pub server_name: String,
+    /// Ready requires every model to be ready.
+    pub strict_readiness: bool,
+}
+
+/// The single-node inference service.
+pub struct DataPlane {
+    config: DataPlaneConfig,
+    manager: Arc<ModelManager>,
+    shutting_down: AtomicBool,
+}
+
+impl DataPlane {
+    pub fn new(config: DataPlaneConfig, manager: Arc<ModelManager>) -> DataPlane {
+        DataPlane { config, manager, shutting_down: AtomicBool::new(false) }
+    }
+
+    pub fn manager(&self) -> &Arc<ModelManager> {
+        &self.manager
+    }
+
+    /// Marks the server as shutting down: not ready, new inferences refused.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+}
+
+fn backend_error(model: &str, id: &str, e: BackendError) -> ServiceError {
+    let id = if id.is_empty() { "<id_unknown>" } else { id };
+    let prefix = format!("[request id: {id}] ");
+    match e {
+        BackendError::InvalidInput(m) => ServiceError::invalid(format!("{prefix}{m}")),
+        BackendError::Unsupported(m) => ServiceError::unsupported(format!("{prefix}{m}")),
+        BackendError::Execution(m) | BackendError::Load(m) => {
+            ServiceError::internal(format!("{prefix}model '{model}' failed to execute: {m}"))
+        }
+    }
+}
+
+#[async_trait]
+impl InferenceService for DataPlane {
+    async fn server_live(&self) -> bool {
+        true
+    }
+
+    async fn server_ready(&self) -> bool {
+        if self.shutting_down.load(Ordering::SeqCst) || !self.manager.startup_done() {
+            return false;
+        }
+        !self.config.strict_readiness || self.manager.all_ready()
+    }
+
+    fn server_metadata(&self) -> ServerMetadata {
+        ServerMetadata {
+            name: self.config.server_name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool> {
+        self.manager.readiness(name, version)
+    }
+
+    async fn model_metadata(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelMetadata> {
+        let loaded = self.manager.get(name, version)?;
+        let config = &loaded.config;
+        let tensor = |n: &str, t: i32, dims: &[i64]| {
+            let mut shape = dims.to_vec();
+            if config.max_batch_size > 0 {
+                shape.insert(0, -1);
+            }
+            TensorMetadata {
+                name: n.to_string(),
+                datatype: DataType::from_config_i32(t).map_or("INVALID", DataType::as_wire).to_string(),
+                shape,
+            }
+        };
+        Ok(ModelMetadata {
+            name: name.to_string(),
+            versions: self.manager.versions(name).iter().map(i64::to_string).collect(),
+            platform: if config.platform.is_empty() { config.backend.clone() } else { config.platform.clone() },
+            inputs: config.input.iter().map(|i| tensor(&i.name, i.data_type, &i.dims)).collect(),
+            outputs: config.output.iter().map(|o| tensor(&o.name, o.data_type, &o.dims)).collect(),
+        })
+    }
+
+    async fn model_config(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelConfig> {
+        Ok((*self.manager.get(name, version)?.config).clone())
+    }
+
+    async fn model_statistics(&self, name: &str, version: Option<i64>) -> ServiceResult<Vec<ModelStatistics>> {
+        if name.is_empty() {
+            return Ok(self.manager.all_versions().iter().map(|v| v.stats.snapshot(&v.name, v.version)).collect());
+        }
+        match version {
+            Some(_) => {
+                let v = self.manager.get(name, version)?;
+                Ok(vec![v.stats.snapshot(&v.name, v.version)])
+            }
+            None => {
+                self.manager.readiness(name, None)?;
+                let versions = self.manager.versions(name);
+                if versions.is_empty() {
+                    return Err(ServiceError::not_found(format!(
+                        "Request for unknown model: '{name}' has no available versions"
+                    )));
+                }
+                versions
+                    .into_iter()
+                    .map(|v| self.manager.get(name, Some(v)).map(|l| l.stats.snapshot(&l.name, l.version)))
+                    .collect()
+            }
+        }
+    }
+
+    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
+        let started = Instant::now();
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(ServiceError::unavailable("Server is shutting down and has stopped accepting new requests."));
+        }
+        let loaded = self.manager.get(&request.model_name, request.model_version)?;
+        let id = request.id.clone();
+        let parameters = request.parameters.clone();
+        let valid = request_check::check(&loaded.config, request)?;
+        let batch_size = valid.batch_size;
+        let result = match loaded.pool.submit(valid).await {
+            Ok(r) => r,
+            Err(e) => {
+                loaded.stats.record_failure(started.elapsed());
+                return Err(e);
+            }
+        };
+        let output_started = Instant::now();
+        let outputs = match result.outputs {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                loaded.stats.record_failure(started.elapsed());
+                return Err(backend_error(&loaded.name, &id, e));
+            }
+        };
+        let outputs = outputs
+            .into_iter()
+            .map(|t| request_check::output_api_shape(&loaded.config, t, batch_size))
+            .collect::<Result<Vec<_>, _>>()?;
+        let _ = parameters;
+        let timings = RequestTimings {
+            total: started.elapsed(),
+            queue: result.queue,
+            compute_input: std::time::Duration::ZERO,
+            compute_infer: result.compute_infer,
+            compute_output: output_started.elapsed(),
+        };
+        loaded.stats.record_success(batch_size, timings);
+        Ok(InferResponse {
+            model_name: loaded.name.clone(),
+            model_version: loaded.version.to_string(),
+            id,
+            parameters: Default::default(),
+            outputs,
+        })
+    }
+
+    async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
+        self.manager.index(ready_only)
+    }
+
+    async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()> {
+        self.explicit_only()?;
+        let config = match &request.config {
+            Some(text) => Some(message_from_json::<ModelConfig>(text).map_err(|e| {
+                ServiceError::invalid(format!("failed to load '{name}': the 'config' parameter is not a valid model config: {e}"))
+            })?),
+            None => None,
+        };
+        let source = if request.files.is_empty() {
+            LoadSource::Repository { config_override: config }
+        } else {
+            let Some(config) = config else {
+                return Err(ServiceError::invalid(format!(
+                    "failed to load '{name}': file overrides require the 'config' parameter"
+                )));
+            };
+            LoadSource::Files { config, dir: overrides::write_override_dir(name, &request.files)? }
+        };
+        self.manager.load(name, source).await
+    }
+
+    async fn unload_model(&self, name: &str, _unload_dependents: bool) -> ServiceResult<()> {
+        self.explicit_only()?;
+        self.manager.unload(name).await
+    }
+}
+
+impl DataPlane {
+    fn explicit_only(&self) -> ServiceResult<()> {
+        match self.manager.control_mode() {
+            ControlMode::Explicit => Ok(()),
+            ControlMode::None | ControlMode::Poll => Err(ServiceError::unavailable(
+                "explicit model load / unload is not allowed if polling is enabled",
+            )),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Per-model-version statistics, in the shape of Triton's statistics extension.
+//!
+//! Counters are updated once per request by the server after the request finishes (success or
+//! failure), under a short mutex that is never held across an await.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nereid_proto::pb::inference::{
+    InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration,
+};
+use parking_lot::Mutex;
+
+/// Where one successful request spent its time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestTimings {
+    pub total: Duration,
+    pub queue: Duration,
+    pub compute_input: Duration,
+    pub compute_infer: Duration,
+    pub compute_output: Duration,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counter {
+    count: u64,
+    ns: u64,
+}
+
+impl Counter {
+    fn add(&mut self, d: Duration) {
+        self.count += 1;
+        self.ns = self.ns.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64);
+    }
+
+    fn to_proto(self) -> Option<StatisticDuration> {
+        Some(StatisticDuration { count: self.count, ns: self.ns })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    last_inference_ms: u64,
+    inference_count: u64,
+    execution_count: u64,
+    success: Counter,
+    fail: Counter,
+    queue: Counter,
+    compute_input: Counter,
+    compute_infer: Counter,
+    compute_output: Counter,
+    batches: BTreeMap<u64, [Counter; 3]>,
+}
+
+/// Statistics of one loaded model version.
+#[derive(Debug, Default)]
+pub struct VersionStats {
+    inner: Mutex<Inner>,
+}
+
+impl VersionStats {
+    /// Records a request that produced a response; `batch_size` inferences in one execution.
+    pub fn record_success(&self, batch_size: usize, t: RequestTimings) {
+        let mut s = self.inner.lock();
+        s.last_inference_ms = now_ms();
+        s.inference_count += batch_size as u64;
+        s.execution_count += 1;
+        s.success.add(t.total);
+        s.queue.add(t.queue);
+        s.compute_input.add(t.compute_input);
+        s.compute_infer.add(t.compute_infer);
+        s.compute_output.add(t.compute_output);
+        let batch = s.batches.entry(batch_size as u64).or_default();
+        batch[0].add(t.compute_input);
+        batch[1].add(t.compute_infer);
+        batch[2].add(t.compute_output);
+    }
+
+    /// Records a request that failed after reaching the model.
+    pub fn record_failure(&self, total: Duration) {
+        let mut s = self.inner.lock();
+        s.last_inference_ms = now_ms();
+        s.fail.add(total);
+    }
+
+    /// The statistics message for `name`/`version`.
+    pub fn snapshot(&self, name: &str, version: i64) -> ModelStatistics {
+        let s = self.inner.lock();
+        ModelStatistics {
+            name: name.to_string(),
+            version: version.to_string(),
+            last_inference: s.last_inference_ms,
+            inference_count: s.inference_count,
+            execution_count: s.execution_count,
+            inference_stats: Some(InferStatistics {
+                success: s.success.to_proto(),
+                fail: s.fail.to_proto(),
+                queue: s.queue.to_proto(),
+                compute_input: s.compute_input.to_proto(),
+                compute_infer: s.compute_infer.to_proto(),
+                compute_output: s.compute_output.to_proto(),
+                cache_hit: Counter::default().to_proto(),
+                cache_miss: Counter::default().to_proto(),
+            }),
+            batch_stats: s
+                .batches
+                .iter()
+                .map(|(&batch_size, c)| InferBatchStatistics {
+                    batch_size,
+                    compute_input: c[0].to_proto(),
+                    compute_infer: c[1].to_proto(),
+                    compute_output: c[2].to_proto(),
+                })
+                .collect(),
+            memory_usage: Vec::new(),
+            response_stats: Default::default(),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_successes_failures_and_batches() {
+        let s = VersionStats::default();
+        let t = RequestTimings { total: Duration::from_micros(10), compute_infer: Duration::from_micros(4), ..Default::default() };
+        s.record_success(4, t);
+        s.record_success(1, t);
+        s.record_failure(Duration::from_micros(3));
+        let m = s.snapshot("m", 1);
+        assert_eq!((m.inference_count, m.execution_count), (5, 2));
+        let i = m.inference_stats.unwrap();
+        assert_eq!(i.success.unwrap(), StatisticDuration { count: 2, ns: 20_000 });
+        assert_eq!(i.fail.unwrap(), StatisticDuration { count: 1, ns: 3_000 });
+        assert_eq!(m.batch_stats.iter().map(|b| b.batch_size).collect::<Vec<_>>(), vec![1, 4]);
+        assert!(m.last_inference > 0);
+    }
+}

@@ -1,0 +1,328 @@
+//! Path → [`Route`], method check, and dispatch to the handler modules.
+//!
+//! Matching reproduces Triton's `http_server.cc` regexes rather than axum's router, so the edge
+//! cases behave the same: segments are taken raw (no percent-decoding), a version segment must be
+//! all digits, `/v2/models/stats` wins over a model named `stats`, a version is not allowed on a
+//! model's trace setting, and an unknown path is 404 while a known path with the wrong method is
+//! 405. [`parse_route`] is a pure function; [`dispatch`] is the one axum handler.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
+
+use super::error::{not_supported_yet, HttpError};
+use super::{infer, metadata, repository, HttpState};
+
+/// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelAction {
+    Metadata,
+    Ready,
+    Config,
+    Stats,
+    Infer,
+    Generate,
+    GenerateStream,
+    TraceSetting,
+}
+
+/// A shared-memory endpoint's last segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShmAction {
+    Status,
+    Register,
+    Unregister,
+}
+
+/// A recognised path, with its raw segments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    ServerMetadata,
+    Live,
+    Ready,
+    /// `/v2/models/stats`: statistics of every model.
+    AllModelStats,
+    Model {
+        name: String,
+        /// Digits, or empty for "latest".
+        version: String,
+        action: ModelAction,
+    },
+    RepositoryIndex {
+        repository: Option<String>,
+    },
+    RepositoryLoad {
+        repository: Option<String>,
+        model: String,
+    },
+    RepositoryUnload {
+        repository: Option<String>,
+        model: String,
+    },
+    SystemSharedMemory(ShmAction),
+    CudaSharedMemory(ShmAction),
+    TraceSetting,
+    Logging,
+}
+
+impl Route {
+    /// The methods the route takes, as an `Allow` header value.
+    fn allowed(&self) -> &'static str {
+        match self {
+            Route::ServerMetadata | Route::Live | Route::Ready | Route::AllModelStats => "GET",
+            Route::Model { action, .. } => match action {
+                ModelAction::Metadata
+                | ModelAction::Ready
+                | ModelAction::Config
+                | ModelAction::Stats => "GET",
+                ModelAction::Infer | ModelAction::Generate | ModelAction::GenerateStream => "POST",
+                ModelAction::TraceSetting => "GET, POST",
+            },
+            Route::RepositoryIndex { .. }
+            | Route::RepositoryLoad { .. }
+            | Route::RepositoryUnload { .. } => "POST",
+            Route::SystemSharedMemory(action) | Route::CudaSharedMemory(action) => match action {
+                ShmAction::Status => "GET",
+                ShmAction::Register | ShmAction::Unregister => "POST",
+            },
+            Route::TraceSetting | Route::Logging => "GET, POST",
+        }
+    }
+
+    fn allows(&self, method: &Method) -> bool {
+        self.allowed()
+            .split(", ")
+            .any(|m| m == method.as_str())
+    }
+}
+
+/// Matches a request path the way Triton's regexes do; `None` means 404.
+pub fn parse_route(path: &str) -> Option<Route> {
+    let rest = path.strip_prefix("/v2")?;
+    if rest.is_empty() {
+        return Some(Route::ServerMetadata);
+    }
+    let segments: Vec<&str> = rest.strip_prefix('/')?.split('/').collect();
+    if segments.iter().any(|s| s.is_empty()) {
+        return None;
+    }
+    match segments.as_slice() {
+        ["health", "live"] => Some(Route::Live),
+        ["health", "ready"] => Some(Route::Ready),
+        ["models", "stats"] => Some(Route::AllModelStats),
+        ["models", name, tail @ ..] => parse_model_route(name, tail),
+        ["repository", tail @ ..] => parse_repository_route(tail),
+        ["systemsharedmemory", tail @ ..] => parse_shm_action(tail).map(Route::SystemSharedMemory),
+        ["cudasharedmemory", tail @ ..] => parse_shm_action(tail).map(Route::CudaSharedMemory),
+        ["trace", "setting"] => Some(Route::TraceSetting),
+        ["logging"] => Some(Route::Logging),
+        _ => None,
+    }
+}
+
+fn parse_model_route(name: &str, tail: &[&str]) -> Option<Route> {
+    let (version, tail) = match tail {
+        ["versions", version, rest @ ..] => {
+            if !version.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            (*version, rest)
+        }
+        _ => ("", tail),
+    };
+    let action = match tail {
+        [] => ModelAction::Metadata,
+        ["ready"] => ModelAction::Ready,
+        ["config"] => ModelAction::Config,
+        ["stats"] => ModelAction::Stats,
+        ["infer"] => ModelAction::Infer,
+        ["generate"] => ModelAction::Generate,
+        ["generate_stream"] => ModelAction::GenerateStream,
+        // Trace settings are per model, never per version.
+        ["trace", "setting"] if version.is_empty() => ModelAction::TraceSetting,
+        _ => return None,
+    };
+    Some(Route::Model {
+        name: name.to_string(),
+        version: version.to_string(),
+        action,
+    })
+}
+
+fn parse_repository_route(tail: &[&str]) -> Option<Route> {
+    let (repository, tail) = match tail {
+        ["index"] | ["models", _, _] => (None, tail),
+        [repository, rest @ ..] => (Some(repository.to_string()), rest),
+        [] => return None,
+    };
+    match tail {
+        ["index"] => Some(Route::RepositoryIndex { repository }),
+        ["models", model, "load"] => Some(Route::RepositoryLoad {
+            repository,
+            model: model.to_string(),
+        }),
+        ["models", model, "unload"] => Some(Route::RepositoryUnload {
+            repository,
+            model: model.to_string(),
+        }),
+        _ => None,
+    }
+}
+
+fn parse_shm_action(tail: &[&str]) -> Option<ShmAction> {
+    let action = match tail {
+        [action] | ["region", _, action] => *action,
+        _ => return None,
+    };
+    match action {
+        "status" => Some(ShmAction::Status),
+        "register" => Some(ShmAction::Register),
+        "unregister" => Some(ShmAction::Unregister),
+        _ => None,
+    }
+}
+
+/// The router's only handler: match the path, check the method, run the endpoint.
+pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> Response {
+    let Some(route) = parse_route(request.uri().path()) else {
+        return HttpError::not_found().into_response();
+    };
+    if !route.allows(request.method()) {
+        return HttpError::method_not_allowed(route.allowed()).into_response();
+    }
+    let service = state.service.as_ref();
+    let result = match route {
+        Route::ServerMetadata => Ok(metadata::server_metadata(service)),
+        Route::Live => Ok(metadata::health(service, false).await),
+        Route::Ready => Ok(metadata::health(service, true).await),
+        Route::AllModelStats => metadata::model_stats(service, "", "").await,
+        Route::Model {
+            name,
+            version,
+            action,
+        } => match action {
+            ModelAction::Metadata => metadata::model_metadata(service, &name, &version).await,
+            ModelAction::Ready => metadata::model_ready(service, &name, &version).await,
+            ModelAction::Config => metadata::model_config(service, &name, &version).await,
+            ModelAction::Stats => metadata::model_stats(service, &name, &version).await,
+            ModelAction::Infer => infer::infer(&state, &name, &version, request).await,
+            ModelAction::Generate => Err(not_supported_yet("the generate endpoint")),
+            ModelAction::GenerateStream => Err(not_supported_yet("the generate_stream endpoint")),
+            ModelAction::TraceSetting => Err(not_supported_yet("the trace setting endpoint")),
+        },
+        Route::RepositoryIndex { repository } => match repository {
+            Some(_) => Err(repository::named_repository()),
+            None => repository::index(&state, request).await,
+        },
+        Route::RepositoryLoad { repository, model } => match repository {
+            Some(_) => Err(repository::named_repository()),
+            None => repository::load(&state, &model, request).await,
+        },
+        Route::RepositoryUnload { repository, model } => match repository {
+            Some(_) => Err(repository::named_repository()),
+            None => repository::unload(&state, &model, request).await,
+        },
+        Route::SystemSharedMemory(_) => Err(not_supported_yet("system shared memory")),
+        Route::CudaSharedMemory(_) => Err(not_supported_yet("CUDA shared memory")),
+        Route::TraceSetting => Err(not_supported_yet("the trace setting endpoint")),
+        Route::Logging => Err(not_supported_yet("the logging endpoint")),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(name: &str, version: &str, action: ModelAction) -> Option<Route> {
+        Some(Route::Model {
+            name: name.into(),
+            version: version.into(),
+            action,
+        })
+    }
+
+    #[test]
+    fn server_and_health_paths() {
+        assert_eq!(parse_route("/v2"), Some(Route::ServerMetadata));
+        assert_eq!(parse_route("/v2/health/live"), Some(Route::Live));
+        assert_eq!(parse_route("/v2/health/ready"), Some(Route::Ready));
+        assert_eq!(parse_route("/v2/"), None);
+        assert_eq!(parse_route("/v2/health"), None);
+        assert_eq!(parse_route("/v2/health/live/"), None);
+        assert_eq!(parse_route("/v3"), None);
+        assert_eq!(parse_route("/v2x"), None);
+        assert_eq!(parse_route("/"), None);
+    }
+
+    #[test]
+    fn model_paths() {
+        assert_eq!(parse_route("/v2/models/m"), model("m", "", ModelAction::Metadata));
+        assert_eq!(parse_route("/v2/models/m/versions/3"), model("m", "3", ModelAction::Metadata));
+        assert_eq!(parse_route("/v2/models/m/versions/12/infer"), model("m", "12", ModelAction::Infer));
+        assert_eq!(parse_route("/v2/models/m/ready"), model("m", "", ModelAction::Ready));
+        assert_eq!(parse_route("/v2/models/m/config"), model("m", "", ModelAction::Config));
+        assert_eq!(parse_route("/v2/models/m/stats"), model("m", "", ModelAction::Stats));
+        assert_eq!(parse_route("/v2/models/m/generate_stream"), model("m", "", ModelAction::GenerateStream));
+        assert_eq!(parse_route("/v2/models/m/trace/setting"), model("m", "", ModelAction::TraceSetting));
+        assert_eq!(parse_route("/v2/models/stats"), Some(Route::AllModelStats));
+        assert_eq!(parse_route("/v2/models/stats/ready"), model("stats", "", ModelAction::Ready));
+        // Raw segments: no percent-decoding.
+        assert_eq!(parse_route("/v2/models/a%2Fb"), model("a%2Fb", "", ModelAction::Metadata));
+    }
+
+    #[test]
+    fn malformed_model_paths_are_not_found() {
+        assert_eq!(parse_route("/v2/models/m/versions/x"), None);
+        assert_eq!(parse_route("/v2/models/m/versions/-1/infer"), None);
+        assert_eq!(parse_route("/v2/models/m/versions/"), None);
+        assert_eq!(parse_route("/v2/models/m/versions"), None);
+        assert_eq!(parse_route("/v2/models/m/versions/1/trace/setting"), None);
+        assert_eq!(parse_route("/v2/models/m/unknown"), None);
+        assert_eq!(parse_route("/v2/models//infer"), None);
+        assert_eq!(parse_route("/v2/models"), None);
+    }
+
+    #[test]
+    fn repository_paths() {
+        assert_eq!(parse_route("/v2/repository/index"), Some(Route::RepositoryIndex { repository: None }));
+        assert_eq!(
+            parse_route("/v2/repository/r/index"),
+            Some(Route::RepositoryIndex { repository: Some("r".into()) })
+        );
+        assert_eq!(
+            parse_route("/v2/repository/models/m/load"),
+            Some(Route::RepositoryLoad { repository: None, model: "m".into() })
+        );
+        assert_eq!(
+            parse_route("/v2/repository/r/models/m/unload"),
+            Some(Route::RepositoryUnload { repository: Some("r".into()), model: "m".into() })
+        );
+        assert_eq!(parse_route("/v2/repository/models/m/delete"), None);
+        assert_eq!(parse_route("/v2/repository"), None);
+        assert_eq!(parse_route("/v2/repository/a/b/index"), None);
+    }
+
+    #[test]
+    fn other_extension_paths() {
+        assert_eq!(parse_route("/v2/systemsharedmemory/status"), Some(Route::SystemSharedMemory(ShmAction::Status)));
+        assert_eq!(
+            parse_route("/v2/cudasharedmemory/region/r/register"),
+            Some(Route::CudaSharedMemory(ShmAction::Register))
+        );
+        assert_eq!(parse_route("/v2/systemsharedmemory/region/r"), None);
+        assert_eq!(parse_route("/v2/trace/setting"), Some(Route::TraceSetting));
+        assert_eq!(parse_route("/v2/logging"), Some(Route::Logging));
+    }
+
+    #[test]
+    fn methods() {
+        let infer = parse_route("/v2/models/m/infer").unwrap();
+        assert!(infer.allows(&Method::POST) && !infer.allows(&Method::GET));
+        let trace = Route::TraceSetting;
+        assert!(trace.allows(&Method::GET) && trace.allows(&Method::POST) && !trace.allows(&Method::PUT));
+        assert!(Route::Live.allows(&Method::GET) && !Route::Live.allows(&Method::HEAD));
+    }
+}

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Writes Triton-style model repositories of small ONNX models for Nereid.
+
+    gen_models.py OUT_DIR [--set example|test]
+
+Set `example` (docs/examples/model_repository, served by `make run`):
+  simple                      INPUT0, INPUT1 INT32 [16] -> OUTPUT0 = sum, OUTPUT1 = difference
+  mlp                         x FP32 [4] -> y FP32 [3] (MatMul + Add + Relu, fixed weights)
+  identity_fp32_autocomplete  FP32 identity with a dynamic batch dim and no config.pbtxt
+Set `test` (superset of `example`, used by tests/python): one batching identity model per
+datatype, a non-batching model, a three-version model under four version policies, and models
+that must fail to load (unknown config field, corrupt model.onnx, KIND_GPU on a CPU-only host).
+
+Output is deterministic and the script is idempotent: each model directory it writes is
+replaced as a whole. Needs the `onnx` and `numpy` packages. Importable: tests call
+`write_repository` and the helpers below.
+"""
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8  # loadable by any onnxruntime >= 1.10, including 1.31
+
+# wire datatype -> (config enum suffix, ONNX element type)
+DTYPES = {
+    "BOOL": ("BOOL", TensorProto.BOOL),
+    "INT8": ("INT8", TensorProto.INT8),
+    "INT16": ("INT16", TensorProto.INT16),
+    "INT32": ("INT32", TensorProto.INT32),
+    "INT64": ("INT64", TensorProto.INT64),
+    "UINT8": ("UINT8", TensorProto.UINT8),
+    "UINT16": ("UINT16", TensorProto.UINT16),
+    "UINT32": ("UINT32", TensorProto.UINT32),
+    "UINT64": ("UINT64", TensorProto.UINT64),
+    "FP16": ("FP16", TensorProto.FLOAT16),
+    "FP32": ("FP32", TensorProto.FLOAT),
+    "FP64": ("FP64", TensorProto.DOUBLE),
+    "BF16": ("BF16", TensorProto.BFLOAT16),
+    "BYTES": ("STRING", TensorProto.STRING),
+}
+
+# Weights of the `mlp` example: fixed so results are reproducible across runs and machines.
+MLP_W = np.array(
+    [[0.5, -1.0, 0.25], [1.5, 0.5, -0.75], [-0.5, 2.0, 1.0], [0.125, -0.25, 0.5]],
+    dtype=np.float32,
+)
+MLP_B = np.array([0.1, -0.2, 0.3], dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX graphs
+
+
+def _model(nodes, inputs, outputs, initializers=(), name="nereid_test"):
+    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="nereid-gen-models",
+        ir_version=IR_VERSION,
+    )
+    onnx.checker.check_model(model)
+    return model.SerializeToString(deterministic=True)
+
+
+def _vi(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def identity_onnx(elem, batched=True):
+    """INPUT0 -> OUTPUT0 unchanged; shape [batch, n] (or [n] when not batched)."""
+    shape = ["batch", "n"] if batched else ["n"]
+    return _model(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        [_vi("INPUT0", elem, shape)],
+        [_vi("OUTPUT0", elem, shape)],
+    )
+
+
+def add_const_onnx(value):
+    """INT32 INPUT0 [batch, n] -> OUTPUT0 = INPUT0 + value (used for model versions)."""
+    c = numpy_helper.from_array(np.array([value], dtype=np.int32), "addend")
+    return _model(
+        [helper.make_node("Add", ["INPUT0", "addend"], ["OUTPUT0"])],
+        [_vi("INPUT0", TensorProto.INT32, ["batch", "n"])],
+        [_vi("OUTPUT0", TensorProto.INT32, ["batch", "n"])],
+        [c],
+    )
+
+
+def simple_onnx():
+    shape = ["batch", 16]
+    return _model(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        [_vi("INPUT0", TensorProto.INT32, shape), _vi("INPUT1", TensorProto.INT32, shape)],
+        [_vi("OUTPUT0", TensorProto.INT32, shape), _vi("OUTPUT1", TensorProto.INT32, shape)],
+    )
+
+
+def mlp_onnx():
+    return _model(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node("Add", ["h", "b"], ["z"]),
+            helper.make_node("Relu", ["z"], ["y"]),
+        ],
+        [_vi("x", TensorProto.FLOAT, ["batch", 4])],
+        [_vi("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(MLP_W, "W"), numpy_helper.from_array(MLP_B, "b")],
+    )
+
+
+def nobatch_onnx():
+    """FP32 INPUT0 [2, 3] -> OUTPUT0 = INPUT0 * 2 + 1; no batch dimension."""
+    two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
+    one = numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one")
+    return _model(
+        [
+            helper.make_node("Mul", ["INPUT0", "two"], ["t"]),
+            helper.make_node("Add", ["t", "one"], ["OUTPUT0"]),
+        ],
+        [_vi("INPUT0", TensorProto.FLOAT, [2, 3])],
+        [_vi("OUTPUT0", TensorProto.FLOAT, [2, 3])],
+        [two, one],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# config.pbtxt text
+
+
+def _tensors(kind, specs):
+    """specs: [(name, config dtype suffix, dims)] -> Triton-style `input [ {...}, {...} ]`."""
+    items = []
+    for name, dtype, dims in specs:
+        items.append(
+            "  {\n"
+            f'    name: "{name}"\n'
+            f"    data_type: TYPE_{dtype}\n"
+            f"    dims: [ {', '.join(str(d) for d in dims)} ]\n"
+            "  }"
+        )
+    return f"{kind} [\n" + ",\n".join(items) + "\n]\n"
+
+
+def config_text(name, max_batch_size, inputs, outputs, extra="", comment=""):
+    head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
+    return (
+        head
+        + f'name: "{name}"\n'
+        + 'platform: "onnxruntime_onnx"\n'
+        + f"max_batch_size: {max_batch_size}\n"
+        + _tensors("input", inputs)
+        + _tensors("output", outputs)
+        + extra
+    )
+
+
+def write_model(repo, name, versions, config=None):
+    """Writes repo/name/{config.pbtxt, <v>/model.onnx}; versions maps version -> bytes."""
+    d = Path(repo) / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    if config is not None:
+        (d / "config.pbtxt").write_text(config)
+    for v, data in versions.items():
+        (d / str(v)).mkdir()
+        (d / str(v) / "model.onnx").write_bytes(data)
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Model sets
+
+
+def write_example(repo):
+    io16 = [("INPUT0", "INT32", [16]), ("INPUT1", "INT32", [16])]
+    write_model(repo, "simple", {1: simple_onnx()}, config_text(
+        "simple", 8, io16, [("OUTPUT0", "INT32", [16]), ("OUTPUT1", "INT32", [16])],
+        comment="OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (like Triton's `simple`)."))
+    write_model(repo, "mlp", {1: mlp_onnx()}, config_text(
+        "mlp", 8, [("x", "FP32", [4])], [("y", "FP32", [3])],
+        comment="y = relu(x @ W + b) with fixed weights (see scripts/gen_models.py)."))
+    # No config.pbtxt: the server must auto-complete it from the ONNX model
+    # (expected like Triton: backend onnxruntime, max_batch_size 4, INPUT0/OUTPUT0 FP32 dims [-1]).
+    write_model(repo, "identity_fp32_autocomplete", {1: identity_onnx(TensorProto.FLOAT)})
+
+
+def identity_name(wire_dtype):
+    return "identity_" + wire_dtype.lower()
+
+
+VERSION_POLICIES = {
+    # model name -> (version_policy text or "", versions expected to be served)
+    "versioned": ("", [3]),
+    "versioned_latest2": ("version_policy: { latest: { num_versions: 2 } }\n", [2, 3]),
+    "versioned_all": ("version_policy: { all: {} }\n", [1, 2, 3]),
+    "versioned_specific1": ("version_policy: { specific: { versions: [ 1 ] } }\n", [1]),
+}
+
+
+def write_versioned(repo, name, policy="", served=(1, 2, 3), versions=(1, 2, 3)):
+    cfg = config_text(
+        name, 8, [("INPUT0", "INT32", [-1])], [("OUTPUT0", "INT32", [-1])], extra=policy,
+        comment=f"Version v computes OUTPUT0 = INPUT0 + v. Expected served versions: {list(served)}.")
+    return write_model(repo, name, {v: add_const_onnx(v) for v in versions}, cfg)
+
+
+def write_test(repo):
+    write_example(repo)
+    for wire, (cfg_dtype, elem) in DTYPES.items():
+        name = identity_name(wire)
+        write_model(repo, name, {1: identity_onnx(elem)}, config_text(
+            name, 8, [("INPUT0", cfg_dtype, [-1])], [("OUTPUT0", cfg_dtype, [-1])],
+            comment=f"Identity on {wire}; batching (max_batch_size 8)."))
+    write_model(repo, "nobatch_fp32", {1: nobatch_onnx()}, config_text(
+        "nobatch_fp32", 0, [("INPUT0", "FP32", [2, 3])], [("OUTPUT0", "FP32", [2, 3])],
+        comment="No batch dimension: OUTPUT0 = INPUT0 * 2 + 1, shape exactly [2, 3]."))
+    for name, (policy, served) in VERSION_POLICIES.items():
+        write_versioned(repo, name, policy, served)
+
+    fp32_io = ([("INPUT0", "FP32", [-1])], [("OUTPUT0", "FP32", [-1])])
+    good = {1: identity_onnx(TensorProto.FLOAT)}
+    write_model(repo, "broken_config", good, config_text(
+        "broken_config", 8, *fp32_io, extra="not_a_config_field: 42\n",
+        comment="Expected: UNAVAILABLE, reason names the unknown field `not_a_config_field`."))
+    write_model(repo, "broken_model", {1: b"this is not an ONNX model\x00\xff"}, config_text(
+        "broken_model", 8, *fp32_io,
+        comment="Expected: UNAVAILABLE, model.onnx is not a valid ONNX protobuf."))
+    write_model(repo, "gpu_model", good, config_text(
+        "gpu_model", 8, *fp32_io, extra="instance_group [ { kind: KIND_GPU, count: 1 } ]\n",
+        comment="Expected on a CPU-only host: UNAVAILABLE, reason mentions GPU."))
+
+
+# Models of the `test` set that must fail to load, and what their reason must mention.
+BROKEN_MODELS = {"broken_config": "not_a_config_field", "broken_model": "", "gpu_model": "GPU"}
+
+
+def write_repository(out_dir, which="test"):
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (write_test if which == "test" else write_example)(out)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out_dir")
+    p.add_argument("--set", choices=["example", "test"], default="example", dest="which")
+    args = p.parse_args(argv)
+    out = write_repository(args.out_dir, args.which)
+    names = sorted(d.name for d in out.iterdir() if d.is_dir())
+    print(f"wrote {len(names)} models to {out}: {', '.join(names)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

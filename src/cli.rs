@@ -1,0 +1,229 @@
+//! Command-line flags. Names follow `tritonserver` where a Triton user would look for them;
+//! every flag can also be set through a `NEREID_*` environment variable.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use nereid_data_plane::manager::{ControlMode, ManagerConfig};
+use nereid_data_plane::serve::ServeConfig;
+use nereid_data_plane::server::DataPlaneConfig;
+
+#[derive(Parser, Debug)]
+#[command(name = "nereid", version, about = "Triton-compatible inference server")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve a Triton model repository over KServe v2 HTTP and gRPC (single node).
+    Serve(Box<ServeArgs>),
+    /// Check config.pbtxt files or model directories; print the normalized config as JSON or
+    /// the errors with file:line:col. Exit 1 on any error.
+    CheckConfig(CheckConfigArgs),
+}
+
+/// Parses Triton-style booleans: true/false/1/0 (also yes/no, on/off).
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(format!("expected true/false/1/0, got '{s}'")),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ControlModeArg {
+    None,
+    Poll,
+    Explicit,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Model repository directory (repeat for several). Triton layout: <repo>/<model>/config.pbtxt
+    /// and numbered version folders.
+    #[arg(long = "model-repository", alias = "model-store", env = "NEREID_MODEL_REPOSITORY", value_delimiter = ',', required = true)]
+    pub model_repository: Vec<PathBuf>,
+    /// HTTP (KServe v2 REST) port.
+    #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// Address the HTTP service binds.
+    #[arg(long, env = "NEREID_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    /// gRPC (inference.GRPCInferenceService) port.
+    #[arg(long, env = "NEREID_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Address the gRPC service binds.
+    #[arg(long, env = "NEREID_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    /// Prometheus metrics port (/metrics).
+    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the metrics service binds.
+    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+    /// Serve HTTP.
+    #[arg(long, env = "NEREID_ALLOW_HTTP", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_http: bool,
+    /// Serve gRPC.
+    #[arg(long, env = "NEREID_ALLOW_GRPC", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_grpc: bool,
+    /// Serve Prometheus metrics.
+    #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_metrics: bool,
+    /// none: load every model at start, no load/unload API. poll: also follow changes on disk
+    /// every --repository-poll-secs. explicit: load only --load-model, then the API decides.
+    #[arg(long, env = "NEREID_MODEL_CONTROL_MODE", value_enum, default_value = "none")]
+    pub model_control_mode: ControlModeArg,
+    /// Model to load at start in explicit mode (repeat; '*' loads all and must be alone).
+    #[arg(long = "load-model", env = "NEREID_LOAD_MODEL", value_delimiter = ',')]
+    pub load_model: Vec<String>,
+    /// Seconds between repository scans in poll mode.
+    #[arg(long, env = "NEREID_REPOSITORY_POLL_SECS", default_value_t = 15)]
+    pub repository_poll_secs: u64,
+    /// Ready only when every model loaded successfully (false: ready once started).
+    #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub strict_readiness: bool,
+    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
+    #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+    /// Do not fill model configs from model files (inputs, outputs, max_batch_size).
+    #[arg(long, env = "NEREID_DISABLE_AUTO_COMPLETE_CONFIG")]
+    pub disable_auto_complete_config: bool,
+    /// Deprecated Triton spelling: true disables auto-complete.
+    #[arg(long, env = "NEREID_STRICT_MODEL_CONFIG", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub strict_model_config: Option<bool>,
+    /// Largest HTTP request body in bytes, also after decompression.
+    #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
+    pub http_max_input_size: usize,
+    /// Requests that may wait per model version before new ones are refused (503).
+    #[arg(long, env = "NEREID_MODEL_QUEUE_SIZE", default_value_t = 1024)]
+    pub model_queue_size: usize,
+    /// Verbose logging level (0 = info; 1 or more = debug).
+    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
+    pub log_verbose: u32,
+    /// Log line format.
+    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Server name reported in server metadata.
+    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
+    pub id: String,
+    /// ONNX Runtime shared library to load (default: ORT_DYLIB_PATH, then a library next to
+    /// the executable, then the one found at build time).
+    #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
+    pub onnxruntime_library: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// Checks the flags and turns them into the server's config, before any port is bound.
+    pub fn into_config(self) -> Result<ServeConfig, String> {
+        for repo in &self.model_repository {
+            if !repo.is_dir() {
+                return Err(format!("--model-repository '{}' is not a directory", repo.display()));
+            }
+        }
+        let control_mode = match self.model_control_mode {
+            ControlModeArg::None => ControlMode::None,
+            ControlModeArg::Poll => ControlMode::Poll,
+            ControlModeArg::Explicit => ControlMode::Explicit,
+        };
+        if self.load_model.iter().any(|m| m == "*") && self.load_model.len() > 1 {
+            return Err("--load-model '*' loads every model and must be the only --load-model".into());
+        }
+        if !self.load_model.is_empty() && control_mode != ControlMode::Explicit {
+            return Err("--load-model requires --model-control-mode explicit".into());
+        }
+        if control_mode == ControlMode::Poll && self.repository_poll_secs == 0 {
+            return Err("--repository-poll-secs must be at least 1".into());
+        }
+        if self.model_queue_size == 0 {
+            return Err("--model-queue-size must be at least 1".into());
+        }
+        let enabled = [
+            (self.allow_http, "--http-port", self.http_port),
+            (self.allow_grpc, "--grpc-port", self.grpc_port),
+            (self.allow_metrics, "--metrics-port", self.metrics_port),
+        ];
+        for (i, a) in enabled.iter().enumerate() {
+            for b in &enabled[i + 1..] {
+                if a.0 && b.0 && a.2 == b.2 && a.2 != 0 {
+                    return Err(format!("{} and {} are both {}: each service needs its own port", a.1, b.1, a.2));
+                }
+            }
+        }
+        let auto_complete = !self.disable_auto_complete_config && self.strict_model_config != Some(true);
+        let addr = |allow: bool, ip: IpAddr, port: u16| allow.then_some(SocketAddr::new(ip, port));
+        Ok(ServeConfig {
+            manager: ManagerConfig {
+                repositories: self.model_repository,
+                control_mode,
+                startup_models: self.load_model,
+                auto_complete,
+                queue_capacity: self.model_queue_size,
+            },
+            data_plane: DataPlaneConfig { server_name: self.id, strict_readiness: self.strict_readiness },
+            http_addr: addr(self.allow_http, self.http_address, self.http_port),
+            grpc_addr: addr(self.allow_grpc, self.grpc_address, self.grpc_port),
+            metrics_addr: addr(self.allow_metrics, self.metrics_address, self.metrics_port),
+            http_max_input_size: self.http_max_input_size,
+            poll_interval: Duration::from_secs(self.repository_poll_secs),
+            exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+            onnxruntime_library: crate::ort_library::resolve(self.onnxruntime_library),
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CheckConfigArgs {
+    /// config.pbtxt files or model directories.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    /// Fill inputs/outputs from model files where a directory has them (needs ONNX Runtime).
+    #[arg(long)]
+    pub auto_complete: bool,
+    /// ONNX Runtime shared library (for --auto-complete).
+    #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
+    pub onnxruntime_library: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<ServeConfig, String> {
+        let mut argv = vec!["nereid", "serve", "--model-repository", "."];
+        argv.extend_from_slice(args);
+        let Cli { command: Command::Serve(a) } = Cli::try_parse_from(argv).map_err(|e| e.to_string())? else {
+            unreachable!()
+        };
+        a.into_config()
+    }
+
+    #[test]
+    fn triton_style_flags_parse() {
+        let c = parse(&["--strict-readiness", "false", "--model-control-mode", "explicit", "--load-model", "a", "--load-model", "b"]).unwrap();
+        assert!(!c.data_plane.strict_readiness);
+        assert_eq!(c.manager.startup_models, vec!["a", "b"]);
+        assert_eq!(c.http_addr.unwrap().port(), 8000);
+        let c = parse(&["--strict-model-config=true"]).unwrap();
+        assert!(!c.manager.auto_complete);
+    }
+
+    #[test]
+    fn bad_combinations_are_refused() {
+        assert!(parse(&["--load-model", "a"]).unwrap_err().contains("explicit"));
+        assert!(parse(&["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "a"]).is_err());
+        assert!(parse(&["--http-port", "9000", "--grpc-port", "9000"]).unwrap_err().contains("own port"));
+        assert!(parse(&["--strict-readiness", "maybe"]).is_err());
+    }
+}

@@ -1,0 +1,59 @@
+"""Session fixtures: a generated test model repository and `nereid serve` processes on it.
+
+NEREID_BIN selects the server binary (default target/release/nereid). Each server logs to a file
+under pytest's tmp dir; the tail of every server log is attached to failing test reports.
+"""
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from nereid_util import SERVERS, gen_models, managed_server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for s in SERVERS:
+            report.sections.append((f"nereid log: {s.name} ({s.log_path})", s.log_tail()))
+
+
+@pytest.fixture(scope="session")
+def test_repo(tmp_path_factory):
+    return gen_models.write_repository(tmp_path_factory.mktemp("repo_none"), "test")
+
+
+@pytest.fixture(scope="session")
+def server(test_repo, tmp_path_factory):
+    """Default (`none` control mode) server on the full test repository."""
+    yield from managed_server(test_repo, tmp_path_factory.mktemp("logs"), [], "server_none")
+
+
+@pytest.fixture(scope="session")
+def explicit_server(tmp_path_factory):
+    """Explicit control mode, everything loaded at start, on its own copy of the repository."""
+    repo = gen_models.write_repository(tmp_path_factory.mktemp("repo_explicit"), "test")
+    args = ["--model-control-mode", "explicit", "--load-model", "*"]
+    yield from managed_server(repo, tmp_path_factory.mktemp("logs"), args, "server_explicit")
+
+
+@pytest.fixture
+def http_client(server):
+    c = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def grpc_client(server):
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def model_path(test_repo):
+    """model_path(name, version=1) -> path of that model's model.onnx."""
+    return lambda name, version=1: test_repo / name / str(version) / "model.onnx"

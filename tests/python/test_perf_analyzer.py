@@ -1,0 +1,35 @@
+"""Triton's own perf_analyzer (from the tritonclient wheel) drives the server over HTTP and gRPC."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from nereid_util import ROOT
+
+PERF_ANALYZER = os.environ.get("PERF_ANALYZER", str(ROOT / ".venv/perf_analyzer"))
+
+
+def run_perf(args):
+    if not os.access(PERF_ANALYZER, os.X_OK):
+        pytest.skip(f"{PERF_ANALYZER} missing (run scripts/setup.sh)")
+    cmd = [PERF_ANALYZER, "-m", "simple", "--measurement-interval", "1000",
+           "--concurrency-range", "1:2", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}\n{out}"
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", out), out
+    errors = [l for l in out.splitlines() if re.search(r"\berror\b|failed", l, re.I)]
+    assert not errors, "\n".join(errors)
+    return out
+
+
+@pytest.mark.timeout(150)
+def test_perf_analyzer_http(server):
+    run_perf(["-u", server.http_url])
+
+
+@pytest.mark.timeout(150)
+def test_perf_analyzer_grpc(server):
+    run_perf(["-i", "grpc", "-u", server.grpc_url])
