@@ -82,8 +82,9 @@ fn check(path: &Path, backends: Option<&Backends>) -> Result<ModelConfig, Config
         if cfg.default_model_filename.is_empty() {
             cfg.default_model_filename = backend.default_model_filename().to_string();
         }
+        let model_path = latest.join(&cfg.default_model_filename);
         backend
-            .auto_complete(&mut cfg, &latest.join(&cfg.default_model_filename))
+            .auto_complete(&mut cfg, &model_path)
             .map_err(|e| ConfigError::Invalid(vec![e.to_string()]))?;
     }
     config::fill_defaults(&mut cfg);

@@ -48,7 +48,8 @@ fn init_logging(verbose: u32, format: &cli::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let default = if verbose > 0 { "debug,h2=info,hyper=info,tower=info" } else { "info" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         cli::LogFormat::Json => builder.json().init(),
         cli::LogFormat::Text => builder.init(),

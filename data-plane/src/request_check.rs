@@ -1,20 +1,20 @@
 //! Checks an [`InferRequest`] against the model's config before anything runs, with Triton's
 //! messages: unknown or missing inputs, datatypes, shapes, batch size, requested outputs.
 //!
-//! The result, [`ValidRequest`], is what instances execute: inputs in the shape the backend
-//! expects (config `reshape` applied) and the list of outputs to produce.
+//! The result, [`ValidRequest`], is what instances execute: the inputs as the client shaped
+//! them (backends apply a config `reshape` themselves) and the list of outputs to produce.
 
 use std::collections::HashSet;
 
 use nereid_proto::DataType;
 use nereid_proto::ServiceError;
-use nereid_proto::pb::inference::{ModelConfig, ModelTensorReshape};
+use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::types::{InferRequest, Tensor, format_shape};
 
 /// A request that fits its model.
 #[derive(Debug)]
 pub struct ValidRequest {
-    /// Inputs in config order of arrival, reshaped for the backend.
+    /// Inputs in order of arrival.
     pub inputs: Vec<Tensor>,
     /// Output names to produce, in response order.
     pub outputs: Vec<String>,
@@ -125,7 +125,7 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
                 format_shape(shape)
             )));
         }
-        inputs.push(apply_reshape(tensor, spec.reshape.as_ref(), batching)?);
+        inputs.push(tensor);
     }
 
     let outputs = if request.outputs.is_empty() {
@@ -168,49 +168,6 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
 /// Whether request dims match config dims (-1 in the config matches any size).
 pub fn dims_match(config: &[i64], request: &[i64]) -> bool {
     config.len() == request.len() && config.iter().zip(request).all(|(&c, &r)| c == -1 || c == r)
-}
-
-/// Gives the tensor the shape the backend expects under `reshape` (batch dim kept first).
-fn apply_reshape(
-    tensor: Tensor,
-    reshape: Option<&ModelTensorReshape>,
-    batching: bool,
-) -> Result<Tensor, ServiceError> {
-    let Some(reshape) = reshape else { return Ok(tensor) };
-    let (name, datatype, shape, data) = tensor.into_parts();
-    let count: i64 = shape.iter().product();
-    let mut target: Vec<i64> = Vec::new();
-    if batching {
-        target.push(shape[0]);
-    }
-    target.extend_from_slice(&reshape.shape);
-    let known: i64 = target.iter().filter(|&&d| d != -1).product();
-    if let Some(pos) = target.iter().position(|&d| d == -1) {
-        target[pos] = if known == 0 { 0 } else { count / known };
-    }
-    Tensor::new(name, datatype, target, data)
-}
-
-/// Gives a backend output the shape the config declares (inverse of the output `reshape`).
-pub fn output_api_shape(config: &ModelConfig, tensor: Tensor, batch_size: usize) -> Result<Tensor, ServiceError> {
-    let Some(spec) = config.output.iter().find(|o| o.name == tensor.name()) else { return Ok(tensor) };
-    if spec.reshape.is_none() {
-        return Ok(tensor);
-    }
-    let (name, datatype, shape, data) = tensor.into_parts();
-    let count: i64 = shape.iter().product();
-    let mut target: Vec<i64> = Vec::new();
-    if config.max_batch_size > 0 {
-        target.push(batch_size as i64);
-    }
-    target.extend_from_slice(&spec.dims);
-    let known: i64 = target.iter().filter(|&&d| d != -1).product();
-    if let Some(pos) = target.iter().position(|&d| d == -1) {
-        target[pos] = if known == 0 { 0 } else { count / known };
-    }
-    Tensor::new(name, datatype, target, data).map_err(|e| {
-        ServiceError::internal(format!("model '{}' output reshape failed: {}", config.name, e.message()))
-    })
 }
 
 #[cfg(test)]

@@ -122,12 +122,11 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
             ticker.tick().await;
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => {
-                        if let Err(e) = manager.poll_once().await {
-                            tracing::error!(error = %e, "repository poll failed");
-                        }
-                    }
+                    _ = ticker.tick() => {}
                     _ = stop.wait_for(|s| *s) => break,
+                }
+                if let Err(e) = manager.poll_once().await {
+                    tracing::error!(error = %e, "repository poll failed");
                 }
             }
         });

@@ -26,10 +26,8 @@ use crate::stats::RequestTimings;
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
-    "classification",
     "model_repository",
     "model_repository(unload_dependents)",
-    "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
@@ -163,7 +161,6 @@ impl InferenceService for DataPlane {
         }
         let loaded = self.manager.get(&request.model_name, request.model_version)?;
         let id = request.id.clone();
-        let parameters = request.parameters.clone();
         let valid = request_check::check(&loaded.config, request)?;
         let batch_size = valid.batch_size;
         let result = match loaded.pool.submit(valid).await {
@@ -181,11 +178,6 @@ impl InferenceService for DataPlane {
                 return Err(backend_error(&loaded.name, &id, e));
             }
         };
-        let outputs = outputs
-            .into_iter()
-            .map(|t| request_check::output_api_shape(&loaded.config, t, batch_size))
-            .collect::<Result<Vec<_>, _>>()?;
-        let _ = parameters;
         let timings = RequestTimings {
             total: started.elapsed(),
             queue: result.queue,

@@ -16,7 +16,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed:
-        for s in SERVERS:
+        for s in [s for s in SERVERS if s.proc is not None and s.proc.poll() is None]:
             report.sections.append((f"nereid log: {s.name} ({s.log_path})", s.log_tail()))
 
 

@@ -7,11 +7,8 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -284,20 +281,3 @@ def assert_same(actual, expected, what=""):
         return
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     np.testing.assert_array_equal(actual, expected, err_msg=what)
-
-
-def bytes_to_json_strings(arr):
-    return [x.decode() if isinstance(x, bytes) else x for x in arr.flatten()]
-
-
-def urlopen_json(url, data=None, timeout=30):
-    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-
-
-def pack_bytes(items):
-    return b"".join(struct.pack("<I", len(x)) + x for x in items)

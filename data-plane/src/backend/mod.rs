@@ -102,6 +102,7 @@ impl Backends {
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>, String> {
         match name {
             "onnxruntime" => Ok(self.onnxruntime.clone()),
+            "" => Err("ensemble models (platform 'ensemble') are not supported by this version of Nereid yet".to_string()),
             "pytorch" | "python" => Err(format!(
                 "backend '{name}' is not supported by this version of Nereid yet"
             )),

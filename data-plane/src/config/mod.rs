@@ -97,7 +97,12 @@ pub fn complete(
     config.name = name.to_string();
     fill_platform_and_backend(&mut config, versions)?;
 
-    if config.platform != "ensemble" {
+    if config.platform == "ensemble" {
+        return Err(ConfigError::Invalid(vec![format!(
+            "model '{name}': ensemble models (platform 'ensemble') are not supported by this version of Nereid yet"
+        )]));
+    }
+    {
         let backend = backends.get(&config.backend).map_err(|e| ConfigError::Invalid(vec![e]))?;
         if config.default_model_filename.is_empty() {
             config.default_model_filename = backend.default_model_filename().to_string();
@@ -152,9 +157,16 @@ pub fn fill_platform_and_backend(
         }
         return Ok(());
     }
+    // A configured default_model_filename names the file, but its extension still says which
+    // backend it is for: `model_a.onnx` is an ONNX model.
+    let configured = config.default_model_filename.clone();
     let has = |file: &str| {
-        let file = if config.default_model_filename.is_empty() { file } else { &config.default_model_filename };
-        versions.iter().any(|v| v.join(file).exists())
+        if configured.is_empty() {
+            versions.iter().any(|v| v.join(file).exists())
+        } else {
+            let ext = |f: &str| Path::new(f).extension().map(|e| e.to_os_string());
+            ext(&configured) == ext(file) && versions.iter().any(|v| v.join(&configured).exists())
+        }
     };
     for (platform, backend, file) in PLATFORMS {
         if !file.is_empty() && has(file) {

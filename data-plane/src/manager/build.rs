@@ -43,7 +43,6 @@ pub struct BuildInput {
 
 /// A built model, or why it failed (with the versions that were attempted).
 pub struct Built {
-    pub config: Arc<ModelConfig>,
     pub versions: BTreeMap<i64, Arc<LoadedVersion>>,
 }
 
@@ -73,8 +72,6 @@ pub fn build(
     let keys: Vec<i64> = available.keys().copied().collect();
     let selected = repository::select_versions(with_defaults.version_policy.as_ref(), &keys);
     let dirs: Vec<PathBuf> = selected.iter().map(|v| available[v].clone()).collect();
-    let complete = config::complete(&input.name, raw, &dirs, backends, input.options)
-        .map_err(|e| fail(e.to_string(), &selected))?;
     if selected.is_empty() {
         return Err(fail(
             format!(
@@ -87,6 +84,8 @@ pub fn build(
             &selected,
         ));
     }
+    let complete = config::complete(&input.name, raw, &dirs, backends, input.options)
+        .map_err(|e| fail(e.to_string(), &selected))?;
     let config = Arc::new(complete);
     let backend = backends.get(&config.backend).map_err(|e| fail(e, &selected))?;
 
@@ -117,7 +116,7 @@ pub fn build(
             }),
         );
     }
-    Ok(Built { config, versions })
+    Ok(Built { versions })
 }
 
 /// One context per instance of every instance group (`KIND_GPU` groups: `count` per listed GPU).

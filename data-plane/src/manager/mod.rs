@@ -348,10 +348,15 @@ impl ModelManager {
                 "Request for unknown model: '{name}' is not found"
             )));
         };
-        Ok(match version {
-            Some(v) => entry.versions.contains_key(&v),
-            None => !entry.versions.is_empty(),
-        })
+        match version {
+            Some(v) if !entry.versions.contains_key(&v) && entry.state == ModelState::Ready => {
+                Err(ServiceError::not_found(format!(
+                    "Request for unknown model: '{name}' version {v} is not found"
+                )))
+            }
+            Some(v) => Ok(entry.versions.contains_key(&v)),
+            None => Ok(!entry.versions.is_empty()),
+        }
     }
 
     /// All served versions of a model, ascending.

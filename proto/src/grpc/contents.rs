@@ -40,8 +40,20 @@ impl InputRef<'_> {
     }
 }
 
-/// The typed field that carries `datatype`, with the datatype Triton names that field by in
-/// its mismatch message; `None` for FP16/BF16.
+/// Every typed field, in `InferTensorContents` order, with the datatype Triton names it by in
+/// its mismatch message.
+const FIELDS: [(&str, DataType); 8] = [
+    ("bool_contents", DataType::Bool),
+    ("int_contents", DataType::Int32),
+    ("int64_contents", DataType::Int64),
+    ("uint_contents", DataType::Uint32),
+    ("uint64_contents", DataType::Uint64),
+    ("fp32_contents", DataType::Fp32),
+    ("fp64_contents", DataType::Fp64),
+    ("bytes_contents", DataType::Bytes),
+];
+
+/// The typed field that carries `datatype`; `None` for FP16/BF16.
 fn field_for(datatype: DataType) -> Option<&'static str> {
     match datatype {
         DataType::Bool => Some("bool_contents"),
@@ -65,43 +77,16 @@ pub(crate) fn contents_to_bytes(
     element_count: usize,
     contents: InferTensorContents,
 ) -> ServiceResult<Bytes> {
-    let present: [(&str, DataType, usize); 8] = [
-        (
-            "bool_contents",
-            DataType::Bool,
-            contents.bool_contents.len(),
-        ),
-        ("int_contents", DataType::Int32, contents.int_contents.len()),
-        (
-            "int64_contents",
-            DataType::Int64,
-            contents.int64_contents.len(),
-        ),
-        (
-            "uint_contents",
-            DataType::Uint32,
-            contents.uint_contents.len(),
-        ),
-        (
-            "uint64_contents",
-            DataType::Uint64,
-            contents.uint64_contents.len(),
-        ),
-        (
-            "fp32_contents",
-            DataType::Fp32,
-            contents.fp32_contents.len(),
-        ),
-        (
-            "fp64_contents",
-            DataType::Fp64,
-            contents.fp64_contents.len(),
-        ),
-        (
-            "bytes_contents",
-            DataType::Bytes,
-            contents.bytes_contents.len(),
-        ),
+    let c = &contents;
+    let lengths = [
+        c.bool_contents.len(),
+        c.int_contents.len(),
+        c.int64_contents.len(),
+        c.uint_contents.len(),
+        c.uint64_contents.len(),
+        c.fp32_contents.len(),
+        c.fp64_contents.len(),
+        c.bytes_contents.len(),
     ];
     let Some(expected) = field_for(datatype) else {
         return Err(at.invalid(format!(
@@ -109,7 +94,7 @@ pub(crate) fn contents_to_bytes(
         )));
     };
     let mut found = 0;
-    for (field, field_type, len) in present {
+    for ((field, field_type), len) in FIELDS.into_iter().zip(lengths) {
         if field == expected {
             found = len;
         } else if len != 0 {
@@ -126,7 +111,6 @@ pub(crate) fn contents_to_bytes(
         )));
     }
 
-    let c = contents;
     let out_of_range = |(index, value): (usize, String)| {
         at.invalid(format!(
             "{expected}[{index}] = {value} is out of range for {datatype}"

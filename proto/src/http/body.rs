@@ -13,8 +13,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::http::header::CONTENT_LENGTH;
 use axum::http::HeaderMap;
+use axum::http::header::CONTENT_LENGTH;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
@@ -56,13 +56,19 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         .map_err(HttpError::from)
 }
 
-async fn read_limited(mut body: Body, limit: usize, declared: Option<u64>) -> Result<Bytes, HttpError> {
+async fn read_limited(
+    mut body: Body,
+    limit: usize,
+    declared: Option<u64>,
+) -> Result<Bytes, HttpError> {
     let mut first: Option<Bytes> = None;
     let mut joined: Option<BytesMut> = None;
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
-            HttpError::from(ServiceError::invalid(format!("failed to read the request body: {e}")))
+            HttpError::from(ServiceError::invalid(format!(
+                "failed to read the request body: {e}"
+            )))
         })?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers carry no body bytes
@@ -137,22 +143,32 @@ mod tests {
     use axum::http::HeaderValue;
 
     fn stream_body(chunks: Vec<&'static [u8]>) -> Body {
-        let stream = futures::stream::iter(chunks.into_iter().map(|c| Ok::<_, Infallible>(Bytes::from_static(c))));
+        let stream = futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Bytes::from_static(c))),
+        );
         Body::from_stream(stream)
     }
 
     #[tokio::test]
     async fn single_frame_body_is_not_copied() {
         let data = Bytes::from(vec![1u8; 100]);
-        let read = read_body(&HeaderMap::new(), Body::from(data.clone()), 100).await.unwrap();
+        let read = read_body(&HeaderMap::new(), Body::from(data.clone()), 100)
+            .await
+            .unwrap();
         assert_eq!(read.as_ptr(), data.as_ptr());
     }
 
     #[tokio::test]
     async fn streamed_body_is_joined_and_limited() {
-        let read = read_body(&HeaderMap::new(), stream_body(vec![b"ab", b"", b"cd"]), 4).await.unwrap();
+        let read = read_body(&HeaderMap::new(), stream_body(vec![b"ab", b"", b"cd"]), 4)
+            .await
+            .unwrap();
         assert_eq!(&read[..], b"abcd");
-        let err = read_body(&HeaderMap::new(), stream_body(vec![b"ab", b"cd", b"e"]), 4).await.unwrap_err();
+        let err = read_body(&HeaderMap::new(), stream_body(vec![b"ab", b"cd", b"e"]), 4)
+            .await
+            .unwrap_err();
         assert_eq!(err.message(), too_large_message(4));
     }
 
@@ -167,7 +183,11 @@ mod tests {
 
     #[tokio::test]
     async fn chunk_body_reports_exact_size() {
-        let body = ChunkBody::new(vec![Bytes::from_static(b"abc"), Bytes::new(), Bytes::from_static(b"de")]);
+        let body = ChunkBody::new(vec![
+            Bytes::from_static(b"abc"),
+            Bytes::new(),
+            Bytes::from_static(b"de"),
+        ]);
         assert_eq!(hyper::body::Body::size_hint(&body).exact(), Some(5));
         let collected = Body::new(body).collect().await.unwrap().to_bytes();
         assert_eq!(&collected[..], b"abcde");

@@ -7,12 +7,12 @@
 
 use std::io::{Read, Write};
 
-use axum::http::header::{ACCEPT_ENCODING, CONTENT_ENCODING};
 use axum::http::HeaderMap;
+use axum::http::header::{ACCEPT_ENCODING, CONTENT_ENCODING};
 use bytes::Bytes;
+use flate2::Compression;
 use flate2::read::{GzDecoder, ZlibDecoder};
 use flate2::write::{GzEncoder, ZlibEncoder};
-use flate2::Compression;
 
 use super::error::HttpError;
 use crate::error::{ServiceError, ServiceResult};
@@ -127,7 +127,9 @@ pub fn compress(encoding: Encoding, chunks: &[Bytes]) -> std::io::Result<Bytes> 
     }
     let out = match encoding {
         Encoding::Identity => chunks.concat(),
-        Encoding::Gzip => write_all(GzEncoder::new(Vec::new(), Compression::default()), chunks)?.finish()?,
+        Encoding::Gzip => {
+            write_all(GzEncoder::new(Vec::new(), Compression::default()), chunks)?.finish()?
+        }
         Encoding::Deflate => {
             write_all(ZlibEncoder::new(Vec::new(), Compression::default()), chunks)?.finish()?
         }
@@ -179,12 +181,18 @@ mod tests {
             assert!(packed.len() < 1000);
             assert_eq!(decompress(encoding, &packed, 10_000).unwrap(), data);
             let err = decompress(encoding, &packed, 9_999).unwrap_err();
-            assert!(err.message().contains("exceeds the maximum allowed input size of 9999 bytes"));
+            assert!(
+                err.message()
+                    .contains("exceeds the maximum allowed input size of 9999 bytes")
+            );
         }
         // gzip data sent as "deflate" is accepted, like zlib's auto-detection in Triton.
-        let gz = compress(Encoding::Gzip, &[data.clone()]).unwrap();
+        let gz = compress(Encoding::Gzip, std::slice::from_ref(&data)).unwrap();
         assert_eq!(decompress(Encoding::Deflate, &gz, 10_000).unwrap(), data);
         let err = decompress(Encoding::Gzip, b"not compressed", 100).unwrap_err();
-        assert!(err.message().starts_with("failed to decompress the request body (gzip)"));
+        assert!(
+            err.message()
+                .starts_with("failed to decompress the request body (gzip)")
+        );
     }
 }

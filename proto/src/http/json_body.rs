@@ -80,14 +80,29 @@ mod tests {
     fn deep_documents_are_refused_before_serde_sees_them() {
         // 200 levels would hit serde_json's own limit of 128; the message names ours.
         let err = parse_json(nested(200).as_bytes(), MAX_REQUEST_DEPTH, "request").unwrap_err();
-        assert_eq!(err.message(), "JSON nesting depth exceeds maximum allowed limit (100)");
-        assert!(parse_json(nested(MAX_REQUEST_DEPTH).as_bytes(), MAX_REQUEST_DEPTH, "request").is_ok());
+        assert_eq!(
+            err.message(),
+            "JSON nesting depth exceeds maximum allowed limit (100)"
+        );
+        assert!(
+            parse_json(
+                nested(MAX_REQUEST_DEPTH).as_bytes(),
+                MAX_REQUEST_DEPTH,
+                "request"
+            )
+            .is_ok()
+        );
     }
 
     #[test]
     fn syntax_errors_say_where() {
         let err = parse_json(br#"{"inputs": [}"#, 10, "request").unwrap_err();
-        assert!(err.message().starts_with("failed to parse the request JSON: "), "{}", err.message());
+        assert!(
+            err.message()
+                .starts_with("failed to parse the request JSON: "),
+            "{}",
+            err.message()
+        );
         assert!(err.message().contains("line 1 column"), "{}", err.message());
     }
 }

@@ -23,9 +23,9 @@ pub fn json_response(body: Vec<u8>) -> Response {
 }
 
 fn to_json<T: Serialize>(value: &T) -> Result<Response, HttpError> {
-    serde_json::to_vec(value)
-        .map(json_response)
-        .map_err(|e| ServiceError::internal(format!("failed to serialize the response: {e}")).into())
+    serde_json::to_vec(value).map(json_response).map_err(|e| {
+        ServiceError::internal(format!("failed to serialize the response: {e}")).into()
+    })
 }
 
 /// `GET /v2/health/live` and `/v2/health/ready`: 200 or 400, empty body either way.
@@ -35,7 +35,12 @@ pub async fn health(service: &dyn InferenceService, readiness: bool) -> Response
     } else {
         service.server_live().await
     };
-    if ok { StatusCode::OK } else { StatusCode::BAD_REQUEST }.into_response()
+    if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_REQUEST
+    }
+    .into_response()
 }
 
 #[derive(Serialize)]

@@ -8,8 +8,9 @@
 //!         ├─ metadata        health, server/model metadata, ready, config, statistics
 //!         ├─ repository      index, load (config + file overrides), unload
 //!         └─ infer           POST .../infer
-//!              ├─ infer_request   JSON header + binary section (zero-copy slices) or raw body
+//!              ├─ infer_request   JSON header + binary section (zero-copy slices)
 //!              │    └─ tensor_json     JSON `data` ─► raw little-endian bytes
+//!              ├─ raw_request     or the whole body as the single input (shape from config)
 //!              ├─ InferenceService::infer   the one shared implementation
 //!              └─ infer_response  JSON header + binary outputs as separate chunks,
 //!                                 optionally compressed per Accept-Encoding
@@ -30,6 +31,7 @@ mod infer_request;
 mod infer_response;
 mod json_body;
 mod metadata;
+mod raw_request;
 mod repository;
 mod routes;
 mod tensor_json;

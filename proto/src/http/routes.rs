@@ -12,8 +12,8 @@ use axum::extract::{Request, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
-use super::error::{not_supported_yet, HttpError};
-use super::{infer, metadata, repository, HttpState};
+use super::error::{HttpError, not_supported_yet};
+use super::{HttpState, infer, metadata, repository};
 
 /// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,9 +92,7 @@ impl Route {
     }
 
     fn allows(&self, method: &Method) -> bool {
-        self.allowed()
-            .split(", ")
-            .any(|m| m == method.as_str())
+        self.allowed().split(", ").any(|m| m == method.as_str())
     }
 }
 
@@ -259,18 +257,48 @@ mod tests {
 
     #[test]
     fn model_paths() {
-        assert_eq!(parse_route("/v2/models/m"), model("m", "", ModelAction::Metadata));
-        assert_eq!(parse_route("/v2/models/m/versions/3"), model("m", "3", ModelAction::Metadata));
-        assert_eq!(parse_route("/v2/models/m/versions/12/infer"), model("m", "12", ModelAction::Infer));
-        assert_eq!(parse_route("/v2/models/m/ready"), model("m", "", ModelAction::Ready));
-        assert_eq!(parse_route("/v2/models/m/config"), model("m", "", ModelAction::Config));
-        assert_eq!(parse_route("/v2/models/m/stats"), model("m", "", ModelAction::Stats));
-        assert_eq!(parse_route("/v2/models/m/generate_stream"), model("m", "", ModelAction::GenerateStream));
-        assert_eq!(parse_route("/v2/models/m/trace/setting"), model("m", "", ModelAction::TraceSetting));
+        assert_eq!(
+            parse_route("/v2/models/m"),
+            model("m", "", ModelAction::Metadata)
+        );
+        assert_eq!(
+            parse_route("/v2/models/m/versions/3"),
+            model("m", "3", ModelAction::Metadata)
+        );
+        assert_eq!(
+            parse_route("/v2/models/m/versions/12/infer"),
+            model("m", "12", ModelAction::Infer)
+        );
+        assert_eq!(
+            parse_route("/v2/models/m/ready"),
+            model("m", "", ModelAction::Ready)
+        );
+        assert_eq!(
+            parse_route("/v2/models/m/config"),
+            model("m", "", ModelAction::Config)
+        );
+        assert_eq!(
+            parse_route("/v2/models/m/stats"),
+            model("m", "", ModelAction::Stats)
+        );
+        assert_eq!(
+            parse_route("/v2/models/m/generate_stream"),
+            model("m", "", ModelAction::GenerateStream)
+        );
+        assert_eq!(
+            parse_route("/v2/models/m/trace/setting"),
+            model("m", "", ModelAction::TraceSetting)
+        );
         assert_eq!(parse_route("/v2/models/stats"), Some(Route::AllModelStats));
-        assert_eq!(parse_route("/v2/models/stats/ready"), model("stats", "", ModelAction::Ready));
+        assert_eq!(
+            parse_route("/v2/models/stats/ready"),
+            model("stats", "", ModelAction::Ready)
+        );
         // Raw segments: no percent-decoding.
-        assert_eq!(parse_route("/v2/models/a%2Fb"), model("a%2Fb", "", ModelAction::Metadata));
+        assert_eq!(
+            parse_route("/v2/models/a%2Fb"),
+            model("a%2Fb", "", ModelAction::Metadata)
+        );
     }
 
     #[test]
@@ -287,18 +315,29 @@ mod tests {
 
     #[test]
     fn repository_paths() {
-        assert_eq!(parse_route("/v2/repository/index"), Some(Route::RepositoryIndex { repository: None }));
+        assert_eq!(
+            parse_route("/v2/repository/index"),
+            Some(Route::RepositoryIndex { repository: None })
+        );
         assert_eq!(
             parse_route("/v2/repository/r/index"),
-            Some(Route::RepositoryIndex { repository: Some("r".into()) })
+            Some(Route::RepositoryIndex {
+                repository: Some("r".into())
+            })
         );
         assert_eq!(
             parse_route("/v2/repository/models/m/load"),
-            Some(Route::RepositoryLoad { repository: None, model: "m".into() })
+            Some(Route::RepositoryLoad {
+                repository: None,
+                model: "m".into()
+            })
         );
         assert_eq!(
             parse_route("/v2/repository/r/models/m/unload"),
-            Some(Route::RepositoryUnload { repository: Some("r".into()), model: "m".into() })
+            Some(Route::RepositoryUnload {
+                repository: Some("r".into()),
+                model: "m".into()
+            })
         );
         assert_eq!(parse_route("/v2/repository/models/m/delete"), None);
         assert_eq!(parse_route("/v2/repository"), None);
@@ -307,7 +346,10 @@ mod tests {
 
     #[test]
     fn other_extension_paths() {
-        assert_eq!(parse_route("/v2/systemsharedmemory/status"), Some(Route::SystemSharedMemory(ShmAction::Status)));
+        assert_eq!(
+            parse_route("/v2/systemsharedmemory/status"),
+            Some(Route::SystemSharedMemory(ShmAction::Status))
+        );
         assert_eq!(
             parse_route("/v2/cudasharedmemory/region/r/register"),
             Some(Route::CudaSharedMemory(ShmAction::Register))
@@ -322,7 +364,11 @@ mod tests {
         let infer = parse_route("/v2/models/m/infer").unwrap();
         assert!(infer.allows(&Method::POST) && !infer.allows(&Method::GET));
         let trace = Route::TraceSetting;
-        assert!(trace.allows(&Method::GET) && trace.allows(&Method::POST) && !trace.allows(&Method::PUT));
+        assert!(
+            trace.allows(&Method::GET)
+                && trace.allows(&Method::POST)
+                && !trace.allows(&Method::PUT)
+        );
         assert!(Route::Live.allows(&Method::GET) && !Route::Live.allows(&Method::HEAD));
     }
 }

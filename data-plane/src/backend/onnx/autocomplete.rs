@@ -25,7 +25,9 @@
 //! left as it is, so an explicit config keeps the default scheduler like in Triton.
 
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
-use nereid_proto::pb::inference::{ModelConfig, ModelDynamicBatching, ModelInput, ModelOutput, ModelTensorReshape};
+use nereid_proto::pb::inference::{
+    ModelConfig, ModelDynamicBatching, ModelInput, ModelOutput, ModelTensorReshape,
+};
 
 use super::signature::{ModelSignature, TensorSig};
 
@@ -68,7 +70,8 @@ pub(crate) fn complete(
     } else {
         for input in &mut config.input {
             if let Some(t) = sig.input(&input.name) {
-                changed |= fill(t, batching, &mut input.data_type, &mut input.dims, &mut input.reshape)?;
+                changed |=
+                    fill(t, batching, &mut input.data_type, &mut input.dims, &mut input.reshape)?;
             }
         }
     }
@@ -87,25 +90,36 @@ pub(crate) fn complete(
     } else {
         for output in &mut config.output {
             if let Some(t) = sig.output(&output.name) {
-                changed |= fill(t, batching, &mut output.data_type, &mut output.dims, &mut output.reshape)?;
+                changed |= fill(
+                    t,
+                    batching,
+                    &mut output.data_type,
+                    &mut output.dims,
+                    &mut output.reshape,
+                )?;
             }
         }
     }
 
     if changed && config.max_batch_size > 1 && config.scheduling_choice.is_none() {
-        config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(ModelDynamicBatching::default()));
+        config.scheduling_choice =
+            Some(SchedulingChoice::DynamicBatching(ModelDynamicBatching::default()));
     }
     Ok(())
 }
 
 /// Whether some config tensor already lists a model tensor's full shape (batch dim included).
 fn config_counts_batch_dim(config: &ModelConfig, sig: &ModelSignature) -> bool {
-    let inputs = config.input.iter().filter(|i| i.reshape.is_none()).filter_map(|i| {
-        sig.input(&i.name).map(|t| (t, &i.dims))
-    });
-    let outputs = config.output.iter().filter(|o| o.reshape.is_none()).filter_map(|o| {
-        sig.output(&o.name).map(|t| (t, &o.dims))
-    });
+    let inputs = config
+        .input
+        .iter()
+        .filter(|i| i.reshape.is_none())
+        .filter_map(|i| sig.input(&i.name).map(|t| (t, &i.dims)));
+    let outputs = config
+        .output
+        .iter()
+        .filter(|o| o.reshape.is_none())
+        .filter_map(|o| sig.output(&o.name).map(|t| (t, &o.dims)));
     inputs.chain(outputs).any(|(t, dims)| !dims.is_empty() && dims.len() == t.dims.len())
 }
 
@@ -185,7 +199,10 @@ mod tests {
 
     #[test]
     fn fixed_first_dimension_means_no_batching() {
-        let s = ModelSignature { inputs: vec![sig("x", F, &[1, 3])], outputs: vec![sig("y", F, &[-1, 3])] };
+        let s = ModelSignature {
+            inputs: vec![sig("x", F, &[1, 3])],
+            outputs: vec![sig("y", F, &[-1, 3])],
+        };
         let mut c = ModelConfig::default();
         complete(&mut c, &s, 4).unwrap();
         assert_eq!(c.max_batch_size, 0);
@@ -194,7 +211,10 @@ mod tests {
         assert!(c.scheduling_choice.is_none());
         let mut c = ModelConfig { name: "m".into(), max_batch_size: 8, ..Default::default() };
         let err = complete(&mut c, &s, 4).unwrap_err();
-        assert!(err.contains("model does not support batching while non-zero max_batch_size"), "{err}");
+        assert!(
+            err.contains("model does not support batching while non-zero max_batch_size"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -212,8 +232,13 @@ mod tests {
     #[test]
     fn user_batch_size_and_scheduler_are_kept() {
         let mut c = ModelConfig { max_batch_size: 16, ..Default::default() };
-        c.scheduling_choice = Some(SchedulingChoice::SequenceBatching(ModelSequenceBatching::default()));
-        c.input.push(ModelInput { name: "a".into(), data_type: F.to_config() as i32, ..Default::default() });
+        c.scheduling_choice =
+            Some(SchedulingChoice::SequenceBatching(ModelSequenceBatching::default()));
+        c.input.push(ModelInput {
+            name: "a".into(),
+            data_type: F.to_config() as i32,
+            ..Default::default()
+        });
         complete(&mut c, &batchable(), 4).unwrap();
         assert_eq!(c.max_batch_size, 16);
         assert_eq!(c.input[0].dims, vec![4]);
@@ -224,7 +249,12 @@ mod tests {
     fn complete_config_is_left_alone() {
         let mut c = ModelConfig { max_batch_size: 8, ..Default::default() };
         let (data_type, dims) = fp32(&[4]);
-        c.input.push(ModelInput { name: "a".into(), data_type, dims: dims.clone(), ..Default::default() });
+        c.input.push(ModelInput {
+            name: "a".into(),
+            data_type,
+            dims: dims.clone(),
+            ..Default::default()
+        });
         c.output.push(ModelOutput { name: "y".into(), data_type, dims, ..Default::default() });
         let before = c.clone();
         complete(&mut c, &batchable(), 4).unwrap();

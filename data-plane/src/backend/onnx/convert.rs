@@ -105,11 +105,15 @@ pub(crate) fn to_value(tensor: &Tensor, shape: Vec<i64>) -> Result<DynValue, Bac
         }
     };
     value.map_err(|e| {
-        BackendError::InvalidInput(format!("input '{}': cannot pass it to ONNX Runtime: {e}", tensor.name()))
+        BackendError::InvalidInput(format!(
+            "input '{}': cannot pass it to ONNX Runtime: {e}",
+            tensor.name()
+        ))
     })
 }
 
-fn strings(tensor: &Tensor) -> Result<Vec<&str>, BackendError> {
+/// Owned copies: `ort` wants `'static` string elements.
+fn strings(tensor: &Tensor) -> Result<Vec<String>, BackendError> {
     bytes_elements(tensor.data())
         .enumerate()
         .map(|(i, element)| {
@@ -125,7 +129,7 @@ fn strings(tensor: &Tensor) -> Result<Vec<&str>, BackendError> {
                     tensor.name()
                 )));
             }
-            Ok(text)
+            Ok(text.to_string())
         })
         .collect()
 }
@@ -140,13 +144,17 @@ fn primitive_bytes<T: LeElement>(value: &DynValue) -> ort::Result<(Vec<i64>, Vec
 }
 
 /// Converts one output; the shape is the model's (before any config reshape).
-pub(crate) fn from_value(name: &str, value: &DynValue) -> Result<(DataType, Vec<i64>, Bytes), BackendError> {
+pub(crate) fn from_value(
+    name: &str,
+    value: &DynValue,
+) -> Result<(DataType, Vec<i64>, Bytes), BackendError> {
     let fail = |what: String| BackendError::Execution(format!("output '{name}': {what}"));
     let ty = match value.dtype() {
         ValueType::Tensor { ty, .. } => *ty,
         other => return Err(fail(format!("the model produced {other:?}, which is not a tensor"))),
     };
-    let datatype = datatype_of(ty).ok_or_else(|| fail(format!("ONNX element type '{ty}' has no Triton datatype")))?;
+    let datatype = datatype_of(ty)
+        .ok_or_else(|| fail(format!("ONNX element type '{ty}' has no Triton datatype")))?;
     let parts = match datatype {
         DataType::Bool => primitive_bytes::<bool>(value),
         DataType::Uint8 => primitive_bytes::<u8>(value),
@@ -169,14 +177,19 @@ pub(crate) fn from_value(name: &str, value: &DynValue) -> Result<(DataType, Vec<
             (shape.to_vec(), out)
         }),
     };
-    let (shape, data) = parts.map_err(|e| fail(format!("cannot read it from ONNX Runtime: {e}")))?;
+    let (shape, data) =
+        parts.map_err(|e| fail(format!("cannot read it from ONNX Runtime: {e}")))?;
     Ok((datatype, shape, Bytes::from(data)))
 }
 
 /// Resolves a config `reshape`/`dims` target for a tensor of `elements` elements: the batch
 /// dimension (if any) goes first, and one -1 in `target` takes what is left. `None` when the
 /// target does not fit.
-pub(crate) fn resolve_shape(elements: usize, batch: Option<i64>, target: &[i64]) -> Option<Vec<i64>> {
+pub(crate) fn resolve_shape(
+    elements: usize,
+    batch: Option<i64>,
+    target: &[i64],
+) -> Option<Vec<i64>> {
     let mut shape: Vec<i64> = batch.into_iter().chain(target.iter().copied()).collect();
     let known: i64 = shape.iter().filter(|&&d| d >= 0).product();
     let elements = i64::try_from(elements).ok()?;

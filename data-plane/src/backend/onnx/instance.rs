@@ -63,7 +63,8 @@ impl OnnxInstance {
             .iter()
             .map(|t| {
                 let config_output = config.output.iter().find(|o| o.name == t.name);
-                let reshape_to = config_output.filter(|o| o.reshape.is_some()).map(|o| o.dims.clone());
+                let reshape_to =
+                    config_output.filter(|o| o.reshape.is_some()).map(|o| o.dims.clone());
                 (t.name.clone(), OutputPlan { reshape_to })
             })
             .collect();
@@ -86,10 +87,14 @@ impl OnnxInstance {
         let model = &self.model_name;
         let name = tensor.name();
         let plan = self.inputs.get(name).ok_or_else(|| {
-            BackendError::InvalidInput(format!("unexpected inference input '{name}' for model '{model}'"))
+            BackendError::InvalidInput(format!(
+                "unexpected inference input '{name}' for model '{model}'"
+            ))
         })?;
         let expected = plan.datatype.as_ref().map_err(|what| {
-            BackendError::Unsupported(format!("model '{model}' input '{name}' is {what}, which Triton cannot serve"))
+            BackendError::Unsupported(format!(
+                "model '{model}' input '{name}' is {what}, which Triton cannot serve"
+            ))
         })?;
         if tensor.datatype() != *expected {
             return Err(BackendError::InvalidInput(format!(
@@ -117,10 +122,15 @@ impl OnnxInstance {
 impl BackendInstance for OnnxInstance {
     /// Runs the session. An empty `outputs` asks for the config's outputs (all model outputs
     /// when the config lists none).
-    fn execute(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, BackendError> {
+    fn execute(
+        &mut self,
+        inputs: &[Tensor],
+        outputs: &[String],
+    ) -> Result<Vec<Tensor>, BackendError> {
         let model = self.model_name.clone();
         let values = inputs.iter().map(|t| self.input_value(t)).collect::<Result<Vec<_>, _>>()?;
-        let requested: Vec<String> = if outputs.is_empty() { self.default_outputs.clone() } else { outputs.to_vec() };
+        let requested: Vec<String> =
+            if outputs.is_empty() { self.default_outputs.clone() } else { outputs.to_vec() };
         let mut selector = OutputSelector::no_default();
         for name in &requested {
             if !self.outputs.contains_key(name) {
@@ -131,23 +141,30 @@ impl BackendInstance for OnnxInstance {
             selector = selector.with(name.clone());
         }
         let run_options = RunOptions::new()
-            .map_err(|e| BackendError::Execution(format!("model '{model}': cannot create ONNX Runtime run options: {e}")))?
+            .map_err(|e| {
+                BackendError::Execution(format!(
+                    "model '{model}': cannot create ONNX Runtime run options: {e}"
+                ))
+            })?
             .with_outputs(selector);
-        let mut results = self
-            .session
-            .run_with_options(values, &run_options)
-            .map_err(|e| BackendError::Execution(format!("onnxruntime execute failure for model '{model}': {e}")))?;
+        let mut results = self.session.run_with_options(values, &run_options).map_err(|e| {
+            BackendError::Execution(format!("onnxruntime execute failure for model '{model}': {e}"))
+        })?;
 
         let mut tensors = Vec::with_capacity(requested.len());
         for name in &requested {
             let value = results.remove(name.as_str()).ok_or_else(|| {
-                BackendError::Execution(format!("model '{model}': ONNX Runtime returned no output '{name}'"))
+                BackendError::Execution(format!(
+                    "model '{model}': ONNX Runtime returned no output '{name}'"
+                ))
             })?;
             let (datatype, mut shape, data) = from_value(name, &value)?;
             if let Some(Some(dims)) = self.outputs.get(name).map(|p| &p.reshape_to) {
                 let elements = shape.iter().product::<i64>();
                 let batch = if self.batching { shape.first().copied() } else { None };
-                if let Some(api) = usize::try_from(elements).ok().and_then(|n| resolve_shape(n, batch, dims)) {
+                if let Some(api) =
+                    usize::try_from(elements).ok().and_then(|n| resolve_shape(n, batch, dims))
+                {
                     shape = api;
                 }
             }

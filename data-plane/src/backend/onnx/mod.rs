@@ -8,7 +8,7 @@
 //!                                     ──► OnnxInstance (owns its Session; Session::run is &mut)
 //! ```
 //! Behaviour follows Triton's ONNX Runtime backend: the same session parameters
-//! ([`options`]), config checks ([`validate`]) and auto-complete rules ([`autocomplete`]).
+//! (`options.rs`), config checks (`validate.rs`) and auto-complete rules (`autocomplete.rs`).
 //! CPU only: `KIND_GPU` instances are refused, because this build has no CUDA execution
 //! provider (enabling one needs `ort`'s `cuda` feature and a CUDA build of ONNX Runtime).
 
@@ -67,17 +67,24 @@ impl OnnxRuntimeBackend {
             .and_then(|b| b.with_parallel_execution(settings.parallel).map_err(Into::into))
             .map_err(|e| format!("cannot create ONNX Runtime session options: {e}"))?;
         if let Some(n) = settings.intra_threads {
-            builder = builder.with_intra_threads(n).map_err(|e| format!("intra_op_thread_count {n}: {e}"))?;
+            builder = builder
+                .with_intra_threads(n)
+                .map_err(|e| format!("intra_op_thread_count {n}: {e}"))?;
         }
         if let Some(n) = settings.inter_threads {
-            builder = builder.with_inter_threads(n).map_err(|e| format!("inter_op_thread_count {n}: {e}"))?;
+            builder = builder
+                .with_inter_threads(n)
+                .map_err(|e| format!("inter_op_thread_count {n}: {e}"))?;
         }
         if let Some(on) = settings.mem_pattern {
-            builder = builder.with_memory_pattern(on).map_err(|e| format!("enable_mem_pattern: {e}"))?;
+            builder =
+                builder.with_memory_pattern(on).map_err(|e| format!("enable_mem_pattern: {e}"))?;
         }
         if let Some(on) = settings.mem_arena {
             let cpu = ort::ep::CPU::default().with_arena_allocator(on).build();
-            builder = builder.with_execution_providers([cpu]).map_err(|e| format!("enable_mem_arena: {e}"))?;
+            builder = builder
+                .with_execution_providers([cpu])
+                .map_err(|e| format!("enable_mem_arena: {e}"))?;
         }
         builder
             .commit_from_file(&file)
@@ -88,7 +95,8 @@ impl OnnxRuntimeBackend {
 /// `model.onnx` itself, or `model.onnx` inside a model directory (Triton's layout for models
 /// with external data).
 fn model_file(model_path: &Path) -> Result<PathBuf, String> {
-    let file = if model_path.is_dir() { model_path.join("model.onnx") } else { model_path.to_path_buf() };
+    let file =
+        if model_path.is_dir() { model_path.join("model.onnx") } else { model_path.to_path_buf() };
     if !file.is_file() {
         return Err(format!("model file '{}' does not exist", file.display()));
     }
@@ -105,9 +113,15 @@ impl Backend for OnnxRuntimeBackend {
     }
 
     /// Fills inputs, outputs, `max_batch_size` and `dynamic_batching` from the model, with the
-    /// rules documented in [`autocomplete`].
-    fn auto_complete(&self, config: &mut ModelConfig, model_path: &Path) -> Result<(), BackendError> {
-        let fail = |e: String| BackendError::Load(format!("unable to auto-complete model '{}': {e}", config.name));
+    /// rules documented in `autocomplete.rs`.
+    fn auto_complete(
+        &self,
+        config: &mut ModelConfig,
+        model_path: &Path,
+    ) -> Result<(), BackendError> {
+        let fail = |e: String| {
+            BackendError::Load(format!("unable to auto-complete model '{}': {e}", config.name))
+        };
         // Reading the signature needs no optimisation and no thread pool.
         let settings = SessionSettings {
             intra_threads: Some(1),
@@ -125,7 +139,10 @@ impl Backend for OnnxRuntimeBackend {
         Ok(())
     }
 
-    fn load_instance(&self, ctx: &InstanceContext) -> Result<Box<dyn BackendInstance>, BackendError> {
+    fn load_instance(
+        &self,
+        ctx: &InstanceContext,
+    ) -> Result<Box<dyn BackendInstance>, BackendError> {
         let label = format!("model '{}' instance '{}'", ctx.model_name, ctx.instance_name);
         if let DeviceKind::Gpu { device_id } = ctx.device {
             return Err(BackendError::Load(format!(
@@ -134,8 +151,9 @@ impl Backend for OnnxRuntimeBackend {
         }
         let config = &ctx.config;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let settings = options::session_settings(config, cores)
-            .map_err(|e| BackendError::Load(format!("unable to load model '{}': {e}", ctx.model_name)))?;
+        let settings = options::session_settings(config, cores).map_err(|e| {
+            BackendError::Load(format!("unable to load model '{}': {e}", ctx.model_name))
+        })?;
         let session = self
             .session(&ctx.model_path, &settings)
             .map_err(|e| BackendError::Load(format!("{label}: {e}")))?;

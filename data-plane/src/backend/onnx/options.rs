@@ -31,7 +31,10 @@ pub(crate) struct SessionSettings {
 }
 
 /// Reads the settings; `Err` names the parameter and what it must be.
-pub(crate) fn session_settings(config: &ModelConfig, cores: usize) -> Result<SessionSettings, String> {
+pub(crate) fn session_settings(
+    config: &ModelConfig,
+    cores: usize,
+) -> Result<SessionSettings, String> {
     let intra_threads = match non_negative(config, "intra_op_thread_count")? {
         None => Some(default_intra_threads(config, cores)),
         Some(0) => None,
@@ -48,7 +51,9 @@ pub(crate) fn session_settings(config: &ModelConfig, cores: usize) -> Result<Ses
             ));
         }
     };
-    let level = graph_level(config.optimization.as_ref().and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level))?;
+    let level = graph_level(
+        config.optimization.as_ref().and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level),
+    )?;
     Ok(SessionSettings {
         intra_threads,
         inter_threads,
@@ -77,7 +82,8 @@ pub(crate) fn graph_level(level: i32) -> Result<GraphOptimizationLevel, String> 
 
 /// Total instances of the model, to share the cores between their sessions.
 fn default_intra_threads(config: &ModelConfig, cores: usize) -> usize {
-    let instances: usize = config.instance_group.iter().map(|g| usize::try_from(g.count).unwrap_or(0).max(1)).sum();
+    let instances: usize =
+        config.instance_group.iter().map(|g| usize::try_from(g.count).unwrap_or(0).max(1)).sum();
     (cores / instances.max(1)).max(1)
 }
 
@@ -102,7 +108,9 @@ fn boolean(config: &ModelConfig, key: &str) -> Result<Option<bool>, String> {
         Some(v) => match v.to_ascii_lowercase().as_str() {
             "true" | "on" | "1" => Ok(Some(true)),
             "false" | "off" | "0" => Ok(Some(false)),
-            _ => Err(format!("parameter '{key}' must be a boolean (true/false, 1/0, on/off), got '{v}'")),
+            _ => Err(format!(
+                "parameter '{key}' must be a boolean (true/false, 1/0, on/off), got '{v}'"
+            )),
         },
     }
 }
@@ -110,7 +118,9 @@ fn boolean(config: &ModelConfig, key: &str) -> Result<Option<bool>, String> {
 #[cfg(test)]
 mod tests {
     use nereid_proto::pb::inference::model_optimization_policy::Graph;
-    use nereid_proto::pb::inference::{ModelInstanceGroup, ModelOptimizationPolicy, ModelParameter};
+    use nereid_proto::pb::inference::{
+        ModelInstanceGroup, ModelOptimizationPolicy, ModelParameter,
+    };
 
     use super::*;
 
@@ -127,7 +137,10 @@ mod tests {
         let mut c = with(&[]);
         let s = session_settings(&c, 2).unwrap();
         assert_eq!(s.intra_threads, Some(2));
-        assert_eq!((s.inter_threads, s.parallel, s.level), (None, false, GraphOptimizationLevel::All));
+        assert_eq!(
+            (s.inter_threads, s.parallel, s.level),
+            (None, false, GraphOptimizationLevel::All)
+        );
         c.instance_group.push(ModelInstanceGroup { count: 2, ..Default::default() });
         assert_eq!(session_settings(&c, 2).unwrap().intra_threads, Some(1));
         c.instance_group.push(ModelInstanceGroup { count: 3, ..Default::default() });
@@ -146,15 +159,26 @@ mod tests {
         let s = session_settings(&c, 2).unwrap();
         assert_eq!((s.intra_threads, s.inter_threads, s.parallel), (None, Some(3), true));
         assert_eq!((s.mem_arena, s.mem_pattern), (Some(false), Some(true)));
-        assert_eq!(session_settings(&with(&[("intra_op_thread_count", "4")]), 2).unwrap().intra_threads, Some(4));
+        assert_eq!(
+            session_settings(&with(&[("intra_op_thread_count", "4")]), 2).unwrap().intra_threads,
+            Some(4)
+        );
     }
 
     #[test]
     fn bad_values_name_the_parameter() {
         for (key, value, needle) in [
-            ("intra_op_thread_count", "-1", "parameter 'intra_op_thread_count' must be a non-negative integer, got '-1'"),
+            (
+                "intra_op_thread_count",
+                "-1",
+                "parameter 'intra_op_thread_count' must be a non-negative integer, got '-1'",
+            ),
             ("inter_op_thread_count", "x", "parameter 'inter_op_thread_count'"),
-            ("execution_mode", "2", "parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '2'"),
+            (
+                "execution_mode",
+                "2",
+                "parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '2'",
+            ),
             ("enable_mem_arena", "maybe", "parameter 'enable_mem_arena' must be a boolean"),
         ] {
             let err = session_settings(&with(&[(key, value)]), 2).unwrap_err();
@@ -166,7 +190,10 @@ mod tests {
     fn graph_levels_follow_triton() {
         let level = |l| {
             let mut c = with(&[]);
-            c.optimization = Some(ModelOptimizationPolicy { graph: Some(Graph { level: l }), ..Default::default() });
+            c.optimization = Some(ModelOptimizationPolicy {
+                graph: Some(Graph { level: l }),
+                ..Default::default()
+            });
             session_settings(&c, 1).map(|s| s.level)
         };
         assert_eq!(level(0), Ok(GraphOptimizationLevel::All));

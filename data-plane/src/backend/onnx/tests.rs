@@ -44,11 +44,21 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn input(name: &str, dt: DataType, dims: &[i64]) -> ModelInput {
-    ModelInput { name: name.into(), data_type: dt.to_config() as i32, dims: dims.to_vec(), ..Default::default() }
+    ModelInput {
+        name: name.into(),
+        data_type: dt.to_config() as i32,
+        dims: dims.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn output(name: &str, dt: DataType, dims: &[i64]) -> ModelOutput {
-    ModelOutput { name: name.into(), data_type: dt.to_config() as i32, dims: dims.to_vec(), ..Default::default() }
+    ModelOutput {
+        name: name.into(),
+        data_type: dt.to_config() as i32,
+        dims: dims.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn add_sub_config() -> ModelConfig {
@@ -111,7 +121,10 @@ fn add_sub_runs_with_requested_outputs_in_order() {
 
     let out = instance.execute(&[a.clone(), b.clone()], &names(&["OUTPUT1", "OUTPUT0"])).unwrap();
     assert_eq!(out.len(), 2);
-    assert_eq!((out[0].name(), out[0].datatype(), out[0].shape()), ("OUTPUT1", DataType::Fp32, &[2i64, 4][..]));
+    assert_eq!(
+        (out[0].name(), out[0].datatype(), out[0].shape()),
+        ("OUTPUT1", DataType::Fp32, &[2i64, 4][..])
+    );
     assert_eq!(f32_values(&out[0]), vec![-0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5]);
     assert_eq!(out[1].name(), "OUTPUT0");
     assert_eq!(f32_values(&out[1]), vec![2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5]);
@@ -128,12 +141,24 @@ fn sample(dt: DataType) -> Bytes {
         DataType::Bool => v.extend([1, 0, 1, 1, 0, 0]),
         DataType::Int8 => v.extend([0x80u8, 0xff, 0, 1, 2, 0x7f]),
         DataType::Uint8 => v.extend([0u8, 1, 2, 128, 254, 255]),
-        DataType::Int16 => [-32768i16, -1, 0, 1, 2, 32767].iter().for_each(|x| v.extend(x.to_le_bytes())),
-        DataType::Uint16 => [0u16, 1, 2, 3, 40000, 65535].iter().for_each(|x| v.extend(x.to_le_bytes())),
-        DataType::Int32 => [i32::MIN, -1, 0, 1, 7, i32::MAX].iter().for_each(|x| v.extend(x.to_le_bytes())),
-        DataType::Uint32 => [0u32, 1, 2, 3, 1 << 31, u32::MAX].iter().for_each(|x| v.extend(x.to_le_bytes())),
-        DataType::Int64 => [i64::MIN, -1, 0, 1, 7, i64::MAX].iter().for_each(|x| v.extend(x.to_le_bytes())),
-        DataType::Uint64 => [0u64, 1, 2, 3, 1 << 63, u64::MAX].iter().for_each(|x| v.extend(x.to_le_bytes())),
+        DataType::Int16 => {
+            [-32768i16, -1, 0, 1, 2, 32767].iter().for_each(|x| v.extend(x.to_le_bytes()))
+        }
+        DataType::Uint16 => {
+            [0u16, 1, 2, 3, 40000, 65535].iter().for_each(|x| v.extend(x.to_le_bytes()))
+        }
+        DataType::Int32 => {
+            [i32::MIN, -1, 0, 1, 7, i32::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
+        }
+        DataType::Uint32 => {
+            [0u32, 1, 2, 3, 1 << 31, u32::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
+        }
+        DataType::Int64 => {
+            [i64::MIN, -1, 0, 1, 7, i64::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
+        }
+        DataType::Uint64 => {
+            [0u64, 1, 2, 3, 1 << 63, u64::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
+        }
         DataType::Fp16 => [0.0f32, -1.5, 2.25, 65504.0, -0.125, 3.0]
             .iter()
             .for_each(|x| v.extend(half::f16::from_f32(*x).to_bits().to_le_bytes())),
@@ -143,7 +168,9 @@ fn sample(dt: DataType) -> Bytes {
         DataType::Fp32 => [0.0f32, -1.5, 2.25, f32::MAX, f32::MIN_POSITIVE, 3.0]
             .iter()
             .for_each(|x| v.extend(x.to_le_bytes())),
-        DataType::Fp64 => [0.0f64, -1.5, 2.25, f64::MAX, 1e-300, 3.0].iter().for_each(|x| v.extend(x.to_le_bytes())),
+        DataType::Fp64 => [0.0f64, -1.5, 2.25, f64::MAX, 1e-300, 3.0]
+            .iter()
+            .for_each(|x| v.extend(x.to_le_bytes())),
         DataType::Bytes => {
             for s in ["", "a", "héllo", "two words", "🦀", "x"] {
                 push_bytes_element(&mut v, s.as_bytes());
@@ -162,8 +189,14 @@ fn suffix(dt: DataType) -> &'static str {
 fn every_datatype_round_trips_through_identity() {
     let config = ModelConfig {
         name: "identity_types".into(),
-        input: DataType::ALL.iter().map(|&dt| input(&format!("in_{}", suffix(dt)), dt, &[-1, -1])).collect(),
-        output: DataType::ALL.iter().map(|&dt| output(&format!("out_{}", suffix(dt)), dt, &[-1, -1])).collect(),
+        input: DataType::ALL
+            .iter()
+            .map(|&dt| input(&format!("in_{}", suffix(dt)), dt, &[-1, -1]))
+            .collect(),
+        output: DataType::ALL
+            .iter()
+            .map(|&dt| output(&format!("out_{}", suffix(dt)), dt, &[-1, -1]))
+            .collect(),
         ..Default::default()
     };
     let mut instance = load(config, "identity_types.onnx").unwrap();
@@ -171,7 +204,8 @@ fn every_datatype_round_trips_through_identity() {
         .iter()
         .map(|&dt| Tensor::new(format!("in_{}", suffix(dt)), dt, vec![2, 3], sample(dt)).unwrap())
         .collect();
-    let wanted: Vec<String> = DataType::ALL.iter().map(|&dt| format!("out_{}", suffix(dt))).collect();
+    let wanted: Vec<String> =
+        DataType::ALL.iter().map(|&dt| format!("out_{}", suffix(dt))).collect();
     let outputs = instance.execute(&inputs, &wanted).unwrap();
     assert_eq!(outputs.len(), DataType::ALL.len());
     for (dt, out) in DataType::ALL.iter().zip(&outputs) {
@@ -181,6 +215,14 @@ fn every_datatype_round_trips_through_identity() {
     }
     let strings: Vec<&[u8]> = bytes_elements(outputs[12].data()).collect();
     assert_eq!(strings[2], "héllo".as_bytes());
+
+    // Empty tensors pass too.
+    let empty: Vec<Tensor> = DataType::ALL
+        .iter()
+        .map(|&dt| Tensor::new(format!("in_{}", suffix(dt)), dt, vec![1, 0], Bytes::new()).unwrap())
+        .collect();
+    let outputs = instance.execute(&empty, &wanted).unwrap();
+    assert!(outputs.iter().all(|t| t.shape() == [1, 0] && t.data().is_empty()));
 }
 
 #[test]
@@ -192,11 +234,14 @@ fn wrong_input_datatype_and_bad_strings_are_invalid_input() {
     assert_eq!(
         err,
         BackendError::InvalidInput(
-            "inference input 'INPUT0' data-type is 'FP64', but model 'add_sub' expects 'FP32'".into()
+            "inference input 'INPUT0' data-type is 'FP64', but model 'add_sub' expects 'FP32'"
+                .into()
         )
     );
     let unknown = f32_tensor("INPUT9", vec![1, 4], &[0.; 4]);
-    assert!(matches!(instance.execute(&[unknown], &[]), Err(BackendError::InvalidInput(m)) if m.contains("'INPUT9'")));
+    assert!(
+        matches!(instance.execute(&[unknown], &[]), Err(BackendError::InvalidInput(m)) if m.contains("'INPUT9'"))
+    );
     let a = f32_tensor("INPUT0", vec![1, 4], &[0.; 4]);
     let err = instance.execute(&[a, b], &names(&["NOPE"])).unwrap_err();
     assert!(matches!(err, BackendError::InvalidInput(m) if m.contains("output 'NOPE'")));
@@ -220,7 +265,10 @@ fn wrong_input_datatype_and_bad_strings_are_invalid_input() {
     let err = ids.execute(&inputs, &names(&["out_STRING"])).unwrap_err();
     assert_eq!(
         err,
-        BackendError::InvalidInput("input 'in_STRING': element 1 is not valid UTF-8; ONNX string tensors hold UTF-8 text".into())
+        BackendError::InvalidInput(
+            "input 'in_STRING': element 1 is not valid UTF-8; ONNX string tensors hold UTF-8 text"
+                .into()
+        )
     );
 }
 
@@ -236,7 +284,8 @@ fn onnx_runtime_failures_are_execution_errors() {
     let mut instance = load(config, "fixed_batch.onnx").unwrap();
     let out = instance.execute(&[f32_tensor("x", vec![1, 3], &[1., -2., 3.])], &[]).unwrap();
     assert_eq!(f32_values(&out[0]), vec![-1., 2., -3.]);
-    let err = instance.execute(&[f32_tensor("x", vec![2, 3], &[0.; 6])], &names(&["y"])).unwrap_err();
+    let err =
+        instance.execute(&[f32_tensor("x", vec![2, 3], &[0.; 6])], &names(&["y"])).unwrap_err();
     match err {
         BackendError::Execution(m) => {
             assert!(m.starts_with("onnxruntime execute failure for model 'fixed': "), "{m}");
@@ -252,7 +301,9 @@ fn external_data_directory_loads_and_runs() {
     backend().auto_complete(&mut config, &fixture("external")).unwrap();
     assert_eq!(config.max_batch_size, 4);
     let mut instance = load(config, "external").unwrap();
-    let out = instance.execute(&[f32_tensor("x", vec![1, 4], &[10., 20., 30., 40.])], &names(&["y"])).unwrap();
+    let out = instance
+        .execute(&[f32_tensor("x", vec![1, 4], &[10., 20., 30., 40.])], &names(&["y"]))
+        .unwrap();
     assert_eq!(f32_values(&out[0]), vec![11., 22., 33., 44.]);
 }
 
@@ -262,8 +313,14 @@ fn auto_complete_fills_like_triton() {
     let mut add = ModelConfig { name: "add_sub".into(), ..Default::default() };
     b.auto_complete(&mut add, &fixture("add_sub.onnx")).unwrap();
     assert_eq!(add.max_batch_size, 4);
-    assert_eq!(add.input, vec![input("INPUT0", DataType::Fp32, &[4]), input("INPUT1", DataType::Fp32, &[4])]);
-    assert_eq!(add.output, vec![output("OUTPUT0", DataType::Fp32, &[4]), output("OUTPUT1", DataType::Fp32, &[4])]);
+    assert_eq!(
+        add.input,
+        vec![input("INPUT0", DataType::Fp32, &[4]), input("INPUT1", DataType::Fp32, &[4])]
+    );
+    assert_eq!(
+        add.output,
+        vec![output("OUTPUT0", DataType::Fp32, &[4]), output("OUTPUT1", DataType::Fp32, &[4])]
+    );
     assert!(matches!(add.scheduling_choice, Some(SchedulingChoice::DynamicBatching(_))));
     load(add, "add_sub.onnx").expect("an auto-completed config loads");
 
@@ -280,14 +337,21 @@ fn auto_complete_fills_like_triton() {
     assert_eq!(fixed.input, vec![input("x", DataType::Fp32, &[1, 3])]);
     assert!(fixed.scheduling_choice.is_none());
 
-    let mut wants_batching = ModelConfig { name: "fixed".into(), max_batch_size: 8, ..Default::default() };
+    let mut wants_batching =
+        ModelConfig { name: "fixed".into(), max_batch_size: 8, ..Default::default() };
     let err = b.auto_complete(&mut wants_batching, &fixture("fixed_batch.onnx")).unwrap_err();
-    assert!(matches!(&err, BackendError::Load(m) if m.contains("model does not support batching")), "{err:?}");
+    assert!(
+        matches!(&err, BackendError::Load(m) if m.contains("model does not support batching")),
+        "{err:?}"
+    );
     assert!(wants_batching.input.is_empty(), "a failed auto-complete leaves the config unchanged");
 
     let mut missing = ModelConfig::default();
     let err = b.auto_complete(&mut missing, &fixture("nope.onnx")).unwrap_err();
-    assert!(matches!(&err, BackendError::Load(m) if m.contains("nope.onnx' does not exist")), "{err:?}");
+    assert!(
+        matches!(&err, BackendError::Load(m) if m.contains("nope.onnx' does not exist")),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -300,10 +364,16 @@ fn config_mismatches_fail_to_load() {
     );
     let mut renamed = add_sub_config();
     renamed.input[1].name = "INPUTX".into();
-    assert!(load_err(renamed, "add_sub.onnx").contains("model input 'INPUT1' is not in the configuration"));
+    assert!(
+        load_err(renamed, "add_sub.onnx")
+            .contains("model input 'INPUT1' is not in the configuration")
+    );
     let mut extra = add_sub_config();
     extra.input.push(input("INPUT2", DataType::Fp32, &[4]));
-    assert!(load_err(extra, "add_sub.onnx").contains("configuration input 'INPUT2' is not an input of the model"));
+    assert!(
+        load_err(extra, "add_sub.onnx")
+            .contains("configuration input 'INPUT2' is not an input of the model")
+    );
     let mut dtype = add_sub_config();
     dtype.input[0].data_type = DataType::Int32.to_config() as i32;
     assert_eq!(
@@ -312,7 +382,10 @@ fn config_mismatches_fail_to_load() {
     );
     let mut dims = add_sub_config();
     dims.output[1].dims = vec![3];
-    assert!(load_err(dims, "add_sub.onnx").contains("tensor 'OUTPUT1': the model expects 2 dimensions (shape [-1,4])"));
+    assert!(
+        load_err(dims, "add_sub.onnx")
+            .contains("tensor 'OUTPUT1': the model expects 2 dimensions (shape [-1,4])")
+    );
     let f = DataType::Fp32;
     let batched_fixed = ModelConfig {
         name: "fixed".into(),
@@ -346,7 +419,10 @@ fn session_parameters_are_applied_or_refused() {
         for (k, v) in params {
             c.parameters.insert(k.to_string(), ModelParameter { string_value: v.to_string() });
         }
-        c.optimization = level.map(|level| ModelOptimizationPolicy { graph: Some(Graph { level }), ..Default::default() });
+        c.optimization = level.map(|level| ModelOptimizationPolicy {
+            graph: Some(Graph { level }),
+            ..Default::default()
+        });
         c
     };
     let good = [
@@ -360,21 +436,30 @@ fn session_parameters_are_applied_or_refused() {
         let mut instance = load(with(&good, level), "add_sub.onnx").unwrap();
         let a = f32_tensor("INPUT0", vec![1, 4], &[1.; 4]);
         let b = f32_tensor("INPUT1", vec![1, 4], &[2.; 4]);
-        assert_eq!(f32_values(&instance.execute(&[a, b], &names(&["OUTPUT0"])).unwrap()[0]), vec![3.; 4]);
+        assert_eq!(
+            f32_values(&instance.execute(&[a, b], &names(&["OUTPUT0"])).unwrap()[0]),
+            vec![3.; 4]
+        );
     }
     let err = load_err(with(&[("intra_op_thread_count", "two")], None), "add_sub.onnx");
     assert_eq!(
         err,
         "unable to load model 'add_sub': parameter 'intra_op_thread_count' must be a non-negative integer, got 'two'"
     );
-    assert!(load_err(with(&[("execution_mode", "2")], None), "add_sub.onnx").contains("parameter 'execution_mode'"));
-    assert!(load_err(with(&[], Some(5)), "add_sub.onnx").contains("optimization.graph.level must be"));
+    assert!(
+        load_err(with(&[("execution_mode", "2")], None), "add_sub.onnx")
+            .contains("parameter 'execution_mode'")
+    );
+    assert!(
+        load_err(with(&[], Some(5)), "add_sub.onnx").contains("optimization.graph.level must be")
+    );
 }
 
 #[test]
 fn a_missing_library_is_a_load_error() {
     let b = OnnxRuntimeBackend::new(Some(PathBuf::from("/nonexistent/libonnxruntime.so.1.31.1")));
-    let err = b.load_instance(&context(add_sub_config(), "add_sub.onnx", DeviceKind::Cpu)).err().unwrap();
+    let err =
+        b.load_instance(&context(add_sub_config(), "add_sub.onnx", DeviceKind::Cpu)).err().unwrap();
     assert!(
         matches!(&err, BackendError::Load(m) if m.contains("'/nonexistent/libonnxruntime.so.1.31.1' does not exist") && m.contains("make setup")),
         "{err:?}"
@@ -386,5 +471,8 @@ fn a_missing_library_is_a_load_error() {
     let err = OnnxRuntimeBackend::new(Some(fake.clone()))
         .auto_complete(&mut ModelConfig::default(), &fixture("add_sub.onnx"))
         .unwrap_err();
-    assert!(matches!(&err, BackendError::Load(m) if m.contains(&*fake.to_string_lossy())), "{err:?}");
+    assert!(
+        matches!(&err, BackendError::Load(m) if m.contains(&*fake.to_string_lossy())),
+        "{err:?}"
+    );
 }

@@ -75,7 +75,8 @@ pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(),
 /// Every model input must be fed by something the config declares, or the model could never run.
 fn check_input_coverage(config: &ModelConfig, sig: &ModelSignature) -> Result<(), String> {
     let mut declared: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
-    declared.extend(config.batch_input.iter().flat_map(|b| b.target_name.iter().map(String::as_str)));
+    declared
+        .extend(config.batch_input.iter().flat_map(|b| b.target_name.iter().map(String::as_str)));
     if let Some(SchedulingChoice::SequenceBatching(seq)) = &config.scheduling_choice {
         declared.extend(seq.control_input.iter().map(|c| c.name.as_str()));
         declared.extend(seq.state.iter().map(|s| s.input_name.as_str()));
@@ -97,7 +98,10 @@ fn check_datatype(config_type: i32, model: &TensorSig, kind: &str) -> Result<(),
     let model_type = match &model.datatype {
         Ok(dt) => *dt,
         Err(what) => {
-            return Err(format!("model {kind} '{}' is {what}, which Triton cannot serve", model.name));
+            return Err(format!(
+                "model {kind} '{}' is {what}, which Triton cannot serve",
+                model.name
+            ));
         }
     };
     let Some(config_type) = DataType::from_config_i32(config_type) else {
@@ -174,7 +178,11 @@ mod tests {
         (dt.to_config() as i32, dims.to_vec())
     }
 
-    fn config(mbs: i32, inputs: &[(&str, DataType, &[i64])], outputs: &[(&str, DataType, &[i64])]) -> ModelConfig {
+    fn config(
+        mbs: i32,
+        inputs: &[(&str, DataType, &[i64])],
+        outputs: &[(&str, DataType, &[i64])],
+    ) -> ModelConfig {
         ModelConfig {
             name: "m".into(),
             max_batch_size: mbs,
@@ -215,9 +223,18 @@ mod tests {
         );
         let wrong = config(8, &[("a", F, &[4]), ("b", F, &[4]), ("c", F, &[4])], &[("y", F, &[4])]);
         let err = validate(&wrong, &add_sub()).unwrap_err();
-        assert!(err.contains("configuration input 'c' is not an input of the model; model inputs are: 'a', 'b'"), "{err}");
+        assert!(
+            err.contains(
+                "configuration input 'c' is not an input of the model; model inputs are: 'a', 'b'"
+            ),
+            "{err}"
+        );
         let out = config(8, &[("a", F, &[4]), ("b", F, &[4])], &[("z", F, &[4])]);
-        assert!(validate(&out, &add_sub()).unwrap_err().contains("configuration output 'z' is not an output"));
+        assert!(
+            validate(&out, &add_sub())
+                .unwrap_err()
+                .contains("configuration output 'z' is not an output")
+        );
     }
 
     #[test]
@@ -232,23 +249,40 @@ mod tests {
         assert!(err.contains("tensor 'a': the model expects 2 dimensions (shape [-1,4])"), "{err}");
         assert!(err.contains("(shape [-1,5])"), "{err}");
         let rank = config(0, &[("a", F, &[4]), ("b", F, &[-1, 4])], &[("y", F, &[-1, 4])]);
-        assert!(validate(&rank, &add_sub()).unwrap_err().contains("tensor 'a': the model expects 2 dimensions"));
+        assert!(
+            validate(&rank, &add_sub())
+                .unwrap_err()
+                .contains("tensor 'a': the model expects 2 dimensions")
+        );
     }
 
     #[test]
     fn batching_needs_a_dynamic_first_dimension() {
-        let fixed = ModelSignature { inputs: vec![sig("x", F, &[1, 3])], outputs: vec![sig("y", F, &[1, 3])] };
+        let fixed = ModelSignature {
+            inputs: vec![sig("x", F, &[1, 3])],
+            outputs: vec![sig("y", F, &[1, 3])],
+        };
         let err = validate(&config(4, &[("x", F, &[3])], &[("y", F, &[3])]), &fixed).unwrap_err();
-        assert!(err.contains("the first dimension must be -1; but shape expected by the model is [1,3]"), "{err}");
-        assert_eq!(validate(&config(0, &[("x", F, &[1, 3])], &[("y", F, &[1, 3])]), &fixed), Ok(()));
+        assert!(
+            err.contains(
+                "the first dimension must be -1; but shape expected by the model is [1,3]"
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            validate(&config(0, &[("x", F, &[1, 3])], &[("y", F, &[1, 3])]), &fixed),
+            Ok(())
+        );
     }
 
     #[test]
     fn scalars_and_reshape() {
-        let scalar = ModelSignature { inputs: vec![sig("x", F, &[])], outputs: vec![sig("y", F, &[])] };
+        let scalar =
+            ModelSignature { inputs: vec![sig("x", F, &[])], outputs: vec![sig("y", F, &[])] };
         assert_eq!(validate(&config(0, &[("x", F, &[1])], &[("y", F, &[1])]), &scalar), Ok(()));
         assert!(validate(&config(0, &[("x", F, &[2])], &[("y", F, &[1])]), &scalar).is_err());
-        let batched = ModelSignature { inputs: vec![sig("x", F, &[-1])], outputs: vec![sig("y", F, &[-1])] };
+        let batched =
+            ModelSignature { inputs: vec![sig("x", F, &[-1])], outputs: vec![sig("y", F, &[-1])] };
         let mut cfg = config(4, &[("x", F, &[1])], &[("y", F, &[1])]);
         assert!(validate(&cfg, &batched).is_err());
         cfg.input[0].reshape = Some(Default::default());
@@ -260,7 +294,11 @@ mod tests {
     fn unservable_model_types_are_named() {
         let mut s = add_sub();
         s.inputs[0].datatype = Err("an ONNX sequence".into());
-        let err = validate(&config(8, &[("a", F, &[4]), ("b", F, &[4])], &[("y", F, &[4])]), &s).unwrap_err();
-        assert!(err.contains("model input 'a' is an ONNX sequence, which Triton cannot serve"), "{err}");
+        let err = validate(&config(8, &[("a", F, &[4]), ("b", F, &[4])], &[("y", F, &[4])]), &s)
+            .unwrap_err();
+        assert!(
+            err.contains("model input 'a' is an ONNX sequence, which Triton cannot serve"),
+            "{err}"
+        );
     }
 }

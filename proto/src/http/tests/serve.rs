@@ -1,0 +1,67 @@
+//! Through a real hyper server on port 0 (what `oneshot` skips): framing of chunked responses
+//! and chunked uploads.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// Serves the mock router on an ephemeral port and returns its address.
+async fn serve(max_input_size: usize) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_, app) = app_with(Mock::default(), max_input_size);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Sends raw HTTP/1.1 bytes and reads until the server closes: (head, body).
+async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> (String, Vec<u8>) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("response head");
+    let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+    (head, response[split + 4..].to_vec())
+}
+
+#[tokio::test]
+async fn binary_response_has_content_length_over_the_wire() {
+    let addr = serve(1 << 20).await;
+    let json = r#"{"inputs":[{"name":"x","datatype":"UINT8","shape":[3],"data":[1,2,3]}],"outputs":[{"name":"y","parameters":{"binary_data":true}}]}"#;
+    let request = format!(
+        "POST /v2/models/echo/infer HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{json}",
+        json.len()
+    );
+    let (head, body) = exchange(addr, request.as_bytes()).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(
+        head.contains(&format!("content-length: {}", body.len())),
+        "{head}"
+    );
+    assert!(!head.contains("transfer-encoding"), "{head}");
+    assert!(head.contains("inference-header-content-length:"), "{head}");
+    assert_eq!(&body[body.len() - 3..], &[1, 2, 3]);
+}
+
+#[tokio::test]
+async fn chunked_upload_over_the_limit_is_refused() {
+    let addr = serve(64).await;
+    let chunk = "x".repeat(50);
+    let request = format!(
+        "POST /v2/models/echo/infer HTTP/1.1\r\nhost: x\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n32\r\n{chunk}\r\n32\r\n{chunk}\r\n0\r\n\r\n"
+    );
+    let (head, body) = exchange(addr, request.as_bytes()).await;
+    assert!(head.starts_with("http/1.1 400"), "{head}");
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("maximum allowed input size of 64 bytes")
+    );
+}
