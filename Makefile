@@ -7,7 +7,7 @@ NEREID      := target/release/nereid
 EXAMPLES    := docs/examples/model_repository
 CARGO_FLAGS ?= --locked
 
-.PHONY: all setup build examples run test test-rust test-python lint bench clean
+.PHONY: all setup build examples run test test-rust test-python lint clean
 
 all: build
 

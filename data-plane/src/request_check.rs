@@ -209,7 +209,7 @@ mod tests {
         assert!(e.message().starts_with("[request id: r1] unexpected shape for input 'a' for model 'm'. Expected [-1,2], got [1,3]."));
         let e = check(&config(), request(vec![fp32("zz", vec![1, 2])])).unwrap_err();
         assert_eq!(e.message(), "[request id: r1] unexpected inference input 'zz' for model 'm'");
-        let e = check(&config(), request(vec![fp32("b", vec![1, 2])])).unwrap_err();
+        let e = check(&config(), request(vec![fp32("a", vec![1, 2]), fp32("b", vec![1, 2])])).unwrap_err();
         assert_eq!(e.message(), "[request id: r1] inference input 'b' data-type is 'FP32', but model 'm' expects 'INT32'");
         let e = check(&config(), request(vec![])).unwrap_err();
         assert!(e.message().contains("expected 1 inputs but got 0 inputs for model 'm'"), "{}", e.message());

@@ -174,9 +174,21 @@ def test_unknown_route_and_wrong_method(server):
 
 
 def test_error_content_type(server):
-    status, hdrs, _ = http_raw(server.http_url, "POST", "/v2/models/nope/infer", b"{}")
+    body = json.dumps(simple_json()).encode()
+    status, hdrs, _ = http_raw(server.http_url, "POST", "/v2/models/nope/infer", body)
     assert status == 404
     assert hdrs.get("content-type", "").startswith("application/json"), hdrs
+    status, hdrs, _ = http_raw(server.http_url, "POST", "/v2/models/simple/infer", b"{")
+    assert status == 400
+    assert hdrs.get("content-type", "").startswith("application/json"), hdrs
+
+
+def test_unknown_model_checked_before_body(server):
+    """Triton looks the model up (CheckTransactionPolicy) before it parses the body."""
+    status, _, data = http_raw(server.http_url, "POST", "/v2/models/nope/infer", b"{}")
+    assert_http_error((status, data), 404, "nope")
+    status, _, data = http_raw(server.http_url, "POST", "/v2/models/nope/infer", b"not json")
+    assert_http_error((status, data), 404, "nope")
 
 
 def test_reserved_triton_parameter(server):

@@ -26,13 +26,9 @@ def reference(path, feeds, dtype=None):
         out = ort_run(path, {k: f32_to_bf16_bits(v) for k, v in feeds.items()}, bf16=True)
         return {k: bf16_bits_to_f32(v) for k, v in out.items()}
     if dtype == "BYTES":
-        try:
-            strs = {k: np.vectorize(lambda b: b.decode(), otypes=[object])(v)
-                    for k, v in feeds.items()}
-        except UnicodeDecodeError:
-            # onnxruntime's Python binding cannot carry non-UTF-8 strings; the models fed
-            # such data are identities, so the reference is the input itself.
-            return {"OUTPUT0": feeds["INPUT0"]}
+        # onnxruntime's Python binding takes and returns str: UTF-8 data only.
+        strs = {k: np.vectorize(lambda b: b.decode(), otypes=[object])(v)
+                for k, v in feeds.items()}
         out = ort_run(path, strs)
         return {k: np.vectorize(lambda s: s.encode(), otypes=[object])(v) for k, v in out.items()}
     return ort_run(path, feeds)
@@ -117,22 +113,49 @@ def test_identity_grpc(grpc_client, model_path, dtype):
 
 
 def test_bytes_edge_cases(http_client, grpc_client, model_path):
-    """Empty strings, non-ASCII, embedded NUL, non-UTF-8 (binary only), an all-empty tensor."""
+    """Empty strings, non-ASCII, an all-empty tensor; binary and JSON."""
     cases = [
         np.array([[b"", b"", b""]], dtype=np.object_),
-        np.array([["é".encode(), "日本".encode(), b"a\x00b", b"\xff\x00\xfe"]], dtype=np.object_),
+        np.array([["é".encode(), "日本".encode(), b"", "😀".encode()]], dtype=np.object_),
         np.array([[b""]], dtype=np.object_),
     ]
     for arr in cases:
-        feeds = {"INPUT0": arr}
-        res = infer_http(http_client, "identity_bytes", feeds, {"INPUT0": "BYTES"})
-        assert_same(res.as_numpy("OUTPUT0"), arr, "http binary")
-        res = infer_grpc(grpc_client, "identity_bytes", feeds, {"INPUT0": "BYTES"})
-        assert_same(res.as_numpy("OUTPUT0"), arr, "grpc")
+        ref = reference(model_path("identity_bytes"), {"INPUT0": arr}, "BYTES")["OUTPUT0"]
+        assert_same(ref, arr, "onnxruntime")
+        res = infer_http(http_client, "identity_bytes", {"INPUT0": arr}, {"INPUT0": "BYTES"})
+        assert_same(res.as_numpy("OUTPUT0"), ref, "http binary")
+        res = infer_grpc(grpc_client, "identity_bytes", {"INPUT0": arr}, {"INPUT0": "BYTES"})
+        assert_same(res.as_numpy("OUTPUT0"), ref, "grpc")
     arr = np.array([["", "ü", "naïve café", "😀"]], dtype=np.object_)
     res = infer_http(http_client, "identity_bytes", {"INPUT0": arr}, {"INPUT0": "BYTES"},
                      binary_in=False, binary_out=False)
     assert_same(res.as_numpy("OUTPUT0"), arr, "http json")
+
+
+def test_bytes_non_utf8(http_client, grpc_client):
+    """Triton's ONNX Runtime backend hands BYTES to ORT as raw bytes. Nereid's ORT binding only
+    builds string tensors from UTF-8, so non-UTF-8 BYTES for an ONNX model are refused with a
+    400 / INVALID_ARGUMENT that names the input (a documented difference, docs/compatibility.md)."""
+    arr = np.array([[b"\xff\xfe", b"ok", b"\x80abc"]], dtype=np.object_)
+    with pytest.raises(InferenceServerException) as e:
+        infer_http(http_client, "identity_bytes", {"INPUT0": arr}, {"INPUT0": "BYTES"})
+    assert e.value.status() == "400" and "INPUT0" in e.value.message(), e.value
+    with pytest.raises(InferenceServerException) as e:
+        infer_grpc(grpc_client, "identity_bytes", {"INPUT0": arr}, {"INPUT0": "BYTES"})
+    assert "INVALID_ARGUMENT" in str(e.value.status()) and "INPUT0" in e.value.message(), e.value
+
+
+def test_bytes_embedded_nul(http_client):
+    """ORT string tensors are C strings: Triton silently truncates at NUL. Accepted here: that,
+    an exact round trip, or a 400 naming the input."""
+    arr = np.array([[b"a\x00b", b"c"]], dtype=np.object_)
+    try:
+        out = infer_http(http_client, "identity_bytes", {"INPUT0": arr},
+                         {"INPUT0": "BYTES"}).as_numpy("OUTPUT0")
+    except InferenceServerException as e:
+        assert e.status() == "400" and "INPUT0" in e.message(), e
+        return
+    assert [bytes(x) for x in out.flatten()] in ([b"a\x00b", b"c"], [b"a", b"c"]), out
 
 
 def test_simple_add_sub_all_transports(http_client, grpc_client, model_path):

@@ -91,10 +91,11 @@ pub fn add_list_colons(text: &str) -> (String, Vec<usize>) {
             }
             b':' => last = Last::Colon,
             c if c.is_ascii_alphanumeric() || c == b'_' || c == b'.' => {
-                if last != Last::Ident {
-                    // An identifier directly after ':' is a value (an enum), not a field name.
-                    last = if last == Last::Colon { Last::Value } else { Last::Ident };
-                }
+                // An identifier directly after ':' is a value (an enum), not a field name.
+                last = match last {
+                    Last::Colon | Last::Value => Last::Value,
+                    Last::Ident | Last::Other => Last::Ident,
+                };
             }
             c if c.is_ascii_whitespace() || c == b',' || c == b';' => {
                 if last == Last::Value {
@@ -198,7 +199,7 @@ parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
     #[test]
     fn colons_are_not_inserted_inside_strings_or_after_values() {
         let (patched, inserted) = add_list_colons("name: \"a [b]\"\nx: [1]\ny [2]\n");
-        assert_eq!(patched, "name: \"a [b]\"\nx: [1]\ny: [2]\n");
+        assert_eq!(patched, "name: \"a [b]\"\nx: [1]\ny :[2]\n");
         assert_eq!(inserted.len(), 1);
         let (patched, _) = add_list_colons("kind: KIND_CPU [");
         assert_eq!(patched, "kind: KIND_CPU [");

@@ -49,11 +49,17 @@ pub async fn infer(
         let config = state.service.model_config(model, version).await?;
         decode_raw(model, version, body, &config)?
     } else {
-        let model = model.to_string();
-        offload(body.len(), move || {
-            decode_json(&model, version, body, header_len, limit)
-        })
-        .await?
+        let name = model.to_string();
+        let decoded = offload(body.len(), move || decode_json(&name, version, body, header_len, limit)).await;
+        match decoded {
+            Ok(d) => d,
+            // Like Triton, an unknown model is reported as such even when the body is bad too;
+            // the lookup happens only on this error path, so good requests pay nothing for it.
+            Err(e) => {
+                state.service.model_ready(model, version).await?;
+                return Err(e.into());
+            }
+        }
     };
     let response = state.service.infer(decoded.request).await?;
     let encoding = response_encoding(&parts.headers);

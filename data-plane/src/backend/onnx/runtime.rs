@@ -27,6 +27,14 @@ pub(crate) const DEFAULT_LIBRARY_NAME: &str = "libonnxruntime.so";
 /// The process's ONNX Runtime environment, loading `library` on first use. `Err` is a message
 /// for the model that needed it.
 pub(crate) fn environment(library: Option<&Path>) -> Result<Environment, String> {
+    if let Some(path) = library
+        && !path.is_file()
+    {
+        return Err(format!(
+            "the ONNX Runtime library '{}' does not exist (run `make setup` to install it, or point the server at libonnxruntime.so)",
+            path.display()
+        ));
+    }
     let mut loaded = LOADED.lock();
     if let Some(l) = loaded.as_ref() {
         return match library {
@@ -39,15 +47,7 @@ pub(crate) fn environment(library: Option<&Path>) -> Result<Environment, String>
         };
     }
     let path = match library {
-        Some(path) => {
-            if !path.is_file() {
-                return Err(format!(
-                    "the ONNX Runtime library '{}' does not exist (run `make setup` to install it, or point the server at libonnxruntime.so)",
-                    path.display()
-                ));
-            }
-            path.to_path_buf()
-        }
+        Some(path) => path.to_path_buf(),
         // No path: let the system loader search (LD_LIBRARY_PATH, ld.so.cache) for the usual name.
         None => PathBuf::from(DEFAULT_LIBRARY_NAME),
     };
