@@ -93,7 +93,7 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
             ));
         }
         for level in db.priority_queue_policy.keys() {
-            if *level < 1 || *level > u64::from(db.priority_levels) {
+            if *level < 1 || *level > db.priority_levels {
                 errors.push(format!(
                     "'priority_queue_policy' level {level} is not in range [1, {}] for {m}",
                     db.priority_levels
