@@ -44,7 +44,10 @@ pub enum ControlModeArg {
 
 #[derive(Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines (Triton's `default` and `ISO8601` are accepted as aliases).
+    #[value(alias = "default", alias = "ISO8601", alias = "iso8601")]
     Text,
+    /// One JSON object per line.
     Json,
 }
 
@@ -94,6 +97,10 @@ pub struct ServeArgs {
     /// Ready only when every model loaded successfully (false: ready once started).
     #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_readiness: bool,
+    /// Exit at startup if any model fails to load (Triton's default is true; Nereid keeps
+    /// serving the models that loaded unless this is set).
+    #[arg(long, env = "NEREID_EXIT_ON_ERROR", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub exit_on_error: bool,
     /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
     #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
     pub exit_timeout_secs: u64,
@@ -178,6 +185,7 @@ impl ServeArgs {
             http_max_input_size: self.http_max_input_size,
             poll_interval: Duration::from_secs(self.repository_poll_secs),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+            exit_on_error: self.exit_on_error,
             onnxruntime_library: crate::ort_library::resolve(self.onnxruntime_library),
         })
     }

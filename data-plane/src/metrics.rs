@@ -10,6 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::manager::ModelManager;
+use crate::stats::FailureReason;
 
 /// `GET /metrics` (and `/metrics/`).
 pub fn router(manager: Arc<ModelManager>) -> Router {
@@ -24,7 +25,8 @@ pub fn router(manager: Arc<ModelManager>) -> Router {
 
 /// Renders the metrics in Prometheus text format.
 pub fn render(manager: &ModelManager) -> String {
-    let stats: Vec<_> = manager.all_versions().iter().map(|v| v.stats.snapshot(&v.name, v.version)).collect();
+    let versions = manager.all_versions();
+    let stats: Vec<_> = versions.iter().map(|v| v.stats.snapshot(&v.name, v.version)).collect();
     let mut out = String::new();
     type Pick = fn(&nereid_proto::pb::inference::ModelStatistics) -> u64;
     let families: [(&str, &str, Pick); 9] = [
@@ -40,9 +42,16 @@ pub fn render(manager: &ModelManager) -> String {
     ];
     for (name, help, pick) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for s in &stats {
-            let reason = if name == "nv_inference_request_failure" { ",reason=\"BACKEND\"" } else { "" };
-            let _ = writeln!(out, "{name}{{model=\"{}\",version=\"{}\"{reason}}} {}", escape(&s.name), s.version, pick(s));
+        for (s, version) in stats.iter().zip(&versions) {
+            let labels = format!("model=\"{}\",version=\"{}\"", escape(&s.name), s.version);
+            if name == "nv_inference_request_failure" {
+                let counts = version.stats.failures_by_reason();
+                for (reason, count) in FailureReason::ALL.iter().zip(counts) {
+                    let _ = writeln!(out, "{name}{{{labels},reason=\"{}\"}} {count}", reason.label());
+                }
+            } else {
+                let _ = writeln!(out, "{name}{{{labels}}} {}", pick(s));
+            }
         }
     }
     out

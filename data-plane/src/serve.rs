@@ -35,6 +35,8 @@ pub struct ServeConfig {
     pub poll_interval: Duration,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub exit_timeout: Duration,
+    /// Fail startup when any model fails to load.
+    pub exit_on_error: bool,
     pub onnxruntime_library: Option<PathBuf>,
 }
 
@@ -66,6 +68,11 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
     let backends = Backends::new(config.onnxruntime_library.clone());
     let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));
     manager.load_startup_models().await.map_err(|e| ServeError::Startup(e.to_string()))?;
+    if config.exit_on_error && !manager.all_ready() {
+        return Err(ServeError::Startup(
+            "a model failed to load and --exit-on-error is set (see the errors above)".into(),
+        ));
+    }
     let data_plane = Arc::new(DataPlane::new(config.data_plane.clone(), manager.clone()));
     let service: Arc<dyn InferenceService> = data_plane.clone();
 

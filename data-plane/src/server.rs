@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use nereid_proto::error::ServiceResult;
@@ -22,7 +22,8 @@ use nereid_proto::{DataType, InferenceService, ServiceError};
 use crate::backend::BackendError;
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
 use crate::request_check;
-use crate::stats::RequestTimings;
+use crate::manager::LoadedVersion;
+use crate::stats::{FailureReason, RequestTimings};
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
@@ -160,32 +161,40 @@ impl InferenceService for DataPlane {
             return Err(ServiceError::unavailable("Server is shutting down and has stopped accepting new requests."));
         }
         let loaded = self.manager.get(&request.model_name, request.model_version)?;
+        // Counts the request as canceled if this future is dropped before an outcome is known.
+        let mut outcome = Outcome { loaded: &loaded, started, recorded: false };
         let id = request.id.clone();
-        let valid = request_check::check(&loaded.config, request)?;
+        let valid = match request_check::check(&loaded.config, request) {
+            Ok(v) => v,
+            Err(e) => return Err(outcome.failed(FailureReason::Other, e)),
+        };
         let batch_size = valid.batch_size;
         let result = match loaded.pool.submit(valid).await {
             Ok(r) => r,
             Err(e) => {
-                loaded.stats.record_failure(started.elapsed());
-                return Err(e);
+                let reason = match e {
+                    ServiceError::Overloaded(_) => FailureReason::Rejected,
+                    _ => FailureReason::Other,
+                };
+                return Err(outcome.failed(reason, e));
             }
         };
         let output_started = Instant::now();
         let outputs = match result.outputs {
             Ok(outputs) => outputs,
-            Err(e) => {
-                loaded.stats.record_failure(started.elapsed());
-                return Err(backend_error(&loaded.name, &id, e));
-            }
+            Err(e) => return Err(outcome.failed(FailureReason::Backend, backend_error(&loaded.name, &id, e))),
         };
-        let timings = RequestTimings {
-            total: started.elapsed(),
-            queue: result.queue,
-            compute_input: std::time::Duration::ZERO,
-            compute_infer: result.compute_infer,
-            compute_output: output_started.elapsed(),
-        };
-        loaded.stats.record_success(batch_size, timings);
+        outcome.recorded = true;
+        loaded.stats.record_success(
+            batch_size,
+            RequestTimings {
+                total: started.elapsed(),
+                queue: result.queue,
+                compute_input: Duration::ZERO,
+                compute_infer: result.compute_infer,
+                compute_output: output_started.elapsed(),
+            },
+        );
         Ok(InferResponse {
             model_name: loaded.name.clone(),
             model_version: loaded.version.to_string(),
@@ -233,6 +242,30 @@ impl DataPlane {
             ControlMode::None | ControlMode::Poll => Err(ServiceError::unavailable(
                 "explicit model load / unload is not allowed if polling is enabled",
             )),
+        }
+    }
+}
+
+/// Records exactly one outcome per request that reached a model version: an explicit failure,
+/// a success (by setting `recorded`), or, if dropped first, a cancellation.
+struct Outcome<'a> {
+    loaded: &'a LoadedVersion,
+    started: Instant,
+    recorded: bool,
+}
+
+impl Outcome<'_> {
+    fn failed(&mut self, reason: FailureReason, error: ServiceError) -> ServiceError {
+        self.recorded = true;
+        self.loaded.stats.record_failure(self.started.elapsed(), reason);
+        error
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.loaded.stats.record_failure(self.started.elapsed(), FailureReason::Canceled);
         }
     }
 }

@@ -21,6 +21,33 @@ pub struct RequestTimings {
     pub compute_output: Duration,
 }
 
+/// Why a request failed, as Triton's `nv_inference_request_failure{reason}` labels it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureReason {
+    /// Refused by the scheduler: queue full, queue timeout.
+    Rejected,
+    /// The client went away before the answer.
+    Canceled,
+    /// The backend failed while executing.
+    Backend,
+    /// Anything else (e.g. a request that does not fit the model).
+    Other,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 4] =
+        [FailureReason::Rejected, FailureReason::Canceled, FailureReason::Backend, FailureReason::Other];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureReason::Rejected => "REJECTED",
+            FailureReason::Canceled => "CANCELED",
+            FailureReason::Backend => "BACKEND",
+            FailureReason::Other => "OTHER",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Counter {
     count: u64,
@@ -50,6 +77,8 @@ struct Inner {
     compute_infer: Counter,
     compute_output: Counter,
     batches: BTreeMap<u64, [Counter; 3]>,
+    /// Failures by [`FailureReason`], in `FailureReason::ALL` order.
+    failures_by_reason: [u64; 4],
 }
 
 /// Statistics of one loaded model version.
@@ -76,11 +105,18 @@ impl VersionStats {
         batch[2].add(t.compute_output);
     }
 
-    /// Records a request that failed after reaching the model.
-    pub fn record_failure(&self, total: Duration) {
+    /// Records a request for this version that failed.
+    pub fn record_failure(&self, total: Duration, reason: FailureReason) {
         let mut s = self.inner.lock();
         s.last_inference_ms = now_ms();
         s.fail.add(total);
+        let index = FailureReason::ALL.iter().position(|r| *r == reason).unwrap_or(3);
+        s.failures_by_reason[index] += 1;
+    }
+
+    /// Failure counts by reason, in `FailureReason::ALL` order.
+    pub fn failures_by_reason(&self) -> [u64; 4] {
+        self.inner.lock().failures_by_reason
     }
 
     /// The statistics message for `name`/`version`.
@@ -132,7 +168,7 @@ mod tests {
         let t = RequestTimings { total: Duration::from_micros(10), compute_infer: Duration::from_micros(4), ..Default::default() };
         s.record_success(4, t);
         s.record_success(1, t);
-        s.record_failure(Duration::from_micros(3));
+        s.record_failure(Duration::from_micros(3), FailureReason::Rejected);
         let m = s.snapshot("m", 1);
         assert_eq!((m.inference_count, m.execution_count), (5, 2));
         let i = m.inference_stats.unwrap();
@@ -140,5 +176,6 @@ mod tests {
         assert_eq!(i.fail.unwrap(), StatisticDuration { count: 1, ns: 3_000 });
         assert_eq!(m.batch_stats.iter().map(|b| b.batch_size).collect::<Vec<_>>(), vec![1, 4]);
         assert!(m.last_inference > 0);
+        assert_eq!(s.failures_by_reason(), [1, 0, 0, 0]);
     }
 }

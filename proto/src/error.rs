@@ -70,6 +70,20 @@ impl ServiceError {
         }
     }
 
+    /// The message, by value.
+    pub fn into_message(self) -> String {
+        match self {
+            ServiceError::InvalidArgument(m)
+            | ServiceError::NotFound(m)
+            | ServiceError::Unavailable(m)
+            | ServiceError::Overloaded(m)
+            | ServiceError::Unsupported(m)
+            | ServiceError::AlreadyExists(m)
+            | ServiceError::Cancelled(m)
+            | ServiceError::Internal(m) => m,
+        }
+    }
+
     /// The same class with a prefix on the message (e.g. Triton's `[request id: x] `).
     pub fn prefixed(self, prefix: &str) -> Self {
         let wrap = |m: String| format!("{prefix}{m}");

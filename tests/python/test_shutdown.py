@@ -39,3 +39,16 @@ def test_sigterm_with_idle_clients(tmp_path):
         conn.close()
     finally:
         server.kill()
+
+
+def test_exit_on_error_stops_startup_when_a_model_fails(test_repo, tmp_path):
+    """With --exit-on-error (Triton's default), a model that fails to load fails startup."""
+    from nereid_util import NEREID_BIN, free_port
+    import subprocess
+    args = [NEREID_BIN, "serve", "--model-repository", str(test_repo), "--exit-on-error",
+            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+            "--metrics-address", "127.0.0.1", "--http-port", str(free_port()),
+            "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "--exit-on-error" in p.stderr, p.stderr[-2000:]

@@ -73,16 +73,7 @@ impl HttpError {
 impl From<ServiceError> for HttpError {
     fn from(err: ServiceError) -> HttpError {
         let status = status_of(&err);
-        let message = match err {
-            ServiceError::InvalidArgument(m)
-            | ServiceError::NotFound(m)
-            | ServiceError::Unavailable(m)
-            | ServiceError::Overloaded(m)
-            | ServiceError::Unsupported(m)
-            | ServiceError::AlreadyExists(m)
-            | ServiceError::Cancelled(m)
-            | ServiceError::Internal(m) => m,
-        };
+        let message = err.into_message();
         HttpError {
             status,
             message,
