@@ -200,15 +200,7 @@ async fn raw_binary_request_infers_shape_and_returns_binary() {
     assert_eq!(seen.inputs[0].name(), "x");
     // Batching model: batch 1, the variable dim inferred from 24 bytes / (2 * 4).
     assert_eq!(seen.inputs[0].shape(), &[1, 3, 2]);
-    assert_eq!(
-        reply.header("content-type"),
-        Some("application/octet-stream")
-    );
-    let header_len: usize = reply
-        .header("inference-header-content-length")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let header_len = reply.binary_header_len();
     assert_eq!(&reply.body[header_len..], &data[..]);
 
     let bad = Request::post("/v2/models/raw_fp32/infer")

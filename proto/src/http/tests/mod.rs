@@ -253,6 +253,15 @@ impl Reply {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
+
+    /// Checks that the reply uses the binary tensor extension and returns its JSON header length.
+    pub fn binary_header_len(&self) -> usize {
+        assert_eq!(self.header("content-type"), Some("application/octet-stream"));
+        self.header("inference-header-content-length")
+            .expect("Inference-Header-Content-Length is set")
+            .parse()
+            .expect("the header length is a number")
+    }
 }
 
 pub async fn send(router: &axum::Router, request: Request<Body>) -> Reply {
