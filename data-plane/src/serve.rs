@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nereid_proto::InferenceService;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -88,6 +89,10 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
             nereid_proto::http::HttpConfig { max_input_size: config.http_max_input_size },
         );
         let done = stopped(stop_rx.clone());
+        // Small responses go out at once instead of waiting on Nagle's algorithm.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         servers.spawn(async move {
             if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(done).await {
                 tracing::error!(error = %e, "HTTP service failed");
@@ -99,7 +104,7 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
         let routes = nereid_proto::grpc::routes(service.clone(), nereid_proto::grpc::GrpcConfig::default());
         let done = stopped(stop_rx.clone());
         servers.spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let result = tonic::transport::Server::builder()
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(incoming, done)

@@ -55,8 +55,7 @@ pub fn routes(service: Arc<dyn InferenceService>, config: GrpcConfig) -> tonic::
     let inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size)
-        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
-        .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let health = HealthServer::from_arc(frontend)
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);
