@@ -8,11 +8,12 @@
 
 pub mod backend;
 pub mod config;
-pub mod instances;
 pub mod manager;
 pub mod metrics;
 pub mod repository;
 pub mod request_check;
+pub mod scheduler;
 pub mod serve;
 pub mod server;
 pub mod stats;
+pub mod warmup;

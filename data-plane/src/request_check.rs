@@ -20,6 +20,10 @@ pub struct ValidRequest {
     pub outputs: Vec<String>,
     /// The batch size (1 for models without batching).
     pub batch_size: usize,
+    /// Requested priority (0 = the model's default level).
+    pub priority: u64,
+    /// Requested queue timeout in microseconds (0 = the model's default).
+    pub timeout_us: u64,
 }
 
 /// Validates `request` against `config`. Error messages carry Triton's
@@ -162,6 +166,8 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
         inputs,
         outputs,
         batch_size: batch_size.unwrap_or(1) as usize,
+        priority: request.options.priority,
+        timeout_us: request.options.timeout_us,
     })
 }
 

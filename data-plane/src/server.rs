@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use nereid_proto::error::ServiceResult;
@@ -168,33 +168,30 @@ impl InferenceService for DataPlane {
             Ok(v) => v,
             Err(e) => return Err(outcome.failed(FailureReason::Other, e)),
         };
-        let batch_size = valid.batch_size;
-        let result = match loaded.pool.submit(valid).await {
+        let result = match loaded.scheduler.submit(valid).await {
             Ok(r) => r,
             Err(e) => {
                 let reason = match e {
                     ServiceError::Overloaded(_) => FailureReason::Rejected,
+                    ServiceError::Cancelled(_) => FailureReason::Canceled,
                     _ => FailureReason::Other,
                 };
                 return Err(outcome.failed(reason, e));
             }
         };
-        let output_started = Instant::now();
         let outputs = match result.outputs {
             Ok(outputs) => outputs,
             Err(e) => return Err(outcome.failed(FailureReason::Backend, backend_error(&loaded.name, &id, e))),
         };
         outcome.recorded = true;
-        loaded.stats.record_success(
-            batch_size,
-            RequestTimings {
-                total: started.elapsed(),
-                queue: result.queue,
-                compute_input: Duration::ZERO,
-                compute_infer: result.compute_infer,
-                compute_output: output_started.elapsed(),
-            },
-        );
+        let t = result.timings;
+        loaded.stats.record_success(RequestTimings {
+            total: started.elapsed(),
+            queue: t.queue,
+            compute_input: t.compute_input,
+            compute_infer: t.compute_infer,
+            compute_output: t.compute_output,
+        });
         Ok(InferResponse {
             model_name: loaded.name.clone(),
             model_version: loaded.version.to_string(),

@@ -88,21 +88,27 @@ pub struct VersionStats {
 }
 
 impl VersionStats {
-    /// Records a request that produced a response; `batch_size` inferences in one execution.
-    pub fn record_success(&self, batch_size: usize, t: RequestTimings) {
+    /// Records one execution of the model on a batch of `batch_size` inferences.
+    pub fn record_execution(&self, batch_size: usize, input: Duration, infer: Duration, output: Duration) {
         let mut s = self.inner.lock();
-        s.last_inference_ms = now_ms();
         s.inference_count += batch_size as u64;
         s.execution_count += 1;
+        let batch = s.batches.entry(batch_size as u64).or_default();
+        batch[0].add(input);
+        batch[1].add(infer);
+        batch[2].add(output);
+    }
+
+    /// Records a request that produced a response (its share of the batch's compute time is
+    /// the whole batch's, as in Triton).
+    pub fn record_success(&self, t: RequestTimings) {
+        let mut s = self.inner.lock();
+        s.last_inference_ms = now_ms();
         s.success.add(t.total);
         s.queue.add(t.queue);
         s.compute_input.add(t.compute_input);
         s.compute_infer.add(t.compute_infer);
         s.compute_output.add(t.compute_output);
-        let batch = s.batches.entry(batch_size as u64).or_default();
-        batch[0].add(t.compute_input);
-        batch[1].add(t.compute_infer);
-        batch[2].add(t.compute_output);
     }
 
     /// Records a request for this version that failed.
@@ -166,8 +172,10 @@ mod tests {
     fn counts_successes_failures_and_batches() {
         let s = VersionStats::default();
         let t = RequestTimings { total: Duration::from_micros(10), compute_infer: Duration::from_micros(4), ..Default::default() };
-        s.record_success(4, t);
-        s.record_success(1, t);
+        s.record_execution(4, Duration::ZERO, t.compute_infer, Duration::ZERO);
+        s.record_success(t);
+        s.record_execution(1, Duration::ZERO, t.compute_infer, Duration::ZERO);
+        s.record_success(t);
         s.record_failure(Duration::from_micros(3), FailureReason::Rejected);
         let m = s.snapshot("m", 1);
         assert_eq!((m.inference_count, m.execution_count), (5, 2));

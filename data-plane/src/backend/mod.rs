@@ -10,6 +10,7 @@
 //! them). Instances are synchronous: each runs on its own OS thread owned by the model's
 //! instance pool, so a slow model never blocks the async runtime.
 
+pub mod identity;
 pub mod onnx;
 
 use std::path::PathBuf;
@@ -89,24 +90,29 @@ pub trait Backend: Send + Sync {
 #[derive(Clone)]
 pub struct Backends {
     onnxruntime: Arc<onnx::OnnxRuntimeBackend>,
+    identity: Arc<identity::IdentityBackend>,
 }
 
 impl Backends {
     /// `onnxruntime_library`: the ONNX Runtime shared library to load (see
     /// [`onnx::OnnxRuntimeBackend::new`]).
     pub fn new(onnxruntime_library: Option<PathBuf>) -> Self {
-        Backends { onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)) }
+        Backends {
+            onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)),
+            identity: Arc::new(identity::IdentityBackend),
+        }
     }
 
     /// The backend for a config's `backend` field; a message naming it when this build has none.
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>, String> {
         match name {
             "onnxruntime" => Ok(self.onnxruntime.clone()),
+            "identity" => Ok(self.identity.clone()),
             "" => Err("ensemble models (platform 'ensemble') are not supported by this version of Nereid yet".to_string()),
             "pytorch" | "python" => Err(format!(
                 "backend '{name}' is not supported by this version of Nereid yet"
             )),
-            other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime'")),
+            other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime' and 'identity'")),
         }
     }
 }

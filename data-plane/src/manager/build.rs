@@ -3,7 +3,7 @@
 //! ```text
 //! config (file or override) ─► version policy ─► served version dirs ─► complete config
 //!   ─► per version: reuse the running version if config and files are unchanged,
-//!                   else start a new instance pool
+//!                   else load its instances and start its scheduler
 //! ```
 
 use std::collections::BTreeMap;
@@ -13,9 +13,10 @@ use std::sync::Arc;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 
-use crate::backend::{Backends, DeviceKind, InstanceContext};
+use crate::backend::{BackendError, Backends, DeviceKind, InstanceContext};
 use crate::config::{self, CompleteOptions};
-use crate::instances::InstancePool;
+use crate::scheduler::Scheduler;
+use crate::scheduler::policy::BatchPolicy;
 use crate::repository::{self, Fingerprint};
 use crate::stats::VersionStats;
 
@@ -24,8 +25,8 @@ pub struct LoadedVersion {
     pub name: String,
     pub version: i64,
     pub config: Arc<ModelConfig>,
-    pub pool: InstancePool,
-    pub stats: VersionStats,
+    pub scheduler: Scheduler,
+    pub stats: Arc<VersionStats>,
     /// Fingerprint of the version directory when it was loaded.
     pub fingerprint: Fingerprint,
 }
@@ -101,17 +102,28 @@ pub fn build(
         }
         let model_path = dir.join(&config.default_model_filename);
         let contexts = instance_contexts(&input.name, version, &input.dir, &model_path, &config);
-        let pool = InstancePool::start(&backend, &contexts, input.queue_capacity).map_err(|e| {
-            fail(format!("failed to load '{}' version {version}: {e}", input.name), &selected)
-        })?;
+        let load_error = |e: BackendError| fail(format!("failed to load '{}' version {version}: {e}", input.name), &selected);
+        let mut instances = Vec::with_capacity(contexts.len());
+        for ctx in &contexts {
+            instances.push((ctx.instance_name.clone(), backend.load_instance(ctx).map_err(load_error)?));
+        }
+        let stats = Arc::new(VersionStats::default());
+        let scheduler = Scheduler::start(
+            &input.name,
+            BatchPolicy::from_config(&config),
+            instances,
+            stats.clone(),
+            input.queue_capacity,
+        )
+        .map_err(load_error)?;
         versions.insert(
             version,
             Arc::new(LoadedVersion {
                 name: input.name.clone(),
                 version,
                 config: config.clone(),
-                pool,
-                stats: VersionStats::default(),
+                scheduler,
+                stats,
                 fingerprint,
             }),
         );

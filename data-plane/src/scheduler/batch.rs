@@ -1,0 +1,149 @@
+//! Joining the inputs of the requests in a batch along the batch dimension, and splitting the
+//! outputs back per request.
+//!
+//! A batch of one request passes its tensors through untouched. Splitting never copies: each
+//! request's output is a `Bytes` slice of the batch output.
+
+use bytes::{Bytes, BytesMut};
+use nereid_proto::types::{Tensor, bytes_elements, element_count};
+
+use crate::backend::BackendError;
+
+/// Concatenates the inputs of several requests (same names, datatypes and non-batch dims, in
+/// the same order — guaranteed by the queue's shape key) into one batch.
+pub fn concat_inputs(requests: &[&[Tensor]]) -> Result<Vec<Tensor>, BackendError> {
+    let Some((first, rest)) = requests.split_first() else { return Ok(Vec::new()) };
+    if rest.is_empty() {
+        return Ok(first.to_vec());
+    }
+    let mut out = Vec::with_capacity(first.len());
+    for (i, proto) in first.iter().enumerate() {
+        let mut total = 0i64;
+        let mut bytes = 0usize;
+        for r in requests {
+            let t = r.get(i).filter(|t| t.name() == proto.name()).ok_or_else(|| {
+                BackendError::Execution(format!("batched requests disagree on input '{}'", proto.name()))
+            })?;
+            total += t.shape().first().copied().unwrap_or(1);
+            bytes += t.data().len();
+        }
+        let mut data = BytesMut::with_capacity(bytes);
+        for r in requests {
+            data.extend_from_slice(r[i].data());
+        }
+        let mut shape = proto.shape().to_vec();
+        if let Some(d) = shape.first_mut() {
+            *d = total;
+        }
+        let tensor = Tensor::new(proto.name(), proto.datatype(), shape, data.freeze())
+            .map_err(|e| BackendError::Execution(e.to_string()))?;
+        out.push(tensor);
+    }
+    Ok(out)
+}
+
+/// Splits a batch output into one tensor per request (`batch_sizes` in batch order).
+pub fn split_output(output: &Tensor, batch_sizes: &[usize]) -> Result<Vec<Tensor>, BackendError> {
+    if batch_sizes.len() == 1 {
+        return Ok(vec![output.clone()]);
+    }
+    let total: usize = batch_sizes.iter().sum();
+    let shape = output.shape();
+    if shape.first().copied() != Some(total as i64) {
+        return Err(BackendError::Execution(format!(
+            "output '{}' has shape {:?}, but a batch of {total} was executed: its first dimension must be the batch",
+            output.name(),
+            shape
+        )));
+    }
+    let row_elements = element_count(&shape[1..]).unwrap_or(0);
+    let data = output.data();
+    let offsets: Vec<usize> = match output.datatype().element_size() {
+        Some(size) => (0..=total).map(|row| row * row_elements * size).collect(),
+        None => bytes_row_offsets(data, row_elements, total),
+    };
+    let mut parts = Vec::with_capacity(batch_sizes.len());
+    let mut row = 0usize;
+    for &n in batch_sizes {
+        let range = offsets[row]..offsets[row + n];
+        let mut part_shape = shape.to_vec();
+        part_shape[0] = n as i64;
+        let part = Tensor::new(output.name(), output.datatype(), part_shape, data.slice(range))
+            .map_err(|e| BackendError::Execution(e.to_string()))?;
+        parts.push(part);
+        row += n;
+    }
+    Ok(parts)
+}
+
+/// Byte offsets of row starts (plus the end) in `BYTES` data with `row_elements` per row.
+fn bytes_row_offsets(data: &Bytes, row_elements: usize, rows: usize) -> Vec<usize> {
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0);
+    let mut pos = 0usize;
+    for (index, element) in bytes_elements(data).enumerate() {
+        pos += 4 + element.len();
+        if row_elements > 0 && (index + 1) % row_elements == 0 {
+            offsets.push(pos);
+        }
+    }
+    while offsets.len() < rows + 1 {
+        offsets.push(pos);
+    }
+    offsets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nereid_proto::DataType;
+    use nereid_proto::types::push_bytes_element;
+
+    fn i32s(name: &str, shape: Vec<i64>, v: &[i32]) -> Tensor {
+        Tensor::new(name, DataType::Int32, shape, Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())).unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<i32> {
+        t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+
+    #[test]
+    fn concat_then_split_round_trips() {
+        let a = vec![i32s("x", vec![1, 2], &[1, 2])];
+        let b = vec![i32s("x", vec![2, 2], &[3, 4, 5, 6])];
+        let batch = concat_inputs(&[&a, &b]).unwrap();
+        assert_eq!(batch[0].shape(), &[3, 2]);
+        assert_eq!(values(&batch[0]), vec![1, 2, 3, 4, 5, 6]);
+        let parts = split_output(&batch[0], &[1, 2]).unwrap();
+        assert_eq!(values(&parts[0]), vec![1, 2]);
+        assert_eq!(parts[1].shape(), &[2, 2]);
+        assert_eq!(values(&parts[1]), vec![3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn a_single_request_passes_through() {
+        let a = vec![i32s("x", vec![1, 2], &[1, 2])];
+        let batch = concat_inputs(&[&a]).unwrap();
+        assert_eq!(batch[0].data().as_ptr(), a[0].data().as_ptr());
+    }
+
+    #[test]
+    fn bytes_outputs_split_by_elements() {
+        let mut v = Vec::new();
+        for s in [&b"a"[..], b"bb", b"", b"dddd"] {
+            push_bytes_element(&mut v, s);
+        }
+        let t = Tensor::new("s", DataType::Bytes, vec![2, 2], Bytes::from(v)).unwrap();
+        let parts = split_output(&t, &[1, 1]).unwrap();
+        let first: Vec<&[u8]> = bytes_elements(parts[0].data()).collect();
+        let second: Vec<&[u8]> = bytes_elements(parts[1].data()).collect();
+        assert_eq!(first, vec![&b"a"[..], b"bb"]);
+        assert_eq!(second, vec![&b""[..], b"dddd"]);
+    }
+
+    #[test]
+    fn outputs_without_a_batch_dimension_are_refused() {
+        let t = i32s("y", vec![2], &[1, 2]);
+        assert!(split_output(&t, &[1, 2]).is_err());
+    }
+}
