@@ -9,7 +9,10 @@ Set `example` (docs/examples/model_repository, served by `make run`):
   identity_fp32_autocomplete  FP32 identity with a dynamic batch dim and no config.pbtxt
 Set `test` (superset of `example`, used by tests/python): one batching identity model per
 datatype, a non-batching model, a three-version model under four version policies, and models
-that must fail to load (unknown config field, corrupt model.onnx, KIND_GPU on a CPU-only host).
+that must fail to load (unknown config field, corrupt model.onnx, KIND_GPU on a CPU-only host),
+and scheduler models on Triton's `identity` backend (no model file; `execute_delay_ms` makes each
+execution slow so requests queue): dynamic batching, the default scheduler, priority levels,
+queue size limits, REJECT and DELAY queue timeouts, and warmup samples that load or must fail.
 
 Output is deterministic and the script is idempotent: each model directory it writes is
 replaced as a whole. Needs the `onnx` and `numpy` packages. Importable: tests call
@@ -241,6 +244,169 @@ def write_test(repo):
     write_model(repo, "gpu_model", good, config_text(
         "gpu_model", 8, *fp32_io, extra="instance_group [ { kind: KIND_GPU, count: 1 } ]\n",
         comment="Expected on a CPU-only host: UNAVAILABLE, reason mentions GPU."))
+    write_scheduler_models(repo)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler models (identity backend)
+
+
+def identity_backend_config(name, max_batch_size, delay_ms=0, extra="", comment="", io=None):
+    """config.pbtxt of an identity-backend model: FP32 INPUT0 [4] -> OUTPUT0 (a copy) unless
+    `io` = (inputs, outputs) says otherwise; `delay_ms` sleeps in every execution."""
+    inputs, outputs = io or ([("INPUT0", "FP32", [4])], [("OUTPUT0", "FP32", [4])])
+    head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
+    params = (f'parameters {{ key: "execute_delay_ms" value: {{ string_value: "{delay_ms}" }} }}\n'
+              if delay_ms else "")
+    return (
+        head
+        + f'name: "{name}"\n'
+        + 'backend: "identity"\n'
+        + f"max_batch_size: {max_batch_size}\n"
+        + _tensors("input", inputs)
+        + _tensors("output", outputs)
+        + "instance_group [ { kind: KIND_CPU, count: 1 } ]\n"
+        + params
+        + extra
+    )
+
+
+def write_identity(repo, name, config, files=None):
+    """Writes repo/name/{config.pbtxt, 1/ (empty)} plus `files` (relative path -> bytes)."""
+    d = write_model(repo, name, {}, config)
+    (d / "1").mkdir()
+    for rel, data in (files or {}).items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_bytes(data)
+    return d
+
+
+# Execution delays of the scheduler models (ms); tests derive their timing from these.
+SCHED_DELAY_MS = {
+    "identity_delay_batch": 200,
+    "identity_nobatcher": 100,
+    "identity_priority": 300,
+    "identity_queue_limit": 300,
+    "identity_timeout": 300,
+    "identity_timeout_delay": 200,
+}
+# Default queue timeouts (us) of identity_timeout (REJECT) and identity_timeout_delay (DELAY).
+SCHED_TIMEOUT_US = 100000
+SCHED_DELAY_TIMEOUT_US = 1000000
+# Warmup data file of identity_warmup_ok: one batch item of INPUT0 (FP32 [4]).
+WARMUP_FILE_DATA = np.array([1.5, -2.0, 0.25, 8.0], dtype=np.float32).tobytes()
+
+
+def write_scheduler_models(repo):
+    d = SCHED_DELAY_MS
+    write_identity(repo, "identity_delay_batch", identity_backend_config(
+        "identity_delay_batch", 8, d["identity_delay_batch"],
+        "dynamic_batching { max_queue_delay_microseconds: 20000 }\n",
+        comment="One slow instance with dynamic batching: requests queued while it is busy "
+                "run together."))
+    write_identity(repo, "identity_nobatcher", identity_backend_config(
+        "identity_nobatcher", 8, d["identity_nobatcher"],
+        comment="No dynamic_batching: Triton's default scheduler runs every request alone."))
+    write_identity(repo, "identity_priority", identity_backend_config(
+        "identity_priority", 1, d["identity_priority"],
+        "dynamic_batching {\n"
+        "  priority_levels: 2\n"
+        "  default_priority_level: 2\n"
+        "  default_queue_policy { allow_timeout_override: true }\n"
+        "}\n",
+        comment="Two priority levels (1 = high); no default queue timeout, but a request may set "
+                "one\n(tests use a 1 ms timeout as a probe: rejected iff the instance is busy)."))
+    write_identity(repo, "identity_queue_limit", identity_backend_config(
+        "identity_queue_limit", 1, d["identity_queue_limit"],
+        "dynamic_batching {\n"
+        "  default_queue_policy { max_queue_size: 2 allow_timeout_override: true }\n"
+        "}\n",
+        comment="At most 2 queued requests: with one running and 2 queued, more are refused "
+                "(503 / UNAVAILABLE).\nNo default queue timeout; tests send 1 ms ones as "
+                "probes."))
+    write_identity(repo, "identity_timeout", identity_backend_config(
+        "identity_timeout", 1, d["identity_timeout"],
+        "dynamic_batching {\n"
+        "  default_queue_policy {\n"
+        f"    default_timeout_microseconds: {SCHED_TIMEOUT_US}\n"
+        "    timeout_action: REJECT\n"
+        "    allow_timeout_override: true\n"
+        "  }\n"
+        "}\n",
+        comment=f"Queue timeout {SCHED_TIMEOUT_US} us, REJECT: a request still queued then "
+                "fails with 503 /\nUNAVAILABLE \"Request timeout expired\"; requests may "
+                "shorten (not extend) it."))
+    write_identity(repo, "identity_timeout_delay", identity_backend_config(
+        "identity_timeout_delay", 1, d["identity_timeout_delay"],
+        "dynamic_batching {\n"
+        "  priority_levels: 2\n"
+        "  default_priority_level: 2\n"
+        "  default_queue_policy {\n"
+        f"    default_timeout_microseconds: {SCHED_DELAY_TIMEOUT_US}\n"
+        "    timeout_action: DELAY\n"
+        "    allow_timeout_override: true\n"
+        "  }\n"
+        "  priority_queue_policy {\n"
+        "    key: 1\n"
+        "    value: { timeout_action: REJECT allow_timeout_override: true }\n"
+        "  }\n"
+        "}\n",
+        comment="Level 2 (default): queue timeout DELAY, a timed-out request is served after "
+                "the others.\nLevel 1: REJECT, no default timeout (tests' 1 ms probes)."))
+
+    two_io = ([("INPUT0", "FP32", [4]), ("INPUT1", "INT32", [3])],
+              [("OUTPUT0", "FP32", [4]), ("OUTPUT1", "INT32", [3])])
+    write_identity(repo, "identity_warmup_ok", identity_backend_config(
+        "identity_warmup_ok", 8, io=two_io, extra="""model_warmup [
+  {
+    name: "zeros"
+    batch_size: 8
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+    inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 3 ] zero_data: true } }
+  },
+  {
+    name: "random"
+    batch_size: 2
+    count: 3
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } }
+    inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 3 ] random_data: true } }
+  },
+  {
+    name: "from_file"
+    batch_size: 1
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "input0.bin" } }
+    inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 3 ] random_data: true } }
+  }
+]
+""", comment="Warmup samples of every data source; must load READY."),
+        files={"warmup/input0.bin": WARMUP_FILE_DATA})
+    write_identity(repo, "identity_warmup_bad", identity_backend_config(
+        "identity_warmup_bad", 8, extra="""model_warmup [
+  {
+    name: "bad_sample"
+    batch_size: 1
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+    inputs { key: "NOT_AN_INPUT" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+  }
+]
+""", comment="Expected: UNAVAILABLE, reason names the sample and the unknown input."))
+    write_identity(repo, "identity_warmup_nofile", identity_backend_config(
+        "identity_warmup_nofile", 8, extra="""model_warmup [
+  {
+    name: "missing_file"
+    batch_size: 1
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "absent.bin" } }
+  }
+]
+""", comment="Expected: UNAVAILABLE, the warmup data file does not exist."))
+
+
+# Warmup models of the `test` set that must fail to load, and what their reason must mention
+# (kept apart from BROKEN_MODELS, which older tests check one by one).
+WARMUP_BROKEN_MODELS = {
+    "identity_warmup_bad": ["bad_sample", "NOT_AN_INPUT"],
+    "identity_warmup_nofile": ["missing_file", "absent.bin"],
+}
 
 
 # Models of the `test` set that must fail to load, and what their reason must mention.

@@ -184,8 +184,13 @@ pub fn steps_from_json(
                     let value = entry.get(&spec.name).ok_or_else(|| {
                         format!("data[{i}] has no value for input '{}'", spec.name)
                     })?;
-                    entry_tensor(spec, value, options, batching)
-                        .map_err(|e| format!("data[{i}] input '{}': {e}", spec.name))
+                    entry_tensor(spec, value, options, batching).map_err(|e| {
+                        if e.starts_with("input '") {
+                            format!("data[{i}] {e}")
+                        } else {
+                            format!("data[{i}] input '{}': {e}", spec.name)
+                        }
+                    })
                 })
                 .collect::<Result<Step, String>>()
         })
@@ -387,7 +392,7 @@ mod tests {
     #[test]
     fn input_data_json() {
         let text = r#"{"data":[
-            {"A":[1,2,3,4], "B":{"content":[[1.0,2.0],[3.0,4.0]],"shape":[2,2]}},
+            {"A":[1,2,3,4], "B":{"content":[[1.0,2.0],[3.0,4.0]],"shape":[4]}},
             {"A":[[5,6,7,8]], "B":[0.5,0.25,1.0]}
         ]}"#;
         let model = simple(Some(8));
@@ -396,7 +401,7 @@ mod tests {
         assert_eq!(steps[0][0].shape, vec![2, 4]);
         assert_eq!(&steps[0][0].data[..4], &1i32.to_le_bytes());
         assert_eq!(&steps[0][0].data[16..20], &1i32.to_le_bytes(), "repeated per batch element");
-        assert_eq!(steps[0][1].shape, vec![2, 2, 2]);
+        assert_eq!(steps[0][1].shape, vec![2, 4]);
         assert_eq!(steps[1][1].shape, vec![2, 3], "one variable dim inferred from the count");
         assert_eq!(&steps[1][1].data[..4], &0.5f32.to_le_bytes());
     }
@@ -412,6 +417,8 @@ mod tests {
         assert!(err(r#"{"data":[{"A":[1,2,3],"B":[1]}]}"#).contains("3 values given"));
         assert!(err(r#"{"data":[{"A":[1,2,3,"x"],"B":[1]}]}"#).contains("\"x\""));
         assert!(err(r#"{"data":[{"A":[1,2,3,4],"B":{"b64":"AAAA"}}]}"#).contains("b64"));
+        let e = err(r#"{"data":[{"A":[1,2,3,4],"B":{"content":[1],"shape":[1,1]}}]}"#);
+        assert!(e.starts_with("data[0] input 'B': shape [1,1] does not fit"), "{e}");
     }
 
     #[test]

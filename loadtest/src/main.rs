@@ -1,1 +1,40 @@
-fn main() {}
+//! The `nereid-loadtest` binary: parses flags and calls [`nereid_loadtest::run::run`] or
+//! [`nereid_loadtest::sweep::sweep`]. Exit status 0 on success, 1 on any error (including
+//! failed requests with `--fail-on-errors`, and flags clap rejects).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use nereid_loadtest::cli::{Cli, Command};
+use nereid_loadtest::{run, sweep};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `--help` and `--version` come here too, and are not failures.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match &cli.command {
+            Some(Command::Sweep(args)) => sweep::sweep(args).await.map(|_| ()),
+            None => run::run(&cli.run).await.map(|_| ()),
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -99,8 +99,10 @@ impl Window {
 
     /// Pools several windows into one (histograms merged, counts and times summed).
     pub fn merge(windows: &[Window]) -> Window {
-        let mut out = Window::default();
-        out.cpu = windows.iter().map(|w| w.cpu).sum::<Option<Duration>>();
+        let mut out = Window {
+            cpu: windows.iter().map(|w| w.cpu).sum::<Option<Duration>>(),
+            ..Window::default()
+        };
         for w in windows {
             // Both histograms share bounds, so adding cannot fail; if it ever did the
             // percentiles would only miss that window's samples.
@@ -201,8 +203,7 @@ mod tests {
     use super::*;
 
     fn summary(throughput: f64, p99_us: u64) -> Summary {
-        let mut w = Window::default();
-        w.elapsed = Duration::from_secs(1);
+        let w = Window { elapsed: Duration::from_secs(1), ..Window::default() };
         let mut s = w.summary(1);
         s.throughput = throughput;
         s.p99_us = p99_us;

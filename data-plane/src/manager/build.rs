@@ -13,12 +13,13 @@ use std::sync::Arc;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 
-use crate::backend::{BackendError, Backends, DeviceKind, InstanceContext};
+use crate::backend::{BackendError, BackendInstance, Backends, DeviceKind, InstanceContext};
 use crate::config::{self, CompleteOptions};
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
 use crate::repository::{self, Fingerprint};
 use crate::stats::VersionStats;
+use crate::warmup::{WarmupSample, warmup_samples};
 
 /// One loaded, servable model version.
 pub struct LoadedVersion {
@@ -103,9 +104,12 @@ pub fn build(
         let model_path = dir.join(&config.default_model_filename);
         let contexts = instance_contexts(&input.name, version, &input.dir, &model_path, &config);
         let load_error = |e: BackendError| fail(format!("failed to load '{}' version {version}: {e}", input.name), &selected);
+        let samples = warmup_samples(&config, &input.dir).map_err(|e| fail(e, &selected))?;
         let mut instances = Vec::with_capacity(contexts.len());
         for ctx in &contexts {
-            instances.push((ctx.instance_name.clone(), backend.load_instance(ctx).map_err(load_error)?));
+            let mut instance = backend.load_instance(ctx).map_err(load_error)?;
+            warm_up(instance.as_mut(), &samples, &ctx.instance_name).map_err(|e| fail(e, &selected))?;
+            instances.push((ctx.instance_name.clone(), instance));
         }
         let stats = Arc::new(VersionStats::default());
         let scheduler = Scheduler::start(
@@ -164,4 +168,17 @@ fn instance_contexts(
         }
     }
     contexts
+}
+
+/// Runs every warmup sample `count` times on a freshly loaded instance; the first failure
+/// fails the load with its reason.
+fn warm_up(instance: &mut dyn BackendInstance, samples: &[WarmupSample], instance_name: &str) -> Result<(), String> {
+    for sample in samples {
+        for _ in 0..sample.count.max(1) {
+            instance.execute(&sample.inputs, &sample.outputs).map_err(|e| {
+                format!("instance '{instance_name}' failed warmup sample '{}': {e}", sample.name)
+            })?;
+        }
+    }
+    Ok(())
 }

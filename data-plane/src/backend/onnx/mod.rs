@@ -86,6 +86,11 @@ impl OnnxRuntimeBackend {
                 .with_execution_providers([cpu])
                 .map_err(|e| format!("enable_mem_arena: {e}"))?;
         }
+        for (key, value) in &settings.config_entries {
+            builder = builder
+                .with_config_entry(key, value)
+                .map_err(|e| format!("parameter '{key}': {e}"))?;
+        }
         builder
             .commit_from_file(&file)
             .map_err(|e| format!("cannot load '{}' with ONNX Runtime: {e}", file.display()))
@@ -130,6 +135,7 @@ impl Backend for OnnxRuntimeBackend {
             level: GraphOptimizationLevel::Disable,
             mem_arena: None,
             mem_pattern: None,
+            config_entries: Vec::new(),
         };
         let session = self.session(model_path, &settings).map_err(fail)?;
         let sig = ModelSignature::from_session(&session);

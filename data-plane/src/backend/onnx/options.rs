@@ -28,6 +28,9 @@ pub(crate) struct SessionSettings {
     pub level: GraphOptimizationLevel,
     pub mem_arena: Option<bool>,
     pub mem_pattern: Option<bool>,
+    /// ONNX Runtime session config entries given as parameters whose key starts with
+    /// `session.` (e.g. `session.intra_op.allow_spinning`), passed through as they are.
+    pub config_entries: Vec<(String, String)>,
 }
 
 /// Reads the settings; `Err` names the parameter and what it must be.
@@ -61,6 +64,12 @@ pub(crate) fn session_settings(
         level,
         mem_arena: boolean(config, "enable_mem_arena")?,
         mem_pattern: boolean(config, "enable_mem_pattern")?,
+        config_entries: config
+            .parameters
+            .iter()
+            .filter(|(k, _)| k.starts_with("session."))
+            .map(|(k, v)| (k.clone(), v.string_value.clone()))
+            .collect(),
     })
 }
 
