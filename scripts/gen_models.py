@@ -374,7 +374,10 @@ def write_scheduler_models(repo):
   {
     name: "from_file"
     batch_size: 1
-    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "input0.bin" } }
+    inputs {
+      key: "INPUT0"
+      value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "input0.bin" }
+    }
     inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 3 ] random_data: true } }
   }
 ]
@@ -395,7 +398,10 @@ def write_scheduler_models(repo):
   {
     name: "missing_file"
     batch_size: 1
-    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "absent.bin" } }
+    inputs {
+      key: "INPUT0"
+      value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "absent.bin" }
+    }
   }
 ]
 """, comment="Expected: UNAVAILABLE, the warmup data file does not exist."))

@@ -17,7 +17,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// perf_analyzer-style load generator for KServe v2 servers (Nereid, Triton, MLServer).
 #[derive(Debug, Parser)]
-#[command(name = "nereid-loadtest", version, args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(
+    name = "nereid-loadtest",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -171,11 +176,19 @@ pub struct SweepArgs {
 
     /// Max batch sizes to try; 0 turns dynamic batching off (the model's own
     /// `max_batch_size` is kept), a value above 0 sets `max_batch_size` and turns it on.
-    #[arg(long = "max-batch-sizes", value_delimiter = ',', default_value = "0,8,32")]
+    #[arg(
+        long = "max-batch-sizes",
+        value_delimiter = ',',
+        default_value = "0,8,32"
+    )]
     pub max_batch_sizes: Vec<u32>,
 
     /// Dynamic batcher `max_queue_delay_microseconds` values to try.
-    #[arg(long = "max-queue-delays-us", value_delimiter = ',', default_value = "0,100")]
+    #[arg(
+        long = "max-queue-delays-us",
+        value_delimiter = ',',
+        default_value = "0,100"
+    )]
     pub max_queue_delays_us: Vec<u64>,
 
     /// The best configuration is the highest throughput whose p99 latency is within this
@@ -205,13 +218,27 @@ impl Range<u64> {
             })
             .collect::<Result<Vec<u64>, String>>()?;
         let range = match nums.as_slice() {
-            [n] => Range { start: *n, end: *n, step: 1 },
-            [s, e] => Range { start: *s, end: *e, step: 1 },
-            [s, e, st] => Range { start: *s, end: *e, step: *st },
+            [n] => Range {
+                start: *n,
+                end: *n,
+                step: 1,
+            },
+            [s, e] => Range {
+                start: *s,
+                end: *e,
+                step: 1,
+            },
+            [s, e, st] => Range {
+                start: *s,
+                end: *e,
+                step: *st,
+            },
             _ => unreachable_parts(text)?,
         };
         if range.start == 0 || range.step == 0 {
-            return Err(format!("--concurrency-range '{text}': start and step must be at least 1"));
+            return Err(format!(
+                "--concurrency-range '{text}': start and step must be at least 1"
+            ));
         }
         if range.end < range.start {
             return Err(format!("--concurrency-range '{text}': end is below start"));
@@ -221,7 +248,9 @@ impl Range<u64> {
 
     /// The levels, in order.
     pub fn values(&self) -> Vec<u64> {
-        (self.start..=self.end).step_by(self.step as usize).collect()
+        (self.start..=self.end)
+            .step_by(self.step as usize)
+            .collect()
     }
 }
 
@@ -234,13 +263,27 @@ impl Range<f64> {
             .iter()
             .map(|p| match p.trim().parse::<f64>() {
                 Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-                _ => Err(format!("--request-rate-range '{text}': '{p}' is not a positive number")),
+                _ => Err(format!(
+                    "--request-rate-range '{text}': '{p}' is not a positive number"
+                )),
             })
             .collect::<Result<Vec<f64>, String>>()?;
         let range = match nums.as_slice() {
-            [r] => Range { start: *r, end: *r, step: 1.0 },
-            [s, e] => Range { start: *s, end: *e, step: (*e - *s).max(1.0) },
-            [s, e, st] => Range { start: *s, end: *e, step: *st },
+            [r] => Range {
+                start: *r,
+                end: *r,
+                step: 1.0,
+            },
+            [s, e] => Range {
+                start: *s,
+                end: *e,
+                step: (*e - *s).max(1.0),
+            },
+            [s, e, st] => Range {
+                start: *s,
+                end: *e,
+                step: *st,
+            },
             _ => unreachable_parts(text)?,
         };
         if range.end < range.start {
@@ -271,13 +314,17 @@ impl Range<f64> {
 fn split_range<'a>(text: &'a str, flag: &str) -> Result<Vec<&'a str>, String> {
     let parts: Vec<&str> = text.split(':').collect();
     if text.trim().is_empty() || parts.len() > 3 {
-        return Err(format!("{flag} '{text}': expected START:END:STEP, START:END or N"));
+        return Err(format!(
+            "{flag} '{text}': expected START:END:STEP, START:END or N"
+        ));
     }
     Ok(parts)
 }
 
 fn unreachable_parts<T>(text: &str) -> Result<T, String> {
-    Err(format!("range '{text}': expected START:END:STEP, START:END or N"))
+    Err(format!(
+        "range '{text}': expected START:END:STEP, START:END or N"
+    ))
 }
 
 /// One `--shape NAME:d1,d2` flag.
@@ -293,7 +340,9 @@ pub fn parse_shape(text: &str) -> Result<(String, Vec<i64>), String> {
         .filter(|d| !d.trim().is_empty())
         .map(|d| match d.trim().parse::<i64>() {
             Ok(v) if v >= 0 => Ok(v),
-            _ => Err(format!("--shape '{text}': '{d}' is not a non-negative dimension")),
+            _ => Err(format!(
+                "--shape '{text}': '{d}' is not a non-negative dimension"
+            )),
         })
         .collect::<Result<Vec<i64>, String>>()?;
     Ok((name.to_string(), dims))
@@ -310,7 +359,10 @@ impl RunArgs {
         if raw.starts_with("https://") {
             return Err(format!("-u '{raw}': TLS is not supported; give host:port"));
         }
-        let host_port = raw.strip_prefix("http://").unwrap_or(&raw).trim_end_matches('/');
+        let host_port = raw
+            .strip_prefix("http://")
+            .unwrap_or(&raw)
+            .trim_end_matches('/');
         if host_port.is_empty() || host_port.contains('/') {
             return Err(format!("-u '{raw}': expected host:port"));
         }
@@ -371,9 +423,15 @@ mod tests {
 
     #[test]
     fn concurrency_ranges() {
-        assert_eq!(Range::parse_concurrency("1:8:2").unwrap().values(), vec![1, 3, 5, 7]);
+        assert_eq!(
+            Range::parse_concurrency("1:8:2").unwrap().values(),
+            vec![1, 3, 5, 7]
+        );
         assert_eq!(Range::parse_concurrency("4").unwrap().values(), vec![4]);
-        assert_eq!(Range::parse_concurrency("2:4").unwrap().values(), vec![2, 3, 4]);
+        assert_eq!(
+            Range::parse_concurrency("2:4").unwrap().values(),
+            vec![2, 3, 4]
+        );
         assert!(Range::parse_concurrency("0:4").is_err());
         assert!(Range::parse_concurrency("4:2").is_err());
         assert!(Range::parse_concurrency("1:4:0").is_err());
@@ -384,7 +442,10 @@ mod tests {
 
     #[test]
     fn rate_ranges() {
-        assert_eq!(Range::parse_rate("100:300:100").unwrap().values(), vec![100.0, 200.0, 300.0]);
+        assert_eq!(
+            Range::parse_rate("100:300:100").unwrap().values(),
+            vec![100.0, 200.0, 300.0]
+        );
         assert_eq!(Range::parse_rate("50").unwrap().values(), vec![50.0]);
         assert_eq!(Range::parse_rate("0.1:0.3:0.1").unwrap().values().len(), 3);
         assert!(Range::parse_rate("0").is_err());
@@ -394,8 +455,14 @@ mod tests {
 
     #[test]
     fn shapes() {
-        assert_eq!(parse_shape("INPUT0:3,224").unwrap(), ("INPUT0".to_string(), vec![3, 224]));
-        assert_eq!(parse_shape("ns:x:4").unwrap(), ("ns:x".to_string(), vec![4]));
+        assert_eq!(
+            parse_shape("INPUT0:3,224").unwrap(),
+            ("INPUT0".to_string(), vec![3, 224])
+        );
+        assert_eq!(
+            parse_shape("ns:x:4").unwrap(),
+            ("ns:x".to_string(), vec![4])
+        );
         assert!(parse_shape("INPUT0").is_err());
         assert!(parse_shape("INPUT0:-1").is_err());
         assert!(parse_shape(":3").is_err());
@@ -411,10 +478,19 @@ mod tests {
         assert!(cli.run.validate().is_err());
         assert!(Cli::try_parse_from(["lt"]).is_err(), "-m is required");
         assert!(
-            Cli::try_parse_from(["lt", "-m", "s", "--concurrency-range", "1", "--request-rate-range", "5"])
-                .is_err()
+            Cli::try_parse_from([
+                "lt",
+                "-m",
+                "s",
+                "--concurrency-range",
+                "1",
+                "--request-rate-range",
+                "5"
+            ])
+            .is_err()
         );
-        let cli = Cli::try_parse_from(["lt", "sweep", "-m", "s", "--max-batch-sizes", "0,4"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["lt", "sweep", "-m", "s", "--max-batch-sizes", "0,4"]).unwrap();
         match cli.command {
             Some(Command::Sweep(s)) => {
                 assert_eq!(s.max_batch_sizes, vec![0, 4]);

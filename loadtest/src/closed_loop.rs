@@ -42,7 +42,13 @@ pub async fn run_level(
             settings.request_timeout,
         ));
     }
-    let outcome = measure(&recorder, settings, progress, &format!("concurrency {concurrency}")).await;
+    let outcome = measure(
+        &recorder,
+        settings,
+        progress,
+        &format!("concurrency {concurrency}"),
+    )
+    .await;
     let _ = stop_tx.send(true);
     drain(&mut workers, settings.request_timeout).await;
     outcome
@@ -51,17 +57,28 @@ pub async fn run_level(
 /// Waits for tasks to finish their current request; aborts what is left after `timeout`.
 pub async fn drain(tasks: &mut JoinSet<()>, timeout: Duration) {
     let all = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(timeout + Duration::from_secs(1), all).await.is_err() {
+    if tokio::time::timeout(timeout + Duration::from_secs(1), all)
+        .await
+        .is_err()
+    {
         tasks.abort_all();
     }
 }
 
 /// Sends one request with the timeout and records it.
-pub async fn timed_infer(client: &dyn Client, request: &Prepared, timeout: Duration, recorder: &Recorder) {
+pub async fn timed_infer(
+    client: &dyn Client,
+    request: &Prepared,
+    timeout: Duration,
+    recorder: &Recorder,
+) {
     let start = Instant::now();
     let result = match tokio::time::timeout(timeout, client.infer(request)).await {
         Ok(r) => r,
-        Err(_) => Err(format!("request timed out after {:.1} s (--request-timeout-secs)", timeout.as_secs_f64())),
+        Err(_) => Err(format!(
+            "request timed out after {:.1} s (--request-timeout-secs)",
+            timeout.as_secs_f64()
+        )),
     };
     recorder.record(start.elapsed(), &result);
 }

@@ -39,7 +39,9 @@ pub fn push_random(
             DataType::Fp32 => out.extend_from_slice(&(rng.next_f64() as f32).to_le_bytes()),
             DataType::Fp64 => out.extend_from_slice(&rng.next_f64().to_le_bytes()),
             DataType::Bytes => {
-                let s: Vec<u8> = (0..string_length).map(|_| b'a' + rng.below(26) as u8).collect();
+                let s: Vec<u8> = (0..string_length)
+                    .map(|_| b'a' + rng.below(26) as u8)
+                    .collect();
                 push_bytes_element(out, &s);
             }
         }
@@ -71,7 +73,9 @@ pub fn json_to_bytes(datatype: DataType, values: &[Value]) -> Result<Vec<u8>, St
         }
         match datatype {
             DataType::Bool => {
-                let b = v.as_bool().or_else(|| v.as_u64().filter(|n| *n <= 1).map(|n| n == 1));
+                let b = v
+                    .as_bool()
+                    .or_else(|| v.as_u64().filter(|n| *n <= 1).map(|n| n == 1));
                 out.push(u8::from(b.ok_or_else(bad)?));
             }
             DataType::Uint8 => int!(u8),
@@ -83,12 +87,18 @@ pub fn json_to_bytes(datatype: DataType, values: &[Value]) -> Result<Vec<u8>, St
             DataType::Int32 => int!(i32),
             DataType::Int64 => int!(i64),
             DataType::Fp16 => {
-                out.extend_from_slice(&half::f16::from_f64(v.as_f64().ok_or_else(bad)?).to_le_bytes());
+                out.extend_from_slice(
+                    &half::f16::from_f64(v.as_f64().ok_or_else(bad)?).to_le_bytes(),
+                );
             }
             DataType::Bf16 => {
-                out.extend_from_slice(&half::bf16::from_f64(v.as_f64().ok_or_else(bad)?).to_le_bytes());
+                out.extend_from_slice(
+                    &half::bf16::from_f64(v.as_f64().ok_or_else(bad)?).to_le_bytes(),
+                );
             }
-            DataType::Fp32 => out.extend_from_slice(&(v.as_f64().ok_or_else(bad)? as f32).to_le_bytes()),
+            DataType::Fp32 => {
+                out.extend_from_slice(&(v.as_f64().ok_or_else(bad)? as f32).to_le_bytes())
+            }
             DataType::Fp64 => out.extend_from_slice(&v.as_f64().ok_or_else(bad)?.to_le_bytes()),
             DataType::Bytes => push_bytes_element(&mut out, v.as_str().ok_or_else(bad)?.as_bytes()),
         }
@@ -131,7 +141,10 @@ pub fn bytes_to_json(datatype: DataType, data: &[u8]) -> Result<Vec<Value>, Stri
             .map(|e| {
                 std::str::from_utf8(e)
                     .map(|s| Value::String(s.to_string()))
-                    .map_err(|_| "BYTES element is not UTF-8 and cannot be sent as JSON; drop --http-json".to_string())
+                    .map_err(|_| {
+                        "BYTES element is not UTF-8 and cannot be sent as JSON; drop --http-json"
+                            .to_string()
+                    })
             })
             .collect::<Result<Vec<Value>, String>>()?,
     })
@@ -171,11 +184,19 @@ mod tests {
 
     #[test]
     fn json_errors_name_the_value() {
-        assert!(json_to_bytes(DataType::Int8, &[json!(300)]).unwrap_err().contains("300"));
+        assert!(
+            json_to_bytes(DataType::Int8, &[json!(300)])
+                .unwrap_err()
+                .contains("300")
+        );
         assert!(json_to_bytes(DataType::Uint32, &[json!(-1)]).is_err());
         assert!(json_to_bytes(DataType::Fp32, &[json!("x")]).is_err());
         assert!(json_to_bytes(DataType::Bytes, &[json!(1)]).is_err());
-        assert!(bytes_to_json(DataType::Fp16, &[0, 0]).unwrap_err().contains("--http-json"));
+        assert!(
+            bytes_to_json(DataType::Fp16, &[0, 0])
+                .unwrap_err()
+                .contains("--http-json")
+        );
     }
 
     #[test]

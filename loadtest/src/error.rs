@@ -8,16 +8,33 @@ use std::path::PathBuf;
 /// Errors that end the tool with exit status 1. Messages say what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadtestError {
-    #[error("cannot reach the server at {url} ({protocol}): {detail}; is it running, and is -u right?")]
-    Unreachable { url: String, protocol: &'static str, detail: String },
+    #[error(
+        "cannot reach the server at {url} ({protocol}): {detail}; is it running, and is -u right?"
+    )]
+    Unreachable {
+        url: String,
+        protocol: &'static str,
+        detail: String,
+    },
     #[error("model '{model}' is not available on {url}: {detail}")]
-    ModelNotFound { model: String, url: String, detail: String },
+    ModelNotFound {
+        model: String,
+        url: String,
+        detail: String,
+    },
     #[error("{0}")]
     InvalidArgument(String),
     #[error("server at {url}: {detail}")]
     Server { url: String, detail: String },
     #[error("cannot write '{}': {source}", path.display())]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("interrupted")]
+    Interrupted,
+    #[error("could not restore the model's original config; reload it by hand: {0}")]
+    RestoreFailed(String),
     #[error("{failed} request(s) failed (--fail-on-errors); first error: {first}")]
     RequestsFailed { failed: u64, first: String },
 }

@@ -47,8 +47,7 @@ impl ModelInfo {
         match self.max_batch_size {
             Some(m) => m > 0,
             None => {
-                !self.inputs.is_empty()
-                    && self.inputs.iter().all(|i| i.shape.first() == Some(&-1))
+                !self.inputs.is_empty() && self.inputs.iter().all(|i| i.shape.first() == Some(&-1))
             }
         }
     }
@@ -99,7 +98,10 @@ pub struct InputOptions {
 /// Builds the request steps for `model`: one for random or zero data, one per file entry.
 pub fn build_steps(model: &ModelInfo, options: &InputOptions) -> Result<Vec<Step>, String> {
     if model.inputs.is_empty() {
-        return Err(format!("model '{}' has no inputs in its metadata", model.name));
+        return Err(format!(
+            "model '{}' has no inputs in its metadata",
+            model.name
+        ));
     }
     for name in options.shapes.keys() {
         if !model.inputs.iter().any(|i| &i.name == name) {
@@ -139,9 +141,22 @@ pub fn build_steps(model: &ModelInfo, options: &InputOptions) -> Result<Vec<Step
                     if options.source == DataSource::Zero {
                         elements::push_zeros(&mut data, dtype, count);
                     } else {
-                        elements::push_random(&mut data, dtype, count, &mut rng, options.string_length);
+                        elements::push_random(
+                            &mut data,
+                            dtype,
+                            count,
+                            &mut rng,
+                            options.string_length,
+                        );
                     }
-                    Ok(tensor(spec, dtype, batching, options.batch_size, dims, data))
+                    Ok(tensor(
+                        spec,
+                        dtype,
+                        batching,
+                        options.batch_size,
+                        dims,
+                        data,
+                    ))
                 })
                 .collect::<Result<Step, String>>()?;
             Ok(vec![step])
@@ -209,7 +224,9 @@ fn entry_tensor(
             if o.contains_key("b64") {
                 return Err("\"b64\" content is not supported; give \"content\" as values".into());
             }
-            let content = o.get("content").ok_or("expected \"content\" (and optionally \"shape\")")?;
+            let content = o
+                .get("content")
+                .ok_or("expected \"content\" (and optionally \"shape\")")?;
             let shape = match o.get("shape") {
                 None => None,
                 Some(s) => Some(
@@ -227,7 +244,12 @@ fn entry_tensor(
     elements::flatten(content, &mut values);
     let dims = match file_shape {
         Some(s) => element_dims(spec, batching, Some(&s), None)?,
-        None => element_dims(spec, batching, options.shapes.get(&spec.name), Some(values.len()))?,
+        None => element_dims(
+            spec,
+            batching,
+            options.shapes.get(&spec.name),
+            Some(values.len()),
+        )?,
     };
     if values.len() != element_count(&dims) {
         return Err(format!(
@@ -239,12 +261,22 @@ fn entry_tensor(
     }
     let one = elements::json_to_bytes(dtype, &values)?;
     let data = one.repeat(options.batch_size as usize);
-    Ok(tensor(spec, dtype, batching, options.batch_size, dims, data))
+    Ok(tensor(
+        spec,
+        dtype,
+        batching,
+        options.batch_size,
+        dims,
+        data,
+    ))
 }
 
 fn datatype(spec: &TensorSpec) -> Result<DataType, String> {
     DataType::from_wire(&spec.datatype).ok_or_else(|| {
-        format!("input '{}' has datatype '{}', which this tool does not know", spec.name, spec.datatype)
+        format!(
+            "input '{}' has datatype '{}', which this tool does not know",
+            spec.name, spec.datatype
+        )
     })
 }
 
@@ -257,7 +289,11 @@ fn element_dims(
     given: Option<&Vec<i64>>,
     value_count: Option<usize>,
 ) -> Result<Vec<i64>, String> {
-    let model_dims: &[i64] = if batching { spec.shape.get(1..).unwrap_or(&[]) } else { &spec.shape };
+    let model_dims: &[i64] = if batching {
+        spec.shape.get(1..).unwrap_or(&[])
+    } else {
+        &spec.shape
+    };
     if let Some(given) = given {
         let compatible = given.len() == model_dims.len()
             && given.iter().zip(model_dims).all(|(g, m)| *m < 0 || g == m);
@@ -278,10 +314,19 @@ fn element_dims(
     if variable == 1
         && let Some(count) = value_count
     {
-        let fixed: usize = element_count(&model_dims.iter().copied().filter(|d| *d >= 0).collect::<Vec<_>>());
+        let fixed: usize = element_count(
+            &model_dims
+                .iter()
+                .copied()
+                .filter(|d| *d >= 0)
+                .collect::<Vec<_>>(),
+        );
         if fixed > 0 && count % fixed == 0 {
             let inferred = (count / fixed) as i64;
-            return Ok(model_dims.iter().map(|d| if *d < 0 { inferred } else { *d }).collect());
+            return Ok(model_dims
+                .iter()
+                .map(|d| if *d < 0 { inferred } else { *d })
+                .collect());
         }
     }
     Err(format!(
@@ -289,12 +334,22 @@ fn element_dims(
         spec.name,
         format_shape(model_dims),
         spec.name,
-        model_dims.iter().map(|d| if *d < 0 { "N".to_string() } else { d.to_string() }).collect::<Vec<_>>().join(",")
+        model_dims
+            .iter()
+            .map(|d| if *d < 0 {
+                "N".to_string()
+            } else {
+                d.to_string()
+            })
+            .collect::<Vec<_>>()
+            .join(",")
     ))
 }
 
 fn element_count(dims: &[i64]) -> usize {
-    dims.iter().map(|d| usize::try_from(*d).unwrap_or(0)).product()
+    dims.iter()
+        .map(|d| usize::try_from(*d).unwrap_or(0))
+        .product()
 }
 
 fn tensor(
@@ -310,7 +365,12 @@ fn tensor(
     } else {
         dims
     };
-    InputTensor { name: spec.name.clone(), datatype, shape, data: Bytes::from(data) }
+    InputTensor {
+        name: spec.name.clone(),
+        datatype,
+        shape,
+        data: Bytes::from(data),
+    }
 }
 
 fn input_names(model: &ModelInfo) -> String {
@@ -342,7 +402,10 @@ mod tests {
         };
         ModelInfo {
             name: "m".into(),
-            inputs: vec![spec("A", "INT32", vec![-1, 4]), spec("B", "FP32", vec![-1, -1])],
+            inputs: vec![
+                spec("A", "INT32", vec![-1, 4]),
+                spec("B", "FP32", vec![-1, -1]),
+            ],
             outputs: vec![spec("Y", "FP32", vec![-1, 4])],
             max_batch_size: max_batch,
         }
@@ -351,7 +414,10 @@ mod tests {
     fn options(source: DataSource, batch: u32, shapes: &[(&str, Vec<i64>)]) -> InputOptions {
         InputOptions {
             batch_size: batch,
-            shapes: shapes.iter().map(|(n, d)| (n.to_string(), d.clone())).collect(),
+            shapes: shapes
+                .iter()
+                .map(|(n, d)| (n.to_string(), d.clone()))
+                .collect(),
             source,
             seed: 3,
             string_length: 4,
@@ -362,31 +428,56 @@ mod tests {
     fn random_inputs_need_variable_dims() {
         let err = build_steps(&simple(Some(8)), &options(DataSource::Random, 2, &[])).unwrap_err();
         assert!(err.contains("--shape B:N"), "{err}");
-        let steps =
-            build_steps(&simple(Some(8)), &options(DataSource::Random, 2, &[("B", vec![3])])).unwrap();
+        let steps = build_steps(
+            &simple(Some(8)),
+            &options(DataSource::Random, 2, &[("B", vec![3])]),
+        )
+        .unwrap();
         assert_eq!(steps.len(), 1);
         assert_eq!(steps[0][0].shape, vec![2, 4]);
         assert_eq!(steps[0][0].data.len(), 2 * 4 * 4);
         assert_eq!(steps[0][1].shape, vec![2, 3]);
         // Seeded: the same seed gives the same data.
-        let again =
-            build_steps(&simple(Some(8)), &options(DataSource::Random, 2, &[("B", vec![3])])).unwrap();
+        let again = build_steps(
+            &simple(Some(8)),
+            &options(DataSource::Random, 2, &[("B", vec![3])]),
+        )
+        .unwrap();
         assert_eq!(steps, again);
     }
 
     #[test]
     fn batching_rules() {
         let zero = options(DataSource::Zero, 2, &[("B", vec![1])]);
-        let no_batch = ModelInfo { max_batch_size: Some(0), ..simple(None) };
-        assert!(build_steps(&no_batch, &zero).unwrap_err().contains("does not support batching"));
-        assert!(build_steps(&simple(Some(1)), &zero).unwrap_err().contains("max_batch_size 1"));
+        let no_batch = ModelInfo {
+            max_batch_size: Some(0),
+            ..simple(None)
+        };
+        assert!(
+            build_steps(&no_batch, &zero)
+                .unwrap_err()
+                .contains("does not support batching")
+        );
+        assert!(
+            build_steps(&simple(Some(1)), &zero)
+                .unwrap_err()
+                .contains("max_batch_size 1")
+        );
         // Without a config, a leading -1 on every input means batching.
         assert!(simple(None).batching());
         assert!(build_steps(&simple(None), &zero).is_ok());
         let bad = options(DataSource::Zero, 1, &[("C", vec![1])]);
-        assert!(build_steps(&simple(Some(8)), &bad).unwrap_err().contains("'C'"));
+        assert!(
+            build_steps(&simple(Some(8)), &bad)
+                .unwrap_err()
+                .contains("'C'")
+        );
         let rank = options(DataSource::Zero, 1, &[("A", vec![5])]);
-        assert!(build_steps(&simple(Some(8)), &rank).unwrap_err().contains("does not fit"));
+        assert!(
+            build_steps(&simple(Some(8)), &rank)
+                .unwrap_err()
+                .contains("does not fit")
+        );
     }
 
     #[test]
@@ -396,13 +487,22 @@ mod tests {
             {"A":[[5,6,7,8]], "B":[0.5,0.25,1.0]}
         ]}"#;
         let model = simple(Some(8));
-        let steps = steps_from_json(&model, &options(DataSource::Zero, 2, &[]), true, text).unwrap();
+        let steps =
+            steps_from_json(&model, &options(DataSource::Zero, 2, &[]), true, text).unwrap();
         assert_eq!(steps.len(), 2);
         assert_eq!(steps[0][0].shape, vec![2, 4]);
         assert_eq!(&steps[0][0].data[..4], &1i32.to_le_bytes());
-        assert_eq!(&steps[0][0].data[16..20], &1i32.to_le_bytes(), "repeated per batch element");
+        assert_eq!(
+            &steps[0][0].data[16..20],
+            &1i32.to_le_bytes(),
+            "repeated per batch element"
+        );
         assert_eq!(steps[0][1].shape, vec![2, 4]);
-        assert_eq!(steps[1][1].shape, vec![2, 3], "one variable dim inferred from the count");
+        assert_eq!(
+            steps[1][1].shape,
+            vec![2, 3],
+            "one variable dim inferred from the count"
+        );
         assert_eq!(&steps[1][1].data[..4], &0.5f32.to_le_bytes());
     }
 
@@ -418,7 +518,10 @@ mod tests {
         assert!(err(r#"{"data":[{"A":[1,2,3,"x"],"B":[1]}]}"#).contains("\"x\""));
         assert!(err(r#"{"data":[{"A":[1,2,3,4],"B":{"b64":"AAAA"}}]}"#).contains("b64"));
         let e = err(r#"{"data":[{"A":[1,2,3,4],"B":{"content":[1],"shape":[1,1]}}]}"#);
-        assert!(e.starts_with("data[0] input 'B': shape [1,1] does not fit"), "{e}");
+        assert!(
+            e.starts_with("data[0] input 'B': shape [1,1] does not fit"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -427,6 +530,9 @@ mod tests {
         assert_eq!(m["A"], vec![1, 2]);
         assert!(shape_map(&["A:1".into(), "A:2".into()]).is_err());
         assert_eq!(DataSource::parse("zero"), DataSource::Zero);
-        assert_eq!(DataSource::parse("x.json"), DataSource::File("x.json".into()));
+        assert_eq!(
+            DataSource::parse("x.json"),
+            DataSource::File("x.json".into())
+        );
     }
 }

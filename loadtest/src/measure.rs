@@ -34,7 +34,12 @@ pub struct LevelOutcome {
 }
 
 /// Measures the load that is already running into `recorder`.
-pub async fn measure(recorder: &Recorder, settings: &LevelSettings, progress: &Progress, label: &str) -> LevelOutcome {
+pub async fn measure(
+    recorder: &Recorder,
+    settings: &LevelSettings,
+    progress: &Progress,
+    label: &str,
+) -> LevelOutcome {
     progress.set(format!("{label}: warming up"));
     tokio::time::sleep(settings.warmup).await;
     recorder.take();

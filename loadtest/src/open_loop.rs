@@ -37,7 +37,11 @@ pub struct Schedule {
 impl Schedule {
     /// `rate` requests per second (positive).
     pub fn new(rate: f64, distribution: Distribution, seed: u64) -> Schedule {
-        Schedule { mean_gap_secs: 1.0 / rate, distribution, rng: SplitMix64::new(seed) }
+        Schedule {
+            mean_gap_secs: 1.0 / rate,
+            distribution,
+            rng: SplitMix64::new(seed),
+        }
     }
 
     pub fn next_gap(&mut self) -> Duration {
@@ -78,7 +82,13 @@ pub async fn run_level(
         settings.request_timeout,
         stop_rx,
     ));
-    let outcome = measure(&recorder, settings, progress, &format!("request rate {rate}/s")).await;
+    let outcome = measure(
+        &recorder,
+        settings,
+        progress,
+        &format!("request rate {rate}/s"),
+    )
+    .await;
     let _ = stop_tx.send(true);
     if let Ok(mut in_flight) = scheduler.await {
         drain(&mut in_flight, settings.request_timeout).await;
@@ -146,7 +156,11 @@ mod tests {
         assert!((mean - 0.001).abs() < 0.001 * 0.02, "mean gap {mean}");
         // Exponential: standard deviation equals the mean, unlike a constant schedule.
         let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n as f64;
-        assert!((var.sqrt() - 0.001).abs() < 0.001 * 0.05, "std dev {}", var.sqrt());
+        assert!(
+            (var.sqrt() - 0.001).abs() < 0.001 * 0.05,
+            "std dev {}",
+            var.sqrt()
+        );
         assert!(gaps.iter().all(|g| *g >= 0.0 && g.is_finite()));
     }
 }

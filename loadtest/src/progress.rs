@@ -16,7 +16,9 @@ pub struct Progress {
 impl Progress {
     pub fn new(quiet: bool) -> Progress {
         if quiet || !std::io::stderr().is_terminal() {
-            return Progress { bar: ProgressBar::hidden() };
+            return Progress {
+                bar: ProgressBar::hidden(),
+            };
         }
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
         if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}") {
@@ -27,7 +29,9 @@ impl Progress {
     }
 
     pub fn hidden() -> Progress {
-        Progress { bar: ProgressBar::hidden() }
+        Progress {
+            bar: ProgressBar::hidden(),
+        }
     }
 
     pub fn set(&self, message: String) {

@@ -52,18 +52,27 @@ pub struct LevelResult {
 }
 
 fn format_rate(r: f64) -> String {
-    if r.fract() == 0.0 { format!("{r:.0}") } else { format!("{r}") }
+    if r.fract() == 0.0 {
+        format!("{r:.0}")
+    } else {
+        format!("{r}")
+    }
 }
 
 fn cpu(s: &Summary) -> String {
-    s.client_cpu_percent.map_or_else(|| "n/a".into(), |c| format!("{c:.0}%"))
+    s.client_cpu_percent
+        .map_or_else(|| "n/a".into(), |c| format!("{c:.0}%"))
 }
 
 /// The header line (and its underline) of the table; `open` adds the send-rate columns.
 pub fn table_header(level: &Level, grid: bool) -> String {
     let mut line = String::new();
     if grid {
-        let _ = write!(line, "{:>9} {:>9} {:>9} ", "instances", "max_batch", "delay_us");
+        let _ = write!(
+            line,
+            "{:>9} {:>9} {:>9} ",
+            "instances", "max_batch", "delay_us"
+        );
     }
     let name = match level {
         Level::Concurrency(_) => "concurrency",
@@ -72,7 +81,16 @@ pub fn table_header(level: &Level, grid: bool) -> String {
     let _ = write!(
         line,
         "{name:>11} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6}",
-        "infer/s", "avg_us", "p50_us", "p90_us", "p95_us", "p99_us", "max_us", "errors", "cpu", "stable"
+        "infer/s",
+        "avg_us",
+        "p50_us",
+        "p90_us",
+        "p95_us",
+        "p99_us",
+        "max_us",
+        "errors",
+        "cpu",
+        "stable"
     );
     if matches!(level, Level::RequestRate(_)) {
         let _ = write!(line, " {:>9} {:>8}", "sent/s", "skipped");
@@ -86,7 +104,11 @@ pub fn table_row(r: &LevelResult) -> String {
     let s = &r.summary;
     let mut line = String::new();
     if let Some(g) = &r.grid {
-        let _ = write!(line, "{:>9} {:>9} {:>9} ", g.instances, g.max_batch_size, g.max_queue_delay_us);
+        let _ = write!(
+            line,
+            "{:>9} {:>9} {:>9} ",
+            g.instances, g.max_batch_size, g.max_queue_delay_us
+        );
     }
     let _ = write!(
         line,
@@ -132,7 +154,10 @@ pub fn notes(results: &[LevelResult]) -> Vec<String> {
             ));
         }
         if let Some(e) = &r.summary.first_error {
-            out.push(format!("error: {at}: {} request(s) failed; first error: {e}", r.summary.errors));
+            out.push(format!(
+                "error: {at}: {} request(s) failed; first error: {e}",
+                r.summary.errors
+            ));
         }
         if let Level::RequestRate(rate) = r.level
             && (r.summary.skipped > 0 || r.summary.send_rate < rate * 0.95)
@@ -166,7 +191,11 @@ pub fn csv(results: &[LevelResult]) -> String {
     for r in results {
         let s = &r.summary;
         let (instances, max_batch, delay) = match &r.grid {
-            Some(g) => (g.instances.to_string(), g.max_batch_size.to_string(), g.max_queue_delay_us.to_string()),
+            Some(g) => (
+                g.instances.to_string(),
+                g.max_batch_size.to_string(),
+                g.max_queue_delay_us.to_string(),
+            ),
             None => Default::default(),
         };
         let (concurrency, rate) = match r.level {
@@ -185,7 +214,8 @@ pub fn csv(results: &[LevelResult]) -> String {
             s.max_us,
             s.requests,
             s.errors,
-            s.client_cpu_percent.map_or_else(String::new, |c| format!("{c:.1}")),
+            s.client_cpu_percent
+                .map_or_else(String::new, |c| format!("{c:.1}")),
             s.send_rate,
             s.skipped,
             r.stable,
@@ -210,7 +240,10 @@ pub fn json(results: &[LevelResult]) -> String {
 }
 
 pub fn write_file(path: &Path, text: &str) -> Result<(), LoadtestError> {
-    std::fs::write(path, text).map_err(|source| LoadtestError::Write { path: path.to_path_buf(), source })
+    std::fs::write(path, text).map_err(|source| LoadtestError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -228,7 +261,13 @@ mod tests {
         }
         w.elapsed = Duration::from_secs(1);
         w.sent = 2;
-        LevelResult { grid: None, level, summary: w.summary(8), stable: !errors, windows: 3 }
+        LevelResult {
+            grid: None,
+            level,
+            summary: w.summary(8),
+            stable: !errors,
+            windows: 3,
+        }
     }
 
     #[test]
@@ -240,7 +279,11 @@ mod tests {
         assert!(row.contains("8.0"), "1 request × batch 8 in 1 s: {row}");
         assert!(row.trim_end().ends_with("yes"));
         let mut g = result(Level::RequestRate(2.5), true);
-        g.grid = Some(GridPoint { instances: 2, max_batch_size: 8, max_queue_delay_us: 100 });
+        g.grid = Some(GridPoint {
+            instances: 2,
+            max_batch_size: 8,
+            max_queue_delay_us: 100,
+        });
         let header = table_header(&g.level, true);
         assert!(header.starts_with("instances"));
         assert_eq!(header.lines().next().unwrap().len(), table_row(&g).len());
@@ -249,7 +292,10 @@ mod tests {
 
     #[test]
     fn notes_flag_errors_instability_and_lag() {
-        let notes = notes(&[result(Level::Concurrency(1), false), result(Level::RequestRate(100.0), true)]);
+        let notes = notes(&[
+            result(Level::Concurrency(1), false),
+            result(Level::RequestRate(100.0), true),
+        ]);
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].contains("not stable"));
         assert!(notes[1].contains("first error: HTTP 400"));
@@ -258,18 +304,26 @@ mod tests {
 
     #[test]
     fn csv_quotes_and_leaves_blanks() {
-        let text = csv(&[result(Level::Concurrency(2), false), result(Level::RequestRate(5.0), true)]);
+        let text = csv(&[
+            result(Level::Concurrency(2), false),
+            result(Level::RequestRate(5.0), true),
+        ]);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         let columns = lines[0].split(',').count();
         assert!(lines[1].starts_with(",,,2,,8.000,"));
         assert_eq!(lines[1].split(',').count(), columns);
-        assert!(lines[2].ends_with(r#""HTTP 400: bad, ""input""""#), "{}", lines[2]);
+        assert!(
+            lines[2].ends_with(r#""HTTP 400: bad, ""input""""#),
+            "{}",
+            lines[2]
+        );
     }
 
     #[test]
     fn json_is_an_array_of_flat_levels() {
-        let v: serde_json::Value = serde_json::from_str(&json(&[result(Level::Concurrency(3), false)])).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&json(&[result(Level::Concurrency(3), false)])).unwrap();
         assert_eq!(v[0]["level"]["concurrency"], 3);
         assert_eq!(v[0]["throughput"], 8.0);
         assert_eq!(v[0]["stable"], true);

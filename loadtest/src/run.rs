@@ -30,9 +30,15 @@ pub enum Levels {
 impl Levels {
     pub fn from_args(args: &RunArgs) -> Result<Levels, LoadtestError> {
         match (&args.concurrency_range, &args.request_rate_range) {
-            (_, Some(rate)) => Ok(Levels::Rate(Range::parse_rate(rate).map_err(LoadtestError::InvalidArgument)?.values())),
+            (_, Some(rate)) => Ok(Levels::Rate(
+                Range::parse_rate(rate)
+                    .map_err(LoadtestError::InvalidArgument)?
+                    .values(),
+            )),
             (Some(c), None) => Ok(Levels::Concurrency(
-                Range::parse_concurrency(c).map_err(LoadtestError::InvalidArgument)?.values(),
+                Range::parse_concurrency(c)
+                    .map_err(LoadtestError::InvalidArgument)?
+                    .values(),
             )),
             (None, None) => Ok(Levels::Concurrency(vec![1])),
         }
@@ -63,7 +69,9 @@ impl Session {
             version: args.model_version.clone().unwrap_or_default(),
         };
         if target.model.is_empty() {
-            return Err(LoadtestError::InvalidArgument("-m/--model-name must not be empty".into()));
+            return Err(LoadtestError::InvalidArgument(
+                "-m/--model-name must not be empty".into(),
+            ));
         }
         let options = InputOptions {
             batch_size: args.batch_size,
@@ -74,7 +82,8 @@ impl Session {
         };
         let client = client::connect(args, target).await?;
         let model = client.model_info().await?;
-        let steps = inputs::build_steps(&model, &options).map_err(LoadtestError::InvalidArgument)?;
+        let steps =
+            inputs::build_steps(&model, &options).map_err(LoadtestError::InvalidArgument)?;
         let requests = steps
             .iter()
             .map(|s| client.prepare(s))
@@ -130,8 +139,14 @@ pub async fn run_levels(
     for level in points {
         let outcome = match level {
             Level::Concurrency(c) => {
-                closed_loop::run_level(session.client.clone(), session.requests.clone(), c, &session.settings, progress)
-                    .await
+                closed_loop::run_level(
+                    session.client.clone(),
+                    session.requests.clone(),
+                    c,
+                    &session.settings,
+                    progress,
+                )
+                .await
             }
             Level::RequestRate(r) => {
                 open_loop::run_level(
@@ -176,7 +191,10 @@ pub fn finish(args: &RunArgs, results: &[LevelResult]) -> Result<(), LoadtestErr
 pub fn check_errors(args: &RunArgs, results: &[LevelResult]) -> Result<(), LoadtestError> {
     let failed: u64 = results.iter().map(|r| r.summary.errors).sum();
     if args.fail_on_errors && failed > 0 {
-        let first = results.iter().find_map(|r| r.summary.first_error.clone()).unwrap_or_default();
+        let first = results
+            .iter()
+            .find_map(|r| r.summary.first_error.clone())
+            .unwrap_or_default();
         return Err(LoadtestError::RequestsFailed { failed, first });
     }
     Ok(())

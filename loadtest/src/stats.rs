@@ -85,7 +85,9 @@ impl Window {
         match result {
             Ok(()) => {
                 self.ok += 1;
-                let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+                let us = u64::try_from(latency.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
                 self.latencies.saturating_record(us);
             }
             Err(e) => {
@@ -123,7 +125,13 @@ impl Window {
         let secs = self.elapsed.as_secs_f64();
         let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
         let h = &self.latencies;
-        let pct = |q: f64| if h.is_empty() { 0 } else { h.value_at_quantile(q) };
+        let pct = |q: f64| {
+            if h.is_empty() {
+                0
+            } else {
+                h.value_at_quantile(q)
+            }
+        };
         Summary {
             requests: self.ok,
             errors: self.errors,
@@ -203,7 +211,10 @@ mod tests {
     use super::*;
 
     fn summary(throughput: f64, p99_us: u64) -> Summary {
-        let w = Window { elapsed: Duration::from_secs(1), ..Window::default() };
+        let w = Window {
+            elapsed: Duration::from_secs(1),
+            ..Window::default()
+        };
         let mut s = w.summary(1);
         s.throughput = throughput;
         s.p99_us = p99_us;
@@ -216,15 +227,26 @@ mod tests {
         assert!(!is_stable(&[a.clone(), a.clone()], 10.0));
         assert!(is_stable(&[a.clone(), a.clone(), a.clone()], 10.0));
         // Only the last three count.
-        assert!(is_stable(&[summary(10.0, 9000), a.clone(), a.clone(), a.clone()], 10.0));
+        assert!(is_stable(
+            &[summary(10.0, 9000), a.clone(), a.clone(), a.clone()],
+            10.0
+        ));
     }
 
     #[test]
     fn stability_checks_throughput_and_p99() {
-        let t = [summary(1000.0, 500), summary(1100.0, 500), summary(950.0, 500)];
+        let t = [
+            summary(1000.0, 500),
+            summary(1100.0, 500),
+            summary(950.0, 500),
+        ];
         assert!(is_stable(&t, 10.0));
         assert!(!is_stable(&t, 5.0));
-        let p = [summary(1000.0, 500), summary(1000.0, 700), summary(1000.0, 500)];
+        let p = [
+            summary(1000.0, 500),
+            summary(1000.0, 700),
+            summary(1000.0, 500),
+        ];
         assert!(!is_stable(&p, 10.0), "p99 moved by 24% of the mean");
         let zero = [summary(0.0, 0), summary(0.0, 0), summary(0.0, 0)];
         assert!(is_stable(&zero, 10.0));
@@ -243,7 +265,10 @@ mod tests {
         assert_eq!(s.requests, 100);
         assert_eq!(s.errors, 1);
         assert_eq!(s.first_error.as_deref(), Some("boom"));
-        assert!((s.throughput - 200.0).abs() < 1e-9, "100 requests × 4 / 2 s");
+        assert!(
+            (s.throughput - 200.0).abs() < 1e-9,
+            "100 requests × 4 / 2 s"
+        );
         assert!((s.p50_us as i64 - 500).abs() <= 1);
         assert!((s.p99_us as i64 - 990).abs() <= 1);
         assert!((s.max_us as i64 - 1000).abs() <= 1);
@@ -265,7 +290,10 @@ mod tests {
     #[test]
     fn empty_window_reports_zeros() {
         let s = Window::default().summary(1);
-        assert_eq!((s.throughput, s.p99_us, s.max_us, s.avg_us), (0.0, 0, 0, 0.0));
+        assert_eq!(
+            (s.throughput, s.p99_us, s.max_us, s.avg_us),
+            (0.0, 0, 0, 0.0)
+        );
         assert_eq!(s.client_cpu_percent, None);
     }
 

@@ -20,7 +20,11 @@ use crate::report::{self, GridPoint, LevelResult};
 use crate::run::{self, Levels, Session};
 
 /// The points to measure, and a note for each value that had to be skipped.
-pub fn grid_points(args: &SweepArgs, model_max_batch: i64, batch_size: u32) -> (Vec<GridPoint>, Vec<String>) {
+pub fn grid_points(
+    args: &SweepArgs,
+    model_max_batch: i64,
+    batch_size: u32,
+) -> (Vec<GridPoint>, Vec<String>) {
     let mut points = Vec::new();
     let mut notes = Vec::new();
     for &instances in &args.instance_counts {
@@ -32,13 +36,23 @@ pub fn grid_points(args: &SweepArgs, model_max_batch: i64, batch_size: u32) -> (
                 continue;
             }
             if max_batch_size > 0 && max_batch_size < batch_size {
-                notes.push(format!("skipped max batch size {max_batch_size}: below -b {batch_size}"));
+                notes.push(format!(
+                    "skipped max batch size {max_batch_size}: below -b {batch_size}"
+                ));
                 continue;
             }
             // Without dynamic batching the queue delay means nothing: measure it once.
-            let delays: &[u64] = if max_batch_size == 0 { &[0] } else { &args.max_queue_delays_us };
+            let delays: &[u64] = if max_batch_size == 0 {
+                &[0]
+            } else {
+                &args.max_queue_delays_us
+            };
             for &max_queue_delay_us in delays {
-                let p = GridPoint { instances, max_batch_size, max_queue_delay_us };
+                let p = GridPoint {
+                    instances,
+                    max_batch_size,
+                    max_queue_delay_us,
+                };
                 if !points.contains(&p) {
                     points.push(p);
                 }
@@ -64,7 +78,10 @@ pub fn sweep_config(original: &Value, point: GridPoint) -> Value {
             }
         }
         _ => {
-            obj.insert("instance_group".into(), json!([{ "count": point.instances }]));
+            obj.insert(
+                "instance_group".into(),
+                json!([{ "count": point.instances }]),
+            );
         }
     }
     if point.max_batch_size == 0 {
@@ -75,9 +92,15 @@ pub fn sweep_config(original: &Value, point: GridPoint) -> Value {
             Some(Value::Object(b)) => b.clone(),
             _ => serde_json::Map::new(),
         };
-        batching.insert("max_queue_delay_microseconds".into(), json!(point.max_queue_delay_us));
+        batching.insert(
+            "max_queue_delay_microseconds".into(),
+            json!(point.max_queue_delay_us),
+        );
         if let Some(Value::Array(preferred)) = batching.get_mut("preferred_batch_size") {
-            preferred.retain(|p| p.as_u64().is_some_and(|p| p <= u64::from(point.max_batch_size)));
+            preferred.retain(|p| {
+                p.as_u64()
+                    .is_some_and(|p| p <= u64::from(point.max_batch_size))
+            });
         }
         obj.insert("dynamic_batching".into(), Value::Object(batching));
     }
@@ -89,7 +112,9 @@ pub fn best(results: &[LevelResult], latency_budget_ms: f64) -> Option<&LevelRes
     let budget_us = latency_budget_ms * 1000.0;
     results
         .iter()
-        .filter(|r| r.summary.errors == 0 && r.summary.requests > 0 && r.summary.p99_us as f64 <= budget_us)
+        .filter(|r| {
+            r.summary.errors == 0 && r.summary.requests > 0 && r.summary.p99_us as f64 <= budget_us
+        })
         .max_by(|a, b| a.summary.throughput.total_cmp(&b.summary.throughput))
 }
 
@@ -102,11 +127,16 @@ pub async fn sweep(args: &SweepArgs) -> Result<Vec<LevelResult>, LoadtestError> 
         ));
     }
     if !(args.latency_budget_ms.is_finite() && args.latency_budget_ms > 0.0) {
-        return Err(LoadtestError::InvalidArgument("--latency-budget-ms must be positive".into()));
+        return Err(LoadtestError::InvalidArgument(
+            "--latency-budget-ms must be positive".into(),
+        ));
     }
     let session = Session::open(&args.run).await?;
     let original = session.client.model_config().await?;
-    let model_max_batch = original.get("max_batch_size").and_then(Value::as_i64).unwrap_or(0);
+    let model_max_batch = original
+        .get("max_batch_size")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     let (points, skipped) = grid_points(args, model_max_batch, args.run.batch_size);
     if points.is_empty() {
         return Err(LoadtestError::InvalidArgument(format!(
@@ -115,7 +145,11 @@ pub async fn sweep(args: &SweepArgs) -> Result<Vec<LevelResult>, LoadtestError> 
         )));
     }
     println!("{}", session.describe(&args.run));
-    println!("sweep: {} configuration(s), latency budget p99 <= {} ms", points.len(), args.latency_budget_ms);
+    println!(
+        "sweep: {} configuration(s), latency budget p99 <= {} ms",
+        points.len(),
+        args.latency_budget_ms
+    );
     for note in &skipped {
         println!("note: {note}");
     }
@@ -124,17 +158,24 @@ pub async fn sweep(args: &SweepArgs) -> Result<Vec<LevelResult>, LoadtestError> 
     let mut results = Vec::new();
     let outcome = tokio::select! {
         r = run_grid(&session, &levels, &original, &points, &progress, &mut results) => r,
-        _ = tokio::signal::ctrl_c() => Err(LoadtestError::InvalidArgument("interrupted".into())),
+        _ = tokio::signal::ctrl_c() => Err(LoadtestError::Interrupted),
     };
     progress.set("restoring the original model config".into());
     let restored = session.client.load_model(Some(&original)).await;
     progress.finish();
     outcome?;
-    restored.map_err(|e| LoadtestError::InvalidArgument(format!("could not restore the original config: {e}")))?;
+    restored.map_err(|e| LoadtestError::RestoreFailed(e.to_string()))?;
     run::finish(&args.run, &results)?;
     match best(&results, args.latency_budget_ms) {
-        Some(b) => println!("best within p99 <= {} ms: {}", args.latency_budget_ms, describe_best(b)),
-        None => println!("no configuration met p99 <= {} ms without errors", args.latency_budget_ms),
+        Some(b) => println!(
+            "best within p99 <= {} ms: {}",
+            args.latency_budget_ms,
+            describe_best(b)
+        ),
+        None => println!(
+            "no configuration met p99 <= {} ms without errors",
+            args.latency_budget_ms
+        ),
     }
     println!("original config restored");
     run::check_errors(&args.run, &results)?;
@@ -154,7 +195,10 @@ async fn run_grid(
             "loading: instances {}, max_batch {}, delay {} us",
             point.instances, point.max_batch_size, point.max_queue_delay_us
         ));
-        session.client.load_model(Some(&sweep_config(original, *point))).await?;
+        session
+            .client
+            .load_model(Some(&sweep_config(original, *point)))
+            .await?;
         results.extend(run::run_levels(session, levels, Some(*point), progress).await);
     }
     Ok(())
@@ -177,7 +221,10 @@ fn describe_best(r: &LevelResult) -> String {
         report::Level::Concurrency(c) => format!("concurrency {c}"),
         report::Level::RequestRate(x) => format!("rate {x}/s"),
     };
-    format!("{grid}{level}: {:.1} infer/s, p99 {} us", r.summary.throughput, r.summary.p99_us)
+    format!(
+        "{grid}{level}: {:.1} infer/s, p99 {} us",
+        r.summary.throughput, r.summary.p99_us
+    )
 }
 
 #[cfg(test)]
@@ -218,18 +265,38 @@ mod tests {
             "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
             "dynamic_batching": {"preferred_batch_size": [4, 16], "max_queue_delay_microseconds": 0}
         });
-        let c = sweep_config(&original, GridPoint { instances: 3, max_batch_size: 8, max_queue_delay_us: 100 });
-        assert_eq!(c["instance_group"][0], json!({"count": 3, "kind": "KIND_CPU"}));
+        let c = sweep_config(
+            &original,
+            GridPoint {
+                instances: 3,
+                max_batch_size: 8,
+                max_queue_delay_us: 100,
+            },
+        );
+        assert_eq!(
+            c["instance_group"][0],
+            json!({"count": 3, "kind": "KIND_CPU"})
+        );
         assert_eq!(c["dynamic_batching"]["max_queue_delay_microseconds"], 100);
         assert_eq!(c["dynamic_batching"]["preferred_batch_size"], json!([4]));
-        let off = sweep_config(&original, GridPoint { instances: 1, max_batch_size: 0, max_queue_delay_us: 0 });
+        let off = sweep_config(
+            &original,
+            GridPoint {
+                instances: 1,
+                max_batch_size: 0,
+                max_queue_delay_us: 0,
+            },
+        );
         assert!(off.get("dynamic_batching").is_none());
         assert_eq!(off["max_batch_size"], 8, "the batch dimension is kept");
-        let bare = sweep_config(&json!({"name": "m", "max_batch_size": 4}), GridPoint {
-            instances: 2,
-            max_batch_size: 32,
-            max_queue_delay_us: 0,
-        });
+        let bare = sweep_config(
+            &json!({"name": "m", "max_batch_size": 4}),
+            GridPoint {
+                instances: 2,
+                max_batch_size: 32,
+                max_queue_delay_us: 0,
+            },
+        );
         assert_eq!(bare["instance_group"], json!([{"count": 2}]));
         assert_eq!(bare["max_batch_size"], 32);
     }
@@ -246,16 +313,30 @@ mod tests {
             }
             w.elapsed = std::time::Duration::from_secs(1);
             LevelResult {
-                grid: Some(GridPoint { instances, max_batch_size: 0, max_queue_delay_us: 0 }),
+                grid: Some(GridPoint {
+                    instances,
+                    max_batch_size: 0,
+                    max_queue_delay_us: 0,
+                }),
                 level: Level::Concurrency(1),
                 summary: w.summary(1),
                 stable: true,
                 windows: 3,
             }
         };
-        let rows = [row(1, 1000, 10, false), row(2, 50_000, 100, false), row(3, 1000, 1000, true)];
-        assert_eq!(best(&rows, 10.0).and_then(|r| r.grid).map(|g| g.instances), Some(1));
-        assert_eq!(best(&rows, 100.0).and_then(|r| r.grid).map(|g| g.instances), Some(2));
+        let rows = [
+            row(1, 1000, 10, false),
+            row(2, 50_000, 100, false),
+            row(3, 1000, 1000, true),
+        ];
+        assert_eq!(
+            best(&rows, 10.0).and_then(|r| r.grid).map(|g| g.instances),
+            Some(1)
+        );
+        assert_eq!(
+            best(&rows, 100.0).and_then(|r| r.grid).map(|g| g.instances),
+            Some(2)
+        );
         assert!(best(&rows, 0.5).is_none());
         assert!(describe_best(&rows[0]).contains("dynamic batching off"));
     }

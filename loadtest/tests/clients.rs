@@ -29,7 +29,9 @@ struct Mock {
 fn known(name: &str) -> Result<(), ServiceError> {
     match name {
         "add" | "broken" => Ok(()),
-        other => Err(ServiceError::not_found(format!("Request for unknown model: '{other}' is not found"))),
+        other => Err(ServiceError::not_found(format!(
+            "Request for unknown model: '{other}' is not found"
+        ))),
     }
 }
 
@@ -42,14 +44,26 @@ impl InferenceService for Mock {
         true
     }
     fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata { name: "mock".into(), version: "0".into(), extensions: vec![] }
+        ServerMetadata {
+            name: "mock".into(),
+            version: "0".into(),
+            extensions: vec![],
+        }
     }
     async fn model_ready(&self, name: &str, _: Option<i64>) -> Result<bool, ServiceError> {
         known(name).map(|_| true)
     }
-    async fn model_metadata(&self, name: &str, _: Option<i64>) -> Result<ModelMetadata, ServiceError> {
+    async fn model_metadata(
+        &self,
+        name: &str,
+        _: Option<i64>,
+    ) -> Result<ModelMetadata, ServiceError> {
         known(name)?;
-        let t = |n: &str| TensorMetadata { name: n.into(), datatype: "FP32".into(), shape: vec![-1, 4] };
+        let t = |n: &str| TensorMetadata {
+            name: n.into(),
+            datatype: "FP32".into(),
+            shape: vec![-1, 4],
+        };
         Ok(ModelMetadata {
             name: name.into(),
             versions: vec!["1".into()],
@@ -63,11 +77,20 @@ impl InferenceService for Mock {
         Ok(ModelConfig {
             name: name.into(),
             max_batch_size: 8,
-            input: vec![ModelInput { name: "X".into(), data_type: 11, dims: vec![4], ..Default::default() }],
+            input: vec![ModelInput {
+                name: "X".into(),
+                data_type: 11,
+                dims: vec![4],
+                ..Default::default()
+            }],
             ..Default::default()
         })
     }
-    async fn model_statistics(&self, _: &str, _: Option<i64>) -> Result<Vec<ModelStatistics>, ServiceError> {
+    async fn model_statistics(
+        &self,
+        _: &str,
+        _: Option<i64>,
+    ) -> Result<Vec<ModelStatistics>, ServiceError> {
         Ok(vec![])
     }
     async fn infer(&self, request: InferRequest) -> Result<InferResponse, ServiceError> {
@@ -78,7 +101,11 @@ impl InferenceService for Mock {
         let [x] = request.inputs.as_slice() else {
             return Err(ServiceError::invalid("expected exactly one input"));
         };
-        if x.name() != "X" || x.datatype() != DataType::Fp32 || x.shape().len() != 2 || x.shape()[1] != 4 {
+        if x.name() != "X"
+            || x.datatype() != DataType::Fp32
+            || x.shape().len() != 2
+            || x.shape()[1] != 4
+        {
             return Err(ServiceError::invalid(format!("unexpected input {x:?}")));
         }
         let y = Tensor::new("Y", DataType::Fp32, x.shape().to_vec(), x.data().clone())?;
@@ -122,7 +149,16 @@ async fn start() -> (String, String, Arc<Mock>) {
 }
 
 fn parse(extra: &[&str]) -> Cli {
-    let base = ["nereid-loadtest", "-q", "-p", "100", "--warmup-secs", "0.05", "--max-trials", "3"];
+    let base = [
+        "nereid-loadtest",
+        "-q",
+        "-p",
+        "100",
+        "--warmup-secs",
+        "0.05",
+        "--max-trials",
+        "3",
+    ];
     Cli::try_parse_from(base.iter().chain(extra)).unwrap()
 }
 
@@ -130,9 +166,39 @@ fn parse(extra: &[&str]) -> Cli {
 async fn closed_loop_over_every_encoding() {
     let (http, grpc, _) = start().await;
     let cases: [&[&str]; 3] = [
-        &["-u", &http, "-m", "add", "-b", "2", "--concurrency-range", "1:3:2"],
-        &["-u", &http, "-m", "add", "--http-json", "--concurrency-range", "2"],
-        &["-i", "grpc", "-u", &grpc, "-m", "add", "-b", "8", "--concurrency-range", "2", "--grpc-channels", "2"],
+        &[
+            "-u",
+            &http,
+            "-m",
+            "add",
+            "-b",
+            "2",
+            "--concurrency-range",
+            "1:3:2",
+        ],
+        &[
+            "-u",
+            &http,
+            "-m",
+            "add",
+            "--http-json",
+            "--concurrency-range",
+            "2",
+        ],
+        &[
+            "-i",
+            "grpc",
+            "-u",
+            &grpc,
+            "-m",
+            "add",
+            "-b",
+            "8",
+            "--concurrency-range",
+            "2",
+            "--grpc-channels",
+            "2",
+        ],
     ];
     for args in cases {
         let cli = parse(args);
@@ -140,7 +206,10 @@ async fn closed_loop_over_every_encoding() {
         assert!(!results.is_empty(), "{args:?}");
         for r in &results {
             assert_eq!(r.summary.errors, 0, "{args:?}: {:?}", r.summary.first_error);
-            assert!(r.summary.requests > 0 && r.summary.throughput > 0.0, "{args:?}");
+            assert!(
+                r.summary.requests > 0 && r.summary.throughput > 0.0,
+                "{args:?}"
+            );
             assert!(r.summary.p50_us <= r.summary.p99_us && r.summary.p99_us <= r.summary.max_us);
         }
     }
@@ -152,11 +221,24 @@ async fn open_loop_sends_at_the_asked_rate() {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("out.csv");
     let csv_arg = csv.to_str().unwrap();
-    let cli = parse(&["-u", &http, "-m", "add", "--request-rate-range", "200", "--csv", csv_arg]);
+    let cli = parse(&[
+        "-u",
+        &http,
+        "-m",
+        "add",
+        "--request-rate-range",
+        "200",
+        "--csv",
+        csv_arg,
+    ]);
     let results = nereid_loadtest::run::run(&cli.run).await.unwrap();
     let s = &results[0].summary;
     assert_eq!(results[0].level, Level::RequestRate(200.0));
-    assert!((150.0..250.0).contains(&s.send_rate), "send rate {}", s.send_rate);
+    assert!(
+        (150.0..250.0).contains(&s.send_rate),
+        "send rate {}",
+        s.send_rate
+    );
     assert_eq!((s.errors, s.skipped), (0, 0));
     let text = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(text.lines().count(), 2);
@@ -177,7 +259,10 @@ async fn failures_are_reported_and_classified() {
         }
         let cli = parse(&["-i", proto, "-u", addr, "-m", "nope"]);
         let err = nereid_loadtest::run::run(&cli.run).await.unwrap_err();
-        assert!(matches!(err, LoadtestError::ModelNotFound { .. }), "{proto}: {err}");
+        assert!(
+            matches!(err, LoadtestError::ModelNotFound { .. }),
+            "{proto}: {err}"
+        );
     }
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead = closed.local_addr().unwrap().to_string();
@@ -185,7 +270,10 @@ async fn failures_are_reported_and_classified() {
     for proto in ["http", "grpc"] {
         let cli = parse(&["-i", proto, "-u", &dead, "-m", "add"]);
         let err = nereid_loadtest::run::run(&cli.run).await.unwrap_err();
-        assert!(matches!(err, LoadtestError::Unreachable { .. }), "{proto}: {err}");
+        assert!(
+            matches!(err, LoadtestError::Unreachable { .. }),
+            "{proto}: {err}"
+        );
     }
 }
 
@@ -193,8 +281,25 @@ async fn failures_are_reported_and_classified() {
 async fn sweep_reloads_each_point_and_restores_the_config() {
     let (http, _, mock) = start().await;
     let argv = [
-        "nereid-loadtest", "sweep", "-q", "-p", "50", "--warmup-secs", "0", "--max-trials", "3", "-u", &http,
-        "-m", "add", "--instance-counts", "3", "--max-batch-sizes", "0,4", "--max-queue-delays-us", "250",
+        "nereid-loadtest",
+        "sweep",
+        "-q",
+        "-p",
+        "50",
+        "--warmup-secs",
+        "0",
+        "--max-trials",
+        "3",
+        "-u",
+        &http,
+        "-m",
+        "add",
+        "--instance-counts",
+        "3",
+        "--max-batch-sizes",
+        "0,4",
+        "--max-queue-delays-us",
+        "250",
     ];
     let Some(Command::Sweep(args)) = Cli::try_parse_from(argv).unwrap().command else {
         panic!("expected sweep");
@@ -203,13 +308,22 @@ async fn sweep_reloads_each_point_and_restores_the_config() {
     let grids: Vec<GridPoint> = results.iter().filter_map(|r| r.grid).collect();
     assert_eq!(grids.len(), 2);
     let loads = mock.loads.lock().unwrap().clone();
-    let configs: Vec<serde_json::Value> =
-        loads.iter().map(|c| serde_json::from_str(c.as_deref().unwrap()).unwrap()).collect();
+    let configs: Vec<serde_json::Value> = loads
+        .iter()
+        .map(|c| serde_json::from_str(c.as_deref().unwrap()).unwrap())
+        .collect();
     assert_eq!(configs.len(), 3, "two points, then the restore");
     assert_eq!(configs[0]["instance_group"][0]["count"], 3);
     assert!(configs[0].get("dynamic_batching").is_none());
     assert_eq!(configs[1]["max_batch_size"], 4);
-    assert_eq!(configs[1]["dynamic_batching"]["max_queue_delay_microseconds"], 250);
+    assert_eq!(
+        configs[1]["dynamic_batching"]["max_queue_delay_microseconds"],
+        250
+    );
     assert_eq!(configs[2]["max_batch_size"], 8, "the original comes back");
-    assert!(configs[2]["instance_group"].as_array().is_none_or(|g| g.is_empty()));
+    assert!(
+        configs[2]["instance_group"]
+            .as_array()
+            .is_none_or(|g| g.is_empty())
+    );
 }

@@ -40,7 +40,11 @@ pub struct GrpcClient {
 
 impl GrpcClient {
     /// Opens `channels` HTTP/2 connections to `base` (`http://host:port`).
-    pub async fn connect(base: String, target: Target, channels: usize) -> Result<GrpcClient, LoadtestError> {
+    pub async fn connect(
+        base: String,
+        target: Target,
+        channels: usize,
+    ) -> Result<GrpcClient, LoadtestError> {
         let endpoint = Endpoint::from_shared(base.clone())
             .map_err(|e| LoadtestError::InvalidArgument(format!("-u '{base}': {e}")))?
             .tcp_nodelay(true)
@@ -49,14 +53,22 @@ impl GrpcClient {
             .initial_stream_window_size(4 * 1024 * 1024);
         let mut opened = Vec::with_capacity(channels);
         for _ in 0..channels.max(1) {
-            let channel = endpoint.connect().await.map_err(|e| LoadtestError::Unreachable {
-                url: base.clone(),
-                protocol: "gRPC",
-                detail: chain(&e),
-            })?;
+            let channel = endpoint
+                .connect()
+                .await
+                .map_err(|e| LoadtestError::Unreachable {
+                    url: base.clone(),
+                    protocol: "gRPC",
+                    detail: chain(&e),
+                })?;
             opened.push(channel);
         }
-        Ok(GrpcClient { channels: opened, next: AtomicUsize::new(0), base, target })
+        Ok(GrpcClient {
+            channels: opened,
+            next: AtomicUsize::new(0),
+            base,
+            target,
+        })
     }
 
     fn channel(&self) -> Channel {
@@ -73,7 +85,11 @@ impl GrpcClient {
     fn status_error(&self, what: &str, status: &Status) -> LoadtestError {
         match status.code() {
             Code::Unavailable if status.message().contains("error trying to connect") => {
-                LoadtestError::Unreachable { url: self.base.clone(), protocol: "gRPC", detail: status.message().into() }
+                LoadtestError::Unreachable {
+                    url: self.base.clone(),
+                    protocol: "gRPC",
+                    detail: status.message().into(),
+                }
             }
             _ => LoadtestError::Server {
                 url: self.base.clone(),
@@ -145,15 +161,20 @@ impl Decoder for PassThroughCodec {
 #[async_trait]
 impl Client for GrpcClient {
     fn prepare(&self, step: &Step) -> Result<Prepared, String> {
-        Ok(Prepared::Grpc { message: encode_request(&self.target, step) })
+        Ok(Prepared::Grpc {
+            message: encode_request(&self.target, step),
+        })
     }
 
     async fn infer(&self, request: &Prepared) -> Result<(), String> {
         let Prepared::Grpc { message } = request else {
             return Err("internal: an HTTP request was given to the gRPC client".into());
         };
-        let mut grpc = tonic::client::Grpc::new(self.channel()).max_decoding_message_size(usize::MAX);
-        grpc.ready().await.map_err(|e| format!("gRPC channel not ready: {}", chain(&e)))?;
+        let mut grpc =
+            tonic::client::Grpc::new(self.channel()).max_decoding_message_size(usize::MAX);
+        grpc.ready()
+            .await
+            .map_err(|e| format!("gRPC channel not ready: {}", chain(&e)))?;
         let path = http::uri::PathAndQuery::from_static(MODEL_INFER_PATH);
         grpc.unary(tonic::Request::new(message.clone()), path, PassThroughCodec)
             .await
@@ -172,12 +193,18 @@ impl Client for GrpcClient {
         if live {
             Ok(())
         } else {
-            Err(LoadtestError::Server { url: self.base.clone(), detail: "ServerLive answered live=false".into() })
+            Err(LoadtestError::Server {
+                url: self.base.clone(),
+                detail: "ServerLive answered live=false".into(),
+            })
         }
     }
 
     async fn model_info(&self) -> Result<ModelInfo, LoadtestError> {
-        let request = ModelMetadataRequest { name: self.target.model.clone(), version: self.target.version.clone() };
+        let request = ModelMetadataRequest {
+            name: self.target.model.clone(),
+            version: self.target.version.clone(),
+        };
         let meta = match self.stub().model_metadata(request).await {
             Ok(r) => r.into_inner(),
             Err(s) if matches!(s.code(), Code::NotFound | Code::InvalidArgument) => {
@@ -189,11 +216,16 @@ impl Client for GrpcClient {
             }
             Err(s) => return Err(self.status_error("ModelMetadata", &s)),
         };
-        let specs = |list: Vec<nereid_proto::pb::inference::model_metadata_response::TensorMetadata>| {
-            list.into_iter()
-                .map(|t| TensorSpec { name: t.name, datatype: t.datatype, shape: t.shape })
-                .collect()
-        };
+        let specs =
+            |list: Vec<nereid_proto::pb::inference::model_metadata_response::TensorMetadata>| {
+                list.into_iter()
+                    .map(|t| TensorSpec {
+                        name: t.name,
+                        datatype: t.datatype,
+                        shape: t.shape,
+                    })
+                    .collect()
+            };
         let max_batch_size = match self.model_config().await {
             Ok(config) => config.get("max_batch_size").and_then(Value::as_i64),
             Err(_) => None,
@@ -207,7 +239,10 @@ impl Client for GrpcClient {
     }
 
     async fn model_config(&self) -> Result<Value, LoadtestError> {
-        let request = ModelConfigRequest { name: self.target.model.clone(), version: self.target.version.clone() };
+        let request = ModelConfigRequest {
+            name: self.target.model.clone(),
+            version: self.target.version.clone(),
+        };
         let response = self
             .stub()
             .model_config(request)
@@ -226,7 +261,9 @@ impl Client for GrpcClient {
         if let Some(c) = config {
             parameters.insert(
                 "config".to_string(),
-                ModelRepositoryParameter { parameter_choice: Some(ParameterChoice::StringParam(c.to_string())) },
+                ModelRepositoryParameter {
+                    parameter_choice: Some(ParameterChoice::StringParam(c.to_string())),
+                },
             );
         }
         let request = RepositoryModelLoadRequest {
@@ -262,7 +299,10 @@ mod tests {
 
     #[test]
     fn request_carries_raw_inputs() {
-        let target = Target { model: "m".into(), version: "2".into() };
+        let target = Target {
+            model: "m".into(),
+            version: "2".into(),
+        };
         let step = vec![InputTensor {
             name: "A".into(),
             datatype: DataType::Fp32,

@@ -55,11 +55,23 @@ impl HttpClient {
                 target.model, target.version
             ))
         })?;
-        Ok(HttpClient { pool, base, target, model_path, infer_uri, json })
+        Ok(HttpClient {
+            pool,
+            base,
+            target,
+            model_path,
+            infer_uri,
+            json,
+        })
     }
 
     /// Sends one control-plane request, returning status and whole body.
-    async fn call(&self, method: Method, path: &str, body: Option<Bytes>) -> Result<(StatusCode, Bytes), LoadtestError> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<(StatusCode, Bytes), LoadtestError> {
         let uri: Uri = format!("{}{path}", self.base).parse().map_err(|e| {
             LoadtestError::InvalidArgument(format!("cannot form a URL for '{path}': {e}"))
         })?;
@@ -70,17 +82,24 @@ impl HttpClient {
         let request = request
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| LoadtestError::InvalidArgument(e.to_string()))?;
-        let response = self.pool.request(request).await.map_err(|e| LoadtestError::Unreachable {
-            url: self.base.clone(),
-            protocol: "HTTP",
-            detail: chain(&e),
-        })?;
+        let response =
+            self.pool
+                .request(request)
+                .await
+                .map_err(|e| LoadtestError::Unreachable {
+                    url: self.base.clone(),
+                    protocol: "HTTP",
+                    detail: chain(&e),
+                })?;
         let status = response.status();
         let body = response
             .into_body()
             .collect()
             .await
-            .map_err(|e| LoadtestError::Server { url: self.base.clone(), detail: chain(&e) })?
+            .map_err(|e| LoadtestError::Server {
+                url: self.base.clone(),
+                detail: chain(&e),
+            })?
             .to_bytes();
         Ok((status, body))
     }
@@ -118,7 +137,8 @@ pub fn binary_body(step: &Step) -> (Bytes, usize) {
         })
         .collect();
     let header = json!({"inputs": inputs, "parameters": {"binary_data_output": true}}).to_string();
-    let mut body = Vec::with_capacity(header.len() + step.iter().map(|t| t.data.len()).sum::<usize>());
+    let mut body =
+        Vec::with_capacity(header.len() + step.iter().map(|t| t.data.len()).sum::<usize>());
     body.extend_from_slice(header.as_bytes());
     for t in step {
         body.extend_from_slice(&t.data);
@@ -145,14 +165,24 @@ fn tensor_specs(value: Option<&Value>) -> Result<Vec<TensorSpec>, String> {
     items
         .iter()
         .map(|t| {
-            let name = t.get("name").and_then(Value::as_str).ok_or("tensor without a 'name'")?;
-            let datatype = t.get("datatype").and_then(Value::as_str).ok_or("tensor without a 'datatype'")?;
+            let name = t
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or("tensor without a 'name'")?;
+            let datatype = t
+                .get("datatype")
+                .and_then(Value::as_str)
+                .ok_or("tensor without a 'datatype'")?;
             let shape = t
                 .get("shape")
                 .and_then(Value::as_array)
                 .and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>())
                 .ok_or("tensor without an integer 'shape'")?;
-            Ok(TensorSpec { name: name.into(), datatype: datatype.into(), shape })
+            Ok(TensorSpec {
+                name: name.into(),
+                datatype: datatype.into(),
+                shape,
+            })
         })
         .collect()
 }
@@ -161,35 +191,63 @@ fn tensor_specs(value: Option<&Value>) -> Result<Vec<TensorSpec>, String> {
 impl Client for HttpClient {
     fn prepare(&self, step: &Step) -> Result<Prepared, String> {
         if self.json {
-            Ok(Prepared::Http { body: json_body(step)?, header_length: None })
+            Ok(Prepared::Http {
+                body: json_body(step)?,
+                header_length: None,
+            })
         } else {
             let (body, header_length) = binary_body(step);
-            Ok(Prepared::Http { body, header_length: Some(header_length) })
+            Ok(Prepared::Http {
+                body,
+                header_length: Some(header_length),
+            })
         }
     }
 
     async fn infer(&self, request: &Prepared) -> Result<(), String> {
-        let Prepared::Http { body, header_length } = request else {
+        let Prepared::Http {
+            body,
+            header_length,
+        } = request
+        else {
             return Err("internal: a gRPC request was given to the HTTP client".into());
         };
-        let mut builder = Request::builder().method(Method::POST).uri(self.infer_uri.clone());
+        let mut builder = Request::builder()
+            .method(Method::POST)
+            .uri(self.infer_uri.clone());
         match header_length {
             Some(n) => {
                 builder = builder
-                    .header(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"))
+                    .header(
+                        CONTENT_TYPE,
+                        HeaderValue::from_static("application/octet-stream"),
+                    )
                     .header(INFERENCE_HEADER, *n);
             }
-            None => builder = builder.header(CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            None => {
+                builder = builder.header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            }
         }
-        let request = builder.body(Full::new(body.clone())).map_err(|e| e.to_string())?;
+        let request = builder
+            .body(Full::new(body.clone()))
+            .map_err(|e| e.to_string())?;
         let response = self.pool.request(request).await.map_err(|e| chain(&e))?;
         let status = response.status();
         // The body is always read to the end so the connection goes back to the pool.
-        let body = response.into_body().collect().await.map_err(|e| chain(&e))?.to_bytes();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| chain(&e))?
+            .to_bytes();
         if status == StatusCode::OK {
             Ok(())
         } else {
-            Err(format!("HTTP {}: {}", status.as_u16(), error_message(&body)))
+            Err(format!(
+                "HTTP {}: {}",
+                status.as_u16(),
+                error_message(&body)
+            ))
         }
     }
 
@@ -227,7 +285,12 @@ impl Client for HttpClient {
             Ok(config) => config.get("max_batch_size").and_then(Value::as_i64),
             Err(_) => None,
         };
-        Ok(ModelInfo { name: self.target.model.clone(), inputs, outputs, max_batch_size })
+        Ok(ModelInfo {
+            name: self.target.model.clone(),
+            inputs,
+            outputs,
+            max_batch_size,
+        })
     }
 
     async fn model_config(&self) -> Result<Value, LoadtestError> {
@@ -244,7 +307,8 @@ impl Client for HttpClient {
 
     async fn load_model(&self, config: Option<&Value>) -> Result<(), LoadtestError> {
         let path = format!("/v2/repository/models/{}/load", self.target.model);
-        let body = config.map(|c| Bytes::from(json!({"parameters": {"config": c.to_string()}}).to_string()));
+        let body = config
+            .map(|c| Bytes::from(json!({"parameters": {"config": c.to_string()}}).to_string()));
         let (status, response) = self.call(Method::POST, &path, body).await?;
         if status.is_success() {
             return Ok(());
@@ -259,7 +323,15 @@ impl Client for HttpClient {
     }
 
     fn describe(&self) -> String {
-        format!("{} (HTTP{})", self.base, if self.json { ", JSON" } else { ", binary tensors" })
+        format!(
+            "{} (HTTP{})",
+            self.base,
+            if self.json {
+                ", JSON"
+            } else {
+                ", binary tensors"
+            }
+        )
     }
 }
 
@@ -272,8 +344,18 @@ mod tests {
 
     fn step() -> Step {
         vec![
-            InputTensor { name: "A".into(), datatype: DataType::Int32, shape: vec![1, 2], data: Bytes::from_static(&[1, 0, 0, 0, 2, 0, 0, 0]) },
-            InputTensor { name: "B".into(), datatype: DataType::Uint8, shape: vec![1, 1], data: Bytes::from_static(&[7]) },
+            InputTensor {
+                name: "A".into(),
+                datatype: DataType::Int32,
+                shape: vec![1, 2],
+                data: Bytes::from_static(&[1, 0, 0, 0, 2, 0, 0, 0]),
+            },
+            InputTensor {
+                name: "B".into(),
+                datatype: DataType::Uint8,
+                shape: vec![1, 1],
+                data: Bytes::from_static(&[7]),
+            },
         ]
     }
 
@@ -296,7 +378,10 @@ mod tests {
 
     #[test]
     fn error_bodies() {
-        assert_eq!(error_message(br#"{"error":"no such model"}"#), "no such model");
+        assert_eq!(
+            error_message(br#"{"error":"no such model"}"#),
+            "no such model"
+        );
         assert_eq!(error_message(b"plain"), "plain");
     }
 }

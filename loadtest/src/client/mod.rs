@@ -30,7 +30,10 @@ use crate::inputs::{ModelInfo, Step};
 pub enum Prepared {
     /// The HTTP body; with the binary tensor extension, `header_length` is the length of the
     /// leading JSON (`Inference-Header-Content-Length`).
-    Http { body: Bytes, header_length: Option<usize> },
+    Http {
+        body: Bytes,
+        header_length: Option<usize>,
+    },
     /// A serialized `ModelInferRequest` with `raw_input_contents`.
     Grpc { message: Bytes },
 }
@@ -67,7 +70,9 @@ pub async fn connect(args: &RunArgs, target: Target) -> Result<Arc<dyn Client>, 
     let base = args.base_url().map_err(LoadtestError::InvalidArgument)?;
     let client: Arc<dyn Client> = match args.protocol {
         Protocol::Http => Arc::new(http::HttpClient::new(base, target, args.http_json)?),
-        Protocol::Grpc => Arc::new(grpc::GrpcClient::connect(base, target, args.grpc_channels).await?),
+        Protocol::Grpc => {
+            Arc::new(grpc::GrpcClient::connect(base, target, args.grpc_channels).await?)
+        }
     };
     client.server_live().await?;
     Ok(client)
