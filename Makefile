@@ -6,8 +6,9 @@ PYTHON      := $(VENV)/bin/python
 NEREID      := target/release/nereid
 EXAMPLES    := docs/examples/model_repository
 CARGO_FLAGS ?= --locked
+BENCH_OUT   ?= target/bench
 
-.PHONY: all setup build examples run test test-rust test-python lint clean
+.PHONY: all setup build examples run test test-rust test-python bench lint clean
 
 all: build
 
@@ -38,6 +39,13 @@ test-rust: build
 
 test-python: build
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q
+
+## bench: in-process ONNX Runtime baseline, then the server under nereid-loadtest and
+## perf_analyzer; writes $(BENCH_OUT)/results.json and prints a Markdown summary (docs/loadtest.md).
+bench: build
+	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest
+	cargo build --release $(CARGO_FLAGS) -p nereid-data-plane --example inprocess_ort
+	bash scripts/bench.sh $(BENCH_OUT)
 
 lint:
 	cargo clippy --workspace --all-targets -- -D warnings

@@ -1,28 +1,30 @@
-//! The scheduler of one model version: a queue, a scheduling thread and the instance threads.
+//! The scheduler of one model version: a queue shared by the callers, the instance threads
+//! and a timer thread.
 //!
 //! ```text
-//! submit() ──bounded channel──► scheduler thread: owns RequestQueue
-//!                                  expire timeouts, drop cancelled, form_batch (pure)
-//!                                  ──Batch──► idle instance thread ─► concat ─► execute ─► split
-//!                                  ◄──"free"──┘                                    │
-//! caller ◄────────────────── oneshot reply per request ◄──────────────────────────┘
+//! submit() ─lock─► RequestQueue.push ─► an instance idle? form_batch (pure) ─► hand it the batch
+//!                                                                              (one thread hop)
+//! instance thread: execute ─► split ─► reply per request ─► lock ─► form its own next batch
+//!                  (no hop under load)                            └► none: park until handed one
+//! timer thread:    wakes for queue delays and queue timeouts, then dispatches like submit()
 //! ```
 //!
 //! Batches form only when an instance is free, so under load they grow by themselves; the
 //! queue delay is spent only while some instance is idle. A full queue or an expired timeout
 //! is answered at once (`Overloaded`: HTTP 503 / gRPC UNAVAILABLE). A caller that goes away
-//! drops its reply receiver; the request is skipped before it is batched. When the last handle
-//! is dropped the scheduler thread stops and the instance threads finish and exit.
+//! drops its reply receiver; the request is skipped before it is batched. The lock is held
+//! only for queue bookkeeping, never while a model runs. Dropping the [`Scheduler`] stops the
+//! timer and lets the instance threads exit once idle.
 
 mod batch;
 pub mod policy;
 pub mod queue;
 
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
 use nereid_proto::ServiceError;
 use nereid_proto::types::Tensor;
 use tokio::sync::oneshot;
@@ -58,72 +60,214 @@ struct Job {
 
 type Batch = Vec<Pending<Job>>;
 
+/// What the callers, the instances and the timer share.
+struct State {
+    queue: RequestQueue<Job>,
+    /// Instances waiting for work.
+    idle: Vec<usize>,
+    /// Set when the scheduler handle is dropped.
+    closed: bool,
+    /// When the timer must next look at the queue (a delay ending or a timeout).
+    wake: Option<Instant>,
+}
+
+struct Shared {
+    model: String,
+    policy: BatchPolicy,
+    batching: bool,
+    state: Mutex<State>,
+    /// Wakes the timer thread when `wake` moves earlier or the scheduler closes.
+    timer: Condvar,
+    /// One slot per instance: the batch handed to an idle instance (`None`: stop).
+    workers: Vec<Sender<Option<Batch>>>,
+}
+
+impl Shared {
+    /// Fails expired and cancelled requests, then hands batches to idle instances while the
+    /// queue has work that is ready. Called with the lock held.
+    fn dispatch(&self, state: &mut State, now: Instant) {
+        self.sweep(state, now);
+        state.wake = state.queue.next_deadline();
+        while let Some(&worker) = state.idle.last() {
+            match state.queue.form_batch(now, &self.policy) {
+                Decision::Dispatch(batch) => {
+                    state.idle.pop();
+                    if let Err(e) = self.workers[worker].send(Some(batch)) {
+                        fail_all(e.into_inner().unwrap_or_default(), || {
+                            ServiceError::internal(format!("model '{}': an instance stopped unexpectedly", self.model))
+                        });
+                    }
+                }
+                Decision::WaitUntil(t) => {
+                    state.wake = Some(state.wake.map_or(t, |w| w.min(t)));
+                    break;
+                }
+                Decision::Empty => break,
+            }
+        }
+    }
+
+    /// Removes requests whose callers left, and answers those whose queue timeout expired.
+    fn sweep(&self, state: &mut State, now: Instant) {
+        state.queue.retain(|job| !job.reply.is_closed());
+        let expired = state.queue.expire(now);
+        if !expired.is_empty() {
+            fail_all(expired, || {
+                ServiceError::Overloaded(format!(
+                    "Request timeout expired: model '{}' did not start the request within its queue timeout",
+                    self.model
+                ))
+            });
+        }
+    }
+
+    /// What instance `worker` does after finishing a batch: run the next one it forms itself,
+    /// park (marked idle; the timer is told if a delay is pending), or stop.
+    fn next_for(&self, worker: usize) -> Next {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        self.sweep(&mut state, now);
+        match state.queue.form_batch(now, &self.policy) {
+            Decision::Dispatch(batch) => Next::Run(batch),
+            Decision::Empty if state.closed => Next::Stop,
+            Decision::WaitUntil(t) => {
+                state.idle.push(worker);
+                state.wake = Some(state.wake.map_or(t, |w| w.min(t)));
+                self.timer.notify_one();
+                Next::Park
+            }
+            Decision::Empty => {
+                state.idle.push(worker);
+                Next::Park
+            }
+        }
+    }
+}
+
+enum Next {
+    Run(Batch),
+    Park,
+    Stop,
+}
+
+fn fail_all(batch: Batch, error: impl Fn() -> ServiceError) {
+    for p in batch {
+        let _ = p.payload.reply.send(Err(error()));
+    }
+}
+
 /// Handle to a model version's scheduler. Cheap to share behind the version's `Arc`.
 pub struct Scheduler {
-    model: String,
-    submit: Sender<(Job, Instant)>,
-    threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    instances: usize,
 }
 
 impl Scheduler {
-    /// Starts the scheduling thread and one thread per instance. `channel_capacity` bounds
-    /// requests in flight between callers and the scheduling thread.
+    /// Starts one thread per instance and the timer thread. `queue_capacity` bounds the
+    /// requests waiting in the queue across all priority levels, on top of any
+    /// `max_queue_size` of the config.
     pub fn start(
         model: &str,
         policy: BatchPolicy,
         instances: Vec<(String, Box<dyn BackendInstance>)>,
         stats: Arc<VersionStats>,
-        channel_capacity: usize,
+        queue_capacity: usize,
     ) -> Result<Scheduler, BackendError> {
         let spawn_err = |e: std::io::Error| BackendError::Load(format!("model '{model}': cannot start a thread: {e}"));
-        let (submit, requests) = crossbeam_channel::bounded(channel_capacity.max(1));
-        let (free_tx, free_rx) = crossbeam_channel::unbounded::<usize>();
-        let mut workers = Vec::with_capacity(instances.len());
-        let mut threads = Vec::with_capacity(instances.len() + 1);
-        for (index, (name, instance)) in instances.into_iter().enumerate() {
-            let (tx, rx) = crossbeam_channel::bounded::<Batch>(1);
-            let free = free_tx.clone();
-            let stats = stats.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("nereid-{name}"))
-                .spawn(move || instance_loop(index, instance, rx, free, stats))
-                .map_err(spawn_err)?;
+        let count = instances.len();
+        let mut workers = Vec::with_capacity(count);
+        let mut receivers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (tx, rx) = crossbeam_channel::bounded::<Option<Batch>>(1);
             workers.push(tx);
-            threads.push(handle);
+            receivers.push(rx);
         }
-        let name = model.to_string();
-        let handle = std::thread::Builder::new()
-            .name(format!("nereid-sched-{model}"))
-            .spawn(move || scheduler_loop(&name, policy, requests, workers, free_rx))
+        let shared = Arc::new(Shared {
+            model: model.to_string(),
+            batching: policy.max_batch_size > 0,
+            state: Mutex::new(State {
+                queue: RequestQueue::with_capacity(&policy, queue_capacity),
+                idle: (0..count).rev().collect(),
+                closed: false,
+                wake: None,
+            }),
+            policy,
+            timer: Condvar::new(),
+            workers,
+        });
+        for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate() {
+            let shared = shared.clone();
+            let stats = stats.clone();
+            std::thread::Builder::new()
+                .name(format!("nereid-{name}"))
+                .spawn(move || instance_loop(index, instance, batches, &shared, &stats))
+                .map_err(spawn_err)?;
+        }
+        let timer_shared = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("nereid-timer-{model}"))
+            .spawn(move || timer_loop(&timer_shared))
             .map_err(spawn_err)?;
-        threads.push(handle);
-        Ok(Scheduler { model: model.to_string(), submit, threads })
+        Ok(Scheduler { shared, instances: count })
     }
 
     /// Queues a request and waits for its result. Dropping the future cancels the request if
     /// it has not been batched yet.
     pub async fn submit(&self, request: ValidRequest) -> Result<JobResult, ServiceError> {
         let (reply, result) = oneshot::channel();
-        match self.submit.try_send((Job { request, reply }, Instant::now())) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(ServiceError::Overloaded(format!(
-                    "Exceeds maximum queue size: model '{}' has too many requests in flight",
-                    self.model
-                )));
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                return Err(ServiceError::unavailable(format!("model '{}' is unloading", self.model)));
-            }
-        }
+        self.enqueue(Job { request, reply });
         result.await.map_err(|_| {
-            ServiceError::internal(format!("model '{}': the scheduler stopped before answering", self.model))
+            ServiceError::internal(format!("model '{}': the scheduler stopped before answering", self.shared.model))
         })?
+    }
+
+    fn enqueue(&self, job: Job) {
+        let shared = &*self.shared;
+        let policy = &shared.policy;
+        let arrived = Instant::now();
+        let level = policy.level_index(job.request.priority);
+        let queue_policy = &policy.queue_policies[level.min(policy.queue_policies.len() - 1)];
+        let pending = Pending {
+            batch_size: job.request.batch_size,
+            shape: shape_key(&job.request.inputs, shared.batching),
+            arrived,
+            deadline: queue_policy.timeout_for(job.request.timeout_us).map(|t| arrived + t),
+            timeout_action: queue_policy.timeout_action,
+            payload: job,
+        };
+        let mut state = shared.state.lock();
+        if let Err(rejected) = state.queue.push(level, pending) {
+            drop(state);
+            let _ = rejected.payload.reply.send(Err(ServiceError::Overloaded(format!(
+                "Exceeds maximum queue size: model '{}' priority level {} is full",
+                shared.model,
+                level + 1
+            ))));
+            return;
+        }
+        let before = state.wake;
+        shared.dispatch(&mut state, arrived);
+        if state.wake.is_some() && state.wake != before {
+            shared.timer.notify_one();
+        }
     }
 
     /// Number of instance threads.
     pub fn instance_count(&self) -> usize {
-        self.threads.len().saturating_sub(1)
+        self.instances
+    }
+}
+
+impl Drop for Scheduler {
+    /// Stops the timer and the idle instances; busy ones stop when they finish.
+    fn drop(&mut self) {
+        let mut state = self.shared.state.lock();
+        state.closed = true;
+        for &worker in &state.idle {
+            let _ = self.shared.workers[worker].try_send(None);
+        }
+        state.idle.clear();
+        self.shared.timer.notify_one();
     }
 }
 
@@ -137,95 +281,39 @@ fn shape_key(inputs: &[Tensor], batching: bool) -> ShapeKey {
         .collect()
 }
 
-fn scheduler_loop(
-    model: &str,
-    policy: BatchPolicy,
-    requests: Receiver<(Job, Instant)>,
-    workers: Vec<Sender<Batch>>,
-    free: Receiver<usize>,
-) {
-    let mut queue: RequestQueue<Job> = RequestQueue::new(&policy);
-    let mut idle: Vec<usize> = (0..workers.len()).rev().collect();
-    let batching = policy.max_batch_size > 0;
-    let mut open = true;
-    while open || !queue.is_empty() {
-        let now = Instant::now();
-        queue.retain(|job| !job.reply.is_closed());
-        for expired in queue.expire(now) {
-            let _ = expired.payload.reply.send(Err(ServiceError::Overloaded(format!(
-                "Request timeout expired: model '{model}' did not start the request within its queue timeout"
-            ))));
-        }
-        let mut wake: Option<Instant> = queue.next_deadline();
-        while let Some(&worker) = idle.last() {
-            match queue.form_batch(now, &policy) {
-                Decision::Dispatch(batch) => {
-                    idle.pop();
-                    if let Err(e) = workers[worker].send(batch) {
-                        for p in e.into_inner() {
-                            let _ = p.payload.reply.send(Err(ServiceError::internal(format!(
-                                "model '{model}': an instance stopped unexpectedly"
-                            ))));
-                        }
-                    }
-                }
-                Decision::WaitUntil(t) => {
-                    wake = Some(wake.map_or(t, |w| w.min(t)));
-                    break;
-                }
-                Decision::Empty => break,
-            }
-        }
-        if !open && idle.len() == workers.len() && queue.is_empty() {
+/// Sleeps until the next queue delay or timeout, then dispatches. Exits when the scheduler
+/// is dropped, closing the instances' channels (they exit once idle).
+fn timer_loop(shared: &Shared) {
+    let mut state = shared.state.lock();
+    loop {
+        if state.closed {
             break;
         }
-        let timeout = wake.map_or(Duration::from_secs(3600), |w| w.saturating_duration_since(Instant::now()));
-        crossbeam_channel::select! {
-            recv(requests) -> msg => match msg {
-                Ok((job, arrived)) => enqueue(model, &policy, &mut queue, job, arrived, batching),
-                Err(_) => open = false,
-            },
-            recv(free) -> msg => {
-                if let Ok(worker) = msg {
-                    idle.push(worker);
-                }
-            },
-            default(timeout) => {}
+        match state.wake {
+            Some(at) if at <= Instant::now() => shared.dispatch(&mut state, Instant::now()),
+            Some(at) => {
+                shared.timer.wait_until(&mut state, at);
+            }
+            None => shared.timer.wait(&mut state),
         }
-    }
-}
-
-fn enqueue(model: &str, policy: &BatchPolicy, queue: &mut RequestQueue<Job>, job: Job, arrived: Instant, batching: bool) {
-    let level = policy.level_index(job.request.priority);
-    let queue_policy = &policy.queue_policies[level.min(policy.queue_policies.len() - 1)];
-    let pending = Pending {
-        batch_size: job.request.batch_size,
-        shape: shape_key(&job.request.inputs, batching),
-        arrived,
-        deadline: queue_policy.timeout_for(job.request.timeout_us).map(|t| arrived + t),
-        timeout_action: queue_policy.timeout_action,
-        payload: job,
-    };
-    if let Err(rejected) = queue.push(level, pending) {
-        let _ = rejected.payload.reply.send(Err(ServiceError::Overloaded(format!(
-            "Exceeds maximum queue size: model '{model}' priority level {} already holds {} requests",
-            level + 1,
-            queue_policy.max_queue_size
-        ))));
     }
 }
 
 fn instance_loop(
     index: usize,
     mut instance: Box<dyn BackendInstance>,
-    batches: Receiver<Batch>,
-    free: Sender<usize>,
-    stats: Arc<VersionStats>,
+    batches: Receiver<Option<Batch>>,
+    shared: &Shared,
+    stats: &VersionStats,
 ) {
-    while let Ok(batch) = batches.recv() {
-        run_batch(instance.as_mut(), batch, &stats);
-        if free.send(index).is_err() {
-            break;
+    while let Ok(Some(mut batch)) = batches.recv() {
+        loop {
+            run_batch(instance.as_mut(), batch, stats);
+            match shared.next_for(index) {
+                Next::Run(next) => batch = next,
+                Next::Park => break,
+                Next::Stop => return,
+            }
         }
     }
 }

@@ -50,14 +50,22 @@ pub struct RequestQueue<T> {
     levels: Vec<VecDeque<Pending<T>>>,
     delayed: VecDeque<Pending<T>>,
     max_sizes: Vec<usize>,
+    capacity: usize,
 }
 
 impl<T> RequestQueue<T> {
     pub fn new(policy: &BatchPolicy) -> RequestQueue<T> {
+        Self::with_capacity(policy, 0)
+    }
+
+    /// A queue that also refuses requests beyond `capacity` in total (0 = no total bound),
+    /// on top of the per-level `max_queue_size`.
+    pub fn with_capacity(policy: &BatchPolicy, capacity: usize) -> RequestQueue<T> {
         RequestQueue {
             levels: (0..policy.priority_levels).map(|_| VecDeque::new()).collect(),
             delayed: VecDeque::new(),
             max_sizes: policy.queue_policies.iter().map(|p| p.max_queue_size).collect(),
+            capacity,
         }
     }
 
@@ -73,7 +81,7 @@ impl<T> RequestQueue<T> {
     pub fn push(&mut self, level: usize, pending: Pending<T>) -> Result<(), Pending<T>> {
         let level = level.min(self.levels.len().saturating_sub(1));
         let max = self.max_sizes.get(level).copied().unwrap_or(0);
-        if max > 0 && self.levels[level].len() >= max {
+        if (max > 0 && self.levels[level].len() >= max) || (self.capacity > 0 && self.len() >= self.capacity) {
             return Err(pending);
         }
         self.levels[level].push_back(pending);
