@@ -20,7 +20,7 @@ $(VENV)/ort-lib-path: scripts/setup.sh
 
 ## build: target/release/nereid, runnable as is (ONNX Runtime is found without env vars).
 build: setup
-	cargo build --release $(CARGO_FLAGS) --bin nereid
+	cargo build --release $(CARGO_FLAGS) -p nereid -p nereid-loadtest
 	cp -f "$$(cat $(VENV)/ort-lib-path)" target/release/
 
 ## examples: the example model repository under docs/examples/.
