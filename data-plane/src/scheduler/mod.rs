@@ -56,6 +56,15 @@ type Reply = oneshot::Sender<Result<JobResult, ServiceError>>;
 struct Job {
     request: ValidRequest,
     reply: Reply,
+    /// Arrival order, for `preserve_ordering`.
+    seq: u64,
+}
+
+/// Holds answers back until every earlier request has been answered (`preserve_ordering`).
+#[derive(Default)]
+struct Reorder {
+    next: u64,
+    ready: std::collections::BTreeMap<u64, (Reply, Result<JobResult, ServiceError>)>,
 }
 
 type Batch = Vec<Pending<Job>>;
@@ -67,6 +76,8 @@ struct State {
     idle: Vec<usize>,
     /// Set when the scheduler handle is dropped.
     closed: bool,
+    /// Sequence number of the next queued request.
+    next_seq: u64,
     /// When the timer must next look at the queue (a delay ending or a timeout).
     wake: Option<Instant>,
 }
@@ -80,6 +91,8 @@ struct Shared {
     timer: Condvar,
     /// One slot per instance: the batch handed to an idle instance (`None`: stop).
     workers: Vec<Sender<Option<Batch>>>,
+    /// Present when the config asks for `preserve_ordering`.
+    reorder: Option<Mutex<Reorder>>,
 }
 
 impl Shared {
@@ -93,7 +106,7 @@ impl Shared {
                 Decision::Dispatch(batch) => {
                     state.idle.pop();
                     if let Err(e) = self.workers[worker].send(Some(batch)) {
-                        fail_all(e.into_inner().unwrap_or_default(), || {
+                        self.fail_all(e.into_inner().unwrap_or_default(), || {
                             ServiceError::internal(format!("model '{}': an instance stopped unexpectedly", self.model))
                         });
                     }
@@ -109,10 +122,13 @@ impl Shared {
 
     /// Removes requests whose callers left, and answers those whose queue timeout expired.
     fn sweep(&self, state: &mut State, now: Instant) {
-        state.queue.retain(|job| !job.reply.is_closed());
+        let gone = state.queue.retain(|job| !job.reply.is_closed());
+        if !gone.is_empty() {
+            self.fail_all(gone, || ServiceError::Cancelled("the client went away".into()));
+        }
         let expired = state.queue.expire(now);
         if !expired.is_empty() {
-            fail_all(expired, || {
+            self.fail_all(expired, || {
                 ServiceError::Overloaded(format!(
                     "Request timeout expired: model '{}' did not start the request within its queue timeout",
                     self.model
@@ -150,9 +166,28 @@ enum Next {
     Stop,
 }
 
-fn fail_all(batch: Batch, error: impl Fn() -> ServiceError) {
-    for p in batch {
-        let _ = p.payload.reply.send(Err(error()));
+impl Shared {
+    /// Answers a queued request: at once, or with `preserve_ordering` once every request that
+    /// arrived before it has been answered.
+    fn respond(&self, job: Job, result: Result<JobResult, ServiceError>) {
+        let Some(reorder) = &self.reorder else {
+            let _ = job.reply.send(result);
+            return;
+        };
+        let mut r = reorder.lock();
+        r.ready.insert(job.seq, (job.reply, result));
+        loop {
+            let next = r.next;
+            let Some((reply, result)) = r.ready.remove(&next) else { break };
+            let _ = reply.send(result);
+            r.next += 1;
+        }
+    }
+
+    fn fail_all(&self, batch: Batch, error: impl Fn() -> ServiceError) {
+        for p in batch {
+            self.respond(p.payload, Err(error()));
+        }
     }
 }
 
@@ -189,8 +224,10 @@ impl Scheduler {
                 queue: RequestQueue::with_capacity(&policy, queue_capacity),
                 idle: (0..count).rev().collect(),
                 closed: false,
+                next_seq: 0,
                 wake: None,
             }),
+            reorder: policy.preserve_ordering.then(|| Mutex::new(Reorder::default())),
             policy,
             timer: Condvar::new(),
             workers,
@@ -215,7 +252,7 @@ impl Scheduler {
     /// it has not been batched yet.
     pub async fn submit(&self, request: ValidRequest) -> Result<JobResult, ServiceError> {
         let (reply, result) = oneshot::channel();
-        self.enqueue(Job { request, reply });
+        self.enqueue(Job { request, reply, seq: 0 });
         result.await.map_err(|_| {
             ServiceError::internal(format!("model '{}': the scheduler stopped before answering", self.shared.model))
         })?
@@ -236,6 +273,8 @@ impl Scheduler {
             payload: job,
         };
         let mut state = shared.state.lock();
+        let mut pending = pending;
+        pending.payload.seq = state.next_seq;
         if let Err(rejected) = state.queue.push(level, pending) {
             drop(state);
             let _ = rejected.payload.reply.send(Err(ServiceError::Overloaded(format!(
@@ -245,6 +284,7 @@ impl Scheduler {
             ))));
             return;
         }
+        state.next_seq += 1;
         let before = state.wake;
         shared.dispatch(&mut state, arrived);
         if state.wake.is_some() && state.wake != before {
@@ -308,7 +348,7 @@ fn instance_loop(
 ) {
     while let Ok(Some(mut batch)) = batches.recv() {
         loop {
-            run_batch(instance.as_mut(), batch, stats);
+            run_batch(instance.as_mut(), batch, shared, stats);
             match shared.next_for(index) {
                 Next::Run(next) => batch = next,
                 Next::Park => break,
@@ -318,10 +358,11 @@ fn instance_loop(
     }
 }
 
-fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, stats: &VersionStats) {
+fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, shared: &Shared, stats: &VersionStats) {
     let started = Instant::now();
     // Requests whose callers left while the batch was formed are dropped here.
-    let batch: Vec<Pending<Job>> = batch.into_iter().filter(|p| !p.payload.reply.is_closed()).collect();
+    let (gone, batch): (Batch, Batch) = batch.into_iter().partition(|p| p.payload.reply.is_closed());
+    shared.fail_all(gone, || ServiceError::Cancelled("the client went away".into()));
     if batch.is_empty() {
         return;
     }
@@ -372,6 +413,7 @@ fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, stats: &VersionSt
                 .collect()),
             Err(e) => Err(e.clone()),
         };
-        let _ = p.payload.reply.send(Ok(JobResult { outputs, timings: timings(p.arrived) }));
+        let timings = timings(p.arrived);
+        shared.respond(p.payload, Ok(JobResult { outputs, timings }));
     }
 }
