@@ -105,7 +105,12 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
         let done = stopped(stop_rx.clone());
         servers.spawn(async move {
             let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            // Large HTTP/2 windows: many concurrent streams share one client connection, and
+            // tensors are often bigger than the 64 KiB defaults.
             let result = tonic::transport::Server::builder()
+                .initial_connection_window_size(Some(16 * 1024 * 1024))
+                .initial_stream_window_size(Some(4 * 1024 * 1024))
+                .max_frame_size(Some(1024 * 1024))
                 .add_routes(routes)
                 .serve_with_incoming_shutdown(incoming, done)
                 .await;
