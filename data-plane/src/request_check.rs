@@ -9,7 +9,8 @@ use std::collections::HashSet;
 use nereid_proto::DataType;
 use nereid_proto::ServiceError;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::types::{InferRequest, Tensor, format_shape};
+use nereid_proto::pb::inference::model_config::SchedulingChoice;
+use nereid_proto::types::{CorrelationId, InferRequest, Tensor, format_shape};
 
 /// A request that fits its model.
 #[derive(Debug)]
@@ -24,6 +25,17 @@ pub struct ValidRequest {
     pub priority: u64,
     /// Requested queue timeout in microseconds (0 = the model's default).
     pub timeout_us: u64,
+    /// The sequence this request belongs to; set for (and only for) `sequence_batching` models.
+    pub sequence: Option<SequenceFlags>,
+}
+
+/// A request's place in its sequence (Triton's `sequence_id` / `sequence_start` / `sequence_end`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SequenceFlags {
+    /// Never `Uint(0)` nor an empty string.
+    pub id: CorrelationId,
+    pub start: bool,
+    pub end: bool,
 }
 
 /// Validates `request` against `config`. Error messages carry Triton's
@@ -39,6 +51,16 @@ pub fn check(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest
 fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest, ServiceError> {
     let m = &config.name;
     let batching = config.max_batch_size > 0;
+    let sequence_batching = match &config.scheduling_choice {
+        Some(SchedulingChoice::SequenceBatching(sb)) => Some(sb),
+        _ => None,
+    };
+    // The server feeds control and state inputs of a sequence model itself.
+    let server_fed = |name: &str| {
+        sequence_batching.is_some_and(|sb| {
+            sb.control_input.iter().any(|c| c.name == name) || sb.state.iter().any(|s| s.input_name == name)
+        })
+    };
 
     let mut seen = HashSet::new();
     for input in &request.inputs {
@@ -58,13 +80,13 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
     let missing: Vec<&str> = config
         .input
         .iter()
-        .filter(|i| !i.optional && !seen.contains(&i.name))
+        .filter(|i| !i.optional && !seen.contains(&i.name) && !server_fed(&i.name))
         .map(|i| i.name.as_str())
         .collect();
     if !missing.is_empty() {
         let got: Vec<String> = request.inputs.iter().map(|t| format!("'{}'", t.name())).collect();
         let missing: Vec<String> = missing.iter().map(|n| format!("'{n}'")).collect();
-        let required = config.input.iter().filter(|i| !i.optional).count();
+        let required = config.input.iter().filter(|i| !i.optional && !server_fed(&i.name)).count();
         return Err(ServiceError::invalid(format!(
             "expected {required} inputs but got {} inputs for model '{m}'. Got input(s) [{}], but missing required input(s) [{}]. Please provide all required input(s).",
             request.inputs.len(),
@@ -137,7 +159,8 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
     } else {
         let mut names = Vec::with_capacity(request.outputs.len());
         for out in &request.outputs {
-            if !config.output.iter().any(|o| o.name == out.name) {
+            let state_output = sequence_batching.is_some_and(|sb| sb.state.iter().any(|s| s.output_name == out.name));
+            if !config.output.iter().any(|o| o.name == out.name) && !state_output {
                 return Err(ServiceError::invalid(format!(
                     "unexpected inference output '{}' for model '{m}'",
                     out.name
@@ -162,12 +185,31 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
         names
     };
 
+    let batch_size = batch_size.unwrap_or(1) as usize;
+    let sequence = match sequence_batching {
+        None => None,
+        Some(_) => {
+            let Some(id) = request.options.sequence_id.clone() else {
+                return Err(ServiceError::invalid(format!(
+                    "inference request to model '{m}' must specify a non-zero or non-empty correlation ID"
+                )));
+            };
+            if batch_size != 1 {
+                return Err(ServiceError::invalid(format!(
+                    "inference request to model '{m}' must specify batch-size 1 due to requirements of sequence batcher"
+                )));
+            }
+            Some(SequenceFlags { id, start: request.options.sequence_start, end: request.options.sequence_end })
+        }
+    };
+
     Ok(ValidRequest {
         inputs,
         outputs,
-        batch_size: batch_size.unwrap_or(1) as usize,
+        batch_size,
         priority: request.options.priority,
         timeout_us: request.options.timeout_us,
+        sequence,
     })
 }
 
@@ -219,6 +261,43 @@ mod tests {
         assert_eq!(e.message(), "[request id: r1] inference input 'b' data-type is 'FP32', but model 'm' expects 'INT32'");
         let e = check(&config(), request(vec![])).unwrap_err();
         assert!(e.message().contains("expected 1 inputs but got 0 inputs for model 'm'"), "{}", e.message());
+    }
+
+    fn sequence_config() -> ModelConfig {
+        crate::config::text::parse_model_config(
+            r#"name: "s" max_batch_size: 4
+               input [{name: "a" data_type: TYPE_FP32 dims: [2]}]
+               output [{name: "y" data_type: TYPE_FP32 dims: [2]}]
+               sequence_batching { state [{input_name: "si" output_name: "so" data_type: TYPE_FP32 dims: [1]}] }"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn sequence_models_need_an_id_and_batch_size_one() {
+        let mut r = request(vec![fp32("a", vec![1, 2])]);
+        r.model_name = "s".into();
+        let e = check(&sequence_config(), r).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "[request id: r1] inference request to model 's' must specify a non-zero or non-empty correlation ID"
+        );
+        let mut r = request(vec![fp32("a", vec![2, 2])]);
+        r.options.sequence_id = Some(CorrelationId::Uint(7));
+        let e = check(&sequence_config(), r).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "[request id: r1] inference request to model 's' must specify batch-size 1 due to requirements of sequence batcher"
+        );
+        let mut r = request(vec![fp32("a", vec![1, 2])]);
+        r.options.sequence_id = Some(CorrelationId::String("x".into()));
+        r.options.sequence_start = true;
+        r.outputs = vec![RequestedOutput { name: "so".into(), ..Default::default() }];
+        let v = check(&sequence_config(), r).unwrap();
+        assert_eq!(v.outputs, vec!["so"]);
+        assert_eq!(v.sequence, Some(SequenceFlags { id: CorrelationId::String("x".into()), start: true, end: false }));
+        let v = check(&config(), request(vec![fp32("a", vec![1, 2])])).unwrap();
+        assert_eq!(v.sequence, None);
     }
 
     #[test]

@@ -35,7 +35,7 @@ fn scheduler(config: &str, instances: usize) -> (Scheduler, Arc<VersionStats>) {
 
 fn request(delay_ms: u32) -> ValidRequest {
     let t = Tensor::new("x", DataType::Uint32, vec![1, 1], Bytes::copy_from_slice(&delay_ms.to_le_bytes())).unwrap();
-    ValidRequest { inputs: vec![t], outputs: vec!["y".into()], batch_size: 1, priority: 0, timeout_us: 0 }
+    ValidRequest { inputs: vec![t], outputs: vec!["y".into()], batch_size: 1, priority: 0, timeout_us: 0, sequence: None }
 }
 
 #[tokio::test]

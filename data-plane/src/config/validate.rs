@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::pb::inference::model_input::Format;
-use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig, ModelTensorReshape};
+use nereid_proto::pb::inference::model_sequence_batching::control::Kind as ControlKind;
+use nereid_proto::pb::inference::model_sequence_batching::initial_state::StateData;
+use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig, ModelSequenceBatching, ModelTensorReshape};
 
 /// Checks a complete config; returns every problem found, each a full sentence.
 pub fn validate(config: &ModelConfig) -> Vec<String> {
@@ -106,12 +108,82 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
     {
         errors.push(format!("ensemble scheduling cannot be set for model '{m}' whose platform is not ensemble"));
     }
-    if let Some(SchedulingChoice::SequenceBatching(_)) = &config.scheduling_choice
-        && config.max_batch_size < 0
-    {
-        errors.push(format!("sequence batching requires 'max_batch_size' >= 0 for {m}"));
+    if let Some(SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice {
+        if config.max_batch_size < 0 {
+            errors.push(format!("sequence batching requires 'max_batch_size' >= 0 for {m}"));
+        }
+        check_sequence_batching(&mut errors, m, sb);
     }
     errors
+}
+
+/// Triton's checks of `sequence_batching` controls and states.
+fn check_sequence_batching(errors: &mut Vec<String>, m: &str, sb: &ModelSequenceBatching) {
+    let mut kinds = HashSet::new();
+    for input in &sb.control_input {
+        if input.name.is_empty() {
+            errors.push(format!("sequence batching control input must specify 'name' for {m}"));
+        }
+        for c in &input.control {
+            let Ok(kind) = ControlKind::try_from(c.kind) else {
+                errors.push(format!("sequence batching control '{}' has an unknown kind for {m}", input.name));
+                continue;
+            };
+            let kind_name = kind.as_str_name();
+            if !kinds.insert(c.kind) {
+                errors.push(format!("sequence batching specifies multiple {kind_name} tensors for {m}"));
+            }
+            let lists = [
+                ("int32_false_true", c.int32_false_true.len()),
+                ("fp32_false_true", c.fp32_false_true.len()),
+                ("bool_false_true", c.bool_false_true.len()),
+            ];
+            let given: Vec<_> = lists.iter().filter(|(_, n)| *n > 0).collect();
+            if kind == ControlKind::ControlSequenceCorrid {
+                if !given.is_empty() {
+                    errors.push(format!(
+                        "sequence batching must not specify either 'int32_false_true', 'fp32_false_true' or 'bool_false_true' for {kind_name} for {m}"
+                    ));
+                }
+                let allowed = [
+                    ConfigDataType::TypeUint64,
+                    ConfigDataType::TypeInt64,
+                    ConfigDataType::TypeUint32,
+                    ConfigDataType::TypeInt32,
+                    ConfigDataType::TypeString,
+                ];
+                if !allowed.iter().any(|t| *t as i32 == c.data_type) {
+                    errors.push(format!(
+                        "sequence batching must specify 'data_type' TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING for {kind_name} for {m}"
+                    ));
+                }
+                continue;
+            }
+            match given[..] {
+                [(field, n)] if *n != 2 => errors.push(format!(
+                    "sequence batching control '{field}' must have exactly 2 entries for {kind_name} for {m}"
+                )),
+                [_] => {}
+                _ => errors.push(format!(
+                    "sequence batching must specify exactly one of 'int32_false_true', 'fp32_false_true' or 'bool_false_true' for {kind_name} for {m}"
+                )),
+            }
+        }
+    }
+    for state in &sb.state {
+        if state.input_name.is_empty() || state.output_name.is_empty() {
+            errors.push(format!("sequence batching state must specify 'input_name' and 'output_name' for {m}"));
+        }
+        if matches!(ConfigDataType::try_from(state.data_type), Ok(ConfigDataType::TypeInvalid) | Err(_)) {
+            errors.push(format!("sequence batching state '{}' must specify 'data_type' for {m}", state.input_name));
+        }
+        if state.initial_state.iter().any(|i| matches!(i.state_data, Some(StateData::DataFile(_)))) {
+            errors.push(format!(
+                "sequence batching state '{}' of {m}: initial_state 'data_file' is not supported by Nereid yet; use 'zero_data'",
+                state.input_name
+            ));
+        }
+    }
 }
 
 fn check_tensor(
@@ -211,6 +283,25 @@ mod tests {
             "max_batch_size: 4 dynamic_batching { preserve_ordering: true priority_levels: 2 default_priority_level: 1 }",
         );
         assert_eq!(e, vec!["Only one priority level is allowed when 'preserve_ordering' is true for m"]);
+    }
+
+    #[test]
+    fn reports_sequence_control_problems() {
+        let e = errors_of(
+            r#"sequence_batching { control_input [
+                 {name: "a" control [{kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1]}]},
+                 {name: "b" control [{kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1]}]},
+                 {name: "c" control [{kind: CONTROL_SEQUENCE_READY fp32_false_true: [1]}]},
+                 {name: "d" control [{kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32}]} ] }"#,
+        );
+        assert_eq!(
+            e,
+            vec![
+                "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for m",
+                "sequence batching control 'fp32_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_READY for m",
+                "sequence batching must specify 'data_type' TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING for CONTROL_SEQUENCE_CORRID for m",
+            ]
+        );
     }
 
     #[test]

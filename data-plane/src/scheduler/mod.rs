@@ -19,6 +19,7 @@
 mod batch;
 pub mod policy;
 pub mod queue;
+pub mod sequence;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -193,8 +194,14 @@ impl Shared {
 
 /// Handle to a model version's scheduler. Cheap to share behind the version's `Arc`.
 pub struct Scheduler {
-    shared: Arc<Shared>,
+    kind: Kind,
     instances: usize,
+}
+
+/// The queue of the default scheduler and the dynamic batcher, or the sequence batcher.
+enum Kind {
+    Queue(Arc<Shared>),
+    Sequence(sequence::SequenceScheduler),
 }
 
 impl Scheduler {
@@ -208,8 +215,19 @@ impl Scheduler {
         stats: Arc<VersionStats>,
         queue_capacity: usize,
     ) -> Result<Scheduler, BackendError> {
-        let spawn_err = |e: std::io::Error| BackendError::Load(format!("model '{model}': cannot start a thread: {e}"));
         let count = instances.len();
+        if let Some(sequence_policy) = policy.sequence.clone() {
+            let s = sequence::SequenceScheduler::start(
+                model,
+                sequence_policy,
+                policy.max_batch_size,
+                instances,
+                stats,
+                queue_capacity,
+            )?;
+            return Ok(Scheduler { kind: Kind::Sequence(s), instances: count });
+        }
+        let spawn_err = |e: std::io::Error| BackendError::Load(format!("model '{model}': cannot start a thread: {e}"));
         let mut workers = Vec::with_capacity(count);
         let mut receivers = Vec::with_capacity(count);
         for _ in 0..count {
@@ -245,51 +263,21 @@ impl Scheduler {
             .name(format!("nereid-timer-{model}"))
             .spawn(move || timer_loop(&timer_shared))
             .map_err(spawn_err)?;
-        Ok(Scheduler { shared, instances: count })
+        Ok(Scheduler { kind: Kind::Queue(shared), instances: count })
     }
 
     /// Queues a request and waits for its result. Dropping the future cancels the request if
     /// it has not been batched yet.
     pub async fn submit(&self, request: ValidRequest) -> Result<JobResult, ServiceError> {
-        let (reply, result) = oneshot::channel();
-        self.enqueue(Job { request, reply, seq: 0 });
-        result.await.map_err(|_| {
-            ServiceError::internal(format!("model '{}': the scheduler stopped before answering", self.shared.model))
-        })?
-    }
-
-    fn enqueue(&self, job: Job) {
-        let shared = &*self.shared;
-        let policy = &shared.policy;
-        let arrived = Instant::now();
-        let level = policy.level_index(job.request.priority);
-        let queue_policy = &policy.queue_policies[level.min(policy.queue_policies.len() - 1)];
-        let pending = Pending {
-            batch_size: job.request.batch_size,
-            shape: shape_key(&job.request.inputs, shared.batching),
-            arrived,
-            deadline: queue_policy.timeout_for(job.request.timeout_us).map(|t| arrived + t),
-            timeout_action: queue_policy.timeout_action,
-            payload: job,
+        let shared = match &self.kind {
+            Kind::Queue(shared) => shared,
+            Kind::Sequence(s) => return s.submit(request).await,
         };
-        let mut state = shared.state.lock();
-        let mut pending = pending;
-        pending.payload.seq = state.next_seq;
-        if let Err(rejected) = state.queue.push(level, pending) {
-            drop(state);
-            let _ = rejected.payload.reply.send(Err(ServiceError::Overloaded(format!(
-                "Exceeds maximum queue size: model '{}' priority level {} is full",
-                shared.model,
-                level + 1
-            ))));
-            return;
-        }
-        state.next_seq += 1;
-        let before = state.wake;
-        shared.dispatch(&mut state, arrived);
-        if state.wake.is_some() && state.wake != before {
-            shared.timer.notify_one();
-        }
+        let (reply, result) = oneshot::channel();
+        enqueue(shared, Job { request, reply, seq: 0 });
+        result.await.map_err(|_| {
+            ServiceError::internal(format!("model '{}': the scheduler stopped before answering", shared.model))
+        })?
     }
 
     /// Number of instance threads.
@@ -298,16 +286,51 @@ impl Scheduler {
     }
 }
 
+fn enqueue(shared: &Shared, job: Job) {
+    let policy = &shared.policy;
+    let arrived = Instant::now();
+    let level = policy.level_index(job.request.priority);
+    let queue_policy = &policy.queue_policies[level.min(policy.queue_policies.len() - 1)];
+    let pending = Pending {
+        batch_size: job.request.batch_size,
+        shape: shape_key(&job.request.inputs, shared.batching),
+        arrived,
+        deadline: queue_policy.timeout_for(job.request.timeout_us).map(|t| arrived + t),
+        timeout_action: queue_policy.timeout_action,
+        payload: job,
+    };
+    let mut state = shared.state.lock();
+    let mut pending = pending;
+    pending.payload.seq = state.next_seq;
+    if let Err(rejected) = state.queue.push(level, pending) {
+        drop(state);
+        let _ = rejected.payload.reply.send(Err(ServiceError::Overloaded(format!(
+            "Exceeds maximum queue size: model '{}' priority level {} is full",
+            shared.model,
+            level + 1
+        ))));
+        return;
+    }
+    state.next_seq += 1;
+    let before = state.wake;
+    shared.dispatch(&mut state, arrived);
+    if state.wake.is_some() && state.wake != before {
+        shared.timer.notify_one();
+    }
+}
+
 impl Drop for Scheduler {
-    /// Stops the timer and the idle instances; busy ones stop when they finish.
+    /// Stops the timer and the idle instances; busy ones stop when they finish. (The sequence
+    /// batcher stops itself when dropped.)
     fn drop(&mut self) {
-        let mut state = self.shared.state.lock();
+        let Kind::Queue(shared) = &self.kind else { return };
+        let mut state = shared.state.lock();
         state.closed = true;
         for &worker in &state.idle {
-            let _ = self.shared.workers[worker].try_send(None);
+            let _ = shared.workers[worker].try_send(None);
         }
         state.idle.clear();
-        self.shared.timer.notify_one();
+        shared.timer.notify_one();
     }
 }
 

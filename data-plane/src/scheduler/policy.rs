@@ -1,12 +1,15 @@
 //! The scheduling policy of a model version, read once from its config: how batches form
-//! (`dynamic_batching`, or Triton's default scheduler when absent) and each priority level's
-//! queue policy (timeouts, timeout action, maximum queue size).
+//! (`dynamic_batching`, or Triton's default scheduler when absent; `sequence_batching` hands the
+//! version to the sequence batcher) and each priority level's queue policy (timeouts, timeout
+//! action, maximum queue size).
 
 use std::time::Duration;
 
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_queue_policy::TimeoutAction as ConfigTimeoutAction;
 use nereid_proto::pb::inference::{ModelConfig, ModelQueuePolicy};
+
+use super::sequence::SequencePolicy;
 
 /// What happens to a request whose queue timeout expires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +85,8 @@ pub struct BatchPolicy {
     pub default_priority_level: usize,
     /// Queue policy per level, index 0 = level 1.
     pub queue_policies: Vec<QueuePolicy>,
+    /// Present when the config has `sequence_batching`: the sequence batcher replaces the queue.
+    pub sequence: Option<SequencePolicy>,
 }
 
 impl BatchPolicy {
@@ -98,6 +103,7 @@ impl BatchPolicy {
                 priority_levels: 1,
                 default_priority_level: 1,
                 queue_policies: vec![QueuePolicy::default()],
+                sequence: SequencePolicy::from_config(config),
             };
         };
         let levels = usize::try_from(db.priority_levels).unwrap_or(1).max(1);
@@ -128,6 +134,7 @@ impl BatchPolicy {
             priority_levels: levels,
             default_priority_level: default_level,
             queue_policies,
+            sequence: None,
         }
     }
 

@@ -214,6 +214,7 @@ mod tests {
             priority_levels: levels,
             default_priority_level: 1,
             queue_policies: vec![QueuePolicy::default(); levels],
+            sequence: None,
         }
     }
 

@@ -1,0 +1,213 @@
+//! The sequence batcher with a mock accumulator instance: per row, `OUTPUT = INPUT +
+//! (START ? 0 : STATE_IN)`, `STATE_OUT = OUTPUT`, and it echoes the START / END / CORRID controls.
+//! Every execution logs its rows' correlation ids, so tests see how batches were formed.
+//! Sleeps only order submissions or wait out an idle timeout; assertions leave wide margins.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use nereid_data_plane::backend::{BackendError, BackendInstance};
+use nereid_data_plane::config::text::parse_model_config;
+use nereid_data_plane::request_check::{SequenceFlags, ValidRequest};
+use nereid_data_plane::scheduler::policy::BatchPolicy;
+use nereid_data_plane::scheduler::{JobResult, Scheduler};
+use nereid_data_plane::stats::VersionStats;
+use nereid_proto::types::{CorrelationId, Tensor};
+use nereid_proto::{DataType, ServiceError};
+use parking_lot::Mutex;
+
+type Log = Arc<Mutex<Vec<Vec<u64>>>>;
+
+struct Accumulator {
+    delay: Duration,
+    log: Log,
+}
+
+fn ints(t: &Tensor) -> Vec<i64> {
+    match t.datatype() {
+        DataType::Int32 => t.data().chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect(),
+        DataType::Uint64 => t.data().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+        other => panic!("unexpected {other}"),
+    }
+}
+
+fn int32s(name: &str, v: &[i64]) -> Tensor {
+    let data: Vec<u8> = v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect();
+    Tensor::new(name, DataType::Int32, vec![v.len() as i64, 1], Bytes::from(data)).unwrap()
+}
+
+impl BackendInstance for Accumulator {
+    fn execute(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, BackendError> {
+        std::thread::sleep(self.delay);
+        let get = |name: &str| {
+            inputs.iter().find(|t| t.name() == name).map(ints).ok_or_else(|| BackendError::InvalidInput(format!("no {name}")))
+        };
+        let (input, start, end, corrid, state) = (get("INPUT")?, get("START")?, get("END")?, get("CORRID")?, get("STATE_IN")?);
+        assert!(get("READY")?.iter().all(|&r| r == 1), "READY must be true for every row");
+        self.log.lock().push(corrid.iter().map(|&c| c as u64).collect());
+        let sum: Vec<i64> = (0..input.len()).map(|i| input[i] + if start[i] == 1 { 0 } else { state[i] }).collect();
+        outputs
+            .iter()
+            .map(|name| match name.as_str() {
+                "OUTPUT" | "STATE_OUT" => Ok(int32s(name, &sum)),
+                "START_OUT" => Ok(int32s(name, &start)),
+                "END_OUT" => Ok(int32s(name, &end)),
+                other => Err(BackendError::InvalidInput(format!("unexpected output {other}"))),
+            })
+            .collect()
+    }
+}
+
+const CONTROLS: &str = r#"
+    max_sequence_idle_microseconds: 200000
+    control_input [
+      {name: "START" control [{kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1]}]},
+      {name: "END" control [{kind: CONTROL_SEQUENCE_END int32_false_true: [0, 1]}]},
+      {name: "READY" control [{kind: CONTROL_SEQUENCE_READY int32_false_true: [0, 1]}]},
+      {name: "CORRID" control [{kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64}]}
+    ]
+    state [{input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [1]}]"#;
+
+fn scheduler(max_batch: usize, strategy: &str, instances: usize, delay_ms: u64) -> (Arc<Scheduler>, Log) {
+    let config = parse_model_config(&format!(
+        "max_batch_size: {max_batch} sequence_batching {{ {strategy} {CONTROLS} }}"
+    ))
+    .unwrap();
+    let log = Log::default();
+    let instances = (0..instances)
+        .map(|i| {
+            let instance = Accumulator { delay: Duration::from_millis(delay_ms), log: log.clone() };
+            (format!("m_{i}"), Box::new(instance) as Box<dyn BackendInstance>)
+        })
+        .collect();
+    let s = Scheduler::start("m", BatchPolicy::from_config(&config), instances, Arc::new(VersionStats::default()), 64).unwrap();
+    (Arc::new(s), log)
+}
+
+fn request(id: u64, value: i64, start: bool, end: bool) -> ValidRequest {
+    ValidRequest {
+        inputs: vec![int32s("INPUT", &[value])],
+        outputs: vec!["OUTPUT".into(), "START_OUT".into(), "END_OUT".into()],
+        batch_size: 1,
+        priority: 0,
+        timeout_us: 0,
+        sequence: Some(SequenceFlags { id: CorrelationId::Uint(id), start, end }),
+    }
+}
+
+/// (OUTPUT, START seen by the model, END seen by the model)
+fn values(r: Result<JobResult, ServiceError>) -> (i64, i64, i64) {
+    let outputs = r.unwrap().outputs.unwrap();
+    assert_eq!(outputs.len(), 3, "the state output must not be returned unless requested");
+    (ints(&outputs[0])[0], ints(&outputs[1])[0], ints(&outputs[2])[0])
+}
+
+#[tokio::test]
+async fn interleaved_sequences_keep_their_own_state_and_controls() {
+    let (s, _) = scheduler(4, "", 1, 0);
+    assert_eq!(values(s.submit(request(1, 10, true, false)).await), (10, 1, 0));
+    assert_eq!(values(s.submit(request(2, 100, true, false)).await), (100, 1, 0));
+    assert_eq!(values(s.submit(request(1, 5, false, false)).await), (15, 0, 0));
+    assert_eq!(values(s.submit(request(2, 1, false, true)).await), (101, 0, 1));
+    assert_eq!(values(s.submit(request(1, 1, false, true)).await), (16, 0, 1));
+}
+
+#[tokio::test]
+async fn requests_of_a_sequence_run_in_order_one_at_a_time() {
+    for strategy in ["direct { }", "oldest { max_candidate_sequences: 4 }"] {
+        let (s, log) = scheduler(4, strategy, 2, 5);
+        let (a, b, c) =
+            futures::join!(s.submit(request(7, 1, true, false)), s.submit(request(7, 2, false, false)), s.submit(request(7, 3, false, true)));
+        assert_eq!((values(a).0, values(b).0, values(c).0), (1, 3, 6), "{strategy}");
+        assert!(log.lock().iter().all(|batch| batch.len() == 1), "{strategy}: one request per sequence per batch");
+    }
+}
+
+#[tokio::test]
+async fn oldest_batches_ready_requests_of_different_sequences() {
+    let (s, log) = scheduler(4, "oldest { max_candidate_sequences: 8 }", 1, 100);
+    let busy = s.submit(request(1, 1, true, false));
+    let (_, a, b, c) = futures::join!(
+        busy,
+        async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            s.submit(request(2, 2, true, false)).await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            s.submit(request(3, 3, true, false)).await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            s.submit(request(4, 4, true, false)).await
+        }
+    );
+    assert_eq!((values(a).0, values(b).0, values(c).0), (2, 3, 4));
+    let log = log.lock();
+    assert_eq!(log.len(), 2, "the three sequences queued behind the first one run as one batch: {log:?}");
+    let mut second = log[1].clone();
+    second.sort_unstable();
+    assert_eq!(second, vec![2, 3, 4]);
+}
+
+#[tokio::test]
+async fn direct_sequences_beyond_the_slots_wait_in_the_backlog() {
+    // One instance, max_batch_size 1: one slot.
+    let (s, _) = scheduler(1, "direct { }", 1, 0);
+    values(s.submit(request(1, 1, true, false)).await);
+    let waiting = tokio::spawn({
+        let s = s.clone();
+        async move { s.submit(request(2, 5, true, true)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "sequence 2 ran while sequence 1 held the only slot");
+    assert_eq!(values(s.submit(request(1, 1, false, true)).await).0, 2);
+    assert_eq!(values(waiting.await.unwrap()).0, 5);
+}
+
+#[tokio::test]
+async fn a_sequence_must_start_and_ends_with_end() {
+    let (s, _) = scheduler(4, "", 1, 0);
+    let e = s.submit(request(3, 1, false, false)).await.unwrap_err();
+    assert_eq!(
+        e.message(),
+        "inference request for sequence 3 to model 'm' must specify the START flag on the first request of the sequence"
+    );
+    values(s.submit(request(3, 1, true, true)).await);
+    let e = s.submit(request(3, 1, false, false)).await.unwrap_err();
+    assert!(matches!(e, ServiceError::InvalidArgument(_)), "{e:?}");
+    let mut no_id = request(3, 1, true, false);
+    no_id.sequence = None;
+    let e = s.submit(no_id).await.unwrap_err();
+    assert_eq!(e.message(), "inference request to model 'm' must specify a non-zero or non-empty correlation ID");
+}
+
+#[tokio::test]
+async fn a_new_start_restarts_a_live_sequence() {
+    let (s, _) = scheduler(4, "", 1, 0);
+    values(s.submit(request(4, 10, true, false)).await);
+    assert_eq!(values(s.submit(request(4, 1, true, false)).await).0, 1);
+    assert_eq!(values(s.submit(request(4, 1, false, false)).await).0, 2);
+}
+
+#[tokio::test]
+async fn an_idle_sequence_is_released() {
+    // max_sequence_idle_microseconds is 200 ms.
+    let (s, _) = scheduler(1, "", 1, 0);
+    values(s.submit(request(5, 1, true, false)).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let e = s.submit(request(5, 1, false, false)).await.unwrap_err();
+    assert!(e.message().contains("must specify the START flag"), "{}", e.message());
+    // The released slot (the only one) serves a new sequence.
+    assert_eq!(values(s.submit(request(6, 3, true, true)).await).0, 3);
+}
+
+#[tokio::test]
+async fn a_string_id_is_refused_by_an_integer_corrid_control() {
+    let (s, _) = scheduler(1, "", 1, 0);
+    let mut r = request(0, 1, true, false);
+    r.sequence = Some(SequenceFlags { id: CorrelationId::String("abc".into()), start: true, end: false });
+    let e = s.submit(r).await.unwrap_err();
+    assert!(matches!(e, ServiceError::InvalidArgument(_)), "{e:?}");
+}

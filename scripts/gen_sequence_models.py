@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Writes a model repository of small ONNX sequence models (`sequence_batching`) for Nereid.
+
+    gen_sequence_models.py OUT_DIR
+
+  seq_accum          INPUT INT32 [1] -> OUTPUT INT32 [1]: a running sum per sequence, reset on
+                     START. The START control (int32) and the implicit state
+                     `state_in`/`state_out` (INT32 [1]) are fed by the server:
+                     OUTPUT = state_out = state_in * (1 - START) + INPUT. Direct strategy,
+                     max_batch_size 4.
+  seq_accum_oldest   the same graph with the `oldest` strategy and a 500 ms idle timeout.
+  seq_corrid         INPUT INT32 [1] -> CORRID_OUT UINT64 [1]: echoes the CORRID control (UINT64).
+
+Deterministic and idempotent (each model directory is replaced). Needs `onnx` and `numpy`.
+Importable: tests/python/test_sequence.py calls `write_repository`.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+_spec = importlib.util.spec_from_file_location("gen_models", Path(__file__).with_name("gen_models.py"))
+gen_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen_models)
+
+ACCUM_IDLE_US = 1_000_000
+OLDEST_IDLE_US = 500_000
+
+
+def accum_onnx():
+    i32 = TensorProto.INT32
+    one = numpy_helper.from_array(np.array([[1]], dtype=np.int32), "one")
+    return gen_models._model(
+        [
+            helper.make_node("Sub", ["one", "START"], ["keep"]),
+            helper.make_node("Mul", ["state_in", "keep"], ["carried"]),
+            helper.make_node("Add", ["carried", "INPUT"], ["OUTPUT"]),
+            helper.make_node("Identity", ["OUTPUT"], ["state_out"]),
+        ],
+        [gen_models._vi(n, i32, ["batch", 1]) for n in ("INPUT", "START", "state_in")],
+        [gen_models._vi(n, i32, ["batch", 1]) for n in ("OUTPUT", "state_out")],
+        [one],
+        name="seq_accum",
+    )
+
+
+def corrid_onnx():
+    return gen_models._model(
+        [
+            helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
+            helper.make_node("Identity", ["INPUT"], ["INPUT_OUT"]),
+        ],
+        [gen_models._vi("INPUT", TensorProto.INT32, ["batch", 1]), gen_models._vi("CORRID", TensorProto.UINT64, ["batch", 1])],
+        [gen_models._vi("CORRID_OUT", TensorProto.UINT64, ["batch", 1]), gen_models._vi("INPUT_OUT", TensorProto.INT32, ["batch", 1])],
+        name="seq_corrid",
+    )
+
+
+def accum_config(name, strategy, idle_us):
+    extra = f"""sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  {strategy}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+  state [
+    {{ input_name: "state_in" output_name: "state_out" data_type: TYPE_INT32 dims: [ 1 ]
+       initial_state: {{ name: "zeros" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }} }}
+  ]
+}}
+"""
+    return gen_models.config_text(name, 4, [("INPUT", "INT32", [1])], [("OUTPUT", "INT32", [1])], extra)
+
+
+def corrid_config():
+    extra = """sequence_batching {
+  control_input [
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+    return gen_models.config_text(
+        "seq_corrid", 4, [("INPUT", "INT32", [1])], [("CORRID_OUT", "UINT64", [1]), ("INPUT_OUT", "INT32", [1])], extra
+    )
+
+
+def write_repository(repo):
+    repo = Path(repo)
+    repo.mkdir(parents=True, exist_ok=True)
+    gen_models.write_model(repo, "seq_accum", {1: accum_onnx()}, accum_config("seq_accum", "direct { }", ACCUM_IDLE_US))
+    gen_models.write_model(
+        repo,
+        "seq_accum_oldest",
+        {1: accum_onnx()},
+        accum_config("seq_accum_oldest", "oldest { max_candidate_sequences: 4 }", OLDEST_IDLE_US),
+    )
+    gen_models.write_model(repo, "seq_corrid", {1: corrid_onnx()}, corrid_config())
+    return repo
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    print(write_repository(sys.argv[1]))
