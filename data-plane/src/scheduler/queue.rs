@@ -361,4 +361,81 @@ mod tests {
         assert_eq!(dropped.len(), 2);
         assert_eq!(ids(q.form_batch(t, &p)), vec![0, 2]);
     }
+
+    /// Deterministic xorshift, so the randomized test below needs no extra crate and replays.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Property: for random arrivals, shapes, batch sizes, priorities and policies, every
+    /// dispatched batch fits `max_batch_size` and has one shape, each level is served in
+    /// arrival order, a batch never takes a lower level while a higher one waits, and every
+    /// request is dispatched exactly once.
+    #[test]
+    fn randomized_queues_keep_the_batching_invariants() {
+        for seed in 1..200u64 {
+            let mut rng = Rng(seed * 0x9E37_79B9_7F4A_7C15);
+            let levels = 1 + rng.next(3) as usize;
+            let max = 1 + rng.next(8) as usize;
+            let preferred: Vec<usize> = (0..rng.next(3)).map(|_| 1 + rng.next(max as u64) as usize).collect();
+            let mut p = policy(max, &[], rng.next(3) * 50, levels);
+            p.preferred_batch_sizes = preferred;
+            p.preferred_batch_sizes.sort_unstable();
+            p.preferred_batch_sizes.dedup();
+            let mut q = RequestQueue::new(&p);
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut pushed: Vec<(u32, usize)> = Vec::new();
+            let mut dispatched: Vec<u32> = Vec::new();
+            let mut next_id = 0u32;
+            for _ in 0..60 {
+                now += Duration::from_micros(rng.next(40));
+                if rng.next(3) > 0 {
+                    let level = rng.next(levels as u64) as usize;
+                    let batch = 1 + rng.next(max as u64) as usize;
+                    let dim = rng.next(2) as i64;
+                    q.push(level, req(next_id, now, batch, dim)).unwrap();
+                    pushed.push((next_id, level));
+                    next_id += 1;
+                } else {
+                    let head_level = (0..levels).find(|l| !q.levels[*l].is_empty());
+                    if let Decision::Dispatch(batch) = q.form_batch(now, &p) {
+                        let total: usize = batch.iter().map(|b| b.batch_size).sum();
+                        assert!(total <= max || batch.len() == 1, "seed {seed}: batch of {total} > {max}");
+                        assert!(batch.iter().all(|b| b.shape == batch[0].shape), "seed {seed}: mixed shapes");
+                        let first_level = pushed.iter().find(|(id, _)| *id == batch[0].payload).map(|x| x.1);
+                        assert_eq!(first_level, head_level, "seed {seed}: a lower level went first");
+                        dispatched.extend(batch.iter().map(|b| b.payload));
+                    }
+                }
+            }
+            // Drain: far enough in the future every delay is spent.
+            let later = now + Duration::from_secs(1);
+            while let Decision::Dispatch(batch) = q.form_batch(later, &p) {
+                dispatched.extend(batch.iter().map(|b| b.payload));
+            }
+            assert!(q.is_empty(), "seed {seed}: requests left behind");
+            let mut sorted = dispatched.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), pushed.len(), "seed {seed}: lost or duplicated requests");
+            for level in 0..levels {
+                let order: Vec<u32> = dispatched
+                    .iter()
+                    .copied()
+                    .filter(|id| pushed.iter().any(|(p, l)| p == id && *l == level))
+                    .collect();
+                let mut fifo = order.clone();
+                fifo.sort_unstable();
+                assert_eq!(order, fifo, "seed {seed}: level {level} served out of order");
+            }
+        }
+    }
 }
