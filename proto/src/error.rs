@@ -72,30 +72,26 @@ impl ServiceError {
 
     /// The message, by value.
     pub fn into_message(self) -> String {
-        match self {
-            ServiceError::InvalidArgument(m)
-            | ServiceError::NotFound(m)
-            | ServiceError::Unavailable(m)
-            | ServiceError::Overloaded(m)
-            | ServiceError::Unsupported(m)
-            | ServiceError::AlreadyExists(m)
-            | ServiceError::Cancelled(m)
-            | ServiceError::Internal(m) => m,
-        }
+        self.split().1
     }
 
     /// The same class with a prefix on the message (e.g. Triton's `[request id: x] `).
     pub fn prefixed(self, prefix: &str) -> Self {
-        let wrap = |m: String| format!("{prefix}{m}");
+        let (class, message) = self.split();
+        class(format!("{prefix}{message}"))
+    }
+
+    /// The class (as a constructor) and the message.
+    fn split(self) -> (fn(String) -> ServiceError, String) {
         match self {
-            ServiceError::InvalidArgument(m) => ServiceError::InvalidArgument(wrap(m)),
-            ServiceError::NotFound(m) => ServiceError::NotFound(wrap(m)),
-            ServiceError::Unavailable(m) => ServiceError::Unavailable(wrap(m)),
-            ServiceError::Overloaded(m) => ServiceError::Overloaded(wrap(m)),
-            ServiceError::Unsupported(m) => ServiceError::Unsupported(wrap(m)),
-            ServiceError::AlreadyExists(m) => ServiceError::AlreadyExists(wrap(m)),
-            ServiceError::Cancelled(m) => ServiceError::Cancelled(wrap(m)),
-            ServiceError::Internal(m) => ServiceError::Internal(wrap(m)),
+            ServiceError::InvalidArgument(m) => (ServiceError::InvalidArgument, m),
+            ServiceError::NotFound(m) => (ServiceError::NotFound, m),
+            ServiceError::Unavailable(m) => (ServiceError::Unavailable, m),
+            ServiceError::Overloaded(m) => (ServiceError::Overloaded, m),
+            ServiceError::Unsupported(m) => (ServiceError::Unsupported, m),
+            ServiceError::AlreadyExists(m) => (ServiceError::AlreadyExists, m),
+            ServiceError::Cancelled(m) => (ServiceError::Cancelled, m),
+            ServiceError::Internal(m) => (ServiceError::Internal, m),
         }
     }
 }

@@ -19,6 +19,7 @@
 mod batch;
 pub mod policy;
 pub mod queue;
+mod timer;
 pub mod sequence;
 
 use std::sync::Arc;
@@ -261,7 +262,10 @@ impl Scheduler {
         let timer_shared = shared.clone();
         std::thread::Builder::new()
             .name(format!("nereid-timer-{model}"))
-            .spawn(move || timer_loop(&timer_shared))
+            .spawn(move || {
+                let shared = &*timer_shared;
+                timer::timer_loop(&shared.state, &shared.timer, |state, now| shared.dispatch(state, now))
+            })
             .map_err(spawn_err)?;
         Ok(Scheduler { kind: Kind::Queue(shared), instances: count })
     }
@@ -344,24 +348,6 @@ fn shape_key(inputs: &[Tensor], batching: bool) -> ShapeKey {
         .collect()
 }
 
-/// Sleeps until the next queue delay or timeout, then dispatches. Exits when the scheduler
-/// is dropped, closing the instances' channels (they exit once idle).
-fn timer_loop(shared: &Shared) {
-    let mut state = shared.state.lock();
-    loop {
-        if state.closed {
-            break;
-        }
-        match state.wake {
-            Some(at) if at <= Instant::now() => shared.dispatch(&mut state, Instant::now()),
-            Some(at) => {
-                shared.timer.wait_until(&mut state, at);
-            }
-            None => shared.timer.wait(&mut state),
-        }
-    }
-}
-
 fn instance_loop(
     index: usize,
     mut instance: Box<dyn BackendInstance>,
@@ -438,5 +424,15 @@ fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, shared: &Shared, 
         };
         let timings = timings(p.arrived);
         shared.respond(p.payload, Ok(JobResult { outputs, timings }));
+    }
+}
+
+impl timer::Timed for State {
+    fn closed(&self) -> bool {
+        self.closed
+    }
+
+    fn wake(&self) -> Option<Instant> {
+        self.wake
     }
 }

@@ -37,7 +37,7 @@ use tokio::sync::oneshot;
 pub use self::controls::{SequencePolicy, Strategy};
 use self::controls::id_text;
 use super::queue::ShapeKey;
-use super::{ExecTimings, JobResult, batch};
+use super::{ExecTimings, JobResult, batch, timer};
 use crate::backend::{BackendError, BackendInstance};
 use crate::request_check::{SequenceFlags, ValidRequest};
 use crate::stats::VersionStats;
@@ -166,7 +166,10 @@ impl SequenceScheduler {
         let timer_shared = shared.clone();
         std::thread::Builder::new()
             .name(format!("nereid-seqtimer-{model}"))
-            .spawn(move || timer_loop(&timer_shared))
+            .spawn(move || {
+                let shared = &*timer_shared;
+                timer::timer_loop(&shared.state, &shared.timer, |state, now| shared.dispatch(state, now))
+            })
             .map_err(spawn_err)?;
         Ok(SequenceScheduler { shared })
     }
@@ -413,22 +416,6 @@ enum Next {
     Stop,
 }
 
-fn timer_loop(shared: &Shared) {
-    let mut state = shared.state.lock();
-    loop {
-        if state.closed {
-            break;
-        }
-        match state.wake {
-            Some(at) if at <= Instant::now() => shared.dispatch(&mut state, Instant::now()),
-            Some(at) => {
-                shared.timer.wait_until(&mut state, at);
-            }
-            None => shared.timer.wait(&mut state),
-        }
-    }
-}
-
 fn instance_loop(
     index: usize,
     mut instance: Box<dyn BackendInstance>,
@@ -540,4 +527,14 @@ fn run_group(
         done.push((job.flags, new_state));
     }
     done
+}
+
+impl timer::Timed for State {
+    fn closed(&self) -> bool {
+        self.closed
+    }
+
+    fn wake(&self) -> Option<Instant> {
+        self.wake
+    }
 }
