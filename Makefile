@@ -43,7 +43,7 @@ test-python: build
 ## bench: in-process ONNX Runtime baseline, then the server under nereid-loadtest and
 ## perf_analyzer; writes $(BENCH_OUT)/results.json and prints a Markdown summary (docs/loadtest.md).
 bench: build
-	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest
+	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	cargo build --release $(CARGO_FLAGS) -p nereid-data-plane --example inprocess_ort
 	bash scripts/bench.sh $(BENCH_OUT)
 

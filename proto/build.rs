@@ -23,4 +23,3 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_fds_with_config(fds, config)?;
     Ok(())
 }
-

@@ -32,13 +32,14 @@ PY=$ROOT/.venv/bin/python
 NEREID=$ROOT/target/release/nereid
 LOADTEST=$ROOT/target/release/nereid-loadtest
 INPROC=$ROOT/target/release/examples/inprocess_ort
+RTT=$ROOT/target/release/examples/rtt_floor
 PA=$ROOT/.venv/perf_analyzer
 INTERVAL_MS=${BENCH_INTERVAL_MS:-2000}
 MAX_TRIALS=${BENCH_MAX_TRIALS:-5}
 INPROC_SECS=${BENCH_INPROC_SECS:-3}
 RESNET_SECS=${BENCH_RESNET_SECS:-4}
 
-for f in "$PY" "$NEREID" "$LOADTEST" "$INPROC" "$ROOT/.venv/ort-lib-path"; do
+for f in "$PY" "$NEREID" "$LOADTEST" "$INPROC" "$RTT" "$ROOT/.venv/ort-lib-path"; do
     if [[ ! -e $f ]]; then
         echo "error: $f is missing; run 'make bench' (or 'make build' and the cargo builds it lists)" >&2
         exit 1
@@ -160,11 +161,19 @@ loadtest() {
     stats "$model" "$RAW/$name.stats_after.json"
 }
 
+say "latency floor: 64-byte TCP ping-pong over loopback, then gRPC ServerLive (no inference)"
+run "$RTT" "$GRPC" 20000 >"$RAW/rtt_floor.jsonl" || FAILED+=(rtt_floor)
+
 for model in mlp_large mlp_large_nobatch; do
     for proto in grpc http; do
         for c in 1 8 32; do
             loadtest "${model}_${proto}_c$c" "$model" "$proto" "$c"
         done
+    done
+done
+for proto in grpc http; do
+    for c in 1 32; do
+        loadtest "mlp_large_fss_${proto}_c$c" mlp_large_fss "$proto" "$c"
     done
 done
 for c in 1 16; do
@@ -313,17 +322,30 @@ for proto in ("grpc", "http"):
         add_ratio(f"MLP {proto} c=32 batching / in-process at batch {lo} (nearest measured below)",
                   tput(name), floor, f"average executed batch {avg}")
 for proto in ("grpc", "http"):
+    name = f"mlp_large_fss_{proto}_c32"
+    avg = runs.get(name, {}).get("server", {}).get("avg_batch")
+    base, _, how = inproc_at("mlp_large", avg)
+    add_ratio(f"MLP {proto} c=32 batching, force_spinning_stop / in-process at the formed batch",
+              tput(name), base, f"average executed batch {avg}; in-process {how}")
+for proto in ("grpc", "http"):
     add_ratio(f"MLP {proto} c=32 batching / no batching", tput(f"mlp_large_{proto}_c32"),
               tput(f"mlp_large_nobatch_{proto}_c32"))
 for proto in ("grpc", "http"):
+    add_ratio(f"MLP {proto} c=32 batching, force_spinning_stop / no batching",
+              tput(f"mlp_large_fss_{proto}_c32"), tput(f"mlp_large_nobatch_{proto}_c32"))
+for proto in ("grpc", "http"):
     one = inproc["mlp_large"].get(1, {}).get("infer_per_sec")
     add_ratio(f"MLP {proto} c=1 / in-process batch 1", tput(f"mlp_large_{proto}_c1"), one)
+    add_ratio(f"MLP {proto} c=1, force_spinning_stop / in-process batch 1",
+              tput(f"mlp_large_fss_{proto}_c1"), one)
 r8 = inproc["resnet50"].get(8, {}).get("infer_per_sec")
 add_ratio("ResNet-50 gRPC c=8 / in-process batch 8", tput("resnet50_grpc_c8"), r8,
           f"average executed batch {runs.get('resnet50_grpc_c8', {}).get('server', {}).get('avg_batch')}")
 for p in pa:
     add_ratio(f"nereid-loadtest / perf_analyzer, MLP gRPC c={p['concurrency']}",
               tput(f"mlp_large_grpc_c{p['concurrency']}"), p["throughput"])
+
+rtt = {r["what"]: r for r in jsonl(raw / "rtt_floor.jsonl")}
 
 headline = {
     "identity_grpc_c1_p50_us": runs.get("identity_grpc_c1", {}).get("p50_us"),
@@ -341,7 +363,7 @@ machine = {"cpu": cpu, "cores": cores, "kernel": platform.release(),
 commands = (out / "commands.txt").read_text().splitlines()
 results = {"machine": machine, "settings": {"measurement_interval_ms": interval_ms, "max_trials": max_trials},
            "commands": commands, "inprocess": {m: list(v.values()) for m, v in inproc.items()},
-           "loadtest": runs, "perf_analyzer": pa, "ratios": ratios, "headline": headline,
+           "loadtest": runs, "perf_analyzer": pa, "latency_floor": rtt, "ratios": ratios, "headline": headline,
            "failed": failed}
 (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
@@ -365,7 +387,7 @@ for m, table in inproc.items():
 print("\n## Through the server (nereid-loadtest, closed loop)\n")
 print("| model | protocol | concurrency | infer/s | p50 µs | p99 µs | client CPU % | avg batch (server) | stable | errors |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
-order = ["mlp_large", "mlp_large_nobatch", "identity", "resnet50"]
+order = ["mlp_large", "mlp_large_fss", "mlp_large_nobatch", "identity", "resnet50"]
 for name, r in sorted(runs.items(), key=lambda kv: (order.index(kv[1]["model"]) if kv[1]["model"] in order else 9,
                                                     kv[1]["protocol"], kv[1]["concurrency"])):
     if not r["ok"]:
@@ -380,6 +402,14 @@ if pa:
     print("|---:|---:|---:|---:|")
     for p in pa:
         print(f"| {p['concurrency']} | {fmt(p['throughput'], 1)} | {fmt(p['p50_us'])} | {fmt(p['p99_us'])} |")
+if rtt:
+    print("\n## Latency floor of this machine (one request outstanding)\n")
+    print("| path | p50 µs | p90 µs | p99 µs |")
+    print("|---|---:|---:|---:|")
+    labels = {"tcp_pingpong_64B": "64-byte TCP ping-pong over loopback, two threads",
+              "grpc_server_live": "gRPC `ServerLive` to the server (tonic client, no inference)"}
+    for what, r in rtt.items():
+        print(f"| {labels.get(what, what)} | {fmt(r['p50_us'])} | {fmt(r['p90_us'])} | {fmt(r['p99_us'])} |")
 print("\n## Ratios\n")
 print("| ratio | value | numerator | denominator | note |")
 print("|---|---:|---:|---:|---|")

@@ -3,6 +3,8 @@
 
   mlp_large           FP32 x[-1,256] -> y[-1,256]: 256->1024->1024->256 MLP, ReLU, dynamic batching
   mlp_large_nobatch   the same model, default scheduler (no dynamic batching)
+  mlp_large_fss       mlp_large with `session.force_spinning_stop: "1"` (ONNX Runtime's intra-op
+                      threads stop spinning when a run ends instead of burning the shared cores)
   resnet50            the onnx package's light_resnet50 made batchable, dynamic batching
   identity            identity backend, FP32 INPUT0[-1,16] -> OUTPUT0, dynamic batching
 
@@ -96,6 +98,9 @@ def main(argv):
           'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
     write(repo, "mlp_large", f'platform: "onnxruntime_onnx"\nmax_batch_size: 32\n{io}{BATCHER}', mlp)
     write(repo, "mlp_large_nobatch", f'platform: "onnxruntime_onnx"\nmax_batch_size: 32\n{io}', mlp)
+    write(repo, "mlp_large_fss",
+          f'platform: "onnxruntime_onnx"\nmax_batch_size: 32\n{io}{BATCHER}'
+          'parameters { key: "session.force_spinning_stop" value: { string_value: "1" } }\n', mlp)
     write(repo, "resnet50",
           'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
           'input [ { name: "data" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]\n'

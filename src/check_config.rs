@@ -14,15 +14,20 @@ use nereid_proto::pb::inference::ModelConfig;
 use crate::cli::CheckConfigArgs;
 
 pub fn run(args: CheckConfigArgs) -> ExitCode {
-    let backends = args
-        .auto_complete
-        .then(|| Backends::new(crate::ort_library::resolve(args.onnxruntime_library.clone())));
+    let backends = args.auto_complete.then(|| {
+        Backends::new(crate::ort_library::resolve(
+            args.onnxruntime_library.clone(),
+        ))
+    });
     let mut failed = false;
     for path in &args.paths {
         match check(path, backends.as_ref()) {
             Ok(config) => {
                 let json = message_to_json(&config);
-                println!("{}", serde_json::to_string_pretty(&json).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json).unwrap_or_default()
+                );
             }
             Err(e) => {
                 failed = true;
@@ -37,7 +42,11 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
             }
         }
     }
-    if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// Checks one path: a config file, or a model directory (with its version folders).
@@ -47,8 +56,10 @@ fn check(path: &Path, backends: Option<&Backends>) -> Result<ModelConfig, Config
     } else {
         (path.parent(), path.to_path_buf())
     };
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| ConfigError::Read { path: file.clone(), message: e.to_string() })?;
+    let text = std::fs::read_to_string(&file).map_err(|e| ConfigError::Read {
+        path: file.clone(),
+        message: e.to_string(),
+    })?;
     let mut cfg = config::parse_config_text(&file, &text)?;
     let dir_name = model_dir
         .and_then(|d| d.canonicalize().ok())
@@ -78,7 +89,9 @@ fn check(path: &Path, backends: Option<&Backends>) -> Result<ModelConfig, Config
     if let (Some(backends), Some(latest)) = (backends, versions.last())
         && cfg.platform != "ensemble"
     {
-        let backend = backends.get(&cfg.backend).map_err(|e| ConfigError::Invalid(vec![e]))?;
+        let backend = backends
+            .get(&cfg.backend)
+            .map_err(|e| ConfigError::Invalid(vec![e]))?;
         if cfg.default_model_filename.is_empty() {
             cfg.default_model_filename = backend.default_model_filename().to_string();
         }
@@ -89,5 +102,9 @@ fn check(path: &Path, backends: Option<&Backends>) -> Result<ModelConfig, Config
     }
     config::fill_defaults(&mut cfg);
     let errors = validate::validate(&cfg);
-    if errors.is_empty() { Ok(cfg) } else { Err(ConfigError::Invalid(errors)) }
+    if errors.is_empty() {
+        Ok(cfg)
+    } else {
+        Err(ConfigError::Invalid(errors))
+    }
 }

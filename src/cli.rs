@@ -55,7 +55,13 @@ pub enum LogFormat {
 pub struct ServeArgs {
     /// Model repository directory (repeat for several). Triton layout: <repo>/<model>/config.pbtxt
     /// and numbered version folders.
-    #[arg(long = "model-repository", alias = "model-store", env = "NEREID_MODEL_REPOSITORY", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "model-repository",
+        alias = "model-store",
+        env = "NEREID_MODEL_REPOSITORY",
+        value_delimiter = ',',
+        required = true
+    )]
     pub model_repository: Vec<PathBuf>,
     /// HTTP (KServe v2 REST) port.
     #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
@@ -86,7 +92,12 @@ pub struct ServeArgs {
     pub allow_metrics: bool,
     /// none: load every model at start, no load/unload API. poll: also follow changes on disk
     /// every --repository-poll-secs. explicit: load only --load-model, then the API decides.
-    #[arg(long, env = "NEREID_MODEL_CONTROL_MODE", value_enum, default_value = "none")]
+    #[arg(
+        long,
+        env = "NEREID_MODEL_CONTROL_MODE",
+        value_enum,
+        default_value = "none"
+    )]
     pub model_control_mode: ControlModeArg,
     /// Model to load at start in explicit mode (repeat; '*' loads all and must be alone).
     #[arg(long = "load-model", env = "NEREID_LOAD_MODEL", value_delimiter = ',')]
@@ -136,7 +147,10 @@ impl ServeArgs {
     pub fn into_config(self) -> Result<ServeConfig, String> {
         for repo in &self.model_repository {
             if !repo.is_dir() {
-                return Err(format!("--model-repository '{}' is not a directory", repo.display()));
+                return Err(format!(
+                    "--model-repository '{}' is not a directory",
+                    repo.display()
+                ));
             }
         }
         let control_mode = match self.model_control_mode {
@@ -145,7 +159,9 @@ impl ServeArgs {
             ControlModeArg::Explicit => ControlMode::Explicit,
         };
         if self.load_model.iter().any(|m| m == "*") && self.load_model.len() > 1 {
-            return Err("--load-model '*' loads every model and must be the only --load-model".into());
+            return Err(
+                "--load-model '*' loads every model and must be the only --load-model".into(),
+            );
         }
         if !self.load_model.is_empty() && control_mode != ControlMode::Explicit {
             return Err("--load-model requires --model-control-mode explicit".into());
@@ -164,11 +180,15 @@ impl ServeArgs {
         for (i, a) in enabled.iter().enumerate() {
             for b in &enabled[i + 1..] {
                 if a.0 && b.0 && a.2 == b.2 && a.2 != 0 {
-                    return Err(format!("{} and {} are both {}: each service needs its own port", a.1, b.1, a.2));
+                    return Err(format!(
+                        "{} and {} are both {}: each service needs its own port",
+                        a.1, b.1, a.2
+                    ));
                 }
             }
         }
-        let auto_complete = !self.disable_auto_complete_config && self.strict_model_config != Some(true);
+        let auto_complete =
+            !self.disable_auto_complete_config && self.strict_model_config != Some(true);
         let addr = |allow: bool, ip: IpAddr, port: u16| allow.then_some(SocketAddr::new(ip, port));
         Ok(ServeConfig {
             manager: ManagerConfig {
@@ -178,7 +198,10 @@ impl ServeArgs {
                 auto_complete,
                 queue_capacity: self.model_queue_size,
             },
-            data_plane: DataPlaneConfig { server_name: self.id, strict_readiness: self.strict_readiness },
+            data_plane: DataPlaneConfig {
+                server_name: self.id,
+                strict_readiness: self.strict_readiness,
+            },
             http_addr: addr(self.allow_http, self.http_address, self.http_port),
             grpc_addr: addr(self.allow_grpc, self.grpc_address, self.grpc_port),
             metrics_addr: addr(self.allow_metrics, self.metrics_address, self.metrics_port),
@@ -211,7 +234,10 @@ mod tests {
     fn parse(args: &[&str]) -> Result<ServeConfig, String> {
         let mut argv = vec!["nereid", "serve", "--model-repository", "."];
         argv.extend_from_slice(args);
-        let Cli { command: Command::Serve(a) } = Cli::try_parse_from(argv).map_err(|e| e.to_string())? else {
+        let Cli {
+            command: Command::Serve(a),
+        } = Cli::try_parse_from(argv).map_err(|e| e.to_string())?
+        else {
             unreachable!()
         };
         a.into_config()
@@ -219,7 +245,17 @@ mod tests {
 
     #[test]
     fn triton_style_flags_parse() {
-        let c = parse(&["--strict-readiness", "false", "--model-control-mode", "explicit", "--load-model", "a", "--load-model", "b"]).unwrap();
+        let c = parse(&[
+            "--strict-readiness",
+            "false",
+            "--model-control-mode",
+            "explicit",
+            "--load-model",
+            "a",
+            "--load-model",
+            "b",
+        ])
+        .unwrap();
         assert!(!c.data_plane.strict_readiness);
         assert_eq!(c.manager.startup_models, vec!["a", "b"]);
         assert_eq!(c.http_addr.unwrap().port(), 8000);
@@ -229,9 +265,27 @@ mod tests {
 
     #[test]
     fn bad_combinations_are_refused() {
-        assert!(parse(&["--load-model", "a"]).unwrap_err().contains("explicit"));
-        assert!(parse(&["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "a"]).is_err());
-        assert!(parse(&["--http-port", "9000", "--grpc-port", "9000"]).unwrap_err().contains("own port"));
+        assert!(
+            parse(&["--load-model", "a"])
+                .unwrap_err()
+                .contains("explicit")
+        );
+        assert!(
+            parse(&[
+                "--model-control-mode",
+                "explicit",
+                "--load-model",
+                "*",
+                "--load-model",
+                "a"
+            ])
+            .is_err()
+        );
+        assert!(
+            parse(&["--http-port", "9000", "--grpc-port", "9000"])
+                .unwrap_err()
+                .contains("own port")
+        );
         assert!(parse(&["--strict-readiness", "maybe"]).is_err());
     }
 }

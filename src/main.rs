@@ -25,7 +25,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");
@@ -46,10 +49,17 @@ fn main() -> ExitCode {
 
 fn init_logging(verbose: u32, format: &cli::LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let default = if verbose > 0 { "debug,h2=info,hyper=info,tower=info" } else { "info" };
+    let default = if verbose > 0 {
+        "debug,h2=info,hyper=info,tower=info"
+    } else {
+        "info"
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         cli::LogFormat::Json => builder.json().init(),
         cli::LogFormat::Text => builder.init(),

@@ -17,10 +17,17 @@ pub fn resolve(flag: Option<PathBuf>) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
         return Some(PathBuf::from(path));
     }
-    if let Some(found) = std::env::current_exe().ok().as_deref().and_then(Path::parent).and_then(beside) {
+    if let Some(found) = std::env::current_exe()
+        .ok()
+        .as_deref()
+        .and_then(Path::parent)
+        .and_then(beside)
+    {
         return Some(found);
     }
-    option_env!("NEREID_BUILTIN_ORT_LIBRARY").map(PathBuf::from).filter(|p| p.exists())
+    option_env!("NEREID_BUILTIN_ORT_LIBRARY")
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
 }
 
 fn beside(dir: &Path) -> Option<PathBuf> {
@@ -32,7 +39,11 @@ fn beside(dir: &Path) -> Option<PathBuf> {
         .ok()?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so.")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+        })
         .collect();
     versioned.sort();
     versioned.pop()

@@ -34,11 +34,16 @@ pub fn scan(repositories: &[PathBuf]) -> std::io::Result<ScanResult> {
             if !entry.file_type()?.is_dir() && !entry.path().is_dir() {
                 continue;
             }
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
             if name.starts_with('.') {
                 continue;
             }
-            let dir = ModelDir { name: name.clone(), path: entry.path() };
+            let dir = ModelDir {
+                name: name.clone(),
+                path: entry.path(),
+            };
             if let Some(first) = models.remove(&name) {
                 duplicates.insert(name, vec![first.path, dir.path]);
             } else if let Some(paths) = duplicates.get_mut(&name) {
@@ -63,9 +68,13 @@ pub struct ScanResult {
 /// leading zero).
 pub fn version_dirs(model_dir: &Path) -> BTreeMap<i64, PathBuf> {
     let mut versions = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(model_dir) else { return versions };
+    let Ok(entries) = std::fs::read_dir(model_dir) else {
+        return versions;
+    };
     for entry in entries.flatten() {
-        let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
         if name.starts_with('0') || !entry.path().is_dir() {
             continue;
         }
@@ -87,7 +96,10 @@ pub fn select_versions(policy: Option<&ModelVersionPolicy>, available: &[i64]) -
     sorted.dedup();
     match policy.and_then(|p| p.policy_choice.as_ref()) {
         Some(PolicyChoice::All(_)) => sorted,
-        Some(PolicyChoice::Specific(s)) => sorted.into_iter().filter(|v| s.versions.contains(v)).collect(),
+        Some(PolicyChoice::Specific(s)) => sorted
+            .into_iter()
+            .filter(|v| s.versions.contains(v))
+            .collect(),
         Some(PolicyChoice::Latest(l)) => {
             let n = (l.num_versions.max(1)) as usize;
             let skip = sorted.len().saturating_sub(n);
@@ -113,9 +125,13 @@ impl Fingerprint {
 
 fn hash_tree(path: &Path, relative: &Path, hasher: &mut DefaultHasher) {
     relative.hash(hasher);
-    let Ok(meta) = std::fs::metadata(path) else { return };
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
     if meta.is_dir() {
-        let Ok(entries) = std::fs::read_dir(path) else { return };
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return;
+        };
         let mut names: Vec<_> = entries.flatten().map(|e| e.file_name()).collect();
         names.sort();
         for name in names {
@@ -123,7 +139,9 @@ fn hash_tree(path: &Path, relative: &Path, hasher: &mut DefaultHasher) {
         }
     } else {
         meta.len().hash(hasher);
-        meta.modified().unwrap_or(SystemTime::UNIX_EPOCH).hash(hasher);
+        meta.modified()
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+            .hash(hasher);
     }
 }
 
@@ -133,16 +151,29 @@ mod tests {
     use nereid_proto::pb::inference::model_version_policy::{All, Latest, Specific};
 
     fn policy(choice: PolicyChoice) -> ModelVersionPolicy {
-        ModelVersionPolicy { policy_choice: Some(choice) }
+        ModelVersionPolicy {
+            policy_choice: Some(choice),
+        }
     }
 
     #[test]
     fn version_policies() {
         let v = [3, 1, 2, 10];
         assert_eq!(select_versions(None, &v), vec![10]);
-        assert_eq!(select_versions(Some(&policy(PolicyChoice::Latest(Latest { num_versions: 2 }))), &v), vec![3, 10]);
-        assert_eq!(select_versions(Some(&policy(PolicyChoice::All(All {}))), &v), vec![1, 2, 3, 10]);
-        let specific = policy(PolicyChoice::Specific(Specific { versions: vec![2, 7] }));
+        assert_eq!(
+            select_versions(
+                Some(&policy(PolicyChoice::Latest(Latest { num_versions: 2 }))),
+                &v
+            ),
+            vec![3, 10]
+        );
+        assert_eq!(
+            select_versions(Some(&policy(PolicyChoice::All(All {}))), &v),
+            vec![1, 2, 3, 10]
+        );
+        let specific = policy(PolicyChoice::Specific(Specific {
+            versions: vec![2, 7],
+        }));
         assert_eq!(select_versions(Some(&specific), &v), vec![2]);
         assert!(select_versions(None, &[]).is_empty());
     }

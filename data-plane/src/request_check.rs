@@ -43,7 +43,11 @@ pub struct SequenceFlags {
 pub fn check(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest, ServiceError> {
     let prefix = format!(
         "[request id: {}] ",
-        if request.id.is_empty() { "<id_unknown>" } else { request.id.as_str() }
+        if request.id.is_empty() {
+            "<id_unknown>"
+        } else {
+            request.id.as_str()
+        }
     );
     check_inner(config, request).map_err(|e| e.prefixed(&prefix))
 }
@@ -58,7 +62,8 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
     // The server feeds control and state inputs of a sequence model itself.
     let server_fed = |name: &str| {
         sequence_batching.is_some_and(|sb| {
-            sb.control_input.iter().any(|c| c.name == name) || sb.state.iter().any(|s| s.input_name == name)
+            sb.control_input.iter().any(|c| c.name == name)
+                || sb.state.iter().any(|s| s.input_name == name)
         })
     };
 
@@ -84,9 +89,17 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
         .map(|i| i.name.as_str())
         .collect();
     if !missing.is_empty() {
-        let got: Vec<String> = request.inputs.iter().map(|t| format!("'{}'", t.name())).collect();
+        let got: Vec<String> = request
+            .inputs
+            .iter()
+            .map(|t| format!("'{}'", t.name()))
+            .collect();
         let missing: Vec<String> = missing.iter().map(|n| format!("'{n}'")).collect();
-        let required = config.input.iter().filter(|i| !i.optional && !server_fed(&i.name)).count();
+        let required = config
+            .input
+            .iter()
+            .filter(|i| !i.optional && !server_fed(&i.name))
+            .count();
         return Err(ServiceError::invalid(format!(
             "expected {required} inputs but got {} inputs for model '{m}'. Got input(s) [{}], but missing required input(s) [{}]. Please provide all required input(s).",
             request.inputs.len(),
@@ -159,7 +172,8 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
     } else {
         let mut names = Vec::with_capacity(request.outputs.len());
         for out in &request.outputs {
-            let state_output = sequence_batching.is_some_and(|sb| sb.state.iter().any(|s| s.output_name == out.name));
+            let state_output = sequence_batching
+                .is_some_and(|sb| sb.state.iter().any(|s| s.output_name == out.name));
             if !config.output.iter().any(|o| o.name == out.name) && !state_output {
                 return Err(ServiceError::invalid(format!(
                     "unexpected inference output '{}' for model '{m}'",
@@ -173,7 +187,10 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
                 )));
             }
             if !out.parameters.is_empty()
-                && let Some(key) = out.parameters.keys().find(|k| k.as_str() == "classification")
+                && let Some(key) = out
+                    .parameters
+                    .keys()
+                    .find(|k| k.as_str() == "classification")
             {
                 return Err(ServiceError::unsupported(format!(
                     "output '{}' of model '{m}': the '{key}' extension is not supported by this version of Nereid yet",
@@ -199,7 +216,11 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
                     "inference request to model '{m}' must specify batch-size 1 due to requirements of sequence batcher"
                 )));
             }
-            Some(SequenceFlags { id, start: request.options.sequence_start, end: request.options.sequence_end })
+            Some(SequenceFlags {
+                id,
+                start: request.options.sequence_start,
+                end: request.options.sequence_end,
+            })
         }
     };
 
@@ -235,11 +256,22 @@ mod tests {
 
     fn fp32(name: &str, shape: Vec<i64>) -> Tensor {
         let n: i64 = shape.iter().product();
-        Tensor::new(name, DataType::Fp32, shape, Bytes::from(vec![0u8; n as usize * 4])).unwrap()
+        Tensor::new(
+            name,
+            DataType::Fp32,
+            shape,
+            Bytes::from(vec![0u8; n as usize * 4]),
+        )
+        .unwrap()
     }
 
     fn request(inputs: Vec<Tensor>) -> InferRequest {
-        InferRequest { model_name: "m".into(), id: "r1".into(), inputs, ..Default::default() }
+        InferRequest {
+            model_name: "m".into(),
+            id: "r1".into(),
+            inputs,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -252,15 +284,33 @@ mod tests {
     #[test]
     fn refuses_with_triton_messages() {
         let e = check(&config(), request(vec![fp32("a", vec![5, 2])])).unwrap_err();
-        assert_eq!(e.message(), "[request id: r1] inference request batch-size must be <= 4 for 'm'");
+        assert_eq!(
+            e.message(),
+            "[request id: r1] inference request batch-size must be <= 4 for 'm'"
+        );
         let e = check(&config(), request(vec![fp32("a", vec![1, 3])])).unwrap_err();
         assert!(e.message().starts_with("[request id: r1] unexpected shape for input 'a' for model 'm'. Expected [-1,2], got [1,3]."));
         let e = check(&config(), request(vec![fp32("zz", vec![1, 2])])).unwrap_err();
-        assert_eq!(e.message(), "[request id: r1] unexpected inference input 'zz' for model 'm'");
-        let e = check(&config(), request(vec![fp32("a", vec![1, 2]), fp32("b", vec![1, 2])])).unwrap_err();
-        assert_eq!(e.message(), "[request id: r1] inference input 'b' data-type is 'FP32', but model 'm' expects 'INT32'");
+        assert_eq!(
+            e.message(),
+            "[request id: r1] unexpected inference input 'zz' for model 'm'"
+        );
+        let e = check(
+            &config(),
+            request(vec![fp32("a", vec![1, 2]), fp32("b", vec![1, 2])]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message(),
+            "[request id: r1] inference input 'b' data-type is 'FP32', but model 'm' expects 'INT32'"
+        );
         let e = check(&config(), request(vec![])).unwrap_err();
-        assert!(e.message().contains("expected 1 inputs but got 0 inputs for model 'm'"), "{}", e.message());
+        assert!(
+            e.message()
+                .contains("expected 1 inputs but got 0 inputs for model 'm'"),
+            "{}",
+            e.message()
+        );
     }
 
     fn sequence_config() -> ModelConfig {
@@ -292,10 +342,20 @@ mod tests {
         let mut r = request(vec![fp32("a", vec![1, 2])]);
         r.options.sequence_id = Some(CorrelationId::String("x".into()));
         r.options.sequence_start = true;
-        r.outputs = vec![RequestedOutput { name: "so".into(), ..Default::default() }];
+        r.outputs = vec![RequestedOutput {
+            name: "so".into(),
+            ..Default::default()
+        }];
         let v = check(&sequence_config(), r).unwrap();
         assert_eq!(v.outputs, vec!["so"]);
-        assert_eq!(v.sequence, Some(SequenceFlags { id: CorrelationId::String("x".into()), start: true, end: false }));
+        assert_eq!(
+            v.sequence,
+            Some(SequenceFlags {
+                id: CorrelationId::String("x".into()),
+                start: true,
+                end: false
+            })
+        );
         let v = check(&config(), request(vec![fp32("a", vec![1, 2])])).unwrap();
         assert_eq!(v.sequence, None);
     }
@@ -304,8 +364,14 @@ mod tests {
     fn checks_requested_outputs() {
         let mut r = request(vec![fp32("a", vec![1, 2])]);
         r.id.clear();
-        r.outputs = vec![RequestedOutput { name: "nope".into(), ..Default::default() }];
+        r.outputs = vec![RequestedOutput {
+            name: "nope".into(),
+            ..Default::default()
+        }];
         let e = check(&config(), r).unwrap_err();
-        assert_eq!(e.message(), "[request id: <id_unknown>] unexpected inference output 'nope' for model 'm'");
+        assert_eq!(
+            e.message(),
+            "[request id: <id_unknown>] unexpected inference output 'nope' for model 'm'"
+        );
     }
 }

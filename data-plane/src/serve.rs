@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nereid_proto::InferenceService;
 use axum::serve::ListenerExt;
+use nereid_proto::InferenceService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -45,12 +45,19 @@ pub struct ServeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot listen for {what} on {addr}: {source}")]
-    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Startup(String),
 }
 
-async fn bind(what: &'static str, addr: Option<SocketAddr>) -> Result<Option<TcpListener>, ServeError> {
+async fn bind(
+    what: &'static str,
+    addr: Option<SocketAddr>,
+) -> Result<Option<TcpListener>, ServeError> {
     match addr {
         None => Ok(None),
         Some(addr) => TcpListener::bind(addr)
@@ -61,14 +68,20 @@ async fn bind(what: &'static str, addr: Option<SocketAddr>) -> Result<Option<Tcp
 }
 
 /// Runs the server until `shutdown` resolves, then drains and returns.
-pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+pub async fn run(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let http = bind("HTTP", config.http_addr).await?;
     let grpc = bind("gRPC", config.grpc_addr).await?;
     let metrics_listener = bind("metrics", config.metrics_addr).await?;
 
     let backends = Backends::new(config.onnxruntime_library.clone());
     let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));
-    manager.load_startup_models().await.map_err(|e| ServeError::Startup(e.to_string()))?;
+    manager
+        .load_startup_models()
+        .await
+        .map_err(|e| ServeError::Startup(e.to_string()))?;
     if config.exit_on_error && !manager.all_ready() {
         return Err(ServeError::Startup(
             "a model failed to load and --exit-on-error is set (see the errors above)".into(),
@@ -86,7 +99,9 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
         tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "HTTP service listening");
         let router = nereid_proto::http::router(
             service.clone(),
-            nereid_proto::http::HttpConfig { max_input_size: config.http_max_input_size },
+            nereid_proto::http::HttpConfig {
+                max_input_size: config.http_max_input_size,
+            },
         );
         let done = stopped(stop_rx.clone());
         // Small responses go out at once instead of waiting on Nagle's algorithm.
@@ -94,17 +109,22 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
             let _ = tcp.set_nodelay(true);
         });
         servers.spawn(async move {
-            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(done).await {
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(done)
+                .await
+            {
                 tracing::error!(error = %e, "HTTP service failed");
             }
         });
     }
     if let Some(listener) = grpc {
         tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "gRPC service listening");
-        let routes = nereid_proto::grpc::routes(service.clone(), nereid_proto::grpc::GrpcConfig::default());
+        let routes =
+            nereid_proto::grpc::routes(service.clone(), nereid_proto::grpc::GrpcConfig::default());
         let done = stopped(stop_rx.clone());
         servers.spawn(async move {
-            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             // Large HTTP/2 windows: many concurrent streams share one client connection, and
             // tensors are often bigger than the 64 KiB defaults.
             let result = tonic::transport::Server::builder()
@@ -124,7 +144,10 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
         let router = metrics::router(manager.clone());
         let done = stopped(stop_rx.clone());
         servers.spawn(async move {
-            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(done).await {
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(done)
+                .await
+            {
                 tracing::error!(error = %e, "metrics service failed");
             }
         });
@@ -151,7 +174,10 @@ pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()>) -> Res
     tracing::info!("server started");
 
     shutdown.await;
-    tracing::info!(timeout_s = config.exit_timeout.as_secs(), "shutting down: draining in-flight requests");
+    tracing::info!(
+        timeout_s = config.exit_timeout.as_secs(),
+        "shutting down: draining in-flight requests"
+    );
     data_plane.begin_shutdown();
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(config.exit_timeout, async {

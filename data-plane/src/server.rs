@@ -20,9 +20,9 @@ use nereid_proto::types::{InferRequest, InferResponse};
 use nereid_proto::{DataType, InferenceService, ServiceError};
 
 use crate::backend::BackendError;
+use crate::manager::LoadedVersion;
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
 use crate::request_check;
-use crate::manager::LoadedVersion;
 use crate::stats::{FailureReason, RequestTimings};
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
@@ -53,7 +53,11 @@ pub struct DataPlane {
 
 impl DataPlane {
     pub fn new(config: DataPlaneConfig, manager: Arc<ModelManager>) -> DataPlane {
-        DataPlane { config, manager, shutting_down: AtomicBool::new(false) }
+        DataPlane {
+            config,
+            manager,
+            shutting_down: AtomicBool::new(false),
+        }
     }
 
     pub fn manager(&self) -> &Arc<ModelManager> {
@@ -103,7 +107,11 @@ impl InferenceService for DataPlane {
         self.manager.readiness(name, version)
     }
 
-    async fn model_metadata(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelMetadata> {
+    async fn model_metadata(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> ServiceResult<ModelMetadata> {
         let loaded = self.manager.get(name, version)?;
         let config = &loaded.config;
         let tensor = |n: &str, t: i32, dims: &[i64]| {
@@ -113,16 +121,35 @@ impl InferenceService for DataPlane {
             }
             TensorMetadata {
                 name: n.to_string(),
-                datatype: DataType::from_config_i32(t).map_or("INVALID", DataType::as_wire).to_string(),
+                datatype: DataType::from_config_i32(t)
+                    .map_or("INVALID", DataType::as_wire)
+                    .to_string(),
                 shape,
             }
         };
         Ok(ModelMetadata {
             name: name.to_string(),
-            versions: self.manager.versions(name).iter().map(i64::to_string).collect(),
-            platform: if config.platform.is_empty() { config.backend.clone() } else { config.platform.clone() },
-            inputs: config.input.iter().map(|i| tensor(&i.name, i.data_type, &i.dims)).collect(),
-            outputs: config.output.iter().map(|o| tensor(&o.name, o.data_type, &o.dims)).collect(),
+            versions: self
+                .manager
+                .versions(name)
+                .iter()
+                .map(i64::to_string)
+                .collect(),
+            platform: if config.platform.is_empty() {
+                config.backend.clone()
+            } else {
+                config.platform.clone()
+            },
+            inputs: config
+                .input
+                .iter()
+                .map(|i| tensor(&i.name, i.data_type, &i.dims))
+                .collect(),
+            outputs: config
+                .output
+                .iter()
+                .map(|o| tensor(&o.name, o.data_type, &o.dims))
+                .collect(),
         })
     }
 
@@ -130,9 +157,18 @@ impl InferenceService for DataPlane {
         Ok((*self.manager.get(name, version)?.config).clone())
     }
 
-    async fn model_statistics(&self, name: &str, version: Option<i64>) -> ServiceResult<Vec<ModelStatistics>> {
+    async fn model_statistics(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> ServiceResult<Vec<ModelStatistics>> {
         if name.is_empty() {
-            return Ok(self.manager.all_versions().iter().map(|v| v.stats.snapshot(&v.name, v.version)).collect());
+            return Ok(self
+                .manager
+                .all_versions()
+                .iter()
+                .map(|v| v.stats.snapshot(&v.name, v.version))
+                .collect());
         }
         match version {
             Some(_) => {
@@ -149,7 +185,11 @@ impl InferenceService for DataPlane {
                 }
                 versions
                     .into_iter()
-                    .map(|v| self.manager.get(name, Some(v)).map(|l| l.stats.snapshot(&l.name, l.version)))
+                    .map(|v| {
+                        self.manager
+                            .get(name, Some(v))
+                            .map(|l| l.stats.snapshot(&l.name, l.version))
+                    })
                     .collect()
             }
         }
@@ -158,11 +198,19 @@ impl InferenceService for DataPlane {
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
         let started = Instant::now();
         if self.shutting_down.load(Ordering::SeqCst) {
-            return Err(ServiceError::unavailable("Server is shutting down and has stopped accepting new requests."));
+            return Err(ServiceError::unavailable(
+                "Server is shutting down and has stopped accepting new requests.",
+            ));
         }
-        let loaded = self.manager.get(&request.model_name, request.model_version)?;
+        let loaded = self
+            .manager
+            .get(&request.model_name, request.model_version)?;
         // Counts the request as canceled if this future is dropped before an outcome is known.
-        let mut outcome = Outcome { loaded: &loaded, started, recorded: false };
+        let mut outcome = Outcome {
+            loaded: &loaded,
+            started,
+            recorded: false,
+        };
         let id = request.id.clone();
         let valid = match request_check::check(&loaded.config, request) {
             Ok(v) => v,
@@ -181,7 +229,11 @@ impl InferenceService for DataPlane {
         };
         let outputs = match result.outputs {
             Ok(outputs) => outputs,
-            Err(e) => return Err(outcome.failed(FailureReason::Backend, backend_error(&loaded.name, &id, e))),
+            Err(e) => {
+                return Err(
+                    outcome.failed(FailureReason::Backend, backend_error(&loaded.name, &id, e))
+                );
+            }
         };
         outcome.recorded = true;
         let t = result.timings;
@@ -214,14 +266,19 @@ impl InferenceService for DataPlane {
             None => None,
         };
         let source = if request.files.is_empty() {
-            LoadSource::Repository { config_override: config }
+            LoadSource::Repository {
+                config_override: config,
+            }
         } else {
             let Some(config) = config else {
                 return Err(ServiceError::invalid(format!(
                     "failed to load '{name}': file overrides require the 'config' parameter"
                 )));
             };
-            LoadSource::Files { config, dir: overrides::write_override_dir(name, &request.files)? }
+            LoadSource::Files {
+                config,
+                dir: overrides::write_override_dir(name, &request.files)?,
+            }
         };
         self.manager.load(name, source).await
     }
@@ -254,7 +311,9 @@ struct Outcome<'a> {
 impl Outcome<'_> {
     fn failed(&mut self, reason: FailureReason, error: ServiceError) -> ServiceError {
         self.recorded = true;
-        self.loaded.stats.record_failure(self.started.elapsed(), reason);
+        self.loaded
+            .stats
+            .record_failure(self.started.elapsed(), reason);
         error
     }
 }
@@ -262,7 +321,9 @@ impl Outcome<'_> {
 impl Drop for Outcome<'_> {
     fn drop(&mut self) {
         if !self.recorded {
-            self.loaded.stats.record_failure(self.started.elapsed(), FailureReason::Canceled);
+            self.loaded
+                .stats
+                .record_failure(self.started.elapsed(), FailureReason::Canceled);
         }
     }
 }

@@ -35,8 +35,12 @@ pub enum FailureReason {
 }
 
 impl FailureReason {
-    pub const ALL: [FailureReason; 4] =
-        [FailureReason::Rejected, FailureReason::Canceled, FailureReason::Backend, FailureReason::Other];
+    pub const ALL: [FailureReason; 4] = [
+        FailureReason::Rejected,
+        FailureReason::Canceled,
+        FailureReason::Backend,
+        FailureReason::Other,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -57,11 +61,16 @@ struct Counter {
 impl Counter {
     fn add(&mut self, d: Duration) {
         self.count += 1;
-        self.ns = self.ns.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64);
+        self.ns = self
+            .ns
+            .saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64);
     }
 
     fn to_proto(self) -> Option<StatisticDuration> {
-        Some(StatisticDuration { count: self.count, ns: self.ns })
+        Some(StatisticDuration {
+            count: self.count,
+            ns: self.ns,
+        })
     }
 }
 
@@ -89,7 +98,13 @@ pub struct VersionStats {
 
 impl VersionStats {
     /// Records one execution of the model on a batch of `batch_size` inferences.
-    pub fn record_execution(&self, batch_size: usize, input: Duration, infer: Duration, output: Duration) {
+    pub fn record_execution(
+        &self,
+        batch_size: usize,
+        input: Duration,
+        infer: Duration,
+        output: Duration,
+    ) {
         let mut s = self.inner.lock();
         s.inference_count += batch_size as u64;
         s.execution_count += 1;
@@ -116,7 +131,10 @@ impl VersionStats {
         let mut s = self.inner.lock();
         s.last_inference_ms = now_ms();
         s.fail.add(total);
-        let index = FailureReason::ALL.iter().position(|r| *r == reason).unwrap_or(3);
+        let index = FailureReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(3);
         s.failures_by_reason[index] += 1;
     }
 
@@ -161,7 +179,9 @@ impl VersionStats {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
@@ -171,7 +191,11 @@ mod tests {
     #[test]
     fn counts_successes_failures_and_batches() {
         let s = VersionStats::default();
-        let t = RequestTimings { total: Duration::from_micros(10), compute_infer: Duration::from_micros(4), ..Default::default() };
+        let t = RequestTimings {
+            total: Duration::from_micros(10),
+            compute_infer: Duration::from_micros(4),
+            ..Default::default()
+        };
         s.record_execution(4, Duration::ZERO, t.compute_infer, Duration::ZERO);
         s.record_success(t);
         s.record_execution(1, Duration::ZERO, t.compute_infer, Duration::ZERO);
@@ -180,9 +204,27 @@ mod tests {
         let m = s.snapshot("m", 1);
         assert_eq!((m.inference_count, m.execution_count), (5, 2));
         let i = m.inference_stats.unwrap();
-        assert_eq!(i.success.unwrap(), StatisticDuration { count: 2, ns: 20_000 });
-        assert_eq!(i.fail.unwrap(), StatisticDuration { count: 1, ns: 3_000 });
-        assert_eq!(m.batch_stats.iter().map(|b| b.batch_size).collect::<Vec<_>>(), vec![1, 4]);
+        assert_eq!(
+            i.success.unwrap(),
+            StatisticDuration {
+                count: 2,
+                ns: 20_000
+            }
+        );
+        assert_eq!(
+            i.fail.unwrap(),
+            StatisticDuration {
+                count: 1,
+                ns: 3_000
+            }
+        );
+        assert_eq!(
+            m.batch_stats
+                .iter()
+                .map(|b| b.batch_size)
+                .collect::<Vec<_>>(),
+            vec![1, 4]
+        );
         assert!(m.last_inference > 0);
         assert_eq!(s.failures_by_reason(), [1, 0, 0, 0]);
     }

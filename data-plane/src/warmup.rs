@@ -90,7 +90,9 @@ fn sample(
         .collect();
     unknown.sort_unstable();
     if let Some(name) = unknown.first() {
-        return Err(format!("{label}: input '{name}' is not an input of the model"));
+        return Err(format!(
+            "{label}: input '{name}' is not an input of the model"
+        ));
     }
     let batch_dim = (config.max_batch_size > 0).then_some(batch);
     let mut inputs = Vec::with_capacity(setting.inputs.len());
@@ -152,7 +154,9 @@ fn input_tensor(
         element_count(&warmup.dims).ok_or_else(|| format!("{label}: dims are too large"))?;
     let item = match &warmup.input_data_type {
         None => {
-            return Err(format!("{label}: set one of zero_data, random_data or input_data_file"));
+            return Err(format!(
+                "{label}: set one of zero_data, random_data or input_data_file"
+            ));
         }
         Some(InputDataType::ZeroData(_)) => zero_item(datatype, count),
         Some(InputDataType::RandomData(_)) => random_item(datatype, count, label),
@@ -222,15 +226,21 @@ fn file_item(
 ) -> Result<Vec<u8>, String> {
     let relative = Path::new(file);
     let inside = !file.is_empty()
-        && relative.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        && relative
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
     if !inside {
         return Err(format!(
             "{label}: input_data_file '{file}' must be a relative path inside the model's '{WARMUP_DATA_FOLDER}/' folder"
         ));
     }
     let path = model_dir.join(WARMUP_DATA_FOLDER).join(relative);
-    let mut data = std::fs::read(&path)
-        .map_err(|e| format!("{label}: cannot read input_data_file '{}': {e}", path.display()))?;
+    let mut data = std::fs::read(&path).map_err(|e| {
+        format!(
+            "{label}: cannot read input_data_file '{}': {e}",
+            path.display()
+        )
+    })?;
     match datatype.element_size() {
         Some(size) => {
             let needed = count * size;

@@ -15,20 +15,30 @@ use nereid_proto::types::{InferRequest, Tensor};
 use nereid_proto::{DataType, InferenceService, ServiceError};
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn ort_library() -> PathBuf {
     if let Some(p) = std::env::var_os("NEREID_ORT_LIBRARY") {
         return PathBuf::from(p);
     }
-    let p = workspace().join(".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1");
-    assert!(p.exists(), "ONNX Runtime library not found at {}: run `make setup`", p.display());
+    let p = workspace()
+        .join(".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1");
+    assert!(
+        p.exists(),
+        "ONNX Runtime library not found at {}: run `make setup`",
+        p.display()
+    );
     p
 }
 
 fn fixture(name: &str) -> PathBuf {
-    workspace().join("data-plane/src/backend/onnx/testdata").join(name)
+    workspace()
+        .join("data-plane/src/backend/onnx/testdata")
+        .join(name)
 }
 
 const ADD_SUB_CONFIG: &str = r#"
@@ -43,7 +53,11 @@ fn add_model(repo: &Path, name: &str, config: Option<&str>, versions: &[i64]) {
     let dir = repo.join(name);
     for v in versions {
         std::fs::create_dir_all(dir.join(v.to_string())).unwrap();
-        std::fs::copy(fixture("add_sub.onnx"), dir.join(v.to_string()).join("model.onnx")).unwrap();
+        std::fs::copy(
+            fixture("add_sub.onnx"),
+            dir.join(v.to_string()).join("model.onnx"),
+        )
+        .unwrap();
     }
     if let Some(c) = config {
         std::fs::write(dir.join("config.pbtxt"), c).unwrap();
@@ -62,7 +76,10 @@ fn plane(repo: &Path, mode: ControlMode, startup: &[&str]) -> Arc<DataPlane> {
         Backends::new(Some(ort_library())),
     ));
     Arc::new(DataPlane::new(
-        DataPlaneConfig { server_name: "nereid".into(), strict_readiness: true },
+        DataPlaneConfig {
+            server_name: "nereid".into(),
+            strict_readiness: true,
+        },
         manager,
     ))
 }
@@ -73,7 +90,10 @@ fn fp32(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
 }
 
 fn floats(t: &Tensor) -> Vec<f32> {
-    t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 fn add_sub_request(model: &str, version: Option<i64>) -> InferRequest {
@@ -104,8 +124,14 @@ async fn serves_a_model_and_keeps_statistics() {
     assert_eq!(floats(&response.outputs[1]), vec![0.5, 1.5, 2.5, 3.5]);
     assert_eq!(response.outputs[0].shape(), &[1, 4]);
 
-    let bad = InferRequest { inputs: vec![fp32("INPUT0", vec![1, 4], &[0.0; 4])], ..add_sub_request("add_sub", None) };
-    assert!(matches!(dp.infer(bad).await, Err(ServiceError::InvalidArgument(_))));
+    let bad = InferRequest {
+        inputs: vec![fp32("INPUT0", vec![1, 4], &[0.0; 4])],
+        ..add_sub_request("add_sub", None)
+    };
+    assert!(matches!(
+        dp.infer(bad).await,
+        Err(ServiceError::InvalidArgument(_))
+    ));
 
     let stats = dp.model_statistics("add_sub", None).await.unwrap();
     let inference = stats[0].inference_stats.as_ref().unwrap();
@@ -121,14 +147,30 @@ async fn serves_a_model_and_keeps_statistics() {
 async fn a_broken_model_does_not_stop_the_others() {
     let repo = tempfile::tempdir().unwrap();
     add_model(repo.path(), "good", Some(ADD_SUB_CONFIG), &[1]);
-    add_model(repo.path(), "bad_config", Some("max_batch_size: 8\nbogus_field: 1\n"), &[1]);
+    add_model(
+        repo.path(),
+        "bad_config",
+        Some("max_batch_size: 8\nbogus_field: 1\n"),
+        &[1],
+    );
     std::fs::create_dir_all(repo.path().join("corrupt/1")).unwrap();
-    std::fs::write(repo.path().join("corrupt/1/model.onnx"), b"not an onnx file").unwrap();
-    std::fs::write(repo.path().join("corrupt/config.pbtxt"), "platform: \"onnxruntime_onnx\"").unwrap();
+    std::fs::write(
+        repo.path().join("corrupt/1/model.onnx"),
+        b"not an onnx file",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.path().join("corrupt/config.pbtxt"),
+        "platform: \"onnxruntime_onnx\"",
+    )
+    .unwrap();
     let dp = plane(repo.path(), ControlMode::None, &[]);
     dp.manager().load_startup_models().await.unwrap();
 
-    assert!(!dp.server_ready().await, "strict readiness: a failed model makes the server not ready");
+    assert!(
+        !dp.server_ready().await,
+        "strict readiness: a failed model makes the server not ready"
+    );
     assert!(dp.infer(add_sub_request("good", None)).await.is_ok());
     let index = dp.repository_index(false).await.unwrap();
     let bad = index.iter().find(|r| r.name == "bad_config").unwrap();
@@ -137,7 +179,10 @@ async fn a_broken_model_does_not_stop_the_others() {
     let corrupt = index.iter().find(|r| r.name == "corrupt").unwrap();
     assert_eq!(corrupt.state, "UNAVAILABLE");
     assert!(!corrupt.reason.is_empty());
-    let err = dp.infer(add_sub_request("bad_config", None)).await.unwrap_err();
+    let err = dp
+        .infer(add_sub_request("bad_config", None))
+        .await
+        .unwrap_err();
     assert!(matches!(err, ServiceError::NotFound(_)), "{err:?}");
 }
 
@@ -149,8 +194,14 @@ async fn explicit_mode_loads_unloads_and_overrides() {
     let dp = plane(repo.path(), ControlMode::Explicit, &["a"]);
     dp.manager().load_startup_models().await.unwrap();
     assert!(dp.model_ready("a", None).await.unwrap());
-    assert_eq!(dp.model_metadata("a", None).await.unwrap().versions, vec!["2"]);
-    assert!(dp.model_ready("b", None).await.is_err(), "b is not loaded in explicit mode");
+    assert_eq!(
+        dp.model_metadata("a", None).await.unwrap().versions,
+        vec!["2"]
+    );
+    assert!(
+        dp.model_ready("b", None).await.is_err(),
+        "b is not loaded in explicit mode"
+    );
 
     dp.load_model("b", LoadRequest::default()).await.unwrap();
     assert!(dp.infer(add_sub_request("b", None)).await.is_ok());
@@ -158,24 +209,64 @@ async fn explicit_mode_loads_unloads_and_overrides() {
     assert!(dp.infer(add_sub_request("b", None)).await.is_err());
     let index = dp.repository_index(false).await.unwrap();
     let b = index.iter().find(|r| r.name == "b").unwrap();
-    assert_eq!((b.state.as_str(), b.reason.as_str()), ("UNAVAILABLE", "unloaded"));
+    assert_eq!(
+        (b.state.as_str(), b.reason.as_str()),
+        ("UNAVAILABLE", "unloaded")
+    );
 
     // Config override: serve every version of 'a'.
     let config = r#"{"platform":"onnxruntime_onnx","max_batch_size":8,"version_policy":{"all":{}},
         "input":[{"name":"INPUT0","data_type":"TYPE_FP32","dims":[4]},{"name":"INPUT1","data_type":"TYPE_FP32","dims":[4]}],
         "output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[4]},{"name":"OUTPUT1","data_type":"TYPE_FP32","dims":[4]}]}"#;
-    dp.load_model("a", LoadRequest { config: Some(config.into()), files: BTreeMap::new() }).await.unwrap();
-    assert_eq!(dp.model_metadata("a", None).await.unwrap().versions, vec!["1", "2"]);
+    dp.load_model(
+        "a",
+        LoadRequest {
+            config: Some(config.into()),
+            files: BTreeMap::new(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        dp.model_metadata("a", None).await.unwrap().versions,
+        vec!["1", "2"]
+    );
     assert!(dp.infer(add_sub_request("a", Some(1))).await.is_ok());
 
     // File override: a model that is not in the repository at all.
     let mut files = BTreeMap::new();
-    files.insert("file:3/model.onnx".to_string(), Bytes::from(std::fs::read(fixture("add_sub.onnx")).unwrap()));
-    dp.load_model("uploaded", LoadRequest { config: Some(config.into()), files: files.clone() }).await.unwrap();
-    assert_eq!(dp.infer(add_sub_request("uploaded", None)).await.unwrap().model_version, "3");
+    files.insert(
+        "file:3/model.onnx".to_string(),
+        Bytes::from(std::fs::read(fixture("add_sub.onnx")).unwrap()),
+    );
+    dp.load_model(
+        "uploaded",
+        LoadRequest {
+            config: Some(config.into()),
+            files: files.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        dp.infer(add_sub_request("uploaded", None))
+            .await
+            .unwrap()
+            .model_version,
+        "3"
+    );
 
     files.insert("file:../escape.onnx".to_string(), Bytes::from_static(b"x"));
-    let err = dp.load_model("evil", LoadRequest { config: Some(config.into()), files }).await.unwrap_err();
+    let err = dp
+        .load_model(
+            "evil",
+            LoadRequest {
+                config: Some(config.into()),
+                files,
+            },
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, ServiceError::InvalidArgument(_)), "{err:?}");
     assert!(!repo.path().join("escape.onnx").exists());
 }
@@ -186,8 +277,16 @@ async fn load_is_refused_outside_explicit_mode() {
     add_model(repo.path(), "a", Some(ADD_SUB_CONFIG), &[1]);
     let dp = plane(repo.path(), ControlMode::None, &[]);
     dp.manager().load_startup_models().await.unwrap();
-    let err = dp.load_model("a", LoadRequest::default()).await.unwrap_err();
-    assert_eq!(err, ServiceError::Unavailable("explicit model load / unload is not allowed if polling is enabled".into()));
+    let err = dp
+        .load_model("a", LoadRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ServiceError::Unavailable(
+            "explicit model load / unload is not allowed if polling is enabled".into()
+        )
+    );
 }
 
 #[tokio::test]
@@ -205,11 +304,20 @@ async fn poll_picks_up_new_versions_and_removals() {
     std::fs::remove_dir_all(repo.path().join("b")).unwrap();
     dp.manager().poll_once().await.unwrap();
 
-    assert_eq!(dp.model_metadata("a", None).await.unwrap().versions, vec!["1", "2"]);
+    assert_eq!(
+        dp.model_metadata("a", None).await.unwrap().versions,
+        vec!["1", "2"]
+    );
     let after = dp.manager().get("a", Some(1)).unwrap();
-    assert!(Arc::ptr_eq(&before, &after), "the unchanged version keeps running as it was");
+    assert!(
+        Arc::ptr_eq(&before, &after),
+        "the unchanged version keeps running as it was"
+    );
     assert!(dp.infer(add_sub_request("c", None)).await.is_ok());
-    assert!(matches!(dp.infer(add_sub_request("b", None)).await, Err(ServiceError::NotFound(_))));
+    assert!(matches!(
+        dp.infer(add_sub_request("b", None)).await,
+        Err(ServiceError::NotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -221,7 +329,10 @@ async fn auto_complete_fills_a_missing_config() {
     let config = dp.model_config("auto", None).await.unwrap();
     assert_eq!(config.backend, "onnxruntime");
     assert_eq!(config.input.len(), 2);
-    assert!(config.max_batch_size > 0, "dynamic batch dim gives a batching config");
+    assert!(
+        config.max_batch_size > 0,
+        "dynamic batch dim gives a batching config"
+    );
     assert_eq!(config.input[0].dims, vec![4]);
     assert!(dp.infer(add_sub_request("auto", None)).await.is_ok());
 }

@@ -18,8 +18,15 @@ use nereid_proto::{DataType, ServiceError};
 struct Sleepy;
 
 impl BackendInstance for Sleepy {
-    fn execute(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, BackendError> {
-        let first = inputs[0].data().get(..4).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()));
+    fn execute(
+        &mut self,
+        inputs: &[Tensor],
+        outputs: &[String],
+    ) -> Result<Vec<Tensor>, BackendError> {
+        let first = inputs[0]
+            .data()
+            .get(..4)
+            .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()));
         std::thread::sleep(Duration::from_millis(u64::from(first)));
         Ok(vec![inputs[0].clone().renamed(outputs[0].clone())])
     }
@@ -28,19 +35,49 @@ impl BackendInstance for Sleepy {
 fn scheduler(config: &str, instances: usize) -> (Scheduler, Arc<VersionStats>) {
     let config = parse_model_config(config).unwrap();
     let stats = Arc::new(VersionStats::default());
-    let instances = (0..instances).map(|i| (format!("m_{i}"), Box::new(Sleepy) as Box<dyn BackendInstance>)).collect();
-    let s = Scheduler::start("m", BatchPolicy::from_config(&config), instances, stats.clone(), 64).unwrap();
+    let instances = (0..instances)
+        .map(|i| {
+            (
+                format!("m_{i}"),
+                Box::new(Sleepy) as Box<dyn BackendInstance>,
+            )
+        })
+        .collect();
+    let s = Scheduler::start(
+        "m",
+        BatchPolicy::from_config(&config),
+        instances,
+        stats.clone(),
+        64,
+    )
+    .unwrap();
     (s, stats)
 }
 
 fn request(delay_ms: u32) -> ValidRequest {
-    let t = Tensor::new("x", DataType::Uint32, vec![1, 1], Bytes::copy_from_slice(&delay_ms.to_le_bytes())).unwrap();
-    ValidRequest { inputs: vec![t], outputs: vec!["y".into()], batch_size: 1, priority: 0, timeout_us: 0, sequence: None }
+    let t = Tensor::new(
+        "x",
+        DataType::Uint32,
+        vec![1, 1],
+        Bytes::copy_from_slice(&delay_ms.to_le_bytes()),
+    )
+    .unwrap();
+    ValidRequest {
+        inputs: vec![t],
+        outputs: vec!["y".into()],
+        batch_size: 1,
+        priority: 0,
+        timeout_us: 0,
+        sequence: None,
+    }
 }
 
 #[tokio::test]
 async fn preserve_ordering_holds_back_faster_answers() {
-    let (s, _) = scheduler("max_batch_size: 1 dynamic_batching { preserve_ordering: true }", 2);
+    let (s, _) = scheduler(
+        "max_batch_size: 1 dynamic_batching { preserve_ordering: true }",
+        2,
+    );
     let s = Arc::new(s);
     let start = Instant::now();
     let slow = tokio::spawn({
@@ -53,7 +90,10 @@ async fn preserve_ordering_holds_back_faster_answers() {
     assert!(slow.await.unwrap().is_ok());
     // The fast request ran on the second instance at once, but its answer waited for the
     // slow one (300 ms) that arrived before it.
-    assert!(fast >= Duration::from_millis(290), "answered out of order after {fast:?}");
+    assert!(
+        fast >= Duration::from_millis(290),
+        "answered out of order after {fast:?}"
+    );
 }
 
 #[tokio::test]
@@ -67,7 +107,10 @@ async fn without_preserve_ordering_the_fast_answer_comes_first() {
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
     let fast = s.submit(request(1)).await.map(|_| start.elapsed()).unwrap();
-    assert!(fast < Duration::from_millis(250), "the fast answer waited: {fast:?}");
+    assert!(
+        fast < Duration::from_millis(250),
+        "the fast answer waited: {fast:?}"
+    );
     assert!(slow.await.unwrap().is_ok());
 }
 
@@ -92,12 +135,18 @@ async fn requests_queued_behind_a_busy_instance_form_one_batch() {
     }
     let snapshot = stats.snapshot("m", 1);
     assert_eq!(snapshot.inference_count, 5);
-    assert_eq!(snapshot.execution_count, 2, "the four waiting requests ran as one batch");
+    assert_eq!(
+        snapshot.execution_count, 2,
+        "the four waiting requests ran as one batch"
+    );
 }
 
 #[tokio::test]
 async fn a_full_queue_is_an_overload_error() {
-    let (s, _) = scheduler("max_batch_size: 1 dynamic_batching { default_queue_policy { max_queue_size: 1 } }", 1);
+    let (s, _) = scheduler(
+        "max_batch_size: 1 dynamic_batching { default_queue_policy { max_queue_size: 1 } }",
+        1,
+    );
     let s = Arc::new(s);
     let running = tokio::spawn({
         let s = s.clone();
@@ -110,6 +159,9 @@ async fn a_full_queue_is_an_overload_error() {
     });
     tokio::time::sleep(Duration::from_millis(30)).await;
     let err = s.submit(request(0)).await.unwrap_err();
-    assert!(matches!(err, ServiceError::Overloaded(ref m) if m.starts_with("Exceeds maximum queue size")), "{err:?}");
+    assert!(
+        matches!(err, ServiceError::Overloaded(ref m) if m.starts_with("Exceeds maximum queue size")),
+        "{err:?}"
+    );
     assert!(running.await.unwrap() && queued.await.unwrap());
 }

@@ -26,34 +26,71 @@ struct Accumulator {
 
 fn ints(t: &Tensor) -> Vec<i64> {
     match t.datatype() {
-        DataType::Int32 => t.data().chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap()))).collect(),
-        DataType::Uint64 => t.data().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap()) as i64).collect(),
+        DataType::Int32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap())))
+            .collect(),
+        DataType::Uint64 => t
+            .data()
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as i64)
+            .collect(),
         other => panic!("unexpected {other}"),
     }
 }
 
 fn int32s(name: &str, v: &[i64]) -> Tensor {
     let data: Vec<u8> = v.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect();
-    Tensor::new(name, DataType::Int32, vec![v.len() as i64, 1], Bytes::from(data)).unwrap()
+    Tensor::new(
+        name,
+        DataType::Int32,
+        vec![v.len() as i64, 1],
+        Bytes::from(data),
+    )
+    .unwrap()
 }
 
 impl BackendInstance for Accumulator {
-    fn execute(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, BackendError> {
+    fn execute(
+        &mut self,
+        inputs: &[Tensor],
+        outputs: &[String],
+    ) -> Result<Vec<Tensor>, BackendError> {
         std::thread::sleep(self.delay);
         let get = |name: &str| {
-            inputs.iter().find(|t| t.name() == name).map(ints).ok_or_else(|| BackendError::InvalidInput(format!("no {name}")))
+            inputs
+                .iter()
+                .find(|t| t.name() == name)
+                .map(ints)
+                .ok_or_else(|| BackendError::InvalidInput(format!("no {name}")))
         };
-        let (input, start, end, corrid, state) = (get("INPUT")?, get("START")?, get("END")?, get("CORRID")?, get("STATE_IN")?);
-        assert!(get("READY")?.iter().all(|&r| r == 1), "READY must be true for every row");
-        self.log.lock().push(corrid.iter().map(|&c| c as u64).collect());
-        let sum: Vec<i64> = (0..input.len()).map(|i| input[i] + if start[i] == 1 { 0 } else { state[i] }).collect();
+        let (input, start, end, corrid, state) = (
+            get("INPUT")?,
+            get("START")?,
+            get("END")?,
+            get("CORRID")?,
+            get("STATE_IN")?,
+        );
+        assert!(
+            get("READY")?.iter().all(|&r| r == 1),
+            "READY must be true for every row"
+        );
+        self.log
+            .lock()
+            .push(corrid.iter().map(|&c| c as u64).collect());
+        let sum: Vec<i64> = (0..input.len())
+            .map(|i| input[i] + if start[i] == 1 { 0 } else { state[i] })
+            .collect();
         outputs
             .iter()
             .map(|name| match name.as_str() {
                 "OUTPUT" | "STATE_OUT" => Ok(int32s(name, &sum)),
                 "START_OUT" => Ok(int32s(name, &start)),
                 "END_OUT" => Ok(int32s(name, &end)),
-                other => Err(BackendError::InvalidInput(format!("unexpected output {other}"))),
+                other => Err(BackendError::InvalidInput(format!(
+                    "unexpected output {other}"
+                ))),
             })
             .collect()
     }
@@ -69,7 +106,12 @@ const CONTROLS: &str = r#"
     ]
     state [{input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [1]}]"#;
 
-fn scheduler(max_batch: usize, strategy: &str, instances: usize, delay_ms: u64) -> (Arc<Scheduler>, Log) {
+fn scheduler(
+    max_batch: usize,
+    strategy: &str,
+    instances: usize,
+    delay_ms: u64,
+) -> (Arc<Scheduler>, Log) {
     let config = parse_model_config(&format!(
         "max_batch_size: {max_batch} sequence_batching {{ {strategy} {CONTROLS} }}"
     ))
@@ -77,11 +119,24 @@ fn scheduler(max_batch: usize, strategy: &str, instances: usize, delay_ms: u64) 
     let log = Log::default();
     let instances = (0..instances)
         .map(|i| {
-            let instance = Accumulator { delay: Duration::from_millis(delay_ms), log: log.clone() };
-            (format!("m_{i}"), Box::new(instance) as Box<dyn BackendInstance>)
+            let instance = Accumulator {
+                delay: Duration::from_millis(delay_ms),
+                log: log.clone(),
+            };
+            (
+                format!("m_{i}"),
+                Box::new(instance) as Box<dyn BackendInstance>,
+            )
         })
         .collect();
-    let s = Scheduler::start("m", BatchPolicy::from_config(&config), instances, Arc::new(VersionStats::default()), 64).unwrap();
+    let s = Scheduler::start(
+        "m",
+        BatchPolicy::from_config(&config),
+        instances,
+        Arc::new(VersionStats::default()),
+        64,
+    )
+    .unwrap();
     (Arc::new(s), log)
 }
 
@@ -92,35 +147,72 @@ fn request(id: u64, value: i64, start: bool, end: bool) -> ValidRequest {
         batch_size: 1,
         priority: 0,
         timeout_us: 0,
-        sequence: Some(SequenceFlags { id: CorrelationId::Uint(id), start, end }),
+        sequence: Some(SequenceFlags {
+            id: CorrelationId::Uint(id),
+            start,
+            end,
+        }),
     }
 }
 
 /// (OUTPUT, START seen by the model, END seen by the model)
 fn values(r: Result<JobResult, ServiceError>) -> (i64, i64, i64) {
     let outputs = r.unwrap().outputs.unwrap();
-    assert_eq!(outputs.len(), 3, "the state output must not be returned unless requested");
-    (ints(&outputs[0])[0], ints(&outputs[1])[0], ints(&outputs[2])[0])
+    assert_eq!(
+        outputs.len(),
+        3,
+        "the state output must not be returned unless requested"
+    );
+    (
+        ints(&outputs[0])[0],
+        ints(&outputs[1])[0],
+        ints(&outputs[2])[0],
+    )
 }
 
 #[tokio::test]
 async fn interleaved_sequences_keep_their_own_state_and_controls() {
     let (s, _) = scheduler(4, "", 1, 0);
-    assert_eq!(values(s.submit(request(1, 10, true, false)).await), (10, 1, 0));
-    assert_eq!(values(s.submit(request(2, 100, true, false)).await), (100, 1, 0));
-    assert_eq!(values(s.submit(request(1, 5, false, false)).await), (15, 0, 0));
-    assert_eq!(values(s.submit(request(2, 1, false, true)).await), (101, 0, 1));
-    assert_eq!(values(s.submit(request(1, 1, false, true)).await), (16, 0, 1));
+    assert_eq!(
+        values(s.submit(request(1, 10, true, false)).await),
+        (10, 1, 0)
+    );
+    assert_eq!(
+        values(s.submit(request(2, 100, true, false)).await),
+        (100, 1, 0)
+    );
+    assert_eq!(
+        values(s.submit(request(1, 5, false, false)).await),
+        (15, 0, 0)
+    );
+    assert_eq!(
+        values(s.submit(request(2, 1, false, true)).await),
+        (101, 0, 1)
+    );
+    assert_eq!(
+        values(s.submit(request(1, 1, false, true)).await),
+        (16, 0, 1)
+    );
 }
 
 #[tokio::test]
 async fn requests_of_a_sequence_run_in_order_one_at_a_time() {
     for strategy in ["direct { }", "oldest { max_candidate_sequences: 4 }"] {
         let (s, log) = scheduler(4, strategy, 2, 5);
-        let (a, b, c) =
-            futures::join!(s.submit(request(7, 1, true, false)), s.submit(request(7, 2, false, false)), s.submit(request(7, 3, false, true)));
-        assert_eq!((values(a).0, values(b).0, values(c).0), (1, 3, 6), "{strategy}");
-        assert!(log.lock().iter().all(|batch| batch.len() == 1), "{strategy}: one request per sequence per batch");
+        let (a, b, c) = futures::join!(
+            s.submit(request(7, 1, true, false)),
+            s.submit(request(7, 2, false, false)),
+            s.submit(request(7, 3, false, true))
+        );
+        assert_eq!(
+            (values(a).0, values(b).0, values(c).0),
+            (1, 3, 6),
+            "{strategy}"
+        );
+        assert!(
+            log.lock().iter().all(|batch| batch.len() == 1),
+            "{strategy}: one request per sequence per batch"
+        );
     }
 }
 
@@ -145,7 +237,11 @@ async fn oldest_batches_ready_requests_of_different_sequences() {
     );
     assert_eq!((values(a).0, values(b).0, values(c).0), (2, 3, 4));
     let log = log.lock();
-    assert_eq!(log.len(), 2, "the three sequences queued behind the first one run as one batch: {log:?}");
+    assert_eq!(
+        log.len(),
+        2,
+        "the three sequences queued behind the first one run as one batch: {log:?}"
+    );
     let mut second = log[1].clone();
     second.sort_unstable();
     assert_eq!(second, vec![2, 3, 4]);
@@ -161,7 +257,10 @@ async fn direct_sequences_beyond_the_slots_wait_in_the_backlog() {
         async move { s.submit(request(2, 5, true, true)).await }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiting.is_finished(), "sequence 2 ran while sequence 1 held the only slot");
+    assert!(
+        !waiting.is_finished(),
+        "sequence 2 ran while sequence 1 held the only slot"
+    );
     assert_eq!(values(s.submit(request(1, 1, false, true)).await).0, 2);
     assert_eq!(values(waiting.await.unwrap()).0, 5);
 }
@@ -180,7 +279,10 @@ async fn a_sequence_must_start_and_ends_with_end() {
     let mut no_id = request(3, 1, true, false);
     no_id.sequence = None;
     let e = s.submit(no_id).await.unwrap_err();
-    assert_eq!(e.message(), "inference request to model 'm' must specify a non-zero or non-empty correlation ID");
+    assert_eq!(
+        e.message(),
+        "inference request to model 'm' must specify a non-zero or non-empty correlation ID"
+    );
 }
 
 #[tokio::test]
@@ -198,7 +300,11 @@ async fn an_idle_sequence_is_released() {
     values(s.submit(request(5, 1, true, false)).await);
     tokio::time::sleep(Duration::from_millis(600)).await;
     let e = s.submit(request(5, 1, false, false)).await.unwrap_err();
-    assert!(e.message().contains("must specify the START flag"), "{}", e.message());
+    assert!(
+        e.message().contains("must specify the START flag"),
+        "{}",
+        e.message()
+    );
     // The released slot (the only one) serves a new sequence.
     assert_eq!(values(s.submit(request(6, 3, true, true)).await).0, 3);
 }
@@ -207,7 +313,11 @@ async fn an_idle_sequence_is_released() {
 async fn a_string_id_is_refused_by_an_integer_corrid_control() {
     let (s, _) = scheduler(1, "", 1, 0);
     let mut r = request(0, 1, true, false);
-    r.sequence = Some(SequenceFlags { id: CorrelationId::String("abc".into()), start: true, end: false });
+    r.sequence = Some(SequenceFlags {
+        id: CorrelationId::String("abc".into()),
+        start: true,
+        end: false,
+    });
     let e = s.submit(r).await.unwrap_err();
     assert!(matches!(e, ServiceError::InvalidArgument(_)), "{e:?}");
 }

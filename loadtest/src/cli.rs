@@ -126,6 +126,13 @@ pub struct RunArgs {
     #[arg(long = "grpc-channels", default_value_t = 1)]
     pub grpc_channels: usize,
 
+    /// Threads the load generator runs its workers on. `1` (the default) drives every
+    /// connection from one thread, which costs the least CPU per request and leaves the other
+    /// cores to a server on the same machine; raise it when the client itself saturates a core
+    /// (its CPU column nears 100 %) against a remote server.
+    #[arg(long = "client-threads", default_value_t = 1)]
+    pub client_threads: usize,
+
     /// Load applied before measuring at each level, in seconds (not recorded).
     #[arg(long = "warmup-secs", default_value_t = 1.0)]
     pub warmup_secs: f64,
@@ -398,6 +405,9 @@ impl RunArgs {
         }
         if self.grpc_channels == 0 {
             return Err("--grpc-channels must be at least 1".into());
+        }
+        if self.client_threads == 0 {
+            return Err("--client-threads must be at least 1".into());
         }
         if self.max_outstanding == 0 {
             return Err("--max-outstanding must be at least 1".into());

@@ -21,10 +21,19 @@ fn main() -> ExitCode {
             };
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let threads = match &cli.command {
+        Some(Command::Sweep(args)) => args.run.client_threads,
+        None => cli.run.client_threads,
+    };
+    // One thread: everything on the calling thread, no cross-thread wake-ups per request.
+    let mut builder = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

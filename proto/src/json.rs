@@ -54,7 +54,12 @@ mod tests {
         let config = ModelConfig {
             name: "m".into(),
             max_batch_size: 8,
-            input: vec![ModelInput { name: "x".into(), data_type: 11, dims: vec![-1, 4], ..Default::default() }],
+            input: vec![ModelInput {
+                name: "x".into(),
+                data_type: 11,
+                dims: vec![-1, 4],
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let json = message_to_json(&config);

@@ -69,7 +69,11 @@ pub trait InferenceService: Send + Sync + 'static {
     fn server_metadata(&self) -> ServerMetadata;
     /// Whether the model version is ready; `NotFound` for an unknown model or version.
     async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool>;
-    async fn model_metadata(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelMetadata>;
+    async fn model_metadata(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> ServiceResult<ModelMetadata>;
     async fn model_config(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelConfig>;
     /// Statistics of one model (version), or of every loaded model when `name` is empty.
     async fn model_statistics(

@@ -123,7 +123,9 @@ fn non_negative(key: &str, value: &ParamValue) -> ServiceResult<u64> {
 fn boolean(key: &str, value: &ParamValue) -> ServiceResult<bool> {
     match *value {
         ParamValue::Bool(b) => Ok(b),
-        _ => Err(ServiceError::invalid(format!("parameter '{key}' must be a boolean"))),
+        _ => Err(ServiceError::invalid(format!(
+            "parameter '{key}' must be a boolean"
+        ))),
     }
 }
 
@@ -180,7 +182,12 @@ impl Tensor {
                 }
             }
         }
-        Ok(Tensor { name, datatype, shape, data })
+        Ok(Tensor {
+            name,
+            datatype,
+            shape,
+            data,
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -325,8 +332,12 @@ mod tests {
     #[test]
     fn fixed_size_tensor_checks_byte_length() {
         assert!(Tensor::new("x", DataType::Fp32, vec![2, 2], Bytes::from(vec![0u8; 16])).is_ok());
-        let err = Tensor::new("x", DataType::Fp32, vec![2, 2], Bytes::from(vec![0u8; 15])).unwrap_err();
-        assert_eq!(err.message(), "tensor 'x': FP32 shape [2,2] needs 16 bytes, got 15");
+        let err =
+            Tensor::new("x", DataType::Fp32, vec![2, 2], Bytes::from(vec![0u8; 15])).unwrap_err();
+        assert_eq!(
+            err.message(),
+            "tensor 'x': FP32 shape [2,2] needs 16 bytes, got 15"
+        );
         assert!(Tensor::new("x", DataType::Int8, vec![0, 5], Bytes::new()).is_ok());
     }
 
@@ -345,7 +356,10 @@ mod tests {
         let elems: Vec<&[u8]> = bytes_elements(t.data()).collect();
         assert_eq!(elems, vec![&b"ab"[..], b"", b"xyz"]);
         let err = Tensor::new("s", DataType::Bytes, vec![2], data).unwrap_err();
-        assert!(err.message().contains("holds 2 elements, but the data has 3"));
+        assert!(
+            err.message()
+                .contains("holds 2 elements, but the data has 3")
+        );
         let truncated = Bytes::from_static(&[5, 0, 0, 0, b'a']);
         assert!(Tensor::new("s", DataType::Bytes, vec![1], truncated).is_err());
         assert!(Tensor::new("s", DataType::Bytes, vec![1], Bytes::from_static(&[1, 0])).is_err());
@@ -371,7 +385,12 @@ mod tests {
     fn options_refuse_triton_keys_and_bad_types() {
         let mut p = Parameters::new();
         p.insert("triton_x".into(), ParamValue::Bool(true));
-        assert!(RequestOptions::split(p).unwrap_err().message().contains("reserved"));
+        assert!(
+            RequestOptions::split(p)
+                .unwrap_err()
+                .message()
+                .contains("reserved")
+        );
         let mut p = Parameters::new();
         p.insert("priority".into(), ParamValue::Int(-1));
         assert!(RequestOptions::split(p).is_err());

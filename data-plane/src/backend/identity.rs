@@ -56,9 +56,10 @@ impl Backend for IdentityBackend {
         let config = &ctx.config;
         let pairs = pair_outputs(config).map_err(BackendError::Load)?;
         let mut delay = Duration::from_millis(parameter(config, "execute_delay_ms")?.unwrap_or(0));
-        if let (Some(multiplier), DeviceKind::Gpu { device_id }) =
-            (parameter(config, "instance_wise_delay_multiplier")?, ctx.device)
-            && multiplier > 0
+        if let (Some(multiplier), DeviceKind::Gpu { device_id }) = (
+            parameter(config, "instance_wise_delay_multiplier")?,
+            ctx.device,
+        ) && multiplier > 0
         {
             delay *= u32::try_from(device_id.max(1)).unwrap_or(1);
         }
@@ -112,7 +113,10 @@ fn pair_outputs(config: &ModelConfig) -> Result<Vec<(String, String)>, String> {
     let mut pairs = Vec::with_capacity(config.output.len());
     for (position, output) in config.output.iter().enumerate() {
         let by_suffix = output.name.strip_prefix("OUTPUT").and_then(|suffix| {
-            config.input.iter().find(|i| i.name.strip_prefix("INPUT") == Some(suffix))
+            config
+                .input
+                .iter()
+                .find(|i| i.name.strip_prefix("INPUT") == Some(suffix))
         });
         let Some(input) = by_suffix.or_else(|| config.input.get(position)) else {
             return Err(format!(
@@ -152,7 +156,9 @@ fn type_name(data_type: i32) -> &'static str {
 
 /// A non-negative integer config parameter; `None` when absent.
 fn parameter(config: &ModelConfig, key: &str) -> Result<Option<u64>, BackendError> {
-    let Some(p) = config.parameters.get(key) else { return Ok(None) };
+    let Some(p) = config.parameters.get(key) else {
+        return Ok(None);
+    };
     let text = p.string_value.trim();
     text.parse::<u64>().map(Some).map_err(|_| {
         BackendError::Load(format!(
@@ -210,12 +216,20 @@ mod tests {
 
     fn with_param(text: &str, key: &str, value: &str) -> ModelConfig {
         let mut c = parse_model_config(text).unwrap();
-        c.parameters.insert(key.into(), ModelParameter { string_value: value.into() });
+        c.parameters.insert(
+            key.into(),
+            ModelParameter {
+                string_value: value.into(),
+            },
+        );
         c
     }
 
     fn inputs() -> Vec<Tensor> {
-        let f32s: Vec<u8> = [1.5f32, -2.0, 3.25].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f32s: Vec<u8> = [1.5f32, -2.0, 3.25]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         let i64s: Vec<u8> = [7i64, -9].iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut strings = Vec::new();
         push_bytes_element(&mut strings, b"hello");
@@ -238,7 +252,10 @@ mod tests {
         let mut instance = load(CONFIG).unwrap();
         let inputs = inputs();
         let out = instance
-            .execute(&inputs, &names(&["OUTPUT0", "OUTPUT1", "OUTPUT2", "OUTPUT3"]))
+            .execute(
+                &inputs,
+                &names(&["OUTPUT0", "OUTPUT1", "OUTPUT2", "OUTPUT3"]),
+            )
             .unwrap();
         assert_eq!(out.len(), 4);
         for (i, (o, input)) in out.iter().zip(&inputs).enumerate() {
@@ -246,21 +263,31 @@ mod tests {
             assert_eq!(o.datatype(), input.datatype());
             assert_eq!(o.shape(), input.shape());
             assert_eq!(o.data(), input.data());
-            assert_eq!(o.data().as_ptr(), input.data().as_ptr(), "output {i} was copied");
+            assert_eq!(
+                o.data().as_ptr(),
+                input.data().as_ptr(),
+                "output {i} was copied"
+            );
         }
     }
 
     #[test]
     fn only_requested_outputs_in_requested_order() {
         let mut instance = load(CONFIG).unwrap();
-        let out = instance.execute(&inputs(), &names(&["OUTPUT3", "OUTPUT0"])).unwrap();
+        let out = instance
+            .execute(&inputs(), &names(&["OUTPUT3", "OUTPUT0"]))
+            .unwrap();
         let got: Vec<&str> = out.iter().map(Tensor::name).collect();
         assert_eq!(got, ["OUTPUT3", "OUTPUT0"]);
         assert_eq!(out[0].datatype(), DataType::Bytes);
         assert!(instance.execute(&inputs(), &[]).unwrap().is_empty());
-        let e = instance.execute(&inputs(), &names(&["OUTPUT9"])).unwrap_err();
+        let e = instance
+            .execute(&inputs(), &names(&["OUTPUT9"]))
+            .unwrap_err();
         assert!(matches!(e, BackendError::InvalidInput(m) if m.contains("'OUTPUT9'")));
-        let e = instance.execute(&inputs()[1..], &names(&["OUTPUT0"])).unwrap_err();
+        let e = instance
+            .execute(&inputs()[1..], &names(&["OUTPUT0"]))
+            .unwrap_err();
         assert!(matches!(e, BackendError::InvalidInput(m) if m.contains("'INPUT0'")));
     }
 
@@ -270,7 +297,10 @@ mod tests {
             input [{ name: "a" data_type: TYPE_INT32 dims: [1] }, { name: "b" data_type: TYPE_FP32 dims: [1] }]
             output [{ name: "x" data_type: TYPE_INT32 dims: [1] }, { name: "y" data_type: TYPE_FP32 dims: [1] }]"#;
         let c = parse_model_config(positional).unwrap();
-        assert_eq!(pair_outputs(&c).unwrap(), [("x".into(), "a".into()), ("y".into(), "b".into())]);
+        assert_eq!(
+            pair_outputs(&c).unwrap(),
+            [("x".into(), "a".into()), ("y".into(), "b".into())]
+        );
         let swapped = r#"name: "s" backend: "identity"
             input [{ name: "INPUT1" data_type: TYPE_INT32 dims: [1] }, { name: "INPUT0" data_type: TYPE_FP32 dims: [1] }]
             output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [1] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [1] }]"#;
@@ -278,7 +308,10 @@ mod tests {
         let pairs = pair_outputs(&c).unwrap();
         assert_eq!(
             pairs,
-            [("OUTPUT0".into(), "INPUT0".into()), ("OUTPUT1".into(), "INPUT1".into())]
+            [
+                ("OUTPUT0".into(), "INPUT0".into()),
+                ("OUTPUT1".into(), "INPUT1".into())
+            ]
         );
     }
 
@@ -310,7 +343,10 @@ mod tests {
         ) else {
             panic!("shape mismatch loaded")
         };
-        assert!(m.contains("shape [3] but its input 'INPUT0' has [2]"), "{m}");
+        assert!(
+            m.contains("shape [3] but its input 'INPUT0' has [2]"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -319,7 +355,11 @@ mod tests {
         let mut instance = IdentityBackend.load_instance(&ctx(c)).unwrap();
         let start = Instant::now();
         instance.execute(&inputs(), &names(&["OUTPUT0"])).unwrap();
-        assert!(start.elapsed() >= Duration::from_millis(30), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() >= Duration::from_millis(30),
+            "{:?}",
+            start.elapsed()
+        );
         for bad in ["-1", "1.5", "abc", ""] {
             let c = with_param(CONFIG, "execute_delay_ms", bad);
             let Err(BackendError::Load(m)) = IdentityBackend.load_instance(&ctx(c)) else {
@@ -341,16 +381,29 @@ mod tests {
         std::fs::create_dir_all(&version).unwrap();
         let raw = parse_model_config(CONFIG).unwrap();
         let backends = Backends::new(None);
-        let options = CompleteOptions { auto_complete: true };
-        let complete =
-            config::complete("id", raw, std::slice::from_ref(&version), &backends, options)
-                .unwrap();
+        let options = CompleteOptions {
+            auto_complete: true,
+        };
+        let complete = config::complete(
+            "id",
+            raw,
+            std::slice::from_ref(&version),
+            &backends,
+            options,
+        )
+        .unwrap();
         assert_eq!(complete.backend, "identity");
         assert_eq!(complete.default_model_filename, "");
         let backend = backends.get(&complete.backend).unwrap();
         let mut c = ctx(complete);
         c.model_path = version.join(&c.config.default_model_filename);
         let mut instance = backend.load_instance(&c).unwrap();
-        assert_eq!(instance.execute(&inputs(), &names(&["OUTPUT1"])).unwrap().len(), 1);
+        assert_eq!(
+            instance
+                .execute(&inputs(), &names(&["OUTPUT1"]))
+                .unwrap()
+                .len(),
+            1
+        );
     }
 }

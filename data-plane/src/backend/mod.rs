@@ -66,7 +66,11 @@ pub trait BackendInstance: Send {
     /// Runs the model. `inputs` are validated against the config (names, datatypes, shapes with
     /// the batch dimension first when `max_batch_size > 0`). Returns the outputs named in
     /// `outputs`, in that order.
-    fn execute(&mut self, inputs: &[Tensor], outputs: &[String]) -> Result<Vec<Tensor>, BackendError>;
+    fn execute(
+        &mut self,
+        inputs: &[Tensor],
+        outputs: &[String],
+    ) -> Result<Vec<Tensor>, BackendError>;
 }
 
 /// A kind of model (ONNX Runtime, PyTorch, Python...).
@@ -83,7 +87,10 @@ pub trait Backend: Send + Sync {
         model_path: &std::path::Path,
     ) -> Result<(), BackendError>;
     /// Loads one instance. Fails with [`BackendError::Load`] and a reason the user can act on.
-    fn load_instance(&self, ctx: &InstanceContext) -> Result<Box<dyn BackendInstance>, BackendError>;
+    fn load_instance(
+        &self,
+        ctx: &InstanceContext,
+    ) -> Result<Box<dyn BackendInstance>, BackendError>;
 }
 
 /// The backends this build can run, by Triton backend name.

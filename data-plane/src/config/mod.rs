@@ -26,7 +26,10 @@ pub enum ConfigError {
     #[error("{path}: {message}")]
     Read { path: PathBuf, message: String },
     #[error("{path}:{error}")]
-    Text { path: PathBuf, error: text::TextError },
+    Text {
+        path: PathBuf,
+        error: text::TextError,
+    },
     #[error("{}", .0.join("; "))]
     Invalid(Vec<String>),
 }
@@ -48,7 +51,10 @@ pub fn read_config_file(model_dir: &Path) -> Result<ModelConfig, ConfigError> {
     match std::fs::read_to_string(&path) {
         Ok(text) => parse_config_text(&path, &text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
-        Err(e) => Err(ConfigError::Read { path, message: e.to_string() }),
+        Err(e) => Err(ConfigError::Read {
+            path,
+            message: e.to_string(),
+        }),
     }
 }
 
@@ -58,9 +64,15 @@ pub fn parse_config_text(path: &Path, text: &str) -> Result<ModelConfig, ConfigE
         let error = if error.line.is_some() {
             error
         } else {
-            text::TextError { message: format!(" {}", error.message), ..error }
+            text::TextError {
+                message: format!(" {}", error.message),
+                ..error
+            }
         };
-        ConfigError::Text { path: path.to_path_buf(), error }
+        ConfigError::Text {
+            path: path.to_path_buf(),
+            error,
+        }
     })
 }
 
@@ -103,7 +115,9 @@ pub fn complete(
         )]));
     }
     {
-        let backend = backends.get(&config.backend).map_err(|e| ConfigError::Invalid(vec![e]))?;
+        let backend = backends
+            .get(&config.backend)
+            .map_err(|e| ConfigError::Invalid(vec![e]))?;
         if config.default_model_filename.is_empty() {
             config.default_model_filename = backend.default_model_filename().to_string();
         }
@@ -119,7 +133,11 @@ pub fn complete(
     }
     fill_defaults(&mut config);
     let errors = validate::validate(&config);
-    if errors.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(errors)) }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid(errors))
+    }
 }
 
 /// Fills `platform` from `backend` or vice versa, or both from the model file found in the
@@ -149,7 +167,10 @@ pub fn fill_platform_and_backend(
         return Ok(());
     }
     if !config.backend.is_empty() {
-        if let Some((platform, _, _)) = PLATFORMS.iter().find(|(_, b, f)| *b == config.backend && !f.is_empty()) {
+        if let Some((platform, _, _)) = PLATFORMS
+            .iter()
+            .find(|(_, b, f)| *b == config.backend && !f.is_empty())
+        {
             // Triton fills the platform only for backends with a single platform file.
             if config.backend == "onnxruntime" {
                 config.platform = platform.to_string();
@@ -190,7 +211,12 @@ pub fn fill_platform_and_backend(
 /// CPU group; two instances for ONNX Runtime on CPU, one otherwise; named `<model>_<index>`).
 /// `KIND_AUTO` resolves to `KIND_CPU` (GPU instances need an explicit `KIND_GPU` here).
 pub fn fill_defaults(config: &mut ModelConfig) {
-    if config.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()).is_none() {
+    if config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+        .is_none()
+    {
         config.version_policy = Some(ModelVersionPolicy {
             policy_choice: Some(PolicyChoice::Latest(Latest { num_versions: 1 })),
         });
@@ -201,7 +227,11 @@ pub fn fill_defaults(config: &mut ModelConfig) {
     if config.instance_group.is_empty() {
         config.instance_group.push(ModelInstanceGroup::default());
     }
-    let default_count = if config.backend == "onnxruntime" { 2 } else { 1 };
+    let default_count = if config.backend == "onnxruntime" {
+        2
+    } else {
+        1
+    };
     let name = config.name.clone();
     for (index, group) in config.instance_group.iter_mut().enumerate() {
         if group.name.is_empty() {
@@ -230,13 +260,25 @@ mod tests {
 
     #[test]
     fn platform_and_backend_fill_each_other() {
-        let mut c = ModelConfig { name: "m".into(), platform: "onnxruntime_onnx".into(), ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            platform: "onnxruntime_onnx".into(),
+            ..Default::default()
+        };
         fill_platform_and_backend(&mut c, &[]).unwrap();
         assert_eq!(c.backend, "onnxruntime");
-        let mut c = ModelConfig { name: "m".into(), backend: "onnxruntime".into(), ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            backend: "onnxruntime".into(),
+            ..Default::default()
+        };
         fill_platform_and_backend(&mut c, &[]).unwrap();
         assert_eq!(c.platform, "onnxruntime_onnx");
-        let mut c = ModelConfig { name: "m".into(), platform: "caffe".into(), ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            platform: "caffe".into(),
+            ..Default::default()
+        };
         let e = fill_platform_and_backend(&mut c, &[]).unwrap_err();
         assert_eq!(e.to_string(), "unexpected platform type 'caffe' for m");
     }
@@ -244,18 +286,31 @@ mod tests {
     #[test]
     fn backend_is_inferred_from_files() {
         let (_d, v) = versions_with("model.onnx");
-        let mut c = ModelConfig { name: "m".into(), ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            ..Default::default()
+        };
         fill_platform_and_backend(&mut c, &v).unwrap();
-        assert_eq!((c.platform.as_str(), c.backend.as_str()), ("onnxruntime_onnx", "onnxruntime"));
+        assert_eq!(
+            (c.platform.as_str(), c.backend.as_str()),
+            ("onnxruntime_onnx", "onnxruntime")
+        );
         let (_d, v) = versions_with("model.py");
-        let mut c = ModelConfig { name: "m".into(), ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            ..Default::default()
+        };
         fill_platform_and_backend(&mut c, &v).unwrap();
         assert_eq!((c.platform.as_str(), c.backend.as_str()), ("", "python"));
     }
 
     #[test]
     fn defaults_fill_instance_groups_and_policy() {
-        let mut c = ModelConfig { name: "m".into(), backend: "onnxruntime".into(), ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            backend: "onnxruntime".into(),
+            ..Default::default()
+        };
         fill_defaults(&mut c);
         assert_eq!(c.instance_group.len(), 1);
         assert_eq!(c.instance_group[0].name, "m_0");
@@ -269,7 +324,8 @@ mod tests {
 
     #[test]
     fn text_errors_carry_the_path() {
-        let e = parse_config_text(Path::new("/r/m/config.pbtxt"), "name: \"m\"\nbogus: 1\n").unwrap_err();
+        let e = parse_config_text(Path::new("/r/m/config.pbtxt"), "name: \"m\"\nbogus: 1\n")
+            .unwrap_err();
         assert!(e.to_string().starts_with("/r/m/config.pbtxt:2:1: "), "{e}");
     }
 }

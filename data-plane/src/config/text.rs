@@ -45,11 +45,19 @@ pub fn parse_model_config(text: &str) -> Result<ModelConfig, TextError> {
                 }
                 None => (None, None),
             };
-            TextError { line, column, message: e.to_string() }
+            TextError {
+                line,
+                column,
+                message: e.to_string(),
+            }
         })?;
     dynamic
         .transcode_to::<ModelConfig>()
-        .map_err(|e| TextError { line: None, column: None, message: e.to_string() })
+        .map_err(|e| TextError {
+            line: None,
+            column: None,
+            message: e.to_string(),
+        })
 }
 
 /// Inserts `:` between a field name and a `[` that follows it without one. Skips strings and

@@ -4,18 +4,22 @@
 use std::collections::HashSet;
 
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
-use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::pb::inference::model_input::Format;
+use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::pb::inference::model_sequence_batching::control::Kind as ControlKind;
 use nereid_proto::pb::inference::model_sequence_batching::initial_state::StateData;
-use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig, ModelSequenceBatching, ModelTensorReshape};
+use nereid_proto::pb::inference::{
+    DataType as ConfigDataType, ModelConfig, ModelSequenceBatching, ModelTensorReshape,
+};
 
 /// Checks a complete config; returns every problem found, each a full sentence.
 pub fn validate(config: &ModelConfig) -> Vec<String> {
     let mut errors = Vec::new();
     let m = &config.name;
     if config.max_batch_size < 0 {
-        errors.push(format!("'max_batch_size' must be non-negative value for {m}"));
+        errors.push(format!(
+            "'max_batch_size' must be non-negative value for {m}"
+        ));
     }
     let is_ensemble = config.platform == "ensemble";
     if is_ensemble && !config.backend.is_empty() {
@@ -31,9 +35,20 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
 
     let mut names = HashSet::new();
     for input in &config.input {
-        check_tensor(&mut errors, m, "input", &input.name, input.data_type, &input.dims, input.reshape.as_ref());
+        check_tensor(
+            &mut errors,
+            m,
+            "input",
+            &input.name,
+            input.data_type,
+            &input.dims,
+            input.reshape.as_ref(),
+        );
         if !names.insert(("input", input.name.as_str())) {
-            errors.push(format!("model input '{}' is specified more than once for {m}", input.name));
+            errors.push(format!(
+                "model input '{}' is specified more than once for {m}",
+                input.name
+            ));
         }
         let format = Format::try_from(input.format).unwrap_or(Format::None);
         if format != Format::None && input.dims.len() != 3 {
@@ -46,20 +61,36 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
         }
     }
     for output in &config.output {
-        check_tensor(&mut errors, m, "output", &output.name, output.data_type, &output.dims, output.reshape.as_ref());
+        check_tensor(
+            &mut errors,
+            m,
+            "output",
+            &output.name,
+            output.data_type,
+            &output.dims,
+            output.reshape.as_ref(),
+        );
         if !names.insert(("output", output.name.as_str())) {
-            errors.push(format!("model output '{}' is specified more than once for {m}", output.name));
+            errors.push(format!(
+                "model output '{}' is specified more than once for {m}",
+                output.name
+            ));
         }
     }
 
     for group in &config.instance_group {
         let name = &group.name;
         if group.count < 1 {
-            errors.push(format!("instance group '{name}' of model '{m}' must have count >= 1, got {}", group.count));
+            errors.push(format!(
+                "instance group '{name}' of model '{m}' must have count >= 1, got {}",
+                group.count
+            ));
         }
         let kind = Kind::try_from(group.kind).unwrap_or(Kind::Auto);
         if kind == Kind::Gpu && group.gpus.iter().any(|g| *g < 0) {
-            errors.push(format!("instance group '{name}' of model '{m}' has a negative GPU id"));
+            errors.push(format!(
+                "instance group '{name}' of model '{m}' has a negative GPU id"
+            ));
         }
         if kind == Kind::Cpu && !group.gpus.is_empty() {
             errors.push(format!(
@@ -68,13 +99,17 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
         }
     }
     if is_ensemble && !config.instance_group.is_empty() {
-        errors.push(format!("instance group should not be specified for ensemble '{m}'"));
+        errors.push(format!(
+            "instance group should not be specified for ensemble '{m}'"
+        ));
     }
 
     if let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice {
         for &size in &db.preferred_batch_size {
             if size < 1 {
-                errors.push(format!("dynamic batching preferred size must be positive for {m}"));
+                errors.push(format!(
+                    "dynamic batching preferred size must be positive for {m}"
+                ));
             } else if size > config.max_batch_size {
                 errors.push(format!(
                     "dynamic batching preferred size must be <= max batch size for {m}"
@@ -106,11 +141,15 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
     if let Some(SchedulingChoice::EnsembleScheduling(_)) = &config.scheduling_choice
         && !is_ensemble
     {
-        errors.push(format!("ensemble scheduling cannot be set for model '{m}' whose platform is not ensemble"));
+        errors.push(format!(
+            "ensemble scheduling cannot be set for model '{m}' whose platform is not ensemble"
+        ));
     }
     if let Some(SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice {
         if config.max_batch_size < 0 {
-            errors.push(format!("sequence batching requires 'max_batch_size' >= 0 for {m}"));
+            errors.push(format!(
+                "sequence batching requires 'max_batch_size' >= 0 for {m}"
+            ));
         }
         check_sequence_batching(&mut errors, m, sb);
     }
@@ -122,16 +161,23 @@ fn check_sequence_batching(errors: &mut Vec<String>, m: &str, sb: &ModelSequence
     let mut kinds = HashSet::new();
     for input in &sb.control_input {
         if input.name.is_empty() {
-            errors.push(format!("sequence batching control input must specify 'name' for {m}"));
+            errors.push(format!(
+                "sequence batching control input must specify 'name' for {m}"
+            ));
         }
         for c in &input.control {
             let Ok(kind) = ControlKind::try_from(c.kind) else {
-                errors.push(format!("sequence batching control '{}' has an unknown kind for {m}", input.name));
+                errors.push(format!(
+                    "sequence batching control '{}' has an unknown kind for {m}",
+                    input.name
+                ));
                 continue;
             };
             let kind_name = kind.as_str_name();
             if !kinds.insert(c.kind) {
-                errors.push(format!("sequence batching specifies multiple {kind_name} tensors for {m}"));
+                errors.push(format!(
+                    "sequence batching specifies multiple {kind_name} tensors for {m}"
+                ));
             }
             let lists = [
                 ("int32_false_true", c.int32_false_true.len()),
@@ -172,12 +218,24 @@ fn check_sequence_batching(errors: &mut Vec<String>, m: &str, sb: &ModelSequence
     }
     for state in &sb.state {
         if state.input_name.is_empty() || state.output_name.is_empty() {
-            errors.push(format!("sequence batching state must specify 'input_name' and 'output_name' for {m}"));
+            errors.push(format!(
+                "sequence batching state must specify 'input_name' and 'output_name' for {m}"
+            ));
         }
-        if matches!(ConfigDataType::try_from(state.data_type), Ok(ConfigDataType::TypeInvalid) | Err(_)) {
-            errors.push(format!("sequence batching state '{}' must specify 'data_type' for {m}", state.input_name));
+        if matches!(
+            ConfigDataType::try_from(state.data_type),
+            Ok(ConfigDataType::TypeInvalid) | Err(_)
+        ) {
+            errors.push(format!(
+                "sequence batching state '{}' must specify 'data_type' for {m}",
+                state.input_name
+            ));
         }
-        if state.initial_state.iter().any(|i| matches!(i.state_data, Some(StateData::DataFile(_)))) {
+        if state
+            .initial_state
+            .iter()
+            .any(|i| matches!(i.state_data, Some(StateData::DataFile(_))))
+        {
             errors.push(format!(
                 "sequence batching state '{}' of {m}: initial_state 'data_file' is not supported by Nereid yet; use 'zero_data'",
                 state.input_name
@@ -201,7 +259,9 @@ fn check_tensor(
     }
     match ConfigDataType::try_from(data_type) {
         Ok(ConfigDataType::TypeInvalid) | Err(_) => {
-            errors.push(format!("model {what} '{name}' must specify 'data_type' for {m}"));
+            errors.push(format!(
+                "model {what} '{name}' must specify 'data_type' for {m}"
+            ));
         }
         Ok(_) => {}
     }
@@ -220,7 +280,11 @@ fn check_tensor(
             ));
         }
         let fixed = |s: &[i64]| -> Option<i64> {
-            if s.contains(&-1) { None } else { Some(s.iter().product()) }
+            if s.contains(&-1) {
+                None
+            } else {
+                Some(s.iter().product())
+            }
         };
         if let (Some(a), Some(b)) = (fixed(dims), fixed(&reshape.shape))
             && a != b
@@ -267,8 +331,14 @@ mod tests {
     #[test]
     fn reports_tensor_problems_by_name() {
         let e = errors_of(r#"input [{name: "input" dims: [0]}]"#);
-        assert!(e.contains(&"model input 'input' must specify 'data_type' for m".to_string()), "{e:?}");
-        assert!(e.iter().any(|s| s.starts_with("model input 'input' dimension must be integer >= 1")));
+        assert!(
+            e.contains(&"model input 'input' must specify 'data_type' for m".to_string()),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|s| s.starts_with("model input 'input' dimension must be integer >= 1"))
+        );
         let e = errors_of(r#"output [{name: "o" data_type: TYPE_FP32}]"#);
         assert_eq!(e, vec!["model output 'o' must specify 'dims' for m"]);
     }
@@ -278,11 +348,17 @@ mod tests {
         let e = errors_of("max_batch_size: -1");
         assert_eq!(e, vec!["'max_batch_size' must be non-negative value for m"]);
         let e = errors_of("max_batch_size: 4 dynamic_batching { preferred_batch_size: [8] }");
-        assert_eq!(e, vec!["dynamic batching preferred size must be <= max batch size for m"]);
+        assert_eq!(
+            e,
+            vec!["dynamic batching preferred size must be <= max batch size for m"]
+        );
         let e = errors_of(
             "max_batch_size: 4 dynamic_batching { preserve_ordering: true priority_levels: 2 default_priority_level: 1 }",
         );
-        assert_eq!(e, vec!["Only one priority level is allowed when 'preserve_ordering' is true for m"]);
+        assert_eq!(
+            e,
+            vec!["Only one priority level is allowed when 'preserve_ordering' is true for m"]
+        );
     }
 
     #[test]
@@ -306,8 +382,13 @@ mod tests {
 
     #[test]
     fn reshape_must_keep_element_count() {
-        let e = errors_of(r#"input [{name: "x" data_type: TYPE_FP32 dims: [4] reshape: { shape: [2, 3] }}]"#);
-        assert_eq!(e, vec!["model input 'x' has different size for dims and reshape for m"]);
+        let e = errors_of(
+            r#"input [{name: "x" data_type: TYPE_FP32 dims: [4] reshape: { shape: [2, 3] }}]"#,
+        );
+        assert_eq!(
+            e,
+            vec!["model input 'x' has different size for dims and reshape for m"]
+        );
     }
 
     #[test]

@@ -15,9 +15,9 @@ use nereid_proto::pb::inference::model_instance_group::Kind;
 
 use crate::backend::{BackendError, BackendInstance, Backends, DeviceKind, InstanceContext};
 use crate::config::{self, CompleteOptions};
+use crate::repository::{self, Fingerprint};
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
-use crate::repository::{self, Fingerprint};
 use crate::stats::VersionStats;
 use crate::warmup::{WarmupSample, warmup_samples};
 
@@ -62,7 +62,10 @@ pub fn build(
     backends: &Backends,
     running: &BTreeMap<i64, Arc<LoadedVersion>>,
 ) -> Result<Built, BuildError> {
-    let fail = |reason: String, versions: &[i64]| BuildError { reason, versions: versions.to_vec() };
+    let fail = |reason: String, versions: &[i64]| BuildError {
+        reason,
+        versions: versions.to_vec(),
+    };
     let raw = match &input.config_override {
         Some(c) => c.clone(),
         None => config::read_config_file(&input.dir).map_err(|e| fail(e.to_string(), &[]))?,
@@ -89,7 +92,9 @@ pub fn build(
     let complete = config::complete(&input.name, raw, &dirs, backends, input.options)
         .map_err(|e| fail(e.to_string(), &selected))?;
     let config = Arc::new(complete);
-    let backend = backends.get(&config.backend).map_err(|e| fail(e, &selected))?;
+    let backend = backends
+        .get(&config.backend)
+        .map_err(|e| fail(e, &selected))?;
 
     let mut versions = BTreeMap::new();
     for (&version, dir) in selected.iter().zip(&dirs) {
@@ -103,12 +108,18 @@ pub fn build(
         }
         let model_path = dir.join(&config.default_model_filename);
         let contexts = instance_contexts(&input.name, version, &input.dir, &model_path, &config);
-        let load_error = |e: BackendError| fail(format!("failed to load '{}' version {version}: {e}", input.name), &selected);
+        let load_error = |e: BackendError| {
+            fail(
+                format!("failed to load '{}' version {version}: {e}", input.name),
+                &selected,
+            )
+        };
         let samples = warmup_samples(&config, &input.dir).map_err(|e| fail(e, &selected))?;
         let mut instances = Vec::with_capacity(contexts.len());
         for ctx in &contexts {
             let mut instance = backend.load_instance(ctx).map_err(load_error)?;
-            warm_up(instance.as_mut(), &samples, &ctx.instance_name).map_err(|e| fail(e, &selected))?;
+            warm_up(instance.as_mut(), &samples, &ctx.instance_name)
+                .map_err(|e| fail(e, &selected))?;
             instances.push((ctx.instance_name.clone(), instance));
         }
         let stats = Arc::new(VersionStats::default());
@@ -146,8 +157,14 @@ fn instance_contexts(
     let mut contexts = Vec::new();
     for group in &config.instance_group {
         let devices: Vec<DeviceKind> = if group.kind == Kind::Gpu as i32 {
-            let gpus = if group.gpus.is_empty() { vec![0] } else { group.gpus.clone() };
-            gpus.into_iter().map(|device_id| DeviceKind::Gpu { device_id }).collect()
+            let gpus = if group.gpus.is_empty() {
+                vec![0]
+            } else {
+                group.gpus.clone()
+            };
+            gpus.into_iter()
+                .map(|device_id| DeviceKind::Gpu { device_id })
+                .collect()
         } else {
             vec![DeviceKind::Cpu]
         };
@@ -172,12 +189,21 @@ fn instance_contexts(
 
 /// Runs every warmup sample `count` times on a freshly loaded instance; the first failure
 /// fails the load with its reason.
-fn warm_up(instance: &mut dyn BackendInstance, samples: &[WarmupSample], instance_name: &str) -> Result<(), String> {
+fn warm_up(
+    instance: &mut dyn BackendInstance,
+    samples: &[WarmupSample],
+    instance_name: &str,
+) -> Result<(), String> {
     for sample in samples {
         for _ in 0..sample.count.max(1) {
-            instance.execute(&sample.inputs, &sample.outputs).map_err(|e| {
-                format!("instance '{instance_name}' failed warmup sample '{}': {e}", sample.name)
-            })?;
+            instance
+                .execute(&sample.inputs, &sample.outputs)
+                .map_err(|e| {
+                    format!(
+                        "instance '{instance_name}' failed warmup sample '{}': {e}",
+                        sample.name
+                    )
+                })?;
         }
     }
     Ok(())

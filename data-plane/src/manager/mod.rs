@@ -104,9 +104,14 @@ impl ModelEntry {
 /// Where a load takes the model from.
 pub enum LoadSource {
     /// The model's directory in the repositories (config.pbtxt, or an override config).
-    Repository { config_override: Option<ModelConfig> },
+    Repository {
+        config_override: Option<ModelConfig>,
+    },
     /// Files from a load request, with the config that must accompany them.
-    Files { config: ModelConfig, dir: OverrideDir },
+    Files {
+        config: ModelConfig,
+        dir: OverrideDir,
+    },
 }
 
 /// Owns every model of the node.
@@ -141,12 +146,25 @@ impl ModelManager {
             ControlMode::Explicit if !self.config.startup_models.iter().any(|m| m == "*") => {
                 self.config.startup_models.clone()
             }
-            _ => scan.models.keys().chain(scan.duplicates.keys()).cloned().collect(),
+            _ => scan
+                .models
+                .keys()
+                .chain(scan.duplicates.keys())
+                .cloned()
+                .collect(),
         };
         let loads = names.into_iter().map(|name| {
             let this = self.clone();
             async move {
-                if let Err(e) = this.load(&name, LoadSource::Repository { config_override: None }).await {
+                if let Err(e) = this
+                    .load(
+                        &name,
+                        LoadSource::Repository {
+                            config_override: None,
+                        },
+                    )
+                    .await
+                {
                     tracing::error!(model = %name, error = %e, "model failed to load");
                 }
             }
@@ -163,7 +181,11 @@ impl ModelManager {
     }
 
     fn model_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks.lock().entry(name.to_string()).or_default().clone()
+        self.locks
+            .lock()
+            .entry(name.to_string())
+            .or_default()
+            .clone()
     }
 
     /// Loads or reloads a model. Running versions keep serving until the new ones are ready;
@@ -180,13 +202,16 @@ impl ModelManager {
             LoadSource::Repository { config_override } => {
                 let scan = self.scan()?;
                 if let Some(paths) = scan.duplicates.get(name) {
-                    let paths: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                    let paths: Vec<String> =
+                        paths.iter().map(|p| p.display().to_string()).collect();
                     let reason = format!(
                         "model '{name}' appears in more than one model repository ({}); rename one",
                         paths.join(", ")
                     );
                     self.record_failure(name, reason.clone(), Vec::new());
-                    return Err(ServiceError::invalid(format!("failed to load '{name}': {reason}")));
+                    return Err(ServiceError::invalid(format!(
+                        "failed to load '{name}': {reason}"
+                    )));
                 }
                 let Some(model_dir) = scan.models.get(name) else {
                     return Err(ServiceError::invalid(format!(
@@ -199,15 +224,23 @@ impl ModelManager {
 
         let running = {
             let mut models = self.models.write();
-            let entry = models.entry(name.to_string()).or_insert_with(ModelEntry::new);
-            entry.state = if entry.versions.is_empty() { ModelState::Loading } else { entry.state };
+            let entry = models
+                .entry(name.to_string())
+                .or_insert_with(ModelEntry::new);
+            entry.state = if entry.versions.is_empty() {
+                ModelState::Loading
+            } else {
+                entry.state
+            };
             entry.versions.clone()
         };
         let input = BuildInput {
             name: name.to_string(),
             dir: dir.clone(),
             config_override,
-            options: CompleteOptions { auto_complete: self.config.auto_complete },
+            options: CompleteOptions {
+                auto_complete: self.config.auto_complete,
+            },
             queue_capacity: self.config.queue_capacity,
         };
         let backends = self.backends.clone();
@@ -215,11 +248,15 @@ impl ModelManager {
         let started = std::time::Instant::now();
         let result = tokio::task::spawn_blocking(move || build(&input, &backends, &running))
             .await
-            .map_err(|e| ServiceError::internal(format!("failed to load '{name}': loader panicked: {e}")))?;
+            .map_err(|e| {
+                ServiceError::internal(format!("failed to load '{name}': loader panicked: {e}"))
+            })?;
         match result {
             Ok(built) => {
                 let mut models = self.models.write();
-                let entry = models.entry(name.to_string()).or_insert_with(ModelEntry::new);
+                let entry = models
+                    .entry(name.to_string())
+                    .or_insert_with(ModelEntry::new);
                 entry.state = ModelState::Ready;
                 entry.reason.clear();
                 entry.failed_versions.clear();
@@ -242,7 +279,10 @@ impl ModelManager {
                     }
                 }
                 self.record_failure(name, e.reason.clone(), e.versions);
-                Err(ServiceError::invalid(format!("failed to load '{name}': {}", e.reason)))
+                Err(ServiceError::invalid(format!(
+                    "failed to load '{name}': {}",
+                    e.reason
+                )))
             }
         }
     }
@@ -251,7 +291,9 @@ impl ModelManager {
     fn record_failure(&self, name: &str, reason: String, versions: Vec<i64>) {
         tracing::error!(model = %name, %reason, "model load failed");
         let mut models = self.models.write();
-        let entry = models.entry(name.to_string()).or_insert_with(ModelEntry::new);
+        let entry = models
+            .entry(name.to_string())
+            .or_insert_with(ModelEntry::new);
         if entry.versions.is_empty() {
             entry.state = ModelState::Unavailable;
             entry.failed_versions = versions;
@@ -307,19 +349,37 @@ impl ModelManager {
                 Some((_, fp, false)) => *fp != Some(Fingerprint::of(&dir.path)),
             };
             if changed {
-                let _ = self.load(name, LoadSource::Repository { config_override: None }).await;
+                let _ = self
+                    .load(
+                        name,
+                        LoadSource::Repository {
+                            config_override: None,
+                        },
+                    )
+                    .await;
             }
         }
         for name in scan.duplicates.keys() {
             if !known.iter().any(|(n, _, _)| n == name) {
-                let _ = self.load(name, LoadSource::Repository { config_override: None }).await;
+                let _ = self
+                    .load(
+                        name,
+                        LoadSource::Repository {
+                            config_override: None,
+                        },
+                    )
+                    .await;
             }
         }
         Ok(())
     }
 
     /// The version a request runs on: `version`, or the highest ready one.
-    pub fn get(&self, name: &str, version: Option<i64>) -> Result<Arc<LoadedVersion>, ServiceError> {
+    pub fn get(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<Arc<LoadedVersion>, ServiceError> {
         let models = self.models.read();
         let Some(entry) = models.get(name) else {
             return Err(ServiceError::not_found(format!(
@@ -361,18 +421,30 @@ impl ModelManager {
 
     /// All served versions of a model, ascending.
     pub fn versions(&self, name: &str) -> Vec<i64> {
-        self.models.read().get(name).map(|e| e.versions.keys().copied().collect()).unwrap_or_default()
+        self.models
+            .read()
+            .get(name)
+            .map(|e| e.versions.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Every served version of every model (for statistics).
     pub fn all_versions(&self) -> Vec<Arc<LoadedVersion>> {
-        self.models.read().values().flat_map(|e| e.versions.values().cloned()).collect()
+        self.models
+            .read()
+            .values()
+            .flat_map(|e| e.versions.values().cloned())
+            .collect()
     }
 
     /// Startup finished and every model that was asked for is ready.
     pub fn all_ready(&self) -> bool {
         self.startup_done.load(Ordering::SeqCst)
-            && self.models.read().values().all(|e| e.state == ModelState::Ready || e.reason == "unloaded")
+            && self
+                .models
+                .read()
+                .values()
+                .all(|e| e.state == ModelState::Ready || e.reason == "unloaded")
     }
 
     pub fn startup_done(&self) -> bool {
@@ -385,7 +457,11 @@ impl ModelManager {
         let models = self.models.read();
         let mut rows = Vec::new();
         let mut names: Vec<&String> = scan.models.keys().chain(scan.duplicates.keys()).collect();
-        names.extend(models.keys().filter(|n| !scan.models.contains_key(*n) && !scan.duplicates.contains_key(*n)));
+        names.extend(
+            models
+                .keys()
+                .filter(|n| !scan.models.contains_key(*n) && !scan.duplicates.contains_key(*n)),
+        );
         names.sort();
         names.dedup();
         for name in names {

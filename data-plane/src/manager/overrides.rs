@@ -28,7 +28,9 @@ pub fn override_path(model: &str, key: &str) -> Result<PathBuf, ServiceError> {
     };
     let path = Path::new(rel);
     let escapes = rel.is_empty()
-        || path.components().any(|c| !matches!(c, Component::Normal(_)))
+        || path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
         || rel.contains('\\');
     if escapes {
         return Err(ServiceError::invalid(format!(
@@ -44,8 +46,15 @@ pub fn write_override_dir(
     model: &str,
     files: &BTreeMap<String, Bytes>,
 ) -> Result<OverrideDir, ServiceError> {
-    let io = |e: std::io::Error| ServiceError::internal(format!("failed to load '{model}': cannot write override files: {e}"));
-    let dir = tempfile::Builder::new().prefix("nereid-override-").tempdir().map_err(io)?;
+    let io = |e: std::io::Error| {
+        ServiceError::internal(format!(
+            "failed to load '{model}': cannot write override files: {e}"
+        ))
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("nereid-override-")
+        .tempdir()
+        .map_err(io)?;
     for (key, contents) in files {
         let rel = override_path(model, key)?;
         let target = dir.path().join(&rel);
@@ -63,17 +72,32 @@ mod tests {
 
     #[test]
     fn refuses_paths_that_escape() {
-        for bad in ["file:../x", "file:1/../../x", "file:/etc/passwd", "file:", "other"] {
+        for bad in [
+            "file:../x",
+            "file:1/../../x",
+            "file:/etc/passwd",
+            "file:",
+            "other",
+        ] {
             assert!(override_path("m", bad).is_err(), "{bad}");
         }
-        assert_eq!(override_path("m", "file:1/model.onnx").unwrap(), PathBuf::from("1/model.onnx"));
+        assert_eq!(
+            override_path("m", "file:1/model.onnx").unwrap(),
+            PathBuf::from("1/model.onnx")
+        );
     }
 
     #[test]
     fn writes_files() {
         let mut files = BTreeMap::new();
-        files.insert("file:2/sub/model.onnx".to_string(), Bytes::from_static(b"abc"));
+        files.insert(
+            "file:2/sub/model.onnx".to_string(),
+            Bytes::from_static(b"abc"),
+        );
         let d = write_override_dir("m", &files).unwrap();
-        assert_eq!(std::fs::read(d.path().join("2/sub/model.onnx")).unwrap(), b"abc");
+        assert_eq!(
+            std::fs::read(d.path().join("2/sub/model.onnx")).unwrap(),
+            b"abc"
+        );
     }
 }

@@ -12,7 +12,9 @@ use crate::backend::BackendError;
 /// Concatenates the inputs of several requests (same names, datatypes and non-batch dims, in
 /// the same order — guaranteed by the queue's shape key) into one batch.
 pub fn concat_inputs(requests: &[&[Tensor]]) -> Result<Vec<Tensor>, BackendError> {
-    let Some((first, rest)) = requests.split_first() else { return Ok(Vec::new()) };
+    let Some((first, rest)) = requests.split_first() else {
+        return Ok(Vec::new());
+    };
     if rest.is_empty() {
         return Ok(first.to_vec());
     }
@@ -21,9 +23,15 @@ pub fn concat_inputs(requests: &[&[Tensor]]) -> Result<Vec<Tensor>, BackendError
         let mut total = 0i64;
         let mut bytes = 0usize;
         for r in requests {
-            let t = r.get(i).filter(|t| t.name() == proto.name()).ok_or_else(|| {
-                BackendError::Execution(format!("batched requests disagree on input '{}'", proto.name()))
-            })?;
+            let t = r
+                .get(i)
+                .filter(|t| t.name() == proto.name())
+                .ok_or_else(|| {
+                    BackendError::Execution(format!(
+                        "batched requests disagree on input '{}'",
+                        proto.name()
+                    ))
+                })?;
             total += t.shape().first().copied().unwrap_or(1);
             bytes += t.data().len();
         }
@@ -68,8 +76,13 @@ pub fn split_output(output: &Tensor, batch_sizes: &[usize]) -> Result<Vec<Tensor
         let range = offsets[row]..offsets[row + n];
         let mut part_shape = shape.to_vec();
         part_shape[0] = n as i64;
-        let part = Tensor::new(output.name(), output.datatype(), part_shape, data.slice(range))
-            .map_err(|e| BackendError::Execution(e.to_string()))?;
+        let part = Tensor::new(
+            output.name(),
+            output.datatype(),
+            part_shape,
+            data.slice(range),
+        )
+        .map_err(|e| BackendError::Execution(e.to_string()))?;
         parts.push(part);
         row += n;
     }
@@ -100,11 +113,20 @@ mod tests {
     use nereid_proto::types::push_bytes_element;
 
     fn i32s(name: &str, shape: Vec<i64>, v: &[i32]) -> Tensor {
-        Tensor::new(name, DataType::Int32, shape, Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>())).unwrap()
+        Tensor::new(
+            name,
+            DataType::Int32,
+            shape,
+            Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>()),
+        )
+        .unwrap()
     }
 
     fn values(t: &Tensor) -> Vec<i32> {
-        t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+        t.data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
     }
 
     #[test]

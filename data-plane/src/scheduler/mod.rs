@@ -19,16 +19,16 @@
 mod batch;
 pub mod policy;
 pub mod queue;
-mod timer;
 pub mod sequence;
+mod timer;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
 use nereid_proto::ServiceError;
 use nereid_proto::types::Tensor;
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
 use self::policy::BatchPolicy;
@@ -109,7 +109,10 @@ impl Shared {
                     state.idle.pop();
                     if let Err(e) = self.workers[worker].send(Some(batch)) {
                         self.fail_all(e.into_inner().unwrap_or_default(), || {
-                            ServiceError::internal(format!("model '{}': an instance stopped unexpectedly", self.model))
+                            ServiceError::internal(format!(
+                                "model '{}': an instance stopped unexpectedly",
+                                self.model
+                            ))
                         });
                     }
                 }
@@ -126,7 +129,9 @@ impl Shared {
     fn sweep(&self, state: &mut State, now: Instant) {
         let gone = state.queue.retain(|job| !job.reply.is_closed());
         if !gone.is_empty() {
-            self.fail_all(gone, || ServiceError::Cancelled("the client went away".into()));
+            self.fail_all(gone, || {
+                ServiceError::Cancelled("the client went away".into())
+            });
         }
         let expired = state.queue.expire(now);
         if !expired.is_empty() {
@@ -180,7 +185,9 @@ impl Shared {
         r.ready.insert(job.seq, (job.reply, result));
         loop {
             let next = r.next;
-            let Some((reply, result)) = r.ready.remove(&next) else { break };
+            let Some((reply, result)) = r.ready.remove(&next) else {
+                break;
+            };
             let _ = reply.send(result);
             r.next += 1;
         }
@@ -226,9 +233,14 @@ impl Scheduler {
                 stats,
                 queue_capacity,
             )?;
-            return Ok(Scheduler { kind: Kind::Sequence(s), instances: count });
+            return Ok(Scheduler {
+                kind: Kind::Sequence(s),
+                instances: count,
+            });
         }
-        let spawn_err = |e: std::io::Error| BackendError::Load(format!("model '{model}': cannot start a thread: {e}"));
+        let spawn_err = |e: std::io::Error| {
+            BackendError::Load(format!("model '{model}': cannot start a thread: {e}"))
+        };
         let mut workers = Vec::with_capacity(count);
         let mut receivers = Vec::with_capacity(count);
         for _ in 0..count {
@@ -246,12 +258,15 @@ impl Scheduler {
                 next_seq: 0,
                 wake: None,
             }),
-            reorder: policy.preserve_ordering.then(|| Mutex::new(Reorder::default())),
+            reorder: policy
+                .preserve_ordering
+                .then(|| Mutex::new(Reorder::default())),
             policy,
             timer: Condvar::new(),
             workers,
         });
-        for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate() {
+        for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate()
+        {
             let shared = shared.clone();
             let stats = stats.clone();
             std::thread::Builder::new()
@@ -264,10 +279,15 @@ impl Scheduler {
             .name(format!("nereid-timer-{model}"))
             .spawn(move || {
                 let shared = &*timer_shared;
-                timer::timer_loop(&shared.state, &shared.timer, |state, now| shared.dispatch(state, now))
+                timer::timer_loop(&shared.state, &shared.timer, |state, now| {
+                    shared.dispatch(state, now)
+                })
             })
             .map_err(spawn_err)?;
-        Ok(Scheduler { kind: Kind::Queue(shared), instances: count })
+        Ok(Scheduler {
+            kind: Kind::Queue(shared),
+            instances: count,
+        })
     }
 
     /// Queues a request and waits for its result. Dropping the future cancels the request if
@@ -278,9 +298,19 @@ impl Scheduler {
             Kind::Sequence(s) => return s.submit(request).await,
         };
         let (reply, result) = oneshot::channel();
-        enqueue(shared, Job { request, reply, seq: 0 });
+        enqueue(
+            shared,
+            Job {
+                request,
+                reply,
+                seq: 0,
+            },
+        );
         result.await.map_err(|_| {
-            ServiceError::internal(format!("model '{}': the scheduler stopped before answering", shared.model))
+            ServiceError::internal(format!(
+                "model '{}': the scheduler stopped before answering",
+                shared.model
+            ))
         })?
     }
 
@@ -299,7 +329,9 @@ fn enqueue(shared: &Shared, job: Job) {
         batch_size: job.request.batch_size,
         shape: shape_key(&job.request.inputs, shared.batching),
         arrived,
-        deadline: queue_policy.timeout_for(job.request.timeout_us).map(|t| arrived + t),
+        deadline: queue_policy
+            .timeout_for(job.request.timeout_us)
+            .map(|t| arrived + t),
         timeout_action: queue_policy.timeout_action,
         payload: job,
     };
@@ -308,11 +340,14 @@ fn enqueue(shared: &Shared, job: Job) {
     pending.payload.seq = state.next_seq;
     if let Err(rejected) = state.queue.push(level, pending) {
         drop(state);
-        let _ = rejected.payload.reply.send(Err(ServiceError::Overloaded(format!(
-            "Exceeds maximum queue size: model '{}' priority level {} is full",
-            shared.model,
-            level + 1
-        ))));
+        let _ = rejected
+            .payload
+            .reply
+            .send(Err(ServiceError::Overloaded(format!(
+                "Exceeds maximum queue size: model '{}' priority level {} is full",
+                shared.model,
+                level + 1
+            ))));
         return;
     }
     state.next_seq += 1;
@@ -327,7 +362,9 @@ impl Drop for Scheduler {
     /// Stops the timer and the idle instances; busy ones stop when they finish. (The sequence
     /// batcher stops itself when dropped.)
     fn drop(&mut self) {
-        let Kind::Queue(shared) = &self.kind else { return };
+        let Kind::Queue(shared) = &self.kind else {
+            return;
+        };
         let mut state = shared.state.lock();
         state.closed = true;
         for &worker in &state.idle {
@@ -342,7 +379,11 @@ fn shape_key(inputs: &[Tensor], batching: bool) -> ShapeKey {
     inputs
         .iter()
         .map(|t| {
-            let dims = if batching { t.shape().get(1..).unwrap_or(&[]) } else { t.shape() };
+            let dims = if batching {
+                t.shape().get(1..).unwrap_or(&[])
+            } else {
+                t.shape()
+            };
             (t.name().to_string(), t.datatype().as_wire(), dims.to_vec())
         })
         .collect()
@@ -367,11 +408,19 @@ fn instance_loop(
     }
 }
 
-fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, shared: &Shared, stats: &VersionStats) {
+fn run_batch(
+    instance: &mut dyn BackendInstance,
+    batch: Batch,
+    shared: &Shared,
+    stats: &VersionStats,
+) {
     let started = Instant::now();
     // Requests whose callers left while the batch was formed are dropped here.
-    let (gone, batch): (Batch, Batch) = batch.into_iter().partition(|p| p.payload.reply.is_closed());
-    shared.fail_all(gone, || ServiceError::Cancelled("the client went away".into()));
+    let (gone, batch): (Batch, Batch) =
+        batch.into_iter().partition(|p| p.payload.reply.is_closed());
+    shared.fail_all(gone, || {
+        ServiceError::Cancelled("the client went away".into())
+    });
     if batch.is_empty() {
         return;
     }
@@ -384,7 +433,10 @@ fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, shared: &Shared, 
             }
         }
     }
-    let inputs: Vec<&[Tensor]> = batch.iter().map(|p| p.payload.request.inputs.as_slice()).collect();
+    let inputs: Vec<&[Tensor]> = batch
+        .iter()
+        .map(|p| p.payload.request.inputs.as_slice())
+        .collect();
     let result = batch::concat_inputs(&inputs).and_then(|joined| {
         let input_done = Instant::now();
         let outputs = instance.execute(&joined, &names)?;
@@ -392,8 +444,10 @@ fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, shared: &Shared, 
     });
     let (input_done, infer_done, split) = match result {
         Ok((input_done, infer_done, outputs)) => {
-            let split: Result<Vec<Vec<Tensor>>, BackendError> =
-                outputs.iter().map(|o| batch::split_output(o, &sizes)).collect();
+            let split: Result<Vec<Vec<Tensor>>, BackendError> = outputs
+                .iter()
+                .map(|o| batch::split_output(o, &sizes))
+                .collect();
             (input_done, infer_done, split)
         }
         Err(e) => {
@@ -409,7 +463,12 @@ fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, shared: &Shared, 
         compute_output: done - infer_done,
     };
     if split.is_ok() {
-        stats.record_execution(sizes.iter().sum(), input_done - started, infer_done - input_done, done - infer_done);
+        stats.record_execution(
+            sizes.iter().sum(),
+            input_done - started,
+            infer_done - input_done,
+            done - infer_done,
+        );
     }
     for (i, p) in batch.into_iter().enumerate() {
         let outputs = match &split {
@@ -418,7 +477,12 @@ fn run_batch(instance: &mut dyn BackendInstance, batch: Batch, shared: &Shared, 
                 .request
                 .outputs
                 .iter()
-                .filter_map(|want| names.iter().position(|n| n == want).map(|k| per_output[k][i].clone()))
+                .filter_map(|want| {
+                    names
+                        .iter()
+                        .position(|n| n == want)
+                        .map(|k| per_output[k][i].clone())
+                })
                 .collect()),
             Err(e) => Err(e.clone()),
         };

@@ -107,8 +107,14 @@ impl BatchPolicy {
             };
         };
         let levels = usize::try_from(db.priority_levels).unwrap_or(1).max(1);
-        let default_level = usize::try_from(db.default_priority_level).unwrap_or(1).clamp(1, levels);
-        let default_policy = db.default_queue_policy.as_ref().map(QueuePolicy::from_config).unwrap_or_default();
+        let default_level = usize::try_from(db.default_priority_level)
+            .unwrap_or(1)
+            .clamp(1, levels);
+        let default_policy = db
+            .default_queue_policy
+            .as_ref()
+            .map(QueuePolicy::from_config)
+            .unwrap_or_default();
         let queue_policies = (1..=levels)
             .map(|level| {
                 db.priority_queue_policy
@@ -142,7 +148,11 @@ impl BatchPolicy {
     /// as Triton assigns it.
     pub fn level_index(&self, priority: u64) -> usize {
         let level = usize::try_from(priority).unwrap_or(0);
-        let level = if level == 0 || level > self.priority_levels { self.default_priority_level } else { level };
+        let level = if level == 0 || level > self.priority_levels {
+            self.default_priority_level
+        } else {
+            level
+        };
         level - 1
     }
 }
@@ -186,13 +196,23 @@ mod tests {
 
     #[test]
     fn timeout_override_may_only_shorten() {
-        let p = QueuePolicy { default_timeout: Some(Duration::from_micros(100)), allow_timeout_override: true, ..Default::default() };
+        let p = QueuePolicy {
+            default_timeout: Some(Duration::from_micros(100)),
+            allow_timeout_override: true,
+            ..Default::default()
+        };
         assert_eq!(p.timeout_for(50), Some(Duration::from_micros(50)));
         assert_eq!(p.timeout_for(500), Some(Duration::from_micros(100)));
         assert_eq!(p.timeout_for(0), Some(Duration::from_micros(100)));
-        let strict = QueuePolicy { allow_timeout_override: false, ..p.clone() };
+        let strict = QueuePolicy {
+            allow_timeout_override: false,
+            ..p.clone()
+        };
         assert_eq!(strict.timeout_for(50), Some(Duration::from_micros(100)));
-        let none = QueuePolicy { allow_timeout_override: true, ..Default::default() };
+        let none = QueuePolicy {
+            allow_timeout_override: true,
+            ..Default::default()
+        };
         assert_eq!(none.timeout_for(70), Some(Duration::from_micros(70)));
         assert_eq!(QueuePolicy::default().timeout_for(70), None);
     }

@@ -62,9 +62,15 @@ impl<T> RequestQueue<T> {
     /// on top of the per-level `max_queue_size`.
     pub fn with_capacity(policy: &BatchPolicy, capacity: usize) -> RequestQueue<T> {
         RequestQueue {
-            levels: (0..policy.priority_levels).map(|_| VecDeque::new()).collect(),
+            levels: (0..policy.priority_levels)
+                .map(|_| VecDeque::new())
+                .collect(),
             delayed: VecDeque::new(),
-            max_sizes: policy.queue_policies.iter().map(|p| p.max_queue_size).collect(),
+            max_sizes: policy
+                .queue_policies
+                .iter()
+                .map(|p| p.max_queue_size)
+                .collect(),
             capacity,
         }
     }
@@ -81,7 +87,9 @@ impl<T> RequestQueue<T> {
     pub fn push(&mut self, level: usize, pending: Pending<T>) -> Result<(), Pending<T>> {
         let level = level.min(self.levels.len().saturating_sub(1));
         let max = self.max_sizes.get(level).copied().unwrap_or(0);
-        if (max > 0 && self.levels[level].len() >= max) || (self.capacity > 0 && self.len() >= self.capacity) {
+        if (max > 0 && self.levels[level].len() >= max)
+            || (self.capacity > 0 && self.len() >= self.capacity)
+        {
             return Err(pending);
         }
         self.levels[level].push_back(pending);
@@ -117,13 +125,21 @@ impl<T> RequestQueue<T> {
     /// Drops the requests `keep` refuses (e.g. whose client went away), returning them.
     pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) -> Vec<Pending<T>> {
         let mut dropped = Vec::new();
-        for q in self.levels.iter_mut().chain(std::iter::once(&mut self.delayed)) {
+        for q in self
+            .levels
+            .iter_mut()
+            .chain(std::iter::once(&mut self.delayed))
+        {
             if q.iter().all(|p| keep(&p.payload)) {
                 continue;
             }
             let mut kept = VecDeque::with_capacity(q.len());
             for p in q.drain(..) {
-                if keep(&p.payload) { kept.push_back(p) } else { dropped.push(p) }
+                if keep(&p.payload) {
+                    kept.push_back(p)
+                } else {
+                    dropped.push(p)
+                }
             }
             *q = kept;
         }
@@ -132,7 +148,11 @@ impl<T> RequestQueue<T> {
 
     /// The earliest queue-timeout deadline, to wake up for it.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.levels.iter().flatten().filter_map(|p| p.deadline).min()
+        self.levels
+            .iter()
+            .flatten()
+            .filter_map(|p| p.deadline)
+            .min()
     }
 
     fn iter(&self) -> impl Iterator<Item = &Pending<T>> {
@@ -142,7 +162,11 @@ impl<T> RequestQueue<T> {
     /// Takes the first `n` requests in queue order.
     fn take(&mut self, mut n: usize) -> Vec<Pending<T>> {
         let mut out = Vec::with_capacity(n);
-        for q in self.levels.iter_mut().chain(std::iter::once(&mut self.delayed)) {
+        for q in self
+            .levels
+            .iter_mut()
+            .chain(std::iter::once(&mut self.delayed))
+        {
             while n > 0 {
                 let Some(p) = q.pop_front() else { break };
                 out.push(p);
@@ -154,7 +178,9 @@ impl<T> RequestQueue<T> {
 
     /// Decides what to run next on a free instance.
     pub fn form_batch(&mut self, now: Instant, policy: &BatchPolicy) -> Decision<T> {
-        let Some(head) = self.iter().next() else { return Decision::Empty };
+        let Some(head) = self.iter().next() else {
+            return Decision::Empty;
+        };
         if !policy.dynamic {
             return Decision::Dispatch(self.take(1));
         }
@@ -223,7 +249,14 @@ mod tests {
     }
 
     fn req(id: u32, at: Instant, batch: usize, dim: i64) -> Pending<u32> {
-        Pending { payload: id, batch_size: batch, shape: shape(dim), arrived: at, deadline: None, timeout_action: TimeoutAction::Reject }
+        Pending {
+            payload: id,
+            batch_size: batch,
+            shape: shape(dim),
+            arrived: at,
+            deadline: None,
+            timeout_action: TimeoutAction::Reject,
+        }
     }
 
     fn ids(d: Decision<u32>) -> Vec<u32> {
@@ -256,9 +289,16 @@ mod tests {
             Decision::WaitUntil(due) => assert_eq!(due, t + Duration::from_micros(100)),
             other => panic!("{other:?}"),
         }
-        q.push(0, req(1, t + Duration::from_micros(50), 2, 3)).unwrap();
-        assert!(matches!(q.form_batch(t + Duration::from_micros(60), &p), Decision::WaitUntil(_)));
-        assert_eq!(ids(q.form_batch(t + Duration::from_micros(100), &p)), vec![0, 1]);
+        q.push(0, req(1, t + Duration::from_micros(50), 2, 3))
+            .unwrap();
+        assert!(matches!(
+            q.form_batch(t + Duration::from_micros(60), &p),
+            Decision::WaitUntil(_)
+        ));
+        assert_eq!(
+            ids(q.form_batch(t + Duration::from_micros(100), &p)),
+            vec![0, 1]
+        );
     }
 
     #[test]
@@ -281,7 +321,10 @@ mod tests {
         }
         // 3 < largest preferred (4): wait; once due, send the largest preferred size reachable (2).
         assert!(matches!(q.form_batch(t, &p), Decision::WaitUntil(_)));
-        assert_eq!(ids(q.form_batch(t + Duration::from_millis(1), &p)), vec![0, 1]);
+        assert_eq!(
+            ids(q.form_batch(t + Duration::from_millis(1), &p)),
+            vec![0, 1]
+        );
         for i in 3..7 {
             q.push(0, req(i, t, 1, 3)).unwrap();
         }
@@ -309,8 +352,12 @@ mod tests {
         p.queue_policies[1].max_queue_size = 1;
         let mut q = RequestQueue::new(&p);
         q.push(1, req(0, t, 1, 3)).unwrap();
-        assert!(q.push(1, req(9, t, 1, 3)).is_err(), "level 2 holds one request");
-        q.push(0, req(1, t + Duration::from_micros(1), 1, 3)).unwrap();
+        assert!(
+            q.push(1, req(9, t, 1, 3)).is_err(),
+            "level 2 holds one request"
+        );
+        q.push(0, req(1, t + Duration::from_micros(1), 1, 3))
+            .unwrap();
         assert_eq!(ids(q.form_batch(t, &p)), vec![1, 0]);
     }
 
@@ -330,7 +377,10 @@ mod tests {
         assert_eq!(q.next_deadline(), Some(t + Duration::from_micros(10)));
         assert!(q.expire(t).is_empty());
         let rejected = q.expire(t + Duration::from_micros(10));
-        assert_eq!(rejected.iter().map(|p| p.payload).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(
+            rejected.iter().map(|p| p.payload).collect::<Vec<_>>(),
+            vec![0]
+        );
         // The delayed request now runs after the one that did not time out.
         assert_eq!(ids(q.form_batch(t, &p)), vec![2]);
         assert_eq!(ids(q.form_batch(t, &p)), vec![1]);
@@ -384,7 +434,9 @@ mod tests {
             let mut rng = Rng(seed * 0x9E37_79B9_7F4A_7C15);
             let levels = 1 + rng.next(3) as usize;
             let max = 1 + rng.next(8) as usize;
-            let preferred: Vec<usize> = (0..rng.next(3)).map(|_| 1 + rng.next(max as u64) as usize).collect();
+            let preferred: Vec<usize> = (0..rng.next(3))
+                .map(|_| 1 + rng.next(max as u64) as usize)
+                .collect();
             let mut p = policy(max, &[], rng.next(3) * 50, levels);
             p.preferred_batch_sizes = preferred;
             p.preferred_batch_sizes.sort_unstable();
@@ -408,10 +460,22 @@ mod tests {
                     let head_level = (0..levels).find(|l| !q.levels[*l].is_empty());
                     if let Decision::Dispatch(batch) = q.form_batch(now, &p) {
                         let total: usize = batch.iter().map(|b| b.batch_size).sum();
-                        assert!(total <= max || batch.len() == 1, "seed {seed}: batch of {total} > {max}");
-                        assert!(batch.iter().all(|b| b.shape == batch[0].shape), "seed {seed}: mixed shapes");
-                        let first_level = pushed.iter().find(|(id, _)| *id == batch[0].payload).map(|x| x.1);
-                        assert_eq!(first_level, head_level, "seed {seed}: a lower level went first");
+                        assert!(
+                            total <= max || batch.len() == 1,
+                            "seed {seed}: batch of {total} > {max}"
+                        );
+                        assert!(
+                            batch.iter().all(|b| b.shape == batch[0].shape),
+                            "seed {seed}: mixed shapes"
+                        );
+                        let first_level = pushed
+                            .iter()
+                            .find(|(id, _)| *id == batch[0].payload)
+                            .map(|x| x.1);
+                        assert_eq!(
+                            first_level, head_level,
+                            "seed {seed}: a lower level went first"
+                        );
                         dispatched.extend(batch.iter().map(|b| b.payload));
                     }
                 }
@@ -425,7 +489,11 @@ mod tests {
             let mut sorted = dispatched.clone();
             sorted.sort_unstable();
             sorted.dedup();
-            assert_eq!(sorted.len(), pushed.len(), "seed {seed}: lost or duplicated requests");
+            assert_eq!(
+                sorted.len(),
+                pushed.len(),
+                "seed {seed}: lost or duplicated requests"
+            );
             for level in 0..levels {
                 let order: Vec<u32> = dispatched
                     .iter()
@@ -434,7 +502,10 @@ mod tests {
                     .collect();
                 let mut fifo = order.clone();
                 fifo.sort_unstable();
-                assert_eq!(order, fifo, "seed {seed}: level {level} served out of order");
+                assert_eq!(
+                    order, fifo,
+                    "seed {seed}: level {level} served out of order"
+                );
             }
         }
     }

@@ -34,8 +34,8 @@ use nereid_proto::types::{CorrelationId, Tensor};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
-pub use self::controls::{SequencePolicy, Strategy};
 use self::controls::id_text;
+pub use self::controls::{SequencePolicy, Strategy};
 use super::queue::ShapeKey;
 use super::{ExecTimings, JobResult, batch, timer};
 use crate::backend::{BackendError, BackendInstance};
@@ -122,12 +122,23 @@ impl SequenceScheduler {
         stats: Arc<VersionStats>,
         queue_capacity: usize,
     ) -> Result<SequenceScheduler, BackendError> {
-        let spawn_err = |e: std::io::Error| BackendError::Load(format!("model '{model}': cannot start a thread: {e}"));
+        let spawn_err = |e: std::io::Error| {
+            BackendError::Load(format!("model '{model}': cannot start a thread: {e}"))
+        };
         let count = instances.len();
         let per_instance = max_batch_size.max(1);
         let (slots, slot_instance) = match &policy.strategy {
-            Strategy::Direct => (count * per_instance, Some((0..count * per_instance).map(|s| s / per_instance).collect())),
-            Strategy::Oldest { max_candidates: 0, .. } => (count * per_instance, None),
+            Strategy::Direct => (
+                count * per_instance,
+                Some(
+                    (0..count * per_instance)
+                        .map(|s| s / per_instance)
+                        .collect(),
+                ),
+            ),
+            Strategy::Oldest {
+                max_candidates: 0, ..
+            } => (count * per_instance, None),
             Strategy::Oldest { max_candidates, .. } => (*max_candidates, None),
         };
         let mut workers = Vec::with_capacity(count);
@@ -155,7 +166,8 @@ impl SequenceScheduler {
             timer: Condvar::new(),
             workers,
         });
-        for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate() {
+        for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate()
+        {
             let shared = shared.clone();
             let stats = stats.clone();
             std::thread::Builder::new()
@@ -168,7 +180,9 @@ impl SequenceScheduler {
             .name(format!("nereid-seqtimer-{model}"))
             .spawn(move || {
                 let shared = &*timer_shared;
-                timer::timer_loop(&shared.state, &shared.timer, |state, now| shared.dispatch(state, now))
+                timer::timer_loop(&shared.state, &shared.timer, |state, now| {
+                    shared.dispatch(state, now)
+                })
             })
             .map_err(spawn_err)?;
         Ok(SequenceScheduler { shared })
@@ -179,7 +193,10 @@ impl SequenceScheduler {
         let (reply, result) = oneshot::channel();
         self.shared.enqueue(request, reply)?;
         result.await.map_err(|_| {
-            ServiceError::internal(format!("model '{}': the scheduler stopped before answering", self.shared.model))
+            ServiceError::internal(format!(
+                "model '{}': the scheduler stopped before answering",
+                self.shared.model
+            ))
         })?
     }
 }
@@ -209,7 +226,9 @@ impl Shared {
         let now = Instant::now();
         let mut state = self.state.lock();
         if state.queued >= self.capacity {
-            return Err(ServiceError::Overloaded(format!("Exceeds maximum queue size: model '{m}' is full")));
+            return Err(ServiceError::Overloaded(format!(
+                "Exceeds maximum queue size: model '{m}' is full"
+            )));
         }
         let missing_start = || {
             ServiceError::invalid(format!(
@@ -225,8 +244,14 @@ impl Shared {
                 if slot.is_none() {
                     state.backlog.push_back(flags.id.clone());
                 }
-                let sequence =
-                    Sequence { jobs: VecDeque::new(), running: false, slot, state: Vec::new(), last_active: now, ending: false };
+                let sequence = Sequence {
+                    jobs: VecDeque::new(),
+                    running: false,
+                    slot,
+                    state: Vec::new(),
+                    last_active: now,
+                    ending: false,
+                };
                 state.sequences.insert(flags.id.clone(), sequence);
             }
             Some(s) if s.ending && !flags.start => return Err(missing_start()),
@@ -237,11 +262,18 @@ impl Shared {
             Some(_) => {}
         }
         let Some(sequence) = state.sequences.get_mut(&flags.id) else {
-            return Err(ServiceError::internal(format!("model '{m}': sequence bookkeeping lost a sequence")));
+            return Err(ServiceError::internal(format!(
+                "model '{m}': sequence bookkeeping lost a sequence"
+            )));
         };
         sequence.ending = flags.end;
         sequence.last_active = now;
-        sequence.jobs.push_back(Job { request, flags, reply, arrived: now });
+        sequence.jobs.push_back(Job {
+            request,
+            flags,
+            reply,
+            arrived: now,
+        });
         state.queued += 1;
         self.dispatch(state, now);
         Ok(())
@@ -260,7 +292,10 @@ impl Shared {
                     state.idle.remove(i);
                     if let Err(e) = self.workers[worker].send(Some(items)) {
                         for item in e.into_inner().unwrap_or_default() {
-                            let error = ServiceError::internal(format!("model '{}': an instance stopped unexpectedly", self.model));
+                            let error = ServiceError::internal(format!(
+                                "model '{}': an instance stopped unexpectedly",
+                                self.model
+                            ));
                             let _ = item.job.reply.send(Err(error));
                         }
                     }
@@ -302,11 +337,19 @@ impl Shared {
         ready.sort_by_key(|(arrived, _)| *arrived);
         let take = match &self.policy.strategy {
             Strategy::Direct => ready.len(),
-            Strategy::Oldest { preferred_batch_sizes, max_queue_delay, .. } => {
+            Strategy::Oldest {
+                preferred_batch_sizes,
+                max_queue_delay,
+                ..
+            } => {
                 let oldest = ready[0].0;
                 if ready.len() >= self.max_batch || oldest + *max_queue_delay <= now {
                     ready.len().min(self.max_batch)
-                } else if let Some(&p) = preferred_batch_sizes.iter().rev().find(|&&p| p <= ready.len()) {
+                } else if let Some(&p) = preferred_batch_sizes
+                    .iter()
+                    .rev()
+                    .find(|&&p| p <= ready.len())
+                {
                     p
                 } else {
                     return Decision::WaitUntil(oldest + *max_queue_delay);
@@ -315,8 +358,12 @@ impl Shared {
         };
         let mut items = Vec::with_capacity(take);
         for (_, id) in ready.into_iter().take(take) {
-            let Some(sequence) = state.sequences.get_mut(&id) else { continue };
-            let Some(job) = sequence.jobs.pop_front() else { continue };
+            let Some(sequence) = state.sequences.get_mut(&id) else {
+                continue;
+            };
+            let Some(job) = sequence.jobs.pop_front() else {
+                continue;
+            };
             state.queued -= 1;
             sequence.running = true;
             // A sequence whose START failed or was cancelled begins from the initial state too.
@@ -333,7 +380,9 @@ impl Shared {
     /// Records what a batch left behind: new state, finished and ended sequences.
     fn finish(&self, state: &mut State, done: &[Done], now: Instant) {
         for (flags, new_state) in done {
-            let Some(sequence) = state.sequences.get_mut(&flags.id) else { continue };
+            let Some(sequence) = state.sequences.get_mut(&flags.id) else {
+                continue;
+            };
             sequence.running = false;
             sequence.last_active = now;
             if let Some(new_state) = new_state {
@@ -346,7 +395,9 @@ impl Shared {
     }
 
     fn release(&self, state: &mut State, id: &CorrelationId) {
-        let Some(sequence) = state.sequences.remove(id) else { return };
+        let Some(sequence) = state.sequences.remove(id) else {
+            return;
+        };
         state.queued -= sequence.jobs.len();
         match sequence.slot {
             None => state.backlog.retain(|b| b != id),
@@ -452,7 +503,13 @@ fn run_items(
         inputs.sort_by(|a, b| a.name().cmp(b.name()));
         let key: Vec<_> = inputs
             .iter()
-            .map(|t| (t.name().to_string(), t.datatype().as_wire(), t.shape().get(1..).unwrap_or(&[]).to_vec()))
+            .map(|t| {
+                (
+                    t.name().to_string(),
+                    t.datatype().as_wire(),
+                    t.shape().get(1..).unwrap_or(&[]).to_vec(),
+                )
+            })
             .collect();
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, members)) => members.push((item, inputs)),
@@ -487,13 +544,18 @@ fn run_group(
         }
     }
     let sizes = vec![1usize; members.len()];
-    let inputs: Vec<&[Tensor]> = members.iter().map(|(_, inputs)| inputs.as_slice()).collect();
+    let inputs: Vec<&[Tensor]> = members
+        .iter()
+        .map(|(_, inputs)| inputs.as_slice())
+        .collect();
     let result = batch::concat_inputs(&inputs).and_then(|joined| {
         let input_done = Instant::now();
         let outputs = instance.execute(&joined, &names)?;
         let infer_done = Instant::now();
-        let split: Result<Vec<Vec<Tensor>>, BackendError> =
-            outputs.iter().map(|o| batch::split_output(o, &sizes)).collect();
+        let split: Result<Vec<Vec<Tensor>>, BackendError> = outputs
+            .iter()
+            .map(|o| batch::split_output(o, &sizes))
+            .collect();
         Ok((input_done, infer_done, split?))
     });
     let done_at = Instant::now();
@@ -502,7 +564,12 @@ fn run_group(
         Err(_) => (done_at, done_at),
     };
     if result.is_ok() {
-        stats.record_execution(members.len(), input_done - started, infer_done - input_done, done_at - infer_done);
+        stats.record_execution(
+            members.len(),
+            input_done - started,
+            infer_done - input_done,
+            done_at - infer_done,
+        );
     }
     let mut done = Vec::with_capacity(members.len());
     for (i, (item, _)) in members.into_iter().enumerate() {
@@ -515,10 +582,24 @@ fn run_group(
         };
         let (outputs, new_state) = match &result {
             Ok((_, _, split)) => {
-                let of = |name: &str| names.iter().position(|n| n == name).map(|k| split[k][i].clone());
-                let outputs = job.request.outputs.iter().filter_map(|want| of(want)).collect();
-                let new_state: Option<Vec<Tensor>> =
-                    shared.policy.states.iter().map(|s| of(&s.output).map(|t| t.renamed(s.input.clone()))).collect();
+                let of = |name: &str| {
+                    names
+                        .iter()
+                        .position(|n| n == name)
+                        .map(|k| split[k][i].clone())
+                };
+                let outputs = job
+                    .request
+                    .outputs
+                    .iter()
+                    .filter_map(|want| of(want))
+                    .collect();
+                let new_state: Option<Vec<Tensor>> = shared
+                    .policy
+                    .states
+                    .iter()
+                    .map(|s| of(&s.output).map(|t| t.renamed(s.input.clone())))
+                    .collect();
                 (Ok(outputs), new_state)
             }
             Err(e) => (Err(e.clone()), None),

@@ -57,14 +57,21 @@ fn zero_data_with_batch_dimension() {
     assert_eq!((s.name.as_str(), s.count), ("w", 3));
     assert_eq!(s.outputs, ["y", "z"]);
     let names: Vec<&str> = s.inputs.iter().map(Tensor::name).collect();
-    assert_eq!(names, ["f", "i", "b", "s"], "config order, optional input left out");
+    assert_eq!(
+        names,
+        ["f", "i", "b", "s"],
+        "config order, optional input left out"
+    );
     let f = by_name(s, "f");
     assert_eq!((f.datatype(), f.shape()), (DataType::Fp32, &[2, 2, 3][..]));
     assert!(f.data().iter().all(|&b| b == 0) && f.data().len() == 48);
     assert_eq!(by_name(s, "i").shape(), [2, 3]);
     assert_eq!(by_name(s, "b").shape(), [2, 4]);
     let strings = by_name(s, "s");
-    assert_eq!((strings.datatype(), strings.shape()), (DataType::Bytes, &[2, 2][..]));
+    assert_eq!(
+        (strings.datatype(), strings.shape()),
+        (DataType::Bytes, &[2, 2][..])
+    );
     assert!(bytes_elements(strings.data()).all(<[u8]>::is_empty));
 }
 
@@ -89,8 +96,16 @@ fn random_data_is_finite_boolean_and_deterministic() {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    assert!(floats.iter().all(|v| v.is_finite() && (-1.0..=1.0).contains(v)), "{floats:?}");
-    assert!(floats.windows(2).any(|w| w[0] != w[1]), "not random: {floats:?}");
+    assert!(
+        floats
+            .iter()
+            .all(|v| v.is_finite() && (-1.0..=1.0).contains(v)),
+        "{floats:?}"
+    );
+    assert!(
+        floats.windows(2).any(|w| w[0] != w[1]),
+        "not random: {floats:?}"
+    );
     assert!(by_name(s, "b").data().iter().all(|&b| b <= 1));
     assert!(by_name(s, "i").data().iter().any(|&b| b != 0));
     assert_eq!(bytes_elements(by_name(s, "s").data()).count(), 2);
@@ -129,10 +144,19 @@ fn file_data_holds_one_batch_item() {
     let file = |f: &str| format!("input_data_file: \"{f}\"");
     let c = config(
         4,
-        &all_inputs(2, &file("f.bin"), &file("sub/i.bin"), &file("b.bin"), &file("s.bin")),
+        &all_inputs(
+            2,
+            &file("f.bin"),
+            &file("sub/i.bin"),
+            &file("b.bin"),
+            &file("s.bin"),
+        ),
     );
     let s = &warmup_samples(&c, dir.path()).unwrap()[0];
-    assert_eq!(by_name(s, "f").data().as_ref(), [floats.clone(), floats].concat());
+    assert_eq!(
+        by_name(s, "f").data().as_ref(),
+        [floats.clone(), floats].concat()
+    );
     assert_eq!(by_name(s, "i").shape(), [2, 3]);
     assert_eq!(&by_name(s, "i").data()[..24], &longs[..24]);
     assert_eq!(by_name(s, "b").data().as_ref(), [1, 0, 1, 1, 1, 0, 1, 1]);
@@ -142,7 +166,13 @@ fn file_data_holds_one_batch_item() {
     std::fs::write(warmup.join("short.bin"), [0u8; 20]).unwrap();
     let c = config(
         4,
-        &all_inputs(1, &file("short.bin"), &file("sub/i.bin"), &file("b.bin"), &file("s.bin")),
+        &all_inputs(
+            1,
+            &file("short.bin"),
+            &file("sub/i.bin"),
+            &file("b.bin"),
+            &file("s.bin"),
+        ),
     );
     assert_eq!(
         error(&c, dir.path()),
@@ -150,14 +180,26 @@ fn file_data_holds_one_batch_item() {
     );
     let c = config(
         4,
-        &all_inputs(1, &file("f.bin"), &file("sub/i.bin"), &file("b.bin"), &file("b.bin")),
+        &all_inputs(
+            1,
+            &file("f.bin"),
+            &file("sub/i.bin"),
+            &file("b.bin"),
+            &file("b.bin"),
+        ),
     );
     assert!(error(&c, dir.path()).contains("input 's': input_data_file 'b.bin' is not BYTES data"));
     let one = &strings[..6];
     std::fs::write(warmup.join("one.bin"), one).unwrap();
     let c = config(
         4,
-        &all_inputs(1, &file("f.bin"), &file("sub/i.bin"), &file("b.bin"), &file("one.bin")),
+        &all_inputs(
+            1,
+            &file("f.bin"),
+            &file("sub/i.bin"),
+            &file("b.bin"),
+            &file("one.bin"),
+        ),
     );
     assert!(
         error(&c, dir.path())
@@ -165,7 +207,13 @@ fn file_data_holds_one_batch_item() {
     );
     let c = config(
         4,
-        &all_inputs(1, &file("missing.bin"), &file("sub/i.bin"), &file("b.bin"), &file("s.bin")),
+        &all_inputs(
+            1,
+            &file("missing.bin"),
+            &file("sub/i.bin"),
+            &file("b.bin"),
+            &file("s.bin"),
+        ),
     );
     assert!(error(&c, dir.path()).contains("input 'f': cannot read input_data_file"));
 }
@@ -217,11 +265,20 @@ fn sample_errors_name_the_model_sample_and_input() {
     assert!(
         error(&c, dir).contains("batch_size 2 is not allowed because the model does not batch")
     );
-    let c = config(4, &all_inputs(1, z, z, z, z).replace("dims: [3]", "dims: [4]"));
+    let c = config(
+        4,
+        &all_inputs(1, z, z, z, z).replace("dims: [3]", "dims: [4]"),
+    );
     assert!(error(&c, dir).contains("input 'i': dims [4] do not match the model input's dims [3]"));
-    let c = config(4, &all_inputs(1, z, z, z, z).replace("dims: [2, 3]", "dims: [2, -1]"));
+    let c = config(
+        4,
+        &all_inputs(1, z, z, z, z).replace("dims: [2, 3]", "dims: [2, -1]"),
+    );
     assert!(error(&c, dir).contains("input 'f': dims [2,-1] must have every dimension specified"));
-    let c = config(4, &all_inputs(1, z, z, z, z).replace("key: \"b\"", "key: \"nope\""));
+    let c = config(
+        4,
+        &all_inputs(1, z, z, z, z).replace("key: \"b\"", "key: \"nope\""),
+    );
     assert_eq!(
         error(&c, dir),
         "model 'm' warmup sample 'w': input 'nope' is not an input of the model"

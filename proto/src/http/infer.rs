@@ -50,7 +50,10 @@ pub async fn infer(
         decode_raw(model, version, body, &config)?
     } else {
         let name = model.to_string();
-        let decoded = offload(body.len(), move || decode_json(&name, version, body, header_len, limit)).await;
+        let decoded = offload(body.len(), move || {
+            decode_json(&name, version, body, header_len, limit)
+        })
+        .await;
         match decoded {
             Ok(d) => d,
             // Like Triton, an unknown model is reported as such even when the body is bad too;

@@ -70,8 +70,13 @@ pub(crate) fn complete(
     } else {
         for input in &mut config.input {
             if let Some(t) = sig.input(&input.name) {
-                changed |=
-                    fill(t, batching, &mut input.data_type, &mut input.dims, &mut input.reshape)?;
+                changed |= fill(
+                    t,
+                    batching,
+                    &mut input.data_type,
+                    &mut input.dims,
+                    &mut input.reshape,
+                )?;
             }
         }
     }
@@ -102,8 +107,9 @@ pub(crate) fn complete(
     }
 
     if changed && config.max_batch_size > 1 && config.scheduling_choice.is_none() {
-        config.scheduling_choice =
-            Some(SchedulingChoice::DynamicBatching(ModelDynamicBatching::default()));
+        config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(
+            ModelDynamicBatching::default(),
+        ));
     }
     Ok(())
 }
@@ -120,7 +126,9 @@ fn config_counts_batch_dim(config: &ModelConfig, sig: &ModelSignature) -> bool {
         .iter()
         .filter(|o| o.reshape.is_none())
         .filter_map(|o| sig.output(&o.name).map(|t| (t, &o.dims)));
-    inputs.chain(outputs).any(|(t, dims)| !dims.is_empty() && dims.len() == t.dims.len())
+    inputs
+        .chain(outputs)
+        .any(|(t, dims)| !dims.is_empty() && dims.len() == t.dims.len())
 }
 
 /// Fills a missing data type or shape of one config tensor; returns whether anything changed.
@@ -146,7 +154,10 @@ fn fill(
 fn data_type(t: &TensorSig) -> Result<i32, String> {
     match &t.datatype {
         Ok(dt) => Ok(dt.to_config() as i32),
-        Err(what) => Err(format!("model tensor '{}' is {what}, which Triton cannot serve", t.name)),
+        Err(what) => Err(format!(
+            "model tensor '{}' is {what}, which Triton cannot serve",
+            t.name
+        )),
     }
 }
 
@@ -185,7 +196,10 @@ mod tests {
 
     #[test]
     fn empty_config_gets_everything_and_dynamic_batching() {
-        let mut c = ModelConfig { name: "m".into(), ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            ..Default::default()
+        };
         complete(&mut c, &batchable(), 4).unwrap();
         assert_eq!(c.max_batch_size, 4);
         assert_eq!(c.input.len(), 2);
@@ -193,8 +207,14 @@ mod tests {
         assert_eq!(c.input[1].data_type, DataType::Bytes.to_config() as i32);
         assert_eq!(c.input[1].dims, vec![-1]);
         assert_eq!(c.output[0].dims, vec![1]);
-        assert_eq!(c.output[0].reshape, Some(ModelTensorReshape { shape: vec![] }));
-        assert!(matches!(c.scheduling_choice, Some(SchedulingChoice::DynamicBatching(_))));
+        assert_eq!(
+            c.output[0].reshape,
+            Some(ModelTensorReshape { shape: vec![] })
+        );
+        assert!(matches!(
+            c.scheduling_choice,
+            Some(SchedulingChoice::DynamicBatching(_))
+        ));
     }
 
     #[test]
@@ -209,7 +229,11 @@ mod tests {
         assert_eq!(c.input[0].dims, vec![1, 3]);
         assert_eq!(c.output[0].dims, vec![-1, 3]);
         assert!(c.scheduling_choice.is_none());
-        let mut c = ModelConfig { name: "m".into(), max_batch_size: 8, ..Default::default() };
+        let mut c = ModelConfig {
+            name: "m".into(),
+            max_batch_size: 8,
+            ..Default::default()
+        };
         let err = complete(&mut c, &s, 4).unwrap_err();
         assert!(
             err.contains("model does not support batching while non-zero max_batch_size"),
@@ -220,9 +244,16 @@ mod tests {
     #[test]
     fn partial_entries_are_filled_and_full_rank_dims_keep_batching_off() {
         let mut c = ModelConfig::default();
-        c.input.push(ModelInput { name: "a".into(), dims: vec![-1, 4], ..Default::default() });
+        c.input.push(ModelInput {
+            name: "a".into(),
+            dims: vec![-1, 4],
+            ..Default::default()
+        });
         complete(&mut c, &batchable(), 4).unwrap();
-        assert_eq!(c.max_batch_size, 0, "dims [-1,4] already include the batch dimension");
+        assert_eq!(
+            c.max_batch_size, 0,
+            "dims [-1,4] already include the batch dimension"
+        );
         assert_eq!(c.input.len(), 1, "existing inputs are not extended");
         assert_eq!(c.input[0].data_type, F.to_config() as i32);
         assert_eq!(c.output[0].dims, vec![-1]);
@@ -231,9 +262,13 @@ mod tests {
 
     #[test]
     fn user_batch_size_and_scheduler_are_kept() {
-        let mut c = ModelConfig { max_batch_size: 16, ..Default::default() };
-        c.scheduling_choice =
-            Some(SchedulingChoice::SequenceBatching(ModelSequenceBatching::default()));
+        let mut c = ModelConfig {
+            max_batch_size: 16,
+            ..Default::default()
+        };
+        c.scheduling_choice = Some(SchedulingChoice::SequenceBatching(
+            ModelSequenceBatching::default(),
+        ));
         c.input.push(ModelInput {
             name: "a".into(),
             data_type: F.to_config() as i32,
@@ -242,12 +277,18 @@ mod tests {
         complete(&mut c, &batchable(), 4).unwrap();
         assert_eq!(c.max_batch_size, 16);
         assert_eq!(c.input[0].dims, vec![4]);
-        assert!(matches!(c.scheduling_choice, Some(SchedulingChoice::SequenceBatching(_))));
+        assert!(matches!(
+            c.scheduling_choice,
+            Some(SchedulingChoice::SequenceBatching(_))
+        ));
     }
 
     #[test]
     fn complete_config_is_left_alone() {
-        let mut c = ModelConfig { max_batch_size: 8, ..Default::default() };
+        let mut c = ModelConfig {
+            max_batch_size: 8,
+            ..Default::default()
+        };
         let (data_type, dims) = fp32(&[4]);
         c.input.push(ModelInput {
             name: "a".into(),
@@ -255,7 +296,12 @@ mod tests {
             dims: dims.clone(),
             ..Default::default()
         });
-        c.output.push(ModelOutput { name: "y".into(), data_type, dims, ..Default::default() });
+        c.output.push(ModelOutput {
+            name: "y".into(),
+            data_type,
+            dims,
+            ..Default::default()
+        });
         let before = c.clone();
         complete(&mut c, &batchable(), 4).unwrap();
         assert_eq!(c, before);
@@ -266,6 +312,9 @@ mod tests {
         let mut s = batchable();
         s.outputs[0].datatype = Err("an ONNX map".into());
         let err = complete(&mut ModelConfig::default(), &s, 4).unwrap_err();
-        assert_eq!(err, "model tensor 'y' is an ONNX map, which Triton cannot serve");
+        assert_eq!(
+            err,
+            "model tensor 'y' is an ONNX map, which Triton cannot serve"
+        );
     }
 }

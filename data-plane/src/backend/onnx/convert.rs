@@ -151,7 +151,11 @@ pub(crate) fn from_value(
     let fail = |what: String| BackendError::Execution(format!("output '{name}': {what}"));
     let ty = match value.dtype() {
         ValueType::Tensor { ty, .. } => *ty,
-        other => return Err(fail(format!("the model produced {other:?}, which is not a tensor"))),
+        other => {
+            return Err(fail(format!(
+                "the model produced {other:?}, which is not a tensor"
+            )));
+        }
     };
     let datatype = datatype_of(ty)
         .ok_or_else(|| fail(format!("ONNX element type '{ty}' has no Triton datatype")))?;

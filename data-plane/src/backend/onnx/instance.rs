@@ -55,7 +55,13 @@ impl OnnxInstance {
                     .find(|i| i.name == t.name)
                     .and_then(|i| i.reshape.as_ref())
                     .map(|r| r.shape.clone());
-                (t.name.clone(), InputPlan { datatype: t.datatype.clone(), reshape })
+                (
+                    t.name.clone(),
+                    InputPlan {
+                        datatype: t.datatype.clone(),
+                        reshape,
+                    },
+                )
             })
             .collect();
         let outputs = sig
@@ -63,8 +69,9 @@ impl OnnxInstance {
             .iter()
             .map(|t| {
                 let config_output = config.output.iter().find(|o| o.name == t.name);
-                let reshape_to =
-                    config_output.filter(|o| o.reshape.is_some()).map(|o| o.dims.clone());
+                let reshape_to = config_output
+                    .filter(|o| o.reshape.is_some())
+                    .map(|o| o.dims.clone());
                 (t.name.clone(), OutputPlan { reshape_to })
             })
             .collect();
@@ -105,7 +112,11 @@ impl OnnxInstance {
         let shape = match &plan.reshape {
             None => tensor.shape().to_vec(),
             Some(target) => {
-                let batch = if self.batching { tensor.shape().first().copied() } else { None };
+                let batch = if self.batching {
+                    tensor.shape().first().copied()
+                } else {
+                    None
+                };
                 resolve_shape(tensor.element_count(), batch, target).ok_or_else(|| {
                     BackendError::InvalidInput(format!(
                         "input '{name}' for model '{model}': shape {:?} cannot be reshaped to the configured {:?}",
@@ -128,9 +139,15 @@ impl BackendInstance for OnnxInstance {
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
         let model = self.model_name.clone();
-        let values = inputs.iter().map(|t| self.input_value(t)).collect::<Result<Vec<_>, _>>()?;
-        let requested: Vec<String> =
-            if outputs.is_empty() { self.default_outputs.clone() } else { outputs.to_vec() };
+        let values = inputs
+            .iter()
+            .map(|t| self.input_value(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let requested: Vec<String> = if outputs.is_empty() {
+            self.default_outputs.clone()
+        } else {
+            outputs.to_vec()
+        };
         let mut selector = OutputSelector::no_default();
         for name in &requested {
             if !self.outputs.contains_key(name) {
@@ -147,9 +164,14 @@ impl BackendInstance for OnnxInstance {
                 ))
             })?
             .with_outputs(selector);
-        let mut results = self.session.run_with_options(values, &run_options).map_err(|e| {
-            BackendError::Execution(format!("onnxruntime execute failure for model '{model}': {e}"))
-        })?;
+        let mut results = self
+            .session
+            .run_with_options(values, &run_options)
+            .map_err(|e| {
+                BackendError::Execution(format!(
+                    "onnxruntime execute failure for model '{model}': {e}"
+                ))
+            })?;
 
         let mut tensors = Vec::with_capacity(requested.len());
         for name in &requested {
@@ -161,9 +183,14 @@ impl BackendInstance for OnnxInstance {
             let (datatype, mut shape, data) = from_value(name, &value)?;
             if let Some(Some(dims)) = self.outputs.get(name).map(|p| &p.reshape_to) {
                 let elements = shape.iter().product::<i64>();
-                let batch = if self.batching { shape.first().copied() } else { None };
-                if let Some(api) =
-                    usize::try_from(elements).ok().and_then(|n| resolve_shape(n, batch, dims))
+                let batch = if self.batching {
+                    shape.first().copied()
+                } else {
+                    None
+                };
+                if let Some(api) = usize::try_from(elements)
+                    .ok()
+                    .and_then(|n| resolve_shape(n, batch, dims))
                 {
                     shape = api;
                 }

@@ -47,7 +47,10 @@ impl OnnxRuntimeBackend {
     /// `libonnxruntime.so`. A missing or broken library becomes a [`BackendError::Load`] for the
     /// model that needs it.
     pub fn new(library: Option<PathBuf>) -> Self {
-        OnnxRuntimeBackend { library, default_max_batch_size: autocomplete::DEFAULT_MAX_BATCH_SIZE }
+        OnnxRuntimeBackend {
+            library,
+            default_max_batch_size: autocomplete::DEFAULT_MAX_BATCH_SIZE,
+        }
     }
 
     /// The `max_batch_size` auto-complete gives a model that can batch (Triton's
@@ -63,8 +66,14 @@ impl OnnxRuntimeBackend {
         let file = model_file(model_path)?;
         let environment = runtime::environment(self.library.as_deref())?;
         let mut builder = Session::builder(&environment)
-            .and_then(|b| b.with_optimization_level(settings.level).map_err(Into::into))
-            .and_then(|b| b.with_parallel_execution(settings.parallel).map_err(Into::into))
+            .and_then(|b| {
+                b.with_optimization_level(settings.level)
+                    .map_err(Into::into)
+            })
+            .and_then(|b| {
+                b.with_parallel_execution(settings.parallel)
+                    .map_err(Into::into)
+            })
             .map_err(|e| format!("cannot create ONNX Runtime session options: {e}"))?;
         if let Some(n) = settings.intra_threads {
             builder = builder
@@ -77,8 +86,9 @@ impl OnnxRuntimeBackend {
                 .map_err(|e| format!("inter_op_thread_count {n}: {e}"))?;
         }
         if let Some(on) = settings.mem_pattern {
-            builder =
-                builder.with_memory_pattern(on).map_err(|e| format!("enable_mem_pattern: {e}"))?;
+            builder = builder
+                .with_memory_pattern(on)
+                .map_err(|e| format!("enable_mem_pattern: {e}"))?;
         }
         if let Some(on) = settings.mem_arena {
             let cpu = ort::ep::CPU::default().with_arena_allocator(on).build();
@@ -100,8 +110,11 @@ impl OnnxRuntimeBackend {
 /// `model.onnx` itself, or `model.onnx` inside a model directory (Triton's layout for models
 /// with external data).
 fn model_file(model_path: &Path) -> Result<PathBuf, String> {
-    let file =
-        if model_path.is_dir() { model_path.join("model.onnx") } else { model_path.to_path_buf() };
+    let file = if model_path.is_dir() {
+        model_path.join("model.onnx")
+    } else {
+        model_path.to_path_buf()
+    };
     if !file.is_file() {
         return Err(format!("model file '{}' does not exist", file.display()));
     }
@@ -125,7 +138,10 @@ impl Backend for OnnxRuntimeBackend {
         model_path: &Path,
     ) -> Result<(), BackendError> {
         let fail = |e: String| {
-            BackendError::Load(format!("unable to auto-complete model '{}': {e}", config.name))
+            BackendError::Load(format!(
+                "unable to auto-complete model '{}': {e}",
+                config.name
+            ))
         };
         // Reading the signature needs no optimisation and no thread pool.
         let settings = SessionSettings {
@@ -149,7 +165,10 @@ impl Backend for OnnxRuntimeBackend {
         &self,
         ctx: &InstanceContext,
     ) -> Result<Box<dyn BackendInstance>, BackendError> {
-        let label = format!("model '{}' instance '{}'", ctx.model_name, ctx.instance_name);
+        let label = format!(
+            "model '{}' instance '{}'",
+            ctx.model_name, ctx.instance_name
+        );
         if let DeviceKind::Gpu { device_id } = ctx.device {
             return Err(BackendError::Load(format!(
                 "{label}: KIND_GPU (GPU {device_id}) requested but no CUDA execution provider/GPU is available in this build; use KIND_CPU"

@@ -55,7 +55,11 @@ pub(crate) fn session_settings(
         }
     };
     let level = graph_level(
-        config.optimization.as_ref().and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level),
+        config
+            .optimization
+            .as_ref()
+            .and_then(|o| o.graph.as_ref())
+            .map_or(0, |g| g.level),
     )?;
     Ok(SessionSettings {
         intra_threads,
@@ -91,8 +95,11 @@ pub(crate) fn graph_level(level: i32) -> Result<GraphOptimizationLevel, String> 
 
 /// Total instances of the model, to share the cores between their sessions.
 fn default_intra_threads(config: &ModelConfig, cores: usize) -> usize {
-    let instances: usize =
-        config.instance_group.iter().map(|g| usize::try_from(g.count).unwrap_or(0).max(1)).sum();
+    let instances: usize = config
+        .instance_group
+        .iter()
+        .map(|g| usize::try_from(g.count).unwrap_or(0).max(1))
+        .sum();
     (cores / instances.max(1)).max(1)
 }
 
@@ -136,7 +143,12 @@ mod tests {
     fn with(params: &[(&str, &str)]) -> ModelConfig {
         let mut c = ModelConfig::default();
         for (k, v) in params {
-            c.parameters.insert(k.to_string(), ModelParameter { string_value: v.to_string() });
+            c.parameters.insert(
+                k.to_string(),
+                ModelParameter {
+                    string_value: v.to_string(),
+                },
+            );
         }
         c
     }
@@ -150,9 +162,15 @@ mod tests {
             (s.inter_threads, s.parallel, s.level),
             (None, false, GraphOptimizationLevel::All)
         );
-        c.instance_group.push(ModelInstanceGroup { count: 2, ..Default::default() });
+        c.instance_group.push(ModelInstanceGroup {
+            count: 2,
+            ..Default::default()
+        });
         assert_eq!(session_settings(&c, 2).unwrap().intra_threads, Some(1));
-        c.instance_group.push(ModelInstanceGroup { count: 3, ..Default::default() });
+        c.instance_group.push(ModelInstanceGroup {
+            count: 3,
+            ..Default::default()
+        });
         assert_eq!(session_settings(&c, 2).unwrap().intra_threads, Some(1));
     }
 
@@ -166,10 +184,15 @@ mod tests {
             ("enable_mem_pattern", "true"),
         ]);
         let s = session_settings(&c, 2).unwrap();
-        assert_eq!((s.intra_threads, s.inter_threads, s.parallel), (None, Some(3), true));
+        assert_eq!(
+            (s.intra_threads, s.inter_threads, s.parallel),
+            (None, Some(3), true)
+        );
         assert_eq!((s.mem_arena, s.mem_pattern), (Some(false), Some(true)));
         assert_eq!(
-            session_settings(&with(&[("intra_op_thread_count", "4")]), 2).unwrap().intra_threads,
+            session_settings(&with(&[("intra_op_thread_count", "4")]), 2)
+                .unwrap()
+                .intra_threads,
             Some(4)
         );
     }
@@ -182,13 +205,21 @@ mod tests {
                 "-1",
                 "parameter 'intra_op_thread_count' must be a non-negative integer, got '-1'",
             ),
-            ("inter_op_thread_count", "x", "parameter 'inter_op_thread_count'"),
+            (
+                "inter_op_thread_count",
+                "x",
+                "parameter 'inter_op_thread_count'",
+            ),
             (
                 "execution_mode",
                 "2",
                 "parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got '2'",
             ),
-            ("enable_mem_arena", "maybe", "parameter 'enable_mem_arena' must be a boolean"),
+            (
+                "enable_mem_arena",
+                "maybe",
+                "parameter 'enable_mem_arena' must be a boolean",
+            ),
         ] {
             let err = session_settings(&with(&[(key, value)]), 2).unwrap_err();
             assert!(err.contains(needle), "{err}");
@@ -209,6 +240,10 @@ mod tests {
         assert_eq!(level(-1), Ok(GraphOptimizationLevel::Level1));
         assert_eq!(level(1), Ok(GraphOptimizationLevel::Level2));
         assert_eq!(level(2), Ok(GraphOptimizationLevel::Disable));
-        assert!(level(3).unwrap_err().contains("optimization.graph.level must be"));
+        assert!(
+            level(3)
+                .unwrap_err()
+                .contains("optimization.graph.level must be")
+        );
     }
 }

@@ -51,15 +51,22 @@ pub(crate) fn environment(library: Option<&Path>) -> Result<Environment, String>
         // No path: let the system loader search (LD_LIBRARY_PATH, ld.so.cache) for the usual name.
         None => PathBuf::from(DEFAULT_LIBRARY_NAME),
     };
-    let builder = ort::init_from(&path)
-        .map_err(|e| format!("cannot load the ONNX Runtime library '{}': {e}", path.display()))?;
+    let builder = ort::init_from(&path).map_err(|e| {
+        format!(
+            "cannot load the ONNX Runtime library '{}': {e}",
+            path.display()
+        )
+    })?;
     let environment = builder
         .with_name("nereid")
         .with_telemetry(false)
         .build()
         .map_err(|e| format!("cannot create the ONNX Runtime environment: {e}"))?;
     tracing::info!(library = %path.display(), "loaded ONNX Runtime");
-    *loaded = Some(Loaded { library: path, environment: environment.clone() });
+    *loaded = Some(Loaded {
+        library: path,
+        environment: environment.clone(),
+    });
     Ok(environment)
 }
 

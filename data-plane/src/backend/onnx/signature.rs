@@ -25,7 +25,10 @@ impl TensorSig {
         TensorSig {
             name: outlet.name().to_string(),
             datatype: datatype_of_value(dtype),
-            dims: dtype.tensor_shape().map(|s| s.iter().copied().collect()).unwrap_or_default(),
+            dims: dtype
+                .tensor_shape()
+                .map(|s| s.iter().copied().collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -45,8 +48,16 @@ pub(crate) struct ModelSignature {
 impl ModelSignature {
     pub fn from_session(session: &Session) -> ModelSignature {
         ModelSignature {
-            inputs: session.inputs().iter().map(TensorSig::from_outlet).collect(),
-            outputs: session.outputs().iter().map(TensorSig::from_outlet).collect(),
+            inputs: session
+                .inputs()
+                .iter()
+                .map(TensorSig::from_outlet)
+                .collect(),
+            outputs: session
+                .outputs()
+                .iter()
+                .map(TensorSig::from_outlet)
+                .collect(),
         }
     }
 
@@ -60,7 +71,10 @@ impl ModelSignature {
 
     /// Triton's rule: a model can batch when every input and output has a dynamic first dimension.
     pub fn can_batch(&self) -> bool {
-        self.inputs.iter().chain(&self.outputs).all(TensorSig::batchable)
+        self.inputs
+            .iter()
+            .chain(&self.outputs)
+            .all(TensorSig::batchable)
     }
 
     /// Comma-separated names, for messages.
@@ -74,10 +88,18 @@ impl ModelSignature {
 }
 
 fn join_names(tensors: &[TensorSig]) -> String {
-    tensors.iter().map(|t| format!("'{}'", t.name)).collect::<Vec<_>>().join(", ")
+    tensors
+        .iter()
+        .map(|t| format!("'{}'", t.name))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
 pub(crate) fn sig(name: &str, dt: DataType, dims: &[i64]) -> TensorSig {
-    TensorSig { name: name.to_string(), datatype: Ok(dt), dims: dims.to_vec() }
+    TensorSig {
+        name: name.to_string(),
+        datatype: Ok(dt),
+        dims: dims.to_vec(),
+    }
 }

@@ -51,7 +51,14 @@ pub(crate) fn onnx_type_of(dt: DataType) -> TensorElementType {
 
 /// The config spelling of a datatype, as Triton's messages use it (`TYPE_FP32`, `TYPE_STRING`).
 pub(crate) fn config_name(dt: DataType) -> String {
-    format!("TYPE_{}", if dt == DataType::Bytes { "STRING" } else { dt.as_wire() })
+    format!(
+        "TYPE_{}",
+        if dt == DataType::Bytes {
+            "STRING"
+        } else {
+            dt.as_wire()
+        }
+    )
 }
 
 /// The datatype of a model input/output as ONNX Runtime reports it: `Ok` with the Triton datatype,

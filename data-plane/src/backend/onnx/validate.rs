@@ -63,7 +63,11 @@ pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(),
             ));
         };
         check_datatype(output.data_type, model, "output").map_err(|e| format!("{prefix}, {e}"))?;
-        if config.batch_output.iter().any(|b| b.target_name.contains(&output.name)) {
+        if config
+            .batch_output
+            .iter()
+            .any(|b| b.target_name.contains(&output.name))
+        {
             continue; // a batch output's shape need not match the model's
         }
         let dims = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
@@ -75,14 +79,21 @@ pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(),
 /// Every model input must be fed by something the config declares, or the model could never run.
 fn check_input_coverage(config: &ModelConfig, sig: &ModelSignature) -> Result<(), String> {
     let mut declared: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
-    declared
-        .extend(config.batch_input.iter().flat_map(|b| b.target_name.iter().map(String::as_str)));
+    declared.extend(
+        config
+            .batch_input
+            .iter()
+            .flat_map(|b| b.target_name.iter().map(String::as_str)),
+    );
     if let Some(SchedulingChoice::SequenceBatching(seq)) = &config.scheduling_choice {
         declared.extend(seq.control_input.iter().map(|c| c.name.as_str()));
         declared.extend(seq.state.iter().map(|s| s.input_name.as_str()));
     }
-    let missing: Vec<&TensorSig> =
-        sig.inputs.iter().filter(|t| !declared.contains(&t.name.as_str())).collect();
+    let missing: Vec<&TensorSig> = sig
+        .inputs
+        .iter()
+        .filter(|t| !declared.contains(&t.name.as_str()))
+        .collect();
     if let Some(first) = missing.first() {
         return Err(format!(
             "configuration expects {} inputs, model provides {} (model input '{}' is not in the configuration)",
@@ -105,7 +116,10 @@ fn check_datatype(config_type: i32, model: &TensorSig, kind: &str) -> Result<(),
         }
     };
     let Some(config_type) = DataType::from_config_i32(config_type) else {
-        return Err(format!("configuration {kind} '{}' has no valid data_type", model.name));
+        return Err(format!(
+            "configuration {kind} '{}' has no valid data_type",
+            model.name
+        ));
     };
     if config_type != model_type {
         return Err(format!(
@@ -142,7 +156,10 @@ fn check_dims(model: &TensorSig, dims: &[i64], max_batch_size: i32) -> Result<()
         dims.to_vec()
     };
     let compatible = full.len() == model.dims.len()
-        && full.iter().zip(&model.dims).all(|(&c, &m)| c == -1 || m == -1 || c == m);
+        && full
+            .iter()
+            .zip(&model.dims)
+            .all(|(&c, &m)| c == -1 || m == -1 || c == m);
     if !compatible {
         let how = if max_batch_size > 0 {
             "(with the batch dimension first because max_batch_size > 0) "
@@ -169,7 +186,10 @@ mod tests {
 
     fn add_sub() -> ModelSignature {
         ModelSignature {
-            inputs: vec![sig("a", DataType::Fp32, &[-1, 4]), sig("b", DataType::Fp32, &[-1, 4])],
+            inputs: vec![
+                sig("a", DataType::Fp32, &[-1, 4]),
+                sig("b", DataType::Fp32, &[-1, 4]),
+            ],
             outputs: vec![sig("y", DataType::Fp32, &[-1, 4])],
         }
     }
@@ -190,14 +210,24 @@ mod tests {
                 .iter()
                 .map(|(n, dt, d)| {
                     let (data_type, dims) = io(*dt, d);
-                    ModelInput { name: n.to_string(), data_type, dims, ..Default::default() }
+                    ModelInput {
+                        name: n.to_string(),
+                        data_type,
+                        dims,
+                        ..Default::default()
+                    }
                 })
                 .collect(),
             output: outputs
                 .iter()
                 .map(|(n, dt, d)| {
                     let (data_type, dims) = io(*dt, d);
-                    ModelOutput { name: n.to_string(), data_type, dims, ..Default::default() }
+                    ModelOutput {
+                        name: n.to_string(),
+                        data_type,
+                        dims,
+                        ..Default::default()
+                    }
                 })
                 .collect(),
             ..Default::default()
@@ -210,7 +240,11 @@ mod tests {
     fn matching_configs_pass() {
         let ok = config(8, &[("a", F, &[4]), ("b", F, &[-1])], &[("y", F, &[4])]);
         assert_eq!(validate(&ok, &add_sub()), Ok(()));
-        let no_batch = config(0, &[("a", F, &[2, 4]), ("b", F, &[-1, 4])], &[("y", F, &[-1, -1])]);
+        let no_batch = config(
+            0,
+            &[("a", F, &[2, 4]), ("b", F, &[-1, 4])],
+            &[("y", F, &[-1, -1])],
+        );
         assert_eq!(validate(&no_batch, &add_sub()), Ok(()));
     }
 
@@ -221,7 +255,11 @@ mod tests {
             validate(&one, &add_sub()).unwrap_err(),
             "unable to load model 'm', configuration expects 1 inputs, model provides 2 (model input 'b' is not in the configuration)"
         );
-        let wrong = config(8, &[("a", F, &[4]), ("b", F, &[4]), ("c", F, &[4])], &[("y", F, &[4])]);
+        let wrong = config(
+            8,
+            &[("a", F, &[4]), ("b", F, &[4]), ("c", F, &[4])],
+            &[("y", F, &[4])],
+        );
         let err = validate(&wrong, &add_sub()).unwrap_err();
         assert!(
             err.contains(
@@ -239,16 +277,27 @@ mod tests {
 
     #[test]
     fn datatypes_and_dims_are_checked() {
-        let dt = config(8, &[("a", DataType::Fp16, &[4]), ("b", F, &[4])], &[("y", F, &[4])]);
+        let dt = config(
+            8,
+            &[("a", DataType::Fp16, &[4]), ("b", F, &[4])],
+            &[("y", F, &[4])],
+        );
         assert_eq!(
             validate(&dt, &add_sub()).unwrap_err(),
             "unable to load model 'm', configuration expects datatype TYPE_FP16 for input 'a', model provides TYPE_FP32"
         );
         let dims = config(8, &[("a", F, &[5]), ("b", F, &[4])], &[("y", F, &[4])]);
         let err = validate(&dims, &add_sub()).unwrap_err();
-        assert!(err.contains("tensor 'a': the model expects 2 dimensions (shape [-1,4])"), "{err}");
+        assert!(
+            err.contains("tensor 'a': the model expects 2 dimensions (shape [-1,4])"),
+            "{err}"
+        );
         assert!(err.contains("(shape [-1,5])"), "{err}");
-        let rank = config(0, &[("a", F, &[4]), ("b", F, &[-1, 4])], &[("y", F, &[-1, 4])]);
+        let rank = config(
+            0,
+            &[("a", F, &[4]), ("b", F, &[-1, 4])],
+            &[("y", F, &[-1, 4])],
+        );
         assert!(
             validate(&rank, &add_sub())
                 .unwrap_err()
@@ -270,19 +319,29 @@ mod tests {
             "{err}"
         );
         assert_eq!(
-            validate(&config(0, &[("x", F, &[1, 3])], &[("y", F, &[1, 3])]), &fixed),
+            validate(
+                &config(0, &[("x", F, &[1, 3])], &[("y", F, &[1, 3])]),
+                &fixed
+            ),
             Ok(())
         );
     }
 
     #[test]
     fn scalars_and_reshape() {
-        let scalar =
-            ModelSignature { inputs: vec![sig("x", F, &[])], outputs: vec![sig("y", F, &[])] };
-        assert_eq!(validate(&config(0, &[("x", F, &[1])], &[("y", F, &[1])]), &scalar), Ok(()));
+        let scalar = ModelSignature {
+            inputs: vec![sig("x", F, &[])],
+            outputs: vec![sig("y", F, &[])],
+        };
+        assert_eq!(
+            validate(&config(0, &[("x", F, &[1])], &[("y", F, &[1])]), &scalar),
+            Ok(())
+        );
         assert!(validate(&config(0, &[("x", F, &[2])], &[("y", F, &[1])]), &scalar).is_err());
-        let batched =
-            ModelSignature { inputs: vec![sig("x", F, &[-1])], outputs: vec![sig("y", F, &[-1])] };
+        let batched = ModelSignature {
+            inputs: vec![sig("x", F, &[-1])],
+            outputs: vec![sig("y", F, &[-1])],
+        };
         let mut cfg = config(4, &[("x", F, &[1])], &[("y", F, &[1])]);
         assert!(validate(&cfg, &batched).is_err());
         cfg.input[0].reshape = Some(Default::default());
@@ -294,8 +353,11 @@ mod tests {
     fn unservable_model_types_are_named() {
         let mut s = add_sub();
         s.inputs[0].datatype = Err("an ONNX sequence".into());
-        let err = validate(&config(8, &[("a", F, &[4]), ("b", F, &[4])], &[("y", F, &[4])]), &s)
-            .unwrap_err();
+        let err = validate(
+            &config(8, &[("a", F, &[4]), ("b", F, &[4])], &[("y", F, &[4])]),
+            &s,
+        )
+        .unwrap_err();
         assert!(
             err.contains("model input 'a' is an ONNX sequence, which Triton cannot serve"),
             "{err}"

@@ -11,10 +11,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_sequence_batching::control::Kind;
 use nereid_proto::pb::inference::model_sequence_batching::{Control, StrategyChoice};
-use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::types::{CorrelationId, Tensor, element_count};
 use nereid_proto::{DataType, ServiceError};
 
@@ -29,7 +29,11 @@ pub enum Strategy {
     /// Each live sequence holds one batch slot of one instance until it ends.
     Direct,
     /// Up to `max_candidates` live sequences; each round batches the oldest ready requests.
-    Oldest { max_candidates: usize, preferred_batch_sizes: Vec<usize>, max_queue_delay: Duration },
+    Oldest {
+        max_candidates: usize,
+        preferred_batch_sizes: Vec<usize>,
+        max_queue_delay: Duration,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,8 +86,12 @@ impl SequencePolicy {
         let strategy = match &sb.strategy_choice {
             None | Some(StrategyChoice::Direct(_)) => Strategy::Direct,
             Some(StrategyChoice::Oldest(o)) => {
-                let mut preferred: Vec<usize> =
-                    o.preferred_batch_size.iter().filter_map(|&s| usize::try_from(s).ok()).filter(|&s| s > 0).collect();
+                let mut preferred: Vec<usize> = o
+                    .preferred_batch_size
+                    .iter()
+                    .filter_map(|&s| usize::try_from(s).ok())
+                    .filter(|&s| s > 0)
+                    .collect();
                 preferred.sort_unstable();
                 preferred.dedup();
                 Strategy::Oldest {
@@ -96,7 +104,12 @@ impl SequencePolicy {
         let controls = sb
             .control_input
             .iter()
-            .flat_map(|input| input.control.iter().filter_map(|c| control_tensor(&input.name, c)))
+            .flat_map(|input| {
+                input
+                    .control
+                    .iter()
+                    .filter_map(|c| control_tensor(&input.name, c))
+            })
             .collect();
         let states = sb
             .state
@@ -129,7 +142,11 @@ impl SequencePolicy {
 
     /// Refuses a correlation id the model's CORRID control cannot carry.
     pub fn check_id(&self, model: &str, id: &CorrelationId) -> Result<(), ServiceError> {
-        for c in self.controls.iter().filter(|c| c.kind == ControlKind::CorrId) {
+        for c in self
+            .controls
+            .iter()
+            .filter(|c| c.kind == ControlKind::CorrId)
+        {
             if matches!(id, CorrelationId::String(_)) && c.datatype != DataType::Bytes {
                 return Err(ServiceError::invalid(format!(
                     "inference request to model '{model}' must specify an integer correlation ID: its control '{}' is {}",
@@ -151,7 +168,13 @@ impl SequencePolicy {
                     ControlKind::End => c.values[usize::from(flags.end)].clone(),
                     ControlKind::CorrId => corrid_bytes(c.datatype, &flags.id),
                 };
-                Tensor::new(c.name.clone(), c.datatype, self.with_batch(vec![1]), Bytes::from(data)).ok()
+                Tensor::new(
+                    c.name.clone(),
+                    c.datatype,
+                    self.with_batch(vec![1]),
+                    Bytes::from(data),
+                )
+                .ok()
             })
             .collect()
     }
@@ -165,7 +188,13 @@ impl SequencePolicy {
                 let count = element_count(&shape)?;
                 // A zero length prefix is an empty BYTES element, so zeros work for every type.
                 let bytes = count * s.datatype.element_size().unwrap_or(4);
-                Tensor::new(s.input.clone(), s.datatype, shape, Bytes::from(vec![0u8; bytes])).ok()
+                Tensor::new(
+                    s.input.clone(),
+                    s.datatype,
+                    shape,
+                    Bytes::from(vec![0u8; bytes]),
+                )
+                .ok()
             })
             .collect()
     }
@@ -186,17 +215,31 @@ fn control_tensor(name: &str, c: &Control) -> Option<ControlTensor> {
         Kind::ControlSequenceCorrid => ControlKind::CorrId,
     };
     let (datatype, values) = if kind == ControlKind::CorrId {
-        (DataType::from_config_i32(c.data_type)?, [Vec::new(), Vec::new()])
+        (
+            DataType::from_config_i32(c.data_type)?,
+            [Vec::new(), Vec::new()],
+        )
     } else if let [f, t] = c.int32_false_true[..] {
-        (DataType::Int32, [f.to_le_bytes().to_vec(), t.to_le_bytes().to_vec()])
+        (
+            DataType::Int32,
+            [f.to_le_bytes().to_vec(), t.to_le_bytes().to_vec()],
+        )
     } else if let [f, t] = c.fp32_false_true[..] {
-        (DataType::Fp32, [f.to_le_bytes().to_vec(), t.to_le_bytes().to_vec()])
+        (
+            DataType::Fp32,
+            [f.to_le_bytes().to_vec(), t.to_le_bytes().to_vec()],
+        )
     } else if let [f, t] = c.bool_false_true[..] {
         (DataType::Bool, [vec![u8::from(f)], vec![u8::from(t)]])
     } else {
         return None;
     };
-    Some(ControlTensor { name: name.to_string(), kind, datatype, values })
+    Some(ControlTensor {
+        name: name.to_string(),
+        kind,
+        datatype,
+        values,
+    })
 }
 
 fn corrid_bytes(datatype: DataType, id: &CorrelationId) -> Vec<u8> {
@@ -254,11 +297,21 @@ mod tests {
         let p = policy(4);
         assert_eq!(p.max_idle, Duration::from_micros(5000));
         assert_eq!(p.strategy, Strategy::Direct);
-        let flags = SequenceFlags { id: CorrelationId::Uint(9), start: true, end: false };
+        let flags = SequenceFlags {
+            id: CorrelationId::Uint(9),
+            start: true,
+            end: false,
+        };
         let t = p.control_inputs(&flags);
         assert_eq!(t.len(), 3);
-        assert_eq!((t[0].name(), t[0].shape(), t[0].data().as_ref()), ("S", &[1i64, 1][..], &1f32.to_le_bytes()[..]));
-        assert_eq!((t[1].name(), t[1].datatype(), t[1].data().as_ref()), ("E", DataType::Bool, &[0u8][..]));
+        assert_eq!(
+            (t[0].name(), t[0].shape(), t[0].data().as_ref()),
+            ("S", &[1i64, 1][..], &1f32.to_le_bytes()[..])
+        );
+        assert_eq!(
+            (t[1].name(), t[1].datatype(), t[1].data().as_ref()),
+            ("E", DataType::Bool, &[0u8][..])
+        );
         assert_eq!(t[2].data().as_ref(), &9i32.to_le_bytes()[..]);
         let s = p.initial_states();
         assert_eq!((s[0].name(), s[0].shape()), ("si", &[1i64, 2, 1][..]));
@@ -269,7 +322,13 @@ mod tests {
     fn a_string_id_needs_a_string_corrid() {
         let p = policy(0);
         assert!(p.check_id("m", &CorrelationId::Uint(3)).is_ok());
-        let e = p.check_id("m", &CorrelationId::String("a".into())).unwrap_err();
-        assert!(e.message().contains("integer correlation ID"), "{}", e.message());
+        let e = p
+            .check_id("m", &CorrelationId::String("a".into()))
+            .unwrap_err();
+        assert!(
+            e.message().contains("integer correlation ID"),
+            "{}",
+            e.message()
+        );
     }
 }

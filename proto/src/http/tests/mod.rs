@@ -256,7 +256,10 @@ impl Reply {
 
     /// Checks that the reply uses the binary tensor extension and returns its JSON header length.
     pub fn binary_header_len(&self) -> usize {
-        assert_eq!(self.header("content-type"), Some("application/octet-stream"));
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/octet-stream")
+        );
         self.header("inference-header-content-length")
             .expect("Inference-Header-Content-Length is set")
             .parse()

@@ -22,7 +22,11 @@ use crate::backend::{Backend, BackendError, BackendInstance, DeviceKind, Instanc
 fn library() -> PathBuf {
     if let Some(path) = std::env::var_os("NEREID_ORT_LIBRARY") {
         let path = PathBuf::from(path);
-        assert!(path.is_file(), "NEREID_ORT_LIBRARY={} does not exist", path.display());
+        assert!(
+            path.is_file(),
+            "NEREID_ORT_LIBRARY={} does not exist",
+            path.display()
+        );
         return path;
     }
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -40,7 +44,9 @@ fn backend() -> OnnxRuntimeBackend {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/backend/onnx/testdata").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("src/backend/onnx/testdata")
+        .join(name)
 }
 
 fn input(name: &str, dt: DataType, dims: &[i64]) -> ModelInput {
@@ -103,7 +109,10 @@ fn f32_tensor(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
 }
 
 fn f32_values(t: &Tensor) -> Vec<f32> {
-    t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn names(v: &[&str]) -> Vec<String> {
@@ -117,17 +126,31 @@ fn add_sub_runs_with_requested_outputs_in_order() {
     // Unaligned input bytes: a slice starting one byte into the buffer.
     let mut raw = vec![0u8];
     raw.extend(std::iter::repeat_n(1.5f32.to_le_bytes(), 8).flatten());
-    let b = Tensor::new("INPUT1", DataType::Fp32, vec![2, 4], Bytes::from(raw).slice(1..)).unwrap();
+    let b = Tensor::new(
+        "INPUT1",
+        DataType::Fp32,
+        vec![2, 4],
+        Bytes::from(raw).slice(1..),
+    )
+    .unwrap();
 
-    let out = instance.execute(&[a.clone(), b.clone()], &names(&["OUTPUT1", "OUTPUT0"])).unwrap();
+    let out = instance
+        .execute(&[a.clone(), b.clone()], &names(&["OUTPUT1", "OUTPUT0"]))
+        .unwrap();
     assert_eq!(out.len(), 2);
     assert_eq!(
         (out[0].name(), out[0].datatype(), out[0].shape()),
         ("OUTPUT1", DataType::Fp32, &[2i64, 4][..])
     );
-    assert_eq!(f32_values(&out[0]), vec![-0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5]);
+    assert_eq!(
+        f32_values(&out[0]),
+        vec![-0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5]
+    );
     assert_eq!(out[1].name(), "OUTPUT0");
-    assert_eq!(f32_values(&out[1]), vec![2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5]);
+    assert_eq!(
+        f32_values(&out[1]),
+        vec![2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5]
+    );
 
     let only = instance.execute(&[a, b], &names(&["OUTPUT0"])).unwrap();
     assert_eq!(only.len(), 1);
@@ -141,24 +164,24 @@ fn sample(dt: DataType) -> Bytes {
         DataType::Bool => v.extend([1, 0, 1, 1, 0, 0]),
         DataType::Int8 => v.extend([0x80u8, 0xff, 0, 1, 2, 0x7f]),
         DataType::Uint8 => v.extend([0u8, 1, 2, 128, 254, 255]),
-        DataType::Int16 => {
-            [-32768i16, -1, 0, 1, 2, 32767].iter().for_each(|x| v.extend(x.to_le_bytes()))
-        }
-        DataType::Uint16 => {
-            [0u16, 1, 2, 3, 40000, 65535].iter().for_each(|x| v.extend(x.to_le_bytes()))
-        }
-        DataType::Int32 => {
-            [i32::MIN, -1, 0, 1, 7, i32::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
-        }
-        DataType::Uint32 => {
-            [0u32, 1, 2, 3, 1 << 31, u32::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
-        }
-        DataType::Int64 => {
-            [i64::MIN, -1, 0, 1, 7, i64::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
-        }
-        DataType::Uint64 => {
-            [0u64, 1, 2, 3, 1 << 63, u64::MAX].iter().for_each(|x| v.extend(x.to_le_bytes()))
-        }
+        DataType::Int16 => [-32768i16, -1, 0, 1, 2, 32767]
+            .iter()
+            .for_each(|x| v.extend(x.to_le_bytes())),
+        DataType::Uint16 => [0u16, 1, 2, 3, 40000, 65535]
+            .iter()
+            .for_each(|x| v.extend(x.to_le_bytes())),
+        DataType::Int32 => [i32::MIN, -1, 0, 1, 7, i32::MAX]
+            .iter()
+            .for_each(|x| v.extend(x.to_le_bytes())),
+        DataType::Uint32 => [0u32, 1, 2, 3, 1 << 31, u32::MAX]
+            .iter()
+            .for_each(|x| v.extend(x.to_le_bytes())),
+        DataType::Int64 => [i64::MIN, -1, 0, 1, 7, i64::MAX]
+            .iter()
+            .for_each(|x| v.extend(x.to_le_bytes())),
+        DataType::Uint64 => [0u64, 1, 2, 3, 1 << 63, u64::MAX]
+            .iter()
+            .for_each(|x| v.extend(x.to_le_bytes())),
         DataType::Fp16 => [0.0f32, -1.5, 2.25, 65504.0, -0.125, 3.0]
             .iter()
             .for_each(|x| v.extend(half::f16::from_f32(*x).to_bits().to_le_bytes())),
@@ -182,7 +205,11 @@ fn sample(dt: DataType) -> Bytes {
 
 /// The suffix `make_fixtures.py` uses for a datatype's tensors.
 fn suffix(dt: DataType) -> &'static str {
-    if dt == DataType::Bytes { "STRING" } else { dt.as_wire() }
+    if dt == DataType::Bytes {
+        "STRING"
+    } else {
+        dt.as_wire()
+    }
 }
 
 #[test]
@@ -204,8 +231,10 @@ fn every_datatype_round_trips_through_identity() {
         .iter()
         .map(|&dt| Tensor::new(format!("in_{}", suffix(dt)), dt, vec![2, 3], sample(dt)).unwrap())
         .collect();
-    let wanted: Vec<String> =
-        DataType::ALL.iter().map(|&dt| format!("out_{}", suffix(dt))).collect();
+    let wanted: Vec<String> = DataType::ALL
+        .iter()
+        .map(|&dt| format!("out_{}", suffix(dt)))
+        .collect();
     let outputs = instance.execute(&inputs, &wanted).unwrap();
     assert_eq!(outputs.len(), DataType::ALL.len());
     for (dt, out) in DataType::ALL.iter().zip(&outputs) {
@@ -222,15 +251,27 @@ fn every_datatype_round_trips_through_identity() {
         .map(|&dt| Tensor::new(format!("in_{}", suffix(dt)), dt, vec![1, 0], Bytes::new()).unwrap())
         .collect();
     let outputs = instance.execute(&empty, &wanted).unwrap();
-    assert!(outputs.iter().all(|t| t.shape() == [1, 0] && t.data().is_empty()));
+    assert!(
+        outputs
+            .iter()
+            .all(|t| t.shape() == [1, 0] && t.data().is_empty())
+    );
 }
 
 #[test]
 fn wrong_input_datatype_and_bad_strings_are_invalid_input() {
     let mut instance = load(add_sub_config(), "add_sub.onnx").unwrap();
-    let a = Tensor::new("INPUT0", DataType::Fp64, vec![1, 4], Bytes::from(vec![0u8; 32])).unwrap();
+    let a = Tensor::new(
+        "INPUT0",
+        DataType::Fp64,
+        vec![1, 4],
+        Bytes::from(vec![0u8; 32]),
+    )
+    .unwrap();
     let b = f32_tensor("INPUT1", vec![1, 4], &[0.; 4]);
-    let err = instance.execute(&[a, b.clone()], &names(&["OUTPUT0"])).unwrap_err();
+    let err = instance
+        .execute(&[a, b.clone()], &names(&["OUTPUT0"]))
+        .unwrap_err();
     assert_eq!(
         err,
         BackendError::InvalidInput(
@@ -246,11 +287,22 @@ fn wrong_input_datatype_and_bad_strings_are_invalid_input() {
     let err = instance.execute(&[a, b], &names(&["NOPE"])).unwrap_err();
     assert!(matches!(err, BackendError::InvalidInput(m) if m.contains("output 'NOPE'")));
 
-    let config = ModelConfig { name: "identity_types".into(), ..Default::default() };
+    let config = ModelConfig {
+        name: "identity_types".into(),
+        ..Default::default()
+    };
     let mut ids = backend().load_instance(&context(config, "identity_types.onnx", DeviceKind::Cpu));
-    assert!(ids.is_err(), "a config without inputs cannot load: the model needs 14 inputs");
-    let mut config = ModelConfig { name: "identity_types".into(), ..Default::default() };
-    backend().auto_complete(&mut config, &fixture("identity_types.onnx")).unwrap();
+    assert!(
+        ids.is_err(),
+        "a config without inputs cannot load: the model needs 14 inputs"
+    );
+    let mut config = ModelConfig {
+        name: "identity_types".into(),
+        ..Default::default()
+    };
+    backend()
+        .auto_complete(&mut config, &fixture("identity_types.onnx"))
+        .unwrap();
     ids = backend().load_instance(&context(config, "identity_types.onnx", DeviceKind::Cpu));
     let mut ids = ids.unwrap();
     let mut inputs: Vec<Tensor> = DataType::ALL
@@ -282,13 +334,19 @@ fn onnx_runtime_failures_are_execution_errors() {
         ..Default::default()
     };
     let mut instance = load(config, "fixed_batch.onnx").unwrap();
-    let out = instance.execute(&[f32_tensor("x", vec![1, 3], &[1., -2., 3.])], &[]).unwrap();
+    let out = instance
+        .execute(&[f32_tensor("x", vec![1, 3], &[1., -2., 3.])], &[])
+        .unwrap();
     assert_eq!(f32_values(&out[0]), vec![-1., 2., -3.]);
-    let err =
-        instance.execute(&[f32_tensor("x", vec![2, 3], &[0.; 6])], &names(&["y"])).unwrap_err();
+    let err = instance
+        .execute(&[f32_tensor("x", vec![2, 3], &[0.; 6])], &names(&["y"]))
+        .unwrap_err();
     match err {
         BackendError::Execution(m) => {
-            assert!(m.starts_with("onnxruntime execute failure for model 'fixed': "), "{m}");
+            assert!(
+                m.starts_with("onnxruntime execute failure for model 'fixed': "),
+                "{m}"
+            );
             assert!(m.contains("dimensions"), "{m}");
         }
         other => panic!("expected an Execution error, got {other:?}"),
@@ -297,12 +355,20 @@ fn onnx_runtime_failures_are_execution_errors() {
 
 #[test]
 fn external_data_directory_loads_and_runs() {
-    let mut config = ModelConfig { name: "external".into(), ..Default::default() };
-    backend().auto_complete(&mut config, &fixture("external")).unwrap();
+    let mut config = ModelConfig {
+        name: "external".into(),
+        ..Default::default()
+    };
+    backend()
+        .auto_complete(&mut config, &fixture("external"))
+        .unwrap();
     assert_eq!(config.max_batch_size, 4);
     let mut instance = load(config, "external").unwrap();
     let out = instance
-        .execute(&[f32_tensor("x", vec![1, 4], &[10., 20., 30., 40.])], &names(&["y"]))
+        .execute(
+            &[f32_tensor("x", vec![1, 4], &[10., 20., 30., 40.])],
+            &names(&["y"]),
+        )
         .unwrap();
     assert_eq!(f32_values(&out[0]), vec![11., 22., 33., 44.]);
 }
@@ -310,44 +376,76 @@ fn external_data_directory_loads_and_runs() {
 #[test]
 fn auto_complete_fills_like_triton() {
     let b = backend();
-    let mut add = ModelConfig { name: "add_sub".into(), ..Default::default() };
+    let mut add = ModelConfig {
+        name: "add_sub".into(),
+        ..Default::default()
+    };
     b.auto_complete(&mut add, &fixture("add_sub.onnx")).unwrap();
     assert_eq!(add.max_batch_size, 4);
     assert_eq!(
         add.input,
-        vec![input("INPUT0", DataType::Fp32, &[4]), input("INPUT1", DataType::Fp32, &[4])]
+        vec![
+            input("INPUT0", DataType::Fp32, &[4]),
+            input("INPUT1", DataType::Fp32, &[4])
+        ]
     );
     assert_eq!(
         add.output,
-        vec![output("OUTPUT0", DataType::Fp32, &[4]), output("OUTPUT1", DataType::Fp32, &[4])]
+        vec![
+            output("OUTPUT0", DataType::Fp32, &[4]),
+            output("OUTPUT1", DataType::Fp32, &[4])
+        ]
     );
-    assert!(matches!(add.scheduling_choice, Some(SchedulingChoice::DynamicBatching(_))));
+    assert!(matches!(
+        add.scheduling_choice,
+        Some(SchedulingChoice::DynamicBatching(_))
+    ));
     load(add, "add_sub.onnx").expect("an auto-completed config loads");
 
     let mut ids = ModelConfig::default();
-    b.auto_complete(&mut ids, &fixture("identity_types.onnx")).unwrap();
+    b.auto_complete(&mut ids, &fixture("identity_types.onnx"))
+        .unwrap();
     assert_eq!(ids.max_batch_size, 4);
     let bytes = ids.input.iter().find(|i| i.name == "in_STRING").unwrap();
-    assert_eq!(*bytes, input("in_STRING", DataType::Bytes, &[-1]), "symbolic dims become -1");
-    assert!(ids.input.iter().any(|i| *i == input("in_BF16", DataType::Bf16, &[-1])));
+    assert_eq!(
+        *bytes,
+        input("in_STRING", DataType::Bytes, &[-1]),
+        "symbolic dims become -1"
+    );
+    assert!(
+        ids.input
+            .iter()
+            .any(|i| *i == input("in_BF16", DataType::Bf16, &[-1]))
+    );
 
     let mut fixed = ModelConfig::default();
-    b.auto_complete(&mut fixed, &fixture("fixed_batch.onnx")).unwrap();
+    b.auto_complete(&mut fixed, &fixture("fixed_batch.onnx"))
+        .unwrap();
     assert_eq!(fixed.max_batch_size, 0);
     assert_eq!(fixed.input, vec![input("x", DataType::Fp32, &[1, 3])]);
     assert!(fixed.scheduling_choice.is_none());
 
-    let mut wants_batching =
-        ModelConfig { name: "fixed".into(), max_batch_size: 8, ..Default::default() };
-    let err = b.auto_complete(&mut wants_batching, &fixture("fixed_batch.onnx")).unwrap_err();
+    let mut wants_batching = ModelConfig {
+        name: "fixed".into(),
+        max_batch_size: 8,
+        ..Default::default()
+    };
+    let err = b
+        .auto_complete(&mut wants_batching, &fixture("fixed_batch.onnx"))
+        .unwrap_err();
     assert!(
         matches!(&err, BackendError::Load(m) if m.contains("model does not support batching")),
         "{err:?}"
     );
-    assert!(wants_batching.input.is_empty(), "a failed auto-complete leaves the config unchanged");
+    assert!(
+        wants_batching.input.is_empty(),
+        "a failed auto-complete leaves the config unchanged"
+    );
 
     let mut missing = ModelConfig::default();
-    let err = b.auto_complete(&mut missing, &fixture("nope.onnx")).unwrap_err();
+    let err = b
+        .auto_complete(&mut missing, &fixture("nope.onnx"))
+        .unwrap_err();
     assert!(
         matches!(&err, BackendError::Load(m) if m.contains("nope.onnx' does not exist")),
         "{err:?}"
@@ -401,7 +499,11 @@ fn config_mismatches_fail_to_load() {
 #[test]
 fn kind_gpu_is_refused() {
     let err = backend()
-        .load_instance(&context(add_sub_config(), "add_sub.onnx", DeviceKind::Gpu { device_id: 0 }))
+        .load_instance(&context(
+            add_sub_config(),
+            "add_sub.onnx",
+            DeviceKind::Gpu { device_id: 0 },
+        ))
         .err()
         .unwrap();
     assert_eq!(
@@ -417,7 +519,12 @@ fn session_parameters_are_applied_or_refused() {
     let with = |params: &[(&str, &str)], level: Option<i32>| {
         let mut c = add_sub_config();
         for (k, v) in params {
-            c.parameters.insert(k.to_string(), ModelParameter { string_value: v.to_string() });
+            c.parameters.insert(
+                k.to_string(),
+                ModelParameter {
+                    string_value: v.to_string(),
+                },
+            );
         }
         c.optimization = level.map(|level| ModelOptimizationPolicy {
             graph: Some(Graph { level }),
@@ -441,7 +548,10 @@ fn session_parameters_are_applied_or_refused() {
             vec![3.; 4]
         );
     }
-    let err = load_err(with(&[("intra_op_thread_count", "two")], None), "add_sub.onnx");
+    let err = load_err(
+        with(&[("intra_op_thread_count", "two")], None),
+        "add_sub.onnx",
+    );
     assert_eq!(
         err,
         "unable to load model 'add_sub': parameter 'intra_op_thread_count' must be a non-negative integer, got 'two'"
@@ -458,8 +568,10 @@ fn session_parameters_are_applied_or_refused() {
 #[test]
 fn a_missing_library_is_a_load_error() {
     let b = OnnxRuntimeBackend::new(Some(PathBuf::from("/nonexistent/libonnxruntime.so.1.31.1")));
-    let err =
-        b.load_instance(&context(add_sub_config(), "add_sub.onnx", DeviceKind::Cpu)).err().unwrap();
+    let err = b
+        .load_instance(&context(add_sub_config(), "add_sub.onnx", DeviceKind::Cpu))
+        .err()
+        .unwrap();
     assert!(
         matches!(&err, BackendError::Load(m) if m.contains("'/nonexistent/libonnxruntime.so.1.31.1' does not exist") && m.contains("make setup")),
         "{err:?}"
