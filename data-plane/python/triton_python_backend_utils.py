@@ -1,0 +1,1007 @@
+"""Nereid's implementation of Triton's `triton_python_backend_utils` (`pb_utils`).
+
+A Triton Python-backend model does `import triton_python_backend_utils as pb_utils` and builds
+its requests, responses and tensors with the classes below. This module is Nereid's own code with
+Triton's public API; it needs only the standard library and NumPy (1.x or 2.x).
+
+Role and flow
+-------------
+The stub (`nereid_stub.py`) imports this module, installs itself as the private module attribute
+`_channel` and hands the model `InferenceRequest` objects built from the server's shared memory.
+Everything that has to reach the server goes through `_channel`:
+
+    model code                       this module                     _channel (the stub)
+    ----------                       -----------                     -------------------
+    Logger.log_info(msg)        ->   Logger.log              ->      log(level, msg)
+    sender.send(resp, flags)    ->   InferenceResponseSender  ->     send_response(state, resp, flags)
+    request.exec()/async_exec() ->   InferenceRequest         ->     submit_bls(request, decoupled, sink)
+                                                              <-     sink.deliver(response, final)
+
+Outside the stub (`_channel is None`, e.g. in unit tests) `Logger` writes to stderr and every
+call that needs the server raises `TritonModelException`.
+
+Differences from Triton worth knowing
+-------------------------------------
+* Tensors always live in CPU memory: `is_cpu()` is always true, DLPack hand-off uses NumPy's
+  DLPack support (NumPy >= 1.22), GPU DLPack producers are refused.
+* `Tensor.triton_dtype()` returns the TRITONSERVER_DataType code (an int, e.g. 11 for FP32), as
+  Triton does; `triton_to_numpy_type` accepts that code, the wire name ("FP32") or the config
+  name ("TYPE_FP32"). BF16 tensors pass through unchanged but have no NumPy view:
+  `as_numpy()` and DLPack export raise `TritonModelException` for them.
+* Not supported by Nereid yet, raising `TritonModelException`: `load_model`, `unload_model`,
+  `is_model_ready`, custom metrics (`MetricFamily`), request rescheduling
+  (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` fails that request).
+  `ResponseIterator.cancel()` is accepted but does nothing: responses keep arriving until the
+  final one.
+"""
+
+import asyncio
+import json
+import queue
+import struct
+import sys
+import threading
+
+import numpy as np
+
+# The stub sets this to its channel object; see the module docstring for what it provides.
+_channel = None
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_GPU = 2
+
+_NOT_SUPPORTED = "is not supported by Nereid yet"
+
+
+class TritonModelException(Exception):
+    """Raised by pb_utils calls that fail; raising it from `execute` fails the whole batch."""
+
+    def message(self):
+        return str(self)
+
+
+class TritonError:
+    """An error attached to one `InferenceResponse` (fails only that request)."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message, code=INTERNAL):
+        if code not in _ERROR_CODE_NAMES:
+            raise TritonModelException(
+                "TritonError code must be one of TritonError.UNKNOWN ... TritonError.CANCELLED, "
+                "got {!r}".format(code)
+            )
+        self._message = "" if message is None else str(message)
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def message(self):
+        return self._message
+
+    def __str__(self):
+        return self._message
+
+    def __repr__(self):
+        return "TritonError({!r}, code={})".format(self._message, _ERROR_CODE_NAMES[self._code])
+
+
+# Wire names of the error codes, as used in the stub protocol's error objects.
+_ERROR_CODE_NAMES = {
+    TritonError.UNKNOWN: "UNKNOWN",
+    TritonError.INTERNAL: "INTERNAL",
+    TritonError.NOT_FOUND: "NOT_FOUND",
+    TritonError.INVALID_ARG: "INVALID_ARG",
+    TritonError.UNAVAILABLE: "UNAVAILABLE",
+    TritonError.UNSUPPORTED: "UNSUPPORTED",
+    TritonError.ALREADY_EXISTS: "ALREADY_EXISTS",
+    TritonError.CANCELLED: "CANCELLED",
+}
+_ERROR_CODES_BY_NAME = {name: code for code, name in _ERROR_CODE_NAMES.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Datatypes: wire names (KServe v2), TRITONSERVER_DataType codes, config names, NumPy types.
+# ---------------------------------------------------------------------------------------------
+
+_TYPE_CODES = {
+    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
+    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
+}
+_WIRE_BY_CODE = {code: wire for wire, code in _TYPE_CODES.items()}
+_NUMPY_BY_WIRE = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BYTES": np.object_,
+}
+# (dtype.kind, dtype.itemsize) -> wire name, for fixed-size NumPy dtypes.
+_WIRE_BY_KIND_SIZE = {
+    ("b", 1): "BOOL", ("u", 1): "UINT8", ("u", 2): "UINT16", ("u", 4): "UINT32",
+    ("u", 8): "UINT64", ("i", 1): "INT8", ("i", 2): "INT16", ("i", 4): "INT32",
+    ("i", 8): "INT64", ("f", 2): "FP16", ("f", 4): "FP32", ("f", 8): "FP64",
+}
+
+
+def _wire_from_any(data_type):
+    """Wire name for a TRITONSERVER_DataType code, a wire name or a config name, or None."""
+    if isinstance(data_type, (int, np.integer)) and not isinstance(data_type, bool):
+        return _WIRE_BY_CODE.get(int(data_type))
+    if isinstance(data_type, str):
+        name = data_type[len("TYPE_"):] if data_type.startswith("TYPE_") else data_type
+        name = "BYTES" if name == "STRING" else name
+        return name if name in _TYPE_CODES else None
+    return None
+
+
+def _wire_from_dtype(dtype):
+    """Wire name for a NumPy dtype, or None when Triton has no such datatype."""
+    if dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    return _WIRE_BY_KIND_SIZE.get((dtype.kind, dtype.itemsize))
+
+
+def triton_to_numpy_type(data_type):
+    """NumPy type for a Triton datatype: a TRITONSERVER_DataType code (11), "FP32" or "TYPE_FP32"."""
+    wire = _wire_from_any(data_type)
+    if wire == "BF16":
+        raise TritonModelException("datatype BF16 has no NumPy type")
+    if wire is None:
+        raise TritonModelException("unknown Triton datatype {!r}".format(data_type))
+    return _NUMPY_BY_WIRE[wire]
+
+
+def numpy_to_triton_type(data_type):
+    """TRITONSERVER_DataType code (int) for a NumPy type or dtype; bytes/str/object map to BYTES."""
+    try:
+        dtype = np.dtype(data_type)
+    except TypeError as e:
+        raise TritonModelException("not a NumPy type: {!r} ({})".format(data_type, e)) from None
+    wire = _wire_from_dtype(dtype)
+    if wire is None:
+        raise TritonModelException("NumPy type {} has no Triton datatype".format(dtype))
+    return _TYPE_CODES[wire]
+
+
+def triton_string_to_numpy(triton_type_string):
+    """NumPy type for a config datatype name such as "TYPE_FP32" ("TYPE_STRING" -> np.object_)."""
+    if not isinstance(triton_type_string, str) or not triton_type_string.startswith("TYPE_"):
+        raise TritonModelException(
+            "expected a config datatype name like 'TYPE_FP32', got {!r}".format(triton_type_string)
+        )
+    return triton_to_numpy_type(triton_type_string)
+
+
+# ---------------------------------------------------------------------------------------------
+# BYTES serialization: each element is a 4-byte little-endian length, then its bytes.
+# ---------------------------------------------------------------------------------------------
+
+_U32 = struct.Struct("<I")
+
+
+def _element_bytes(value):
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode("utf-8")
+
+
+def _serialize_bytes(array):
+    """Serialized bytes of a BYTES array (object, bytes_ or str_ dtype), in C order."""
+    parts = []
+    for value in array.ravel(order="C").tolist():
+        data = _element_bytes(value)
+        parts.append(_U32.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def serialize_byte_tensor(input_tensor):
+    """Serializes a BYTES NumPy array; returns a 0-d object array holding the serialized bytes
+    (an empty float array for an empty input), like Triton's helper."""
+    if not isinstance(input_tensor, np.ndarray) or input_tensor.dtype.kind not in ("O", "S", "U"):
+        raise TritonModelException(
+            "serialize_byte_tensor expects a NumPy array of dtype object, bytes_ or str_, got {}".format(
+                getattr(input_tensor, "dtype", type(input_tensor).__name__)
+            )
+        )
+    if input_tensor.size == 0:
+        return np.empty([0])
+    result = np.empty((), dtype=np.object_)
+    result[()] = _serialize_bytes(input_tensor)
+    return result
+
+
+def _as_byte_buffer(encoded):
+    if isinstance(encoded, np.ndarray):
+        if encoded.dtype == np.object_ and encoded.size == 1:
+            encoded = encoded.item()  # what serialize_byte_tensor returns
+        elif encoded.dtype != np.object_:
+            return memoryview(np.ascontiguousarray(encoded)).cast("B")
+    if isinstance(encoded, (bytes, bytearray, memoryview)):
+        return memoryview(encoded).cast("B")
+    raise TritonModelException(
+        "deserialize_bytes_tensor expects serialized bytes (bytes, a uint8 array or what "
+        "serialize_byte_tensor returns), got {}".format(type(encoded).__name__)
+    )
+
+
+def deserialize_bytes_tensor(encoded_tensor):
+    """Parses serialized BYTES data into a 1-D NumPy object array of `bytes`."""
+    buf = _as_byte_buffer(encoded_tensor)
+    total = len(buf)
+    items = []
+    offset = 0
+    while offset < total:
+        if offset + 4 > total:
+            raise TritonModelException(
+                "malformed BYTES data: truncated length prefix at byte {} of {}".format(offset, total)
+            )
+        (length,) = _U32.unpack_from(buf, offset)
+        start = offset + 4
+        if start + length > total:
+            raise TritonModelException(
+                "malformed BYTES data: element at byte {} declares {} bytes, only {} remain".format(
+                    offset, length, total - start
+                )
+            )
+        items.append(bytes(buf[start:start + length]))
+        offset = start + length
+    result = np.empty(len(items), dtype=np.object_)
+    result[:] = items
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor
+# ---------------------------------------------------------------------------------------------
+
+_DLPACK_CPU = 1  # kDLCPU
+
+
+class _CapsuleSource:
+    """Adapts a bare DLPack capsule to the `__dlpack__` protocol that `np.from_dlpack` expects."""
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (_DLPACK_CPU, 0)
+
+
+class Tensor:
+    """A named tensor: `Tensor(name, numpy_array)`.
+
+    BYTES tensors are NumPy arrays of dtype object holding `bytes` (bytes_/str_ arrays are
+    accepted too). Non C-contiguous arrays are copied into C order.
+    """
+
+    def __init__(self, name, array):
+        if not isinstance(name, str):
+            raise TritonModelException("Tensor name must be a str, got {}".format(type(name).__name__))
+        if not isinstance(array, np.ndarray):
+            raise TritonModelException(
+                "Tensor '{}' expects a numpy.ndarray, got {}".format(name, type(array).__name__)
+            )
+        datatype = _wire_from_dtype(array.dtype)
+        if datatype is None:
+            raise TritonModelException(
+                "Tensor '{}' has NumPy dtype {}, which has no Triton datatype".format(name, array.dtype)
+            )
+        if not array.flags.c_contiguous:
+            array = np.array(array, order="C")
+        self._name = name
+        self._array = array
+        self._datatype = datatype
+
+    @classmethod
+    def _from_wire(cls, name, datatype, array):
+        """A tensor decoded by the stub; BF16 data is kept as raw little-endian uint16."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._datatype = datatype
+        return tensor
+
+    def name(self):
+        return self._name
+
+    def shape(self):
+        return [int(d) for d in self._array.shape]
+
+    def triton_dtype(self):
+        """TRITONSERVER_DataType code of this tensor (e.g. 11 for FP32, 13 for BYTES)."""
+        return _TYPE_CODES[self._datatype]
+
+    def is_cpu(self):
+        return True
+
+    def as_numpy(self):
+        if self._datatype == "BF16":
+            raise TritonModelException(
+                "tensor '{}' has datatype BF16, which has no NumPy type; as_numpy() is not "
+                "available for it".format(self._name)
+            )
+        return self._array
+
+    def to_dlpack(self):
+        """A DLPack capsule sharing this tensor's memory."""
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream=None, **kwargs):
+        if self._datatype in ("BYTES", "BF16"):
+            raise TritonModelException(
+                "tensor '{}' has datatype {}, which cannot be exported through DLPack with "
+                "NumPy".format(self._name, self._datatype)
+            )
+        if not hasattr(self._array, "__dlpack__"):
+            raise TritonModelException(_dlpack_missing_message())
+        try:
+            return self._array.__dlpack__(**kwargs)
+        except TypeError:
+            return self._array.__dlpack__()
+        except BufferError as e:
+            raise TritonModelException(
+                "cannot export tensor '{}' through DLPack: {}".format(self._name, e)
+            ) from None
+
+    def __dlpack_device__(self):
+        return (_DLPACK_CPU, 0)
+
+    @staticmethod
+    def from_dlpack(name, dlpack_object):
+        """A tensor sharing the memory of a CPU DLPack producer or capsule."""
+        if not hasattr(np, "from_dlpack"):
+            raise TritonModelException(_dlpack_missing_message())
+        source = dlpack_object
+        if not hasattr(dlpack_object, "__dlpack__"):
+            if type(dlpack_object).__name__ != "PyCapsule":
+                raise TritonModelException(
+                    "Tensor.from_dlpack('{}') expects a DLPack capsule or an object with "
+                    "__dlpack__, got {}".format(name, type(dlpack_object).__name__)
+                )
+            source = _CapsuleSource(dlpack_object)
+        try:
+            array = np.from_dlpack(source)
+        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+            raise TritonModelException(
+                "cannot import DLPack tensor '{}' (Nereid supports CPU tensors of NumPy "
+                "datatypes only): {}".format(name, e)
+            ) from None
+        return Tensor(name, array)
+
+    def __repr__(self):
+        return "Tensor(name={!r}, datatype={}, shape={})".format(
+            self._name, self._datatype, self.shape()
+        )
+
+
+def _dlpack_missing_message():
+    return "DLPack needs NumPy >= 1.22; this stub runs NumPy {}".format(np.__version__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters (request and response): dict of str -> bool | int | str, exposed as a JSON string.
+# ---------------------------------------------------------------------------------------------
+
+def _parameters_dict(parameters, owner):
+    """Validated copy of `parameters` (None, dict, or JSON object string)."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters) if parameters else {}
+        except ValueError as e:
+            raise TritonModelException("{} parameters are not valid JSON: {}".format(owner, e)) from None
+    if not isinstance(parameters, dict):
+        raise TritonModelException(
+            "{} parameters must be a dict or a JSON object string, got {}".format(
+                owner, type(parameters).__name__
+            )
+        )
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                "{} parameter keys must be str, found {}".format(owner, type(key).__name__)
+            )
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                "{} parameter '{}' must be bool, int or str, found {}".format(
+                    owner, key, type(value).__name__
+                )
+            )
+    return dict(parameters)
+
+
+def _check_tensor_list(tensors, what):
+    if not isinstance(tensors, (list, tuple)):
+        raise TritonModelException("{} must be a list of pb_utils.Tensor, got {}".format(
+            what, type(tensors).__name__))
+    for tensor in tensors:
+        if not isinstance(tensor, Tensor):
+            raise TritonModelException("{} must contain pb_utils.Tensor objects, found {}".format(
+                what, type(tensor).__name__))
+    return list(tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses
+# ---------------------------------------------------------------------------------------------
+
+class InferenceResponse:
+    """`InferenceResponse(output_tensors=[], error=None, parameters=None)`."""
+
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(
+                "InferenceResponse error must be a pb_utils.TritonError or None, got {}".format(
+                    type(error).__name__
+                )
+            )
+        self._outputs = _check_tensor_list([] if output_tensors is None else output_tensors,
+                                           "InferenceResponse output_tensors")
+        self._error = error
+        self._parameters = _parameters_dict(parameters, "InferenceResponse")
+
+    @classmethod
+    def _from_wire(cls, outputs, error, parameters):
+        """A response decoded by the stub; the server's parameters are taken as they are."""
+        response = cls.__new__(cls)
+        response._outputs = outputs
+        response._error = error
+        response._parameters = dict(parameters or {})
+        return response
+
+    def output_tensors(self):
+        return self._outputs
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self):
+        return json.dumps(self._parameters)
+
+
+class _RequestState:
+    """Shared by a server request, its response sender and the stub (cancel, collected response).
+
+    `decoupled` is the model's mode. In default mode the sender only records its one response
+    (`collected`); the stub puts it into `execute_done`.
+    """
+
+    def __init__(self, key, decoupled, requested_output_names):
+        self.key = key
+        self.decoupled = decoupled
+        self.requested_output_names = requested_output_names
+        self.lock = threading.Lock()
+        self.cancelled = False
+        self.closed = False
+        self.sent = 0
+        self.collected = None
+        self.release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self.sender = None
+
+
+class InferenceResponseSender:
+    """Sends responses for one request: any number in decoupled mode, then the final flag."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def send(self, response=None, flags=0):
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                "send() expects a pb_utils.InferenceResponse, got {}".format(type(response).__name__)
+            )
+        state = self._state
+        with state.lock:
+            if not state.decoupled:
+                _check_default_mode_send(state, response, flags)
+            if state.closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if state.decoupled:
+                _require_channel("InferenceResponseSender.send()").send_response(state, response, flags)
+            elif response is not None:
+                state.collected = response
+            state.sent += 1
+            if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                state.closed = True
+
+    def is_cancelled(self):
+        return self._state.cancelled
+
+
+def _check_default_mode_send(state, response, flags):
+    if response is not None and state.sent > 0:
+        raise TritonModelException(
+            "Unable to send response. Non-decoupled model cannot send more than one response."
+        )
+    if response is None and flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL and state.sent == 0:
+        raise TritonModelException(
+            "Unable to send response. Non-decoupled model cannot send complete final before "
+            "sending a response."
+        )
+
+
+class _QueueSink:
+    """Receives BLS responses for a blocking `exec()` or a `ResponseIterator`."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+
+    def deliver(self, response, final):
+        self._queue.put((response, final))
+
+    def get(self):
+        return self._queue.get()
+
+
+class _FutureSink:
+    """Receives the one response of an `async_exec()` and resolves its asyncio future."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self.future = loop.create_future()
+
+    def deliver(self, response, final):
+        if not final:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_resolve_future, self.future, response)
+        except RuntimeError:
+            pass  # the event loop is closed: nobody awaits this call any more
+
+
+def _resolve_future(future, response):
+    if not future.done():
+        future.set_result(_non_decoupled_result(response))
+
+
+def _non_decoupled_result(response):
+    if response is None:
+        return InferenceResponse(error=TritonError("the server sent no response for a BLS request"))
+    return response
+
+
+class ResponseIterator:
+    """Responses of a decoupled BLS call, ending after the final one (which may be empty)."""
+
+    def __init__(self, sink):
+        self._sink = sink
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        response, final = self._sink.get()
+        if final:
+            self._done = True
+        return InferenceResponse() if response is None else response
+
+    def cancel(self):
+        """Accepted for compatibility; Nereid does not cancel BLS calls yet."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------------
+
+class PreferredMemory:
+    """Where BLS outputs should live; Nereid always returns CPU tensors."""
+
+    def __init__(self, preferred_memory_type=TRITONSERVER_MEMORY_CPU, preferred_device_id=0):
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+_REQUIRED = object()
+
+
+class InferenceRequest:
+    """A request: passed to `execute`, or built by the model for a BLS call.
+
+    The BLS constructor takes Triton's arguments in Triton's order (all usable as keywords):
+    `InferenceRequest(request_id="", correlation_id=0, inputs, requested_output_names,
+    model_name, model_version=-1, flags=0, timeout=0 (microseconds), preferred_memory=...,
+    trace=..., parameters=None)`.
+    """
+
+    def __init__(self, request_id="", correlation_id=0, inputs=_REQUIRED,
+                 requested_output_names=_REQUIRED, model_name=_REQUIRED, model_version=-1,
+                 flags=0, timeout=0, preferred_memory=None, trace=None, parameters=None):
+        for arg, value in (("inputs", inputs), ("requested_output_names", requested_output_names),
+                           ("model_name", model_name)):
+            if value is _REQUIRED:
+                raise TypeError("InferenceRequest() missing required argument '{}'".format(arg))
+        if not isinstance(model_name, str) or not model_name:
+            raise TritonModelException("InferenceRequest model_name must be a non-empty str")
+        if not isinstance(requested_output_names, (list, tuple)) or not all(
+                isinstance(n, str) for n in requested_output_names):
+            raise TritonModelException("InferenceRequest requested_output_names must be a list of str")
+        self._init_fields(
+            request_id=_check_request_id(request_id),
+            correlation_id=_check_correlation_id(correlation_id),
+            inputs=_check_tensor_list(inputs, "InferenceRequest inputs"),
+            requested_output_names=list(requested_output_names),
+            model_name=model_name,
+            model_version=_check_int("model_version", model_version, -(1 << 63), 1 << 63),
+            flags=_check_int("flags", flags, 0, 1 << 32),
+            timeout=_check_int("timeout", timeout, 0, 1 << 64),
+            parameters=_parameters_dict(parameters, "InferenceRequest"), state=None,
+        )
+        self._preferred_memory = preferred_memory or PreferredMemory()
+        self._trace = trace
+
+    @classmethod
+    def _from_server(cls, fields, inputs, state):
+        """A request received from the server; `fields` is the protocol's request object."""
+        request = cls.__new__(cls)
+        request._init_fields(
+            request_id=str(fields.get("request_id", "")),
+            correlation_id=fields.get("correlation_id", 0),
+            inputs=inputs,
+            requested_output_names=list(state.requested_output_names),
+            model_name=fields.get("model_name", ""),
+            model_version=fields.get("model_version", -1),
+            flags=int(fields.get("flags", 0)),
+            timeout=int(fields.get("timeout_us", 0)),
+            parameters=dict(fields.get("parameters") or {}),
+            state=state,
+        )
+        request._preferred_memory = PreferredMemory()
+        request._trace = None
+        return request
+
+    def _init_fields(self, request_id, correlation_id, inputs, requested_output_names, model_name,
+                     model_version, flags, timeout, parameters, state):
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = inputs
+        self._requested_output_names = requested_output_names
+        self._model_name = model_name
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = parameters
+        self._state = state
+
+    def inputs(self):
+        return self._inputs
+
+    def requested_output_names(self):
+        return list(self._requested_output_names)
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self):
+        return self._flags
+
+    def set_flags(self, flags):
+        self._flags = _check_int("flags", flags, 0, 1 << 32)
+
+    def timeout(self):
+        return self._timeout
+
+    def parameters(self):
+        return json.dumps(self._parameters)
+
+    def trace(self):
+        return self._trace
+
+    def get_response_sender(self):
+        if self._state is None:
+            raise TritonModelException(
+                "get_response_sender() is available only on requests passed to execute()"
+            )
+        with self._state.lock:
+            if self._state.sender is None:
+                self._state.sender = InferenceResponseSender(self._state)
+            return self._state.sender
+
+    def is_cancelled(self):
+        return self._state is not None and self._state.cancelled
+
+    def set_release_flags(self, flags):
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(
+                "release flags must be TRITONSERVER_REQUEST_RELEASE_ALL or "
+                "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, got {!r}".format(flags)
+            )
+        if self._state is None:
+            raise TritonModelException(
+                "set_release_flags() is available only on requests passed to execute()")
+        self._state.release_flags = flags
+
+    def exec(self, decoupled=False):
+        """Runs this request on another model and blocks for the result: an InferenceResponse,
+        or for `decoupled=True` a ResponseIterator."""
+        channel = _require_channel("InferenceRequest.exec()")
+        sink = _QueueSink()
+        channel.submit_bls(self, bool(decoupled), sink)
+        if decoupled:
+            return ResponseIterator(sink)
+        response, _final = sink.get()
+        return _non_decoupled_result(response)
+
+    async def async_exec(self, decoupled=False):
+        """Awaitable form of `exec()`; with `decoupled=True` it gives a ResponseIterator."""
+        if decoupled:
+            return self.exec(decoupled=True)
+        channel = _require_channel("InferenceRequest.async_exec()")
+        sink = _FutureSink(asyncio.get_running_loop())
+        channel.submit_bls(self, False, sink)
+        return await sink.future
+
+
+def _check_int(what, value, low, high):
+    """`value` as an int in [low, high) (the range the protocol's field can carry)."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not low <= value < high:
+        raise TritonModelException("InferenceRequest {} must be an int in [{}, {}), got {!r}".format(
+            what, low, high, value))
+    return int(value)
+
+
+def _check_request_id(request_id):
+    if not isinstance(request_id, str):
+        raise TritonModelException("InferenceRequest request_id must be a str, got {!r}".format(request_id))
+    return request_id
+
+
+def _check_correlation_id(correlation_id):
+    if isinstance(correlation_id, str):
+        return correlation_id
+    if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, np.integer)):
+        raise TritonModelException("Correlation ID must be integer or string")
+    if not 0 <= correlation_id < 1 << 64:
+        raise TritonModelException("Correlation ID must be an unsigned 64-bit integer, got {}".format(
+            correlation_id))
+    return int(correlation_id)
+
+
+def _require_channel(what):
+    if _channel is None:
+        raise TritonModelException("{} needs the Nereid Python stub; it is not running".format(what))
+    return _channel
+
+
+# ---------------------------------------------------------------------------------------------
+# Logger
+# ---------------------------------------------------------------------------------------------
+
+class LogLevel:
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    VERBOSE = "VERBOSE"
+
+
+class Logger:
+    """Writes to the server's log (tagged with the model instance) through the stub."""
+
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message, level=LogLevel.INFO):
+        if level not in (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE):
+            raise TritonModelException(
+                "log level must be Logger.INFO, WARNING, ERROR or VERBOSE, got {!r}".format(level)
+            )
+        channel = _channel
+        if channel is None:
+            sys.stderr.write("[{}] {}\n".format(level, message))
+        else:
+            channel.log(level, str(message))
+
+    @staticmethod
+    def log_info(message):
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message):
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message):
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message):
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model configuration (auto_complete_config) and config helpers
+# ---------------------------------------------------------------------------------------------
+
+def _config_dict(model_config):
+    return model_config.as_dict() if isinstance(model_config, ModelConfig) else model_config
+
+
+def _dims(value):
+    return [int(d) for d in value or []]
+
+
+class ModelConfig:
+    """The model configuration handed to `auto_complete_config`; edits apply to `as_dict()`.
+
+    Conflicts with what `config.pbtxt` already says raise ValueError naming the model.
+    """
+
+    def __init__(self, model_config):
+        config = json.loads(model_config) if isinstance(model_config, str) else model_config
+        if not isinstance(config, dict):
+            raise TritonModelException("ModelConfig expects a dict or a JSON object string")
+        self._config = json.loads(json.dumps(config))
+
+    def as_dict(self):
+        return self._config
+
+    def _model(self):
+        return "'{}'".format(self._config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size):
+        if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 0:
+            raise ValueError("max_batch_size must be a non-negative int, got {!r}".format(max_batch_size))
+        current = int(self._config.get("max_batch_size", 0) or 0)
+        if current not in (0, max_batch_size):
+            raise ValueError(
+                "configuration specified max_batch_size {}, but auto-complete-config function for "
+                "model {} specified max_batch_size {}".format(current, self._model(), max_batch_size)
+            )
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self):
+        if "sequence_batching" in self._config:
+            raise ValueError(
+                "configuration specified scheduling_choice as 'sequence_batching', but "
+                "auto-complete-config function for model {} tries to set scheduling_choice as "
+                "'dynamic_batching'".format(self._model())
+            )
+        self._config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input):
+        self._add_io("input", input)
+
+    def add_output(self, output):
+        self._add_io("output", output)
+
+    def _add_io(self, kind, entry):
+        if not isinstance(entry, dict):
+            raise ValueError("{} passed to add_{} for model {} must be a dict".format(
+                kind, kind, self._model()))
+        for field in ("name", "data_type", "dims"):
+            if field not in entry:
+                raise ValueError("{} '{}' in auto-complete-config function for model {} is missing "
+                                 "'{}' property".format(kind, entry.get("name", ""), self._model(), field))
+        entries = self._config.setdefault(kind, [])
+        existing = next((e for e in entries if e.get("name") == entry["name"]), None)
+        if existing is None:
+            entries.append(dict(entry))
+            return
+        self._merge_io(kind, existing, entry)
+
+    def _merge_io(self, kind, existing, entry):
+        current_type = existing.get("data_type", "TYPE_INVALID")
+        if current_type not in ("TYPE_INVALID", "", entry["data_type"]):
+            raise ValueError(
+                "unable to override data_type '{}' to '{}' for {} '{}' of model {}".format(
+                    current_type, entry["data_type"], kind, entry["name"], self._model()))
+        current_dims = _dims(existing.get("dims"))
+        if current_dims and current_dims != _dims(entry["dims"]):
+            raise ValueError(
+                "unable to override dims {} to {} for {} '{}' of model {}".format(
+                    current_dims, _dims(entry["dims"]), kind, entry["name"], self._model()))
+        for field, value in entry.items():
+            existing.setdefault(field, value)
+        existing["data_type"] = entry["data_type"]
+        existing["dims"] = list(entry["dims"])
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        if not isinstance(transaction_policy_dict, dict) or set(transaction_policy_dict) - {"decoupled"}:
+            raise ValueError(
+                "model transaction policy for model {} accepts only the key 'decoupled', got "
+                "{!r}".format(self._model(), transaction_policy_dict))
+        policy = self._config.setdefault("model_transaction_policy", {})
+        policy.update(transaction_policy_dict)
+
+    def add_batch_input(self, batch_input):
+        self._config.setdefault("batch_input", []).append(dict(batch_input))
+
+    def add_batch_output(self, batch_output):
+        self._config.setdefault("batch_output", []).append(dict(batch_output))
+
+
+def _find_by_name(entries, name):
+    for entry in entries or []:
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def get_input_tensor_by_name(inference_request, name):
+    """The input Tensor called `name`, or None."""
+    return next((t for t in inference_request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(inference_response, name):
+    """The output Tensor called `name`, or None."""
+    return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config, name):
+    """The config dict of input `name` (model_config: dict or ModelConfig), or None."""
+    return _find_by_name(_config_dict(model_config).get("input"), name)
+
+
+def get_output_config_by_name(model_config, name):
+    """The config dict of output `name` (model_config: dict or ModelConfig), or None."""
+    return _find_by_name(_config_dict(model_config).get("output"), name)
+
+
+def using_decoupled_model_transaction_policy(model_config):
+    """True when the config sets model_transaction_policy.decoupled."""
+    policy = _config_dict(model_config).get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Not supported by Nereid yet
+# ---------------------------------------------------------------------------------------------
+
+def load_model(model_name, config="", files=None):
+    raise TritonModelException("load_model {}".format(_NOT_SUPPORTED))
+
+
+def unload_model(model_name, unload_dependents=False):
+    raise TritonModelException("unload_model {}".format(_NOT_SUPPORTED))
+
+
+def is_model_ready(model_name, model_version=""):
+    raise TritonModelException("is_model_ready {}".format(_NOT_SUPPORTED))
+
+
+class MetricFamily:
+    """Custom metrics; not supported by Nereid yet (the constructor raises)."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name, description, kind=COUNTER):
+        raise TritonModelException("custom metrics (MetricFamily) {}".format(_NOT_SUPPORTED))
