@@ -23,13 +23,17 @@ build: setup
 	cargo build --release $(CARGO_FLAGS) -p nereid -p nereid-loadtest
 	cp -f "$$(cat $(VENV)/ort-lib-path)" target/release/
 
-## examples: the example model repository under docs/examples/.
+## examples: the example model repository under docs/examples/ (ONNX examples, then the
+## Python/ensemble pipelines of docs/examples/pipelines).
 examples: setup
 	$(PYTHON) scripts/gen_models.py $(EXAMPLES) --set example
+	$(PYTHON) scripts/gen_pipeline_examples.py $(EXAMPLES)
 
 ## run: serve the example repository on 8000 (HTTP), 8001 (gRPC), 8002 (metrics).
+## Python models run on the venv's interpreter (it has numpy); without NEREID_PYTHON the server
+## uses the first python3 on PATH.
 run: build examples
-	$(NEREID) serve --model-repository $(EXAMPLES)
+	NEREID_PYTHON=$(CURDIR)/$(VENV)/bin/python $(NEREID) serve --model-repository $(EXAMPLES)
 
 ## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer.
 test: test-rust test-python

@@ -13,6 +13,9 @@ that must fail to load (unknown config field, corrupt model.onnx, KIND_GPU on a 
 and scheduler models on Triton's `identity` backend (no model file; `execute_delay_ms` makes each
 execution slow so requests queue): dynamic batching, the default scheduler, priority levels,
 queue size limits, REJECT and DELAY queue timeouts, and warmup samples that load or must fail.
+Set `ensemble` (tests/python/test_ensemble.py): ensembles (`platform: "ensemble"`) over small
+ONNX and identity models, good ones (pipeline, diamond, batching) and one per load-time error
+(see `write_ensemble_models`).
 
 Output is deterministic and the script is idempotent: each model directory it writes is
 replaced as a whole. Needs the `onnx` and `numpy` packages. Importable: tests call
@@ -120,6 +123,30 @@ def mlp_onnx():
         [_vi("x", TensorProto.FLOAT, ["batch", 4])],
         [_vi("y", TensorProto.FLOAT, ["batch", 3])],
         [numpy_helper.from_array(MLP_W, "W"), numpy_helper.from_array(MLP_B, "b")],
+    )
+
+
+def scale_onnx(factor):
+    """FP32 x [batch, 4] -> y = x * factor."""
+    c = numpy_helper.from_array(np.array(factor, dtype=np.float32), "factor")
+    return _model(
+        [helper.make_node("Mul", ["x", "factor"], ["y"])],
+        [_vi("x", TensorProto.FLOAT, ["batch", 4])],
+        [_vi("y", TensorProto.FLOAT, ["batch", 4])],
+        [c],
+    )
+
+
+def add_sub_fp32_onnx():
+    """FP32 INPUT0, INPUT1 [batch, 4] -> OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1."""
+    shape = ["batch", 4]
+    return _model(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        [_vi("INPUT0", TensorProto.FLOAT, shape), _vi("INPUT1", TensorProto.FLOAT, shape)],
+        [_vi("OUTPUT0", TensorProto.FLOAT, shape), _vi("OUTPUT1", TensorProto.FLOAT, shape)],
     )
 
 
@@ -419,17 +446,177 @@ WARMUP_BROKEN_MODELS = {
 BROKEN_MODELS = {"broken_config": "not_a_config_field", "broken_model": "", "gpu_model": "GPU"}
 
 
+# ---------------------------------------------------------------------------------------------
+# Ensembles
+
+
+def ensemble_config(name, max_batch_size, inputs, outputs, steps, extra="", comment=""):
+    """config.pbtxt of an ensemble. steps: [(model, {model input: ensemble tensor},
+    {model output: ensemble tensor})] or with a fourth item, the step's model_version."""
+    head = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
+    items = []
+    for step in steps:
+        model, inputs_map, outputs_map = step[:3]
+        version = step[3] if len(step) > 3 else -1
+        maps = "".join(f'      input_map {{ key: "{k}" value: "{v}" }}\n'
+                       for k, v in inputs_map.items())
+        maps += "".join(f'      output_map {{ key: "{k}" value: "{v}" }}\n'
+                        for k, v in outputs_map.items())
+        items.append(f'    {{\n      model_name: "{model}"\n'
+                     f"      model_version: {version}\n{maps}    }}")
+    return (
+        head
+        + f'name: "{name}"\n'
+        + 'platform: "ensemble"\n'
+        + f"max_batch_size: {max_batch_size}\n"
+        + _tensors("input", inputs)
+        + _tensors("output", outputs)
+        + "ensemble_scheduling {\n  step [\n" + ",\n".join(items) + "\n  ]\n}\n"
+        + extra
+    )
+
+
+# Execution delay (ms) of ens_slow, the composing model whose batching ensemble traffic shows.
+ENS_SLOW_DELAY_MS = 200
+
+# Ensembles of the `ensemble` set that must fail to load, and what their reason must mention
+# (the repository index of a `none`-mode server, and the load API's error in explicit mode).
+BROKEN_ENSEMBLES = {
+    "ens_bad_unknown_model": ["ensemble 'ens_bad_unknown_model' step 0", "'no_such_model'",
+                              "not in the model repository"],
+    "ens_bad_cycle": ["its steps form a cycle", "step 0 (model 'ens_addsub')",
+                      "step 1 (model 'ens_scale')"],
+    "ens_bad_loop_a": ["circular dependency between ensembles", "ens_bad_loop_a", "ens_bad_loop_b"],
+    "ens_bad_loop_b": ["circular dependency between ensembles", "ens_bad_loop_a", "ens_bad_loop_b"],
+    "ens_bad_unused_input": ["ensemble input 'EXTRA' is not read by any step"],
+    "ens_bad_unmapped": ["input 'x' reads tensor 'NOWHERE'",
+                         "neither an ensemble input nor produced by any step"],
+    "ens_bad_doubly_produced": ["tensor 'OUT' is produced twice", "step 0 (model 'ens_scale')",
+                                "step 1 (model 'ens_identity')"],
+    "ens_bad_unwritten_output": ["ensemble output 'OUT2' is not produced by any step"],
+    "ens_bad_dtype": ["tensor 'IN': data type mismatch", "expects TYPE_FP32",
+                      "ensemble input 'IN' is TYPE_INT32"],
+    "ens_bad_shape": ["tensor 'IN': shape mismatch", "expects [-1,4]",
+                      "ensemble input 'IN' has [-1,3]"],
+    "ens_bad_batch": ["allows max_batch_size 16", "step 0 (model 'ens_scale') allows only 8"],
+    "ens_bad_step_input": ["input 'INPUT1' of model 'ens_addsub' is not mapped"],
+    "ens_bad_instance_group": ["instance group should not be specified for ensemble"],
+    "ens_bad_warmup": ["model_warmup can not be specified for ensemble"],
+    "ens_bad_decoupled": ["'ens_decoupled'", "decoupled"],
+}
+
+
+def write_ensemble_models(repo):
+    """Composing models (FP32 [4], max_batch_size 8): ens_scale (ONNX, y = 2x), ens_addsub (ONNX,
+    sum and difference), ens_identity (identity backend), ens_slow (identity, ENS_SLOW_DELAY_MS
+    per execution, dynamic batching), ens_decoupled (identity, decoupled). Ensembles:
+      ens_pipeline   IN -> ens_scale -> SCALED; ens_addsub(SCALED, IN) -> SUM = 3 IN, DIFF = IN
+      ens_diamond    IN -> ens_scale -> A and IN -> ens_identity -> B (in parallel);
+                     ens_addsub(A, B) -> SUM = 3 IN, DIFF = IN
+      ens_batched    IN -> ens_slow -> OUT
+      ens_loose      IN FP32 [-1] -> ens_identity (dims [4]) -> OUT: the request's shape decides
+    and one ensemble per load-time error of BROKEN_ENSEMBLES."""
+    f4 = [("IN", "FP32", [4])]
+    write_model(repo, "ens_scale", {1: scale_onnx(2.0)}, config_text(
+        "ens_scale", 8, [("x", "FP32", [4])], [("y", "FP32", [4])],
+        extra="dynamic_batching { }\n", comment="y = 2 * x."))
+    write_model(repo, "ens_addsub", {1: add_sub_fp32_onnx()}, config_text(
+        "ens_addsub", 8, [("INPUT0", "FP32", [4]), ("INPUT1", "FP32", [4])],
+        [("OUTPUT0", "FP32", [4]), ("OUTPUT1", "FP32", [4])],
+        extra="dynamic_batching { }\n",
+        comment="OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1."))
+    write_identity(repo, "ens_identity", identity_backend_config(
+        "ens_identity", 8, comment="A copy of INPUT0."))
+    write_identity(repo, "ens_slow", identity_backend_config(
+        "ens_slow", 8, ENS_SLOW_DELAY_MS,
+        "dynamic_batching { max_queue_delay_microseconds: 100000 }\n",
+        comment="Slow copy with dynamic batching: concurrent ensemble requests share executions."))
+    write_identity(repo, "ens_decoupled", identity_backend_config(
+        "ens_decoupled", 8, extra="model_transaction_policy { decoupled: true }\n",
+        comment="Decoupled: an ensemble over it must not load (not supported yet)."))
+
+    sum_diff = [("SUM", "FP32", [4]), ("DIFF", "FP32", [4])]
+    out = [("OUT", "FP32", [4])]
+    addsub = ("ens_addsub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})
+    good = {
+        "ens_pipeline": ensemble_config("ens_pipeline", 8, f4, sum_diff, [
+            ("ens_scale", {"x": "IN"}, {"y": "SCALED"}),
+            ("ens_addsub", {"INPUT0": "SCALED", "INPUT1": "IN"},
+             {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"}),
+        ], comment="IN -> ens_scale -> ens_addsub(2 IN, IN): SUM = 3 IN, DIFF = IN."),
+        "ens_diamond": ensemble_config("ens_diamond", 8, f4, sum_diff, [
+            addsub,
+            ("ens_scale", {"x": "IN"}, {"y": "A"}),
+            ("ens_identity", {"INPUT0": "IN"}, {"OUTPUT0": "B"}),
+        ], comment="ens_scale and ens_identity run in parallel; ens_addsub joins them."),
+        "ens_batched": ensemble_config("ens_batched", 8, f4, out, [
+            ("ens_slow", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}),
+        ], comment="One slow step: ens_slow batches the ensemble's requests."),
+        "ens_loose": ensemble_config("ens_loose", 8, [("IN", "FP32", [-1])], out, [
+            ("ens_identity", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"}),
+        ], comment="IN has a variable size, ens_identity takes 4 values: a request decides."),
+    }
+    scale = ("ens_scale", {"x": "IN"}, {"y": "OUT"})
+    bad = {
+        "ens_bad_unknown_model": ensemble_config("ens_bad_unknown_model", 8, f4, out, [
+            ("no_such_model", {"x": "IN"}, {"y": "OUT"})]),
+        "ens_bad_cycle": ensemble_config("ens_bad_cycle", 8, f4, out, [
+            ("ens_addsub", {"INPUT0": "IN", "INPUT1": "T2"}, {"OUTPUT0": "T1", "OUTPUT1": "OUT"}),
+            ("ens_scale", {"x": "T1"}, {"y": "T2"})]),
+        "ens_bad_loop_a": ensemble_config("ens_bad_loop_a", 8, f4, out, [
+            ("ens_bad_loop_b", {"IN": "IN"}, {"OUT": "OUT"})]),
+        "ens_bad_loop_b": ensemble_config("ens_bad_loop_b", 8, f4, out, [
+            ("ens_bad_loop_a", {"IN": "IN"}, {"OUT": "OUT"})]),
+        "ens_bad_unused_input": ensemble_config(
+            "ens_bad_unused_input", 8, f4 + [("EXTRA", "FP32", [4])], out, [scale]),
+        "ens_bad_unmapped": ensemble_config("ens_bad_unmapped", 8, f4, out, [
+            ("ens_identity", {"INPUT0": "IN"}, {"OUTPUT0": "MID"}),
+            ("ens_addsub", {"INPUT0": "MID", "INPUT1": "IN"}, {"OUTPUT0": "OUT"}),
+            ("ens_scale", {"x": "NOWHERE"}, {"y": "UNUSED"})]),
+        "ens_bad_doubly_produced": ensemble_config("ens_bad_doubly_produced", 8, f4, out, [
+            scale, ("ens_identity", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]),
+        "ens_bad_unwritten_output": ensemble_config(
+            "ens_bad_unwritten_output", 8, f4, out + [("OUT2", "FP32", [4])], [scale]),
+        "ens_bad_dtype": ensemble_config("ens_bad_dtype", 8, [("IN", "INT32", [4])], out, [scale]),
+        "ens_bad_shape": ensemble_config("ens_bad_shape", 8, [("IN", "FP32", [3])], out, [scale]),
+        "ens_bad_batch": ensemble_config("ens_bad_batch", 16, f4, out, [scale]),
+        "ens_bad_step_input": ensemble_config("ens_bad_step_input", 8, f4, out, [
+            ("ens_addsub", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]),
+        "ens_bad_instance_group": ensemble_config(
+            "ens_bad_instance_group", 8, f4, out, [scale],
+            extra="instance_group [ { kind: KIND_CPU, count: 1 } ]\n"),
+        "ens_bad_warmup": ensemble_config(
+            "ens_bad_warmup", 8, f4, out, [scale], extra="""model_warmup [
+  {
+    name: "zeros"
+    batch_size: 1
+    inputs { key: "IN" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+  }
+]
+"""),
+        "ens_bad_decoupled": ensemble_config("ens_bad_decoupled", 8, f4, out, [
+            ("ens_decoupled", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]),
+    }
+    assert set(bad) == set(BROKEN_ENSEMBLES)
+    for name, config in {**good, **bad}.items():
+        needles = BROKEN_ENSEMBLES.get(name)
+        comment = f"Expected: UNAVAILABLE, reason mentions {needles}.\n" if needles else ""
+        head = "".join(f"# {line}\n" for line in comment.splitlines())
+        write_identity(repo, name, head + config)
+
+
 def write_repository(out_dir, which="test"):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (write_test if which == "test" else write_example)(out)
+    {"test": write_test, "example": write_example, "ensemble": write_ensemble_models}[which](out)
     return out
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out_dir")
-    p.add_argument("--set", choices=["example", "test"], default="example", dest="which")
+    p.add_argument("--set", choices=["example", "test", "ensemble"], default="example",
+                   dest="which")
     args = p.parse_args(argv)
     out = write_repository(args.out_dir, args.which)
     names = sorted(d.name for d in out.iterdir() if d.is_dir())

@@ -395,6 +395,21 @@ class StubSegments:
             except OSError:
                 pass
 
+    def unlink_prefix(self):
+        """Removes every file under this stub's prefix, the parent's segments included: used
+        when the parent is gone (EOF without finalize) and cannot clean up after itself."""
+        directory, stem = os.path.split(self._prefix)
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(stem):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass
+
 
 # ---------------------------------------------------------------------------------------------
 # Error text
@@ -609,6 +624,9 @@ class Stub:
             while True:
                 message = self._conn.receive()
                 if message is None:
+                    # The parent is gone: nobody else will remove its segments.
+                    if self._stub_segments is not None:
+                        self._stub_segments.unlink_prefix()
                     break
                 self._dispatch(message)
         except ProtocolError as e:

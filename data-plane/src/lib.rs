@@ -4,10 +4,13 @@
 //! repository (disk) ─► config (parse, complete, validate) ─► manager (load / unload / poll)
 //!                                                                │
 //! InferenceService (server) ─► request_check ─► instances (threads) ─► backend (ONNX Runtime)
+//!                                           └─► ensemble: steps ─► InferenceService (each step)
 //! ```
 
 pub mod backend;
 pub mod config;
+mod decoupled;
+pub mod ensemble;
 pub mod manager;
 pub mod metrics;
 pub mod repository;

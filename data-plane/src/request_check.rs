@@ -10,11 +10,17 @@ use nereid_proto::DataType;
 use nereid_proto::ServiceError;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
-use nereid_proto::types::{CorrelationId, InferRequest, Tensor, format_shape};
+use nereid_proto::types::{CorrelationId, InferRequest, Parameters, Tensor, format_shape};
+
+use crate::backend::ResponseSink;
 
 /// A request that fits its model.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ValidRequest {
+    /// The client's request id (may be empty).
+    pub id: String,
+    /// Custom request parameters (reserved keys removed), for backends that read them.
+    pub parameters: Parameters,
     /// Inputs in order of arrival.
     pub inputs: Vec<Tensor>,
     /// Output names to produce, in response order.
@@ -27,6 +33,9 @@ pub struct ValidRequest {
     pub timeout_us: u64,
     /// The sequence this request belongs to; set for (and only for) `sequence_batching` models.
     pub sequence: Option<SequenceFlags>,
+    /// Where a decoupled model's responses go (any number, then [`crate::backend::StreamEvent::Final`]); set
+    /// by the streaming endpoints, `None` for plain infer calls.
+    pub stream: Option<ResponseSink>,
 }
 
 /// A request's place in its sequence (Triton's `sequence_id` / `sequence_start` / `sequence_end`).
@@ -225,6 +234,9 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
     };
 
     Ok(ValidRequest {
+        id: request.id,
+        parameters: request.parameters,
+        stream: None,
         inputs,
         outputs,
         batch_size,

@@ -77,7 +77,13 @@ pub async fn run(
     let metrics_listener = bind("metrics", config.metrics_addr).await?;
 
     let backends = Backends::new(config.onnxruntime_library.clone());
+    let server_handle = backends.server().clone();
     let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));
+    let data_plane = Arc::new(DataPlane::new(config.data_plane.clone(), manager.clone()));
+    let service: Arc<dyn InferenceService> = data_plane.clone();
+    // Models that call other models (Python BLS) reach them through this handle, from
+    // their first `initialize` on.
+    server_handle.bind(Arc::downgrade(&service), tokio::runtime::Handle::current());
     manager
         .load_startup_models()
         .await
@@ -87,8 +93,6 @@ pub async fn run(
             "a model failed to load and --exit-on-error is set (see the errors above)".into(),
         ));
     }
-    let data_plane = Arc::new(DataPlane::new(config.data_plane.clone(), manager.clone()));
-    let service: Arc<dyn InferenceService> = data_plane.clone();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {

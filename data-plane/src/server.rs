@@ -3,6 +3,7 @@
 //! ```text
 //! infer: manager.get(model, version) ─► request_check::check ─► pool.submit (queue, instance)
 //!        ─► outputs in requested order, config shapes ─► statistics ─► InferResponse
+//!        ensemble: ─► ensemble::execute, each step an infer of its composing model
 //! ```
 
 use std::sync::Arc;
@@ -10,20 +11,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use futures::StreamExt;
+use futures::future::BoxFuture;
 use nereid_proto::error::ServiceResult;
 use nereid_proto::json::message_from_json;
 use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
 use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ServerMetadata, TensorMetadata,
+    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, StreamedResponse,
+    TensorMetadata,
 };
 use nereid_proto::types::{InferRequest, InferResponse};
 use nereid_proto::{DataType, InferenceService, ServiceError};
 
 use crate::backend::BackendError;
+use crate::ensemble::{self, EnsembleRequest};
 use crate::manager::LoadedVersion;
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
-use crate::request_check;
 use crate::stats::{FailureReason, RequestTimings};
+use crate::{decoupled, request_check};
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
@@ -70,7 +75,7 @@ impl DataPlane {
     }
 }
 
-fn backend_error(model: &str, id: &str, e: BackendError) -> ServiceError {
+pub(crate) fn backend_error(model: &str, id: &str, e: BackendError) -> ServiceError {
     let id = if id.is_empty() { "<id_unknown>" } else { id };
     let prefix = format!("[request id: {id}] ");
     match e {
@@ -196,7 +201,15 @@ impl InferenceService for DataPlane {
     }
 
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        let started = Instant::now();
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(ServiceError::unavailable(
+                "Server is shutting down and has stopped accepting new requests.",
+            ));
+        }
+        self.infer_model(request).await
+    }
+
+    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(ServiceError::unavailable(
                 "Server is shutting down and has stopped accepting new requests.",
@@ -205,52 +218,17 @@ impl InferenceService for DataPlane {
         let loaded = self
             .manager
             .get(&request.model_name, request.model_version)?;
-        // Counts the request as canceled if this future is dropped before an outcome is known.
-        let mut outcome = Outcome {
-            loaded: &loaded,
-            started,
-            recorded: false,
-        };
-        let id = request.id.clone();
-        let valid = match request_check::check(&loaded.config, request) {
-            Ok(v) => v,
-            Err(e) => return Err(outcome.failed(FailureReason::Other, e)),
-        };
-        let result = match loaded.scheduler.submit(valid).await {
-            Ok(r) => r,
-            Err(e) => {
-                let reason = match e {
-                    ServiceError::Overloaded(_) => FailureReason::Rejected,
-                    ServiceError::Cancelled(_) => FailureReason::Canceled,
-                    _ => FailureReason::Other,
-                };
-                return Err(outcome.failed(reason, e));
-            }
-        };
-        let outputs = match result.outputs {
-            Ok(outputs) => outputs,
-            Err(e) => {
-                return Err(
-                    outcome.failed(FailureReason::Backend, backend_error(&loaded.name, &id, e))
-                );
-            }
-        };
-        outcome.recorded = true;
-        let t = result.timings;
-        loaded.stats.record_success(RequestTimings {
-            total: started.elapsed(),
-            queue: t.queue,
-            compute_input: t.compute_input,
-            compute_infer: t.compute_infer,
-            compute_output: t.compute_output,
-        });
-        Ok(InferResponse {
-            model_name: loaded.name.clone(),
-            model_version: loaded.version.to_string(),
-            id,
-            parameters: Default::default(),
-            outputs,
+        if decoupled::is_decoupled(&loaded) {
+            return decoupled::infer_stream(loaded, request);
+        }
+        let response = self.infer(request).await?;
+        Ok(futures::stream::once(async move {
+            Ok(StreamedResponse {
+                response: Some(response),
+                last: true,
+            })
         })
+        .boxed())
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
@@ -283,13 +261,107 @@ impl InferenceService for DataPlane {
         self.manager.load(name, source).await
     }
 
-    async fn unload_model(&self, name: &str, _unload_dependents: bool) -> ServiceResult<()> {
+    /// With `unload_dependents`, an ensemble's composing models are unloaded too (Triton).
+    async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()> {
         self.explicit_only()?;
-        self.manager.unload(name).await
+        if unload_dependents {
+            self.manager.unload_with_composing(name).await
+        } else {
+            self.manager.unload(name).await
+        }
     }
 }
 
 impl DataPlane {
+    /// One request to one model: a client's, or an ensemble step's (never refused while the
+    /// server drains, so an ensemble that is running finishes). Boxed: ensembles recurse
+    /// through it.
+    fn infer_model(&self, request: InferRequest) -> BoxFuture<'_, ServiceResult<InferResponse>> {
+        Box::pin(self.run_request(request))
+    }
+
+    async fn run_request(&self, request: InferRequest) -> ServiceResult<InferResponse> {
+        let started = Instant::now();
+        let loaded = self
+            .manager
+            .get(&request.model_name, request.model_version)?;
+        // Counts the request as canceled if this future is dropped before an outcome is known.
+        let mut outcome = Outcome {
+            loaded: &loaded,
+            started,
+            recorded: false,
+        };
+        if decoupled::is_decoupled(&loaded) {
+            return Err(outcome.failed(FailureReason::Other, decoupled::refuse_unary(&loaded)));
+        }
+        let id = request.id.clone();
+        let options = request.options.clone();
+        let valid = match request_check::check(&loaded.config, request) {
+            Ok(v) => v,
+            Err(e) => return Err(outcome.failed(FailureReason::Other, e)),
+        };
+        if let Some(plan) = loaded.plan() {
+            if let Some(reason) = self.manager.unavailable(&loaded) {
+                let e = ServiceError::unavailable(format!(
+                    "ensemble '{}' is not available: {reason}",
+                    loaded.name
+                ));
+                return Err(outcome.failed(FailureReason::Other, e));
+            }
+            let batch_size = valid.batch_size;
+            let request = EnsembleRequest {
+                id: id.clone(),
+                options,
+                parameters: valid.parameters,
+                inputs: valid.inputs,
+                outputs: valid.outputs,
+            };
+            let outputs = match ensemble::execute(plan, request, |r| self.infer_model(r)).await {
+                Ok(outputs) => outputs,
+                Err(e) => return Err(outcome.failed(failure_reason(&e), e)),
+            };
+            outcome.recorded = true;
+            loaded
+                .stats
+                .record_ensemble_success(batch_size, started.elapsed());
+            return Ok(InferResponse {
+                model_name: loaded.name.clone(),
+                model_version: loaded.version.to_string(),
+                id,
+                parameters: Default::default(),
+                outputs,
+            });
+        }
+        let result = match loaded.submit(valid).await {
+            Ok(r) => r,
+            Err(e) => return Err(outcome.failed(failure_reason(&e), e)),
+        };
+        let outputs = match result.outputs {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                return Err(
+                    outcome.failed(FailureReason::Backend, backend_error(&loaded.name, &id, e))
+                );
+            }
+        };
+        outcome.recorded = true;
+        let t = result.timings;
+        loaded.stats.record_success(RequestTimings {
+            total: started.elapsed(),
+            queue: t.queue,
+            compute_input: t.compute_input,
+            compute_infer: t.compute_infer,
+            compute_output: t.compute_output,
+        });
+        Ok(InferResponse {
+            model_name: loaded.name.clone(),
+            model_version: loaded.version.to_string(),
+            id,
+            parameters: Default::default(),
+            outputs,
+        })
+    }
+
     fn explicit_only(&self) -> ServiceResult<()> {
         match self.manager.control_mode() {
             ControlMode::Explicit => Ok(()),
@@ -297,6 +369,15 @@ impl DataPlane {
                 "explicit model load / unload is not allowed if polling is enabled",
             )),
         }
+    }
+}
+
+/// How a failed request counts in the statistics.
+fn failure_reason(error: &ServiceError) -> FailureReason {
+    match error {
+        ServiceError::Overloaded(_) => FailureReason::Rejected,
+        ServiceError::Cancelled(_) => FailureReason::Canceled,
+        _ => FailureReason::Other,
     }
 }
 

@@ -126,6 +126,16 @@ impl VersionStats {
         s.compute_output.add(t.compute_output);
     }
 
+    /// Records a successful request of an ensemble. As in Triton its inferences count, but it
+    /// executes nothing itself: its composing models count their own executions, queue and
+    /// compute time.
+    pub fn record_ensemble_success(&self, batch_size: usize, total: Duration) {
+        let mut s = self.inner.lock();
+        s.last_inference_ms = now_ms();
+        s.inference_count += batch_size as u64;
+        s.success.add(total);
+    }
+
     /// Records a request for this version that failed.
     pub fn record_failure(&self, total: Duration, reason: FailureReason) {
         let mut s = self.inner.lock();

@@ -69,6 +69,7 @@ fn request(delay_ms: u32) -> ValidRequest {
         priority: 0,
         timeout_us: 0,
         sequence: None,
+        ..Default::default()
     }
 }
 

@@ -152,6 +152,7 @@ fn request(id: u64, value: i64, start: bool, end: bool) -> ValidRequest {
             start,
             end,
         }),
+        ..Default::default()
     }
 }
 

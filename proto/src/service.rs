@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::stream::BoxStream;
 
 use crate::error::ServiceResult;
 use crate::pb::inference::{ModelConfig, ModelStatistics};
@@ -59,6 +60,19 @@ pub struct LoadRequest {
     pub files: BTreeMap<String, Bytes>,
 }
 
+/// One item of a streamed request's answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamedResponse {
+    /// `None` only for an empty closing item (`last` set, nothing to send): a decoupled model
+    /// that signalled completion without a response.
+    pub response: Option<InferResponse>,
+    /// No more responses follow for this request (Triton's `triton_final_response`).
+    pub last: bool,
+}
+
+/// The answers of one streamed request, in the order the model produced them.
+pub type ResponseStream = BoxStream<'static, ServiceResult<StreamedResponse>>;
+
 /// The operations every frontend exposes. `version: None` means the latest served version.
 #[async_trait]
 pub trait InferenceService: Send + Sync + 'static {
@@ -83,6 +97,20 @@ pub trait InferenceService: Send + Sync + 'static {
     ) -> ServiceResult<Vec<ModelStatistics>>;
     /// Runs one request. Dropping the future cancels the request.
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse>;
+    /// Runs one request whose answers stream back (gRPC `ModelStreamInfer`, HTTP
+    /// `generate_stream`): a decoupled model sends zero or more responses, any other model
+    /// exactly one. An error before anything ran is the outer error; errors after that are
+    /// items of the stream, which then ends. The default serves non-decoupled models through
+    /// [`Self::infer`].
+    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
+        let response = self.infer(request).await?;
+        Ok(Box::pin(futures::stream::once(async move {
+            Ok(StreamedResponse {
+                response: Some(response),
+                last: true,
+            })
+        })))
+    }
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>>;
     async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()>;
     async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()>;

@@ -5,6 +5,7 @@ import http.client
 import importlib.util
 import json
 import os
+import sys
 import signal
 import socket
 import subprocess
@@ -92,8 +93,12 @@ class Server:
         if not os.access(NEREID_BIN, os.X_OK):
             raise AssertionError(f"server binary {NEREID_BIN} missing (set NEREID_BIN or build it)")
         self._log = open(self.log_path, "wb")
+        # Python models run on the interpreter of the test run (the venv: it has numpy).
+        env = dict(os.environ)
+        env.setdefault("NEREID_PYTHON", sys.executable)
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                     env=env)
         SERVERS.append(self)
         end = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < end:

@@ -124,23 +124,31 @@ def test_grpc_compression(grpc_client):
     assert res.as_numpy("y").shape == (1, 3)
 
 
-def test_grpc_stream_infer_is_unimplemented(server):
-    """ModelStreamInfer arrives with the decoupled-models issue; until then it answers
-    UNIMPLEMENTED with a message that says so, and the server keeps serving."""
+def test_grpc_stream_infer_serves_plain_models(server):
+    """ModelStreamInfer on a model that is not decoupled: one response per request, each
+    flagged final; a bad request answers on the stream and the stream stays usable."""
     results = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
-        i = grpcclient.InferInput("INPUT0", [1, 3], "INT32")
-        i.set_data_from_numpy(np.array([[0, 0, 0]], np.int32))
-        try:
-            client.async_stream_infer("versioned_all", [i], request_id="s0")
-        except InferenceServerException:
-            pass
-        result, error = results.get(timeout=30)
-        assert result is None and error is not None
-        assert "UNIMPLEMENTED" in str(error.status()), error
-        assert "ModelStreamInfer" in error.message(), error
+        for n in range(3):
+            i = grpcclient.InferInput("INPUT0", [1, 3], "INT32")
+            i.set_data_from_numpy(np.array([[n, n, n]], np.int32))
+            client.async_stream_infer("versioned_all", [i], request_id=f"s{n}")
+        bad = grpcclient.InferInput("NOPE", [1, 3], "INT32")
+        bad.set_data_from_numpy(np.zeros((1, 3), np.int32))
+        client.async_stream_infer("versioned_all", [bad], request_id="bad")
+        ok, errors = {}, []
+        for _ in range(4):
+            result, error = results.get(timeout=30)
+            if error is not None:
+                errors.append(error.message())
+                continue
+            response = result.get_response()
+            assert response.parameters["triton_final_response"].bool_param is True
+            ok[response.id] = result.as_numpy("OUTPUT0").tolist()
+        assert sorted(ok) == ["s0", "s1", "s2"]
+        assert len(errors) == 1 and "NOPE" in errors[0], errors
     finally:
         client.stop_stream()
         client.close()

@@ -207,6 +207,8 @@ mod tests {
             config: Arc::new(config),
             instance_name: "id_0".into(),
             device: DeviceKind::Cpu,
+            health: Default::default(),
+            server: Default::default(),
         }
     }
 

@@ -12,12 +12,16 @@
 
 pub mod identity;
 pub mod onnx;
+pub mod python;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
+use nereid_proto::InferenceService;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::types::Tensor;
+use nereid_proto::types::{CorrelationId, Parameters, Tensor};
+use parking_lot::Mutex;
 
 /// What can go wrong inside a backend, by meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,6 +62,101 @@ pub struct InstanceContext {
     /// Instance name as Triton forms it: `<group name>_<index in group>`.
     pub instance_name: String,
     pub device: DeviceKind,
+    /// The version's health board: an instance that loses its worker process marks itself
+    /// unhealthy here until it has recovered.
+    pub health: Arc<Health>,
+    /// The server this instance runs in, for models that call other models (Python BLS).
+    pub server: Arc<ServerHandle>,
+}
+
+/// Per-version record of unhealthy instances. While any instance is unhealthy the version
+/// reports UNAVAILABLE with that instance's reason (Triton: a dead Python stub).
+#[derive(Debug, Default)]
+pub struct Health {
+    unhealthy: Mutex<BTreeMap<String, String>>,
+}
+
+impl Health {
+    /// Marks `instance` unhealthy with `reason`.
+    pub fn set_unhealthy(&self, instance: &str, reason: impl Into<String>) {
+        self.unhealthy
+            .lock()
+            .insert(instance.to_string(), reason.into());
+    }
+
+    /// Marks `instance` healthy again.
+    pub fn set_healthy(&self, instance: &str) {
+        self.unhealthy.lock().remove(instance);
+    }
+
+    /// The reason of the first unhealthy instance, if any.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        self.unhealthy.lock().values().next().cloned()
+    }
+}
+
+/// A late-bound handle to the server's [`InferenceService`]: the data plane registers itself
+/// once it exists (backends are created before it), instances call through it.
+#[derive(Default)]
+pub struct ServerHandle {
+    service: OnceLock<Weak<dyn InferenceService>>,
+    runtime: OnceLock<tokio::runtime::Handle>,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("bound", &self.service.get().is_some())
+            .finish()
+    }
+}
+
+impl ServerHandle {
+    /// Registers the server (first call wins) and the runtime its async calls run on.
+    pub fn bind(&self, service: Weak<dyn InferenceService>, runtime: tokio::runtime::Handle) {
+        let _ = self.service.set(service);
+        let _ = self.runtime.set(runtime);
+    }
+
+    /// The server and its runtime, while the server is alive.
+    pub fn get(&self) -> Option<(Arc<dyn InferenceService>, tokio::runtime::Handle)> {
+        let service = self.service.get()?.upgrade()?;
+        Some((service, self.runtime.get()?.clone()))
+    }
+}
+
+/// One event of a decoupled model's response stream.
+#[derive(Debug)]
+pub enum StreamEvent {
+    /// A response: outputs (named as the request asked) or this response's error.
+    Response(Result<Vec<Tensor>, BackendError>),
+    /// The request is complete; nothing follows.
+    Final,
+    /// The request failed outside the model's own responses (rejected by the queue, or its
+    /// `execute` failed as a whole); sent by the data plane, never by backends. Ends the stream.
+    Failed(nereid_proto::ServiceError),
+}
+
+/// Where a decoupled request's responses go.
+pub type ResponseSink = tokio::sync::mpsc::UnboundedSender<StreamEvent>;
+
+/// One request of a batch, as request-level backends (Python) see it: what Triton's
+/// `pb_utils.InferenceRequest` exposes.
+#[derive(Debug)]
+pub struct RequestView<'a> {
+    /// Unique within the server process; names the request for cancellation and streaming.
+    pub key: u64,
+    pub id: &'a str,
+    pub inputs: &'a [Tensor],
+    /// Outputs the client asked for (every output of the model when it named none).
+    pub outputs: &'a [String],
+    pub parameters: &'a Parameters,
+    /// The sequence id of `sequence_batching` models.
+    pub correlation_id: Option<&'a CorrelationId>,
+    /// Triton's request flags: 1 = sequence start, 2 = sequence end.
+    pub flags: u32,
+    /// Set for decoupled models: where their responses go.
+    pub stream: Option<&'a ResponseSink>,
 }
 
 /// One loaded copy of a model version. `execute` is called from a dedicated thread, one call at
@@ -71,6 +170,25 @@ pub trait BackendInstance: Send {
         inputs: &[Tensor],
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError>;
+
+    /// Whether the scheduler hands this instance whole requests ([`Self::execute_requests`])
+    /// instead of one batch of joined inputs ([`Self::execute`]).
+    fn request_level(&self) -> bool {
+        false
+    }
+
+    /// Request-level execution (Python models): one result per request, in order. The outer
+    /// error fails every request of the batch. Decoupled models answer through each
+    /// request's `stream` and return empty outputs here.
+    fn execute_requests(
+        &mut self,
+        requests: &[RequestView<'_>],
+    ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
+        let _ = requests;
+        Err(BackendError::Unsupported(
+            "this backend executes joined batches, not single requests".into(),
+        ))
+    }
 }
 
 /// A kind of model (ONNX Runtime, PyTorch, Python...).
@@ -98,6 +216,8 @@ pub trait Backend: Send + Sync {
 pub struct Backends {
     onnxruntime: Arc<onnx::OnnxRuntimeBackend>,
     identity: Arc<identity::IdentityBackend>,
+    python: Arc<python::PythonBackend>,
+    server: Arc<ServerHandle>,
 }
 
 impl Backends {
@@ -107,7 +227,14 @@ impl Backends {
         Backends {
             onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)),
             identity: Arc::new(identity::IdentityBackend),
+            python: Arc::new(python::PythonBackend::from_env()),
+            server: Arc::new(ServerHandle::default()),
         }
+    }
+
+    /// The handle instances use to reach the server (bound by the data plane at start).
+    pub fn server(&self) -> &Arc<ServerHandle> {
+        &self.server
     }
 
     /// The backend for a config's `backend` field; a message naming it when this build has none.
@@ -115,11 +242,12 @@ impl Backends {
         match name {
             "onnxruntime" => Ok(self.onnxruntime.clone()),
             "identity" => Ok(self.identity.clone()),
+            "python" => Ok(self.python.clone()),
             "" => Err("ensemble models (platform 'ensemble') are not supported by this version of Nereid yet".to_string()),
-            "pytorch" | "python" => Err(format!(
+            "pytorch" => Err(format!(
                 "backend '{name}' is not supported by this version of Nereid yet"
             )),
-            other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime' and 'identity'")),
+            other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime', 'python' and 'identity'")),
         }
     }
 }

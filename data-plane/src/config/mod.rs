@@ -109,12 +109,9 @@ pub fn complete(
     config.name = name.to_string();
     fill_platform_and_backend(&mut config, versions)?;
 
-    if config.platform == "ensemble" {
-        return Err(ConfigError::Invalid(vec![format!(
-            "model '{name}': ensemble models (platform 'ensemble') are not supported by this version of Nereid yet"
-        )]));
-    }
-    {
+    // Ensembles have no backend and no model file: their steps name other models. A model with
+    // no backend at all is left to validation, which says how to name one.
+    if config.platform != crate::ensemble::PLATFORM && !config.backend.is_empty() {
         let backend = backends
             .get(&config.backend)
             .map_err(|e| ConfigError::Invalid(vec![e]))?;
@@ -320,6 +317,39 @@ mod tests {
             c.version_policy.unwrap().policy_choice,
             Some(PolicyChoice::Latest(Latest { num_versions: 1 }))
         ));
+    }
+
+    #[test]
+    fn completes_an_ensemble_without_a_backend() {
+        let (_d, v) = versions_with("unrelated.txt");
+        let options = CompleteOptions {
+            auto_complete: true,
+        };
+        let raw = text::parse_model_config(
+            r#"platform: "ensemble" max_batch_size: 4
+               input [{ name: "IN" data_type: TYPE_FP32 dims: [4] }]
+               output [{ name: "OUT" data_type: TYPE_FP32 dims: [4] }]
+               ensemble_scheduling { step [{ model_name: "m" model_version: -1
+                 input_map { key: "x" value: "IN" } output_map { key: "y" value: "OUT" } }] }"#,
+        )
+        .unwrap();
+        let c = complete("e", raw, &v, &Backends::new(None), options).unwrap();
+        assert!(c.backend.is_empty() && c.instance_group.is_empty());
+        assert!(c.version_policy.is_some());
+        // Anything else without a backend gets validation's advice, not a backend lookup error.
+        let e = complete(
+            "m",
+            ModelConfig::default(),
+            &v,
+            &Backends::new(None),
+            options,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("unable to find a backend for model 'm'"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -98,10 +98,8 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
             ));
         }
     }
-    if is_ensemble && !config.instance_group.is_empty() {
-        errors.push(format!(
-            "instance group should not be specified for ensemble '{m}'"
-        ));
+    if is_ensemble {
+        check_ensemble(&mut errors, config);
     }
 
     if let Some(SchedulingChoice::DynamicBatching(db)) = &config.scheduling_choice {
@@ -154,6 +152,39 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
         check_sequence_batching(&mut errors, m, sb);
     }
     errors
+}
+
+/// What an ensemble may not have (it runs no instances of its own), and its data flow as far as
+/// it can be checked without the composing models (see [`crate::ensemble::graph`]).
+fn check_ensemble(errors: &mut Vec<String>, config: &ModelConfig) {
+    let m = &config.name;
+    if !config.instance_group.is_empty() {
+        errors.push(format!(
+            "instance group should not be specified for ensemble '{m}'"
+        ));
+    }
+    if config.optimization.is_some() {
+        errors.push(format!(
+            "optimization should not be specified for ensemble '{m}'"
+        ));
+    }
+    if !config.model_warmup.is_empty() {
+        errors.push(format!(
+            "model_warmup can not be specified for ensemble '{m}' (warm up its composing models instead)"
+        ));
+    }
+    if config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
+    {
+        errors.push(format!(
+            "ensemble '{m}': decoupled ensembles (model_transaction_policy {{ decoupled: true }}) are not supported by Nereid yet"
+        ));
+    }
+    if let Err(graph_errors) = crate::ensemble::graph::analyze(config) {
+        errors.extend(graph_errors);
+    }
 }
 
 /// Triton's checks of `sequence_batching` controls and states.
@@ -395,5 +426,34 @@ mod tests {
     fn ensemble_rules() {
         let e = errors_of(r#"platform: "ensemble" backend: "onnxruntime""#);
         assert!(e[0].contains("must have platform type 'ensemble' and empty backend type"));
+        let steps = r#"input [{name: "IN" data_type: TYPE_FP32 dims: [4]}]
+            output [{name: "OUT" data_type: TYPE_FP32 dims: [4]}]
+            ensemble_scheduling { step [{ model_name: "m" model_version: -1
+              input_map { key: "x" value: "IN" } output_map { key: "y" value: "OUT" } }] }"#;
+        assert!(errors_of(&format!(r#"platform: "ensemble" {steps}"#)).is_empty());
+        let e = errors_of(&format!(
+            r#"platform: "ensemble" {steps}
+               instance_group [{{ count: 1 kind: KIND_CPU }}]
+               optimization {{ graph {{ level: 1 }} }}
+               model_warmup [{{ name: "w" batch_size: 1 }}]
+               model_transaction_policy {{ decoupled: true }}"#
+        ));
+        assert_eq!(
+            e,
+            vec![
+                "instance group should not be specified for ensemble 'm'",
+                "optimization should not be specified for ensemble 'm'",
+                "model_warmup can not be specified for ensemble 'm' (warm up its composing models instead)",
+                "ensemble 'm': decoupled ensembles (model_transaction_policy { decoupled: true }) are not supported by Nereid yet",
+            ]
+        );
+        // The data flow is checked too (the details are graph's tests).
+        let e = errors_of(
+            r#"platform: "ensemble" input [{name: "IN" data_type: TYPE_FP32 dims: [4]}]"#,
+        );
+        assert_eq!(
+            e,
+            vec!["ensemble 'm' must specify 'ensemble_scheduling' with one or more 'step's"]
+        );
     }
 }

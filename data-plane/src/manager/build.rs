@@ -4,20 +4,28 @@
 //! config (file or override) ─► version policy ─► served version dirs ─► complete config
 //!   ─► per version: reuse the running version if config and files are unchanged,
 //!                   else load its instances and start its scheduler
+//!   ─► ensembles instead: plan against the composing models (ModelsView); no instances
 //! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nereid_proto::ServiceError;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 
-use crate::backend::{BackendError, BackendInstance, Backends, DeviceKind, InstanceContext};
+use super::dependencies::ModelsView;
+use crate::backend::{
+    BackendError, BackendInstance, Backends, DeviceKind, Health, InstanceContext, RequestView,
+    ServerHandle,
+};
 use crate::config::{self, CompleteOptions};
+use crate::ensemble::{self, EnsemblePlan};
 use crate::repository::{self, Fingerprint};
-use crate::scheduler::Scheduler;
+use crate::request_check::ValidRequest;
 use crate::scheduler::policy::BatchPolicy;
+use crate::scheduler::{JobResult, Scheduler};
 use crate::stats::VersionStats;
 use crate::warmup::{WarmupSample, warmup_samples};
 
@@ -26,10 +34,42 @@ pub struct LoadedVersion {
     pub name: String,
     pub version: i64,
     pub config: Arc<ModelConfig>,
-    pub scheduler: Scheduler,
+    pub runner: Runner,
     pub stats: Arc<VersionStats>,
     /// Fingerprint of the version directory when it was loaded.
     pub fingerprint: Fingerprint,
+    /// Instances that lost their worker process (Python stubs) and are recovering.
+    pub health: Arc<Health>,
+}
+
+/// What runs a version's requests.
+pub enum Runner {
+    /// The version's instances, behind its scheduler.
+    Scheduler(Scheduler),
+    /// An ensemble: no instances of its own; its steps run on the composing models.
+    Ensemble(Arc<EnsemblePlan>),
+}
+
+impl LoadedVersion {
+    /// The plan of an ensemble version.
+    pub fn plan(&self) -> Option<&Arc<EnsemblePlan>> {
+        match &self.runner {
+            Runner::Ensemble(plan) => Some(plan),
+            Runner::Scheduler(_) => None,
+        }
+    }
+
+    /// Queues a request on the version's instances. Ensembles have none (the data plane runs
+    /// them step by step); a request that reaches here for one is refused.
+    pub async fn submit(&self, request: ValidRequest) -> Result<JobResult, ServiceError> {
+        match &self.runner {
+            Runner::Scheduler(scheduler) => scheduler.submit(request).await,
+            Runner::Ensemble(_) => Err(ServiceError::unsupported(format!(
+                "ensemble '{}' runs through its composing models, not as one request",
+                self.name
+            ))),
+        }
+    }
 }
 
 /// What a model is built from.
@@ -56,11 +96,13 @@ pub struct BuildError {
 }
 
 /// Builds (or rebuilds) a model. `running` are the currently served versions, reused when
-/// their config and files have not changed. Blocking: call on a blocking thread.
+/// their config and files have not changed; `models` is what an ensemble is built against.
+/// Blocking: call on a blocking thread.
 pub fn build(
     input: &BuildInput,
     backends: &Backends,
     running: &BTreeMap<i64, Arc<LoadedVersion>>,
+    models: &ModelsView,
 ) -> Result<Built, BuildError> {
     let fail = |reason: String, versions: &[i64]| BuildError {
         reason,
@@ -92,6 +134,13 @@ pub fn build(
     let complete = config::complete(&input.name, raw, &dirs, backends, input.options)
         .map_err(|e| fail(e.to_string(), &selected))?;
     let config = Arc::new(complete);
+    if config.platform == ensemble::PLATFORM {
+        let plan = ensemble::plan(&config, |model, version| models.config(model, version))
+            .map_err(|e| fail(e, &selected))?;
+        return Ok(build_ensemble(
+            input, &config, plan, &selected, &dirs, running,
+        ));
+    }
     let backend = backends
         .get(&config.backend)
         .map_err(|e| fail(e, &selected))?;
@@ -107,7 +156,15 @@ pub fn build(
             continue;
         }
         let model_path = dir.join(&config.default_model_filename);
-        let contexts = instance_contexts(&input.name, version, &input.dir, &model_path, &config);
+        let health = Arc::new(Health::default());
+        let contexts = instance_contexts(
+            &input.name,
+            version,
+            &input.dir,
+            &model_path,
+            &config,
+            (&health, backends.server()),
+        );
         let load_error = |e: BackendError| {
             fail(
                 format!("failed to load '{}' version {version}: {e}", input.name),
@@ -137,13 +194,52 @@ pub fn build(
                 name: input.name.clone(),
                 version,
                 config: config.clone(),
-                scheduler,
+                runner: Runner::Scheduler(scheduler),
                 stats,
                 fingerprint,
+                health,
             }),
         );
     }
     Ok(Built { versions })
+}
+
+/// The versions of an ensemble: its plan, no instances. A running version is kept (with its
+/// statistics) while its directory, config and plan are unchanged.
+fn build_ensemble(
+    input: &BuildInput,
+    config: &Arc<ModelConfig>,
+    plan: EnsemblePlan,
+    selected: &[i64],
+    dirs: &[PathBuf],
+    running: &BTreeMap<i64, Arc<LoadedVersion>>,
+) -> Built {
+    let plan = Arc::new(plan);
+    let mut versions = BTreeMap::new();
+    for (&version, dir) in selected.iter().zip(dirs) {
+        let fingerprint = Fingerprint::of(dir);
+        if let Some(old) = running.get(&version)
+            && old.fingerprint == fingerprint
+            && *old.config == **config
+            && old.plan().is_some_and(|p| **p == *plan)
+        {
+            versions.insert(version, old.clone());
+            continue;
+        }
+        versions.insert(
+            version,
+            Arc::new(LoadedVersion {
+                name: input.name.clone(),
+                version,
+                config: config.clone(),
+                runner: Runner::Ensemble(plan.clone()),
+                stats: Arc::new(VersionStats::default()),
+                fingerprint,
+                health: Arc::new(Health::default()),
+            }),
+        );
+    }
+    Built { versions }
 }
 
 /// One context per instance of every instance group (`KIND_GPU` groups: `count` per listed GPU).
@@ -153,6 +249,7 @@ fn instance_contexts(
     model_dir: &Path,
     model_path: &Path,
     config: &Arc<ModelConfig>,
+    (health, server): (&Arc<Health>, &Arc<ServerHandle>),
 ) -> Vec<InstanceContext> {
     let mut contexts = Vec::new();
     for group in &config.instance_group {
@@ -179,6 +276,8 @@ fn instance_contexts(
                     config: config.clone(),
                     instance_name: format!("{}_{index}", group.name),
                     device,
+                    health: health.clone(),
+                    server: server.clone(),
                 });
                 index += 1;
             }
@@ -196,15 +295,40 @@ fn warm_up(
 ) -> Result<(), String> {
     for sample in samples {
         for _ in 0..sample.count.max(1) {
-            instance
-                .execute(&sample.inputs, &sample.outputs)
-                .map_err(|e| {
-                    format!(
-                        "instance '{instance_name}' failed warmup sample '{}': {e}",
-                        sample.name
-                    )
-                })?;
+            run_sample(instance, sample).map_err(|e| {
+                format!(
+                    "instance '{instance_name}' failed warmup sample '{}': {e}",
+                    sample.name
+                )
+            })?;
         }
     }
     Ok(())
+}
+
+/// One warmup execution, as a joined batch or (request-level backends) as one request.
+fn run_sample(
+    instance: &mut dyn BackendInstance,
+    sample: &WarmupSample,
+) -> Result<(), BackendError> {
+    if !instance.request_level() {
+        return instance.execute(&sample.inputs, &sample.outputs).map(drop);
+    }
+    let parameters = Default::default();
+    let view = RequestView {
+        key: 0,
+        id: "",
+        inputs: &sample.inputs,
+        outputs: &sample.outputs,
+        parameters: &parameters,
+        correlation_id: None,
+        flags: 0,
+        stream: None,
+    };
+    match instance.execute_requests(&[view])?.pop() {
+        Some(result) => result.map(drop),
+        None => Err(BackendError::Execution(
+            "the warmup request got no answer".into(),
+        )),
+    }
 }

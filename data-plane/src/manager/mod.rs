@@ -11,26 +11,36 @@
 //! Requests take an `Arc<LoadedVersion>` out of the map under a short read lock, so a reload or
 //! unload never waits for them and never interrupts them: old instance pools drain and stop
 //! when the last request holding them finishes.
+//!
+//! Ensembles are built against the models already loaded ([`dependencies::ModelsView`]):
+//! startup and poll load a set of models in waves, composing models first; an explicit load of
+//! an ensemble loads its composing models first. A served ensemble whose composing model is
+//! gone (unloaded, removed) stays loaded but shows UNAVAILABLE with the reason, and its
+//! requests fail naming that model, until the model is back.
 
 mod build;
+mod dependencies;
 pub mod overrides;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use futures::future::BoxFuture;
 use nereid_proto::ServiceError;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::service::ModelIndexEntry;
 use parking_lot::{Mutex, RwLock};
 
-pub use build::LoadedVersion;
 use build::{BuildInput, build};
+pub use build::{LoadedVersion, Runner};
+use dependencies::{ModelsView, ensemble_plans, load_order, unavailable_reason};
 use overrides::OverrideDir;
 
 use crate::backend::Backends;
-use crate::config::CompleteOptions;
+use crate::config::{self, CompleteOptions};
+use crate::ensemble;
 use crate::repository::{self, Fingerprint};
 
 /// How models are loaded, like Triton's `--model-control-mode`.
@@ -138,8 +148,9 @@ impl ModelManager {
         self.config.control_mode
     }
 
-    /// Loads the startup models (all of them, or `--load-model` in explicit mode), concurrently.
-    /// Failures are recorded per model; they never stop the others.
+    /// Loads the startup models (all of them, or `--load-model` in explicit mode), concurrently
+    /// except that ensembles wait for their composing models. Failures are recorded per model;
+    /// they never stop the others.
     pub async fn load_startup_models(self: &Arc<Self>) -> Result<(), ServiceError> {
         let scan = self.scan()?;
         let names: Vec<String> = match self.config.control_mode {
@@ -153,25 +164,48 @@ impl ModelManager {
                 .cloned()
                 .collect(),
         };
-        let loads = names.into_iter().map(|name| {
-            let this = self.clone();
-            async move {
-                if let Err(e) = this
-                    .load(
-                        &name,
-                        LoadSource::Repository {
-                            config_override: None,
-                        },
-                    )
-                    .await
-                {
-                    tracing::error!(model = %name, error = %e, "model failed to load");
-                }
-            }
-        });
-        futures::future::join_all(loads).await;
+        self.load_in_order(&scan, names).await;
         self.startup_done.store(true, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Loads `names` from the repository, wave by wave so that every ensemble is built after
+    /// the composing models of the set; ensembles on a dependency cycle fail without a build.
+    /// Failures are logged and recorded per model.
+    async fn load_in_order(&self, scan: &repository::ScanResult, names: Vec<String>) {
+        let composing: BTreeMap<String, Vec<String>> = names
+            .into_iter()
+            .map(|name| {
+                let steps = scan
+                    .models
+                    .get(&name)
+                    .and_then(|dir| config::read_config_file(&dir.path).ok())
+                    .map(|c| ensemble::plan::composing_models(&c))
+                    .unwrap_or_default();
+                (name, steps)
+            })
+            .collect();
+        let order = load_order(&composing);
+        for (name, cycle) in order.cyclic {
+            let reason = format!("circular dependency between ensembles: {cycle}");
+            self.record_failure(&name, reason, Vec::new());
+            if let Some(dir) = scan.models.get(&name)
+                && let Some(entry) = self.models.write().get_mut(&name)
+            {
+                entry.fingerprint = Some(Fingerprint::of(&dir.path));
+            }
+        }
+        for wave in order.waves {
+            let loads = wave.iter().map(|name| async move {
+                let source = LoadSource::Repository {
+                    config_override: None,
+                };
+                if let Err(e) = self.load(name, source).await {
+                    tracing::error!(model = %name, error = %e, "model failed to load");
+                }
+            });
+            futures::future::join_all(loads).await;
+        }
     }
 
     fn scan(&self) -> Result<repository::ScanResult, ServiceError> {
@@ -189,8 +223,25 @@ impl ModelManager {
     }
 
     /// Loads or reloads a model. Running versions keep serving until the new ones are ready;
-    /// unchanged versions are kept as they are.
+    /// unchanged versions are kept as they are. In explicit mode an ensemble's composing
+    /// models that are not loaded are loaded first.
     pub async fn load(&self, name: &str, source: LoadSource) -> Result<(), ServiceError> {
+        self.load_with_chain(name, source, Vec::new()).await
+    }
+
+    /// [`Self::load`] of a model that the explicit loads of the ensembles in `chain` (outermost
+    /// first) asked for.
+    async fn load_with_chain(
+        &self,
+        name: &str,
+        source: LoadSource,
+        chain: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        let mut chain = chain;
+        chain.push(name.to_string());
+        if self.config.control_mode == ControlMode::Explicit {
+            self.load_composing(name, &source, &chain).await;
+        }
         let lock = self.model_lock(name);
         let _guard = lock.lock().await;
 
@@ -244,9 +295,10 @@ impl ModelManager {
             queue_capacity: self.config.queue_capacity,
         };
         let backends = self.backends.clone();
+        let view = self.models_view(chain);
         let fingerprint = Fingerprint::of(&dir);
         let started = std::time::Instant::now();
-        let result = tokio::task::spawn_blocking(move || build(&input, &backends, &running))
+        let result = tokio::task::spawn_blocking(move || build(&input, &backends, &running, &view))
             .await
             .map_err(|e| {
                 ServiceError::internal(format!("failed to load '{name}': loader panicked: {e}"))
@@ -287,6 +339,84 @@ impl ModelManager {
         }
     }
 
+    /// Explicit mode: loads the composing models of the ensemble `name` that are not served, one
+    /// after the other, before the ensemble is built. A model already in `chain` is skipped: it
+    /// is a circular dependency, which the ensemble's build reports. Their failures are left
+    /// for the ensemble's build to report.
+    async fn load_composing(&self, name: &str, source: &LoadSource, chain: &[String]) {
+        let config = match source {
+            LoadSource::Files { config, .. } => Some(config.clone()),
+            LoadSource::Repository {
+                config_override: Some(config),
+            } => Some(config.clone()),
+            LoadSource::Repository {
+                config_override: None,
+            } => self.scan().ok().and_then(|scan| {
+                let dir = scan.models.get(name)?;
+                config::read_config_file(&dir.path).ok()
+            }),
+        };
+        let Some(config) = config else { return };
+        for model in ensemble::plan::composing_models(&config) {
+            if chain.contains(&model) || self.is_served(&model) {
+                continue;
+            }
+            let source = LoadSource::Repository {
+                config_override: None,
+            };
+            if let Err(e) = self.load_boxed(&model, source, chain.to_vec()).await {
+                tracing::warn!(ensemble = %name, model = %model, error = %e, "composing model failed to load");
+            }
+        }
+    }
+
+    /// [`Self::load_with_chain`] behind a box: loads recurse through ensembles.
+    fn load_boxed<'a>(
+        &'a self,
+        name: &'a str,
+        source: LoadSource,
+        chain: Vec<String>,
+    ) -> BoxFuture<'a, Result<(), ServiceError>> {
+        Box::pin(self.load_with_chain(name, source, chain))
+    }
+
+    fn is_served(&self, name: &str) -> bool {
+        self.models
+            .read()
+            .get(name)
+            .is_some_and(|e| !e.versions.is_empty())
+    }
+
+    /// What an ensemble built now can use: every known model's served configs, or why it has
+    /// none.
+    fn models_view(&self, chain: Vec<String>) -> ModelsView {
+        let models = self
+            .models
+            .read()
+            .iter()
+            .map(|(name, entry)| {
+                let served = if entry.versions.is_empty() {
+                    Err(match entry.state {
+                        ModelState::Loading => "it is still loading".to_string(),
+                        ModelState::Unloading => "it is unloading".to_string(),
+                        _ if entry.reason == "unloaded" => {
+                            "it is not loaded (it was unloaded)".to_string()
+                        }
+                        _ => format!("it failed to load: {}", entry.reason),
+                    })
+                } else {
+                    Ok(entry
+                        .versions
+                        .iter()
+                        .map(|(v, lv)| (*v, lv.config.clone()))
+                        .collect())
+                };
+                (name.clone(), served)
+            })
+            .collect();
+        ModelsView::new(models, chain)
+    }
+
     /// Records a failed load. A model that still has running versions keeps serving them.
     fn record_failure(&self, name: &str, reason: String, versions: Vec<i64>) {
         tracing::error!(model = %name, %reason, "model load failed");
@@ -323,8 +453,47 @@ impl ModelManager {
         Ok(())
     }
 
+    /// Unloads an ensemble and then its composing models, through nested ensembles (Triton's
+    /// `unload_dependents`); a composing model that another loaded ensemble still uses stays.
+    /// For any other model this is [`Self::unload`].
+    pub async fn unload_with_composing(&self, name: &str) -> Result<(), ServiceError> {
+        let mut composing: Vec<String> = Vec::new();
+        {
+            let models = self.models.read();
+            let mut next = vec![name.to_string()];
+            while let Some(model) = next.pop() {
+                for plan in models.get(&model).into_iter().flat_map(ensemble_plans) {
+                    for step in &plan.steps {
+                        if step.model != name && !composing.contains(&step.model) {
+                            composing.push(step.model.clone());
+                            next.insert(0, step.model.clone());
+                        }
+                    }
+                }
+            }
+        }
+        self.unload(name).await?;
+        // Outer ensembles come first, so a nested ensemble no longer holds its own models.
+        for model in composing {
+            let still_used = self.models.read().iter().any(|(other, entry)| {
+                *other != model
+                    && ensemble_plans(entry).any(|p| p.steps.iter().any(|s| s.model == model))
+            });
+            if still_used {
+                tracing::info!(model = %model, ensemble = %name, "composing model kept: another loaded ensemble uses it");
+                continue;
+            }
+            if self.is_served(&model) {
+                self.unload(&model).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Poll mode: loads new and changed models, unloads removed ones. Unchanged models are not
-    /// touched; changed ones keep serving their old versions while the new ones load.
+    /// touched; changed ones keep serving their old versions while the new ones load. Ensembles
+    /// reading a changed or removed model are rebuilt too (they may load now, or report the
+    /// model they miss).
     pub async fn poll_once(&self) -> Result<(), ServiceError> {
         let scan = self.scan()?;
         let known: Vec<(String, Option<Fingerprint>, bool)> = self
@@ -333,14 +502,17 @@ impl ModelManager {
             .iter()
             .map(|(n, e)| (n.clone(), e.fingerprint, e.overridden.is_some()))
             .collect();
+        let mut touched: BTreeSet<String> = BTreeSet::new();
         for (name, _, overridden) in &known {
             let gone = !scan.models.contains_key(name) && !scan.duplicates.contains_key(name);
             if gone && !overridden {
                 tracing::info!(model = %name, "model removed from the repository");
                 let _ = self.unload(name).await;
                 self.models.write().remove(name);
+                touched.insert(name.clone());
             }
         }
+        let mut to_load: BTreeSet<String> = BTreeSet::new();
         for (name, dir) in &scan.models {
             let previous = known.iter().find(|(n, _, _)| n == name);
             let changed = match previous {
@@ -349,28 +521,44 @@ impl ModelManager {
                 Some((_, fp, false)) => *fp != Some(Fingerprint::of(&dir.path)),
             };
             if changed {
-                let _ = self
-                    .load(
-                        name,
-                        LoadSource::Repository {
-                            config_override: None,
-                        },
-                    )
-                    .await;
+                to_load.insert(name.clone());
             }
         }
         for name in scan.duplicates.keys() {
             if !known.iter().any(|(n, _, _)| n == name) {
-                let _ = self
-                    .load(
-                        name,
-                        LoadSource::Repository {
-                            config_override: None,
-                        },
-                    )
-                    .await;
+                to_load.insert(name.clone());
             }
         }
+        touched.extend(to_load.iter().cloned());
+        if touched.is_empty() {
+            return Ok(());
+        }
+        // Ensembles on disk that read a touched model, directly or through other ensembles.
+        let composing: BTreeMap<&String, Vec<String>> = scan
+            .models
+            .iter()
+            .filter_map(|(name, dir)| {
+                let config = config::read_config_file(&dir.path).ok()?;
+                Some((name, ensemble::plan::composing_models(&config)))
+            })
+            .filter(|(_, steps)| !steps.is_empty())
+            .collect();
+        loop {
+            let more: Vec<String> = composing
+                .iter()
+                .filter(|(name, steps)| {
+                    !touched.contains(name.as_str()) && steps.iter().any(|s| touched.contains(s))
+                })
+                .map(|(name, _)| name.to_string())
+                .collect();
+            if more.is_empty() {
+                break;
+            }
+            touched.extend(more.iter().cloned());
+            to_load.extend(more);
+        }
+        self.load_in_order(&scan, to_load.into_iter().collect())
+            .await;
         Ok(())
     }
 
@@ -414,9 +602,21 @@ impl ModelManager {
                     "Request for unknown model: '{name}' version {v} is not found"
                 )))
             }
-            Some(v) => Ok(entry.versions.contains_key(&v)),
-            None => Ok(!entry.versions.is_empty()),
+            Some(v) => Ok(entry
+                .versions
+                .get(&v)
+                .is_some_and(|lv| unavailable_reason(&models, lv).is_none())),
+            None => Ok(entry
+                .versions
+                .values()
+                .any(|lv| unavailable_reason(&models, lv).is_none())),
         }
+    }
+
+    /// Why a served version cannot take requests right now (an instance recovering from a
+    /// crash, an ensemble's composing model that is not loaded), if it cannot.
+    pub fn unavailable(&self, loaded: &LoadedVersion) -> Option<String> {
+        unavailable_reason(&self.models.read(), loaded)
     }
 
     /// All served versions of a model, ascending.
@@ -478,8 +678,16 @@ impl ModelManager {
                     }
                 }
                 Some(entry) => {
-                    for v in entry.versions.keys() {
-                        rows.push(row(v.to_string(), entry.state.as_str(), ""));
+                    for (v, loaded) in &entry.versions {
+                        match unavailable_reason(&models, loaded) {
+                            Some(reason) if entry.state == ModelState::Ready => {
+                                if !ready_only {
+                                    let state = ModelState::Unavailable.as_str();
+                                    rows.push(row(v.to_string(), state, &reason));
+                                }
+                            }
+                            _ => rows.push(row(v.to_string(), entry.state.as_str(), "")),
+                        }
                     }
                     if ready_only || !entry.versions.is_empty() {
                         continue;

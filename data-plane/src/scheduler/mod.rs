@@ -23,6 +23,7 @@ pub mod sequence;
 mod timer;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -33,7 +34,7 @@ use tokio::sync::oneshot;
 
 use self::policy::BatchPolicy;
 use self::queue::{Decision, Pending, RequestQueue, ShapeKey};
-use crate::backend::{BackendError, BackendInstance};
+use crate::backend::{BackendError, BackendInstance, RequestView};
 use crate::request_check::ValidRequest;
 use crate::stats::VersionStats;
 
@@ -424,6 +425,10 @@ fn run_batch(
     if batch.is_empty() {
         return;
     }
+    if instance.request_level() {
+        run_requests(instance, batch, shared, stats, started);
+        return;
+    }
     let sizes: Vec<usize> = batch.iter().map(|p| p.batch_size).collect();
     let mut names: Vec<String> = Vec::new();
     for p in &batch {
@@ -488,6 +493,68 @@ fn run_batch(
         };
         let timings = timings(p.arrived);
         shared.respond(p.payload, Ok(JobResult { outputs, timings }));
+    }
+}
+
+/// Hands a batch to a request-level backend (Python): each request keeps its own tensors,
+/// parameters and outputs; one result comes back per request.
+fn run_requests(
+    instance: &mut dyn BackendInstance,
+    batch: Batch,
+    shared: &Shared,
+    stats: &VersionStats,
+    started: Instant,
+) {
+    let views: Vec<RequestView<'_>> = batch
+        .iter()
+        .map(|p| request_view(&p.payload.request))
+        .collect();
+    let result = instance.execute_requests(&views);
+    drop(views);
+    let done = Instant::now();
+    let results: Vec<Result<Vec<Tensor>, BackendError>> = match result {
+        Ok(per_request) if per_request.len() == batch.len() => per_request,
+        Ok(per_request) => {
+            let e = BackendError::Execution(format!(
+                "the backend answered {} of {} requests",
+                per_request.len(),
+                batch.len()
+            ));
+            vec![Err(e); batch.len()]
+        }
+        Err(e) => vec![Err(e); batch.len()],
+    };
+    if results.iter().any(Result::is_ok) {
+        let size = batch.iter().map(|p| p.batch_size).sum();
+        stats.record_execution(size, Duration::ZERO, done - started, Duration::ZERO);
+    }
+    for (p, outputs) in batch.into_iter().zip(results) {
+        let timings = ExecTimings {
+            queue: started.saturating_duration_since(p.arrived),
+            compute_input: Duration::ZERO,
+            compute_infer: done - started,
+            compute_output: Duration::ZERO,
+        };
+        shared.respond(p.payload, Ok(JobResult { outputs, timings }));
+    }
+}
+
+/// What a request-level backend sees of a request.
+pub(crate) fn request_view(request: &ValidRequest) -> RequestView<'_> {
+    static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+    let (correlation_id, flags) = match &request.sequence {
+        Some(s) => (Some(&s.id), u32::from(s.start) | (u32::from(s.end) << 1)),
+        None => (None, 0),
+    };
+    RequestView {
+        key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+        id: &request.id,
+        inputs: &request.inputs,
+        outputs: &request.outputs,
+        parameters: &request.parameters,
+        correlation_id,
+        flags,
+        stream: request.stream.as_ref(),
     }
 }
 

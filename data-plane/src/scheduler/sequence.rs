@@ -38,7 +38,7 @@ use self::controls::id_text;
 pub use self::controls::{SequencePolicy, Strategy};
 use super::queue::ShapeKey;
 use super::{ExecTimings, JobResult, batch, timer};
-use crate::backend::{BackendError, BackendInstance};
+use crate::backend::{BackendError, BackendInstance, RequestView};
 use crate::request_check::{SequenceFlags, ValidRequest};
 use crate::stats::VersionStats;
 
@@ -543,27 +543,13 @@ fn run_group(
             names.push(s.output.clone());
         }
     }
-    let sizes = vec![1usize; members.len()];
-    let inputs: Vec<&[Tensor]> = members
-        .iter()
-        .map(|(_, inputs)| inputs.as_slice())
-        .collect();
-    let result = batch::concat_inputs(&inputs).and_then(|joined| {
-        let input_done = Instant::now();
-        let outputs = instance.execute(&joined, &names)?;
-        let infer_done = Instant::now();
-        let split: Result<Vec<Vec<Tensor>>, BackendError> = outputs
-            .iter()
-            .map(|o| batch::split_output(o, &sizes))
-            .collect();
-        Ok((input_done, infer_done, split?))
-    });
-    let done_at = Instant::now();
-    let (input_done, infer_done) = match &result {
-        Ok((i, f, _)) => (*i, *f),
-        Err(_) => (done_at, done_at),
+    let (input_done, infer_done, per_member) = if instance.request_level() {
+        execute_each(instance, &members, &names)
+    } else {
+        execute_joined(instance, &members, &names)
     };
-    if result.is_ok() {
+    let done_at = Instant::now();
+    if per_member.iter().any(Result::is_ok) {
         stats.record_execution(
             members.len(),
             input_done - started,
@@ -572,7 +558,7 @@ fn run_group(
         );
     }
     let mut done = Vec::with_capacity(members.len());
-    for (i, (item, _)) in members.into_iter().enumerate() {
+    for ((item, _), result) in members.into_iter().zip(per_member) {
         let job = item.job;
         let timings = ExecTimings {
             queue: started.saturating_duration_since(job.arrived),
@@ -580,13 +566,13 @@ fn run_group(
             compute_infer: infer_done - input_done,
             compute_output: done_at - infer_done,
         };
-        let (outputs, new_state) = match &result {
-            Ok((_, _, split)) => {
+        let (outputs, new_state) = match result {
+            Ok(produced) => {
                 let of = |name: &str| {
                     names
                         .iter()
                         .position(|n| n == name)
-                        .map(|k| split[k][i].clone())
+                        .and_then(|k| produced.get(k).cloned())
                 };
                 let outputs = job
                     .request
@@ -602,12 +588,86 @@ fn run_group(
                     .collect();
                 (Ok(outputs), new_state)
             }
-            Err(e) => (Err(e.clone()), None),
+            Err(e) => (Err(e), None),
         };
         let _ = job.reply.send(Ok(JobResult { outputs, timings }));
         done.push((job.flags, new_state));
     }
     done
+}
+
+/// Per member, its outputs in `names` order, or its error.
+type MemberResults = Vec<Result<Vec<Tensor>, BackendError>>;
+
+/// One joined batch through `execute`, split back per member (tensor backends).
+fn execute_joined(
+    instance: &mut dyn BackendInstance,
+    members: &[(Item, Vec<Tensor>)],
+    names: &[String],
+) -> (Instant, Instant, MemberResults) {
+    let sizes = vec![1usize; members.len()];
+    let inputs: Vec<&[Tensor]> = members
+        .iter()
+        .map(|(_, inputs)| inputs.as_slice())
+        .collect();
+    let result = batch::concat_inputs(&inputs).and_then(|joined| {
+        let started = Instant::now();
+        let outputs = instance.execute(&joined, names)?;
+        let finished = Instant::now();
+        let split = outputs
+            .iter()
+            .map(|o| batch::split_output(o, &sizes))
+            .collect::<Result<Vec<Vec<Tensor>>, BackendError>>()?;
+        Ok((started, finished, split))
+    });
+    match result {
+        Ok((input_done, finished, split)) => {
+            let per_member = (0..members.len())
+                .map(|i| {
+                    Ok(split
+                        .iter()
+                        .map(|per_output| per_output[i].clone())
+                        .collect())
+                })
+                .collect();
+            (input_done, finished, per_member)
+        }
+        Err(e) => {
+            let now = Instant::now();
+            (now, now, vec![Err(e); members.len()])
+        }
+    }
+}
+
+/// Each member as its own request (request-level backends: Python), controls and state
+/// included among its inputs.
+fn execute_each(
+    instance: &mut dyn BackendInstance,
+    members: &[(Item, Vec<Tensor>)],
+    names: &[String],
+) -> (Instant, Instant, MemberResults) {
+    let started = Instant::now();
+    let views: Vec<RequestView<'_>> = members
+        .iter()
+        .map(|(item, inputs)| RequestView {
+            inputs,
+            outputs: names,
+            ..super::request_view(&item.job.request)
+        })
+        .collect();
+    let per_member = match instance.execute_requests(&views) {
+        Ok(results) if results.len() == members.len() => results,
+        Ok(results) => vec![
+            Err(BackendError::Execution(format!(
+                "the backend answered {} of {} requests",
+                results.len(),
+                members.len()
+            )));
+            members.len()
+        ],
+        Err(e) => vec![Err(e); members.len()],
+    };
+    (started, Instant::now(), per_member)
 }
 
 impl timer::Timed for State {

@@ -59,11 +59,11 @@ mod tests {
 
     #[test]
     fn unimplemented_rpc_names_the_rpc() {
-        let status = unimplemented_rpc("ModelStreamInfer");
+        let status = unimplemented_rpc("TraceSetting");
         assert_eq!(status.code(), Code::Unimplemented);
         assert_eq!(
             status.message(),
-            "the ModelStreamInfer rpc is not supported by this server yet"
+            "the TraceSetting rpc is not supported by this server yet"
         );
     }
 }

@@ -3,15 +3,18 @@
 //! Handlers hold no logic of their own: they parse the wire request (versions through
 //! [`types::parse_version`], infer requests through [`super::infer`], repository parameters
 //! through [`super::repository`]), await the service, and map the result; errors become a
-//! `tonic::Status` through [`super::error`]. Every handler runs inside the rpc's own future, so a
-//! client that cancels drops the `InferenceService` future with it; nothing is spawned.
+//! `tonic::Status` through [`super::error`]. Every unary handler runs inside the rpc's own
+//! future, so a client that cancels drops the `InferenceService` future with it; nothing is
+//! spawned. `ModelStreamInfer` hands its stream to [`super::stream`], whose task lives exactly
+//! as long as the client's response stream.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use crate::grpc::error::unimplemented_rpc;
-use crate::grpc::{infer, repository};
+use crate::grpc::stream::{self, ErrorMode};
+use crate::grpc::{GrpcConfig, infer, repository};
 use crate::pb::health::health_check_response::ServingStatus;
 use crate::pb::health::health_server::Health;
 use crate::pb::health::{HealthCheckRequest, HealthCheckResponse};
@@ -25,11 +28,12 @@ use crate::types;
 /// Serves both generated services over one shared [`InferenceService`].
 pub(crate) struct GrpcFrontend {
     service: Arc<dyn InferenceService>,
+    config: GrpcConfig,
 }
 
 impl GrpcFrontend {
-    pub(crate) fn new(service: Arc<dyn InferenceService>) -> Self {
-        GrpcFrontend { service }
+    pub(crate) fn new(service: Arc<dyn InferenceService>, config: GrpcConfig) -> Self {
+        GrpcFrontend { service, config }
     }
 }
 
@@ -104,13 +108,19 @@ impl GrpcInferenceService for GrpcFrontend {
         Ok(Response::new(infer::encode_response(response)))
     }
 
-    type ModelStreamInferStream = tokio_stream::Empty<Result<ModelStreamInferResponse, Status>>;
+    type ModelStreamInferStream = stream::Responses;
 
     async fn model_stream_infer(
         &self,
-        _: Request<tonic::Streaming<ModelInferRequest>>,
+        request: Request<tonic::Streaming<ModelInferRequest>>,
     ) -> RpcResult<Self::ModelStreamInferStream> {
-        Err(unimplemented_rpc("ModelStreamInfer"))
+        let mode = ErrorMode::from_metadata(request.metadata());
+        Ok(Response::new(stream::serve_stream(
+            self.service.clone(),
+            request.into_inner(),
+            mode,
+            self.config.stream_response_buffer,
+        )))
     }
 
     async fn model_config(

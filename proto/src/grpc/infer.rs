@@ -28,8 +28,9 @@ use crate::types::{
     RequestOptions, RequestedOutput, Tensor, format_shape,
 };
 
-/// A `triton_` request key Triton accepts; it only matters to streaming responses, so a unary
-/// request checks its type and drops it.
+/// A `triton_` request key Triton accepts: a streamed request asks with it for an empty response
+/// that marks its end. It is taken out of the parameters (type-checked) before they are split;
+/// a unary request ignores it.
 const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
 
 /// Tensor parameters that point at client shared memory, which this server does not serve.
@@ -41,6 +42,20 @@ const SHARED_MEMORY_KEYS: [&str; 3] = [
 
 /// Validates and converts a gRPC infer request into the internal request.
 pub(crate) fn decode_request(request: ModelInferRequest) -> ServiceResult<InferRequest> {
+    decode_stream_request(request).map(|decoded| decoded.request)
+}
+
+/// A request read from a `ModelStreamInfer` stream, with the stream-only flag it carried.
+#[derive(Debug)]
+pub(crate) struct StreamRequest {
+    pub request: InferRequest,
+    /// `triton_enable_empty_final_response`: send an empty response marked final when the model
+    /// ends the request without one.
+    pub empty_final_response: bool,
+}
+
+/// [`decode_request`], keeping `triton_enable_empty_final_response`.
+pub(crate) fn decode_stream_request(request: ModelInferRequest) -> ServiceResult<StreamRequest> {
     let ModelInferRequest {
         model_name,
         model_version,
@@ -51,7 +66,8 @@ pub(crate) fn decode_request(request: ModelInferRequest) -> ServiceResult<InferR
         raw_input_contents,
     } = request;
     let model_version = types::parse_version(&model_name, &model_version)?;
-    let (options, parameters) = RequestOptions::split(request_parameters(parameters)?)?;
+    let (parameters, empty_final_response) = request_parameters(parameters)?;
+    let (options, parameters) = RequestOptions::split(parameters)?;
 
     if !raw_input_contents.is_empty() {
         if let Some(typed) = inputs.iter().find(|i| i.contents.is_some()) {
@@ -95,7 +111,7 @@ pub(crate) fn decode_request(request: ModelInferRequest) -> ServiceResult<InferR
         requested.push(decode_output(&model_name, output)?);
     }
 
-    Ok(InferRequest {
+    let request = InferRequest {
         model_name,
         model_version,
         id,
@@ -103,6 +119,10 @@ pub(crate) fn decode_request(request: ModelInferRequest) -> ServiceResult<InferR
         parameters,
         inputs: tensors,
         outputs: requested,
+    };
+    Ok(StreamRequest {
+        request,
+        empty_final_response,
     })
 }
 
@@ -181,17 +201,20 @@ fn refuse_shared_memory(
 }
 
 /// Converts request-level parameters, applying Triton's gRPC type rules: custom keys take
-/// bool, int64, double or string values (not uint64).
-fn request_parameters(wire: HashMap<String, InferParameter>) -> ServiceResult<Parameters> {
+/// bool, int64, double or string values (not uint64). Returns the parameters without
+/// `triton_enable_empty_final_response`, and that flag's value.
+fn request_parameters(wire: HashMap<String, InferParameter>) -> ServiceResult<(Parameters, bool)> {
     let mut parameters = Parameters::new();
+    let mut empty_final_response = false;
     for (key, value) in wire {
         let value = param_from_wire(&key, value)?;
         if key == EMPTY_FINAL_RESPONSE_KEY {
-            if !matches!(value, ParamValue::Bool(_)) {
+            let ParamValue::Bool(enabled) = value else {
                 return Err(ServiceError::invalid(format!(
                     "invalid value type for '{key}' parameter, expected bool_param."
                 )));
-            }
+            };
+            empty_final_response = enabled;
             continue;
         }
         let custom =
@@ -203,7 +226,7 @@ fn request_parameters(wire: HashMap<String, InferParameter>) -> ServiceResult<Pa
         }
         parameters.insert(key, value);
     }
-    Ok(parameters)
+    Ok((parameters, empty_final_response))
 }
 
 fn param_from_wire(key: &str, param: InferParameter) -> ServiceResult<ParamValue> {

@@ -278,6 +278,27 @@ fn request_parameters_split_into_options_and_custom() {
 }
 
 #[test]
+fn empty_final_response_flag_is_read_for_streams_only() {
+    let with = |value: Option<bool>| {
+        let mut req = request(vec![], vec![]);
+        if let Some(v) = value {
+            req.parameters.insert(
+                "triton_enable_empty_final_response".into(),
+                param(ParameterChoice::BoolParam(v)),
+            );
+        }
+        req
+    };
+    for (value, expected) in [(None, false), (Some(false), false), (Some(true), true)] {
+        let decoded = decode_stream_request(with(value)).unwrap();
+        assert_eq!(decoded.empty_final_response, expected, "{value:?}");
+        assert!(decoded.request.parameters.is_empty());
+        // A unary request drops the flag without passing it to the model.
+        assert!(decode_request(with(value)).unwrap().parameters.is_empty());
+    }
+}
+
+#[test]
 fn bad_request_parameters_are_refused() {
     let with = |key: &str, value: InferParameter| {
         let mut req = request(vec![], vec![]);

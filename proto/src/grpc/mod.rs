@@ -8,20 +8,25 @@
 //!         ├─ repository               load/unload parameters ─► LoadRequest / flag
 //!         ├─ InferenceService         the one shared implementation (data plane or router)
 //!         ├─ infer::encode_response   types::InferResponse ─► ModelInferResponse (raw outputs)
+//!         ├─ stream                   ModelStreamInfer: concurrent requests, streamed answers
+//!         │    └─ stream_order        sequences start in order; non-decoupled answers in order
 //!         └─ error                    ServiceError ─► tonic::Status (one exhaustive match)
 //! ```
 //!
 //! [`routes`] is the whole public surface: the caller adds the routes to a
 //! `tonic::transport::Server` and owns the listener and shutdown. Tensor bytes are `Bytes` from
 //! prost decoding to the service and back, never copied. A cancelled rpc drops its handler
-//! future, which drops the in-flight `InferenceService::infer` future and so cancels the request.
-//! Streaming inference, shared memory, trace and log settings answer UNIMPLEMENTED for now.
+//! future, which drops the in-flight `InferenceService::infer` future and so cancels the request;
+//! a closed `ModelStreamInfer` stream cancels every request still running on it. Shared memory,
+//! trace and log settings answer UNIMPLEMENTED for now.
 
 mod contents;
 pub mod error;
 mod handlers;
 mod infer;
 mod repository;
+mod stream;
+mod stream_order;
 #[cfg(test)]
 mod tests;
 
@@ -37,12 +42,22 @@ pub struct GrpcConfig {
     /// Largest message, in bytes, accepted from or sent to a client. Triton uses `INT32_MAX`
     /// both ways so large tensors fit in one `ModelInfer`; lower it to bound per-request memory.
     pub max_message_size: usize,
+    /// Responses one `ModelStreamInfer` stream holds for a client that reads slower than its
+    /// models answer. When full, the stream's requests wait (back-pressure) instead of buffering
+    /// without bound; raise it for many small responses (token streaming) on a slow link.
+    pub stream_response_buffer: usize,
+}
+
+impl GrpcConfig {
+    /// Default of [`GrpcConfig::stream_response_buffer`].
+    pub const DEFAULT_STREAM_RESPONSE_BUFFER: usize = 32;
 }
 
 impl Default for GrpcConfig {
     fn default() -> Self {
         GrpcConfig {
             max_message_size: i32::MAX as usize,
+            stream_response_buffer: Self::DEFAULT_STREAM_RESPONSE_BUFFER,
         }
     }
 }
@@ -51,7 +66,7 @@ impl Default for GrpcConfig {
 /// `service`, ready for
 /// `tonic::transport::Server::builder().add_routes(routes).serve_with_incoming_shutdown(..)`.
 pub fn routes(service: Arc<dyn InferenceService>, config: GrpcConfig) -> tonic::service::Routes {
-    let frontend = Arc::new(handlers::GrpcFrontend::new(service));
+    let frontend = Arc::new(handlers::GrpcFrontend::new(service, config.clone()));
     let inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size)

@@ -37,7 +37,7 @@ struct MockService {
 }
 
 /// Sends on drop: proof that the service's infer future was dropped.
-struct DropSignal(Option<oneshot::Sender<()>>);
+pub(super) struct DropSignal(pub(super) Option<oneshot::Sender<()>>);
 
 impl Drop for DropSignal {
     fn drop(&mut self) {
@@ -125,28 +125,7 @@ impl Harness {
             live: AtomicBool::new(true),
             hang_started: started_tx,
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (shutdown, stop) = oneshot::channel::<()>();
-        let routes = routes(mock.clone(), config);
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                    let _ = stop.await;
-                })
-                .await
-        });
-        // The listener is already bound, so the connection is accepted as soon as the server
-        // task polls it: no readiness wait needed.
-        let channel = bounded(
-            Channel::from_shared(format!("http://{addr}"))
-                .unwrap()
-                .connect_timeout(LIMIT)
-                .connect(),
-        )
-        .await
-        .unwrap();
+        let (channel, shutdown) = serve(mock.clone(), config).await;
         Harness {
             channel,
             mock,
@@ -160,7 +139,39 @@ impl Harness {
     }
 }
 
-async fn bounded<F: Future>(future: F) -> F::Output {
+/// Serves [`routes`] over `service` on 127.0.0.1:0 and connects to it; the server stops when the
+/// returned sender is dropped.
+pub(super) async fn serve(
+    service: Arc<dyn InferenceService>,
+    config: GrpcConfig,
+) -> (Channel, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let routes = routes(service, config);
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stop.await;
+            })
+            .await
+    });
+    // The listener is already bound, so the connection is accepted as soon as the server task
+    // polls it: no readiness wait needed.
+    let channel = bounded(
+        Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_timeout(LIMIT)
+            .connect(),
+    )
+    .await
+    .unwrap();
+    (channel, shutdown)
+}
+
+/// Awaits `future`, failing the test if it takes longer than [`LIMIT`].
+pub(super) async fn bounded<F: Future>(future: F) -> F::Output {
     tokio::time::timeout(LIMIT, future)
         .await
         .expect("the call finished within the time limit")
@@ -308,16 +319,6 @@ async fn health_readiness_and_unimplemented_rpcs() {
         "{}",
         status.message()
     );
-    let status = bounded(client.model_stream_infer(tokio_stream::empty()))
-        .await
-        .unwrap_err();
-    assert_eq!(status.code(), Code::Unimplemented);
-    assert!(
-        status.message().contains("ModelStreamInfer"),
-        "{}",
-        status.message()
-    );
-
     let index = RepositoryIndexRequest {
         repository_name: "other".into(),
         ready: false,
@@ -355,6 +356,7 @@ async fn cancelled_call_drops_the_infer_future() {
 async fn message_size_limit_applies() {
     let h = Harness::start(GrpcConfig {
         max_message_size: 1024,
+        ..GrpcConfig::default()
     })
     .await;
     let request = ModelInferRequest {

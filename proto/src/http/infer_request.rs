@@ -393,25 +393,29 @@ fn parameters(value: Option<&Value>, owner: &str) -> ServiceResult<Parameters> {
     };
     map.iter()
         .map(|(key, v)| {
-            let value = match v {
-                Value::Bool(b) => ParamValue::Bool(*b),
-                Value::String(s) => ParamValue::String(s.clone()),
-                Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-                    (Some(i), _, _) => ParamValue::Int(i),
-                    (None, Some(u), _) => ParamValue::Uint(u),
-                    (None, None, Some(f)) => ParamValue::Double(f),
-                    (None, None, None) => return Err(bad_parameter(owner, key, v)),
-                },
-                Value::Null | Value::Array(_) | Value::Object(_) => {
-                    return Err(bad_parameter(owner, key, v));
-                }
-            };
+            let value = param_value(v).ok_or_else(|| bad_parameter(owner, key, v))?;
             Ok((key.clone(), value))
         })
         .collect()
 }
 
-fn bad_parameter(owner: &str, key: &str, value: &Value) -> ServiceError {
+/// A JSON parameter value: string, bool, or number (int64, else uint64, else double); `None`
+/// for null, arrays and objects.
+pub fn param_value(value: &Value) -> Option<ParamValue> {
+    match value {
+        Value::Bool(b) => Some(ParamValue::Bool(*b)),
+        Value::String(s) => Some(ParamValue::String(s.clone())),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => Some(ParamValue::Int(i)),
+            (None, Some(u), _) => Some(ParamValue::Uint(u)),
+            (None, None, f) => f.map(ParamValue::Double),
+        },
+        Value::Null | Value::Array(_) | Value::Object(_) => None,
+    }
+}
+
+/// The error for a parameter value [`param_value`] refuses; `owner` prefixes the message.
+pub fn bad_parameter(owner: &str, key: &str, value: &Value) -> ServiceError {
     ServiceError::invalid(format!(
         "{owner}parameter '{key}' must be a string, integer, number or boolean, got {}",
         describe(value)

@@ -7,6 +7,9 @@
 //!         ├─ body            Content-Length / streamed size limit, then compression::decompress
 //!         ├─ metadata        health, server/model metadata, ready, config, statistics
 //!         ├─ repository      index, load (config + file overrides), unload
+//!         ├─ generate        POST .../generate, .../generate_stream: flat JSON keys ─► inputs
+//!         │                  or parameters (by model metadata) ─► InferenceService::infer_stream
+//!         │                  ─► one JSON response, or server-sent events as they arrive
 //!         └─ infer           POST .../infer
 //!              ├─ infer_request   JSON header + binary section (zero-copy slices)
 //!              │    └─ tensor_json     JSON `data` ─► raw little-endian bytes
@@ -19,13 +22,14 @@
 //!
 //! [`router`] is the whole public surface: the caller owns the listener and graceful shutdown
 //! (`axum::serve(listener, router).with_graceful_shutdown(..)`). A client that disconnects drops
-//! the handler future, which drops the in-flight `InferenceService::infer` future and so cancels
-//! the request. Endpoints this server does not implement yet (generate, shared memory, trace,
-//! logging) answer 501 naming the endpoint.
+//! the handler future (or, for `generate_stream`, the response body), which drops the in-flight
+//! `InferenceService` future or stream and so cancels the request. Endpoints this server does
+//! not implement yet (shared memory, trace, logging) answer 501 naming the endpoint.
 
 mod body;
 mod compression;
 pub mod error;
+mod generate;
 mod infer;
 mod infer_request;
 mod infer_response;

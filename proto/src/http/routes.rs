@@ -13,7 +13,7 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{HttpError, not_supported_yet};
-use super::{HttpState, infer, metadata, repository};
+use super::{HttpState, generate, infer, metadata, repository};
 
 /// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,8 +206,12 @@ pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> 
             ModelAction::Config => metadata::model_config(service, &name, &version).await,
             ModelAction::Stats => metadata::model_stats(service, &name, &version).await,
             ModelAction::Infer => infer::infer(&state, &name, &version, request).await,
-            ModelAction::Generate => Err(not_supported_yet("the generate endpoint")),
-            ModelAction::GenerateStream => Err(not_supported_yet("the generate_stream endpoint")),
+            ModelAction::Generate => {
+                generate::generate(&state, &name, &version, request, false).await
+            }
+            ModelAction::GenerateStream => {
+                generate::generate(&state, &name, &version, request, true).await
+            }
             ModelAction::TraceSetting => Err(not_supported_yet("the trace setting endpoint")),
         },
         Route::RepositoryIndex { repository } => match repository {

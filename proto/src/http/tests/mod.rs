@@ -2,6 +2,7 @@
 //! `tower::ServiceExt::oneshot`, asserting what a client would see.
 
 mod binary;
+mod generate;
 mod infer;
 mod limits;
 mod routes;
@@ -13,6 +14,7 @@ use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use bytes::Bytes;
+use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -21,7 +23,8 @@ use super::{HttpConfig, router};
 use crate::error::{ServiceError, ServiceResult};
 use crate::pb::inference::{ModelConfig, ModelInput, ModelStatistics};
 use crate::service::{
-    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ServerMetadata, TensorMetadata,
+    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata,
+    StreamedResponse, TensorMetadata,
 };
 use crate::types::{InferRequest, InferResponse};
 
@@ -31,12 +34,49 @@ use crate::types::{InferRequest, InferResponse};
 /// fails inference with that error class; `raw_fp32` (batching, dims `[-1, 2]`), `raw_bytes`
 /// (dims `[1]`) and `two_inputs` have configs for raw binary requests. Any other model echoes:
 /// output `i` is input `i`, renamed to requested output `i` when outputs are named.
+///
+/// Models named `gen*` have the generate inputs of [`generate_inputs`] (`gen_reserved` also one
+/// named `parameters`); their streams are described at [`Mock::infer_stream`].
 #[derive(Default)]
 pub struct Mock {
     pub not_ready: bool,
     pub last_infer: Mutex<Option<InferRequest>>,
     pub last_load: Mutex<Option<(String, LoadRequest)>>,
     pub last_unload: Mutex<Option<(String, bool)>>,
+    /// Lets the second response of `gen_gate` go.
+    pub gate: Arc<tokio::sync::Notify>,
+    /// Fires when the last `gen_gate` stream is dropped.
+    pub gate_dropped: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+}
+
+/// Sends on drop: proof that a response stream was dropped.
+struct DropSignal(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn tensor_metadata(name: &str, datatype: &str, shape: Vec<i64>) -> TensorMetadata {
+    TensorMetadata {
+        name: name.into(),
+        datatype: datatype.into(),
+        shape,
+    }
+}
+
+/// Inputs of the `gen*` models: batching (leading -1) except `fixed`.
+pub fn generate_inputs() -> Vec<TensorMetadata> {
+    vec![
+        tensor_metadata("text_input", "BYTES", vec![-1, -1]),
+        tensor_metadata("max_tokens", "INT32", vec![-1, 1]),
+        tensor_metadata("stream", "BOOL", vec![-1, 1]),
+        tensor_metadata("bias", "FP32", vec![-1, 2]),
+        tensor_metadata("fixed", "UINT8", vec![3]),
+    ]
 }
 
 fn unknown(name: &str) -> ServiceError {
@@ -86,20 +126,21 @@ impl InferenceService for Mock {
         if name == "missing" {
             return Err(unknown(name));
         }
+        let inputs = match name {
+            "gen_reserved" => {
+                let mut inputs = generate_inputs();
+                inputs.push(tensor_metadata("parameters", "BYTES", vec![1]));
+                inputs
+            }
+            _ if name.starts_with("gen") => generate_inputs(),
+            _ => vec![tensor_metadata("x", "FP32", vec![-1, 2])],
+        };
         Ok(ModelMetadata {
             name: name.into(),
             versions: vec![version.unwrap_or(1).to_string()],
             platform: "onnxruntime_onnx".into(),
-            inputs: vec![TensorMetadata {
-                name: "x".into(),
-                datatype: "FP32".into(),
-                shape: vec![-1, 2],
-            }],
-            outputs: vec![TensorMetadata {
-                name: "y".into(),
-                datatype: "FP32".into(),
-                shape: vec![-1, 2],
-            }],
+            inputs,
+            outputs: vec![tensor_metadata("y", "FP32", vec![-1, 2])],
         })
     }
 
@@ -176,6 +217,66 @@ impl InferenceService for Mock {
             parameters: request.parameters.clone(),
             outputs,
         })
+    }
+
+    /// Streams of the `gen*` models, each response the echo of [`Mock::infer`]:
+    /// `gen_two` two responses; `gen_empty_final` one, then an empty final item;
+    /// `gen_nothing` only an empty final item; `gen_fail_first` an error item first;
+    /// `gen_fail_mid` one response, then an error item; `gen_gate` one response, then one more
+    /// once [`Mock::gate`] is notified; `gen_not_utf8` a BYTES output that is not UTF-8.
+    /// Any other model answers once, through `infer`.
+    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
+        let model = request.model_name.clone();
+        let mut response = self.infer(request).await?;
+        let item = |response: &InferResponse, last| {
+            Ok(StreamedResponse {
+                response: Some(response.clone()),
+                last,
+            })
+        };
+        let end = || {
+            Ok(StreamedResponse {
+                response: None,
+                last: true,
+            })
+        };
+        let items = match model.as_str() {
+            "gen_two" => vec![item(&response, false), item(&response, true)],
+            "gen_empty_final" => vec![item(&response, false), end()],
+            "gen_nothing" => vec![end()],
+            "gen_fail_first" => vec![Err(ServiceError::unavailable("model is warming up"))],
+            "gen_fail_mid" => vec![
+                item(&response, false),
+                Err(ServiceError::internal("boom mid-stream")),
+            ],
+            "gen_gate" => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                *self.gate_dropped.lock().unwrap() = Some(rx);
+                let guard = DropSignal(Some(tx));
+                let gate = self.gate.clone();
+                let first = futures::stream::iter([item(&response, false)]);
+                let second = futures::stream::once(async move {
+                    gate.notified().await;
+                    let _held = guard;
+                    item(&response, true)
+                });
+                return Ok(Box::pin(first.chain(second)));
+            }
+            "gen_not_utf8" => {
+                let mut data = Vec::new();
+                crate::types::push_bytes_element(&mut data, &[0xff, 0xfe]);
+                let bad = crate::types::Tensor::new(
+                    "raw_out",
+                    crate::DataType::Bytes,
+                    vec![1],
+                    Bytes::from(data),
+                )?;
+                response.outputs = vec![bad];
+                vec![item(&response, true)]
+            }
+            _ => vec![item(&response, true)],
+        };
+        Ok(Box::pin(futures::stream::iter(items)))
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {

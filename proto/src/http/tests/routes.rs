@@ -147,11 +147,6 @@ async fn config_and_statistics() {
 async fn not_yet_supported_endpoints_are_501_naming_the_endpoint() {
     let (_, app) = app();
     let cases = [
-        (post("/v2/models/m/generate", "{}"), "generate"),
-        (
-            post("/v2/models/m/versions/1/generate_stream", "{}"),
-            "generate_stream",
-        ),
         (get("/v2/systemsharedmemory/status"), "system shared memory"),
         (
             post("/v2/cudasharedmemory/region/r/unregister", ""),

@@ -88,6 +88,8 @@ fn context(config: ModelConfig, model: &str, device: DeviceKind) -> InstanceCont
         config: Arc::new(config),
         instance_name: format!("{}_0", "group"),
         device,
+        health: Default::default(),
+        server: Default::default(),
     }
 }
 

@@ -1,0 +1,245 @@
+//! One batch through a stub: requests out, responses back.
+//!
+//! ```text
+//!  requests ─► request objects + input tensors packed into one parent segment
+//!           ─► (decoupled: register each request's stream on the link)
+//!           ─► execute {id} ─► wait for execute_done {id} (or the stub's death)
+//!  default:   responses[i] ─► outputs copied out of the stub segment (released) ─► the
+//!             outputs request i asked for, in its order
+//!  decoupled: responses arrive as `response` messages on the reader thread; a request with a
+//!             stream gets them there, one without is collected here until its final flag
+//! ```
+//!
+//! There is no timeout on a model's `execute`: the wait ends with its answer or with the
+//! stub's death (the reader reports both).
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use crossbeam_channel::Receiver;
+use nereid_proto::types::Tensor;
+
+use super::convert::{self, ModelInfo};
+use super::link::StreamTarget;
+use super::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
+use super::shm::Packer;
+use super::stub::{Stub, StubError};
+use crate::backend::{BackendError, RequestView, StreamEvent};
+
+/// One result per request, or one error for all.
+pub type BatchResult = Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError>;
+
+/// Runs `requests` on `stub`.
+pub fn execute(stub: &Stub, requests: &[RequestView<'_>], model: &ModelInfo) -> BatchResult {
+    if let Some(reason) = stub.link().death_reason() {
+        return Err(BackendError::Execution(reason));
+    }
+    let mut packer = Packer::default();
+    let objects = requests
+        .iter()
+        .map(|r| convert::request_object(r, model, &mut packer))
+        .collect();
+    let collected = model.decoupled.then(|| open_streams(stub, requests));
+    let id = stub.next_execute_id();
+    let sent = stub
+        .link()
+        .send_with_tensors(&packer, |segment| ToStub::Execute {
+            id,
+            requests: objects,
+            segment,
+        });
+    if let Err(e) = sent {
+        close_streams(stub, requests);
+        if e.is_disconnect() {
+            return Err(stub_failure(stub.lost(&e)));
+        }
+        return Err(BackendError::Execution(format!(
+            "model '{}': cannot pass the requests to the Python stub: {e}",
+            model.name
+        )));
+    }
+    let done = match wait_execute_done(stub, id) {
+        Ok(done) => done,
+        Err(e) => {
+            close_streams(stub, requests);
+            return Err(stub_failure(e));
+        }
+    };
+    match collected {
+        Some(collector) => finish_decoupled(stub, requests, model, done.error, collector),
+        None => finish_default(stub, requests, model, done),
+    }
+}
+
+/// What `execute_done` carries.
+struct ExecuteDone {
+    responses: Vec<ResponseObject>,
+    error: Option<ErrorObject>,
+    segment: Option<String>,
+}
+
+/// The answer to `execute` `id`, skipping stale answers.
+fn wait_execute_done(stub: &Stub, id: u64) -> Result<ExecuteDone, StubError> {
+    loop {
+        match stub.wait_reply(None)? {
+            FromStub::ExecuteDone {
+                id: done,
+                responses,
+                error,
+                segment,
+            } if done == id => {
+                return Ok(ExecuteDone {
+                    responses,
+                    error,
+                    segment,
+                });
+            }
+            other => {
+                tracing::warn!(instance = %stub.spec().instance, "ignoring an unexpected answer while executing: {other:?}");
+            }
+        }
+    }
+}
+
+/// Default mode: one response per request, outputs read from the stub's segment.
+fn finish_default(
+    stub: &Stub,
+    requests: &[RequestView<'_>],
+    model: &ModelInfo,
+    done: ExecuteDone,
+) -> BatchResult {
+    let ExecuteDone {
+        responses,
+        error,
+        segment,
+    } = done;
+    let refs: Vec<&TensorRef> = responses.iter().flat_map(|r| &r.outputs).collect();
+    // Copy everything out (and release the segment) before looking at the answer.
+    let data = stub.link().take_bytes(segment.as_deref(), &refs);
+    if let Some(error) = error {
+        return Err(convert::backend_error(error));
+    }
+    if responses.len() != requests.len() {
+        return Err(BackendError::Execution(format!(
+            "model '{}': execute returned {} responses for {} requests",
+            model.name,
+            responses.len(),
+            requests.len()
+        )));
+    }
+    let mut data = data
+        .map_err(|e| {
+            BackendError::Execution(format!(
+                "model '{}': cannot read the outputs of the Python model: {e}",
+                model.name
+            ))
+        })?
+        .into_iter();
+    Ok(responses
+        .into_iter()
+        .zip(requests)
+        .map(|(response, request)| {
+            let bytes: Vec<Bytes> = data.by_ref().take(response.outputs.len()).collect();
+            if let Some(error) = response.error {
+                return Err(convert::backend_error(error));
+            }
+            let tensors = convert::tensors_from_refs(&response.outputs, bytes).map_err(|e| {
+                BackendError::Execution(format!(
+                    "model '{}' returned an invalid output: {e}",
+                    model.name
+                ))
+            })?;
+            convert::select_outputs(tensors, request.outputs, &model.name)
+        })
+        .collect())
+}
+
+/// Registers every request's stream; returns the channel the stream-less ones report to.
+fn open_streams(stub: &Stub, requests: &[RequestView<'_>]) -> Receiver<(u64, StreamEvent)> {
+    // Unbounded: this thread drains it until every collected request is final.
+    let (tx, rx) = crossbeam_channel::unbounded();
+    for r in requests {
+        let target = match r.stream {
+            Some(sink) => StreamTarget::Sink(sink.clone()),
+            None => StreamTarget::Collect(tx.clone()),
+        };
+        stub.link().open_stream(r.key, target, r.outputs.to_vec());
+    }
+    rx
+}
+
+fn close_streams(stub: &Stub, requests: &[RequestView<'_>]) {
+    for r in requests {
+        stub.link().close_stream(r.key);
+    }
+}
+
+/// Decoupled mode: `execute` returned. If it failed, the error is the whole batch's (the data
+/// plane ends each stream with it); else requests without a stream wait here for their final
+/// response.
+fn finish_decoupled(
+    stub: &Stub,
+    requests: &[RequestView<'_>],
+    model: &ModelInfo,
+    error: Option<ErrorObject>,
+    collector: Receiver<(u64, StreamEvent)>,
+) -> BatchResult {
+    if let Some(error) = error {
+        // The data plane ends each request's stream with this error.
+        close_streams(stub, requests);
+        return Err(convert::backend_error(error));
+    }
+    let mut collected = collect_responses(requests, collector);
+    Ok(requests
+        .iter()
+        .map(|r| match r.stream {
+            Some(_) => Ok(Vec::new()),
+            None => single_response(model, collected.remove(&r.key).unwrap_or_default()),
+        })
+        .collect())
+}
+
+/// Receives the stream-less requests' responses until each is final (or the stub died and
+/// the channel closed).
+fn collect_responses(
+    requests: &[RequestView<'_>],
+    collector: Receiver<(u64, StreamEvent)>,
+) -> HashMap<u64, Vec<Result<Vec<Tensor>, BackendError>>> {
+    let mut open = requests.iter().filter(|r| r.stream.is_none()).count();
+    let mut collected: HashMap<u64, Vec<_>> = HashMap::new();
+    while open > 0 {
+        match collector.recv() {
+            Ok((key, StreamEvent::Response(result))) => {
+                collected.entry(key).or_default().push(result)
+            }
+            Ok((_, StreamEvent::Final | StreamEvent::Failed(_))) => open -= 1,
+            Err(_) => break,
+        }
+    }
+    collected
+}
+
+/// A decoupled model answered a request that has no stream: exactly one response fits.
+fn single_response(
+    model: &ModelInfo,
+    mut responses: Vec<Result<Vec<Tensor>, BackendError>>,
+) -> Result<Vec<Tensor>, BackendError> {
+    if let Some(failed) = responses.iter().position(Result::is_err) {
+        return responses.swap_remove(failed);
+    }
+    match responses.len() {
+        1 => responses.swap_remove(0),
+        0 => Err(BackendError::Execution(format!(
+            "model '{}' is decoupled and completed the request without a response",
+            model.name
+        ))),
+        n => Err(BackendError::Unsupported(format!(
+            "model '{}' is decoupled and sent {n} responses; this endpoint returns one response per request, use a streaming endpoint",
+            model.name
+        ))),
+    }
+}
+
+fn stub_failure(e: StubError) -> BackendError {
+    BackendError::Execution(e.to_string())
+}

@@ -1,0 +1,123 @@
+//! [`PythonInstance`]: one model instance as the scheduler sees it — request-level, one stub.
+
+use std::sync::Arc;
+
+use nereid_proto::json::message_to_json;
+use nereid_proto::types::Tensor;
+
+use super::convert::ModelInfo;
+use super::execute::{self, BatchResult};
+use super::message::InitArgs;
+use super::runtime::RuntimeDir;
+use super::settings::StubSettings;
+use super::stub::StubSpec;
+use super::supervisor::{Launcher, Supervised};
+use crate::backend::{BackendError, BackendInstance, DeviceKind, InstanceContext, RequestView};
+
+/// One instance of a Python model.
+pub struct PythonInstance {
+    model: ModelInfo,
+    stubs: Supervised,
+}
+
+impl PythonInstance {
+    /// Starts the instance's stub, runs the model's `initialize`, and starts its supervisor.
+    pub fn load(
+        ctx: &InstanceContext,
+        settings: StubSettings,
+        runtime: Arc<RuntimeDir>,
+    ) -> Result<Self, BackendError> {
+        let model_file = std::path::absolute(&ctx.model_path)
+            .map_err(|e| load_error(ctx, &format!("model file path: {e}")))?;
+        let launcher = Launcher {
+            spec: StubSpec {
+                model: ctx.model_name.clone(),
+                instance: ctx.instance_name.clone(),
+                throwaway: false,
+                python: settings.python,
+                runtime,
+                cwd: version_dir(ctx),
+                start_timeout: settings.start_timeout,
+                initialize_timeout: settings.initialize_timeout,
+                server: ctx.server.clone(),
+            },
+            model_file: model_file.to_string_lossy().into_owned(),
+            args: init_args(ctx),
+            decoupled: decoupled(ctx),
+        };
+        let stub = launcher
+            .start(None)
+            .map_err(|e| BackendError::Load(e.to_string()))?;
+        let stubs = Supervised::start(stub, launcher, ctx.health.clone())
+            .map_err(|e| load_error(ctx, &e))?;
+        Ok(PythonInstance {
+            model: ModelInfo {
+                name: ctx.model_name.clone(),
+                version: ctx.version,
+                decoupled: decoupled(ctx),
+            },
+            stubs,
+        })
+    }
+}
+
+impl BackendInstance for PythonInstance {
+    fn execute(
+        &mut self,
+        _inputs: &[Tensor],
+        _outputs: &[String],
+    ) -> Result<Vec<Tensor>, BackendError> {
+        Err(BackendError::Unsupported(format!(
+            "model '{}': Python models execute whole requests, not joined batches",
+            self.model.name
+        )))
+    }
+
+    fn request_level(&self) -> bool {
+        true
+    }
+
+    fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> BatchResult {
+        let stub = self.stubs.current().map_err(BackendError::Execution)?;
+        execute::execute(&stub, requests, &self.model)
+    }
+}
+
+fn decoupled(ctx: &InstanceContext) -> bool {
+    ctx.config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
+}
+
+/// The stub runs in the version directory (`model.py`'s directory).
+fn version_dir(ctx: &InstanceContext) -> std::path::PathBuf {
+    ctx.model_path.parent().map_or_else(
+        || ctx.model_dir.join(ctx.version.to_string()),
+        |p| p.to_path_buf(),
+    )
+}
+
+/// What `initialize(self, args)` receives.
+fn init_args(ctx: &InstanceContext) -> InitArgs {
+    let (kind, device_id) = match ctx.device {
+        DeviceKind::Cpu => ("CPU", 0),
+        DeviceKind::Gpu { device_id } => ("GPU", device_id),
+    };
+    InitArgs {
+        model_config: message_to_json(ctx.config.as_ref()).to_string(),
+        model_instance_kind: kind.to_string(),
+        model_instance_name: ctx.instance_name.clone(),
+        model_instance_device_id: device_id.to_string(),
+        model_repository: ctx.model_dir.to_string_lossy().into_owned(),
+        model_version: ctx.version.to_string(),
+        model_name: ctx.model_name.clone(),
+    }
+}
+
+fn load_error(ctx: &InstanceContext, what: &str) -> BackendError {
+    BackendError::Load(format!(
+        "model '{}' instance '{}': {what}",
+        ctx.model_name, ctx.instance_name
+    ))
+}

@@ -1,0 +1,383 @@
+//! Every message of the stub protocol as serde types (docs/internals/python-stub-protocol.md).
+//!
+//! [`ToStub`] is what the parent sends, [`FromStub`] what the stub sends; both are JSON objects
+//! tagged by their `"op"` field. Tensor data never appears here: a [`TensorRef`] points into the
+//! shared-memory segment named by the message's `segment` field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Where one tensor lies in its message's segment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorRef {
+    pub name: String,
+    /// KServe v2 wire name (`FP32`, `BYTES`...).
+    pub datatype: String,
+    pub shape: Vec<i64>,
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// `pb_utils.TritonError`'s codes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    #[default]
+    Internal,
+    NotFound,
+    InvalidArg,
+    Unavailable,
+    Unsupported,
+    AlreadyExists,
+    Cancelled,
+    /// Also what an unrecognised code decodes to.
+    #[serde(other)]
+    Unknown,
+}
+
+/// An error as the protocol carries it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorObject {
+    pub message: String,
+    #[serde(default)]
+    pub code: ErrorCode,
+}
+
+impl ErrorObject {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorObject {
+            message: message.into(),
+            code,
+        }
+    }
+}
+
+/// A correlation id: an integer or a string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CorrelationValue {
+    Int(u64),
+    Str(String),
+}
+
+impl Default for CorrelationValue {
+    fn default() -> Self {
+        CorrelationValue::Int(0)
+    }
+}
+
+/// A request: an `execute` request (parent → stub) or a BLS request (stub → parent).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestObject {
+    #[serde(default)]
+    pub request_id: String,
+    #[serde(default)]
+    pub correlation_id: CorrelationValue,
+    /// 1 = sequence start, 2 = sequence end.
+    #[serde(default)]
+    pub flags: u32,
+    /// Values are bool, integer, float or string.
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
+    #[serde(default)]
+    pub inputs: Vec<TensorRef>,
+    #[serde(default)]
+    pub requested_output_names: Vec<String>,
+    /// Names the request for decoupled responses and cancellation (parent → stub only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<u64>,
+    #[serde(default)]
+    pub model_name: String,
+    /// `-1` = the latest version.
+    #[serde(default = "latest_version")]
+    pub model_version: i64,
+    #[serde(default)]
+    pub timeout_us: u64,
+}
+
+fn latest_version() -> i64 {
+    -1
+}
+
+/// A response: output tensors, or an error.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseObject {
+    #[serde(default)]
+    pub outputs: Vec<TensorRef>,
+    #[serde(default)]
+    pub error: Option<ErrorObject>,
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
+}
+
+/// `init`'s `args`: what the model's `initialize(self, args)` receives, all strings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InitArgs {
+    /// The complete ModelConfig as JSON with Triton's field names.
+    pub model_config: String,
+    /// `CPU` or `GPU`.
+    pub model_instance_kind: String,
+    pub model_instance_name: String,
+    pub model_instance_device_id: String,
+    /// The model's directory (`<repository>/<model>`).
+    pub model_repository: String,
+    pub model_version: String,
+    pub model_name: String,
+}
+
+/// Parent → stub.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ToStub {
+    Init {
+        shm_prefix: String,
+        model_file: String,
+        args: InitArgs,
+        decoupled: bool,
+    },
+    AutoComplete {
+        shm_prefix: String,
+        model_file: String,
+        config: Value,
+    },
+    Execute {
+        id: u64,
+        requests: Vec<RequestObject>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        segment: Option<String>,
+    },
+    BlsResponse {
+        id: u64,
+        response: Option<ResponseObject>,
+        #[serde(rename = "final")]
+        is_final: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        segment: Option<String>,
+    },
+    Cancel {
+        key: u64,
+    },
+    Release {
+        segment: String,
+    },
+    Finalize,
+}
+
+/// Stub → parent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum FromStub {
+    InitDone {
+        #[serde(default)]
+        error: Option<ErrorObject>,
+    },
+    AutoCompleteDone {
+        #[serde(default)]
+        config: Option<Value>,
+        #[serde(default)]
+        error: Option<ErrorObject>,
+    },
+    ExecuteDone {
+        id: u64,
+        /// Non-decoupled: one per request, in order. Decoupled: absent.
+        #[serde(default)]
+        responses: Vec<ResponseObject>,
+        /// `execute` itself failed: every request fails with it.
+        #[serde(default)]
+        error: Option<ErrorObject>,
+        #[serde(default)]
+        segment: Option<String>,
+    },
+    FinalizeDone {
+        #[serde(default)]
+        error: Option<ErrorObject>,
+    },
+    /// A decoupled response sender's `send(response, flags)`.
+    Response {
+        key: u64,
+        #[serde(default)]
+        response: Option<ResponseObject>,
+        /// 1 = final.
+        #[serde(default)]
+        flags: u32,
+        #[serde(default)]
+        segment: Option<String>,
+    },
+    BlsRequest {
+        id: u64,
+        request: RequestObject,
+        #[serde(default)]
+        decoupled: bool,
+        #[serde(default)]
+        segment: Option<String>,
+    },
+    Log {
+        #[serde(default)]
+        level: String,
+        message: String,
+    },
+    Release {
+        segment: String,
+    },
+}
+
+/// The `op` names [`FromStub`] knows; a frame with another op is ignored (newer stub), a frame
+/// with one of these that does not decode is a protocol error.
+pub const KNOWN_STUB_OPS: [&str; 8] = [
+    "init_done",
+    "auto_complete_done",
+    "execute_done",
+    "finalize_done",
+    "response",
+    "bls_request",
+    "log",
+    "release",
+];
+
+/// The `response` flag that ends a decoupled request.
+pub const RESPONSE_FINAL: u32 = 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn to_value(m: &ToStub) -> Value {
+        serde_json::to_value(m).unwrap()
+    }
+
+    #[test]
+    fn parent_messages_have_the_documented_shape() {
+        let execute = ToStub::Execute {
+            id: 7,
+            requests: vec![RequestObject {
+                request_id: "abc".into(),
+                correlation_id: CorrelationValue::Str("seq".into()),
+                flags: 1,
+                inputs: vec![TensorRef {
+                    name: "INPUT0".into(),
+                    datatype: "FP32".into(),
+                    shape: vec![2, 16],
+                    offset: 0,
+                    nbytes: 128,
+                }],
+                requested_output_names: vec!["OUT0".into()],
+                key: Some(17),
+                model_name: "m".into(),
+                model_version: 1,
+                ..Default::default()
+            }],
+            segment: Some("p3".into()),
+        };
+        assert_eq!(
+            to_value(&execute),
+            json!({"op": "execute", "id": 7, "segment": "p3", "requests": [{
+                "request_id": "abc", "correlation_id": "seq", "flags": 1, "parameters": {},
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 16], "offset": 0, "nbytes": 128}],
+                "requested_output_names": ["OUT0"], "key": 17, "model_name": "m",
+                "model_version": 1, "timeout_us": 0}]})
+        );
+        assert_eq!(to_value(&ToStub::Finalize), json!({"op": "finalize"}));
+        assert_eq!(
+            to_value(&ToStub::BlsResponse {
+                id: 3,
+                response: None,
+                is_final: true,
+                segment: None
+            }),
+            json!({"op": "bls_response", "id": 3, "response": null, "final": true})
+        );
+        assert_eq!(
+            to_value(&ToStub::Release {
+                segment: "s1".into()
+            }),
+            json!({"op": "release", "segment": "s1"})
+        );
+    }
+
+    #[test]
+    fn stub_messages_decode_with_defaults() {
+        let done: FromStub = serde_json::from_value(json!({
+            "op": "execute_done", "id": 2, "segment": "s0", "error": null,
+            "responses": [{"outputs": [{"name": "OUT0", "datatype": "BYTES", "shape": [1], "offset": 64, "nbytes": 7}],
+                           "error": null, "parameters": {"p": 1}}]
+        }))
+        .unwrap();
+        let FromStub::ExecuteDone {
+            id,
+            responses,
+            error,
+            segment,
+        } = done
+        else {
+            panic!("wrong variant");
+        };
+        assert_eq!((id, error, segment.as_deref()), (2, None, Some("s0")));
+        assert_eq!(responses[0].outputs[0].offset, 64);
+
+        let decoupled_done: FromStub =
+            serde_json::from_value(json!({"op": "execute_done", "id": 4, "error": null})).unwrap();
+        assert!(
+            matches!(decoupled_done, FromStub::ExecuteDone { responses, .. } if responses.is_empty())
+        );
+
+        let bls: FromStub = serde_json::from_value(json!({
+            "op": "bls_request", "id": 9, "decoupled": false,
+            "request": {"model_name": "add", "requested_output_names": ["OUT"], "correlation_id": 5, "inputs": []}
+        }))
+        .unwrap();
+        let FromStub::BlsRequest { request, .. } = bls else {
+            panic!("wrong variant");
+        };
+        assert_eq!(request.model_version, -1, "absent version means latest");
+        assert_eq!(request.correlation_id, CorrelationValue::Int(5));
+    }
+
+    #[test]
+    fn error_codes_use_triton_names_and_tolerate_unknown_ones() {
+        let e: ErrorObject =
+            serde_json::from_value(json!({"message": "bad", "code": "INVALID_ARG"})).unwrap();
+        assert_eq!(e.code, ErrorCode::InvalidArg);
+        let e: ErrorObject =
+            serde_json::from_value(json!({"message": "x", "code": "SOMETHING_NEW"})).unwrap();
+        assert_eq!(e.code, ErrorCode::Unknown);
+        let e: ErrorObject = serde_json::from_value(json!({"message": "x"})).unwrap();
+        assert_eq!(e.code, ErrorCode::Internal);
+        assert_eq!(
+            serde_json::to_value(ErrorObject::new(ErrorCode::AlreadyExists, "m")).unwrap(),
+            json!({"message": "m", "code": "ALREADY_EXISTS"})
+        );
+    }
+
+    #[test]
+    fn every_stub_op_round_trips() {
+        let messages = [
+            FromStub::InitDone { error: None },
+            FromStub::AutoCompleteDone {
+                config: Some(json!({"name": "m"})),
+                error: None,
+            },
+            FromStub::FinalizeDone {
+                error: Some(ErrorObject::new(ErrorCode::Internal, "boom")),
+            },
+            FromStub::Response {
+                key: 1,
+                response: None,
+                flags: RESPONSE_FINAL,
+                segment: None,
+            },
+            FromStub::Log {
+                level: "INFO".into(),
+                message: "hi".into(),
+            },
+            FromStub::Release {
+                segment: "p0".into(),
+            },
+        ];
+        for m in messages {
+            let v = serde_json::to_value(&m).unwrap();
+            assert!(KNOWN_STUB_OPS.contains(&v["op"].as_str().unwrap()));
+            assert_eq!(serde_json::from_value::<FromStub>(v).unwrap(), m);
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Python backend (`backend: "python"`): Triton `model.py` files, each instance in its own
+//! stub process, so user code that raises, exits or crashes never takes the server down.
+//!
+//! ```text
+//!  PythonBackend (one per server: runtime dir with the shipped .py files, default interpreter)
+//!   auto_complete ─► throw-away stub: auto_complete ─► auto_complete_done ─► config
+//!   load_instance ─► settings (interpreter, timeouts) ─► stub: init ─► init_done
+//!                 ─► PythonInstance { supervised stub }
+//!  PythonInstance::execute_requests ─► execute ─► execute_done (decoupled: response messages)
+//!  stub dies ─► Health unhealthy ─► supervisor restarts it in the background ─► healthy
+//! ```
+//!
+//! The wire protocol is docs/internals/python-stub-protocol.md: length-prefixed JSON frames
+//! on a Unix socket ([`frame`], [`message`]) and tensor data in shared-memory files ([`shm`]).
+//! Model parameters that tune the backend are listed in [`settings`].
+
+mod bls;
+mod convert;
+mod execute;
+mod frame;
+mod instance;
+mod link;
+mod message;
+mod process;
+mod reader;
+mod runtime;
+mod settings;
+mod shm;
+mod stub;
+mod supervisor;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nereid_proto::json::{message_from_json, message_to_json};
+use nereid_proto::pb::inference::ModelConfig;
+use parking_lot::Mutex;
+
+pub use self::instance::PythonInstance;
+use self::runtime::RuntimeDir;
+use self::settings::StubSettings;
+use self::stub::{Stub, StubSpec};
+use super::{Backend, BackendError, BackendInstance, InstanceContext, ServerHandle};
+
+/// The environment variable naming the default interpreter (a path, a virtual environment
+/// directory, or a program name on `PATH`).
+pub const PYTHON_ENV_VAR: &str = "NEREID_PYTHON";
+
+/// The Python backend.
+pub struct PythonBackend {
+    /// Used when a model names no `EXECUTION_ENV_PATH`; `None` means `python3` on `PATH`.
+    default_python: Option<PathBuf>,
+    /// Created by the first model that needs it, shared by every stub, removed with the
+    /// backend and its last instance.
+    runtime: Mutex<Option<Arc<RuntimeDir>>>,
+}
+
+impl PythonBackend {
+    pub fn new(default_python: Option<PathBuf>) -> Self {
+        PythonBackend {
+            default_python,
+            runtime: Mutex::new(None),
+        }
+    }
+
+    /// The default interpreter from `NEREID_PYTHON` (read once, when the server builds its
+    /// backends).
+    pub fn from_env() -> Self {
+        let python = std::env::var_os(PYTHON_ENV_VAR)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        Self::new(python)
+    }
+
+    fn runtime(&self) -> Result<Arc<RuntimeDir>, String> {
+        let mut runtime = self.runtime.lock();
+        if let Some(dir) = &*runtime {
+            return Ok(dir.clone());
+        }
+        let dir = Arc::new(RuntimeDir::create().map_err(|e| {
+            format!("cannot write the Python backend's runtime files to a temporary directory: {e}")
+        })?);
+        *runtime = Some(dir.clone());
+        Ok(dir)
+    }
+
+    fn settings(&self, config: &ModelConfig, model_dir: &Path) -> Result<StubSettings, String> {
+        StubSettings::from_config(config, model_dir, self.default_python.as_deref())
+    }
+}
+
+impl Default for PythonBackend {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl Backend for PythonBackend {
+    fn name(&self) -> &'static str {
+        "python"
+    }
+
+    fn default_model_filename(&self) -> &'static str {
+        "model.py"
+    }
+
+    /// Runs the model's `auto_complete_config` (if it has one) in a throw-away stub.
+    fn auto_complete(
+        &self,
+        config: &mut ModelConfig,
+        model_path: &Path,
+    ) -> Result<(), BackendError> {
+        let fail = |e: String| {
+            BackendError::Load(format!(
+                "unable to auto-complete model '{}': {e}",
+                config.name
+            ))
+        };
+        let model_file = model_file(model_path).map_err(fail)?;
+        let version_dir = model_file.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let model_dir = version_dir.parent().unwrap_or(Path::new("/"));
+        let settings = self.settings(config, model_dir).map_err(fail)?;
+        let spec = StubSpec {
+            model: config.name.clone(),
+            instance: "auto_complete".into(),
+            throwaway: true,
+            python: settings.python,
+            runtime: self.runtime().map_err(fail)?,
+            cwd: version_dir.clone(),
+            start_timeout: settings.start_timeout,
+            initialize_timeout: settings.initialize_timeout,
+            server: Arc::new(ServerHandle::default()),
+        };
+        let stub = Stub::launch(&spec, None).map_err(|e| fail(e.to_string()))?;
+        let completed = stub
+            .auto_complete(
+                model_file.to_string_lossy().into_owned(),
+                message_to_json(config),
+            )
+            .map_err(|e| fail(e.to_string()))?;
+        stub.wait_exit();
+        drop(stub);
+        *config = message_from_json(&completed.to_string()).map_err(|e| {
+            fail(format!(
+                "auto_complete_config produced an invalid config: {e}"
+            ))
+        })?;
+        Ok(())
+    }
+
+    fn load_instance(
+        &self,
+        ctx: &InstanceContext,
+    ) -> Result<Box<dyn BackendInstance>, BackendError> {
+        let fail = |e: String| {
+            BackendError::Load(format!(
+                "model '{}' instance '{}': {e}",
+                ctx.model_name, ctx.instance_name
+            ))
+        };
+        model_file(&ctx.model_path).map_err(fail)?;
+        let settings = self
+            .settings(&ctx.config, &ctx.model_dir)
+            .map_err(BackendError::Load)?;
+        let runtime = self.runtime().map_err(fail)?;
+        let instance = PythonInstance::load(ctx, settings, runtime)?;
+        tracing::info!(model = %ctx.model_name, version = ctx.version, instance = %ctx.instance_name, "loaded Python model instance");
+        Ok(Box::new(instance))
+    }
+}
+
+/// The model file as an absolute path; it must exist.
+fn model_file(model_path: &Path) -> Result<PathBuf, String> {
+    if !model_path.is_file() {
+        return Err(format!(
+            "model file '{}' does not exist",
+            model_path.display()
+        ));
+    }
+    std::path::absolute(model_path)
+        .map_err(|e| format!("model file '{}': {e}", model_path.display()))
+}

@@ -1,0 +1,245 @@
+//! The reader thread of one stub: reads every frame the stub sends and dispatches it.
+//!
+//! ```text
+//!  socket ─► read_frame ─► init_done / auto_complete_done / execute_done / finalize_done
+//!                              ─► replies channel (the thread waiting for that answer)
+//!                        ─► response     ─► read tensors, release ─► the request's stream
+//!                        ─► bls_request  ─► read inputs, release ─► bls::call (tokio)
+//!                        ─► log          ─► tracing, with the instance name
+//!                        ─► release      ─► parent segment free again
+//!  end of stream / error ─► exit status ─► death reason ─► hook (health, supervisor),
+//!                           open streams fail, replies get Reply::Dead
+//! ```
+
+use std::io::BufReader;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Sender, TrySendError};
+
+use super::bls;
+use super::convert;
+use super::frame::{self, FrameError};
+use super::link::Link;
+use super::message::{FromStub, KNOWN_STUB_OPS, RESPONSE_FINAL, ResponseObject};
+use super::process::{StubProcess, describe_exit};
+use crate::backend::BackendError;
+
+/// How long a stub whose socket closed gets to finish exiting before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// What the reader hands to the thread waiting for an answer.
+#[derive(Debug)]
+pub enum Reply {
+    /// `init_done`, `auto_complete_done`, `execute_done` or `finalize_done`.
+    Message(Box<FromStub>),
+    /// The stub is gone; the death reason.
+    Dead(String),
+}
+
+/// Starts the reader thread.
+pub fn spawn(
+    link: Arc<Link>,
+    stream: UnixStream,
+    replies: Sender<Reply>,
+    process: Arc<StubProcess>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("python-reader-{}", link.instance))
+        .spawn(move || reader_task(&link, stream, &replies, &process))
+}
+
+fn reader_task(
+    link: &Arc<Link>,
+    stream: UnixStream,
+    replies: &Sender<Reply>,
+    process: &StubProcess,
+) {
+    let mut input = BufReader::new(stream);
+    let cause = loop {
+        match frame::read_frame(&mut input) {
+            Ok(Some(body)) => {
+                if let Err(e) = dispatch(link, replies, &body) {
+                    process.kill();
+                    break format!("it broke the stub protocol ({e}) and was stopped");
+                }
+            }
+            Ok(None) => break "it closed its connection".to_string(),
+            Err(FrameError::Io(e)) => break format!("reading from it failed: {e}"),
+            Err(e) => {
+                process.kill();
+                break format!("it broke the stub protocol ({e}) and was stopped");
+            }
+        }
+    };
+    let detail = match process.stop(EXIT_GRACE) {
+        Some(status) => format!("The stub process {}.", describe_exit(status)),
+        None => format!("The stub process did not exit after {cause}."),
+    };
+    let reason = unhealthy_reason(&link.instance, &detail);
+    if let Some(hook) = link.mark_dead(&reason) {
+        tracing::error!(model = %link.model, instance = %link.instance, cause = %cause,
+            stderr = %process.stderr_tail(Duration::from_millis(200)), "{reason}");
+        hook(&reason);
+    }
+    link.fail_streams(&reason);
+    // The channel may be full only if the stub sent unsolicited answers; the waiting thread
+    // then sees the channel close and reads the reason from the link.
+    let _ = replies.try_send(Reply::Dead(reason));
+}
+
+/// Triton's message for a dead stub, and what happened to it.
+pub fn unhealthy_reason(instance: &str, detail: &str) -> String {
+    format!("Stub process '{instance}' is not healthy. {detail}")
+}
+
+fn dispatch(link: &Arc<Link>, replies: &Sender<Reply>, body: &[u8]) -> Result<(), String> {
+    let message = match frame::decode::<FromStub>(body) {
+        Ok(m) => m,
+        Err(e) => return unknown_op(link, body, &e),
+    };
+    match message {
+        FromStub::Log { level, message } => log(link, &level, &message),
+        FromStub::Release { segment } => link.release_parent(&segment),
+        FromStub::Response {
+            key,
+            response,
+            flags,
+            segment,
+        } => deliver_response(link, key, response, flags, segment.as_deref()),
+        FromStub::BlsRequest {
+            id,
+            request,
+            decoupled,
+            segment,
+        } => bls::call(link, id, request, decoupled, segment.as_deref()),
+        answer => match replies.try_send(Reply::Message(Box::new(answer))) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err("it sent answers nobody asked for".into());
+            }
+        },
+    }
+    Ok(())
+}
+
+/// A frame that does not decode: an op this parent does not know is skipped (a newer stub), a
+/// known op with bad fields is a protocol error.
+fn unknown_op(link: &Link, body: &[u8], error: &FrameError) -> Result<(), String> {
+    let op = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("op").and_then(|op| op.as_str()).map(str::to_string));
+    match op {
+        Some(op) if !KNOWN_STUB_OPS.contains(&op.as_str()) => {
+            tracing::warn!(instance = %link.instance, op = %op, "the Python stub sent an unknown message; ignored");
+            Ok(())
+        }
+        Some(op) => Err(format!("malformed '{op}' message: {error}")),
+        None => Err(format!("a message without an 'op': {error}")),
+    }
+}
+
+fn log(link: &Link, level: &str, message: &str) {
+    let (model, instance) = (&link.model, &link.instance);
+    match level {
+        "ERROR" => {
+            tracing::error!(target: "nereid::python", model = %model, instance = %instance, "{message}")
+        }
+        "WARNING" | "WARN" => {
+            tracing::warn!(target: "nereid::python", model = %model, instance = %instance, "{message}")
+        }
+        "VERBOSE" => {
+            tracing::debug!(target: "nereid::python", model = %model, instance = %instance, "{message}")
+        }
+        _ => {
+            tracing::info!(target: "nereid::python", model = %model, instance = %instance, "{message}")
+        }
+    }
+}
+
+/// A decoupled response: copy its tensors out, release the segment, hand it to the stream.
+fn deliver_response(
+    link: &Link,
+    key: u64,
+    response: Option<ResponseObject>,
+    flags: u32,
+    segment: Option<&str>,
+) {
+    let refs = response.as_ref().map_or(&[][..], |r| r.outputs.as_slice());
+    // Read (and release the segment) first, whatever the response says.
+    let tensors = link.take_tensors(segment, refs);
+    let result = response.map(|r| match r.error {
+        Some(error) => Err(convert::backend_error(error)),
+        None => tensors.map_err(|e| {
+            BackendError::Execution(format!(
+                "model '{}': cannot read a response of the Python model: {e}",
+                link.model
+            ))
+        }),
+    });
+    link.deliver(key, result, flags & RESPONSE_FINAL != 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ServerHandle;
+    use crossbeam_channel::Receiver;
+
+    fn link() -> (Arc<Link>, Sender<Reply>, Receiver<Reply>, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let link = Arc::new(Link::new(
+            "m".into(),
+            "m_0".into(),
+            Arc::new(ServerHandle::default()),
+            ours,
+            "/nonexistent/seg-",
+        ));
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        (link, tx, rx, theirs)
+    }
+
+    #[test]
+    fn answers_go_to_the_waiting_thread_and_the_rest_is_handled_here() {
+        let (link, tx, rx, _stub) = link();
+        dispatch(
+            &link,
+            &tx,
+            br#"{"op": "log", "level": "INFO", "message": "hi"}"#,
+        )
+        .unwrap();
+        dispatch(&link, &tx, br#"{"op": "release", "segment": "p7"}"#).unwrap();
+        assert!(rx.try_recv().is_err());
+        dispatch(&link, &tx, br#"{"op": "init_done", "error": null}"#).unwrap();
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Reply::Message(m)) if *m == FromStub::InitDone { error: None }
+        ));
+    }
+
+    #[test]
+    fn unknown_ops_are_skipped_and_malformed_known_ops_are_errors() {
+        let (link, tx, _rx, _stub) = link();
+        assert!(dispatch(&link, &tx, br#"{"op": "metric_family_new", "x": 1}"#).is_ok());
+        let err = dispatch(&link, &tx, br#"{"op": "execute_done", "id": "seven"}"#).unwrap_err();
+        assert!(err.contains("malformed 'execute_done'"), "{err}");
+        assert!(dispatch(&link, &tx, br#"[1, 2]"#).is_err());
+    }
+
+    #[test]
+    fn unsolicited_answers_are_a_protocol_error() {
+        let (link, tx, _rx, _stub) = link();
+        let done = br#"{"op": "finalize_done"}"#;
+        dispatch(&link, &tx, done).unwrap();
+        assert!(dispatch(&link, &tx, done).is_err(), "the queue is full");
+    }
+
+    #[test]
+    fn the_unhealthy_reason_is_tritons() {
+        assert_eq!(
+            unhealthy_reason("m_0_0", "The stub process exited with status 3."),
+            "Stub process 'm_0_0' is not healthy. The stub process exited with status 3."
+        );
+    }
+}

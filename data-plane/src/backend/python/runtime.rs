@@ -1,0 +1,55 @@
+//! The runtime directory: the shipped Python files (embedded in the binary) written once per
+//! backend into a private directory (mode 0700), which every stub gets first on `PYTHONPATH`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::process::private_dir;
+
+/// The stub's main program.
+const STUB_FILE: &str = "nereid_stub.py";
+const STUB_SOURCE: &str = include_str!("../../../python/nereid_stub.py");
+/// `import triton_python_backend_utils as pb_utils` in user code finds this.
+const UTILS_FILE: &str = "triton_python_backend_utils.py";
+const UTILS_SOURCE: &str = include_str!("../../../python/triton_python_backend_utils.py");
+
+/// The written files; removed when the last user is gone.
+#[derive(Debug)]
+pub struct RuntimeDir {
+    dir: tempfile::TempDir,
+}
+
+impl RuntimeDir {
+    pub fn create() -> io::Result<Self> {
+        let dir = private_dir("nereid-python-")?;
+        for (name, source) in [(STUB_FILE, STUB_SOURCE), (UTILS_FILE, UTILS_SOURCE)] {
+            std::fs::write(dir.path().join(name), source)?;
+        }
+        Ok(RuntimeDir { dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn stub_script(&self) -> PathBuf {
+        self.dir.path().join(STUB_FILE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_files_are_written() {
+        let runtime = RuntimeDir::create().unwrap();
+        let stub = std::fs::read_to_string(runtime.stub_script()).unwrap();
+        assert_eq!(stub, STUB_SOURCE);
+        let utils = std::fs::read_to_string(runtime.path().join(UTILS_FILE)).unwrap();
+        assert_eq!(utils, UTILS_SOURCE);
+        let path = runtime.path().to_path_buf();
+        drop(runtime);
+        assert!(!path.exists(), "removed with its owner");
+    }
+}

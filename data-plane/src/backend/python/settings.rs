@@ -1,0 +1,248 @@
+//! How a Python model's stub is run, read from the model config's `parameters`:
+//!
+//! | parameter | meaning | default |
+//! |---|---|---|
+//! | `EXECUTION_ENV_PATH` | the interpreter: a directory (a virtual environment: `<dir>/bin/python3`) or an interpreter file; `$$TRITON_MODEL_DIRECTORY` expands to the model directory; relative paths are relative to the model directory | `NEREID_PYTHON`, else `python3` on `PATH` |
+//! | `STUB_TIMEOUT_SECONDS` | how long a new stub may take to start and connect, and to finalize on unload | 30 |
+//! | `INITIALIZE_TIMEOUT_SECONDS` | how long the model's `initialize` (or `auto_complete_config`) may run | 600 |
+//!
+//! Triton's `EXECUTION_ENV_PATH` names a conda-pack archive; Nereid takes the unpacked
+//! environment (or any interpreter) instead and says so when given an archive.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nereid_proto::pb::inference::ModelConfig;
+
+pub const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
+pub const STUB_TIMEOUT_SECONDS: &str = "STUB_TIMEOUT_SECONDS";
+pub const INITIALIZE_TIMEOUT_SECONDS: &str = "INITIALIZE_TIMEOUT_SECONDS";
+
+const MODEL_DIRECTORY_VARIABLE: &str = "$$TRITON_MODEL_DIRECTORY";
+const DEFAULT_STUB_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Found on `PATH` when nothing else names an interpreter.
+const PATH_PYTHON: &str = "python3";
+
+/// Everything the backend needs to know to run one model's stubs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StubSettings {
+    /// The interpreter: a path, or a bare program name looked up on `PATH` when spawned.
+    pub python: PathBuf,
+    pub start_timeout: Duration,
+    pub initialize_timeout: Duration,
+}
+
+impl StubSettings {
+    /// Reads the parameters of `config` for the model in `model_dir`. `default_python` is the
+    /// server-wide default (`NEREID_PYTHON`).
+    pub fn from_config(
+        config: &ModelConfig,
+        model_dir: &Path,
+        default_python: Option<&Path>,
+    ) -> Result<Self, String> {
+        let m = &config.name;
+        let parameter = |key: &str| config.parameters.get(key).map(|p| p.string_value.trim());
+        let python = resolve_interpreter(parameter(EXECUTION_ENV_PATH), model_dir, default_python)
+            .map_err(|e| format!("model '{m}': {e}"))?;
+        let seconds = |key: &str, default: Duration| -> Result<Duration, String> {
+            match parameter(key) {
+                None => Ok(default),
+                Some(text) => parse_seconds(text).ok_or_else(|| {
+                    format!("model '{m}': parameter {key} must be a positive number of seconds, got '{text}'")
+                }),
+            }
+        };
+        Ok(StubSettings {
+            python,
+            start_timeout: seconds(STUB_TIMEOUT_SECONDS, DEFAULT_STUB_TIMEOUT)?,
+            initialize_timeout: seconds(INITIALIZE_TIMEOUT_SECONDS, DEFAULT_INITIALIZE_TIMEOUT)?,
+        })
+    }
+}
+
+/// The interpreter for a model: `EXECUTION_ENV_PATH` (`setting`), else `default_python`, else
+/// `python3` on `PATH`. Paths are checked to exist; a directory means a virtual environment.
+pub fn resolve_interpreter(
+    setting: Option<&str>,
+    model_dir: &Path,
+    default_python: Option<&Path>,
+) -> Result<PathBuf, String> {
+    if let Some(raw) = setting.filter(|s| !s.is_empty()) {
+        let expanded = raw.replace(MODEL_DIRECTORY_VARIABLE, &model_dir.to_string_lossy());
+        let path = model_dir.join(&expanded);
+        return interpreter_at(&path).map_err(|why| {
+            format!(
+                "{EXECUTION_ENV_PATH} '{raw}' (resolved to '{}') {why}",
+                path.display()
+            )
+        });
+    }
+    match default_python {
+        // A bare program name is looked up on PATH when the stub is spawned.
+        Some(p) if p.components().count() == 1 && !p.is_absolute() => Ok(p.to_path_buf()),
+        Some(p) => {
+            interpreter_at(p).map_err(|why| format!("NEREID_PYTHON '{}' {why}", p.display()))
+        }
+        None => Ok(PathBuf::from(PATH_PYTHON)),
+    }
+}
+
+/// `path` itself if it is a file, `<path>/bin/python3` (or `python`) if it is a directory.
+fn interpreter_at(path: &Path) -> Result<PathBuf, String> {
+    let name = path.to_string_lossy();
+    if name.ends_with(".tar.gz") || name.ends_with(".tgz") {
+        return Err("is an archive; conda-pack archives are not unpacked by Nereid: unpack it and name the directory (or its bin/python3) instead".into());
+    }
+    if path.is_file() {
+        return Ok(path.to_path_buf());
+    }
+    if path.is_dir() {
+        let bin = path.join("bin");
+        return ["python3", "python"]
+            .iter()
+            .map(|exe| bin.join(exe))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                "is a directory without bin/python3; name a virtual environment or an interpreter"
+                    .to_string()
+            });
+    }
+    Err("does not exist; name a virtual environment directory or a Python interpreter".into())
+}
+
+fn parse_seconds(text: &str) -> Option<Duration> {
+    let secs: f64 = text.parse().ok()?;
+    (secs.is_finite() && secs > 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nereid_proto::pb::inference::ModelParameter;
+
+    fn config(params: &[(&str, &str)]) -> ModelConfig {
+        ModelConfig {
+            name: "m".into(),
+            parameters: params
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        ModelParameter {
+                            string_value: v.to_string(),
+                        },
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A model directory holding `env/bin/python3` and `interp`.
+    fn model_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("env/bin")).unwrap();
+        std::fs::write(dir.path().join("env/bin/python3"), "").unwrap();
+        std::fs::write(dir.path().join("interp"), "").unwrap();
+        dir
+    }
+
+    #[test]
+    fn execution_env_path_forms() {
+        let dir = model_dir();
+        let d = dir.path();
+        let venv = d.join("env/bin/python3");
+        assert_eq!(resolve_interpreter(Some("env"), d, None).unwrap(), venv);
+        assert_eq!(
+            resolve_interpreter(Some("$$TRITON_MODEL_DIRECTORY/env"), d, None).unwrap(),
+            venv
+        );
+        let absolute = d.join("interp");
+        assert_eq!(
+            resolve_interpreter(
+                Some(absolute.to_str().unwrap()),
+                Path::new("/elsewhere"),
+                None
+            )
+            .unwrap(),
+            absolute
+        );
+        assert_eq!(
+            resolve_interpreter(Some("interp"), d, Some(Path::new("/ignored"))).unwrap(),
+            absolute,
+            "the model's setting wins over the server default"
+        );
+    }
+
+    #[test]
+    fn missing_or_unusable_interpreters_are_named() {
+        let dir = model_dir();
+        let d = dir.path();
+        let err = resolve_interpreter(Some("nope"), d, None).unwrap_err();
+        assert!(
+            err.contains("EXECUTION_ENV_PATH 'nope'")
+                && err.contains(&d.join("nope").display().to_string())
+                && err.contains("does not exist"),
+            "{err}"
+        );
+        std::fs::create_dir(d.join("empty")).unwrap();
+        let err = resolve_interpreter(Some("empty"), d, None).unwrap_err();
+        assert!(err.contains("without bin/python3"), "{err}");
+        let err = resolve_interpreter(Some("env.tar.gz"), d, None).unwrap_err();
+        assert!(err.contains("conda-pack"), "{err}");
+        let err = resolve_interpreter(None, d, Some(Path::new("/no/such/python"))).unwrap_err();
+        assert!(err.contains("NEREID_PYTHON '/no/such/python'"), "{err}");
+    }
+
+    #[test]
+    fn defaults_come_from_the_server_then_path() {
+        let dir = model_dir();
+        let d = dir.path();
+        assert_eq!(
+            resolve_interpreter(None, d, None).unwrap(),
+            PathBuf::from("python3")
+        );
+        assert_eq!(
+            resolve_interpreter(Some(""), d, Some(Path::new("python3.11"))).unwrap(),
+            PathBuf::from("python3.11"),
+            "a bare name is left for PATH lookup"
+        );
+        let venv = d.join("env");
+        assert_eq!(
+            resolve_interpreter(None, d, Some(&venv)).unwrap(),
+            venv.join("bin/python3")
+        );
+    }
+
+    #[test]
+    fn timeouts_are_parameters() {
+        let dir = model_dir();
+        let s = StubSettings::from_config(&config(&[]), dir.path(), None).unwrap();
+        assert_eq!(s.start_timeout, Duration::from_secs(30));
+        assert_eq!(s.initialize_timeout, Duration::from_secs(600));
+        let s = StubSettings::from_config(
+            &config(&[
+                (STUB_TIMEOUT_SECONDS, "2.5"),
+                (INITIALIZE_TIMEOUT_SECONDS, "7"),
+            ]),
+            dir.path(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(s.start_timeout, Duration::from_millis(2500));
+        assert_eq!(s.initialize_timeout, Duration::from_secs(7));
+        for bad in ["0", "-1", "abc", "inf"] {
+            let err = StubSettings::from_config(
+                &config(&[(STUB_TIMEOUT_SECONDS, bad)]),
+                dir.path(),
+                None,
+            )
+            .unwrap_err();
+            assert!(
+                err.starts_with("model 'm': parameter STUB_TIMEOUT_SECONDS"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! [`Stub`]: one running stub process and its connection, from spawn to teardown.
+//!
+//! ```text
+//!  launch:     private socket dir ─► bind ─► spawn ─► accept (≤ start timeout, or the stub's exit)
+//!              ─► Link + reader thread
+//!  handshake:  init ─► init_done            (≤ initialize timeout)  = a model instance
+//!              auto_complete ─► auto_complete_done                   = a throw-away stub
+//!  finalize:   finalize ─► finalize_done ─► exit (≤ start timeout each)
+//!  drop:       kill if still running ─► join reader ─► unlink every segment of this stub
+//! ```
+//!
+//! The socket and its directory are removed as soon as the stub has connected.
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use super::link::{DeathHook, Link};
+use super::message::{ErrorObject, FromStub, InitArgs, ToStub};
+use super::process::{self, AcceptError, StubCommand, StubProcess, describe_exit};
+use super::reader::{self, Reply};
+use super::runtime::RuntimeDir;
+use super::shm;
+use crate::backend::ServerHandle;
+
+/// Answers the reader may queue before the waiting thread takes them: one outstanding command
+/// per stub plus its death notice fit with room to spare.
+const REPLY_CAPACITY: usize = 8;
+
+/// Everything needed to start a stub for one model instance.
+#[derive(Clone)]
+pub struct StubSpec {
+    pub model: String,
+    /// The instance name (Triton's `<group>_<index>`), or a name for a throw-away stub.
+    pub instance: String,
+    /// A throw-away stub (auto-complete): messages leave naming the model to the caller.
+    pub throwaway: bool,
+    pub python: PathBuf,
+    pub runtime: Arc<RuntimeDir>,
+    /// The model's version directory: the stub's working directory.
+    pub cwd: PathBuf,
+    pub start_timeout: Duration,
+    pub initialize_timeout: Duration,
+    pub server: Arc<ServerHandle>,
+}
+
+impl StubSpec {
+    /// What messages start with: `model 'm' instance 'i': `, or nothing for a throw-away
+    /// stub.
+    fn label(&self) -> String {
+        if self.throwaway {
+            String::new()
+        } else {
+            format!("model '{}' instance '{}': ", self.model, self.instance)
+        }
+    }
+}
+
+/// What went wrong with a stub, by meaning.
+#[derive(Debug, thiserror::Error)]
+pub enum StubError {
+    /// The stub could not be started or did not connect.
+    #[error("{0}")]
+    Start(String),
+    /// The stub died; Triton's "not healthy" reason.
+    #[error("{0}")]
+    Dead(String),
+    /// The stub did not answer in time (and was killed).
+    #[error("{0}")]
+    TimedOut(String),
+    /// The model's code failed (the Python traceback).
+    #[error("{0}")]
+    Model(String),
+}
+
+/// One connected stub process.
+pub struct Stub {
+    spec: StubSpec,
+    link: Arc<Link>,
+    replies: Receiver<Reply>,
+    process: Arc<StubProcess>,
+    reader: Option<JoinHandle<()>>,
+    shm_prefix: String,
+    next_execute: AtomicU64,
+}
+
+impl Stub {
+    /// Spawns a stub and waits for it to connect. While `guard` tracks it, another thread can
+    /// stop it with [`StartGuard::abort`].
+    pub fn launch(spec: &StubSpec, guard: Option<&StartGuard>) -> Result<Stub, StubError> {
+        let label = spec.label();
+        let start =
+            |what: &str, e: &dyn std::fmt::Display| StubError::Start(format!("{label}{what}: {e}"));
+        let socket_dir = process::private_dir("nereid-stub-")
+            .map_err(|e| start("cannot create the stub's socket directory", &e))?;
+        let socket = process::socket_path(socket_dir.path());
+        let listener =
+            UnixListener::bind(&socket).map_err(|e| start("cannot bind the stub socket", &e))?;
+        let process = StubProcess::spawn(&StubCommand {
+            python: &spec.python,
+            script: &spec.runtime.stub_script(),
+            runtime_dir: spec.runtime.path(),
+            socket: &socket,
+            cwd: &spec.cwd,
+        })
+        .map_err(|e| StubError::Start(format!("{label}{e}")))?;
+        let process = Arc::new(process);
+        if let Some(guard) = guard {
+            guard.track(&process);
+        }
+        let stream = match process.accept(&listener, spec.start_timeout) {
+            Ok(stream) => stream,
+            Err(e) => return Err(accept_error(spec, &process, e)),
+        };
+        // Connected: the socket's directory is not needed any more (nothing is left behind in
+        // the temp directory even if the server never gets to drop this stub).
+        drop(listener);
+        drop(socket_dir);
+        let shm_prefix = shm_prefix(&spec.instance);
+        let writer = stream
+            .try_clone()
+            .map_err(|e| start("cannot clone the stub socket", &e))?;
+        let link = Arc::new(Link::new(
+            spec.model.clone(),
+            spec.instance.clone(),
+            spec.server.clone(),
+            writer,
+            &shm_prefix,
+        ));
+        let (tx, replies) = crossbeam_channel::bounded(REPLY_CAPACITY);
+        let reader = reader::spawn(link.clone(), stream, tx, process.clone())
+            .map_err(|e| start("cannot start the stub's reader thread", &e))?;
+        tracing::debug!(model = %spec.model, instance = %spec.instance, "Python stub connected");
+        Ok(Stub {
+            spec: spec.clone(),
+            link,
+            replies,
+            process,
+            reader: Some(reader),
+            shm_prefix,
+            next_execute: AtomicU64::new(0),
+        })
+    }
+
+    /// Sends `init` and waits for the model's `initialize` to finish.
+    pub fn initialize(
+        &self,
+        model_file: String,
+        args: InitArgs,
+        decoupled: bool,
+    ) -> Result<(), StubError> {
+        let message = ToStub::Init {
+            shm_prefix: self.shm_prefix.clone(),
+            model_file,
+            args,
+            decoupled,
+        };
+        let reply = self.request(&message, "initialize")?;
+        match reply {
+            FromStub::InitDone { error: None } => Ok(()),
+            FromStub::InitDone { error: Some(e) } => Err(self.model_error("initialize", e)),
+            other => Err(self.unexpected("init_done", &other)),
+        }
+    }
+
+    /// Sends `auto_complete` and returns the completed config JSON.
+    pub fn auto_complete(&self, model_file: String, config: Value) -> Result<Value, StubError> {
+        let message = ToStub::AutoComplete {
+            shm_prefix: self.shm_prefix.clone(),
+            model_file,
+            config,
+        };
+        match self.request(&message, "auto_complete_config")? {
+            FromStub::AutoCompleteDone { error: Some(e), .. } => {
+                Err(self.model_error("auto_complete_config", e))
+            }
+            FromStub::AutoCompleteDone {
+                config: Some(config),
+                error: None,
+            } => Ok(config),
+            other => Err(self.unexpected("auto_complete_done with a config", &other)),
+        }
+    }
+
+    /// Asks the model to finalize and the stub to exit, each bounded by the start timeout;
+    /// a stub that does not comply is killed on drop.
+    pub fn finalize(&self) {
+        self.link.set_closing();
+        if self.link.death_reason().is_some() {
+            return;
+        }
+        let timeout = self.spec.start_timeout;
+        let deadline = Instant::now() + timeout;
+        if self.link.send(&ToStub::Finalize).is_ok() {
+            loop {
+                match self.wait_reply(Some(deadline)) {
+                    Ok(FromStub::FinalizeDone { error: None }) => break,
+                    Ok(FromStub::FinalizeDone { error: Some(e) }) => {
+                        tracing::warn!(model = %self.spec.model, instance = %self.spec.instance, "the model's finalize failed: {}", e.message);
+                        break;
+                    }
+                    // A stale answer (e.g. of an execute that failed): keep waiting.
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(model = %self.spec.model, instance = %self.spec.instance, "finalize: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        if self
+            .process
+            .wait_exit(deadline.saturating_duration_since(Instant::now()))
+            .is_none()
+        {
+            tracing::warn!(model = %self.spec.model, instance = %self.spec.instance, "the Python stub did not exit within {timeout:?} of finalize; killing it");
+        }
+    }
+
+    /// Waits up to the start timeout for a throw-away stub to exit by itself.
+    pub fn wait_exit(&self) {
+        self.link.set_closing();
+        self.process.wait_exit(self.spec.start_timeout);
+    }
+
+    /// Installs the hook run if this stub dies (not when it is finalized).
+    pub fn on_death(&self, hook: DeathHook) {
+        self.link.on_death(hook);
+    }
+
+    pub fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+
+    pub fn spec(&self) -> &StubSpec {
+        &self.spec
+    }
+
+    /// A fresh id for an `execute`.
+    pub fn next_execute_id(&self) -> u64 {
+        self.next_execute.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The stub could not be written to: make sure it is gone and return why it died.
+    pub fn lost(&self, error: &dyn std::fmt::Display) -> StubError {
+        self.process.kill();
+        match self.wait_reply(Some(Instant::now() + self.spec.start_timeout)) {
+            Err(e) => e,
+            Ok(_) => StubError::Dead(reader::unhealthy_reason(
+                &self.spec.instance,
+                &format!("Sending to it failed: {error}."),
+            )),
+        }
+    }
+
+    /// The next answer (not a log, release, response or BLS call), the stub's death, or a
+    /// timeout at `deadline` (`None`: wait as long as the stub lives).
+    pub fn wait_reply(&self, deadline: Option<Instant>) -> Result<FromStub, StubError> {
+        let received = match deadline {
+            Some(d) => self.replies.recv_deadline(d),
+            None => self
+                .replies
+                .recv()
+                .map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match received {
+            Ok(Reply::Message(m)) => Ok(*m),
+            Ok(Reply::Dead(reason)) => Err(StubError::Dead(reason)),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(StubError::Dead(self.link.death_reason().unwrap_or_else(
+                    || reader::unhealthy_reason(&self.spec.instance, "Its reader stopped."),
+                )))
+            }
+            Err(RecvTimeoutError::Timeout) => Err(StubError::TimedOut(format!(
+                "{}the Python stub did not answer in time",
+                self.spec.label()
+            ))),
+        }
+    }
+
+    /// Sends a handshake message and waits for its answer within the initialize timeout.
+    fn request(&self, message: &ToStub, what: &str) -> Result<FromStub, StubError> {
+        let label = self.spec.label();
+        if let Err(e) = self.link.send(message) {
+            return Err(self.with_stderr(self.lost(&e)));
+        }
+        let timeout = self.spec.initialize_timeout;
+        match self.wait_reply(Some(Instant::now() + timeout)) {
+            Ok(reply) => Ok(reply),
+            Err(StubError::TimedOut(_)) => {
+                self.link.set_closing();
+                self.process.kill();
+                Err(StubError::TimedOut(format!(
+                    "{label}the model's {what} did not finish within {timeout:?} (model parameter INITIALIZE_TIMEOUT_SECONDS); the stub was killed"
+                )))
+            }
+            Err(e) => Err(self.with_stderr(e)),
+        }
+    }
+
+    /// A stub that died during a handshake: add what it printed (a crash in an extension
+    /// module, a missing package).
+    fn with_stderr(&self, e: StubError) -> StubError {
+        let tail = self.process.stderr_tail(Duration::from_secs(1));
+        match e {
+            StubError::Dead(reason) if !tail.is_empty() => {
+                StubError::Dead(format!("{reason} Its last output:\n{tail}"))
+            }
+            other => other,
+        }
+    }
+
+    fn model_error(&self, what: &str, error: ErrorObject) -> StubError {
+        StubError::Model(format!(
+            "{}the model's {what} failed: {}",
+            self.spec.label(),
+            error.message
+        ))
+    }
+
+    fn unexpected(&self, wanted: &str, got: &FromStub) -> StubError {
+        self.process.kill();
+        StubError::Start(format!(
+            "{}the stub answered {got:?} where {wanted} was expected",
+            self.spec.label()
+        ))
+    }
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        self.link.set_closing();
+        self.process.stop(Duration::ZERO);
+        self.link.shutdown();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        shm::remove_prefixed(&self.shm_prefix);
+    }
+}
+
+/// Lets another thread stop a stub that is still starting: an instance unloaded while its
+/// supervisor restarts the stub should not wait for a slow `initialize`.
+#[derive(Default)]
+pub struct StartGuard {
+    state: Mutex<GuardState>,
+}
+
+#[derive(Default)]
+struct GuardState {
+    aborted: bool,
+    starting: Option<Arc<StubProcess>>,
+}
+
+impl StartGuard {
+    /// Tracks a process that is starting; kills it at once if the guard was aborted.
+    fn track(&self, process: &Arc<StubProcess>) {
+        let mut state = self.state.lock();
+        if state.aborted {
+            process.kill();
+        } else {
+            state.starting = Some(process.clone());
+        }
+    }
+
+    /// The tracked stub is up (or gone): nothing to abort any more.
+    pub fn untrack(&self) {
+        self.state.lock().starting = None;
+    }
+
+    /// Kills the stub that is starting, and any started later through this guard.
+    pub fn abort(&self) {
+        let mut state = self.state.lock();
+        state.aborted = true;
+        if let Some(process) = state.starting.take() {
+            process.kill();
+        }
+    }
+}
+
+/// A unique segment path prefix for a new stub of `instance`.
+fn shm_prefix(instance: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let safe: String = instance
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    format!(
+        "{}/nereid-py-{}-{safe}-{}-",
+        shm::shm_dir().display(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn accept_error(spec: &StubSpec, process: &StubProcess, error: AcceptError) -> StubError {
+    let label = spec.label();
+    match error {
+        AcceptError::Exited(status) => {
+            let tail = process.stderr_tail(Duration::from_secs(1));
+            StubError::Start(format!(
+                "{label}the Python stub {} before connecting; its last output:\n{tail}",
+                describe_exit(status)
+            ))
+        }
+        AcceptError::TimedOut => {
+            process.kill();
+            StubError::Start(format!(
+                "{label}the Python stub did not connect within {:?} (model parameter STUB_TIMEOUT_SECONDS)",
+                spec.start_timeout
+            ))
+        }
+        AcceptError::Io(e) => {
+            process.kill();
+            StubError::Start(format!("{label}waiting for the Python stub failed: {e}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::backend::python::process::shell_process;
+
+    #[test]
+    fn an_aborted_guard_kills_the_starting_stub_and_later_ones() {
+        let dir = process::private_dir("nereid-test-").unwrap();
+        let socket = process::socket_path(dir.path());
+        let guard = StartGuard::default();
+        let first = Arc::new(shell_process("exec sleep 30", &socket, dir.path()));
+        guard.track(&first);
+        guard.abort();
+        let status = first.wait_exit(Duration::from_secs(10)).unwrap();
+        assert_eq!(describe_exit(status), "was killed by signal 9 (SIGKILL)");
+        let later = Arc::new(shell_process("exec sleep 30", &socket, dir.path()));
+        guard.track(&later);
+        assert!(later.wait_exit(Duration::from_secs(10)).is_some());
+    }
+
+    #[test]
+    fn segment_prefixes_are_unique_and_path_safe() {
+        let a = shm_prefix("my model/../x");
+        let b = shm_prefix("my model/../x");
+        assert_ne!(a, b);
+        let name = Path::new(&a)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            name.starts_with(&format!("nereid-py-{}-my_model____x-", std::process::id())),
+            "{name}"
+        );
+    }
+}

@@ -1,0 +1,487 @@
+//! Running one ensemble request over its plan.
+//!
+//! ```text
+//! tensors = the request's inputs
+//! loop: Progress::start_ready (pure) ─► one InferRequest per ready step: its mapped tensors
+//!       renamed to the model's input names, its mapped outputs requested, the request's id,
+//!       options and custom parameters ─► infer(...) (all running steps awaited together)
+//!     ─► a step answers: outputs renamed to ensemble tensors ─► Progress::finish
+//!     ─► a step fails: the ensemble request fails with it (the other steps are dropped,
+//!        which cancels them)
+//! ─► the requested ensemble outputs, in the order asked
+//! ```
+//!
+//! `infer` is how a step reaches its composing model; the data plane passes its own infer
+//! path, so a step is queued and batched like any client request of that model.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use nereid_proto::ServiceError;
+use nereid_proto::error::ServiceResult;
+use nereid_proto::types::{
+    InferRequest, InferResponse, Parameters, RequestOptions, RequestedOutput, Tensor,
+};
+
+use super::plan::EnsemblePlan;
+use super::step_label;
+
+/// An ensemble request that passed the ensemble's own input checks.
+#[derive(Clone, Debug, Default)]
+pub struct EnsembleRequest {
+    /// The client's request id, given to every step.
+    pub id: String,
+    /// Priority, timeout and sequence options, given to every step.
+    pub options: RequestOptions,
+    /// Custom parameters, given to every step.
+    pub parameters: Parameters,
+    /// Named as the ensemble's inputs.
+    pub inputs: Vec<Tensor>,
+    /// Ensemble outputs to return, in response order.
+    pub outputs: Vec<String>,
+}
+
+/// Which steps have started and which have finished. Holds the executor's one decision, which
+/// step may start, as a pure function of that state.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    started: Vec<bool>,
+    done: Vec<bool>,
+}
+
+impl Progress {
+    pub fn new(plan: &EnsemblePlan) -> Progress {
+        Progress {
+            started: vec![false; plan.steps.len()],
+            done: vec![false; plan.steps.len()],
+        }
+    }
+
+    /// The steps that can start now (not started; every step they read from finished), in
+    /// plan order; they are marked started.
+    pub fn start_ready(&mut self, plan: &EnsemblePlan) -> Vec<usize> {
+        let ready: Vec<usize> = plan
+            .order
+            .iter()
+            .copied()
+            .filter(|&i| !self.started[i] && plan.steps[i].after.iter().all(|&j| self.done[j]))
+            .collect();
+        for &i in &ready {
+            self.started[i] = true;
+        }
+        ready
+    }
+
+    pub fn finish(&mut self, step: usize) {
+        self.done[step] = true;
+    }
+
+    pub fn all_done(&self) -> bool {
+        self.done.iter().all(|&d| d)
+    }
+}
+
+/// Runs `request` through `plan`, each step through `infer`. Returns the requested outputs.
+pub async fn execute<F, Fut>(
+    plan: &EnsemblePlan,
+    request: EnsembleRequest,
+    infer: F,
+) -> ServiceResult<Vec<Tensor>>
+where
+    F: Fn(InferRequest) -> Fut,
+    Fut: Future<Output = ServiceResult<InferResponse>>,
+{
+    let EnsembleRequest {
+        id,
+        options,
+        parameters,
+        inputs,
+        outputs,
+    } = request;
+    let mut tensors: HashMap<String, Tensor> = inputs
+        .into_iter()
+        .map(|t| (t.name().to_string(), t))
+        .collect();
+    let mut progress = Progress::new(plan);
+    let mut running = FuturesUnordered::new();
+    loop {
+        for index in progress.start_ready(plan) {
+            let step = &plan.steps[index];
+            let request = InferRequest {
+                model_name: step.model.clone(),
+                model_version: step.version,
+                id: id.clone(),
+                options: options.clone(),
+                parameters: parameters.clone(),
+                // An optional ensemble input the client left out stays out.
+                inputs: step
+                    .inputs
+                    .iter()
+                    .filter_map(|(input, tensor)| {
+                        tensors
+                            .get(tensor)
+                            .map(|t| t.clone().renamed(input.as_str()))
+                    })
+                    .collect(),
+                outputs: step
+                    .outputs
+                    .iter()
+                    .map(|(output, _)| RequestedOutput {
+                        name: output.clone(),
+                        parameters: Parameters::new(),
+                    })
+                    .collect(),
+            };
+            let call = infer(request);
+            running.push(async move { (index, call.await) });
+        }
+        let Some((index, result)) = running.next().await else {
+            break;
+        };
+        let response = result.map_err(|e| step_error(plan, index, e))?;
+        for (tensor, value) in step_outputs(plan, index, response)? {
+            tensors.insert(tensor, value);
+        }
+        progress.finish(index);
+    }
+    if !progress.all_done() {
+        return Err(ServiceError::internal(format!(
+            "ensemble '{}': some steps never had their inputs (the plan is inconsistent)",
+            plan.name
+        )));
+    }
+    outputs
+        .iter()
+        .map(|name| {
+            tensors.remove(name).ok_or_else(|| {
+                ServiceError::internal(format!(
+                    "ensemble '{}': no step produced output '{name}'",
+                    plan.name
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A step's failure as the ensemble's: the same class (a composing model's 400 stays a 400),
+/// the message prefixed with the ensemble and the step. A composing model that is not there
+/// (any more) makes the ensemble unavailable rather than "not found".
+fn step_error(plan: &EnsemblePlan, index: usize, error: ServiceError) -> ServiceError {
+    let step = &plan.steps[index];
+    let prefix = format!(
+        "ensemble '{}' {}: ",
+        plan.name,
+        step_label(index, &step.model)
+    );
+    match error {
+        ServiceError::NotFound(message) => ServiceError::Unavailable(format!(
+            "{prefix}composing model '{}' is not available: {message}",
+            step.model
+        )),
+        other => other.prefixed(&prefix),
+    }
+}
+
+/// The step's outputs renamed to the ensemble tensors they become.
+fn step_outputs(
+    plan: &EnsemblePlan,
+    index: usize,
+    response: InferResponse,
+) -> ServiceResult<Vec<(String, Tensor)>> {
+    let step = &plan.steps[index];
+    let mut returned = response.outputs;
+    step.outputs
+        .iter()
+        .map(|(output, tensor)| {
+            let position = returned
+                .iter()
+                .position(|t| t.name() == output)
+                .ok_or_else(|| {
+                    ServiceError::internal(format!(
+                        "ensemble '{}' {}: the model returned no output '{output}'",
+                        plan.name,
+                        step_label(index, &step.model)
+                    ))
+                })?;
+            let value = returned.swap_remove(position).renamed(tensor.as_str());
+            Ok((tensor.clone(), value))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use nereid_proto::DataType;
+    use nereid_proto::types::ParamValue;
+
+    use super::*;
+    use crate::ensemble::plan::PlanStep;
+
+    fn step(
+        model: &str,
+        inputs: &[(&str, &str)],
+        outputs: &[(&str, &str)],
+        after: &[usize],
+    ) -> PlanStep {
+        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        PlanStep {
+            model: model.into(),
+            version: None,
+            inputs: pairs(inputs),
+            outputs: pairs(outputs),
+            after: after.to_vec(),
+        }
+    }
+
+    /// IN ─► left (y = 2x) ─► L ─┐
+    ///   └─► right (y = x + 1) ─► R ─┴► join (a + b) ─► OUT;  left also ─► SIDE
+    fn diamond() -> EnsemblePlan {
+        EnsemblePlan {
+            name: "e".into(),
+            steps: vec![
+                step("join", &[("a", "L"), ("b", "R")], &[("y", "OUT")], &[1, 2]),
+                step("left", &[("x", "IN")], &[("y", "L"), ("z", "SIDE")], &[]),
+                step(
+                    "right",
+                    &[("x", "IN"), ("opt", "MAYBE")],
+                    &[("y", "R")],
+                    &[],
+                ),
+            ],
+            order: vec![1, 2, 0],
+        }
+    }
+
+    fn fp32(name: &str, values: &[f32]) -> Tensor {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::new(
+            name,
+            DataType::Fp32,
+            vec![1, values.len() as i64],
+            Bytes::from(bytes),
+        )
+        .unwrap()
+    }
+
+    fn floats(t: &Tensor) -> Vec<f32> {
+        t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn input(r: &InferRequest, name: &str) -> Vec<f32> {
+        floats(r.inputs.iter().find(|t| t.name() == name).unwrap())
+    }
+
+    /// The composing models of [`diamond`], answering only the outputs asked for.
+    fn run_model(r: &InferRequest) -> ServiceResult<InferResponse> {
+        let values: Vec<(String, Vec<f32>)> = match r.model_name.as_str() {
+            "left" => {
+                let x = input(r, "x");
+                vec![
+                    ("y".into(), x.iter().map(|v| v * 2.0).collect()),
+                    ("z".into(), vec![-1.0; x.len()]),
+                ]
+            }
+            "right" => vec![("y".into(), input(r, "x").iter().map(|v| v + 1.0).collect())],
+            "join" => {
+                let (a, b) = (input(r, "a"), input(r, "b"));
+                vec![("y".into(), a.iter().zip(&b).map(|(x, y)| x + y).collect())]
+            }
+            other => {
+                return Err(ServiceError::not_found(format!(
+                    "Request for unknown model: '{other}' is not found"
+                )));
+            }
+        };
+        let outputs = r
+            .outputs
+            .iter()
+            .map(|o| {
+                let (_, v) = values.iter().find(|(n, _)| *n == o.name).unwrap();
+                fp32(&o.name, v)
+            })
+            .collect();
+        Ok(InferResponse {
+            model_name: r.model_name.clone(),
+            outputs,
+            ..Default::default()
+        })
+    }
+
+    fn request(outputs: &[&str]) -> EnsembleRequest {
+        let mut parameters = Parameters::new();
+        parameters.insert("tag".into(), ParamValue::String("blue".into()));
+        EnsembleRequest {
+            id: "req-7".into(),
+            options: RequestOptions {
+                priority: 2,
+                ..Default::default()
+            },
+            parameters,
+            inputs: vec![fp32("IN", &[1.0, 2.0])],
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_step_is_ready_once_every_step_it_reads_from_finished() {
+        let plan = diamond();
+        let mut p = Progress::new(&plan);
+        assert_eq!(p.start_ready(&plan), vec![1, 2]);
+        assert!(
+            p.start_ready(&plan).is_empty(),
+            "started steps are not started again"
+        );
+        p.finish(2);
+        assert!(p.start_ready(&plan).is_empty(), "join still waits for left");
+        p.finish(1);
+        assert_eq!(p.start_ready(&plan), vec![0]);
+        assert!(!p.all_done());
+        p.finish(0);
+        assert!(p.all_done());
+    }
+
+    #[tokio::test]
+    async fn runs_the_dag_and_returns_the_requested_outputs_in_order() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let outputs = execute(&diamond(), request(&["SIDE", "OUT"]), move |r| {
+            log.lock().unwrap().push(r.clone());
+            std::future::ready(run_model(&r))
+        })
+        .await
+        .unwrap();
+        assert_eq!(outputs.len(), 2);
+        assert_eq!(
+            (outputs[0].name(), floats(&outputs[0])),
+            ("SIDE", vec![-1.0, -1.0])
+        );
+        // OUT = 2x + (x + 1)
+        assert_eq!(
+            (outputs[1].name(), floats(&outputs[1])),
+            ("OUT", vec![4.0, 7.0])
+        );
+
+        let seen = seen.lock().unwrap();
+        let models: Vec<&str> = seen.iter().map(|r| r.model_name.as_str()).collect();
+        assert_eq!(models, ["left", "right", "join"]);
+        for r in seen.iter() {
+            assert_eq!(r.id, "req-7");
+            assert_eq!(r.options.priority, 2);
+            assert_eq!(
+                r.parameters.get("tag"),
+                Some(&ParamValue::String("blue".into()))
+            );
+        }
+        // Inputs carry the model's names; the left-out optional input is not sent; every
+        // mapped output is requested.
+        let right = &seen[1];
+        assert_eq!(
+            right.inputs.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            ["x"]
+        );
+        let left = &seen[0];
+        assert_eq!(
+            left.outputs
+                .iter()
+                .map(|o| o.name.as_str())
+                .collect::<Vec<_>>(),
+            ["y", "z"]
+        );
+    }
+
+    #[tokio::test]
+    async fn independent_steps_run_at_the_same_time() {
+        // left and right each wait at a barrier for the other: run one after the other, they
+        // would never get past it.
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let plan = diamond();
+        let run = execute(&plan, request(&["OUT"]), move |r| {
+            let barrier = barrier.clone();
+            async move {
+                if r.model_name != "join" {
+                    barrier.wait().await;
+                }
+                run_model(&r)
+            }
+        });
+        let outputs = tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("left and right did not run concurrently")
+            .unwrap();
+        assert_eq!(floats(&outputs[0]), vec![4.0, 7.0]);
+    }
+
+    #[tokio::test]
+    async fn a_failing_step_fails_the_request_with_its_class_and_model() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let log = calls.clone();
+        let e = execute(&diamond(), request(&["OUT"]), move |r| {
+            log.lock().unwrap().push(r.model_name.clone());
+            std::future::ready(if r.model_name == "right" {
+                Err(ServiceError::invalid(
+                    "[request id: req-7] unexpected shape for input 'x' for model 'right'",
+                ))
+            } else {
+                run_model(&r)
+            })
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ServiceError::InvalidArgument(
+                "ensemble 'e' step 2 (model 'right'): [request id: req-7] unexpected shape for input 'x' for model 'right'".into()
+            )
+        );
+        assert!(
+            !calls.lock().unwrap().contains(&"join".to_string()),
+            "join ran after a failed input"
+        );
+
+        let missing = EnsemblePlan {
+            name: "e".into(),
+            steps: vec![step("gone", &[("x", "IN")], &[("y", "OUT")], &[])],
+            order: vec![0],
+        };
+        let e = execute(&missing, request(&["OUT"]), |r| {
+            std::future::ready(run_model(&r))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ServiceError::Unavailable(
+                "ensemble 'e' step 0 (model 'gone'): composing model 'gone' is not available: Request for unknown model: 'gone' is not found".into()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_model_that_leaves_out_a_mapped_output_is_an_internal_error() {
+        let e = execute(&diamond(), request(&["OUT"]), |r| {
+            std::future::ready(run_model(&r).map(|mut resp| {
+                resp.outputs.retain(|t| t.name() != "z");
+                resp
+            }))
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&e, ServiceError::Internal(m) if m == "ensemble 'e' step 1 (model 'left'): the model returned no output 'z'"),
+            "{e:?}"
+        );
+    }
+}

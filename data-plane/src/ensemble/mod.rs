@@ -1,0 +1,32 @@
+//! Ensembles (`platform: "ensemble"`): a DAG of composing models wired by tensor names.
+//!
+//! ```text
+//! load:    config ─► graph::analyze (steps, producers, order; no other model needed)
+//!               ─► plan::plan (with the composing models' configs: names, types, shapes,
+//!                  batch sizes, decoupled) ─► EnsemblePlan, kept in the LoadedVersion
+//! request: request_check (ensemble inputs) ─► execute::execute:
+//!            start every step whose inputs exist ─► step = one InferRequest to the composing
+//!            model through the data plane's own infer (its scheduler batches it with other
+//!            traffic) ─► its outputs become ensemble tensors ─► start what is now ready
+//!          ─► the requested ensemble outputs
+//! ```
+//!
+//! An ensemble has no instances and no scheduler of its own. A step's `input_map` maps the
+//! composing model's input name (key) to an ensemble tensor (value); `output_map` maps the
+//! composing model's output (key) to the ensemble tensor it becomes (value). Every tensor has
+//! exactly one producer: an ensemble input or one step.
+
+pub mod execute;
+pub mod graph;
+pub mod plan;
+
+pub use execute::{EnsembleRequest, execute};
+pub use plan::{EnsemblePlan, PlanStep, plan};
+
+/// The `platform` of ensemble configs.
+pub const PLATFORM: &str = "ensemble";
+
+/// `step N (model 'm')`: how messages name a step (N is its position in the config).
+pub(crate) fn step_label(index: usize, model: &str) -> String {
+    format!("step {index} (model '{model}')")
+}

@@ -1,0 +1,462 @@
+//! The Python backend end to end with the real interpreter (`.venv/bin/python`, numpy
+//! installed): the `model.py` fixtures in `tests/python_models/` load through the data plane
+//! (or the `Backend` API where a test needs to see a sink or a health board directly), and run
+//! in real stub processes.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nereid_data_plane::backend::python::PythonBackend;
+use nereid_data_plane::backend::{
+    Backend, BackendError, Backends, DeviceKind, Health, InstanceContext, RequestView,
+    ServerHandle, StreamEvent,
+};
+use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
+use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
+use nereid_proto::types::{InferRequest, ParamValue, Parameters, Tensor, push_bytes_element};
+use nereid_proto::{DataType, InferenceService, ServiceError};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The interpreter every fixture runs with (`make setup` creates it).
+fn python() -> PathBuf {
+    let p = workspace().join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "Python interpreter not found at {}: run `make setup`",
+        p.display()
+    );
+    p
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python_models")
+        .join(name)
+}
+
+/// A repository with copies of the named fixtures, each pointed at the test interpreter
+/// through `EXECUTION_ENV_PATH`.
+fn repository(models: &[&str]) -> tempfile::TempDir {
+    let repo = tempfile::tempdir().unwrap();
+    for model in models {
+        let dir = repo.path().join(model);
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        let source = fixture(model);
+        std::fs::copy(source.join("1/model.py"), dir.join("1/model.py")).unwrap();
+        let config = std::fs::read_to_string(source.join("config.pbtxt")).unwrap();
+        let config = format!(
+            "{config}parameters {{ key: \"EXECUTION_ENV_PATH\" value {{ string_value: \"{}\" }} }}\n",
+            python().display()
+        );
+        std::fs::write(dir.join("config.pbtxt"), config).unwrap();
+    }
+    repo
+}
+
+/// A data plane serving `repo`, bound as the server Python models call for BLS.
+async fn plane(repo: &Path) -> Arc<DataPlane> {
+    let backends = Backends::new(None);
+    let manager = Arc::new(ModelManager::new(
+        ManagerConfig {
+            repositories: vec![repo.to_path_buf()],
+            control_mode: ControlMode::None,
+            startup_models: vec![],
+            auto_complete: true,
+            queue_capacity: 16,
+        },
+        backends.clone(),
+    ));
+    let dp = Arc::new(DataPlane::new(
+        DataPlaneConfig {
+            server_name: "nereid".into(),
+            strict_readiness: true,
+        },
+        manager,
+    ));
+    let service: Weak<dyn InferenceService> = Arc::downgrade(&dp) as Weak<DataPlane>;
+    backends
+        .server()
+        .bind(service, tokio::runtime::Handle::current());
+    dp.manager().load_startup_models().await.unwrap();
+    dp
+}
+
+/// An instance context for the `Backend` API, from a repository made by [`repository`].
+fn context(repo: &Path, model: &str, instance: &str, health: &Arc<Health>) -> InstanceContext {
+    let dir = repo.join(model);
+    let mut config = nereid_data_plane::config::read_config_file(&dir).unwrap();
+    config.name = model.to_string();
+    InstanceContext {
+        model_name: model.to_string(),
+        version: 1,
+        model_dir: dir.clone(),
+        model_path: dir.join("1/model.py"),
+        config: Arc::new(config),
+        instance_name: instance.to_string(),
+        device: DeviceKind::Cpu,
+        health: health.clone(),
+        server: Arc::new(ServerHandle::default()),
+    }
+}
+
+fn fp32(name: &str, values: &[f32]) -> Tensor {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Tensor::new(
+        name,
+        DataType::Fp32,
+        vec![values.len() as i64],
+        Bytes::from(bytes),
+    )
+    .unwrap()
+}
+
+fn floats(t: &Tensor) -> Vec<f32> {
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn request(model: &str, inputs: Vec<Tensor>) -> InferRequest {
+    InferRequest {
+        model_name: model.into(),
+        inputs,
+        ..Default::default()
+    }
+}
+
+/// Polls (the way a client polls readiness) until `ready` says so or 60 s pass.
+async fn wait_until_ready(dp: &DataPlane, model: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dp.model_ready(model, None).await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "model '{model}' did not become ready again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_fp32_and_bytes_models() {
+    let repo = repository(&["add_one", "bytes_echo"]);
+    let dp = plane(repo.path()).await;
+    assert!(dp.server_ready().await);
+
+    let response = dp
+        .infer(request("add_one", vec![fp32("INPUT0", &[1.0, 2.5, -4.0])]))
+        .await
+        .unwrap();
+    assert_eq!(response.outputs.len(), 1);
+    assert_eq!(response.outputs[0].name(), "OUTPUT0");
+    assert_eq!(floats(&response.outputs[0]), vec![2.0, 3.5, -3.0]);
+
+    let mut data = Vec::new();
+    for element in [&b"abc"[..], b"", b"\x00\xffz"] {
+        push_bytes_element(&mut data, element);
+    }
+    let strings = Tensor::new("IN", DataType::Bytes, vec![3], Bytes::from(data)).unwrap();
+    let response = dp
+        .infer(request("bytes_echo", vec![strings]))
+        .await
+        .unwrap();
+    let out = &response.outputs[0];
+    assert_eq!((out.name(), out.datatype()), ("OUT", DataType::Bytes));
+    let elements: Vec<&[u8]> = nereid_proto::types::bytes_elements(out.data()).collect();
+    assert_eq!(elements, vec![&b"cba"[..], b"", b"z\xff\x00"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raising_execute_fails_only_its_request() {
+    let repo = repository(&["raises"]);
+    let dp = plane(repo.path()).await;
+
+    let err = dp
+        .infer(request("raises", vec![fp32("INPUT0", &[-1.0])]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ServiceError::Internal(_)), "{err:?}");
+    assert!(
+        err.message().contains("negative input is not allowed"),
+        "{err:?}"
+    );
+    let err = dp
+        .infer(request("raises", vec![fp32("INPUT0", &[0.0])]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ServiceError::InvalidArgument(m) if m.contains("zero is not a valid input")),
+        "a TritonError response keeps its INVALID_ARG class: {err:?}"
+    );
+    let ok = dp
+        .infer(request("raises", vec![fp32("INPUT0", &[5.0])]))
+        .await
+        .unwrap();
+    assert_eq!(floats(&ok.outputs[0]), vec![5.0]);
+    assert!(dp.model_ready("raises", None).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_syntax_error_fails_the_load_with_the_traceback() {
+    let repo = repository(&["syntax_error", "add_one"]);
+    // Through the data plane: auto-complete imports the model first.
+    let dp = plane(repo.path()).await;
+    let index = dp.repository_index(false).await.unwrap();
+    let row = index.iter().find(|r| r.name == "syntax_error").unwrap();
+    assert_eq!(row.state, "UNAVAILABLE");
+    assert!(row.reason.contains("SyntaxError"), "{}", row.reason);
+    assert!(row.reason.contains("model.py"), "{}", row.reason);
+    assert!(dp.model_ready("add_one", None).await.unwrap());
+
+    // Through load_instance: the stub's `init`.
+    let backend = PythonBackend::new(None);
+    let health = Arc::new(Health::default());
+    let ctx = context(repo.path(), "syntax_error", "syntax_error_0", &health);
+    let Err(BackendError::Load(reason)) = backend.load_instance(&ctx) else {
+        panic!("a syntax error must fail the load");
+    };
+    assert!(reason.contains("SyntaxError"), "{reason}");
+    assert!(reason.contains("instance 'syntax_error_0'"), "{reason}");
+}
+
+#[test]
+fn a_missing_interpreter_is_named() {
+    let repo = repository(&["add_one"]);
+    let config_path = repo.path().join("add_one/config.pbtxt");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let python = python().display().to_string();
+    std::fs::write(&config_path, config.replace(&python, "/no/such/python3")).unwrap();
+    let health = Arc::new(Health::default());
+    let ctx = context(repo.path(), "add_one", "add_one_0", &health);
+    let Err(BackendError::Load(reason)) = PythonBackend::new(None).load_instance(&ctx) else {
+        panic!("a missing interpreter must fail the load");
+    };
+    assert!(
+        reason.contains("EXECUTION_ENV_PATH '/no/such/python3'")
+            && reason.contains("does not exist"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_stub_is_restarted() {
+    let repo = repository(&["crasher"]);
+    let dp = plane(repo.path()).await;
+    let pid_of =
+        |outputs: &[Tensor]| i64::from_le_bytes(outputs[1].data()[..8].try_into().unwrap());
+    let first = dp
+        .infer(request("crasher", vec![fp32("INPUT0", &[7.0])]))
+        .await
+        .unwrap();
+    let mut pid = pid_of(&first.outputs);
+
+    for (trigger, how) in [
+        (1.0, "exited with status 3"),
+        (2.0, "was killed by signal 9 (SIGKILL)"),
+    ] {
+        let err = dp
+            .infer(request("crasher", vec![fp32("INPUT0", &[trigger])]))
+            .await
+            .unwrap_err();
+        // Triton's reason, naming the instance (`crasher_0`, or `crasher_0_0` where the group
+        // index is appended).
+        let message = err.message();
+        assert!(
+            message.contains("Stub process 'crasher_0")
+                && message.contains("' is not healthy.")
+                && message.contains(how),
+            "{err:?}"
+        );
+        // The version is UNAVAILABLE until the new stub has initialized.
+        assert!(!dp.model_ready("crasher", None).await.unwrap());
+        let index = dp.repository_index(false).await.unwrap();
+        let row = index.iter().find(|r| r.name == "crasher").unwrap();
+        assert_eq!(row.state, "UNAVAILABLE");
+        assert!(row.reason.contains("is not healthy"), "{}", row.reason);
+
+        wait_until_ready(&dp, "crasher").await;
+        let ok = dp
+            .infer(request("crasher", vec![fp32("INPUT0", &[4.0])]))
+            .await
+            .unwrap();
+        assert_eq!(floats(&ok.outputs[0]), vec![4.0]);
+        let new_pid = pid_of(&ok.outputs);
+        assert_ne!(new_pid, pid, "a new stub process serves");
+        pid = new_pid;
+    }
+}
+
+#[test]
+fn dropping_an_instance_finalizes_and_cleans_up() {
+    let repo = repository(&["crasher"]);
+    let health = Arc::new(Health::default());
+    let ctx = context(repo.path(), "crasher", "cleanup_check_0", &health);
+    let mut instance = PythonBackend::new(None).load_instance(&ctx).unwrap();
+    assert!(instance.request_level());
+    let inputs = vec![fp32("INPUT0", &[3.0])];
+    let outputs = vec!["PID".to_string(), "OUTPUT0".to_string()];
+    let params = Parameters::new();
+    let view = RequestView {
+        key: 1,
+        id: "r",
+        inputs: &inputs,
+        outputs: &outputs,
+        parameters: &params,
+        correlation_id: None,
+        flags: 0,
+        stream: None,
+    };
+    let results = instance.execute_requests(&[view]).unwrap();
+    let got = results.into_iter().next().unwrap().unwrap();
+    let names: Vec<&str> = got.iter().map(Tensor::name).collect();
+    assert_eq!(
+        names,
+        vec!["PID", "OUTPUT0"],
+        "outputs in the requested order"
+    );
+    let pid = i64::from_le_bytes(got[0].data()[..8].try_into().unwrap());
+
+    let segments = || {
+        let prefix = format!("nereid-py-{}-cleanup_check_0-", std::process::id());
+        std::fs::read_dir("/dev/shm")
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert!(segments() > 0, "tensors travelled through segments");
+    drop(instance);
+    assert!(
+        repo.path().join("crasher/finalized").exists(),
+        "the model's finalize ran"
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the stub process is gone and reaped"
+    );
+    assert_eq!(segments(), 0, "every segment file is removed");
+    assert!(health.unavailable_reason().is_none());
+}
+
+#[test]
+fn a_decoupled_model_streams_responses_into_the_sink() {
+    let repo = repository(&["decoupled"]);
+    let health = Arc::new(Health::default());
+    let ctx = context(repo.path(), "decoupled", "decoupled_0", &health);
+    let mut instance = PythonBackend::new(None).load_instance(&ctx).unwrap();
+    let int32 = |v: i32| {
+        Tensor::new(
+            "IN",
+            DataType::Int32,
+            vec![1],
+            Bytes::copy_from_slice(&v.to_le_bytes()),
+        )
+        .unwrap()
+    };
+    let (inputs_a, inputs_b) = (vec![int32(7)], vec![int32(5)]);
+    let outputs = vec!["OUT".to_string()];
+    let no_params = Parameters::new();
+    let mut one = Parameters::new();
+    one.insert("count".into(), ParamValue::Int(1));
+    let (sink, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let streamed = RequestView {
+        key: 11,
+        id: "a",
+        inputs: &inputs_a,
+        outputs: &outputs,
+        parameters: &no_params,
+        correlation_id: None,
+        flags: 0,
+        stream: Some(&sink),
+    };
+    // No stream: exactly one response is expected and becomes the result.
+    let unary = RequestView {
+        key: 12,
+        id: "b",
+        inputs: &inputs_b,
+        outputs: &outputs,
+        parameters: &one,
+        correlation_id: None,
+        flags: 0,
+        stream: None,
+    };
+    let results = instance.execute_requests(&[streamed, unary]).unwrap();
+    assert!(results[0].as_ref().unwrap().is_empty());
+    let single = results[1].as_ref().unwrap();
+    assert_eq!(single[0].data().as_ref(), &5i32.to_le_bytes());
+
+    // The stub sends its responses before `execute` returns, so all are queued by now.
+    let mut values = Vec::new();
+    loop {
+        match events.try_recv().expect("the stream ends with Final") {
+            StreamEvent::Response(Ok(tensors)) => {
+                assert_eq!(tensors[0].name(), "OUT");
+                values.push(i32::from_le_bytes(
+                    tensors[0].data()[..4].try_into().unwrap(),
+                ));
+            }
+            StreamEvent::Final => break,
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert_eq!(values, vec![7, 14, 21]);
+    assert!(events.try_recv().is_err(), "nothing after Final");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bls_model_calls_another_model() {
+    let repo = repository(&["bls", "add_one"]);
+    let dp = plane(repo.path()).await;
+    let response = dp
+        .infer(request("bls", vec![fp32("INPUT0", &[1.0, 2.0])]))
+        .await
+        .unwrap();
+    assert_eq!(floats(&response.outputs[0]), vec![4.0, 6.0]);
+
+    let err = dp
+        .infer(request("bls", vec![fp32("INPUT0", &[-1.0])]))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("missing_model"), "{err:?}");
+    // The calling model keeps serving.
+    let again = dp
+        .infer(request("bls", vec![fp32("INPUT0", &[0.0])]))
+        .await
+        .unwrap();
+    assert_eq!(floats(&again.outputs[0]), vec![2.0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bls_model_streams_from_a_decoupled_model() {
+    let repo = repository(&["bls_decoupled", "decoupled"]);
+    let dp = plane(repo.path()).await;
+    let input = Tensor::new(
+        "IN",
+        DataType::Int32,
+        vec![1],
+        Bytes::copy_from_slice(&4i32.to_le_bytes()),
+    )
+    .unwrap();
+    let response = dp
+        .infer(request("bls_decoupled", vec![input]))
+        .await
+        .unwrap();
+    let int = |t: &Tensor| i32::from_le_bytes(t.data()[..4].try_into().unwrap());
+    assert_eq!(
+        int(&response.outputs[0]),
+        4 + 8 + 12,
+        "the sum of the three responses"
+    );
+    assert_eq!(int(&response.outputs[1]), 3);
+}
