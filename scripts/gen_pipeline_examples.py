@@ -51,8 +51,8 @@ def text_classifier_onnx():
     w1 = np.eye(EMBEDDING, dtype=np.float32)
     b1 = np.zeros(EMBEDDING, dtype=np.float32)
     w2 = np.zeros((EMBEDDING, 3), dtype=np.float32)
-    w2[1, 0] = 60.0  # negative words -> "negative"
-    w2[0, 2] = 60.0  # positive words -> "positive"
+    w2[1, 0] = 120.0  # negative words -> "negative"
+    w2[0, 2] = 120.0  # positive words -> "positive"
     b2 = np.array([0.0, 0.5, 0.0], dtype=np.float32)  # nothing known -> "neutral"
     return _model(
         [

@@ -20,7 +20,7 @@ Threads and flow
 * `async def` model methods run on one event loop in a background thread that lives as long as
   the stub, so tasks a model starts keep running between calls.
 * The stub exits on EOF from the parent, after `finalize`, and after answering `auto_complete`;
-  it unlinks the segments it created before exiting.
+  it unlinks every file under its shared-memory prefix before exiting.
 * SIGINT is ignored: the parent decides when the stub stops (a terminal's Ctrl-C reaches the
   whole process group).
 
@@ -388,13 +388,6 @@ class StubSegments:
             segment.busy = False
             return True
 
-    def unlink_all(self):
-        for segment in list(self._segments.values()):
-            try:
-                os.unlink(segment.path)
-            except OSError:
-                pass
-
     def unlink_prefix(self):
         """Removes every file under this stub's prefix, the parent's segments included: used
         when the parent is gone (EOF without finalize) and cannot clean up after itself."""
@@ -541,9 +534,11 @@ class Stub:
         self._main_loop()
 
     def exit(self, code):
-        """Unlinks the stub's segments and ends the process at once (from any thread)."""
+        """Unlinks every file under the stub's prefix (its own segments and the parent's: the
+        parent may be gone, or exiting right after `finalize`) and ends the process at once,
+        from any thread. Nothing reads a segment of a stub that is exiting."""
         if self._stub_segments is not None:
-            self._stub_segments.unlink_all()
+            self._stub_segments.unlink_prefix()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -624,9 +619,6 @@ class Stub:
             while True:
                 message = self._conn.receive()
                 if message is None:
-                    # The parent is gone: nobody else will remove its segments.
-                    if self._stub_segments is not None:
-                        self._stub_segments.unlink_prefix()
                     break
                 self._dispatch(message)
         except ProtocolError as e:

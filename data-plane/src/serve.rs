@@ -78,6 +78,7 @@ pub async fn run(
 
     let backends = Backends::new(config.onnxruntime_library.clone());
     let server_handle = backends.server().clone();
+    let backend_files = backends.clone();
     let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));
     let data_plane = Arc::new(DataPlane::new(config.data_plane.clone(), manager.clone()));
     let service: Arc<dyn InferenceService> = data_plane.clone();
@@ -192,6 +193,7 @@ pub async fn run(
         tracing::warn!("exit timeout reached with requests still in flight; stopping anyway");
         servers.abort_all();
     }
+    backend_files.cleanup();
     tracing::info!("server stopped");
     Ok(())
 }

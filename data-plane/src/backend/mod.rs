@@ -237,6 +237,12 @@ impl Backends {
         &self.server
     }
 
+    /// Removes files backends keep for the life of the server (the Python runtime directory);
+    /// called once the server has stopped serving, just before the process exits.
+    pub fn cleanup(&self) {
+        self.python.cleanup();
+    }
+
     /// The backend for a config's `backend` field; a message naming it when this build has none.
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>, String> {
         match name {

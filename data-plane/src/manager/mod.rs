@@ -331,10 +331,7 @@ impl ModelManager {
                     }
                 }
                 self.record_failure(name, e.reason.clone(), e.versions);
-                Err(ServiceError::invalid(format!(
-                    "failed to load '{name}': {}",
-                    e.reason
-                )))
+                Err(ServiceError::invalid(load_failure(name, &e.reason)))
             }
         }
     }
@@ -702,5 +699,16 @@ impl ModelManager {
             }
         }
         Ok(rows)
+    }
+}
+
+/// The load API's message for a failed build: the reason, prefixed with the model unless the
+/// reason already names it the same way (version failures do: `failed to load 'm' version 1`).
+fn load_failure(name: &str, reason: &str) -> String {
+    let prefix = format!("failed to load '{name}'");
+    if reason.starts_with(&prefix) {
+        reason.to_string()
+    } else {
+        format!("{prefix}: {reason}")
     }
 }

@@ -84,6 +84,14 @@ impl PythonBackend {
         Ok(dir)
     }
 
+    /// Removes the runtime directory now, even while stubs still hold it: at server exit the
+    /// stubs have imported their modules long ago and are about to see EOF.
+    pub fn cleanup(&self) {
+        if let Some(dir) = self.runtime.lock().take() {
+            let _ = std::fs::remove_dir_all(dir.path());
+        }
+    }
+
     fn settings(&self, config: &ModelConfig, model_dir: &Path) -> Result<StubSettings, String> {
         StubSettings::from_config(config, model_dir, self.default_python.as_deref())
     }
