@@ -24,8 +24,8 @@ use tokio::sync::mpsc;
 use crate::backend::{BackendError, StreamEvent};
 use crate::manager::LoadedVersion;
 use crate::request_check;
-use crate::server::backend_error;
-use crate::stats::{FailureReason, RequestTimings};
+use crate::server::{backend_error, failure_reason, record_success};
+use crate::stats::FailureReason;
 
 /// Whether a model version answers through a response stream.
 pub(crate) fn is_decoupled(loaded: &LoadedVersion) -> bool {
@@ -66,14 +66,7 @@ pub(crate) fn infer_stream(
         let error = match loaded.submit(valid).await {
             Ok(result) => match result.outputs {
                 Ok(_) => {
-                    let t = result.timings;
-                    loaded.stats.record_success(RequestTimings {
-                        total: started.elapsed(),
-                        queue: t.queue,
-                        compute_input: t.compute_input,
-                        compute_infer: t.compute_infer,
-                        compute_output: t.compute_output,
-                    });
+                    record_success(&loaded, started, result.timings);
                     None
                 }
                 Err(e) => {
@@ -84,12 +77,9 @@ pub(crate) fn infer_stream(
                 }
             },
             Err(e) => {
-                let reason = match e {
-                    ServiceError::Overloaded(_) => FailureReason::Rejected,
-                    ServiceError::Cancelled(_) => FailureReason::Canceled,
-                    _ => FailureReason::Other,
-                };
-                loaded.stats.record_failure(started.elapsed(), reason);
+                loaded
+                    .stats
+                    .record_failure(started.elapsed(), failure_reason(&e));
                 Some(e)
             }
         };

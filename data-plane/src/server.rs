@@ -27,6 +27,7 @@ use crate::backend::BackendError;
 use crate::ensemble::{self, EnsembleRequest};
 use crate::manager::LoadedVersion;
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
+use crate::scheduler::ExecTimings;
 use crate::stats::{FailureReason, RequestTimings};
 use crate::{decoupled, request_check};
 
@@ -345,14 +346,7 @@ impl DataPlane {
             }
         };
         outcome.recorded = true;
-        let t = result.timings;
-        loaded.stats.record_success(RequestTimings {
-            total: started.elapsed(),
-            queue: t.queue,
-            compute_input: t.compute_input,
-            compute_infer: t.compute_infer,
-            compute_output: t.compute_output,
-        });
+        record_success(&loaded, started, result.timings);
         Ok(InferResponse {
             model_name: loaded.name.clone(),
             model_version: loaded.version.to_string(),
@@ -373,7 +367,19 @@ impl DataPlane {
 }
 
 /// How a failed request counts in the statistics.
-fn failure_reason(error: &ServiceError) -> FailureReason {
+/// Records a request that ran to completion, with where its time went.
+pub(crate) fn record_success(loaded: &LoadedVersion, started: Instant, t: ExecTimings) {
+    loaded.stats.record_success(RequestTimings {
+        total: started.elapsed(),
+        queue: t.queue,
+        compute_input: t.compute_input,
+        compute_infer: t.compute_infer,
+        compute_output: t.compute_output,
+    });
+}
+
+/// The statistics reason of a request the scheduler refused or lost.
+pub(crate) fn failure_reason(error: &ServiceError) -> FailureReason {
     match error {
         ServiceError::Overloaded(_) => FailureReason::Rejected,
         ServiceError::Cancelled(_) => FailureReason::Canceled,
