@@ -1,0 +1,18 @@
+//! Nereid's control plane: the replicated source of truth for which models exist, which nodes
+//! serve, and where each model's replicas run.
+//!
+//! ```text
+//!  management API ─► command ─► (replicated log, later: openraft) ─► state::apply (pure)
+//!                                                                       │
+//!  heartbeats (soft state: liveness, load) ──► placement::plan (pure) ◄─┘ models, nodes, replicas
+//!                                                  │
+//!                                                  └► commands that move replicas + explanations
+//! ```
+//!
+//! The two decision cores are pure and tested without sockets: [`state`] applies commands to the
+//! registry and bumps one global revision; [`placement`] computes the desired placement from
+//! views of nodes, models, the current placement and load. Networking, consensus and storage
+//! wrap around them.
+
+pub mod placement;
+pub mod state;

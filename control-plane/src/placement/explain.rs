@@ -1,0 +1,90 @@
+//! Explanations: each [`Reason`] as one sentence, and a plan narrowed to one model, as shown by
+//! `GET /api/v1/models/{name}/placement`.
+
+use std::fmt;
+
+use super::{Plan, Reason};
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::NewModel => write!(f, "new model version: placing its first replicas"),
+            Reason::ScaleUp => write!(f, "fewer replicas than wanted: adding one"),
+            Reason::NodeDown => write!(
+                f,
+                "node is down or unknown: its replica is dropped and replaced on a live node"
+            ),
+            Reason::Drain => write!(
+                f,
+                "node is drained: a replacement is placed first, the drained replica unloads \
+                 once enough replicas are ready elsewhere"
+            ),
+            Reason::ScaleDown => write!(
+                f,
+                "more replicas than wanted: removing from the most loaded, least free node first"
+            ),
+            Reason::ModelRemoved => write!(f, "model version is no longer registered"),
+            Reason::SpreadConflict => write!(
+                f,
+                "two replicas of one model version on the same node: the extra one is replaced \
+                 on another node"
+            ),
+            Reason::NoCapacity { needed, best_free } => write!(
+                f,
+                "no capacity: a replica needs {needed} bytes but the best eligible node has \
+                 only {best_free} bytes free"
+            ),
+            Reason::NotEnoughNodes { eligible_nodes } => write!(
+                f,
+                "not enough nodes: all {eligible_nodes} up, undrained nodes already hold a \
+                 replica of this model version"
+            ),
+        }
+    }
+}
+
+impl Plan {
+    /// The part of the plan that concerns one model (all versions). Removals are kept when the
+    /// caller's `replica_model` maps their replica id to this model.
+    pub fn for_model(&self, model: &str, replica_model: impl Fn(u64) -> Option<String>) -> Plan {
+        Plan {
+            add: self
+                .add
+                .iter()
+                .filter(|a| a.model == model)
+                .cloned()
+                .collect(),
+            remove: self
+                .remove
+                .iter()
+                .filter(|r| replica_model(r.replica).as_deref() == Some(model))
+                .cloned()
+                .collect(),
+            unplaced: self
+                .unplaced
+                .iter()
+                .filter(|u| u.model == model)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// One line per decision, e.g. `add resnet50 v1 on node-b: new model version: ...`.
+    pub fn explain(&self) -> Vec<String> {
+        let adds = self
+            .add
+            .iter()
+            .map(|a| format!("add {} v{} on {}: {}", a.model, a.version, a.node, a.reason));
+        let removes = self
+            .remove
+            .iter()
+            .map(|r| format!("remove replica {}: {}", r.replica, r.reason));
+        let unplaced = self.unplaced.iter().map(|u| {
+            format!(
+                "unplaced {} replica(s) of {} v{}: {}",
+                u.missing, u.model, u.version, u.reason
+            )
+        });
+        adds.chain(removes).chain(unplaced).collect()
+    }
+}

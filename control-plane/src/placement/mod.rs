@@ -1,0 +1,167 @@
+//! Placement: a pure function from (nodes, models, current replicas, load) to a [`Plan`] of
+//! replicas to add, replicas to remove and replicas that cannot be placed, each with the
+//! [`Reason`] (the rule that fired) that `GET /api/v1/models/{name}/placement` shows.
+//!
+//! ```text
+//!  NodeView[] ──┐
+//!  ModelView[] ─┼─► plan() ── per model version, largest first ──► classify its replicas:
+//!  CurrentReplica[] ┤            healthy (up, undrained) │ draining │ dead │ duplicate │ orphan
+//!  Load ────────┘                                        ▼
+//!                 remove: dead, duplicates, orphans, surplus (scale down), drained once replaced
+//!                 add:    missing replicas on the node with the most free memory (NodePool)
+//!                 unplaced: what no node can take, with the reason
+//! ```
+//!
+//! The function never talks to the `state` module: callers build the views, so the core stays
+//! pure and is tested by properties (`proptests.rs`). Memory is counted conservatively: a replica
+//! being removed still holds its memory in this round (make-before-break may load the new replica
+//! before the old one unloads), so applying a plan in any order never over-commits a node. The
+//! next round sees the freed memory. Drain is make-before-break over rounds: the first plan adds
+//! the replacement, a later plan (once the replacement is `ready`) removes the drained replica.
+
+mod explain;
+mod plan;
+mod pool;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+pub use plan::plan;
+
+/// A worker node as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub id: String,
+    /// Memory available to model replicas; the sum of replica memory never exceeds it.
+    pub memory_capacity_bytes: u64,
+    /// Reported for explanations and future CPU-aware rules; not a constraint yet.
+    pub cpu_millis_capacity: u64,
+    /// False once the leader declared the node down (missed heartbeats): its replicas are dead.
+    pub up: bool,
+    /// An operator asked to empty the node: nothing new lands here, replicas move away
+    /// make-before-break.
+    pub drained: bool,
+}
+
+/// One version of a model and how many replicas it wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelView {
+    pub name: String,
+    pub version: i64,
+    pub replicas_wanted: u32,
+    /// Used for replicas until a worker has measured one.
+    pub memory_estimate_bytes: u64,
+    /// Measured memory of a loaded replica; preferred over the estimate once known.
+    pub measured_memory_bytes: Option<u64>,
+}
+
+impl ModelView {
+    /// Memory a new replica of this model is expected to take.
+    pub fn replica_memory_bytes(&self) -> u64 {
+        self.measured_memory_bytes
+            .unwrap_or(self.memory_estimate_bytes)
+    }
+}
+
+/// A replica that exists in the current placement (any state short of unloaded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentReplica {
+    pub id: u64,
+    pub model: String,
+    pub version: i64,
+    pub node: String,
+    /// Loaded and serving; only ready replicas let a drained replica go.
+    pub ready: bool,
+    /// Memory the worker measured for this very replica, when it has.
+    pub memory_bytes: Option<u64>,
+}
+
+/// Soft state from heartbeats: per-node utilization in `0.0..=1.0`, used only to break ties.
+/// Nodes without an entry count as idle.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Load {
+    pub node_utilization: BTreeMap<String, f64>,
+}
+
+impl Load {
+    /// Utilization as parts per million, so it can be an exact, ordered sort key.
+    pub(crate) fn ppm(&self, node: &str) -> u32 {
+        let u = self.node_utilization.get(node).copied().unwrap_or(0.0);
+        if u.is_nan() {
+            return 0;
+        }
+        (u.clamp(0.0, 1.0) * 1_000_000.0).round() as u32
+    }
+}
+
+/// Why a replica is added, removed or left unplaced: the rule that fired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// Add: the model version had no replica at all.
+    NewModel,
+    /// Add: fewer replicas than wanted. Remove: never.
+    ScaleUp,
+    /// Add: replaces a replica on a node that is down. Remove: the replica on the down (or
+    /// unknown) node.
+    NodeDown,
+    /// Add: replaces a replica on a drained node. Remove: the drained replica, now that enough
+    /// ready replicas run elsewhere.
+    Drain,
+    /// Remove: more replicas than wanted; taken from the most loaded, least free nodes first.
+    ScaleDown,
+    /// Remove: the replica's model version is no longer registered.
+    ModelRemoved,
+    /// Remove: a second replica of the same model version on one node. Add: its replacement.
+    SpreadConflict,
+    /// Unplaced: no eligible node without this model version has enough free memory.
+    NoCapacity { needed: u64, best_free: u64 },
+    /// Unplaced: every up, undrained node already holds a replica of this model version.
+    NotEnoughNodes { eligible_nodes: usize },
+}
+
+/// A replica to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addition {
+    pub model: String,
+    pub version: i64,
+    pub node: String,
+    pub reason: Reason,
+}
+
+/// A replica to unload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    pub replica: u64,
+    pub reason: Reason,
+}
+
+/// Replicas of a model version that no node can take this round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unplaced {
+    pub model: String,
+    pub version: i64,
+    pub missing: u32,
+    pub reason: Reason,
+}
+
+/// The decision of one placement round. Every list is sorted, so equal inputs give equal plans.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Sorted by (model, version, node).
+    pub add: Vec<Addition>,
+    /// Sorted by replica id.
+    pub remove: Vec<Removal>,
+    /// Sorted by (model, version).
+    pub unplaced: Vec<Unplaced>,
+}
+
+impl Plan {
+    /// True when the placement needs no change (unplaced replicas may remain).
+    pub fn is_settled(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty()
+    }
+}

@@ -1,0 +1,187 @@
+//! The rules, applied per model version, largest replicas first (they are the hardest to fit):
+//!
+//! 1. replicas of unregistered model versions are removed (`ModelRemoved`);
+//! 2. replicas on down or unknown nodes are removed (`NodeDown`);
+//! 3. a second replica on one node is removed (`SpreadConflict`), the ready one with the lowest
+//!    id stays;
+//! 4. surplus healthy replicas are removed, not-ready first, then from the most loaded, least
+//!    free node (`ScaleDown`); healthy replicas are never removed otherwise;
+//! 5. drained replicas stay until enough ready replicas run elsewhere, then go (`Drain`);
+//! 6. missing replicas are added on the eligible node with the most free memory that does not
+//!    hold the model version yet, ties broken by load then node id; when none fits the rest is
+//!    reported `unplaced`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::pool::NodePool;
+use super::{Addition, CurrentReplica, Load, ModelView, NodeView, Plan, Reason, Removal, Unplaced};
+
+type ModelKey<'a> = (&'a str, i64);
+
+/// Computes the changes that move `replicas` towards the placement `models` want on `nodes`.
+/// Pure and deterministic: the same input always gives the same plan.
+pub fn plan(
+    nodes: &[NodeView],
+    models: &[ModelView],
+    replicas: &[CurrentReplica],
+    load: &Load,
+) -> Plan {
+    let mut by_key: BTreeMap<ModelKey, &ModelView> = BTreeMap::new();
+    for m in models {
+        by_key.entry((m.name.as_str(), m.version)).or_insert(m);
+    }
+    let mut groups: BTreeMap<ModelKey, Vec<&CurrentReplica>> = BTreeMap::new();
+    for r in replicas {
+        groups
+            .entry((r.model.as_str(), r.version))
+            .or_default()
+            .push(r);
+    }
+    let charged = replicas.iter().map(|r| {
+        let model = by_key.get(&(r.model.as_str(), r.version)).copied();
+        (r.node.as_str(), replica_memory(r, model))
+    });
+    let mut pool = NodePool::new(nodes, load, charged);
+    let mut out = Plan::default();
+
+    for (key, group) in &groups {
+        if !by_key.contains_key(key) {
+            out.remove.extend(group.iter().map(|r| Removal {
+                replica: r.id,
+                reason: Reason::ModelRemoved,
+            }));
+        }
+    }
+
+    let mut order: Vec<&ModelView> = by_key.values().copied().collect();
+    order.sort_by_key(|m| {
+        (
+            Reverse(m.replica_memory_bytes()),
+            m.name.as_str(),
+            m.version,
+        )
+    });
+    for model in order {
+        let group = groups
+            .get(&(model.name.as_str(), model.version))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        plan_model(model, group, &mut pool, &mut out);
+    }
+
+    out.add.sort_by(|a, b| {
+        (a.model.as_str(), a.version, a.node.as_str()).cmp(&(
+            b.model.as_str(),
+            b.version,
+            b.node.as_str(),
+        ))
+    });
+    out.remove.sort_by_key(|r| r.replica);
+    out.unplaced
+        .sort_by(|a, b| (a.model.as_str(), a.version).cmp(&(b.model.as_str(), b.version)));
+    out
+}
+
+/// Memory a replica holds: its own measurement, else the model's, else the model's estimate.
+fn replica_memory(replica: &CurrentReplica, model: Option<&ModelView>) -> u64 {
+    replica
+        .memory_bytes
+        .or_else(|| model.map(ModelView::replica_memory_bytes))
+        .unwrap_or(0)
+}
+
+fn plan_model(model: &ModelView, group: &[&CurrentReplica], pool: &mut NodePool, out: &mut Plan) {
+    let wanted = model.replicas_wanted as usize;
+    let mut remove = |replica: &CurrentReplica, reason: Reason| {
+        out.remove.push(Removal {
+            replica: replica.id,
+            reason,
+        })
+    };
+
+    // Per node, the ready replica with the lowest id is the keeper.
+    let mut sorted: Vec<&CurrentReplica> = group.to_vec();
+    sorted.sort_by_key(|r| (r.node.as_str(), !r.ready, r.id));
+    let mut hosting: BTreeSet<usize> = BTreeSet::new();
+    let mut healthy: Vec<(&CurrentReplica, usize)> = Vec::new();
+    let mut draining: Vec<&CurrentReplica> = Vec::new();
+    let (mut dead, mut conflicts) = (0usize, 0usize);
+    for r in sorted {
+        match pool.index_of(&r.node) {
+            Some(i) if pool.node(i).view.up => {
+                if !hosting.insert(i) {
+                    remove(r, Reason::SpreadConflict);
+                    conflicts += 1;
+                } else if pool.node(i).view.drained {
+                    draining.push(r);
+                } else {
+                    healthy.push((r, i));
+                }
+            }
+            _ => {
+                remove(r, Reason::NodeDown);
+                dead += 1;
+            }
+        }
+    }
+
+    if healthy.len() > wanted {
+        healthy.sort_by_key(|&(r, i)| {
+            let n = pool.node(i);
+            (r.ready, Reverse(n.load_ppm), n.free(), i, r.id)
+        });
+        let surplus = healthy.len() - wanted;
+        for (r, _) in healthy.drain(..surplus) {
+            remove(r, Reason::ScaleDown);
+        }
+    }
+
+    let ready_healthy = healthy.iter().filter(|(r, _)| r.ready).count();
+    let keep_drained = wanted.saturating_sub(ready_healthy);
+    draining.sort_by_key(|r| (!r.ready, r.id));
+    let drain_reason = if wanted == 0 {
+        Reason::ScaleDown
+    } else {
+        Reason::Drain
+    };
+    for r in draining.iter().skip(keep_drained) {
+        remove(r, drain_reason.clone());
+    }
+
+    let need = wanted.saturating_sub(healthy.len());
+    let fresh = if group.is_empty() {
+        Reason::NewModel
+    } else {
+        Reason::ScaleUp
+    };
+    let reasons = std::iter::repeat_n(Reason::NodeDown, dead)
+        .chain(std::iter::repeat_n(Reason::Drain, draining.len()))
+        .chain(std::iter::repeat_n(Reason::SpreadConflict, conflicts))
+        .chain(std::iter::repeat(fresh))
+        .take(need);
+    let bytes = model.replica_memory_bytes();
+    for (placed, reason) in reasons.enumerate() {
+        match pool.pick(bytes, &hosting) {
+            Ok(i) => {
+                pool.charge(i, bytes);
+                hosting.insert(i);
+                out.add.push(Addition {
+                    model: model.name.clone(),
+                    version: model.version,
+                    node: pool.node(i).view.id.clone(),
+                    reason,
+                });
+            }
+            Err(why) => {
+                out.unplaced.push(Unplaced {
+                    model: model.name.clone(),
+                    version: model.version,
+                    missing: (need - placed) as u32,
+                    reason: why,
+                });
+                break;
+            }
+        }
+    }
+}

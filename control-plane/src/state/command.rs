@@ -1,0 +1,69 @@
+//! The commands the replicated log carries, and what applying one reports.
+//!
+//! Every change to the cluster's state of record is one [`Command`]: the management API
+//! writes model and drain commands, workers' registrations and reports write node and
+//! replica commands, and placement writes `AddReplica` / `SetReplicaState { Unloading }`.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::ModelSpec;
+use super::node::{NodeSpec, NodeStatus};
+use super::replica::ReplicaState;
+
+/// One entry of the replicated log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create or replace a model.
+    UpsertModel(ModelSpec),
+    /// Remove a model; its replicas become `Unloading`.
+    DeleteModel {
+        name: String,
+    },
+    ScaleModel {
+        name: String,
+        min: u32,
+        max: u32,
+    },
+    /// Add a node, or update a re-registering one.
+    RegisterNode(NodeSpec),
+    /// Remove a node that holds no live replica.
+    RemoveNode {
+        id: String,
+    },
+    SetNodeDrained {
+        id: String,
+        drained: bool,
+    },
+    /// A liveness transition decided by the leader from heartbeats.
+    SetNodeStatus {
+        id: String,
+        status: NodeStatus,
+    },
+    /// Assign a model version to a node; [`Applied::replica_id`] carries the new id.
+    AddReplica {
+        model: String,
+        version: i64,
+        node: String,
+    },
+    /// A worker's report; `measured_memory_bytes: None` keeps the previous value.
+    SetReplicaState {
+        id: u64,
+        state: ReplicaState,
+        measured_memory_bytes: Option<u64>,
+    },
+    RemoveReplica {
+        id: u64,
+    },
+}
+
+/// What applying a command did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The state's revision after the command: one more than before if `changed`.
+    pub revision: u64,
+    /// False for an idempotent repeat (same spec, same drain flag, same state report);
+    /// watchers see no delta for it.
+    pub changed: bool,
+    /// The id `AddReplica` allocated.
+    pub replica_id: Option<u64>,
+}
