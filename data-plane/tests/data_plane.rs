@@ -8,32 +8,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use nereid_data_plane::backend::Backends;
-use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
-use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
+use nereid_data_plane::manager::ControlMode;
+use nereid_data_plane::server::DataPlane;
 use nereid_proto::service::LoadRequest;
-use nereid_proto::types::{InferRequest, Tensor};
-use nereid_proto::{DataType, InferenceService, ServiceError};
+use nereid_proto::types::InferRequest;
+use nereid_proto::{InferenceService, ServiceError};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn ort_library() -> PathBuf {
-    if let Some(p) = std::env::var_os("NEREID_ORT_LIBRARY") {
-        return PathBuf::from(p);
-    }
-    let p = workspace()
-        .join(".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1");
-    assert!(
-        p.exists(),
-        "ONNX Runtime library not found at {}: run `make setup`",
-        p.display()
-    );
-    p
-}
+mod common;
+use common::{data_plane, floats, fp32, ort_library, workspace};
 
 fn fixture(name: &str) -> PathBuf {
     workspace()
@@ -65,35 +47,8 @@ fn add_model(repo: &Path, name: &str, config: Option<&str>, versions: &[i64]) {
 }
 
 fn plane(repo: &Path, mode: ControlMode, startup: &[&str]) -> Arc<DataPlane> {
-    let manager = Arc::new(ModelManager::new(
-        ManagerConfig {
-            repositories: vec![repo.to_path_buf()],
-            control_mode: mode,
-            startup_models: startup.iter().map(|s| s.to_string()).collect(),
-            auto_complete: true,
-            queue_capacity: 16,
-        },
-        Backends::new(Some(ort_library())),
-    ));
-    Arc::new(DataPlane::new(
-        DataPlaneConfig {
-            server_name: "nereid".into(),
-            strict_readiness: true,
-        },
-        manager,
-    ))
-}
-
-fn fp32(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Tensor::new(name, DataType::Fp32, shape, Bytes::from(bytes)).unwrap()
-}
-
-fn floats(t: &Tensor) -> Vec<f32> {
-    t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    let backends = Backends::new(Some(ort_library()));
+    data_plane(repo, mode, startup, backends, 16, true)
 }
 
 fn add_sub_request(model: &str, version: Option<i64>) -> InferRequest {

@@ -4,37 +4,18 @@
 //! that bring composing models along, `unload_dependents`; a composing model that goes away;
 //! load-time errors in the repository index and the load API.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use nereid_data_plane::backend::Backends;
-use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
-use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
+use nereid_data_plane::manager::ControlMode;
+use nereid_data_plane::server::DataPlane;
 use nereid_proto::service::{LoadRequest, ModelIndexEntry};
 use nereid_proto::types::{InferRequest, ParamValue, RequestedOutput, Tensor};
-use nereid_proto::{DataType, InferenceService, ServiceError};
+use nereid_proto::{InferenceService, ServiceError};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn ort_library() -> PathBuf {
-    if let Some(p) = std::env::var_os("NEREID_ORT_LIBRARY") {
-        return PathBuf::from(p);
-    }
-    let p = workspace()
-        .join(".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1");
-    assert!(
-        p.exists(),
-        "ONNX Runtime library not found at {}: run `make setup`",
-        p.display()
-    );
-    p
-}
+mod common;
+use common::{data_plane, floats, ort_library, workspace};
 
 /// `add_sub`: INPUT0, INPUT1 FP32 [4] -> OUTPUT0 = a + b, OUTPUT1 = a - b (ONNX Runtime).
 const ADD_SUB: &str = r#"
@@ -185,36 +166,12 @@ fn repository() -> tempfile::TempDir {
 }
 
 fn plane(repo: &Path, mode: ControlMode, startup: &[&str]) -> Arc<DataPlane> {
-    let manager = Arc::new(ModelManager::new(
-        ManagerConfig {
-            repositories: vec![repo.to_path_buf()],
-            control_mode: mode,
-            startup_models: startup.iter().map(|s| s.to_string()).collect(),
-            auto_complete: true,
-            queue_capacity: 64,
-        },
-        Backends::new(Some(ort_library())),
-    ));
-    Arc::new(DataPlane::new(
-        DataPlaneConfig {
-            server_name: "nereid".into(),
-            strict_readiness: false,
-        },
-        manager,
-    ))
+    let backends = Backends::new(Some(ort_library()));
+    data_plane(repo, mode, startup, backends, 64, false)
 }
 
 fn fp32(name: &str, values: &[f32]) -> Tensor {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let shape = vec![1, values.len() as i64];
-    Tensor::new(name, DataType::Fp32, shape, Bytes::from(bytes)).unwrap()
-}
-
-fn floats(t: &Tensor) -> Vec<f32> {
-    t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    common::fp32(name, vec![1, values.len() as i64], values)
 }
 
 fn request(model: &str, inputs: Vec<Tensor>) -> InferRequest {

@@ -13,17 +13,13 @@ use nereid_data_plane::backend::{
     Backend, BackendError, Backends, DeviceKind, Health, InstanceContext, RequestView,
     ServerHandle, StreamEvent,
 };
-use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
-use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
+use nereid_data_plane::manager::ControlMode;
+use nereid_data_plane::server::DataPlane;
 use nereid_proto::types::{InferRequest, ParamValue, Parameters, Tensor, push_bytes_element};
 use nereid_proto::{DataType, InferenceService, ServiceError};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+mod common;
+use common::{data_plane, floats, workspace};
 
 /// The interpreter every fixture runs with (`make setup` creates it).
 fn python() -> PathBuf {
@@ -64,23 +60,7 @@ fn repository(models: &[&str]) -> tempfile::TempDir {
 /// A data plane serving `repo`, bound as the server Python models call for BLS.
 async fn plane(repo: &Path) -> Arc<DataPlane> {
     let backends = Backends::new(None);
-    let manager = Arc::new(ModelManager::new(
-        ManagerConfig {
-            repositories: vec![repo.to_path_buf()],
-            control_mode: ControlMode::None,
-            startup_models: vec![],
-            auto_complete: true,
-            queue_capacity: 16,
-        },
-        backends.clone(),
-    ));
-    let dp = Arc::new(DataPlane::new(
-        DataPlaneConfig {
-            server_name: "nereid".into(),
-            strict_readiness: true,
-        },
-        manager,
-    ));
+    let dp = data_plane(repo, ControlMode::None, &[], backends.clone(), 16, true);
     let service: Weak<dyn InferenceService> = Arc::downgrade(&dp) as Weak<DataPlane>;
     backends
         .server()
@@ -108,21 +88,7 @@ fn context(repo: &Path, model: &str, instance: &str, health: &Arc<Health>) -> In
 }
 
 fn fp32(name: &str, values: &[f32]) -> Tensor {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Tensor::new(
-        name,
-        DataType::Fp32,
-        vec![values.len() as i64],
-        Bytes::from(bytes),
-    )
-    .unwrap()
-}
-
-fn floats(t: &Tensor) -> Vec<f32> {
-    t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    common::fp32(name, vec![values.len() as i64], values)
 }
 
 fn request(model: &str, inputs: Vec<Tensor>) -> InferRequest {

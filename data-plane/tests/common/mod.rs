@@ -1,0 +1,83 @@
+//! Helpers shared by the data plane's integration tests: where the workspace and its ONNX
+//! Runtime library are, a data plane over a test repository, and FP32 tensors.
+//!
+//! Each test file compiles this module on its own and uses part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use nereid_data_plane::backend::Backends;
+use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
+use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
+use nereid_proto::DataType;
+use nereid_proto::types::Tensor;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The ONNX Runtime library: `NEREID_ORT_LIBRARY`, else the one `make setup` recorded in
+/// `.venv/ort-lib-path`.
+pub fn ort_library() -> PathBuf {
+    if let Some(p) = std::env::var_os("NEREID_ORT_LIBRARY") {
+        return PathBuf::from(p);
+    }
+    let record = workspace().join(".venv/ort-lib-path");
+    let p = std::fs::read_to_string(&record)
+        .map(|s| PathBuf::from(s.trim()))
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}: run `make setup`", record.display()));
+    assert!(
+        p.exists(),
+        "ONNX Runtime library not found at {}: run `make setup`",
+        p.display()
+    );
+    p
+}
+
+/// A data plane over `repo` (models not loaded yet: call `load_startup_models`).
+pub fn data_plane(
+    repo: &Path,
+    mode: ControlMode,
+    startup: &[&str],
+    backends: Backends,
+    queue_capacity: usize,
+    strict_readiness: bool,
+) -> Arc<DataPlane> {
+    let manager = Arc::new(ModelManager::new(
+        ManagerConfig {
+            repositories: vec![repo.to_path_buf()],
+            control_mode: mode,
+            startup_models: startup.iter().map(|s| s.to_string()).collect(),
+            auto_complete: true,
+            queue_capacity,
+        },
+        backends,
+    ));
+    Arc::new(DataPlane::new(
+        DataPlaneConfig {
+            server_name: "nereid".into(),
+            strict_readiness,
+        },
+        manager,
+    ))
+}
+
+/// An FP32 tensor of `shape` holding `values`.
+pub fn fp32(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Tensor::new(name, DataType::Fp32, shape, Bytes::from(bytes)).unwrap()
+}
+
+/// The values of an FP32 tensor.
+pub fn floats(t: &Tensor) -> Vec<f32> {
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
