@@ -239,16 +239,7 @@ impl Scheduler {
                 instances: count,
             });
         }
-        let spawn_err = |e: std::io::Error| {
-            BackendError::Load(format!("model '{model}': cannot start a thread: {e}"))
-        };
-        let mut workers = Vec::with_capacity(count);
-        let mut receivers = Vec::with_capacity(count);
-        for _ in 0..count {
-            let (tx, rx) = crossbeam_channel::bounded::<Option<Batch>>(1);
-            workers.push(tx);
-            receivers.push(rx);
-        }
+        let (workers, receivers) = hand_offs::<Batch>(count);
         let shared = Arc::new(Shared {
             model: model.to_string(),
             batching: policy.max_batch_size > 0,
@@ -266,25 +257,21 @@ impl Scheduler {
             timer: Condvar::new(),
             workers,
         });
-        for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate()
-        {
-            let shared = shared.clone();
-            let stats = stats.clone();
-            std::thread::Builder::new()
-                .name(format!("nereid-{name}"))
-                .spawn(move || instance_loop(index, instance, batches, &shared, &stats))
-                .map_err(spawn_err)?;
-        }
-        let timer_shared = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("nereid-timer-{model}"))
-            .spawn(move || {
-                let shared = &*timer_shared;
+        start_threads(
+            model,
+            "timer",
+            instances,
+            receivers,
+            &shared,
+            move |index, instance, batches, shared: &Shared| {
+                instance_loop(index, instance, batches, shared, &stats)
+            },
+            |shared: &Shared| {
                 timer::timer_loop(&shared.state, &shared.timer, |state, now| {
                     shared.dispatch(state, now)
                 })
-            })
-            .map_err(spawn_err)?;
+            },
+        )?;
         Ok(Scheduler {
             kind: Kind::Queue(shared),
             instances: count,
@@ -319,6 +306,50 @@ impl Scheduler {
     pub fn instance_count(&self) -> usize {
         self.instances
     }
+}
+
+/// The hand-off channels of a scheduler's instances: the senders for the dispatcher, the
+/// receivers for the instance threads. `None` tells an idle instance to stop.
+type HandOffs<B> = (Vec<Sender<Option<B>>>, Vec<Receiver<Option<B>>>);
+
+/// One hand-off channel per instance.
+pub(super) fn hand_offs<B>(count: usize) -> HandOffs<B> {
+    (0..count).map(|_| crossbeam_channel::bounded(1)).unzip()
+}
+
+/// Starts a scheduler's threads: `nereid-<instance>` running `run` per instance with its own
+/// receiver, then `nereid-<timer>-<model>` running `timer`. A thread that cannot start fails
+/// the load.
+pub(super) fn start_threads<S, B>(
+    model: &str,
+    timer_kind: &str,
+    instances: Vec<(String, Box<dyn BackendInstance>)>,
+    receivers: Vec<Receiver<Option<B>>>,
+    shared: &Arc<S>,
+    run: impl Fn(usize, Box<dyn BackendInstance>, Receiver<Option<B>>, &S) + Clone + Send + 'static,
+    timer: impl FnOnce(&S) + Send + 'static,
+) -> Result<(), BackendError>
+where
+    S: Send + Sync + 'static,
+    B: Send + 'static,
+{
+    let spawn_err = |e: std::io::Error| {
+        BackendError::Load(format!("model '{model}': cannot start a thread: {e}"))
+    };
+    for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate() {
+        let shared = shared.clone();
+        let run = run.clone();
+        std::thread::Builder::new()
+            .name(format!("nereid-{name}"))
+            .spawn(move || run(index, instance, batches, &shared))
+            .map_err(spawn_err)?;
+    }
+    let shared = shared.clone();
+    std::thread::Builder::new()
+        .name(format!("nereid-{timer_kind}-{model}"))
+        .spawn(move || timer(&shared))
+        .map_err(spawn_err)?;
+    Ok(())
 }
 
 fn enqueue(shared: &Shared, job: Job) {

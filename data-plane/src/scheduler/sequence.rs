@@ -122,9 +122,6 @@ impl SequenceScheduler {
         stats: Arc<VersionStats>,
         queue_capacity: usize,
     ) -> Result<SequenceScheduler, BackendError> {
-        let spawn_err = |e: std::io::Error| {
-            BackendError::Load(format!("model '{model}': cannot start a thread: {e}"))
-        };
         let count = instances.len();
         let per_instance = max_batch_size.max(1);
         let (slots, slot_instance) = match &policy.strategy {
@@ -141,13 +138,7 @@ impl SequenceScheduler {
             } => (count * per_instance, None),
             Strategy::Oldest { max_candidates, .. } => (*max_candidates, None),
         };
-        let mut workers = Vec::with_capacity(count);
-        let mut receivers = Vec::with_capacity(count);
-        for _ in 0..count {
-            let (tx, rx) = crossbeam_channel::bounded::<Option<Vec<Item>>>(1);
-            workers.push(tx);
-            receivers.push(rx);
-        }
+        let (workers, receivers) = super::hand_offs::<Vec<Item>>(count);
         let shared = Arc::new(Shared {
             model: model.to_string(),
             policy,
@@ -166,25 +157,21 @@ impl SequenceScheduler {
             timer: Condvar::new(),
             workers,
         });
-        for (index, ((name, instance), batches)) in instances.into_iter().zip(receivers).enumerate()
-        {
-            let shared = shared.clone();
-            let stats = stats.clone();
-            std::thread::Builder::new()
-                .name(format!("nereid-{name}"))
-                .spawn(move || instance_loop(index, instance, batches, &shared, &stats))
-                .map_err(spawn_err)?;
-        }
-        let timer_shared = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("nereid-seqtimer-{model}"))
-            .spawn(move || {
-                let shared = &*timer_shared;
+        super::start_threads(
+            model,
+            "seqtimer",
+            instances,
+            receivers,
+            &shared,
+            move |index, instance, batches, shared: &Shared| {
+                instance_loop(index, instance, batches, shared, &stats)
+            },
+            |shared: &Shared| {
                 timer::timer_loop(&shared.state, &shared.timer, |state, now| {
                     shared.dispatch(state, now)
                 })
-            })
-            .map_err(spawn_err)?;
+            },
+        )?;
         Ok(SequenceScheduler { shared })
     }
 
