@@ -4,7 +4,12 @@
 
 use prost::Message;
 
-const PROTOS: &[&str] = &["grpc_service.proto", "model_config.proto", "health.proto"];
+const PROTOS: &[&str] = &[
+    "grpc_service.proto",
+    "model_config.proto",
+    "health.proto",
+    "nereid_cluster.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");

@@ -14,5 +14,6 @@
 //! views of nodes, models, the current placement and load. Networking, consensus and storage
 //! wrap around them.
 
+pub mod consensus;
 pub mod placement;
 pub mod state;

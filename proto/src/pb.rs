@@ -27,3 +27,9 @@ pub mod inference {
 pub mod health {
     tonic::include_proto!("grpc.health.v1");
 }
+
+/// Nereid's cluster API (package `nereid.cluster.v1`): management, cluster (workers, routers)
+/// and Raft transport services.
+pub mod cluster {
+    tonic::include_proto!("nereid.cluster.v1");
+}

@@ -44,6 +44,9 @@ pub enum Command {
         model: String,
         version: i64,
         node: String,
+        /// The placement rule that fired, in words; kept on the replica for explanations.
+        #[serde(default)]
+        reason: String,
     },
     /// A worker's report; `measured_memory_bytes: None` keeps the previous value.
     SetReplicaState {

@@ -83,8 +83,9 @@ impl ClusterState {
                 model,
                 version,
                 node,
+                reason,
             } => {
-                replica_id = Some(self.add_replica(&model, version, &node)?);
+                replica_id = Some(self.add_replica(&model, version, &node, reason)?);
                 true
             }
             Command::SetReplicaState {

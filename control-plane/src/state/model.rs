@@ -33,6 +33,10 @@ pub struct ModelSpec {
     pub resources: Resources,
     /// Free-form labels, e.g. for placement constraints.
     pub labels: BTreeMap<String, String>,
+    /// Version folders found in the source when the model was registered (sorted, distinct);
+    /// empty when the registry could not list the source.
+    #[serde(default)]
+    pub available_versions: Vec<i64>,
 }
 
 /// Triton's version policy: which numbered version folders are served.
@@ -53,6 +57,32 @@ impl VersionPolicy {
         match self {
             VersionPolicy::Latest { .. } | VersionPolicy::All => true,
             VersionPolicy::Specific { versions } => versions.contains(&version),
+        }
+    }
+}
+
+impl ModelSpec {
+    /// The versions placement serves: the policy applied to the available version folders.
+    /// `Specific` names its versions even when the source could not be listed.
+    pub fn served_versions(&self) -> Vec<i64> {
+        let mut available = self.available_versions.clone();
+        available.sort_unstable();
+        available.dedup();
+        match &self.version_policy {
+            VersionPolicy::Latest { n } => {
+                let skip = available.len().saturating_sub(*n as usize);
+                available.split_off(skip)
+            }
+            VersionPolicy::All => available,
+            VersionPolicy::Specific { versions } => {
+                let mut v: Vec<i64> = versions
+                    .iter()
+                    .copied()
+                    .filter(|v| available.is_empty() || available.contains(v))
+                    .collect();
+                v.sort_unstable();
+                v
+            }
         }
     }
 }

@@ -126,6 +126,7 @@ fn random_command(rng: &mut Rng, state: &ClusterState) -> Command {
                 0
             },
             node: node_id,
+            reason: "random".into(),
         },
         16..=21 => Command::SetReplicaState {
             id: replica_id,

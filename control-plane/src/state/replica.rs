@@ -31,6 +31,9 @@ pub struct Replica {
     pub state: ReplicaState,
     /// What the worker measured after loading; placement prefers it to the model's estimate.
     pub measured_memory_bytes: Option<u64>,
+    /// Why placement put the replica on this node, in words.
+    #[serde(default)]
+    pub placement_reason: String,
 }
 
 /// Where a replica is in its life; see the module docs for the legal transitions.
@@ -83,6 +86,7 @@ impl ClusterState {
         model: &str,
         version: i64,
         node: &str,
+        reason: String,
     ) -> Result<u64, StateError> {
         let Some(spec) = self.models.get(model) else {
             return Err(StateError::not_found(EntityKind::Model, model));
@@ -135,6 +139,7 @@ impl ClusterState {
                 node: node.to_string(),
                 state: ReplicaState::Pending,
                 measured_memory_bytes: None,
+                placement_reason: reason,
             },
         );
         Ok(id)

@@ -20,7 +20,26 @@ pub(super) fn model(name: &str) -> ModelSpec {
             gpu_memory_bytes: 0,
         },
         labels: BTreeMap::new(),
+        available_versions: vec![1, 2],
     }
+}
+
+#[test]
+fn served_versions_apply_the_policy_to_the_available_folders() {
+    let mut m = model("m");
+    m.available_versions = vec![3, 1, 2];
+    m.version_policy = VersionPolicy::Latest { n: 2 };
+    assert_eq!(m.served_versions(), vec![2, 3]);
+    m.version_policy = VersionPolicy::All;
+    assert_eq!(m.served_versions(), vec![1, 2, 3]);
+    m.version_policy = VersionPolicy::Specific {
+        versions: vec![3, 7],
+    };
+    assert_eq!(m.served_versions(), vec![3], "7 is not in the source");
+    m.available_versions.clear();
+    assert_eq!(m.served_versions(), vec![3, 7], "unknown source: trust the list");
+    m.version_policy = VersionPolicy::Latest { n: 1 };
+    assert!(m.served_versions().is_empty());
 }
 
 pub(super) fn node(id: &str) -> NodeSpec {
@@ -88,6 +107,7 @@ fn with_replica() -> (ClusterState, u64) {
             model: "m".into(),
             version: 1,
             node: "n1".into(),
+            reason: String::new(),
         },
     )
     .replica_id
@@ -100,6 +120,7 @@ fn add(model: &str, version: i64, node: &str) -> Command {
         model: model.into(),
         version,
         node: node.into(),
+        reason: "test".into(),
     }
 }
 
