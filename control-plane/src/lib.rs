@@ -15,5 +15,6 @@
 //! wrap around them.
 
 pub mod consensus;
+pub mod leader;
 pub mod placement;
 pub mod state;

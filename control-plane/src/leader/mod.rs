@@ -1,0 +1,37 @@
+//! What only the leader knows: soft state from heartbeats (liveness, utilization) and the
+//! history of placement decisions. The management API reads it through [`Observations`]; on a
+//! follower the API forwards such reads to the leader.
+
+use nereid_proto::pb::cluster as pb;
+
+use crate::placement::Load;
+
+/// The leader's soft state as the management API sees it.
+pub trait Observations: Send + Sync + 'static {
+    /// Utilization from the node's last heartbeat; `None` when this node has not heard from it
+    /// (or is not the leader).
+    fn node_utilization(&self, node: &str) -> Option<pb::NodeUtilization>;
+
+    /// Recent placement decisions that concerned `model`, oldest first.
+    fn placement_history(&self, model: &str) -> Vec<pb::PlacementRecord>;
+
+    /// Per-node load, as placement uses it to break ties.
+    fn load(&self) -> Load;
+}
+
+/// Observations of a node that is not the leader (or in tests): knows nothing.
+pub struct NoObservations;
+
+impl Observations for NoObservations {
+    fn node_utilization(&self, _node: &str) -> Option<pb::NodeUtilization> {
+        None
+    }
+
+    fn placement_history(&self, _model: &str) -> Vec<pb::PlacementRecord> {
+        Vec::new()
+    }
+
+    fn load(&self) -> Load {
+        Load::default()
+    }
+}
