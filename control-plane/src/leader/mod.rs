@@ -1,6 +1,20 @@
 //! What only the leader knows: soft state from heartbeats (liveness, utilization) and the
 //! history of placement decisions. The management API reads it through [`Observations`]; on a
 //! follower the API forwards such reads to the leader.
+//!
+//! The leader's loop ([`task`]) turns heartbeats into liveness transitions ([`liveness`]) and
+//! the state into placement rounds ([`views`] → `placement::plan` → [`round`]), recording each
+//! round's decisions per model ([`decisions`], [`soft`]).
+
+pub mod decisions;
+pub mod liveness;
+pub mod round;
+pub mod soft;
+pub mod task;
+pub mod views;
+
+#[cfg(test)]
+mod tests;
 
 use nereid_proto::pb::cluster as pb;
 

@@ -43,6 +43,23 @@ impl fmt::Display for Reason {
     }
 }
 
+impl Reason {
+    /// The rule's name, as the API and `ctl` show it (`NoCapacity`, `Drain`...).
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Reason::NewModel => "NewModel",
+            Reason::ScaleUp => "ScaleUp",
+            Reason::NodeDown => "NodeDown",
+            Reason::Drain => "Drain",
+            Reason::ScaleDown => "ScaleDown",
+            Reason::ModelRemoved => "ModelRemoved",
+            Reason::SpreadConflict => "SpreadConflict",
+            Reason::NoCapacity { .. } => "NoCapacity",
+            Reason::NotEnoughNodes { .. } => "NotEnoughNodes",
+        }
+    }
+}
+
 impl Plan {
     /// The part of the plan that concerns one model (all versions). Removals are kept when the
     /// caller's `replica_model` maps their replica id to this model.

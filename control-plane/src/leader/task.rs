@@ -1,0 +1,136 @@
+//! The leader's control loop. On every node it waits for this node to become leader; while it
+//! is, it runs rounds on a timer and on every state change:
+//!
+//! ```text
+//!  round: liveness transitions ─► SetNodeStatus writes
+//!         state ─► placement_views ─► plan(load) ─► record decisions per model
+//!                                         └──────► commands_for ─► writes, in order
+//! ```
+//!
+//! A refused write (the state moved under the round) ends the round early; the next round
+//! starts from the new state. Losing leadership ends the inner loop; the task then waits again.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::decisions::{decisions_for_model, describe_inputs};
+use super::round::commands_for;
+use super::soft::SoftState;
+use super::views::placement_views;
+use super::Observations;
+use crate::consensus::{Consensus, ConsensusError};
+use crate::placement::plan;
+use crate::state::Command;
+
+/// How often the leader re-evaluates liveness and placement without a state change.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderConfig {
+    pub round_interval: Duration,
+}
+
+/// Runs the leader loop until `shutdown` turns true.
+pub async fn run(
+    consensus: Arc<dyn Consensus>,
+    soft: Arc<SoftState>,
+    config: LeaderConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut leadership = consensus.leadership();
+    loop {
+        let current = *leadership.borrow_and_update();
+        if current.is_self {
+            info!(term = current.term, "this node is the leader: running placement");
+            soft.begin_term(Instant::now());
+            lead(&*consensus, &soft, config, &mut leadership, &mut shutdown).await;
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Runs rounds while this node stays leader.
+async fn lead(
+    consensus: &dyn Consensus,
+    soft: &SoftState,
+    config: LeaderConfig,
+    leadership: &mut watch::Receiver<crate::consensus::Leadership>,
+    shutdown: &mut watch::Receiver<bool>,
+) {
+    let mut states = consensus.subscribe();
+    let mut ticker = tokio::time::interval(config.round_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if *shutdown.borrow() || !leadership.borrow().is_self {
+            return;
+        }
+        match round(consensus, soft).await {
+            Ok(()) => {}
+            Err(ConsensusError::NotLeader { .. }) => return,
+            Err(e) => debug!("placement round ended early: {e}"),
+        }
+        tokio::select! {
+            _ = ticker.tick() => {}
+            changed = states.changed() => if changed.is_err() { return },
+            changed = leadership.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// One round: liveness, then placement.
+pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), ConsensusError> {
+    let state = consensus.local_state();
+    let transitions = soft.liveness_transitions(
+        state.nodes().values().map(|n| (n.spec.id.as_str(), n.status)),
+        Instant::now(),
+    );
+    for (id, status) in transitions {
+        info!(node = %id, ?status, "node liveness changed");
+        write(consensus, Command::SetNodeStatus { id, status }).await?;
+    }
+
+    let state = consensus.local_state();
+    let (nodes, models, replicas) = placement_views(&state);
+    let load = soft.load();
+    let decided = plan(&nodes, &models, &replicas, &load);
+    let mut touched: BTreeSet<&str> = state.models().keys().map(String::as_str).collect();
+    touched.extend(decided.add.iter().map(|a| a.model.as_str()));
+    touched.extend(decided.unplaced.iter().map(|u| u.model.as_str()));
+    let inputs = if decided.is_settled() && decided.unplaced.is_empty() {
+        Vec::new()
+    } else {
+        describe_inputs(&state, &nodes, &load)
+    };
+    for model in touched {
+        let decisions = decisions_for_model(&state, &decided, model);
+        soft.record(model, state.revision(), decisions, inputs.clone());
+    }
+    for cmd in commands_for(&state, &decided) {
+        write(consensus, cmd).await?;
+    }
+    Ok(())
+}
+
+async fn write(consensus: &dyn Consensus, cmd: Command) -> Result<(), ConsensusError> {
+    let what = format!("{cmd:?}");
+    match consensus.write(cmd).await {
+        Ok(applied) => {
+            debug!(revision = applied.revision, "leader wrote {what}");
+            Ok(())
+        }
+        Err(e @ ConsensusError::Rejected(_)) => {
+            warn!("leader write refused ({what}): {e}");
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}

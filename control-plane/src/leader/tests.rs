@@ -1,0 +1,238 @@
+//! Leader rounds against the in-memory consensus: placement writes, node death, drains, and the
+//! recorded decisions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::Observations;
+use super::soft::SoftState;
+use super::task::round;
+use crate::consensus::Consensus;
+use crate::consensus::memory::MemoryConsensus;
+use crate::state::{
+    Command, ModelSpec, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, ReplicaState,
+    Resources, VersionPolicy,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn node(id: &str) -> NodeSpec {
+    NodeSpec {
+        id: id.into(),
+        addresses: NodeAddresses {
+            data_http: format!("{id}:8000"),
+            data_grpc: format!("{id}:8001"),
+            agent: format!("{id}:8003"),
+        },
+        capacity: NodeCapacity {
+            cpu_millis: 4000,
+            memory_bytes: 8 << 30,
+            gpus: vec![],
+        },
+        labels: BTreeMap::new(),
+        drained: false,
+    }
+}
+
+fn model(name: &str, replicas: u32) -> ModelSpec {
+    ModelSpec {
+        name: name.into(),
+        source: format!("file:///models/{name}"),
+        version_policy: VersionPolicy::Latest { n: 1 },
+        config_override: None,
+        min_replicas: replicas,
+        max_replicas: replicas,
+        resources: Resources {
+            memory_bytes: 1 << 30,
+            ..Resources::default()
+        },
+        labels: BTreeMap::new(),
+        available_versions: vec![1],
+    }
+}
+
+/// A leader that has been in office long enough to declare nodes down.
+fn setup() -> (Arc<MemoryConsensus>, SoftState) {
+    let soft = SoftState::new(TIMEOUT);
+    soft.begin_term(Instant::now() - Duration::from_secs(60));
+    (Arc::new(MemoryConsensus::new(1)), soft)
+}
+
+async fn write(c: &MemoryConsensus, cmd: Command) {
+    c.write(cmd).await.expect("write accepted");
+}
+
+/// (node, state) of every replica of `model`, sorted by node.
+fn replicas_of(c: &MemoryConsensus, model: &str) -> Vec<(String, ReplicaState)> {
+    let mut v: Vec<_> = c
+        .local_state()
+        .replicas_of(model)
+        .map(|r| (r.node.clone(), r.state.clone()))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+async fn set_ready(c: &MemoryConsensus, model: &str) {
+    let ids: Vec<u64> = c
+        .local_state()
+        .replicas_of(model)
+        .filter(|r| r.state == ReplicaState::Pending)
+        .map(|r| r.id)
+        .collect();
+    for id in ids {
+        for state in [ReplicaState::Loading, ReplicaState::Ready] {
+            write(
+                c,
+                Command::SetReplicaState {
+                    id,
+                    state,
+                    measured_memory_bytes: Some(512 << 20),
+                },
+            )
+            .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_round_places_replicas_spread_and_records_why() {
+    let (c, soft) = setup();
+    for id in ["a", "b"] {
+        write(&c, Command::RegisterNode(node(id))).await;
+        soft.heard_from(id, Instant::now(), None);
+    }
+    write(&c, Command::UpsertModel(model("m", 2))).await;
+    round(&*c, &soft).await.unwrap();
+
+    let placed = replicas_of(&c, "m");
+    assert_eq!(
+        placed,
+        vec![
+            ("a".into(), ReplicaState::Pending),
+            ("b".into(), ReplicaState::Pending)
+        ]
+    );
+    let state = c.local_state();
+    assert!(
+        state
+            .replicas_of("m")
+            .all(|r| r.placement_reason.starts_with("new model version"))
+    );
+    let history = soft.placement_history("m");
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].decisions.len(), 2);
+    assert!(history[0].decisions.iter().all(|d| d.rule == "NewModel"));
+    assert_eq!(history[0].inputs.len(), 2, "{:?}", history[0].inputs);
+
+    round(&*c, &soft).await.unwrap();
+    assert_eq!(replicas_of(&c, "m").len(), 2, "a settled round adds nothing");
+    assert_eq!(soft.placement_history("m").len(), 1, "nothing new recorded");
+}
+
+#[tokio::test]
+async fn a_silent_node_goes_down_and_its_replica_moves() {
+    let (c, soft) = setup();
+    for id in ["a", "b", "c"] {
+        write(&c, Command::RegisterNode(node(id))).await;
+        soft.heard_from(id, Instant::now(), None);
+    }
+    write(&c, Command::UpsertModel(model("m", 2))).await;
+    round(&*c, &soft).await.unwrap();
+    set_ready(&c, "m").await;
+    let victim = replicas_of(&c, "m")[0].0.clone();
+
+    let old = Instant::now() - Duration::from_secs(30);
+    let mut live: Vec<&str> = vec!["a", "b", "c"];
+    live.retain(|n| *n != victim);
+    soft.begin_term(old);
+    soft.heard_from(&victim, old, None);
+    for n in &live {
+        soft.heard_from(n, Instant::now(), None);
+    }
+    round(&*c, &soft).await.unwrap();
+
+    let state = c.local_state();
+    assert_eq!(state.node(&victim).unwrap().status, NodeStatus::Down);
+    let nodes: Vec<String> = state.replicas_of("m").map(|r| r.node.clone()).collect();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    assert!(!nodes.contains(&victim), "the dead node's replica is gone: {nodes:?}");
+    let moved = state
+        .replicas_of("m")
+        .find(|r| r.state == ReplicaState::Pending)
+        .expect("a replacement");
+    assert!(moved.placement_reason.contains("down"), "{}", moved.placement_reason);
+
+    soft.heard_from(&victim, Instant::now(), None);
+    round(&*c, &soft).await.unwrap();
+    assert_eq!(c.local_state().node(&victim).unwrap().status, NodeStatus::Up);
+}
+
+#[tokio::test]
+async fn a_new_leader_waits_one_timeout_before_declaring_nodes_down() {
+    let c = Arc::new(MemoryConsensus::new(1));
+    let soft = SoftState::new(TIMEOUT);
+    write(&c, Command::RegisterNode(node("a"))).await;
+    soft.begin_term(Instant::now());
+    round(&*c, &soft).await.unwrap();
+    assert_eq!(c.local_state().node("a").unwrap().status, NodeStatus::Up);
+}
+
+#[tokio::test]
+async fn drain_is_make_before_break() {
+    let (c, soft) = setup();
+    for id in ["a", "b"] {
+        write(&c, Command::RegisterNode(node(id))).await;
+        soft.heard_from(id, Instant::now(), None);
+    }
+    write(&c, Command::UpsertModel(model("m", 1))).await;
+    round(&*c, &soft).await.unwrap();
+    set_ready(&c, "m").await;
+    let first = replicas_of(&c, "m")[0].0.clone();
+    let other = if first == "a" { "b" } else { "a" };
+
+    write(
+        &c,
+        Command::SetNodeDrained {
+            id: first.clone(),
+            drained: true,
+        },
+    )
+    .await;
+    round(&*c, &soft).await.unwrap();
+    let now = replicas_of(&c, "m");
+    let expected_pair = |drained_state: ReplicaState| {
+        let mut v = vec![
+            (first.clone(), drained_state),
+            (other.to_string(), ReplicaState::Pending),
+        ];
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    assert_eq!(now, expected_pair(ReplicaState::Ready), "old stays until new is ready");
+
+    set_ready(&c, "m").await;
+    round(&*c, &soft).await.unwrap();
+    let state = c.local_state();
+    let on_first = state.replicas_of("m").find(|r| r.node == first).unwrap();
+    assert_eq!(on_first.state, ReplicaState::Unloading);
+    let on_other = state.replicas_of("m").find(|r| r.node == other).unwrap();
+    assert_eq!(on_other.state, ReplicaState::Ready);
+}
+
+#[tokio::test]
+async fn a_model_that_fits_nowhere_is_recorded_unplaced() {
+    let (c, soft) = setup();
+    write(&c, Command::RegisterNode(node("a"))).await;
+    soft.heard_from("a", Instant::now(), None);
+    let mut big = model("big", 1);
+    big.resources.memory_bytes = 64 << 30;
+    write(&c, Command::UpsertModel(big)).await;
+    round(&*c, &soft).await.unwrap();
+    assert!(replicas_of(&c, "big").is_empty());
+    let history = soft.placement_history("big");
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].decisions[0].action, "unplaced");
+    assert_eq!(history[0].decisions[0].rule, "NoCapacity");
+}
