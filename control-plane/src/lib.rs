@@ -18,4 +18,5 @@ pub mod consensus;
 pub mod convert;
 pub mod leader;
 pub mod placement;
+pub mod source;
 pub mod state;
