@@ -1,0 +1,205 @@
+"""Processes of a local cluster for the end-to-end suite: control-plane nodes, workers, and the
+management REST API they serve. Everything binds 127.0.0.1 on free ports and logs to a file."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nereid_util import (NEREID_BIN, SERVERS, _die_with_parent, free_port, http_json, http_raw,
+                         wait_until)
+
+TOKEN = "cluster-test-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+# Short timeouts keep failure tests quick; every wait below is bounded.
+HEARTBEAT_MS = 200
+HEARTBEAT_TIMEOUT_MS = 1500
+
+
+class Process:
+    """A nereid subcommand process logging to `<workdir>/<name>.log` (restartable)."""
+
+    def __init__(self, name, workdir, args):
+        self.name = name
+        self.args = [NEREID_BIN, *args]
+        self.log_path = Path(workdir) / f"{name}.log"
+        self.proc = None
+        self._log = None
+
+    def spawn(self):
+        if not os.access(NEREID_BIN, os.X_OK):
+            raise AssertionError(f"binary {NEREID_BIN} missing (set NEREID_BIN or build it)")
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env.setdefault("NEREID_PYTHON", sys.executable)
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                     env=env)
+        if self not in SERVERS:
+            SERVERS.append(self)
+        return self
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self):
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} exited with {self.proc.returncode}\n"
+                                 f"{self.log_tail()}")
+
+    def kill(self):
+        """SIGKILL: no chance to clean up, like a crashed machine."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._close()
+
+    def stop(self, deadline_s=30):
+        """SIGTERM and wait; returns the exit code."""
+        if not self.alive():
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.name} did not exit within {deadline_s}s of SIGTERM\n"
+                                 f"{self.log_tail()}")
+        finally:
+            self._close()
+
+    def _close(self):
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, limit=6000):
+        try:
+            return self.log_path.read_bytes()[-limit:].decode("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+
+
+class ControlPlaneNode(Process):
+    def __init__(self, node_id, workdir, token_file, peers=None, extra=()):
+        self.node_id = node_id
+        self.grpc_port = peers[node_id] if peers else free_port()
+        self.http_port = free_port()
+        self.data_dir = Path(workdir) / f"cp{node_id}-data"
+        args = ["control-plane",
+                "--node-id", str(node_id),
+                "--listen", f"127.0.0.1:{self.grpc_port}",
+                "--http-listen", f"127.0.0.1:{self.http_port}",
+                "--data-dir", str(self.data_dir),
+                "--auth-token-file", str(token_file),
+                "--heartbeat-interval-ms", str(HEARTBEAT_MS),
+                "--heartbeat-timeout-ms", str(HEARTBEAT_TIMEOUT_MS),
+                "--log-verbose", "1",
+                *extra]
+        if peers:
+            args += ["--peers", ",".join(f"{i}=127.0.0.1:{p}" for i, p in sorted(peers.items()))]
+        super().__init__(f"cp{node_id}", workdir, args)
+
+    @property
+    def grpc_addr(self):
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_addr(self):
+        return f"127.0.0.1:{self.http_port}"
+
+    def api(self, method, path, body=None, auth=True):
+        self.check_alive()
+        return http_json(self.http_addr, method, path, body, AUTH if auth else None)
+
+    def status(self):
+        code, body = self.api("GET", "/api/v1/cluster")
+        assert code == 200, (code, body)
+        return body
+
+
+class WorkerProcess(Process):
+    def __init__(self, node_id, workdir, token_file, control_planes):
+        self.node_id = node_id
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        args = ["worker",
+                "--control-plane", ",".join(control_planes),
+                "--node-id", node_id,
+                "--auth-token-file", str(token_file),
+                "--heartbeat-interval-ms", str(HEARTBEAT_MS),
+                "--work-dir", str(Path(workdir) / f"{node_id}-work"),
+                "--http-port", str(self.http_port),
+                "--grpc-port", str(self.grpc_port),
+                "--metrics-port", str(self.metrics_port),
+                "--http-address", "127.0.0.1",
+                "--grpc-address", "127.0.0.1",
+                "--metrics-address", "127.0.0.1",
+                "--log-verbose", "1"]
+        super().__init__(node_id, workdir, args)
+
+    @property
+    def http_url(self):
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self):
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def wait_live(self, deadline_s=60):
+        def live():
+            self.check_alive()
+            return http_raw(self.http_url, "GET", "/v2/health/live", timeout=2)[0] == 200
+        wait_until(live, deadline_s, f"{self.name} live")
+
+
+def write_token(workdir):
+    path = Path(workdir) / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+def leader_of(nodes, deadline_s=30):
+    """The node that all live nodes agree leads; waits for an election."""
+    live = [n for n in nodes if n.alive()]
+
+    def agreed():
+        ids = set()
+        for n in live:
+            code, body = http_json(n.http_addr, "GET", "/api/v1/cluster", None, AUTH)
+            if code != 200 or not body.get("leader_id"):
+                return None
+            ids.add(body["leader_id"])
+        if len(ids) != 1:
+            return None
+        leader_id = ids.pop()
+        return next((n for n in live if n.node_id == leader_id), None)
+
+    return wait_until(agreed, deadline_s, "an agreed control-plane leader")
+
+
+def model_body(name, source_dir, replicas=1, memory=64 << 20):
+    return {
+        "name": name,
+        "source": f"file://{source_dir}",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "min_replicas": replicas,
+        "max_replicas": replicas,
+        "resources": {"memory_bytes": memory},
+    }
+
+
+def replicas(node, model):
+    code, body = node.api("GET", f"/api/v1/models/{model}?consistency=linearizable")
+    assert code == 200, (code, body)
+    return body.get("replicas", [])
+
+
+def wait_replicas(node, model, predicate, what, deadline_s=60):
+    return wait_until(lambda: (lambda r: r if predicate(r) else None)(replicas(node, model)),
+                      deadline_s, f"{model}: {what}")
+
+
+def since(t0):
+    return f"{time.monotonic() - t0:.1f}s"
