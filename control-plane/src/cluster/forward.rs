@@ -1,0 +1,67 @@
+//! Reaching the leader from a follower: one lazily connected gRPC channel per leader address,
+//! and requests that carry the cluster's bearer token.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+use crate::consensus::Consensus;
+
+/// Channels to whichever node leads, cached by address.
+pub struct LeaderChannels {
+    consensus: Arc<dyn Consensus>,
+    token: Option<String>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl LeaderChannels {
+    pub fn new(consensus: Arc<dyn Consensus>, token: Option<String>) -> Self {
+        LeaderChannels {
+            consensus,
+            token,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// True when this node is the leader and should answer itself.
+    pub fn is_leader(&self) -> bool {
+        self.consensus.status().is_leader()
+    }
+
+    /// A channel to the current leader, or UNAVAILABLE naming what is missing.
+    pub fn leader(&self) -> Result<Channel, Status> {
+        let status = self.consensus.status();
+        let Some(address) = status.leader_address.filter(|_| status.leader_id.is_some()) else {
+            return Err(Status::unavailable(
+                "no control-plane leader is known (election in progress or no quorum); retry",
+            ));
+        };
+        let mut channels = self.channels.lock();
+        if let Some(channel) = channels.get(&address) {
+            return Ok(channel.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| Status::internal(format!("leader address '{address}': {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10))
+            .tcp_nodelay(true);
+        let channel = endpoint.connect_lazy();
+        channels.insert(address, channel.clone());
+        Ok(channel)
+    }
+
+    /// Wraps `message` in a request that carries the bearer token, if any.
+    pub fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(token) = &self.token
+            && let Ok(value) = format!("Bearer {token}").parse()
+        {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+}

@@ -1,0 +1,170 @@
+//! The `Cluster` gRPC service workers and routers call. Registration, heartbeats and replica
+//! reports need the leader (its soft state and the log); a follower forwards them. Watch is
+//! answered by any node from its applied state.
+//!
+//! ```text
+//!  RegisterNode ─► write RegisterNode ─► soft: heard from      (leader)
+//!  Heartbeat    ─► soft: heard from + utilization; unknown node ─► reregister
+//!  ReportReplica ─► unloaded ? RemoveReplica : SetReplicaState  (the replica must be the node's)
+//!  Watch        ─► WatchHub: snapshot or retained deltas, then live deltas
+//! ```
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use nereid_proto::pb::cluster as pb;
+use nereid_proto::pb::cluster::cluster_client::ClusterClient;
+use nereid_proto::pb::cluster::cluster_server::Cluster;
+use tonic::{Request, Response, Status};
+
+use super::forward::LeaderChannels;
+use crate::api::error::ApiError;
+use crate::consensus::Consensus;
+use crate::convert;
+use crate::leader::soft::SoftState;
+use crate::state::{Command, EntityKind, StateError};
+use crate::watch::WatchHub;
+
+pub struct ClusterService {
+    consensus: Arc<dyn Consensus>,
+    soft: Arc<SoftState>,
+    hub: Arc<WatchHub>,
+    leader: Arc<LeaderChannels>,
+    heartbeat_interval: Duration,
+}
+
+impl ClusterService {
+    pub fn new(
+        consensus: Arc<dyn Consensus>,
+        soft: Arc<SoftState>,
+        hub: Arc<WatchHub>,
+        leader: Arc<LeaderChannels>,
+        heartbeat_interval: Duration,
+    ) -> Self {
+        ClusterService {
+            consensus,
+            soft,
+            hub,
+            leader,
+            heartbeat_interval,
+        }
+    }
+
+    fn leader_client(&self) -> Result<ClusterClient<tonic::transport::Channel>, Status> {
+        Ok(ClusterClient::new(self.leader.leader()?))
+    }
+
+    fn revision(&self) -> u64 {
+        self.consensus.local_state().revision()
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn register_node(
+        &self,
+        request: Request<pb::RegisterNodeRequest>,
+    ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        if !self.leader.is_leader() {
+            let forwarded = self.leader.request(request.into_inner());
+            return self.leader_client()?.register_node(forwarded).await;
+        }
+        let spec = convert::node_spec_from_register(request.into_inner()).map_err(ApiError::from)?;
+        let id = spec.id.clone();
+        let applied = self
+            .consensus
+            .write(Command::RegisterNode(spec))
+            .await
+            .map_err(ApiError::from)?;
+        self.soft.heard_from(&id, Instant::now(), None);
+        Ok(Response::new(pb::RegisterNodeResponse {
+            revision: applied.revision,
+            heartbeat_interval_ms: self.heartbeat_interval.as_millis() as u64,
+            heartbeat_timeout_ms: self.soft.heartbeat_timeout().as_millis() as u64,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        if !self.leader.is_leader() {
+            let forwarded = self.leader.request(request.into_inner());
+            return self.leader_client()?.heartbeat(forwarded).await;
+        }
+        let heartbeat = request.into_inner();
+        if heartbeat.node_id.is_empty() {
+            return Err(ApiError::from(StateError::invalid("heartbeat", "node_id", "must not be empty")).into());
+        }
+        let state = self.consensus.local_state();
+        if state.node(&heartbeat.node_id).is_none() {
+            return Ok(Response::new(pb::HeartbeatResponse {
+                reregister: true,
+                revision: state.revision(),
+            }));
+        }
+        let node = heartbeat.node_id.clone();
+        self.soft.heard_from(&node, Instant::now(), Some(heartbeat));
+        Ok(Response::new(pb::HeartbeatResponse {
+            reregister: false,
+            revision: state.revision(),
+        }))
+    }
+
+    async fn report_replica(
+        &self,
+        request: Request<pb::ReportReplicaRequest>,
+    ) -> Result<Response<pb::ReportReplicaResponse>, Status> {
+        if !self.leader.is_leader() {
+            let forwarded = self.leader.request(request.into_inner());
+            return self.leader_client()?.report_replica(forwarded).await;
+        }
+        let report = request.into_inner();
+        let state = self.consensus.local_state();
+        let Some(replica) = state.replica(report.replica) else {
+            if report.unloaded {
+                // Already removed: a retried report.
+                return Ok(Response::new(pb::ReportReplicaResponse {
+                    revision: state.revision(),
+                }));
+            }
+            return Err(ApiError::from(StateError::not_found(EntityKind::Replica, report.replica)).into());
+        };
+        if replica.node != report.node_id {
+            return Err(ApiError::from(StateError::Conflict(format!(
+                "replica {} is assigned to node '{}', not to '{}'",
+                replica.id, replica.node, report.node_id
+            )))
+            .into());
+        }
+        let cmd = if report.unloaded {
+            Command::RemoveReplica { id: replica.id }
+        } else {
+            Command::SetReplicaState {
+                id: replica.id,
+                state: convert::replica_state_from_pb(report.state, &report.failure_reason)
+                    .map_err(ApiError::from)?,
+                measured_memory_bytes: (report.measured_memory_bytes > 0)
+                    .then_some(report.measured_memory_bytes),
+            }
+        };
+        let applied = self.consensus.write(cmd).await.map_err(ApiError::from)?;
+        Ok(Response::new(pb::ReportReplicaResponse {
+            revision: applied.revision.max(self.revision()),
+        }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let from = request.into_inner().from_revision;
+        Ok(Response::new(Box::pin(self.hub.stream(from))))
+    }
+}

@@ -1,0 +1,312 @@
+//! One control-plane process: the Raft node, the gRPC services (Raft transport, management,
+//! cluster) on one port, the REST mirror on another, and the leader loop.
+//!
+//! ```text
+//!  run(config)
+//!   ├─ RaftNode::start (redb in data_dir; bootstrap from peers, or wait to be added by --join)
+//!   ├─ gRPC :listen   ── auth ─► Raft │ Management │ Cluster (Watch from WatchHub)
+//!   ├─ REST :http     ── auth ─► /api/v1/... (same ManagementService)
+//!   ├─ leader::task   (liveness + placement while this node leads)
+//!   ├─ --join ADDR    ─► AddMember(self) on ADDR until accepted
+//!   └─ --model-repository DIR ─► register each model not registered yet
+//!  shutdown signal ─► stop accepting, leader loop ends, Raft shuts down
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nereid_proto::pb::cluster as pb;
+use nereid_proto::pb::cluster::cluster_server::ClusterServer;
+use nereid_proto::pb::cluster::management_client::ManagementClient;
+use nereid_proto::pb::cluster::management_server::ManagementServer;
+use nereid_proto::pb::cluster::raft_server::RaftServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{info, warn};
+
+use crate::api::auth::AuthToken;
+use crate::api::rest;
+use crate::api::service::ManagementService;
+use crate::cluster::forward::LeaderChannels;
+use crate::cluster::service::ClusterService;
+use crate::consensus::{Consensus, ConsensusError};
+use crate::leader::soft::SoftState;
+use crate::leader::task::{self, LeaderConfig};
+use crate::raft::{RaftConfig, RaftNode};
+use crate::source::repository_models;
+use crate::state::Command;
+use crate::watch::WatchHub;
+
+/// Everything `nereid control-plane` is configured with.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub node_id: u64,
+    /// gRPC: Raft transport, management and cluster services.
+    pub listen: SocketAddr,
+    /// The gRPC address peers, workers and `ctl` reach this node at; defaults to `listen`.
+    pub advertise: Option<String>,
+    /// REST mirror of the management API; `None` disables it.
+    pub http_listen: Option<SocketAddr>,
+    pub data_dir: PathBuf,
+    /// Initial members (id → gRPC address), this node included. Empty: a single node.
+    pub peers: BTreeMap<u64, String>,
+    /// Join the cluster a member at this address belongs to, instead of bootstrapping.
+    pub join: Option<String>,
+    pub auth: AuthToken,
+    /// The token as a string, for calls this node makes to its peers.
+    pub auth_value: Option<String>,
+    /// What workers are told to use between heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Silence after which the leader declares a worker down.
+    pub heartbeat_timeout: Duration,
+    pub placement_interval: Duration,
+    pub raft_heartbeat: Duration,
+    pub election_timeout: Duration,
+    pub snapshot_threshold: u64,
+    /// Model repositories whose models are registered at start (when not registered yet).
+    pub model_repositories: Vec<PathBuf>,
+    pub default_replicas: u32,
+}
+
+/// Why a control-plane node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("gRPC server failed: {0}")]
+    Serve(String),
+}
+
+/// Runs a control-plane node until `shutdown` resolves.
+pub async fn run(
+    config: NodeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
+    let grpc_listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| NodeError::Bind {
+            what: "gRPC",
+            addr: config.listen,
+            source,
+        })?;
+    let http_listener = match config.http_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| NodeError::Bind {
+            what: "REST",
+            addr,
+            source,
+        })?),
+        None => None,
+    };
+    let advertise = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| config.listen.to_string());
+    let repositories = config
+        .model_repositories
+        .iter()
+        .map(|repo| repository_models(repo, config.default_replicas))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(NodeError::Config)?;
+
+    let mut raft_config = RaftConfig::new(config.node_id, advertise.clone(), &config.data_dir);
+    raft_config.peers = config.peers.clone();
+    raft_config.join = config.join.is_some();
+    raft_config.heartbeat_interval = config.raft_heartbeat;
+    raft_config.election_timeout_min = config.election_timeout;
+    raft_config.election_timeout_max = config.election_timeout * 2;
+    raft_config.snapshot_threshold = config.snapshot_threshold;
+    raft_config.auth_token = config.auth_value.clone();
+    let (raft, raft_service) = RaftNode::start(raft_config)
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let consensus: Arc<dyn Consensus> = raft.clone();
+
+    let soft = Arc::new(SoftState::new(config.heartbeat_timeout));
+    let hub = Arc::new(WatchHub::new(consensus.clone()));
+    let leader_channels = Arc::new(LeaderChannels::new(
+        consensus.clone(),
+        config.auth_value.clone(),
+    ));
+    let management = ManagementService::new(consensus.clone(), soft.clone());
+    let cluster = ClusterService::new(
+        consensus.clone(),
+        soft.clone(),
+        hub,
+        leader_channels,
+        config.heartbeat_interval,
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let leader_task = tokio::spawn(task::run(
+        consensus.clone(),
+        soft,
+        LeaderConfig {
+            round_interval: config.placement_interval,
+        },
+        stop_rx.clone(),
+    ));
+
+    let auth = config.auth.clone();
+    let grpc = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(RaftServer::with_interceptor(raft_service, auth.clone()))
+        .add_service(ManagementServer::with_interceptor(
+            management.clone(),
+            auth.clone(),
+        ))
+        .add_service(ClusterServer::with_interceptor(cluster, auth.clone()))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            stopped(stop_rx.clone()),
+        );
+    let grpc = tokio::spawn(grpc);
+    let rest = http_listener.map(|listener| {
+        let app = rest::router(management, auth.clone());
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        })
+    });
+    info!(
+        node = config.node_id,
+        grpc = %config.listen,
+        rest = ?config.http_listen,
+        advertise = %advertise,
+        "control-plane node serving"
+    );
+
+    if let Some(target) = config.join.clone() {
+        tokio::spawn(join(
+            target,
+            config.node_id,
+            advertise.clone(),
+            config.auth_value.clone(),
+            stop_rx.clone(),
+        ));
+    }
+    for models in repositories {
+        tokio::spawn(register_models(consensus.clone(), models, stop_rx.clone()));
+    }
+
+    shutdown.await;
+    info!("shutting down the control-plane node");
+    let _ = stop_tx.send(true);
+    let _ = leader_task.await;
+    if let Some(rest) = rest {
+        let _ = rest.await;
+    }
+    let served = grpc.await;
+    if let Err(e) = raft.shutdown().await {
+        warn!("raft shutdown: {e}");
+    }
+    match served {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(NodeError::Serve(e.to_string())),
+        Err(e) => Err(NodeError::Serve(e.to_string())),
+    }
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Asks the cluster at `target` to add this node, until it accepts or we stop.
+async fn join(
+    target: String,
+    id: u64,
+    address: String,
+    token: Option<String>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        match add_self(&target, id, &address, token.as_deref()).await {
+            Ok(()) => {
+                info!(%target, "joined the control-plane cluster");
+                return;
+            }
+            Err(e) => warn!(%target, "join failed, retrying: {e}"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn add_self(
+    target: &str,
+    id: u64,
+    address: &str,
+    token: Option<&str>,
+) -> Result<(), tonic::Status> {
+    let mut client = ManagementClient::connect(format!("http://{target}"))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut request = tonic::Request::new(pb::AddMemberRequest {
+        id,
+        address: address.to_string(),
+    });
+    if let Some(token) = token
+        && let Ok(value) = format!("Bearer {token}").parse()
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
+    client.add_member(request).await.map(|_| ())
+}
+
+/// Registers the models of a repository that the cluster does not know yet. Runs once a leader
+/// is known; models an operator already registered (or changed) are left alone.
+async fn register_models(
+    consensus: Arc<dyn Consensus>,
+    models: Vec<crate::state::ModelSpec>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut pending = models;
+    let mut backoff = Duration::from_millis(100);
+    while !pending.is_empty() && !*stop.borrow() {
+        let state = match consensus.linearizable_state().await {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::debug!("waiting for a leader to register the repository: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        pending.retain(|m| state.model(&m.name).is_none());
+        let Some(spec) = pending.first().cloned() else {
+            return;
+        };
+        let name = spec.name.clone();
+        match consensus.write(Command::UpsertModel(spec)).await {
+            Ok(_) => {
+                info!(model = %name, "registered from the model repository");
+                pending.remove(0);
+            }
+            Err(ConsensusError::Rejected(e)) => {
+                warn!(model = %name, "cannot register from the model repository: {e}");
+                pending.remove(0);
+            }
+            Err(e) => {
+                tracing::debug!("registering {name}: {e}; retrying");
+                tokio::time::sleep(backoff).await;
+            }
+        }
+    }
+}

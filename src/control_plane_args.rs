@@ -1,0 +1,163 @@
+//! Flags of `nereid control-plane`, turned into the control-plane crate's `NodeConfig`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use nereid_control_plane::api::auth::AuthToken;
+use nereid_control_plane::node::NodeConfig;
+
+use crate::cli::LogFormat;
+
+#[derive(Args, Debug)]
+pub struct ControlPlaneArgs {
+    /// This node's id in the Raft cluster (a positive integer, never reused).
+    #[arg(long, env = "NEREID_NODE_ID", default_value_t = 1)]
+    pub node_id: u64,
+    /// gRPC address for the Raft transport, the management API and the cluster API.
+    #[arg(long, env = "NEREID_LISTEN", default_value = "0.0.0.0:7000")]
+    pub listen: SocketAddr,
+    /// Address peers, workers and `nereid ctl` use to reach this node (default: --listen).
+    #[arg(long, env = "NEREID_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+    /// REST mirror of the management API (/api/v1/...).
+    #[arg(long, env = "NEREID_HTTP_LISTEN", default_value = "0.0.0.0:7080")]
+    pub http_listen: SocketAddr,
+    /// Where the Raft log, vote and snapshots are kept (one redb file).
+    #[arg(long, env = "NEREID_DATA_DIR", default_value = "nereid-data")]
+    pub data_dir: PathBuf,
+    /// Initial members as ID=HOST:PORT,... (this node included). Omit for a single node.
+    #[arg(long, env = "NEREID_PEERS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// Join the cluster of the control-plane node at this gRPC address instead of bootstrapping.
+    #[arg(long, env = "NEREID_JOIN", conflicts_with = "peers")]
+    pub join: Option<String>,
+    /// File holding the admin token required on every API call (`authorization: Bearer`).
+    #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Turn authentication off (local development only).
+    #[arg(long, env = "NEREID_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+    /// Interval between worker heartbeats (told to workers at registration).
+    #[arg(long, env = "NEREID_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
+    pub heartbeat_interval_ms: u64,
+    /// Silence after which the leader declares a worker down and re-places its replicas.
+    #[arg(long, env = "NEREID_HEARTBEAT_TIMEOUT_MS", default_value_t = 3000)]
+    pub heartbeat_timeout_ms: u64,
+    /// How often the leader re-checks liveness and placement without a state change.
+    #[arg(long, env = "NEREID_PLACEMENT_INTERVAL_MS", default_value_t = 250)]
+    pub placement_interval_ms: u64,
+    /// Raft heartbeat between control-plane nodes.
+    #[arg(long, env = "NEREID_RAFT_HEARTBEAT_MS", default_value_t = 250)]
+    pub raft_heartbeat_ms: u64,
+    /// Minimum Raft election timeout (the maximum is twice this).
+    #[arg(long, env = "NEREID_ELECTION_TIMEOUT_MS", default_value_t = 1000)]
+    pub election_timeout_ms: u64,
+    /// Snapshot the state and compact the log after this many entries.
+    #[arg(long, env = "NEREID_SNAPSHOT_THRESHOLD", default_value_t = 1000)]
+    pub snapshot_threshold: u64,
+    /// Register every model of this Triton repository at start (repeatable); models already
+    /// registered are left as they are.
+    #[arg(long = "model-repository", env = "NEREID_MODEL_REPOSITORY", value_delimiter = ',')]
+    pub model_repository: Vec<PathBuf>,
+    /// Replicas per model version for models registered from --model-repository.
+    #[arg(long, env = "NEREID_DEFAULT_REPLICAS", default_value_t = 1)]
+    pub default_replicas: u32,
+    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
+    pub log_verbose: u32,
+    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl ControlPlaneArgs {
+    pub fn into_config(self) -> Result<NodeConfig, String> {
+        if self.node_id == 0 {
+            return Err("--node-id must be a positive integer".into());
+        }
+        let mut peers = BTreeMap::new();
+        for peer in &self.peers {
+            let (id, addr) = peer
+                .split_once('=')
+                .ok_or_else(|| format!("--peers: '{peer}' is not ID=HOST:PORT"))?;
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("--peers: '{id}' in '{peer}' is not a node id"))?;
+            if peers.insert(id, addr.trim().to_string()).is_some() {
+                return Err(format!("--peers: node {id} is listed twice"));
+            }
+        }
+        if !peers.is_empty() && !peers.contains_key(&self.node_id) {
+            return Err(format!(
+                "--peers must include this node (--node-id {})",
+                self.node_id
+            ));
+        }
+        let (auth, auth_value) = match (&self.auth_token_file, self.insecure_no_auth) {
+            (Some(_), true) => {
+                return Err("--auth-token-file and --insecure-no-auth contradict each other".into());
+            }
+            (Some(path), false) => {
+                let token = AuthToken::from_file(path)
+                    .map_err(|e| format!("--auth-token-file: {e}"))?;
+                let value = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?
+                    .trim()
+                    .to_string();
+                (token, Some(value))
+            }
+            (None, true) => (AuthToken::disabled(), None),
+            (None, false) => match std::env::var("NEREID_AUTH_TOKEN") {
+                Ok(value) if !value.trim().is_empty() => (
+                    AuthToken::from_value(value.trim())
+                        .map_err(|e| format!("NEREID_AUTH_TOKEN: {e}"))?,
+                    Some(value.trim().to_string()),
+                ),
+                _ => {
+                    return Err("the management API needs an admin token: pass \
+                                --auth-token-file (or set NEREID_AUTH_TOKEN), or \
+                                --insecure-no-auth for local development"
+                        .into());
+                }
+            },
+        };
+        if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
+            return Err(format!(
+                "--heartbeat-timeout-ms ({}) must exceed --heartbeat-interval-ms ({})",
+                self.heartbeat_timeout_ms, self.heartbeat_interval_ms
+            ));
+        }
+        if self.election_timeout_ms <= self.raft_heartbeat_ms {
+            return Err("--election-timeout-ms must exceed --raft-heartbeat-ms".into());
+        }
+        for repo in &self.model_repository {
+            if !repo.is_dir() {
+                return Err(format!(
+                    "--model-repository '{}' is not a directory",
+                    repo.display()
+                ));
+            }
+        }
+        Ok(NodeConfig {
+            node_id: self.node_id,
+            listen: self.listen,
+            advertise: self.advertise_address,
+            http_listen: Some(self.http_listen),
+            data_dir: self.data_dir,
+            peers,
+            join: self.join,
+            auth,
+            auth_value,
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+            heartbeat_timeout: Duration::from_millis(self.heartbeat_timeout_ms),
+            placement_interval: Duration::from_millis(self.placement_interval_ms.max(10)),
+            raft_heartbeat: Duration::from_millis(self.raft_heartbeat_ms),
+            election_timeout: Duration::from_millis(self.election_timeout_ms),
+            snapshot_threshold: self.snapshot_threshold.max(1),
+            model_repositories: self.model_repository,
+            default_replicas: self.default_replicas,
+        })
+    }
+}
