@@ -15,6 +15,7 @@
 //! wrap around them.
 
 pub mod consensus;
+pub mod convert;
 pub mod leader;
 pub mod placement;
 pub mod state;
