@@ -14,6 +14,7 @@
 //! views of nodes, models, the current placement and load. Networking, consensus and storage
 //! wrap around them.
 
+pub mod api;
 pub mod consensus;
 pub mod convert;
 pub mod leader;
