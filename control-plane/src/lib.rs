@@ -20,3 +20,4 @@ pub mod convert;
 pub mod leader;
 pub mod placement;
 pub mod state;
+pub mod watch;
