@@ -761,3 +761,69 @@ async fn rest_requires_the_token() {
     let (code, _) = open.call_with("GET", "/api/v1/models", "", None).await;
     assert_eq!(code, StatusCode::OK);
 }
+
+fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn grpc_over_a_socket_checks_the_token_and_names_the_leader() {
+    use pb::management_client::ManagementClient;
+    use pb::management_server::ManagementServer;
+
+    let (svc, consensus) = setup();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ManagementServer::with_interceptor(
+                svc,
+                AuthToken::from_value(TOKEN).unwrap(),
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut client = ManagementClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+
+    let status = client
+        .list_models(pb::ListModelsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert!(status.message().contains("authorization: Bearer <token>"));
+
+    let dir = repo(&[1]);
+    let deployed = client
+        .deploy_model(authed(pb::DeployModelRequest {
+            model: Some(model("m", dir.path(), VersionPolicy::All)),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(deployed.model.unwrap().available_versions, vec![1]);
+
+    let status = client
+        .get_model(authed(pb::ModelRef {
+            name: "zz".into(),
+            consistency: 0,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound);
+
+    consensus.set_leader(Some(2));
+    let status = client
+        .drain_node(authed(pb::NodeRef {
+            id: "a".into(),
+            consistency: 0,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(status.message().contains("node 2"), "{}", status.message());
+    server.abort();
+}
