@@ -6,6 +6,7 @@
 //!  RegisterNodeRequest ──node_spec_from_register (validates)──► NodeSpec
 //!  Node / Replica / ClusterState ──node_to_pb / replica_to_pb / snapshot_to_pb──► pb
 //!  (ReplicaState enum, failure_reason) ──replica_state_from_pb──► ReplicaState
+//!  placement::Plan ──plan_to_decisions──► pb::PlacementDecision[]
 //! ```
 //!
 //! The state side is the source of truth: every state value maps to exactly one message, and a
@@ -19,6 +20,7 @@ use std::collections::BTreeMap;
 use nereid_proto::pb::cluster as pb;
 use pb::version_policy::Policy;
 
+use crate::placement::{Plan, Reason};
 use crate::state::{
     ClusterState, Gpu, ModelSpec, Node, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, Replica,
     ReplicaState, Resources, StateError, VersionPolicy,
@@ -263,6 +265,57 @@ pub fn snapshot_to_pb(state: &ClusterState) -> pb::StateSnapshot {
         nodes: state.nodes().values().map(node_to_pb).collect(),
         replicas: state.replicas().values().map(replica_to_pb).collect(),
     }
+}
+
+// ----- placement decisions --------------------------------------------------------------------
+
+/// The rule's name as `PlacementDecision.rule` carries it, e.g. `"NoCapacity"`.
+pub fn rule_name(reason: &Reason) -> &'static str {
+    match reason {
+        Reason::NewModel => "NewModel",
+        Reason::ScaleUp => "ScaleUp",
+        Reason::NodeDown => "NodeDown",
+        Reason::Drain => "Drain",
+        Reason::ScaleDown => "ScaleDown",
+        Reason::ModelRemoved => "ModelRemoved",
+        Reason::SpreadConflict => "SpreadConflict",
+        Reason::NoCapacity { .. } => "NoCapacity",
+        Reason::NotEnoughNodes { .. } => "NotEnoughNodes",
+    }
+}
+
+/// A plan as decisions: additions, then removals (their version and node looked up in
+/// `state`), then what could not be placed.
+pub fn plan_to_decisions(plan: &Plan, state: &ClusterState) -> Vec<pb::PlacementDecision> {
+    let adds = plan.add.iter().map(|a| pb::PlacementDecision {
+        action: "add".into(),
+        version: a.version,
+        node: a.node.clone(),
+        rule: rule_name(&a.reason).into(),
+        explanation: a.reason.to_string(),
+        ..Default::default()
+    });
+    let removes = plan.remove.iter().map(|r| {
+        let replica = state.replica(r.replica);
+        pb::PlacementDecision {
+            action: "remove".into(),
+            version: replica.map_or(0, |x| x.version),
+            node: replica.map(|x| x.node.clone()).unwrap_or_default(),
+            replica: r.replica,
+            rule: rule_name(&r.reason).into(),
+            explanation: r.reason.to_string(),
+            ..Default::default()
+        }
+    });
+    let unplaced = plan.unplaced.iter().map(|u| pb::PlacementDecision {
+        action: "unplaced".into(),
+        version: u.version,
+        missing: u.missing,
+        rule: rule_name(&u.reason).into(),
+        explanation: u.reason.to_string(),
+        ..Default::default()
+    });
+    adds.chain(removes).chain(unplaced).collect()
 }
 
 #[cfg(test)]

@@ -14,9 +14,11 @@
 //! views of nodes, models, the current placement and load. Networking, consensus and storage
 //! wrap around them.
 
+pub mod api;
 pub mod consensus;
 pub mod convert;
 pub mod leader;
 pub mod placement;
 pub mod source;
 pub mod state;
+pub mod watch;

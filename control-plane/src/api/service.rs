@@ -1,0 +1,159 @@
+//! [`ManagementService`]: the management API's one implementation, and its gRPC face.
+//!
+//! Each RPC is an inherent method taking and returning the `nereid.cluster.v1` messages with an
+//! [`ApiError`]; the tonic [`Management`] impl below and the REST router
+//! ([`super::rest`]) are thin wrappers over them. Model RPCs live in `models.rs`, node, placement
+//! and cluster RPCs in `nodes.rs`; this file holds what they share: how a read picks its state
+//! and how a write's answer waits for its own effect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nereid_proto::pb::cluster as pb;
+use pb::management_server::Management;
+use tonic::{Request, Response, Status};
+
+use super::error::ApiError;
+use crate::consensus::Consensus;
+use crate::leader::Observations;
+use crate::state::ClusterState;
+
+/// How long a write's answer waits for this node to apply the write before asking for a
+/// linearizable read instead.
+const APPLY_WAIT: Duration = Duration::from_secs(2);
+
+/// The management API over a [`Consensus`] (state and writes) and the leader's
+/// [`Observations`] (soft state). Cheap to clone.
+#[derive(Clone)]
+pub struct ManagementService {
+    pub(super) consensus: Arc<dyn Consensus>,
+    pub(super) observations: Arc<dyn Observations>,
+}
+
+impl ManagementService {
+    pub fn new(consensus: Arc<dyn Consensus>, observations: Arc<dyn Observations>) -> Self {
+        ManagementService {
+            consensus,
+            observations,
+        }
+    }
+
+    /// The state a read sees: LOCAL (the default, enum value 0) answers from this node's
+    /// applied state; LINEARIZABLE reflects every write committed before the call.
+    pub(super) async fn read(&self, consistency: i32) -> Result<Arc<ClusterState>, ApiError> {
+        match pb::ReadConsistency::try_from(consistency) {
+            Ok(pb::ReadConsistency::Local) => Ok(self.consensus.local_state()),
+            Ok(pb::ReadConsistency::Linearizable) => {
+                Ok(self.consensus.linearizable_state().await?)
+            }
+            Err(_) => Err(ApiError::invalid(
+                "consistency",
+                format!(
+                    "{consistency} is not a read consistency; use LOCAL (0) or LINEARIZABLE (1)"
+                ),
+            )),
+        }
+    }
+
+    /// A state that includes revision `revision` (a write this node just made): the local
+    /// state once it caught up, or a linearizable read if it does not within [`APPLY_WAIT`].
+    pub(super) async fn state_at_least(
+        &self,
+        revision: u64,
+    ) -> Result<Arc<ClusterState>, ApiError> {
+        let local = self.consensus.local_state();
+        if local.revision() >= revision {
+            return Ok(local);
+        }
+        let mut rx = self.consensus.subscribe();
+        let caught_up = tokio::time::timeout(APPLY_WAIT, async {
+            rx.wait_for(|s| s.revision() >= revision)
+                .await
+                .map(|s| s.clone())
+        })
+        .await;
+        match caught_up {
+            Ok(Ok(state)) => Ok(state),
+            _ => Ok(self.consensus.linearizable_state().await?),
+        }
+    }
+}
+
+/// Checks that a name or id field is present; the state machine checks the rest.
+pub(super) fn required(field: &str, value: &str) -> Result<(), ApiError> {
+    if value.trim().is_empty() {
+        return Err(ApiError::invalid(field, "must not be empty"));
+    }
+    Ok(())
+}
+
+type Rpc<T> = Result<Response<T>, Status>;
+
+fn reply<T>(result: Result<T, ApiError>) -> Rpc<T> {
+    result.map(Response::new).map_err(Status::from)
+}
+
+#[tonic::async_trait]
+impl Management for ManagementService {
+    async fn deploy_model(&self, r: Request<pb::DeployModelRequest>) -> Rpc<pb::ModelStatus> {
+        reply(self.deploy(r.into_inner()).await)
+    }
+
+    async fn scale_model(&self, r: Request<pb::ScaleModelRequest>) -> Rpc<pb::ModelStatus> {
+        reply(self.scale(r.into_inner()).await)
+    }
+
+    async fn delete_model(&self, r: Request<pb::ModelRef>) -> Rpc<pb::DeleteModelResponse> {
+        reply(self.delete(r.into_inner()).await)
+    }
+
+    async fn get_model(&self, r: Request<pb::ModelRef>) -> Rpc<pb::ModelStatus> {
+        reply(self.model(r.into_inner()).await)
+    }
+
+    async fn list_models(&self, r: Request<pb::ListModelsRequest>) -> Rpc<pb::ListModelsResponse> {
+        reply(self.models(r.into_inner()).await)
+    }
+
+    async fn explain_placement(&self, r: Request<pb::ModelRef>) -> Rpc<pb::PlacementExplanation> {
+        reply(self.explain(r.into_inner()).await)
+    }
+
+    async fn list_nodes(&self, r: Request<pb::ListNodesRequest>) -> Rpc<pb::ListNodesResponse> {
+        reply(self.nodes(r.into_inner()).await)
+    }
+
+    async fn get_node(&self, r: Request<pb::NodeRef>) -> Rpc<pb::NodeStatusResponse> {
+        reply(self.node(r.into_inner()).await)
+    }
+
+    async fn drain_node(&self, r: Request<pb::NodeRef>) -> Rpc<pb::NodeStatusResponse> {
+        reply(self.set_drained(r.into_inner(), true).await)
+    }
+
+    async fn undrain_node(&self, r: Request<pb::NodeRef>) -> Rpc<pb::NodeStatusResponse> {
+        reply(self.set_drained(r.into_inner(), false).await)
+    }
+
+    async fn list_placements(
+        &self,
+        r: Request<pb::ListPlacementsRequest>,
+    ) -> Rpc<pb::ListPlacementsResponse> {
+        reply(self.placements(r.into_inner()).await)
+    }
+
+    async fn get_cluster_status(
+        &self,
+        _r: Request<pb::ClusterStatusRequest>,
+    ) -> Rpc<pb::ClusterStatus> {
+        reply(Ok(self.cluster_status()))
+    }
+
+    async fn add_member(&self, r: Request<pb::AddMemberRequest>) -> Rpc<pb::ClusterStatus> {
+        reply(self.admit_member(r.into_inner()).await)
+    }
+
+    async fn remove_member(&self, r: Request<pb::RemoveMemberRequest>) -> Rpc<pb::ClusterStatus> {
+        reply(self.evict_member(r.into_inner()).await)
+    }
+}

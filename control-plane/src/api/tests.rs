@@ -1,0 +1,829 @@
+//! The management API over an in-memory consensus: each RPC's happy path and its refusals,
+//! through the gRPC trait and through the REST router.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{Request as HttpRequest, StatusCode};
+use nereid_proto::pb::cluster as pb;
+use pb::management_server::Management;
+use tonic::service::Interceptor;
+use tower::ServiceExt;
+
+use super::*;
+use crate::consensus::Consensus;
+use crate::consensus::memory::MemoryConsensus;
+use crate::convert::version_policy_to_pb;
+use crate::leader::NoObservations;
+use crate::state::{Command, NodeAddresses, NodeCapacity, NodeSpec, VersionPolicy};
+
+const TOKEN: &str = "t0ken";
+
+fn setup() -> (ManagementService, Arc<MemoryConsensus>) {
+    let consensus = Arc::new(MemoryConsensus::new(1));
+    let service = ManagementService::new(consensus.clone(), Arc::new(NoObservations));
+    (service, consensus)
+}
+
+/// A Triton-layout directory with version folders `versions` (and a stray file and folder).
+fn repo(versions: &[i64]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for v in versions {
+        std::fs::create_dir(dir.path().join(v.to_string())).unwrap();
+    }
+    std::fs::write(dir.path().join("config.pbtxt"), "").unwrap();
+    std::fs::create_dir(dir.path().join("notes")).unwrap();
+    std::fs::write(dir.path().join("3"), "a file, not a version").unwrap();
+    dir
+}
+
+fn model(name: &str, dir: &Path, policy: VersionPolicy) -> pb::Model {
+    pb::Model {
+        name: name.into(),
+        source: format!("file://{}", dir.display()),
+        version_policy: Some(version_policy_to_pb(&policy)),
+        min_replicas: 1,
+        max_replicas: 2,
+        resources: Some(pb::Resources {
+            memory_bytes: 1 << 20,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn deploy_req(m: pb::Model) -> tonic::Request<pb::DeployModelRequest> {
+    tonic::Request::new(pb::DeployModelRequest { model: Some(m) })
+}
+
+fn node_spec(id: &str) -> NodeSpec {
+    NodeSpec {
+        id: id.into(),
+        addresses: NodeAddresses {
+            data_http: format!("{id}:8000"),
+            data_grpc: format!("{id}:8001"),
+            agent: format!("{id}:8003"),
+        },
+        capacity: NodeCapacity {
+            cpu_millis: 4000,
+            memory_bytes: 8 << 30,
+            gpus: vec![],
+        },
+        labels: Default::default(),
+        drained: false,
+    }
+}
+
+fn model_ref(name: &str) -> tonic::Request<pb::ModelRef> {
+    tonic::Request::new(pb::ModelRef {
+        name: name.into(),
+        consistency: 0,
+    })
+}
+
+fn node_ref(id: &str) -> tonic::Request<pb::NodeRef> {
+    tonic::Request::new(pb::NodeRef {
+        id: id.into(),
+        consistency: 0,
+    })
+}
+
+fn assert_status(
+    result: Result<impl std::fmt::Debug, tonic::Status>,
+    code: tonic::Code,
+    text: &str,
+) {
+    let status = result.expect_err("expected an error");
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(text),
+        "message {:?} does not mention {text:?}",
+        status.message()
+    );
+}
+
+#[tokio::test]
+async fn deploy_lists_version_folders_and_get_returns_the_model() {
+    let (svc, _) = setup();
+    let dir = repo(&[1, 2, 10]);
+    let status = svc
+        .deploy_model(deploy_req(model(
+            "m",
+            dir.path(),
+            VersionPolicy::Latest { n: 2 },
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    let m = status.model.unwrap();
+    assert_eq!(m.available_versions, vec![1, 2, 10]);
+    assert_eq!(status.revision, 1);
+
+    let got = svc.get_model(model_ref("m")).await.unwrap().into_inner();
+    assert_eq!(got.model.unwrap().name, "m");
+    let linear = svc
+        .get_model(tonic::Request::new(pb::ModelRef {
+            name: "m".into(),
+            consistency: pb::ReadConsistency::Linearizable as i32,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(linear.revision, 1);
+
+    let list = svc
+        .list_models(tonic::Request::new(pb::ListModelsRequest {
+            consistency: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.models.len(), 1);
+    assert_eq!(list.revision, 1);
+
+    // Redeploying the same model is idempotent.
+    let again = svc
+        .deploy_model(deploy_req(model(
+            "m",
+            dir.path(),
+            VersionPolicy::Latest { n: 2 },
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.revision, 1);
+}
+
+#[tokio::test]
+async fn deploy_refuses_bad_models_naming_the_field() {
+    let (svc, _) = setup();
+    let dir = repo(&[1, 2]);
+    assert_status(
+        svc.deploy_model(tonic::Request::new(pb::DeployModelRequest { model: None }))
+            .await,
+        tonic::Code::InvalidArgument,
+        "model",
+    );
+    assert_status(
+        svc.deploy_model(deploy_req(model(
+            "m",
+            dir.path(),
+            VersionPolicy::Latest { n: 0 },
+        )))
+        .await,
+        tonic::Code::InvalidArgument,
+        "version_policy",
+    );
+    assert_status(
+        svc.deploy_model(deploy_req(model(
+            "m",
+            dir.path(),
+            VersionPolicy::Specific {
+                versions: vec![2, 7],
+            },
+        )))
+        .await,
+        tonic::Code::InvalidArgument,
+        "version 7 not found",
+    );
+    let missing = dir.path().join("absent");
+    assert_status(
+        svc.deploy_model(deploy_req(model("m", &missing, VersionPolicy::All)))
+            .await,
+        tonic::Code::InvalidArgument,
+        "source",
+    );
+    let empty = repo(&[]);
+    assert_status(
+        svc.deploy_model(deploy_req(model("m", empty.path(), VersionPolicy::All)))
+            .await,
+        tonic::Code::InvalidArgument,
+        "no numeric version folders",
+    );
+    let mut s3 = model("m", dir.path(), VersionPolicy::All);
+    s3.source = "s3://bucket/m".into();
+    assert_status(
+        svc.deploy_model(deploy_req(s3)).await,
+        tonic::Code::InvalidArgument,
+        "source",
+    );
+    let mut relative = model("m", dir.path(), VersionPolicy::All);
+    relative.source = "file://models/m".into();
+    assert_status(
+        svc.deploy_model(deploy_req(relative)).await,
+        tonic::Code::InvalidArgument,
+        "absolute path",
+    );
+    let mut bad_name = model("m", dir.path(), VersionPolicy::All);
+    bad_name.name = "no spaces".into();
+    assert_status(
+        svc.deploy_model(deploy_req(bad_name)).await,
+        tonic::Code::InvalidArgument,
+        "name",
+    );
+    assert!(svc.consensus.local_state().models().is_empty());
+}
+
+#[tokio::test]
+async fn deploy_accepts_a_missing_directory_for_specific_versions() {
+    let (svc, _) = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        "m",
+        &dir.path().join("elsewhere"),
+        VersionPolicy::Specific { versions: vec![3] },
+    );
+    let status = svc.deploy_model(deploy_req(m)).await.unwrap().into_inner();
+    assert!(status.model.unwrap().available_versions.is_empty());
+    let mut s3 = model("s", dir.path(), VersionPolicy::All);
+    s3.source = "s3://bucket/s".into();
+    s3.available_versions = vec![2, 1];
+    let status = svc.deploy_model(deploy_req(s3)).await.unwrap().into_inner();
+    assert_eq!(status.model.unwrap().available_versions, vec![1, 2]);
+}
+
+#[tokio::test]
+async fn scale_and_delete() {
+    let (svc, _) = setup();
+    let dir = repo(&[1]);
+    svc.deploy_model(deploy_req(model("m", dir.path(), VersionPolicy::All)))
+        .await
+        .unwrap();
+    let scaled = svc
+        .scale_model(tonic::Request::new(pb::ScaleModelRequest {
+            name: "m".into(),
+            min_replicas: 2,
+            max_replicas: 4,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let m = scaled.model.unwrap();
+    assert_eq!((m.min_replicas, m.max_replicas), (2, 4));
+    assert_status(
+        svc.scale_model(tonic::Request::new(pb::ScaleModelRequest {
+            name: "m".into(),
+            min_replicas: 3,
+            max_replicas: 1,
+        }))
+        .await,
+        tonic::Code::InvalidArgument,
+        "max_replicas",
+    );
+    assert_status(
+        svc.scale_model(tonic::Request::new(pb::ScaleModelRequest {
+            name: "nope".into(),
+            min_replicas: 1,
+            max_replicas: 1,
+        }))
+        .await,
+        tonic::Code::NotFound,
+        "model 'nope' not found",
+    );
+    let deleted = svc.delete_model(model_ref("m")).await.unwrap().into_inner();
+    assert_eq!(deleted.revision, 3);
+    assert_status(
+        svc.get_model(model_ref("m")).await,
+        tonic::Code::NotFound,
+        "'m'",
+    );
+    assert_status(
+        svc.delete_model(model_ref("m")).await,
+        tonic::Code::NotFound,
+        "'m'",
+    );
+    assert_status(
+        svc.get_model(model_ref("")).await,
+        tonic::Code::InvalidArgument,
+        "name",
+    );
+}
+
+#[tokio::test]
+async fn explain_shows_replicas_and_pending_decisions() {
+    let (svc, consensus) = setup();
+    let dir = repo(&[1]);
+    let mut m = model("m", dir.path(), VersionPolicy::All);
+    m.min_replicas = 2;
+    svc.deploy_model(deploy_req(m)).await.unwrap();
+    consensus
+        .write(Command::RegisterNode(node_spec("a")))
+        .await
+        .unwrap();
+    let e = svc
+        .explain_placement(model_ref("m"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(e.replicas.is_empty());
+    let adds: Vec<_> = e.pending.iter().filter(|d| d.action == "add").collect();
+    assert_eq!(adds.len(), 1, "{:?}", e.pending);
+    assert_eq!(adds[0].node, "a");
+    assert_eq!(adds[0].rule, "NewModel");
+    let unplaced: Vec<_> = e
+        .pending
+        .iter()
+        .filter(|d| d.action == "unplaced")
+        .collect();
+    assert_eq!(unplaced.len(), 1, "{:?}", e.pending);
+    assert_eq!(unplaced[0].rule, "NotEnoughNodes");
+    assert_eq!(unplaced[0].missing, 1);
+    assert!(!unplaced[0].explanation.is_empty());
+
+    consensus
+        .write(Command::AddReplica {
+            model: "m".into(),
+            version: 1,
+            node: "a".into(),
+            reason: "new model version".into(),
+        })
+        .await
+        .unwrap();
+    let e = svc
+        .explain_placement(model_ref("m"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(e.replicas.len(), 1);
+    assert_eq!(e.replicas[0].placement_reason, "new model version");
+    assert!(e.pending.iter().all(|d| d.action == "unplaced"));
+    assert!(e.history.is_empty());
+
+    assert_status(
+        svc.explain_placement(model_ref("other")).await,
+        tonic::Code::NotFound,
+        "model 'other'",
+    );
+    // A deleted model's unloading replicas can still be explained.
+    svc.delete_model(model_ref("m")).await.unwrap();
+    let e = svc
+        .explain_placement(model_ref("m"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(e.replicas[0].state, pb::ReplicaState::Unloading as i32);
+}
+
+#[tokio::test]
+async fn nodes_drain_undrain_and_placements() {
+    let (svc, consensus) = setup();
+    for id in ["a", "b"] {
+        consensus
+            .write(Command::RegisterNode(node_spec(id)))
+            .await
+            .unwrap();
+    }
+    let list = svc
+        .list_nodes(tonic::Request::new(pb::ListNodesRequest { consistency: 0 }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.nodes.len(), 2);
+    let a = svc.get_node(node_ref("a")).await.unwrap().into_inner();
+    let node = a.node.unwrap();
+    assert_eq!(node.status, pb::NodeStatus::Up as i32);
+    assert!(a.utilization.is_none(), "no observations here");
+
+    let drained = svc.drain_node(node_ref("a")).await.unwrap().into_inner();
+    assert!(drained.node.unwrap().drained);
+    let undrained = svc.undrain_node(node_ref("a")).await.unwrap().into_inner();
+    assert!(!undrained.node.unwrap().drained);
+    assert_status(
+        svc.drain_node(node_ref("zz")).await,
+        tonic::Code::NotFound,
+        "node 'zz'",
+    );
+    assert_status(
+        svc.get_node(node_ref("zz")).await,
+        tonic::Code::NotFound,
+        "node 'zz'",
+    );
+    assert_status(
+        svc.undrain_node(node_ref("")).await,
+        tonic::Code::InvalidArgument,
+        "id",
+    );
+
+    let dir = repo(&[1]);
+    svc.deploy_model(deploy_req(model("m", dir.path(), VersionPolicy::All)))
+        .await
+        .unwrap();
+    consensus
+        .write(Command::AddReplica {
+            model: "m".into(),
+            version: 1,
+            node: "b".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    let p = svc
+        .list_placements(tonic::Request::new(pb::ListPlacementsRequest {
+            consistency: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(p.replicas.len(), 1);
+    assert_eq!(p.replicas[0].node, "b");
+    let b = svc.get_node(node_ref("b")).await.unwrap().into_inner();
+    assert_eq!(b.replicas.len(), 1);
+}
+
+#[tokio::test]
+async fn cluster_status_and_membership() {
+    let (svc, consensus) = setup();
+    let s = svc
+        .get_cluster_status(tonic::Request::new(pb::ClusterStatusRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((s.node_id, s.leader_id), (1, 1));
+    assert_eq!(s.members.len(), 1);
+    assert_status(
+        svc.add_member(tonic::Request::new(pb::AddMemberRequest {
+            id: 2,
+            address: "cp-2:7000".into(),
+        }))
+        .await,
+        tonic::Code::FailedPrecondition,
+        "membership",
+    );
+    assert_status(
+        svc.add_member(tonic::Request::new(pb::AddMemberRequest {
+            id: 0,
+            address: "cp-2:7000".into(),
+        }))
+        .await,
+        tonic::Code::InvalidArgument,
+        "id",
+    );
+    assert_status(
+        svc.add_member(tonic::Request::new(pb::AddMemberRequest {
+            id: 2,
+            address: "cp-2".into(),
+        }))
+        .await,
+        tonic::Code::InvalidArgument,
+        "address",
+    );
+    assert_status(
+        svc.remove_member(tonic::Request::new(pb::RemoveMemberRequest { id: 2 }))
+            .await,
+        tonic::Code::FailedPrecondition,
+        "membership",
+    );
+
+    consensus.set_leader(None);
+    let s = svc.cluster_status();
+    assert_eq!(s.leader_id, 0);
+    assert_status(
+        svc.drain_node(node_ref("a")).await,
+        tonic::Code::Unavailable,
+        "leader",
+    );
+}
+
+#[tokio::test]
+async fn unknown_read_consistency_is_refused() {
+    let (svc, _) = setup();
+    assert_status(
+        svc.list_models(tonic::Request::new(pb::ListModelsRequest {
+            consistency: 7,
+        }))
+        .await,
+        tonic::Code::InvalidArgument,
+        "consistency",
+    );
+}
+
+#[test]
+fn grpc_interceptor_requires_the_token() {
+    let mut token = AuthToken::from_value(TOKEN).unwrap();
+    let status = token.call(tonic::Request::new(())).unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert!(status.message().contains("authorization: Bearer"));
+    let mut req = tonic::Request::new(());
+    req.metadata_mut()
+        .insert("authorization", "Bearer wrong".parse().unwrap());
+    let status = token.call(req).unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert!(!status.message().contains("wrong"));
+    let mut req = tonic::Request::new(());
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    assert!(token.call(req).is_ok());
+}
+
+// ----- REST -----------------------------------------------------------------------------------
+
+struct Rest {
+    router: axum::Router,
+    consensus: Arc<MemoryConsensus>,
+}
+
+impl Rest {
+    fn new() -> Self {
+        let (svc, consensus) = setup();
+        Rest {
+            router: router(svc, AuthToken::from_value(TOKEN).unwrap()),
+            consensus,
+        }
+    }
+
+    async fn call(&self, method: &str, uri: &str, body: &str) -> (StatusCode, serde_json::Value) {
+        self.call_with(method, uri, body, Some(TOKEN)).await
+    }
+
+    async fn call_with(
+        &self,
+        method: &str,
+        uri: &str,
+        body: &str,
+        token: Option<&str>,
+    ) -> (StatusCode, serde_json::Value) {
+        let mut req = HttpRequest::builder().method(method).uri(uri);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let response = self
+            .router
+            .clone()
+            .oneshot(req.body(Body::from(body.to_string())).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let json = if bytes.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                panic!(
+                    "{method} {uri}: not JSON ({e}): {}",
+                    String::from_utf8_lossy(&bytes)
+                )
+            })
+        };
+        (status, json)
+    }
+}
+
+fn error_of(json: &serde_json::Value) -> &str {
+    json["error"].as_str().expect("an error body")
+}
+
+fn model_json(name: &str, dir: &Path) -> String {
+    let m = model(name, dir, VersionPolicy::Latest { n: 1 });
+    nereid_proto::json::message_to_json(&m).to_string()
+}
+
+#[tokio::test]
+async fn rest_models() {
+    let rest = Rest::new();
+    let dir = repo(&[1, 2]);
+    let (code, json) = rest
+        .call("POST", "/api/v1/models", &model_json("m", dir.path()))
+        .await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(
+        json["model"]["available_versions"],
+        serde_json::json!([1, 2])
+    );
+    assert_eq!(json["model"]["version_policy"]["latest"]["num_versions"], 1);
+    assert_eq!(json["revision"], 1);
+
+    let (code, json) = rest.call("GET", "/api/v1/models/m", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["model"]["name"], "m");
+    let (code, json) = rest
+        .call("GET", "/api/v1/models?consistency=linearizable", "")
+        .await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["models"][0]["model"]["name"], "m");
+
+    let (code, json) = rest.call("GET", "/api/v1/models/zz", "").await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert_eq!(error_of(&json), "model 'zz' not found");
+
+    let (code, json) = rest.call("POST", "/api/v1/models", "{\"name\": ").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("body"), "{json}");
+    let (code, json) = rest
+        .call("POST", "/api/v1/models", "{\"nme\": \"m\"}")
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("nme"), "{json}");
+    let (code, json) = rest.call("POST", "/api/v1/models", "").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("empty"), "{json}");
+
+    let mut bad = model("m", dir.path(), VersionPolicy::Latest { n: 0 });
+    bad.min_replicas = 1;
+    let (code, json) = rest
+        .call(
+            "PUT",
+            "/api/v1/models/m",
+            &nereid_proto::json::message_to_json(&bad).to_string(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("version_policy"), "{json}");
+
+    let (code, json) = rest
+        .call("PUT", "/api/v1/models/other", &model_json("m", dir.path()))
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("does not match"), "{json}");
+    let (code, json) = rest
+        .call("PUT", "/api/v1/models/m2", &model_json("", dir.path()))
+        .await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["model"]["name"], "m2");
+
+    let (code, json) = rest
+        .call(
+            "POST",
+            "/api/v1/models/m/scale",
+            r#"{"min_replicas": 2, "max_replicas": 3}"#,
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["model"]["min_replicas"], 2);
+    let (code, _) = rest
+        .call(
+            "POST",
+            "/api/v1/models/zz/scale",
+            r#"{"min_replicas": 1, "max_replicas": 1}"#,
+        )
+        .await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+
+    let (code, json) = rest.call("GET", "/api/v1/models/m/placement", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["model"], "m");
+    assert_eq!(json["pending"][0]["action"], "unplaced", "{json}");
+
+    let (code, json) = rest.call("DELETE", "/api/v1/models/m", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert!(json["revision"].as_u64().unwrap() > 1);
+    let (code, _) = rest.call("DELETE", "/api/v1/models/m", "").await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn rest_nodes_placements_and_cluster() {
+    let rest = Rest::new();
+    rest.consensus
+        .write(Command::RegisterNode(node_spec("a")))
+        .await
+        .unwrap();
+    let (code, json) = rest.call("GET", "/api/v1/nodes", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["nodes"][0]["node"]["status"], "NODE_STATUS_UP");
+    let (code, json) = rest
+        .call("GET", "/api/v1/nodes/a?consistency=local", "")
+        .await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["node"]["id"], "a");
+    let (code, json) = rest.call("POST", "/api/v1/nodes/a/drain", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["node"]["drained"], true);
+    let (code, json) = rest.call("POST", "/api/v1/nodes/a/undrain", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["node"]["drained"], false);
+    let (code, json) = rest.call("POST", "/api/v1/nodes/zz/drain", "").await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert_eq!(error_of(&json), "node 'zz' not found");
+
+    let (code, json) = rest.call("GET", "/api/v1/placements", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["replicas"], serde_json::json!([]));
+    let (code, json) = rest
+        .call("GET", "/api/v1/placements?consistency=eventual", "")
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("consistency"), "{json}");
+    let (code, json) = rest.call("GET", "/api/v1/placements?limit=3", "").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("limit"), "{json}");
+
+    let (code, json) = rest.call("GET", "/api/v1/cluster", "").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["leader_id"], 1);
+    let (code, json) = rest
+        .call(
+            "POST",
+            "/api/v1/cluster/members",
+            r#"{"id": 2, "address": "cp-2:7000"}"#,
+        )
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{json}");
+    let (code, json) = rest.call("DELETE", "/api/v1/cluster/members/two", "").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(error_of(&json).contains("id"), "{json}");
+
+    let (code, json) = rest.call("GET", "/api/v1/nothing", "").await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert!(error_of(&json).contains("/api/v1/nothing"), "{json}");
+
+    rest.consensus.set_leader(Some(2));
+    let (code, json) = rest.call("POST", "/api/v1/nodes/a/drain", "").await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(error_of(&json).contains("leader"), "{json}");
+}
+
+#[tokio::test]
+async fn rest_requires_the_token() {
+    let rest = Rest::new();
+    let (code, json) = rest.call_with("GET", "/api/v1/models", "", None).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert!(error_of(&json).contains("authorization: Bearer"), "{json}");
+    let (code, json) = rest
+        .call_with("GET", "/api/v1/models", "", Some("guess"))
+        .await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert!(!error_of(&json).contains("guess"));
+    let (code, _) = rest.call_with("GET", "/api/v1/nothing", "", None).await;
+    assert_eq!(
+        code,
+        StatusCode::UNAUTHORIZED,
+        "unknown routes are behind the token too"
+    );
+
+    let (svc, _) = setup();
+    let open = Rest {
+        router: router(svc, AuthToken::disabled()),
+        consensus: rest.consensus.clone(),
+    };
+    let (code, _) = open.call_with("GET", "/api/v1/models", "", None).await;
+    assert_eq!(code, StatusCode::OK);
+}
+
+fn authed<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn grpc_over_a_socket_checks_the_token_and_names_the_leader() {
+    use pb::management_client::ManagementClient;
+    use pb::management_server::ManagementServer;
+
+    let (svc, consensus) = setup();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ManagementServer::with_interceptor(
+                svc,
+                AuthToken::from_value(TOKEN).unwrap(),
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut client = ManagementClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+
+    let status = client
+        .list_models(pb::ListModelsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert!(status.message().contains("authorization: Bearer <token>"));
+
+    let dir = repo(&[1]);
+    let deployed = client
+        .deploy_model(authed(pb::DeployModelRequest {
+            model: Some(model("m", dir.path(), VersionPolicy::All)),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(deployed.model.unwrap().available_versions, vec![1]);
+
+    let status = client
+        .get_model(authed(pb::ModelRef {
+            name: "zz".into(),
+            consistency: 0,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound);
+
+    consensus.set_leader(Some(2));
+    let status = client
+        .drain_node(authed(pb::NodeRef {
+            id: "a".into(),
+            consistency: 0,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(status.message().contains("node 2"), "{}", status.message());
+    server.abort();
+}

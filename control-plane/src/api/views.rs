@@ -1,0 +1,174 @@
+//! The placement function's inputs built from the state of record: the one place that decides
+//! how models, nodes and replicas look to [`crate::placement::plan`]. The management API uses
+//! it to explain placement; the leader's placement loop uses it to decide.
+//!
+//! - [`NodeView`]: memory capacity from the node's registration, `up` when its status is `Up`,
+//!   `drained` as the operator set it.
+//! - [`ModelView`]: one per (model, served version) ([`crate::state::ModelSpec::served_versions`]);
+//!   `replicas_wanted` is `min_replicas` — the floor placement maintains; `max_replicas` is a
+//!   ceiling for future load-driven scaling and is not used to add replicas. The memory
+//!   estimate is `resources.memory_bytes`; the measured memory is the largest any replica of
+//!   that version reported.
+//! - [`CurrentReplica`]: every replica not `Unloading` (those are already leaving), `ready`
+//!   when `Ready`. A `Failed` replica still counts (not ready) and keeps its slot: whoever
+//!   retires failed replicas marks them `Unloading`, and the next plan replaces them.
+
+use crate::placement::{self, CurrentReplica, Load, ModelView, NodeView, Plan};
+use crate::state::{ClusterState, NodeStatus, ReplicaState};
+
+/// Every registered node, in id order.
+pub fn node_views(state: &ClusterState) -> Vec<NodeView> {
+    state
+        .nodes()
+        .values()
+        .map(|n| NodeView {
+            id: n.spec.id.clone(),
+            memory_capacity_bytes: n.spec.capacity.memory_bytes,
+            cpu_millis_capacity: n.spec.capacity.cpu_millis,
+            up: n.status == NodeStatus::Up,
+            drained: n.spec.drained,
+        })
+        .collect()
+}
+
+/// One view per (model, served version), in that order.
+pub fn model_views(state: &ClusterState) -> Vec<ModelView> {
+    let mut views = Vec::new();
+    for spec in state.models().values() {
+        for version in spec.served_versions() {
+            let measured = state
+                .replicas_of(&spec.name)
+                .filter(|r| r.version == version)
+                .filter_map(|r| r.measured_memory_bytes)
+                .max();
+            views.push(ModelView {
+                name: spec.name.clone(),
+                version,
+                replicas_wanted: spec.min_replicas,
+                memory_estimate_bytes: spec.resources.memory_bytes,
+                measured_memory_bytes: measured,
+            });
+        }
+    }
+    views
+}
+
+/// Every replica that is not `Unloading`, in id order.
+pub fn current_replicas(state: &ClusterState) -> Vec<CurrentReplica> {
+    state
+        .replicas()
+        .values()
+        .filter(|r| r.state != ReplicaState::Unloading)
+        .map(|r| CurrentReplica {
+            id: r.id,
+            model: r.model.clone(),
+            version: r.version,
+            node: r.node.clone(),
+            ready: r.state == ReplicaState::Ready,
+            memory_bytes: r.measured_memory_bytes,
+        })
+        .collect()
+}
+
+/// The plan for the whole cluster as `state` stands, with `load` breaking ties.
+pub fn plan_for(state: &ClusterState, load: &Load) -> Plan {
+    placement::plan(
+        &node_views(state),
+        &model_views(state),
+        &current_replicas(state),
+        load,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{
+        Command, Gpu, ModelSpec, NodeAddresses, NodeCapacity, NodeSpec, Resources, VersionPolicy,
+    };
+
+    pub(crate) fn node(id: &str, memory: u64) -> NodeSpec {
+        NodeSpec {
+            id: id.into(),
+            addresses: NodeAddresses {
+                data_http: format!("{id}:8000"),
+                data_grpc: format!("{id}:8001"),
+                agent: format!("{id}:8003"),
+            },
+            capacity: NodeCapacity {
+                cpu_millis: 4000,
+                memory_bytes: memory,
+                gpus: vec![Gpu {
+                    index: 0,
+                    memory_bytes: 1,
+                }],
+            },
+            labels: Default::default(),
+            drained: false,
+        }
+    }
+
+    #[test]
+    fn views_follow_the_state() {
+        let mut s = ClusterState::new();
+        s.apply(Command::UpsertModel(ModelSpec {
+            name: "m".into(),
+            source: "file:///m".into(),
+            version_policy: VersionPolicy::Latest { n: 2 },
+            config_override: None,
+            min_replicas: 2,
+            max_replicas: 3,
+            resources: Resources {
+                memory_bytes: 100,
+                ..Default::default()
+            },
+            labels: Default::default(),
+            available_versions: vec![1, 2, 3],
+        }))
+        .unwrap();
+        s.apply(Command::RegisterNode(node("a", 1000))).unwrap();
+        s.apply(Command::RegisterNode(node("b", 1000))).unwrap();
+        s.apply(Command::SetNodeDrained {
+            id: "b".into(),
+            drained: true,
+        })
+        .unwrap();
+        s.apply(Command::AddReplica {
+            model: "m".into(),
+            version: 3,
+            node: "a".into(),
+            reason: String::new(),
+        })
+        .unwrap();
+        s.apply(Command::SetReplicaState {
+            id: 1,
+            state: ReplicaState::Loading,
+            measured_memory_bytes: Some(150),
+        })
+        .unwrap();
+
+        let nodes = node_views(&s);
+        assert_eq!(nodes.len(), 2);
+        assert!(nodes[0].up && !nodes[0].drained);
+        assert!(nodes[1].drained);
+        assert_eq!(nodes[0].memory_capacity_bytes, 1000);
+
+        let models = model_views(&s);
+        let versions: Vec<_> = models.iter().map(|m| m.version).collect();
+        assert_eq!(versions, [2, 3]);
+        assert_eq!(models[0].replicas_wanted, 2);
+        assert_eq!(models[0].measured_memory_bytes, None);
+        assert_eq!(models[1].measured_memory_bytes, Some(150));
+
+        let replicas = current_replicas(&s);
+        assert_eq!(replicas.len(), 1);
+        assert!(!replicas[0].ready);
+
+        s.apply(Command::DeleteModel { name: "m".into() }).unwrap();
+        assert!(
+            current_replicas(&s).is_empty(),
+            "unloading replicas are leaving"
+        );
+        assert!(model_views(&s).is_empty());
+    }
+}
