@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use nereid_proto::pb::cluster as pb;
 use pb::version_policy::Policy;
 
-use crate::placement::{Plan, Reason};
+use crate::placement::Plan;
 use crate::state::{
     ClusterState, Gpu, ModelSpec, Node, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, Replica,
     ReplicaState, Resources, StateError, VersionPolicy,
@@ -269,21 +269,6 @@ pub fn snapshot_to_pb(state: &ClusterState) -> pb::StateSnapshot {
 
 // ----- placement decisions --------------------------------------------------------------------
 
-/// The rule's name as `PlacementDecision.rule` carries it, e.g. `"NoCapacity"`.
-pub fn rule_name(reason: &Reason) -> &'static str {
-    match reason {
-        Reason::NewModel => "NewModel",
-        Reason::ScaleUp => "ScaleUp",
-        Reason::NodeDown => "NodeDown",
-        Reason::Drain => "Drain",
-        Reason::ScaleDown => "ScaleDown",
-        Reason::ModelRemoved => "ModelRemoved",
-        Reason::SpreadConflict => "SpreadConflict",
-        Reason::NoCapacity { .. } => "NoCapacity",
-        Reason::NotEnoughNodes { .. } => "NotEnoughNodes",
-    }
-}
-
 /// A plan as decisions: additions, then removals (their version and node looked up in
 /// `state`), then what could not be placed.
 pub fn plan_to_decisions(plan: &Plan, state: &ClusterState) -> Vec<pb::PlacementDecision> {
@@ -291,7 +276,7 @@ pub fn plan_to_decisions(plan: &Plan, state: &ClusterState) -> Vec<pb::Placement
         action: "add".into(),
         version: a.version,
         node: a.node.clone(),
-        rule: rule_name(&a.reason).into(),
+        rule: a.reason.rule().into(),
         explanation: a.reason.to_string(),
         ..Default::default()
     });
@@ -302,7 +287,7 @@ pub fn plan_to_decisions(plan: &Plan, state: &ClusterState) -> Vec<pb::Placement
             version: replica.map_or(0, |x| x.version),
             node: replica.map(|x| x.node.clone()).unwrap_or_default(),
             replica: r.replica,
-            rule: rule_name(&r.reason).into(),
+            rule: r.reason.rule().into(),
             explanation: r.reason.to_string(),
             ..Default::default()
         }
@@ -311,7 +296,7 @@ pub fn plan_to_decisions(plan: &Plan, state: &ClusterState) -> Vec<pb::Placement
         action: "unplaced".into(),
         version: u.version,
         missing: u.missing,
-        rule: rule_name(&u.reason).into(),
+        rule: u.reason.rule().into(),
         explanation: u.reason.to_string(),
         ..Default::default()
     });

@@ -18,7 +18,10 @@ pub mod api;
 pub mod consensus;
 pub mod convert;
 pub mod leader;
+
+pub mod cluster;
 pub mod placement;
 pub mod source;
 pub mod state;
+pub mod views;
 pub mod watch;

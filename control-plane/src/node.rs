@@ -134,7 +134,7 @@ pub async fn run(
     let consensus: Arc<dyn Consensus> = raft.clone();
 
     let soft = Arc::new(SoftState::new(config.heartbeat_timeout));
-    let hub = Arc::new(WatchHub::new(consensus.clone()));
+    let hub = Arc::new(WatchHub::spawn(consensus.as_ref()));
     let leader_channels = Arc::new(LeaderChannels::new(
         consensus.clone(),
         config.auth_value.clone(),

@@ -34,26 +34,35 @@ pub fn local_path(uri: &str) -> Option<PathBuf> {
     uri.strip_prefix("file://").map(PathBuf::from)
 }
 
-/// Reads a model directory; an error says what is missing.
-pub fn inspect(dir: &Path) -> Result<SourceInfo, String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read model directory {}: {e}", dir.display()))?;
+/// The positive numeric sub-directories of `dir` (its version folders), sorted.
+pub fn version_folders(dir: &Path) -> std::io::Result<Vec<i64>> {
+    if !std::fs::metadata(dir)?.is_dir() {
+        return Err(std::io::Error::other("it is not a directory"));
+    }
     let mut versions = Vec::new();
-    let mut bytes_on_disk = 0;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir()
-            && let Some(v) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.parse::<i64>().ok())
-                .filter(|v| *v > 0)
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        if let Some(v) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|v| *v > 0)
+            && entry.path().is_dir()
         {
             versions.push(v);
-            bytes_on_disk += dir_size(&path);
         }
     }
     versions.sort_unstable();
+    Ok(versions)
+}
+
+/// Reads a model directory; an error says what is missing.
+pub fn inspect(dir: &Path) -> Result<SourceInfo, String> {
+    let versions = version_folders(dir)
+        .map_err(|e| format!("cannot read model directory {}: {e}", dir.display()))?;
+    let bytes_on_disk = versions
+        .iter()
+        .map(|v| dir_size(&dir.join(v.to_string())))
+        .sum();
     let policy = std::fs::read_to_string(dir.join("config.pbtxt"))
         .ok()
         .and_then(|text| policy_from_config(&text));
@@ -125,7 +134,10 @@ pub fn repository_models(repository: &Path, replicas: u32) -> Result<Vec<ModelSp
             ModelSpec {
                 name,
                 source: format!("file://{}", dir.display()),
-                version_policy: info.policy.clone().unwrap_or(VersionPolicy::Latest { n: 1 }),
+                version_policy: info
+                    .policy
+                    .clone()
+                    .unwrap_or(VersionPolicy::Latest { n: 1 }),
                 config_override: None,
                 min_replicas: replicas,
                 max_replicas: replicas,

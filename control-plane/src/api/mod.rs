@@ -20,7 +20,6 @@ mod nodes;
 pub mod rest;
 pub mod service;
 mod source;
-pub mod views;
 
 #[cfg(test)]
 mod tests;

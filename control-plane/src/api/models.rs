@@ -5,9 +5,9 @@ use nereid_proto::pb::cluster as pb;
 use super::error::ApiError;
 use super::service::{ManagementService, required};
 use super::source::resolve_versions;
-use super::views;
 use crate::convert::{model_from_pb, model_to_pb, plan_to_decisions, replica_to_pb};
 use crate::state::{ClusterState, Command, EntityKind, ModelSpec, ReplicaState, StateError};
+use crate::views;
 
 /// A model and its replicas as `state` has them.
 fn model_status(spec: &ModelSpec, state: &ClusterState) -> pb::ModelStatus {

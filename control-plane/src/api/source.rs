@@ -103,27 +103,10 @@ fn describe(versions: &[i64]) -> String {
     list.join(", ")
 }
 
-/// The positive numeric sub-directories of `dir`, sorted.
+/// The version folders of `dir`, read off the async runtime.
 async fn list_versions(dir: &Path) -> std::io::Result<Vec<i64>> {
-    let meta = tokio::fs::metadata(dir).await?;
-    if !meta.is_dir() {
-        return Err(std::io::Error::other("it is not a directory"));
-    }
-    let mut entries = tokio::fs::read_dir(dir).await?;
-    let mut versions = Vec::new();
-    while let Some(entry) = entries.next_entry().await? {
-        let Some(version) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i64>().ok())
-            .filter(|v| *v > 0)
-        else {
-            continue;
-        };
-        if entry.file_type().await?.is_dir() {
-            versions.push(version);
-        }
-    }
-    versions.sort_unstable();
-    Ok(versions)
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::source::version_folders(&dir))
+        .await
+        .map_err(std::io::Error::other)?
 }

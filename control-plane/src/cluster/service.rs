@@ -73,7 +73,8 @@ impl Cluster for ClusterService {
             let forwarded = self.leader.request(request.into_inner());
             return self.leader_client()?.register_node(forwarded).await;
         }
-        let spec = convert::node_spec_from_register(request.into_inner()).map_err(ApiError::from)?;
+        let spec =
+            convert::node_spec_from_register(request.into_inner()).map_err(ApiError::from)?;
         let id = spec.id.clone();
         let applied = self
             .consensus
@@ -98,7 +99,12 @@ impl Cluster for ClusterService {
         }
         let heartbeat = request.into_inner();
         if heartbeat.node_id.is_empty() {
-            return Err(ApiError::from(StateError::invalid("heartbeat", "node_id", "must not be empty")).into());
+            return Err(ApiError::from(StateError::invalid(
+                "heartbeat",
+                "node_id",
+                "must not be empty",
+            ))
+            .into());
         }
         let state = self.consensus.local_state();
         if state.node(&heartbeat.node_id).is_none() {
@@ -132,7 +138,9 @@ impl Cluster for ClusterService {
                     revision: state.revision(),
                 }));
             }
-            return Err(ApiError::from(StateError::not_found(EntityKind::Replica, report.replica)).into());
+            return Err(
+                ApiError::from(StateError::not_found(EntityKind::Replica, report.replica)).into(),
+            );
         };
         if replica.node != report.node_id {
             return Err(ApiError::from(StateError::Conflict(format!(

@@ -3,15 +3,14 @@
 //! follower the API forwards such reads to the leader.
 //!
 //! The leader's loop ([`task`]) turns heartbeats into liveness transitions ([`liveness`]) and
-//! the state into placement rounds ([`views`] → `placement::plan` → [`round`]), recording each
-//! round's decisions per model ([`decisions`], [`soft`]).
+//! the state into placement rounds (`crate::views` → `placement::plan` → [`round`]), recording each
+//! round's decisions per model with their [`inputs`] in [`soft`].
 
-pub mod decisions;
+pub mod inputs;
 pub mod liveness;
 pub mod round;
 pub mod soft;
 pub mod task;
-pub mod views;
 
 #[cfg(test)]
 mod tests;

@@ -58,7 +58,5 @@ fn unloading(id: u64) -> Command {
 }
 
 fn node_is_up(state: &ClusterState, node: &str) -> bool {
-    state
-        .node(node)
-        .is_some_and(|n| n.status == NodeStatus::Up)
+    state.node(node).is_some_and(|n| n.status == NodeStatus::Up)
 }

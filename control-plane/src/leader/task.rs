@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  round: liveness transitions ─► SetNodeStatus writes
-//!         state ─► placement_views ─► plan(load) ─► record decisions per model
+//!         state ─► views ─► plan(load) ─► record decisions per model
 //!                                         └──────► commands_for ─► writes, in order
 //! ```
 //!
@@ -17,14 +17,15 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::decisions::{decisions_for_model, describe_inputs};
+use super::Observations;
+use super::inputs::describe_inputs;
 use super::round::commands_for;
 use super::soft::SoftState;
-use super::views::placement_views;
-use super::Observations;
 use crate::consensus::{Consensus, ConsensusError};
+use crate::convert::plan_to_decisions;
 use crate::placement::plan;
 use crate::state::Command;
+use crate::views::{current_replicas, model_views, node_views};
 
 /// How often the leader re-evaluates liveness and placement without a state change.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +44,10 @@ pub async fn run(
     loop {
         let current = *leadership.borrow_and_update();
         if current.is_self {
-            info!(term = current.term, "this node is the leader: running placement");
+            info!(
+                term = current.term,
+                "this node is the leader: running placement"
+            );
             soft.begin_term(Instant::now());
             lead(&*consensus, &soft, config, &mut leadership, &mut shutdown).await;
         }
@@ -90,7 +94,10 @@ async fn lead(
 pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), ConsensusError> {
     let state = consensus.local_state();
     let transitions = soft.liveness_transitions(
-        state.nodes().values().map(|n| (n.spec.id.as_str(), n.status)),
+        state
+            .nodes()
+            .values()
+            .map(|n| (n.spec.id.as_str(), n.status)),
         Instant::now(),
     );
     for (id, status) in transitions {
@@ -99,9 +106,14 @@ pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), Co
     }
 
     let state = consensus.local_state();
-    let (nodes, models, replicas) = placement_views(&state);
+    let nodes = node_views(&state);
     let load = soft.load();
-    let decided = plan(&nodes, &models, &replicas, &load);
+    let decided = plan(
+        &nodes,
+        &model_views(&state),
+        &current_replicas(&state),
+        &load,
+    );
     let mut touched: BTreeSet<&str> = state.models().keys().map(String::as_str).collect();
     touched.extend(decided.add.iter().map(|a| a.model.as_str()));
     touched.extend(decided.unplaced.iter().map(|u| u.model.as_str()));
@@ -111,7 +123,8 @@ pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), Co
         describe_inputs(&state, &nodes, &load)
     };
     for model in touched {
-        let decisions = decisions_for_model(&state, &decided, model);
+        let mine = decided.for_model(model, |id| state.replica(id).map(|r| r.model.clone()));
+        let decisions = plan_to_decisions(&mine, &state);
         soft.record(model, state.revision(), decisions, inputs.clone());
     }
     for cmd in commands_for(&state, &decided) {

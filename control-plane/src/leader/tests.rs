@@ -11,8 +11,8 @@ use super::task::round;
 use crate::consensus::Consensus;
 use crate::consensus::memory::MemoryConsensus;
 use crate::state::{
-    Command, ModelSpec, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, ReplicaState,
-    Resources, VersionPolicy,
+    Command, ModelSpec, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, ReplicaState, Resources,
+    VersionPolicy,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -127,7 +127,11 @@ async fn a_round_places_replicas_spread_and_records_why() {
     assert_eq!(history[0].inputs.len(), 2, "{:?}", history[0].inputs);
 
     round(&*c, &soft).await.unwrap();
-    assert_eq!(replicas_of(&c, "m").len(), 2, "a settled round adds nothing");
+    assert_eq!(
+        replicas_of(&c, "m").len(),
+        2,
+        "a settled round adds nothing"
+    );
     assert_eq!(soft.placement_history("m").len(), 1, "nothing new recorded");
 }
 
@@ -157,16 +161,26 @@ async fn a_silent_node_goes_down_and_its_replica_moves() {
     assert_eq!(state.node(&victim).unwrap().status, NodeStatus::Down);
     let nodes: Vec<String> = state.replicas_of("m").map(|r| r.node.clone()).collect();
     assert_eq!(nodes.len(), 2, "{nodes:?}");
-    assert!(!nodes.contains(&victim), "the dead node's replica is gone: {nodes:?}");
+    assert!(
+        !nodes.contains(&victim),
+        "the dead node's replica is gone: {nodes:?}"
+    );
     let moved = state
         .replicas_of("m")
         .find(|r| r.state == ReplicaState::Pending)
         .expect("a replacement");
-    assert!(moved.placement_reason.contains("down"), "{}", moved.placement_reason);
+    assert!(
+        moved.placement_reason.contains("down"),
+        "{}",
+        moved.placement_reason
+    );
 
     soft.heard_from(&victim, Instant::now(), None);
     round(&*c, &soft).await.unwrap();
-    assert_eq!(c.local_state().node(&victim).unwrap().status, NodeStatus::Up);
+    assert_eq!(
+        c.local_state().node(&victim).unwrap().status,
+        NodeStatus::Up
+    );
 }
 
 #[tokio::test]
@@ -210,7 +224,11 @@ async fn drain_is_make_before_break() {
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     };
-    assert_eq!(now, expected_pair(ReplicaState::Ready), "old stays until new is ready");
+    assert_eq!(
+        now,
+        expected_pair(ReplicaState::Ready),
+        "old stays until new is ready"
+    );
 
     set_ready(&c, "m").await;
     round(&*c, &soft).await.unwrap();

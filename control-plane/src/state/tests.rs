@@ -37,7 +37,11 @@ fn served_versions_apply_the_policy_to_the_available_folders() {
     };
     assert_eq!(m.served_versions(), vec![3], "7 is not in the source");
     m.available_versions.clear();
-    assert_eq!(m.served_versions(), vec![3, 7], "unknown source: trust the list");
+    assert_eq!(
+        m.served_versions(),
+        vec![3, 7],
+        "unknown source: trust the list"
+    );
     m.version_policy = VersionPolicy::Latest { n: 1 };
     assert!(m.served_versions().is_empty());
 }
