@@ -3,3 +3,6 @@
 
 pub mod forward;
 pub mod service;
+
+#[cfg(test)]
+mod tests;
