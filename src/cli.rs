@@ -340,24 +340,34 @@ impl WorkerArgs {
         if node_id.trim().is_empty() {
             return Err("--node-id must not be empty".into());
         }
-        let token = match &self.auth_token_file {
-            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
-                format!("cannot read --auth-token-file '{}': {e}", path.display())
-            })?),
-            None => env_token,
-        }
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty());
+        let token =
+            match &self.auth_token_file {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                    format!("cannot read --auth-token-file '{}': {e}", path.display())
+                })?),
+                None => env_token,
+            }
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
         let work_dir = self.work_dir.unwrap_or_else(|| {
             let safe: String = node_id
                 .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
                 .collect();
             std::env::temp_dir().join(format!("nereid-worker-{safe}"))
         });
         let repository = work_dir.join("models");
         std::fs::create_dir_all(&repository).map_err(|e| {
-            format!("cannot create the work directory '{}': {e}", repository.display())
+            format!(
+                "cannot create the work directory '{}': {e}",
+                repository.display()
+            )
         })?;
         let serve = ServeArgs {
             model_repository: vec![repository.clone()],
@@ -472,7 +482,10 @@ mod tests {
     fn parse_worker(args: &[&str], env_token: Option<&str>) -> Result<WorkerConfig, String> {
         let mut argv = vec!["nereid", "worker"];
         argv.extend_from_slice(args);
-        match Cli::try_parse_from(argv).map_err(|e| e.to_string())?.command {
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
             Command::Worker(a) => a.into_config(env_token.map(String::from)),
             _ => unreachable!(),
         }
@@ -519,7 +532,12 @@ mod tests {
         assert_eq!(w.serve.grpc_addr.unwrap().port(), 9001);
 
         let w = parse_worker(
-            &["--control-plane", "cp:1", "--work-dir", work.path().to_str().unwrap()],
+            &[
+                "--control-plane",
+                "cp:1",
+                "--work-dir",
+                work.path().to_str().unwrap(),
+            ],
             Some("from-env"),
         )
         .unwrap();

@@ -372,8 +372,7 @@ impl DataPlane {
 }
 
 /// Why the repository API refuses a load or unload on a worker.
-pub const CLUSTER_MANAGED: &str =
-    "explicit model load / unload is not allowed: models on this worker are managed by the control plane";
+pub const CLUSTER_MANAGED: &str = "explicit model load / unload is not allowed: models on this worker are managed by the control plane";
 
 /// How a failed request counts in the statistics.
 /// Records a request that ran to completion, with where its time went.

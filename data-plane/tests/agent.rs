@@ -17,8 +17,8 @@ use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
 use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
 use nereid_proto::pb::cluster::cluster_server::{Cluster, ClusterServer};
 use nereid_proto::pb::cluster::{
-    HeartbeatRequest, HeartbeatResponse, Model, RegisterNodeRequest, RegisterNodeResponse,
-    Replica, ReplicaState, ReportReplicaRequest, ReportReplicaResponse, StateDelta, StateSnapshot,
+    HeartbeatRequest, HeartbeatResponse, Model, RegisterNodeRequest, RegisterNodeResponse, Replica,
+    ReplicaState, ReportReplicaRequest, ReportReplicaResponse, StateDelta, StateSnapshot,
     WatchEvent, WatchRequest, watch_event,
 };
 use nereid_proto::service::LoadRequest;
@@ -101,10 +101,7 @@ impl Cluster for Svc {
 
     type WatchStream = ReceiverStream<Result<WatchEvent, Status>>;
 
-    async fn watch(
-        &self,
-        r: Request<WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(&self, r: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         authorized(&r)?;
         self.watches.lock().push(r.get_ref().from_revision);
         let (tx, rx) = mpsc::channel(16);
@@ -265,7 +262,10 @@ async fn the_agent_follows_its_assignments() {
         stop_rx,
     ));
 
-    let reg = eventually("registration", 30, || fake.registrations.lock().first().cloned()).await;
+    let reg = eventually("registration", 30, || {
+        fake.registrations.lock().first().cloned()
+    })
+    .await;
     assert_eq!(reg.id, NODE);
     assert_eq!(reg.addresses.unwrap().data_grpc, "127.0.0.1:8001");
     let capacity = reg.capacity.unwrap();
@@ -291,7 +291,10 @@ async fn the_agent_follows_its_assignments() {
     }
     // Only the assigned version, from the private repository's link to the source.
     assert_eq!(manager.versions("add_sub"), vec![1]);
-    assert_eq!(std::fs::read_link(repo.join("add_sub")).unwrap(), add_sub_dir);
+    assert_eq!(
+        std::fs::read_link(repo.join("add_sub")).unwrap(),
+        add_sub_dir
+    );
 
     let response = dp
         .infer(InferRequest {
@@ -318,8 +321,14 @@ async fn the_agent_follows_its_assignments() {
     // Heartbeats carry the served version and the replica's memory.
     eventually("a heartbeat with the replica", 30, || {
         fake.heartbeats.lock().iter().find_map(|h| {
-            let served = h.models.iter().any(|m| m.model == "add_sub" && m.version == 1);
-            let memory = h.replica_memory.iter().any(|m| m.replica == 1 && m.memory_bytes > 0);
+            let served = h
+                .models
+                .iter()
+                .any(|m| m.model == "add_sub" && m.version == 1);
+            let memory = h
+                .replica_memory
+                .iter()
+                .any(|m| m.replica == 1 && m.memory_bytes > 0);
             (served && memory && h.node_id == NODE && h.memory_total_bytes > 0).then_some(())
         })
     })

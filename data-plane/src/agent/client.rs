@@ -72,8 +72,9 @@ impl ControlPlane {
             .collect::<Result<Vec<_>, _>>()?;
         let token = token
             .map(|t| {
-                MetadataValue::try_from(format!("Bearer {}", t.trim()))
-                    .map_err(|_| "the auth token has characters not allowed in a header".to_string())
+                MetadataValue::try_from(format!("Bearer {}", t.trim())).map_err(|_| {
+                    "the auth token has characters not allowed in a header".to_string()
+                })
             })
             .transpose()?;
         Ok(ControlPlane {
@@ -136,7 +137,10 @@ impl ControlPlane {
                 Ok(r) => return Some(Ok(r.into_inner())),
                 Err(s) if retryable(s.code()) => {
                     tracing::debug!(call = what, addr = %self.current_addr(), error = %s, "control-plane call failed; retrying");
-                    if matches!(s.code(), Code::Unavailable | Code::Unknown | Code::DeadlineExceeded) {
+                    if matches!(
+                        s.code(),
+                        Code::Unavailable | Code::Unknown | Code::DeadlineExceeded
+                    ) {
                         self.fail_over();
                     }
                     backoff = next_backoff(backoff);
@@ -168,8 +172,11 @@ mod tests {
 
     #[tokio::test]
     async fn addresses_rotate_and_requests_carry_the_token() {
-        let cp = ControlPlane::new(&["127.0.0.1:1".into(), "http://127.0.0.1:2".into()], Some("s3cret\n"))
-            .unwrap();
+        let cp = ControlPlane::new(
+            &["127.0.0.1:1".into(), "http://127.0.0.1:2".into()],
+            Some("s3cret\n"),
+        )
+        .unwrap();
         assert_eq!(cp.current_addr(), "127.0.0.1:1");
         cp.fail_over();
         assert_eq!(cp.current_addr(), "http://127.0.0.1:2");

@@ -367,7 +367,11 @@ async fn load(
             let source = LoadSource::Repository {
                 config_override: Some(config),
             };
-            manager.load(model, source).await.err().map(|e| e.into_message())
+            manager
+                .load(model, source)
+                .await
+                .err()
+                .map(|e| e.into_message())
         }
     };
     let rss_after = host::process_rss().unwrap_or(0);
@@ -391,7 +395,10 @@ async fn load(
         .filter(|v| !served.contains(v))
         .map(|v| {
             let reason = error.clone().unwrap_or_else(|| {
-                format!("version {v} of model '{model}' is not in its source '{}'", spec.source)
+                format!(
+                    "version {v} of model '{model}' is not in its source '{}'",
+                    spec.source
+                )
             });
             (*v, reason)
         })

@@ -47,8 +47,12 @@ pub struct LocalModel {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Report {
     Loading,
-    Ready { memory_bytes: u64 },
-    Failed { reason: String },
+    Ready {
+        memory_bytes: u64,
+    },
+    Failed {
+        reason: String,
+    },
     /// An UNLOADING replica's version is no longer served.
     Unloaded,
 }
@@ -215,7 +219,8 @@ pub fn plan(mirror: &ClusterMirror, node: &str, local: &Local) -> Plan {
             Some(sent) if sent.explained.contains(&state) => sent.report.same_kind(&wanted),
             _ => matches!(
                 (&wanted, state),
-                (Report::Loading, ReplicaState::Loading) | (Report::Ready { .. }, ReplicaState::Ready)
+                (Report::Loading, ReplicaState::Loading)
+                    | (Report::Ready { .. }, ReplicaState::Ready)
             ),
         };
         if !skip {
@@ -418,10 +423,13 @@ mod tests {
         assert!(p.reports.is_empty(), "still served: not unloaded yet");
         w.finish(&p.op.unwrap(), &[], "");
         let p = w.plan();
-        assert_eq!(p, Plan {
-            reports: vec![(1, Report::Unloaded)],
-            op: None
-        });
+        assert_eq!(
+            p,
+            Plan {
+                reports: vec![(1, Report::Unloaded)],
+                op: None
+            }
+        );
         w.send(&p);
         assert_eq!(w.plan(), Plan::default());
         w.mirror.replicas.remove(&1);
@@ -530,6 +538,9 @@ mod tests {
         assert!(w.plan().reports.is_empty());
         // The control plane put it back to Pending (e.g. after re-registration).
         w.set_state(1, ReplicaState::Pending);
-        assert_eq!(w.plan().reports, vec![(1, Report::Ready { memory_bytes: 100 })]);
+        assert_eq!(
+            w.plan().reports,
+            vec![(1, Report::Ready { memory_bytes: 100 })]
+        );
     }
 }

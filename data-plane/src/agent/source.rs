@@ -59,8 +59,13 @@ pub fn link_model(repo: &Path, name: &str, source: &Path) -> Result<(), String> 
         std::fs::remove_file(&link)
             .map_err(|e| format!("cannot replace '{}': {e}", link.display()))?;
     }
-    std::os::unix::fs::symlink(source, &link)
-        .map_err(|e| format!("cannot link '{}' to '{}': {e}", link.display(), source.display()))
+    std::os::unix::fs::symlink(source, &link).map_err(|e| {
+        format!(
+            "cannot link '{}' to '{}': {e}",
+            link.display(),
+            source.display()
+        )
+    })
 }
 
 /// Removes `<repo>/<name>` if it is there.
@@ -118,9 +123,17 @@ mod tests {
             source_dir("s3://bucket/m").unwrap_err(),
             "source scheme 's3' is not supported; use file://"
         );
-        assert!(source_dir("file://relative/m").unwrap_err().contains("absolute"));
+        assert!(
+            source_dir("file://relative/m")
+                .unwrap_err()
+                .contains("absolute")
+        );
         assert!(source_dir("/abs").unwrap_err().contains("not a URI"));
-        assert!(source_dir("file:///no/such/dir").unwrap_err().contains("not a directory"));
+        assert!(
+            source_dir("file:///no/such/dir")
+                .unwrap_err()
+                .contains("not a directory")
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use nereid_proto::pb::cluster::{Model, Node, Replica, StateDelta, StateSnapshot, WatchEvent, watch_event};
+use nereid_proto::pb::cluster::{
+    Model, Node, Replica, StateDelta, StateSnapshot, WatchEvent, watch_event,
+};
 
 /// What the worker knows of the cluster: models, nodes and replicas, at `revision`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -54,8 +56,11 @@ impl ClusterMirror {
     }
 
     fn replace(&mut self, s: &StateSnapshot) -> bool {
-        let models: BTreeMap<String, Model> =
-            s.models.iter().map(|m| (m.name.clone(), m.clone())).collect();
+        let models: BTreeMap<String, Model> = s
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.clone()))
+            .collect();
         let nodes: BTreeMap<String, Node> =
             s.nodes.iter().map(|n| (n.id.clone(), n.clone())).collect();
         let replicas: BTreeMap<u64, Replica> =
@@ -140,10 +145,18 @@ mod tests {
     #[test]
     fn snapshot_replaces_everything() {
         let mut m = ClusterMirror::default();
-        assert!(m.apply(&snapshot(3, vec![model("a")], vec![replica(1, "a", "n1", 1)])));
+        assert!(m.apply(&snapshot(
+            3,
+            vec![model("a")],
+            vec![replica(1, "a", "n1", 1)]
+        )));
         assert_eq!(m.revision, 3);
         assert!(m.synced);
-        assert!(m.apply(&snapshot(7, vec![model("b")], vec![replica(2, "b", "n1", 1)])));
+        assert!(m.apply(&snapshot(
+            7,
+            vec![model("b")],
+            vec![replica(2, "b", "n1", 1)]
+        )));
         assert_eq!(m.revision, 7);
         assert_eq!(m.models.keys().collect::<Vec<_>>(), vec!["b"]);
         assert_eq!(m.replicas.keys().collect::<Vec<_>>(), vec![&2]);
@@ -152,7 +165,11 @@ mod tests {
     #[test]
     fn deltas_upsert_and_delete_idempotently() {
         let mut m = ClusterMirror::default();
-        m.apply(&snapshot(1, vec![model("a")], vec![replica(1, "a", "n1", 1)]));
+        m.apply(&snapshot(
+            1,
+            vec![model("a")],
+            vec![replica(1, "a", "n1", 1)],
+        ));
         let d = StateDelta {
             upserted_models: vec![model("b")],
             upserted_replicas: vec![replica(1, "a", "n1", 3), replica(2, "b", "n2", 1)],
