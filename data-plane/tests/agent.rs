@@ -7,6 +7,7 @@
 //! refuses client loads, an Unloading delta unloads it and the agent reports it unloaded, and a
 //! source the worker cannot read fails the replica with the reason.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use nereid_data_plane::agent::{self, AgentConfig};
 use nereid_data_plane::backend::Backends;
 use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
+use nereid_data_plane::serve::ServeConfig;
 use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
 use nereid_proto::pb::cluster::cluster_server::{Cluster, ClusterServer};
 use nereid_proto::pb::cluster::{
@@ -44,6 +46,32 @@ struct Fake {
     watches: Mutex<Vec<u64>>,
     snapshot: Mutex<Option<WatchEvent>>,
     deltas: Mutex<Option<broadcast::Sender<WatchEvent>>>,
+    /// Bumped to end every open watch stream (a control-plane node going away).
+    generation: Mutex<Option<watch::Sender<u32>>>,
+}
+
+impl Fake {
+    fn deltas(&self) -> broadcast::Sender<WatchEvent> {
+        self.deltas
+            .lock()
+            .get_or_insert_with(|| broadcast::channel(16).0)
+            .clone()
+    }
+
+    fn generation(&self) -> watch::Sender<u32> {
+        self.generation
+            .lock()
+            .get_or_insert_with(|| watch::channel(0).0)
+            .clone()
+    }
+
+    fn count(&self, replica: u64, state: ReplicaState) -> usize {
+        self.reports
+            .lock()
+            .iter()
+            .filter(|r| r.replica == replica && r.state == state as i32)
+            .count()
+    }
 }
 
 fn authorized<T>(r: &Request<T>) -> Result<(), Status> {
@@ -103,21 +131,29 @@ impl Cluster for Svc {
 
     async fn watch(&self, r: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         authorized(&r)?;
-        self.watches.lock().push(r.get_ref().from_revision);
+        let from = r.get_ref().from_revision;
+        self.watches.lock().push(from);
         let (tx, rx) = mpsc::channel(16);
-        let snapshot = self.snapshot.lock().clone();
-        let mut deltas = self
-            .deltas
-            .lock()
-            .get_or_insert_with(|| broadcast::channel(16).0)
-            .subscribe();
+        // A resumed watch gets the deltas only.
+        let snapshot = if from == 0 {
+            self.snapshot.lock().clone()
+        } else {
+            None
+        };
+        let mut deltas = self.deltas().subscribe();
+        let mut generation = self.generation().subscribe();
+        generation.mark_unchanged();
         tokio::spawn(async move {
             if let Some(s) = snapshot {
                 let _ = tx.send(Ok(s)).await;
             }
-            while let Ok(d) = deltas.recv().await {
-                if tx.send(Ok(d)).await.is_err() {
-                    return;
+            loop {
+                tokio::select! {
+                    d = deltas.recv() => match d {
+                        Ok(d) => if tx.send(Ok(d)).await.is_err() { return },
+                        Err(_) => return,
+                    },
+                    _ = generation.changed() => return,
                 }
             }
         });
@@ -164,6 +200,20 @@ fn model(name: &str, source: String) -> Model {
         source,
         ..Default::default()
     }
+}
+
+/// Serves `fake` on 127.0.0.1:0.
+async fn serve_fake(fake: &Arc<Fake>) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = ClusterServer::new(Svc(fake.clone()));
+    let server = tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await;
+    });
+    (addr, server)
 }
 
 /// Polls `f` until it returns `Some`, for at most `secs` seconds.
@@ -219,13 +269,7 @@ async fn the_agent_follows_its_assignments() {
             ],
         })),
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cp_addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ClusterServer::new(Svc(fake.clone())))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    let (cp_addr, server) = serve_fake(&fake).await;
 
     let manager = Arc::new(ModelManager::new(
         ManagerConfig {
@@ -349,7 +393,7 @@ async fn the_agent_follows_its_assignments() {
 
     // The control plane takes the replica away.
     assert_eq!(*fake.watches.lock(), vec![0]);
-    let deltas = fake.deltas.lock().clone().unwrap();
+    let deltas = fake.deltas();
     deltas
         .send(WatchEvent {
             revision: 6,
@@ -384,10 +428,169 @@ async fn the_agent_follows_its_assignments() {
         assert_eq!(readies, 1, "{reports:?}");
     }
 
+    // The watch stream breaks: the agent resumes from the last revision it applied, and
+    // follows the deltas that come next.
+    fake.generation().send_modify(|g| *g += 1);
+    eventually("a resumed watch", 30, || {
+        (fake.watches.lock().len() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(*fake.watches.lock(), vec![0, 6]);
+    deltas
+        .send(WatchEvent {
+            revision: 7,
+            event: Some(watch_event::Event::Delta(StateDelta {
+                upserted_replicas: vec![replica(4, "add_sub", 2, NODE, ReplicaState::Pending)],
+                deleted_replicas: vec![1],
+                ..Default::default()
+            })),
+        })
+        .unwrap();
+    eventually("add_sub v2 ready", 60, || {
+        report_of(&fake, 4, ReplicaState::Ready)
+    })
+    .await;
+    assert_eq!(manager.versions("add_sub"), vec![2]);
+
     stop_tx.send(true).unwrap();
     tokio::time::timeout(Duration::from_secs(10), agent)
         .await
         .expect("the agent stops")
+        .unwrap()
+        .unwrap();
+
+    // A restarted worker (nothing loaded) gets the snapshot, where its replica is Ready, and
+    // converges: it loads the model again and reports Loading, then Ready.
+    *fake.snapshot.lock() = Some(WatchEvent {
+        revision: 9,
+        event: Some(watch_event::Event::Snapshot(StateSnapshot {
+            models: vec![model(
+                "add_sub",
+                format!("file://{}", add_sub_dir.display()),
+            )],
+            nodes: vec![],
+            replicas: vec![replica(4, "add_sub", 2, NODE, ReplicaState::Ready)],
+        })),
+    });
+    let manager = Arc::new(ModelManager::new(
+        ManagerConfig {
+            repositories: vec![repo.clone()],
+            control_mode: ControlMode::Explicit,
+            startup_models: vec![],
+            auto_complete: true,
+            queue_capacity: 16,
+            cluster_managed: true,
+        },
+        Backends::new(Some(ort_library())),
+    ));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let agent = tokio::spawn(agent::run(
+        AgentConfig {
+            control_plane: vec![cp_addr.to_string()],
+            node_id: NODE.into(),
+            data_http: "127.0.0.1:8000".into(),
+            data_grpc: "127.0.0.1:8001".into(),
+            heartbeat_interval: Duration::from_millis(50),
+            repository: repo.clone(),
+            memory_capacity: None,
+            auth_token: Some(TOKEN.into()),
+        },
+        manager.clone(),
+        stop_rx,
+    ));
+    eventually("add_sub v2 ready again", 60, || {
+        (fake.count(4, ReplicaState::Ready) == 2).then_some(())
+    })
+    .await;
+    assert_eq!(fake.count(4, ReplicaState::Loading), 2);
+    assert_eq!(fake.registrations.lock().len(), 2);
+    assert_eq!(manager.versions("add_sub"), vec![2]);
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), agent)
+        .await
+        .expect("the agent stops")
+        .unwrap()
+        .unwrap();
+    server.abort();
+}
+
+/// `nereid worker`'s startup in process: the data plane binds its ports, the agent advertises
+/// them under the configured host, and a shutdown signal stops both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
+    let fake = Arc::new(Fake::default());
+    *fake.snapshot.lock() = Some(WatchEvent {
+        revision: 1,
+        event: Some(watch_event::Event::Snapshot(StateSnapshot::default())),
+    });
+    let (cp_addr, server) = serve_fake(&fake).await;
+    let work = tempfile::tempdir().unwrap();
+    let repo = work.path().join("models");
+    std::fs::create_dir_all(&repo).unwrap();
+    // A link left by an earlier run is cleared at start.
+    std::os::unix::fs::symlink(work.path(), repo.join("stale")).unwrap();
+    let local = "127.0.0.1".parse().unwrap();
+    let serve = ServeConfig {
+        manager: ManagerConfig {
+            repositories: vec![],
+            control_mode: ControlMode::None,
+            startup_models: vec!["x".into()],
+            auto_complete: true,
+            queue_capacity: 16,
+            cluster_managed: false,
+        },
+        data_plane: DataPlaneConfig {
+            server_name: "nereid".into(),
+            strict_readiness: true,
+        },
+        http_addr: Some(SocketAddr::new(local, 0)),
+        grpc_addr: Some(SocketAddr::new(local, 0)),
+        metrics_addr: None,
+        http_max_input_size: 1 << 20,
+        poll_interval: Duration::from_secs(15),
+        exit_timeout: Duration::from_secs(5),
+        exit_on_error: false,
+        onnxruntime_library: Some(ort_library()),
+    };
+    let agent = AgentConfig {
+        control_plane: vec![cp_addr.to_string()],
+        node_id: NODE.into(),
+        data_http: String::new(),
+        data_grpc: String::new(),
+        heartbeat_interval: Duration::from_millis(50),
+        repository: repo.clone(),
+        memory_capacity: None,
+        auth_token: Some(TOKEN.into()),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(agent::worker::run(
+        serve,
+        agent,
+        "10.1.2.3".into(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let reg = eventually("registration", 30, || {
+        fake.registrations.lock().first().cloned()
+    })
+    .await;
+    let addresses = reg.addresses.unwrap();
+    for a in [&addresses.data_http, &addresses.data_grpc] {
+        let port: u16 = a.strip_prefix("10.1.2.3:").expect(a).parse().unwrap();
+        assert_ne!(port, 0);
+    }
+    assert_ne!(addresses.data_http, addresses.data_grpc);
+    assert!(reg.capacity.unwrap().memory_bytes > 0);
+    assert!(std::fs::symlink_metadata(repo.join("stale")).is_err());
+    eventually("a heartbeat", 30, || {
+        (!fake.heartbeats.lock().is_empty()).then_some(())
+    })
+    .await;
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), worker)
+        .await
+        .expect("the worker stops")
         .unwrap()
         .unwrap();
     server.abort();
