@@ -46,6 +46,8 @@ struct Fake {
     watches: Mutex<Vec<u64>>,
     snapshot: Mutex<Option<WatchEvent>>,
     deltas: Mutex<Option<broadcast::Sender<WatchEvent>>>,
+    /// The next heartbeat answers `reregister`.
+    reregister_next: std::sync::atomic::AtomicBool,
     /// Bumped to end every open watch stream (a control-plane node going away).
     generation: Mutex<Option<watch::Sender<u32>>>,
 }
@@ -112,8 +114,11 @@ impl Cluster for Svc {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         authorized(&r)?;
         self.heartbeats.lock().push(r.into_inner());
+        let reregister = self
+            .reregister_next
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
         Ok(Response::new(HeartbeatResponse {
-            reregister: false,
+            reregister,
             revision: 1,
         }))
     }
@@ -515,7 +520,8 @@ async fn the_agent_follows_its_assignments() {
 }
 
 /// `nereid worker`'s startup in process: the data plane binds its ports, the agent advertises
-/// them under the configured host, and a shutdown signal stops both.
+/// them under the configured host, registers again when a heartbeat asks, and a shutdown
+/// signal stops both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
     let fake = Arc::new(Fake::default());
@@ -523,6 +529,8 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         revision: 1,
         event: Some(watch_event::Event::Snapshot(StateSnapshot::default())),
     });
+    fake.reregister_next
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let (cp_addr, server) = serve_fake(&fake).await;
     let work = tempfile::tempdir().unwrap();
     let repo = work.path().join("models");
@@ -583,8 +591,9 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
     assert_ne!(addresses.data_http, addresses.data_grpc);
     assert!(reg.capacity.unwrap().memory_bytes > 0);
     assert!(std::fs::symlink_metadata(repo.join("stale")).is_err());
-    eventually("a heartbeat", 30, || {
-        (!fake.heartbeats.lock().is_empty()).then_some(())
+    // The first heartbeat is answered `reregister`: the worker registers again.
+    eventually("a second registration", 30, || {
+        (fake.registrations.lock().len() == 2).then_some(())
     })
     .await;
     stop_tx.send(()).unwrap();
