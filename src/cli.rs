@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use nereid_data_plane::agent::AgentConfig;
 use nereid_data_plane::manager::{ControlMode, ManagerConfig};
 use nereid_data_plane::serve::ServeConfig;
 use nereid_data_plane::server::DataPlaneConfig;
@@ -21,6 +22,10 @@ pub struct Cli {
 pub enum Command {
     /// Serve a Triton model repository over KServe v2 HTTP and gRPC (single node).
     Serve(Box<ServeArgs>),
+    /// Serve the models a Nereid control plane assigns to this node: the data plane of
+    /// `serve` (explicit mode, repository API refused) plus an agent that follows the
+    /// control plane.
+    Worker(Box<WorkerArgs>),
     /// Check config.pbtxt files or model directories; print the normalized config as JSON or
     /// the errors with file:line:col. Exit 1 on any error.
     CheckConfig(CheckConfigArgs),
@@ -197,6 +202,7 @@ impl ServeArgs {
                 startup_models: self.load_model,
                 auto_complete,
                 queue_capacity: self.model_queue_size,
+                cluster_managed: false,
             },
             data_plane: DataPlaneConfig {
                 server_name: self.id,
@@ -210,6 +216,201 @@ impl ServeArgs {
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
             exit_on_error: self.exit_on_error,
             onnxruntime_library: crate::ort_library::resolve(self.onnxruntime_library),
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Control-plane gRPC addresses (host:port), comma-separated; the worker fails over
+    /// between them.
+    #[arg(
+        long,
+        env = "NEREID_CONTROL_PLANE",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub control_plane: Vec<String>,
+    /// This node's id in the cluster (default: <hostname>-<grpc port>).
+    #[arg(long, env = "NEREID_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Host name or IP other machines reach this node's data plane at.
+    #[arg(long, env = "NEREID_ADVERTISE_HOST", default_value = "127.0.0.1")]
+    pub advertise_host: String,
+    /// Milliseconds between heartbeats.
+    #[arg(long, env = "NEREID_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
+    pub heartbeat_interval_ms: u64,
+    /// Private directory of the worker; its `models/` holds a link per assigned model
+    /// (default: <tmp>/nereid-worker-<node id>).
+    #[arg(long, env = "NEREID_WORK_DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Memory this node offers, in bytes (default: the host's total memory).
+    #[arg(long, env = "NEREID_MEMORY_CAPACITY")]
+    pub memory_capacity: Option<u64>,
+    /// File holding the bearer token sent to the control plane (else NEREID_AUTH_TOKEN).
+    #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    /// HTTP (KServe v2 REST) port.
+    #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// Address the HTTP service binds.
+    #[arg(long, env = "NEREID_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    /// gRPC (inference.GRPCInferenceService) port.
+    #[arg(long, env = "NEREID_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Address the gRPC service binds.
+    #[arg(long, env = "NEREID_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    /// Prometheus metrics port (/metrics).
+    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the metrics service binds.
+    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+    /// Serve HTTP.
+    #[arg(long, env = "NEREID_ALLOW_HTTP", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_http: bool,
+    /// Serve gRPC.
+    #[arg(long, env = "NEREID_ALLOW_GRPC", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_grpc: bool,
+    /// Serve Prometheus metrics.
+    #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_metrics: bool,
+    /// Ready only when every assigned model loaded successfully (false: ready once started).
+    #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub strict_readiness: bool,
+    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
+    #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+    /// Do not fill model configs from model files (inputs, outputs, max_batch_size).
+    #[arg(long, env = "NEREID_DISABLE_AUTO_COMPLETE_CONFIG")]
+    pub disable_auto_complete_config: bool,
+    /// Largest HTTP request body in bytes, also after decompression.
+    #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
+    pub http_max_input_size: usize,
+    /// Requests that may wait per model version before new ones are refused (503).
+    #[arg(long, env = "NEREID_MODEL_QUEUE_SIZE", default_value_t = 1024)]
+    pub model_queue_size: usize,
+    /// Verbose logging level (0 = info; 1 or more = debug).
+    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
+    pub log_verbose: u32,
+    /// Log line format.
+    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Server name reported in server metadata.
+    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
+    pub id: String,
+    /// ONNX Runtime shared library to load (default: ORT_DYLIB_PATH, then a library next to
+    /// the executable, then the one found at build time).
+    #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
+    pub onnxruntime_library: Option<PathBuf>,
+}
+
+/// A worker's validated settings: the data plane's, the agent's, and the advertised host.
+pub struct WorkerConfig {
+    pub serve: ServeConfig,
+    pub agent: AgentConfig,
+    pub advertise_host: String,
+}
+
+impl WorkerArgs {
+    /// Checks the flags, prepares the work directory and turns them into the worker's config.
+    /// `env_token` is NEREID_AUTH_TOKEN, used when no token file is given.
+    pub fn into_config(self, env_token: Option<String>) -> Result<WorkerConfig, String> {
+        if self.heartbeat_interval_ms == 0 {
+            return Err("--heartbeat-interval-ms must be at least 1".into());
+        }
+        let addrs: Vec<String> = self
+            .control_plane
+            .iter()
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect();
+        if addrs.is_empty() {
+            return Err("--control-plane needs at least one address".into());
+        }
+        let node_id = self.node_id.unwrap_or_else(|| {
+            format!(
+                "{}-{}",
+                nereid_data_plane::agent::host::hostname(),
+                self.grpc_port
+            )
+        });
+        if node_id.trim().is_empty() {
+            return Err("--node-id must not be empty".into());
+        }
+        let token =
+            match &self.auth_token_file {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                    format!("cannot read --auth-token-file '{}': {e}", path.display())
+                })?),
+                None => env_token,
+            }
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
+        let work_dir = self.work_dir.unwrap_or_else(|| {
+            let safe: String = node_id
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            std::env::temp_dir().join(format!("nereid-worker-{safe}"))
+        });
+        let repository = work_dir.join("models");
+        std::fs::create_dir_all(&repository).map_err(|e| {
+            format!(
+                "cannot create the work directory '{}': {e}",
+                repository.display()
+            )
+        })?;
+        let serve = ServeArgs {
+            model_repository: vec![repository.clone()],
+            http_port: self.http_port,
+            http_address: self.http_address,
+            grpc_port: self.grpc_port,
+            grpc_address: self.grpc_address,
+            metrics_port: self.metrics_port,
+            metrics_address: self.metrics_address,
+            allow_http: self.allow_http,
+            allow_grpc: self.allow_grpc,
+            allow_metrics: self.allow_metrics,
+            model_control_mode: ControlModeArg::Explicit,
+            load_model: Vec::new(),
+            repository_poll_secs: 15,
+            strict_readiness: self.strict_readiness,
+            exit_on_error: false,
+            exit_timeout_secs: self.exit_timeout_secs,
+            disable_auto_complete_config: self.disable_auto_complete_config,
+            strict_model_config: None,
+            http_max_input_size: self.http_max_input_size,
+            model_queue_size: self.model_queue_size,
+            log_verbose: self.log_verbose,
+            log_format: self.log_format,
+            id: self.id,
+            onnxruntime_library: self.onnxruntime_library,
+        };
+        let mut serve = serve.into_config()?;
+        serve.manager.cluster_managed = true;
+        Ok(WorkerConfig {
+            serve,
+            agent: AgentConfig {
+                control_plane: addrs,
+                node_id,
+                // Filled from the advertised host and the bound ports.
+                data_http: String::new(),
+                data_grpc: String::new(),
+                heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+                repository,
+                memory_capacity: self.memory_capacity,
+                auth_token: token,
+            },
+            advertise_host: self.advertise_host,
         })
     }
 }
@@ -261,6 +462,95 @@ mod tests {
         assert_eq!(c.http_addr.unwrap().port(), 8000);
         let c = parse(&["--strict-model-config=true"]).unwrap();
         assert!(!c.manager.auto_complete);
+    }
+
+    /// A directory removed when dropped.
+    struct Work(PathBuf);
+
+    impl Work {
+        fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Work {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn parse_worker(args: &[&str], env_token: Option<&str>) -> Result<WorkerConfig, String> {
+        let mut argv = vec!["nereid", "worker"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Worker(a) => a.into_config(env_token.map(String::from)),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn worker_flags_parse() {
+        let dir = std::env::temp_dir().join(format!("nereid-worker-flags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let work = Work(dir);
+        let token = work.path().join("token");
+        std::fs::write(&token, "abc\n").unwrap();
+        let w = parse_worker(
+            &[
+                "--control-plane",
+                "cp1:7000, cp2:7000",
+                "--node-id",
+                "n1",
+                "--work-dir",
+                work.path().to_str().unwrap(),
+                "--grpc-port",
+                "9001",
+                "--heartbeat-interval-ms",
+                "250",
+                "--memory-capacity",
+                "1000",
+                "--auth-token-file",
+                token.to_str().unwrap(),
+            ],
+            Some("ignored"),
+        )
+        .unwrap();
+        assert_eq!(w.agent.control_plane, vec!["cp1:7000", "cp2:7000"]);
+        assert_eq!(w.agent.node_id, "n1");
+        assert_eq!(w.agent.auth_token.as_deref(), Some("abc"));
+        assert_eq!(w.agent.memory_capacity, Some(1000));
+        assert_eq!(w.agent.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(w.agent.repository, work.path().join("models"));
+        assert!(w.agent.repository.is_dir());
+        assert_eq!(w.advertise_host, "127.0.0.1");
+        assert!(w.serve.manager.cluster_managed);
+        assert_eq!(w.serve.manager.control_mode, ControlMode::Explicit);
+        assert!(w.serve.manager.startup_models.is_empty());
+        assert_eq!(w.serve.grpc_addr.unwrap().port(), 9001);
+
+        let w = parse_worker(
+            &[
+                "--control-plane",
+                "cp:1",
+                "--work-dir",
+                work.path().to_str().unwrap(),
+            ],
+            Some("from-env"),
+        )
+        .unwrap();
+        assert_eq!(w.agent.auth_token.as_deref(), Some("from-env"));
+        assert!(w.agent.node_id.ends_with("-8001"));
+        assert!(parse_worker(&[], None).is_err());
+        assert!(
+            parse_worker(
+                &["--control-plane", "cp:1", "--heartbeat-interval-ms", "0"],
+                None
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `nereid` binary: parses flags into typed configs and calls into the crates.
 //!
 //! - `nereid serve`: the single-node Triton-compatible server.
+//! - `nereid worker`: the same server, with models assigned by a Nereid control plane.
 //! - `nereid check-config`: lints `config.pbtxt` files and model directories.
 
 mod check_config;
@@ -36,6 +37,39 @@ fn main() -> ExitCode {
                 }
             };
             match runtime.block_on(nereid_data_plane::serve::run(config, shutdown_signal())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Worker(args) => {
+            init_logging(args.log_verbose, &args.log_format);
+            let config = match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let run = nereid_data_plane::agent::worker::run(
+                config.serve,
+                config.agent,
+                config.advertise_host,
+                shutdown_signal(),
+            );
+            match runtime.block_on(run) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");

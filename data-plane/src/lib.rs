@@ -7,6 +7,7 @@
 //!                                           └─► ensemble: steps ─► InferenceService (each step)
 //! ```
 
+pub mod agent;
 pub mod backend;
 pub mod config;
 mod decoupled;

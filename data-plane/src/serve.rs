@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
+use futures::future::BoxFuture;
 use nereid_proto::InferenceService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -67,14 +68,38 @@ async fn bind(
     }
 }
 
+/// What a task started alongside the server (the worker's agent) gets: the models, the bound
+/// data-plane addresses, and a flag set when the server stops.
+pub struct Started {
+    pub manager: Arc<ModelManager>,
+    pub http_addr: Option<SocketAddr>,
+    pub grpc_addr: Option<SocketAddr>,
+    pub stop: watch::Receiver<bool>,
+}
+
+/// A task run alongside the server once it serves; it must return soon after `stop` is set.
+pub type Companion = Box<dyn FnOnce(Started) -> BoxFuture<'static, ()> + Send>;
+
 /// Runs the server until `shutdown` resolves, then drains and returns.
 pub async fn run(
     config: ServeConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    run_with(config, shutdown, None).await
+}
+
+/// [`run`], with a `companion` task started once the services listen and awaited with them
+/// at shutdown.
+pub async fn run_with(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+    companion: Option<Companion>,
+) -> Result<(), ServeError> {
     let http = bind("HTTP", config.http_addr).await?;
     let grpc = bind("gRPC", config.grpc_addr).await?;
     let metrics_listener = bind("metrics", config.metrics_addr).await?;
+    let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+    let (http_bound, grpc_bound) = (local(&http), local(&grpc));
 
     let backends = Backends::new(config.onnxruntime_library.clone());
     let server_handle = backends.server().clone();
@@ -175,6 +200,14 @@ pub async fn run(
                 }
             }
         });
+    }
+    if let Some(companion) = companion {
+        servers.spawn(companion(Started {
+            manager: manager.clone(),
+            http_addr: http_bound,
+            grpc_addr: grpc_bound,
+            stop: stop_rx.clone(),
+        }));
     }
     tracing::info!("server started");
 

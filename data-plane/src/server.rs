@@ -356,7 +356,12 @@ impl DataPlane {
         })
     }
 
+    /// The repository API loads and unloads only in explicit mode, and never on a worker whose
+    /// models a control plane assigns. Refusals are UNAVAILABLE (HTTP 503), like Triton's.
     fn explicit_only(&self) -> ServiceResult<()> {
+        if self.manager.cluster_managed() {
+            return Err(ServiceError::unavailable(CLUSTER_MANAGED));
+        }
         match self.manager.control_mode() {
             ControlMode::Explicit => Ok(()),
             ControlMode::None | ControlMode::Poll => Err(ServiceError::unavailable(
@@ -365,6 +370,9 @@ impl DataPlane {
         }
     }
 }
+
+/// Why the repository API refuses a load or unload on a worker.
+pub const CLUSTER_MANAGED: &str = "explicit model load / unload is not allowed: models on this worker are managed by the control plane";
 
 /// How a failed request counts in the statistics.
 /// Records a request that ran to completion, with where its time went.

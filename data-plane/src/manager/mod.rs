@@ -64,6 +64,9 @@ pub struct ManagerConfig {
     pub auto_complete: bool,
     /// Bound of each model version's request queue.
     pub queue_capacity: usize,
+    /// The models are assigned by a control plane (`nereid worker`): the repository API refuses
+    /// client loads and unloads; only the worker's agent calls [`ModelManager::load`].
+    pub cluster_managed: bool,
 }
 
 /// A model's lifecycle state as the repository index shows it.
@@ -146,6 +149,11 @@ impl ModelManager {
 
     pub fn control_mode(&self) -> ControlMode {
         self.config.control_mode
+    }
+
+    /// Whether a control plane decides which models this node serves.
+    pub fn cluster_managed(&self) -> bool {
+        self.config.cluster_managed
     }
 
     /// Loads the startup models (all of them, or `--load-model` in explicit mode), concurrently

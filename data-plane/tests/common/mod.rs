@@ -56,6 +56,7 @@ pub fn data_plane(
             startup_models: startup.iter().map(|s| s.to_string()).collect(),
             auto_complete: true,
             queue_capacity,
+            cluster_managed: false,
         },
         backends,
     ));

@@ -1,0 +1,138 @@
+//! Heartbeats: every interval the node's utilization, the versions it serves, and the measured
+//! memory of its replicas. A control plane that answers `reregister` gets a new RegisterNode.
+//!
+//! Queue depth and in-flight counts per version are sent as 0: the data plane's schedulers do
+//! not expose them cheaply yet.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nereid_proto::pb::cluster::{HeartbeatRequest, ModelLoad, ReplicaMemory};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+
+use super::client::ControlPlane;
+use super::host;
+use super::reconcile::Local;
+use super::state::ClusterMirror;
+use crate::manager::ModelManager;
+
+/// The replicas of `node` that are served here, with their measured memory.
+pub fn replica_memory(mirror: &ClusterMirror, node: &str, local: &Local) -> Vec<ReplicaMemory> {
+    mirror
+        .replicas_on(node)
+        .filter_map(|r| {
+            let m = local.models.get(&r.model)?;
+            m.served.contains(&r.version).then(|| ReplicaMemory {
+                replica: r.id,
+                memory_bytes: m.memory.get(&r.version).copied().unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+/// Sends heartbeats until `stop`; wakes `reregister` when the control plane asks for it.
+pub async fn run(
+    cp: Arc<ControlPlane>,
+    node: String,
+    interval: Duration,
+    shared: Arc<Mutex<(ClusterMirror, Local)>>,
+    manager: Arc<ModelManager>,
+    reregister: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_cpu = host::cpu_ticks();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let now_cpu = host::cpu_ticks();
+        let cpu = match (last_cpu, now_cpu) {
+            (Some(a), Some(b)) => host::cpu_between(a, b),
+            _ => 0.0,
+        };
+        last_cpu = now_cpu;
+        let (total, used) = host::memory();
+        let models = manager
+            .all_versions()
+            .iter()
+            .map(|v| ModelLoad {
+                model: v.name.clone(),
+                version: v.version,
+                queue_depth: 0,
+                in_flight: 0,
+            })
+            .collect();
+        let replica_memory = {
+            let guard = shared.lock();
+            replica_memory(&guard.0, &node, &guard.1)
+        };
+        let request = HeartbeatRequest {
+            node_id: node.clone(),
+            cpu_utilization: cpu,
+            memory_used_bytes: used.unwrap_or(0),
+            memory_total_bytes: total.unwrap_or(0),
+            gpus: Vec::new(),
+            models,
+            replica_memory,
+        };
+        // One attempt per tick: the next tick carries fresher figures than a retry would.
+        match cp.client().heartbeat(cp.request(request, true)).await {
+            Ok(r) if r.get_ref().reregister => {
+                tracing::info!("control plane asks this node to register again");
+                reregister.notify_one();
+            }
+            Ok(_) => {}
+            Err(s) => {
+                tracing::debug!(addr = %cp.current_addr(), error = %s, "heartbeat failed");
+                if super::client::retryable(s.code()) {
+                    cp.fail_over();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nereid_proto::pb::cluster::Replica;
+
+    use super::*;
+    use crate::agent::reconcile::LocalModel;
+
+    #[test]
+    fn replica_memory_covers_served_replicas_of_this_node() {
+        let mut mirror = ClusterMirror::default();
+        for (id, version, node) in [(1, 1, "n1"), (2, 2, "n1"), (3, 1, "n2")] {
+            mirror.replicas.insert(
+                id,
+                Replica {
+                    id,
+                    model: "a".into(),
+                    version,
+                    node: node.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        let mut local = Local::default();
+        local.models.insert(
+            "a".into(),
+            LocalModel {
+                served: [1].into(),
+                memory: [(1, 42)].into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            replica_memory(&mirror, "n1", &local),
+            vec![ReplicaMemory {
+                replica: 1,
+                memory_bytes: 42
+            }]
+        );
+    }
+}

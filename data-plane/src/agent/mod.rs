@@ -1,0 +1,412 @@
+//! The worker agent (`nereid worker`): follows the control plane's assignments on this node's
+//! data plane.
+//!
+//! ```text
+//! RegisterNode (id, addresses, capacity) ──► heartbeat task (every interval; `reregister` ─┐
+//!      ▲                                                                                    │
+//!      └──────────────────────────────────────────────────────────────────────────────────┘
+//! Watch (snapshot, then deltas; resumed from the last revision on another node after a
+//!        disconnect) ─► ClusterMirror ─► reconcile::plan ─┬─► reports ─► reporter task (FIFO,
+//!                                                        │     retried until acknowledged)
+//!                                                        └─► one load / unload at a time on
+//!                                                              a task ─► result ─► plan again
+//! ```
+//!
+//! Models are served from a private repository directory of symlinks to their `file://`
+//! sources ([`source`]); the data plane runs in explicit mode and refuses client loads and
+//! unloads ([`crate::manager::ManagerConfig::cluster_managed`]). Memory per replica is the
+//! growth of the process's resident memory across the load that brought its version, split
+//! evenly between the versions that load brought.
+
+pub mod client;
+pub mod heartbeat;
+pub mod host;
+pub mod reconcile;
+pub mod source;
+pub mod state;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nereid_proto::pb::cluster::{
+    NodeAddresses, NodeCapacity, RegisterNodeRequest, ReplicaState, ReportReplicaRequest,
+    WatchRequest,
+};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_stream::StreamExt;
+
+use crate::manager::{LoadSource, ModelManager};
+use client::ControlPlane;
+use reconcile::{Local, LocalModel, Op, Report};
+use state::ClusterMirror;
+
+/// Settings of the agent.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Control-plane gRPC addresses (`host:port`), tried in turn.
+    pub control_plane: Vec<String>,
+    pub node_id: String,
+    /// Data-plane HTTP and gRPC addresses as other machines reach them.
+    pub data_http: String,
+    pub data_grpc: String,
+    pub heartbeat_interval: Duration,
+    /// The data plane's model repository: the agent keeps one symlink per assigned model here.
+    pub repository: PathBuf,
+    /// Memory the node offers; `None`: the host's total memory.
+    pub memory_capacity: Option<u64>,
+    pub auth_token: Option<String>,
+}
+
+/// The node's capacity: CPUs × 1000 millis, memory (configured or the host's). GPUs are not
+/// detected (no NVML): none are offered.
+pub fn capacity(memory_capacity: Option<u64>) -> NodeCapacity {
+    NodeCapacity {
+        cpu_millis: host::cpu_count() * 1000,
+        memory_bytes: memory_capacity.or(host::memory().0).unwrap_or(0),
+        gpus: Vec::new(),
+    }
+}
+
+type Shared = Arc<Mutex<(ClusterMirror, Local)>>;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AgentError(String);
+
+/// Runs the agent until `stop` is set.
+pub async fn run(
+    config: AgentConfig,
+    manager: Arc<ModelManager>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), AgentError> {
+    let cp = Arc::new(
+        ControlPlane::new(&config.control_plane, config.auth_token.as_deref())
+            .map_err(AgentError)?,
+    );
+    let shared: Shared = Arc::default();
+    let node = config.node_id.clone();
+
+    if !register(&cp, &config, &mut stop).await? {
+        return Ok(());
+    }
+    let reregister = Arc::new(Notify::new());
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(heartbeat::run(
+        cp.clone(),
+        node.clone(),
+        config.heartbeat_interval,
+        shared.clone(),
+        manager.clone(),
+        reregister.clone(),
+        stop.clone(),
+    ));
+    let (report_tx, report_rx) = mpsc::unbounded_channel();
+    tasks.spawn(reporter(cp.clone(), node.clone(), report_rx, stop.clone()));
+
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Option<LocalModel>)>();
+    let executor = Executor {
+        manager,
+        repository: config.repository.clone(),
+        done: done_tx,
+    };
+    let mut backoff = Duration::ZERO;
+    'watch: loop {
+        let from_revision = {
+            let guard = shared.lock();
+            if guard.0.synced { guard.0.revision } else { 0 }
+        };
+        let request = cp.request(WatchRequest { from_revision }, false);
+        let mut client = cp.client();
+        let mut stream = tokio::select! {
+            r = client.watch(request) => match r {
+                Ok(s) => s.into_inner(),
+                Err(s) => {
+                    tracing::warn!(addr = %cp.current_addr(), error = %s, "cannot watch the control plane");
+                    if client::retryable(s.code()) { cp.fail_over(); }
+                    backoff = client::next_backoff(backoff);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => continue 'watch,
+                        _ = stopped(stop.clone()) => break 'watch,
+                    }
+                }
+            },
+            _ = stopped(stop.clone()) => break 'watch,
+        };
+        tracing::info!(addr = %cp.current_addr(), from_revision, "watching the control plane");
+        loop {
+            tokio::select! {
+                event = stream.next() => match event {
+                    Some(Ok(event)) => {
+                        backoff = Duration::ZERO;
+                        let changed = shared.lock().0.apply(&event);
+                        if changed {
+                            step(&shared, &node, &executor, &report_tx);
+                        }
+                    }
+                    Some(Err(s)) => {
+                        tracing::warn!(addr = %cp.current_addr(), error = %s, "watch stream failed; resuming");
+                        cp.fail_over();
+                        break;
+                    }
+                    None => {
+                        tracing::warn!(addr = %cp.current_addr(), "watch stream ended; resuming");
+                        cp.fail_over();
+                        break;
+                    }
+                },
+                Some((model, result)) = done_rx.recv() => {
+                    {
+                        let mut guard = shared.lock();
+                        guard.1.busy = false;
+                        match result {
+                            Some(m) => { guard.1.models.insert(model, m); }
+                            None => { guard.1.models.remove(&model); }
+                        }
+                    }
+                    step(&shared, &node, &executor, &report_tx);
+                }
+                _ = reregister.notified() => {
+                    if !register(&cp, &config, &mut stop).await? {
+                        break 'watch;
+                    }
+                }
+                _ = stopped(stop.clone()) => break 'watch,
+            }
+        }
+        backoff = client::next_backoff(backoff);
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stopped(stop.clone()) => break 'watch,
+        }
+    }
+    tasks.abort_all();
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+/// Resolves once `stop` is set.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Registers the node, retrying until the control plane accepts. `false` when stopped first.
+async fn register(
+    cp: &ControlPlane,
+    config: &AgentConfig,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<bool, AgentError> {
+    let request = RegisterNodeRequest {
+        id: config.node_id.clone(),
+        addresses: Some(NodeAddresses {
+            data_http: config.data_http.clone(),
+            data_grpc: config.data_grpc.clone(),
+            agent: String::new(),
+        }),
+        capacity: Some(capacity(config.memory_capacity)),
+        labels: Default::default(),
+    };
+    let answer = cp
+        .call("RegisterNode", stop, |mut c| {
+            let r = cp.request(request.clone(), true);
+            async move { c.register_node(r).await }
+        })
+        .await;
+    match answer {
+        None => Ok(false),
+        Some(Ok(r)) => {
+            tracing::info!(
+                node = %config.node_id,
+                addr = %cp.current_addr(),
+                revision = r.revision,
+                heartbeat_timeout_ms = r.heartbeat_timeout_ms,
+                "registered with the control plane"
+            );
+            Ok(true)
+        }
+        Some(Err(s)) => Err(AgentError(format!(
+            "the control plane refused to register node '{}': {}",
+            config.node_id,
+            s.message()
+        ))),
+    }
+}
+
+/// Plans from the current state: queues the reports and starts the next operation.
+fn step(
+    shared: &Shared,
+    node: &str,
+    executor: &Executor,
+    reports: &mpsc::UnboundedSender<(u64, Report)>,
+) {
+    let mut guard = shared.lock();
+    let (mirror, local) = &mut *guard;
+    if !mirror.synced {
+        return;
+    }
+    reconcile::forget_gone(local, mirror);
+    let plan = reconcile::plan(mirror, node, local);
+    for (id, report) in plan.reports {
+        let observed = mirror
+            .replicas
+            .get(&id)
+            .map_or(ReplicaState::Unspecified, |r| r.state());
+        reconcile::record_sent(local, id, report.clone(), observed);
+        let _ = reports.send((id, report));
+    }
+    if let Some(op) = plan.op {
+        local.busy = true;
+        let previous = match &op {
+            Op::Load { model, .. } | Op::Unload { model } => {
+                local.models.get(model).cloned().unwrap_or_default()
+            }
+        };
+        executor.start(op, previous);
+    }
+}
+
+/// Sends reports in order, each until the control plane acknowledges it.
+async fn reporter(
+    cp: Arc<ControlPlane>,
+    node: String,
+    mut queue: mpsc::UnboundedReceiver<(u64, Report)>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let (replica, report) = tokio::select! {
+            r = queue.recv() => match r { Some(r) => r, None => return },
+            _ = stopped(stop.clone()) => return,
+        };
+        let mut request = ReportReplicaRequest {
+            node_id: node.clone(),
+            replica,
+            ..Default::default()
+        };
+        match &report {
+            Report::Loading => request.state = ReplicaState::Loading as i32,
+            Report::Ready { memory_bytes } => {
+                request.state = ReplicaState::Ready as i32;
+                request.measured_memory_bytes = *memory_bytes;
+            }
+            Report::Failed { reason } => {
+                request.state = ReplicaState::Failed as i32;
+                request.failure_reason = reason.clone();
+            }
+            Report::Unloaded => request.unloaded = true,
+        }
+        let answer = cp
+            .call("ReportReplica", &mut stop, |mut c| {
+                let r = cp.request(request.clone(), true);
+                async move { c.report_replica(r).await }
+            })
+            .await;
+        match answer {
+            None => return,
+            Some(Ok(_)) => tracing::info!(replica, report = ?report, "replica reported"),
+            Some(Err(s)) => {
+                tracing::warn!(replica, report = ?report, error = %s, "control plane refused the report; dropped")
+            }
+        }
+    }
+}
+
+/// Runs loads and unloads on the data plane, one task each, and hands back the result.
+struct Executor {
+    manager: Arc<ModelManager>,
+    repository: PathBuf,
+    done: mpsc::UnboundedSender<(String, Option<LocalModel>)>,
+}
+
+impl Executor {
+    fn start(&self, op: Op, previous: LocalModel) {
+        let manager = self.manager.clone();
+        let repository = self.repository.clone();
+        let done = self.done.clone();
+        tokio::spawn(async move {
+            let (model, result) = match op {
+                Op::Load { model, spec } => {
+                    let result = load(&manager, &repository, &model, spec, previous).await;
+                    (model, Some(result))
+                }
+                Op::Unload { model } => {
+                    if let Err(e) = manager.unload(&model).await {
+                        tracing::debug!(model = %model, error = %e, "unload");
+                    }
+                    source::unlink_model(&repository, &model);
+                    (model, None)
+                }
+            };
+            let _ = done.send((model, result));
+        });
+    }
+}
+
+/// Loads `model` with the versions and source of `spec`; what it serves afterwards, and why
+/// requested versions that are not served failed.
+async fn load(
+    manager: &ModelManager,
+    repository: &std::path::Path,
+    model: &str,
+    spec: reconcile::LoadSpec,
+    previous: LocalModel,
+) -> LocalModel {
+    let before: std::collections::BTreeSet<i64> = manager.versions(model).into_iter().collect();
+    let prepared = source::source_dir(&spec.source).and_then(|dir| {
+        source::link_model(repository, model, &dir)?;
+        source::load_config(&dir, &spec.config_override, &spec.versions)
+    });
+    let rss_before = host::process_rss().unwrap_or(0);
+    let error = match prepared {
+        Err(reason) => Some(reason),
+        Ok(config) => {
+            tracing::info!(model, versions = ?spec.versions, source = %spec.source, "loading");
+            let source = LoadSource::Repository {
+                config_override: Some(config),
+            };
+            manager
+                .load(model, source)
+                .await
+                .err()
+                .map(|e| e.into_message())
+        }
+    };
+    let rss_after = host::process_rss().unwrap_or(0);
+    let served: std::collections::BTreeSet<i64> = manager.versions(model).into_iter().collect();
+    let brought: Vec<i64> = served.difference(&before).copied().collect();
+    let share = rss_after.saturating_sub(rss_before) / (brought.len().max(1) as u64);
+    let memory: BTreeMap<i64, u64> = served
+        .iter()
+        .map(|v| {
+            let m = if brought.contains(v) {
+                share
+            } else {
+                previous.memory.get(v).copied().unwrap_or(0)
+            };
+            (*v, m)
+        })
+        .collect();
+    let failures = spec
+        .versions
+        .iter()
+        .filter(|v| !served.contains(v))
+        .map(|v| {
+            let reason = error.clone().unwrap_or_else(|| {
+                format!(
+                    "version {v} of model '{model}' is not in its source '{}'",
+                    spec.source
+                )
+            });
+            (*v, reason)
+        })
+        .collect();
+    LocalModel {
+        request: Some(spec),
+        served,
+        failures,
+        memory,
+    }
+}
