@@ -26,6 +26,9 @@ pub enum Command {
     /// `serve` (explicit mode, repository API refused) plus an agent that follows the
     /// control plane.
     Worker(Box<WorkerArgs>),
+    /// Run a control-plane node: the Raft-replicated registry of models, workers and
+    /// replicas, placement, and the management API (gRPC and REST).
+    ControlPlane(Box<crate::control_plane_args::ControlPlaneArgs>),
     /// Check config.pbtxt files or model directories; print the normalized config as JSON or
     /// the errors with file:line:col. Exit 1 on any error.
     CheckConfig(CheckConfigArgs),

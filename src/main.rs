@@ -1,11 +1,13 @@
 //! The `nereid` binary: parses flags into typed configs and calls into the crates.
 //!
 //! - `nereid serve`: the single-node Triton-compatible server.
+//! - `nereid control-plane`: a Raft-replicated control-plane node (registry, placement, API).
 //! - `nereid worker`: the same server, with models assigned by a Nereid control plane.
 //! - `nereid check-config`: lints `config.pbtxt` files and model directories.
 
 mod check_config;
 mod cli;
+mod control_plane_args;
 mod ort_library;
 
 use std::process::ExitCode;
@@ -19,65 +21,68 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
             init_logging(args.log_verbose, &args.log_format);
-            let config = match args.into_config() {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(nereid_data_plane::serve::run(config, shutdown_signal())) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+            match args.into_config() {
+                Ok(config) => run_async(|| {
+                    nereid_data_plane::serve::run(config, shutdown_signal())
+                }),
+                Err(e) => usage_error(e),
             }
         }
         Command::Worker(args) => {
             init_logging(args.log_verbose, &args.log_format);
-            let config = match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let run = nereid_data_plane::agent::worker::run(
-                config.serve,
-                config.agent,
-                config.advertise_host,
-                shutdown_signal(),
-            );
-            match runtime.block_on(run) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+            match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
+                Ok(config) => run_async(|| {
+                    nereid_data_plane::agent::worker::run(
+                        config.serve,
+                        config.agent,
+                        config.advertise_host,
+                        shutdown_signal(),
+                    )
+                }),
+                Err(e) => usage_error(e),
+            }
+        }
+        Command::ControlPlane(args) => {
+            init_logging(args.log_verbose, &args.log_format);
+            match args.into_config() {
+                Ok(config) => run_async(|| {
+                    nereid_control_plane::node::run(config, shutdown_signal())
+                }),
+                Err(e) => usage_error(e),
             }
         }
         Command::CheckConfig(args) => check_config::run(args),
+    }
+}
+
+/// Prints a flag error and exits with the usage status.
+fn usage_error(message: String) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(2)
+}
+
+/// Runs a server future on a multi-threaded runtime; any error is printed and exits 1.
+fn run_async<F, E>(server: impl FnOnce() -> F) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
