@@ -17,4 +17,5 @@
 pub mod consensus;
 pub mod leader;
 pub mod placement;
+pub mod raft;
 pub mod state;
