@@ -28,7 +28,7 @@ use super::log_store::LogStore;
 use super::network::{NetworkFactory, Peers, Rpc};
 use super::service::RaftService;
 use super::state_machine::StateMachineStore;
-use super::store::Store;
+use super::store::{Closed, Store};
 use super::types::{ApplyResult, LogCommand, Raft, TypeConfig};
 use crate::consensus::{Consensus, ConsensusError, Leadership, Member, RaftStatus};
 use crate::state::{Applied, ClusterState, Command};
@@ -43,10 +43,15 @@ pub struct RaftNode {
     leadership_rx: watch::Receiver<Leadership>,
     leadership_task: Mutex<Option<JoinHandle<()>>>,
     leader_wait: Duration,
+    /// Resolves when openraft has dropped the storage and `raft.redb` is closed.
+    closed: Mutex<Option<Closed>>,
 }
 
 /// Backoff between retries while the leader is unknown or moving.
 const RETRY_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How long `shutdown` waits for openraft's tasks to drop the storage.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 impl RaftNode {
     /// Opens the node's storage, starts Raft and, on a first start, bootstraps the cluster.
@@ -72,7 +77,7 @@ impl RaftNode {
         );
 
         let dir = config.data_dir.clone();
-        let store = tokio::task::spawn_blocking(move || Store::open(&dir))
+        let (store, closed) = tokio::task::spawn_blocking(move || Store::open(&dir))
             .await
             .map_err(|e| RaftError::Node(e.to_string()))??;
         let log_store = LogStore::new(store.clone());
@@ -105,11 +110,13 @@ impl RaftNode {
             leadership_rx,
             leadership_task: Mutex::new(Some(task)),
             leader_wait: config.leader_wait,
+            closed: Mutex::new(Some(closed)),
         });
         Ok((node, RaftService::new(raft)))
     }
 
-    /// Stops Raft: no more votes, appends or applies. The storage stays as it is on disk.
+    /// Stops Raft (no more votes, appends or applies) and waits, up to `CLOSE_WAIT`, until its
+    /// tasks have let go of the storage, so that `raft.redb` can be opened again.
     pub async fn shutdown(&self) -> Result<(), RaftError> {
         if let Some(task) = self.leadership_task.lock().take() {
             task.abort();
@@ -117,17 +124,23 @@ impl RaftNode {
         self.raft
             .shutdown()
             .await
-            .map_err(|e| RaftError::Node(e.to_string()))
+            .map_err(|e| RaftError::Node(e.to_string()))?;
+        let closed = self.closed.lock().take();
+        if let Some(closed) = closed {
+            // The sender is never used: the receiver wakes when the database is dropped.
+            if tokio::time::timeout(CLOSE_WAIT, closed).await.is_err() {
+                return Err(RaftError::Node(
+                    "raft stopped but its storage is still open".to_string(),
+                ));
+            }
+        }
+        Ok(())
     }
 
-    /// Index of the latest snapshot and of the last purged log entry (tests and diagnostics).
-    pub fn snapshot_and_purged_index(&self) -> (Option<u64>, Option<u64>) {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow_watched();
-        (
-            m.snapshot.as_ref().map(|id| id.index),
-            m.purged.as_ref().map(|id| id.index),
-        )
+    /// The openraft handle, for tests that wait on its metrics.
+    #[cfg(test)]
+    pub(crate) fn raft(&self) -> &Raft {
+        &self.raft
     }
 
     /// The known leader and its address, from the metrics.

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
 
 pub(crate) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -27,15 +28,24 @@ pub(crate) const KEY_COMMITTED: &str = "committed";
 pub(crate) const KEY_LAST_PURGED: &str = "last_purged";
 pub(crate) const KEY_SNAPSHOT: &str = "snapshot";
 
-/// A handle on the database; cheap to clone.
+/// A handle on the database; cheap to clone. The file closes when the last clone is dropped.
 #[derive(Clone)]
 pub(crate) struct Store {
-    db: Arc<Database>,
+    db: Arc<OpenDb>,
 }
+
+struct OpenDb {
+    db: Database,
+    /// Dropped with the database: wakes whoever waits for the file to be closed.
+    _closed: oneshot::Sender<()>,
+}
+
+/// Resolves once every [`Store`] clone is gone and `raft.redb` is closed.
+pub(crate) type Closed = oneshot::Receiver<()>;
 
 impl Store {
     /// Opens (or creates) `<dir>/raft.redb` and makes sure both tables exist.
-    pub(crate) fn open(dir: &Path) -> io::Result<Self> {
+    pub(crate) fn open(dir: &Path) -> io::Result<(Self, Closed)> {
         std::fs::create_dir_all(dir)?;
         let db = Database::create(dir.join("raft.redb")).map_err(io::Error::other)?;
         let txn = db.begin_write().map_err(io::Error::other)?;
@@ -44,7 +54,11 @@ impl Store {
             txn.open_table(META).map_err(io::Error::other)?;
         }
         txn.commit().map_err(io::Error::other)?;
-        Ok(Store { db: Arc::new(db) })
+        let (tx, closed) = oneshot::channel();
+        let store = Store {
+            db: Arc::new(OpenDb { db, _closed: tx }),
+        };
+        Ok((store, closed))
     }
 
     /// Runs `f` on tokio's blocking pool with the database.
@@ -54,7 +68,7 @@ impl Store {
         F: FnOnce(&Database) -> io::Result<T> + Send + 'static,
     {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
+        tokio::task::spawn_blocking(move || f(&db.db))
             .await
             .map_err(io::Error::other)?
     }
