@@ -15,12 +15,13 @@
 //! wrap around them.
 
 pub mod api;
+pub mod cluster;
 pub mod consensus;
 pub mod convert;
 pub mod leader;
-
-pub mod cluster;
+pub mod node;
 pub mod placement;
+pub mod raft;
 pub mod source;
 pub mod state;
 pub mod views;
