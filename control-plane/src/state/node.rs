@@ -34,7 +34,8 @@ pub struct NodeAddresses {
     pub data_http: String,
     /// KServe v2 gRPC; the router forwards here.
     pub data_grpc: String,
-    /// The worker agent's endpoint the control plane talks to.
+    /// The worker agent's own endpoint, if it serves one (optional: today's workers only
+    /// call out to the control plane).
     pub agent: String,
 }
 
@@ -83,7 +84,6 @@ impl NodeSpec {
         for (field, addr) in [
             ("addresses.data_http", &self.addresses.data_http),
             ("addresses.data_grpc", &self.addresses.data_grpc),
-            ("addresses.agent", &self.addresses.agent),
         ] {
             if addr.trim().is_empty() {
                 return Err(StateError::invalid(&subject, field, "must not be empty"));

@@ -369,11 +369,11 @@ fn register_node_rejects_bad_fields() {
     let err = refused(&mut s, Command::RegisterNode(node("")));
     assert_eq!(err.to_string(), "node: id must not be empty");
     let mut bad = node("n1");
-    bad.addresses.agent = " ".into();
+    bad.addresses.data_grpc = " ".into();
     let err = refused(&mut s, Command::RegisterNode(bad));
     assert_eq!(
         err.to_string(),
-        "node 'n1': addresses.agent must not be empty"
+        "node 'n1': addresses.data_grpc must not be empty"
     );
     let mut bad = node("n1");
     bad.capacity.gpus.push(Gpu {
