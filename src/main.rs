@@ -2,9 +2,11 @@
 //!
 //! - `nereid serve`: the single-node Triton-compatible server.
 //! - `nereid check-config`: lints `config.pbtxt` files and model directories.
+//! - `nereid ctl`: the operator's client of the control plane's management API.
 
 mod check_config;
 mod cli;
+mod ctl;
 mod ort_library;
 
 use std::process::ExitCode;
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckConfig(args) => check_config::run(args),
+        Command::Ctl(args) => ctl::run(*args),
     }
 }
 
