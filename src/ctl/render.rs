@@ -8,7 +8,7 @@ use nereid_proto::pb::cluster::{
     VersionPolicy,
 };
 
-use super::table::{Table, age_ms, bytes, fields};
+use super::table::{Table, age_ms, bytes, fields, utc};
 
 /// `latest:2`, `all`, `1,3`; `latest:1` when unset (the server's default).
 pub fn version_policy(policy: Option<&VersionPolicy>) -> String {
@@ -199,8 +199,9 @@ pub fn placement(explanation: &PlacementExplanation) -> String {
     }
     for record in &explanation.history {
         out.push_str(&format!(
-            "revision {} decided at {} ms\n",
-            record.revision, record.decided_at_ms
+            "revision {} decided at {}\n",
+            record.revision,
+            utc(record.decided_at_ms)
         ));
         for input in &record.inputs {
             out.push_str(&format!("  input: {input}\n"));

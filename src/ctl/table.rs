@@ -91,6 +91,31 @@ pub fn age_ms(ms: u64) -> String {
     }
 }
 
+/// Unix milliseconds as UTC `YYYY-MM-DD HH:MM:SS`; `-` for zero.
+pub fn utc(unix_ms: u64) -> String {
+    if unix_ms == 0 {
+        return "-".into();
+    }
+    let secs = unix_ms / 1000;
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +169,9 @@ mod tests {
         assert_eq!(age_ms(850), "850ms");
         assert_eq!(age_ms(12_345), "12.3s");
         assert_eq!(age_ms(240_000), "4m");
+        assert_eq!(utc(0), "-");
+        assert_eq!(utc(1_000), "1970-01-01 00:00:01 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_763_770_000_000), "2025-11-22 00:06:40 UTC");
     }
 }
