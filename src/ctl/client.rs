@@ -142,13 +142,12 @@ impl Connection {
         }
         let mut last = None;
         let mut hint = None;
+        let mut unreachable = Vec::new();
         for address in &self.addresses {
             let channel = match connect(address).await {
                 Ok(c) => c,
                 Err(e) => {
-                    last = Some(CtlError::Connect(format!(
-                        "cannot reach the control plane at {address}: {e}"
-                    )));
+                    unreachable.push(format!("{address}: {e}"));
                     continue;
                 }
             };
@@ -172,7 +171,12 @@ impl Connection {
                 Err(status) => return Err(CtlError::from_status(&status)),
             }
         }
-        let mut error = last.expect("at least one address was tried");
+        let Some(mut error) = last else {
+            return Err(CtlError::Connect(format!(
+                "cannot reach the control plane at {}",
+                unreachable.join("; ")
+            )));
+        };
         if let (CtlError::Status { leader, .. }, Some(h)) = (&mut error, hint) {
             leader.get_or_insert(h);
         }
