@@ -32,6 +32,9 @@ pub enum Command {
     /// Check config.pbtxt files or model directories; print the normalized config as JSON or
     /// the errors with file:line:col. Exit 1 on any error.
     CheckConfig(CheckConfigArgs),
+    /// Operate a Nereid cluster through the control plane's management API (models, nodes,
+    /// placements, control-plane members).
+    Ctl(Box<crate::ctl::CtlArgs>),
 }
 
 /// Parses Triton-style booleans: true/false/1/0 (also yes/no, on/off).

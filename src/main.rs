@@ -4,10 +4,12 @@
 //! - `nereid control-plane`: a Raft-replicated control-plane node (registry, placement, API).
 //! - `nereid worker`: the same server, with models assigned by a Nereid control plane.
 //! - `nereid check-config`: lints `config.pbtxt` files and model directories.
+//! - `nereid ctl`: the operator's client of the control plane's management API.
 
 mod check_config;
 mod cli;
 mod control_plane_args;
+mod ctl;
 mod ort_library;
 
 use std::process::ExitCode;
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckConfig(args) => check_config::run(args),
+        Command::Ctl(args) => ctl::run(*args),
     }
 }
 

@@ -3,11 +3,13 @@
 //! Flag names follow perf_analyzer where a perf_analyzer user would look for them (`-i`, `-u`,
 //! `-m`, `-x`, `-b`, `--concurrency-range`, `--request-rate-range`, `--measurement-interval`,
 //! `--stability-percentage`, `--max-trials`, `--shape`, `--input-data`). The plain command runs a
-//! load test; `sweep` runs it over a grid of batcher / instance settings.
+//! load test; `sweep` runs it over a grid of batcher / instance settings; `placement-sim` times
+//! the control plane's placement function offline (its flags live in `placement_sim`).
 //!
 //! ```text
 //! argv ─► Cli ─┬─ (no subcommand) RunArgs ─► run::run
-//!              └─ sweep SweepArgs{RunArgs, grid} ─► sweep::sweep
+//!              ├─ sweep SweepArgs{RunArgs, grid} ─► sweep::sweep
+//!              └─ placement-sim PlacementSimArgs ─► placement_sim::run
 //! ```
 
 use std::path::PathBuf;
@@ -30,6 +32,8 @@ pub struct Cli {
     pub run: RunArgs,
 }
 
+// Parsed once per process: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Model-Analyzer-like grid: reload the model with each combination of instance count,
@@ -37,6 +41,10 @@ pub enum Command {
     /// run the closed loop at `--concurrency-range` and report the best throughput within the
     /// latency budget. The original config is restored at the end.
     Sweep(SweepArgs),
+    /// Time the control plane's placement function on a synthetic cluster (no server needed):
+    /// initial placement, then rounds of node failures, drains and scaling; reports time per
+    /// round and packing efficiency.
+    PlacementSim(crate::placement_sim::PlacementSimArgs),
 }
 
 /// Wire protocol for inference and metadata.
@@ -506,7 +514,7 @@ mod tests {
                 assert_eq!(s.max_batch_sizes, vec![0, 4]);
                 assert_eq!(s.run.model.as_deref(), Some("s"));
             }
-            None => panic!("expected sweep"),
+            _ => panic!("expected sweep"),
         }
     }
 }

@@ -7,6 +7,8 @@
 //!        run::run_levels ─► closed_loop (N workers) | open_loop (scheduled sends)
 //!                              └─► stats::Recorder ◄── measure (warm-up, windows, stability)
 //!        report (table, CSV, JSON)      sweep: reload the model per grid point, then run_levels
+//!
+//! placement-sim: synthetic views ─► nereid_control_plane::placement::plan, timed per round
 //! ```
 //!
 //! The pure parts (range parsing, input JSON, stability, schedules, report formatting, sweep
@@ -24,6 +26,7 @@ pub mod error;
 pub mod inputs;
 pub mod measure;
 pub mod open_loop;
+pub mod placement_sim;
 pub mod progress;
 pub mod report;
 pub mod rng;

@@ -1,12 +1,13 @@
-//! The `nereid-loadtest` binary: parses flags and calls [`nereid_loadtest::run::run`] or
-//! [`nereid_loadtest::sweep::sweep`]. Exit status 0 on success, 1 on any error (including
-//! failed requests with `--fail-on-errors`, and flags clap rejects).
+//! The `nereid-loadtest` binary: parses flags and calls [`nereid_loadtest::run::run`],
+//! [`nereid_loadtest::sweep::sweep`] or [`nereid_loadtest::placement_sim::run`] (offline).
+//! Exit status 0 on success, 1 on any error (including failed requests with
+//! `--fail-on-errors`, and flags clap rejects).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use nereid_loadtest::cli::{Cli, Command};
-use nereid_loadtest::{run, sweep};
+use nereid_loadtest::{placement_sim, run, sweep};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -22,6 +23,16 @@ fn main() -> ExitCode {
         }
     };
     let threads = match &cli.command {
+        Some(Command::PlacementSim(args)) => {
+            // Pure computation: no runtime, no server.
+            return match placement_sim::run(args, &mut std::io::stdout().lock()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(Command::Sweep(args)) => args.run.client_threads,
         None => cli.run.client_threads,
     };
@@ -43,6 +54,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match &cli.command {
             Some(Command::Sweep(args)) => sweep::sweep(args).await.map(|_| ()),
+            Some(Command::PlacementSim(_)) => Ok(()),
             None => run::run(&cli.run).await.map(|_| ()),
         }
     });

@@ -240,7 +240,7 @@ mod tests {
         let argv = [&["lt", "sweep", "-m", "m"], extra].concat();
         match Cli::try_parse_from(argv).unwrap().command {
             Some(Command::Sweep(s)) => s,
-            None => panic!("expected sweep"),
+            _ => panic!("expected sweep"),
         }
     }
 
