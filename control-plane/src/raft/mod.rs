@@ -16,10 +16,10 @@
 //! openraft types stay inside this module: the rest of the crate sees [`RaftNode`] (through
 //! [`crate::consensus::Consensus`]), [`RaftConfig`], [`RaftService`] and [`RaftError`].
 //!
-//! - [`types`]: the openraft type configuration.
-//! - [`store`], [`log_store`], [`state_machine`]: durable storage in one redb file.
-//! - [`network`]: outgoing RPCs; [`service`]: incoming RPCs.
-//! - [`node`]: start, bootstrap, and the `Consensus` implementation.
+//! - `types`: the openraft type configuration.
+//! - `store`, `log_store`, `state_machine`: durable storage in one redb file.
+//! - `network`: outgoing RPCs; `service`: incoming RPCs.
+//! - `node`: start, bootstrap, and the `Consensus` implementation.
 
 mod config;
 mod error;

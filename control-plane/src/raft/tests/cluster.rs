@@ -7,6 +7,7 @@ use super::harness::{
     TestNode, leader_seen_by, listen, start_cluster, state_where, test_config, upsert, within,
 };
 use crate::consensus::{Consensus, ConsensusError};
+use crate::raft::network::{Peers, Rpc};
 use crate::state::Command;
 
 fn index_of(nodes: &[TestNode], id: u64) -> usize {
@@ -120,6 +121,21 @@ async fn snapshots_compact_the_log_feed_new_members_and_survive_restart() {
     config.logs_to_keep_after_snapshot = 0;
     let one = TestNode::start(config, listener).await;
     leader_seen_by(&one, None).await;
+
+    // Outgoing calls carry the bearer token; the test server refuses calls without it.
+    for (token, ok) in [(None, false), (Some(super::harness::TOKEN), true)] {
+        let peers = Peers::new(token, WAIT).expect("peers");
+        let answer = peers
+            .call(&one.addr, Rpc::ReadIndex, Vec::new(), WAIT)
+            .await;
+        match answer {
+            Ok(_) => assert!(ok, "a call without a token was accepted"),
+            Err(status) => {
+                assert!(!ok, "a call with the token was refused: {status}");
+                assert_eq!(status.code(), tonic::Code::Unauthenticated);
+            }
+        }
+    }
 
     for i in 0..40 {
         one.node

@@ -28,6 +28,18 @@ pub(super) struct TestNode {
     server: Option<JoinHandle<()>>,
 }
 
+/// Every test node carries this token; the servers refuse calls without it.
+pub(super) const TOKEN: &str = "test-token";
+
+/// What the mounting server does in production: check the bearer token.
+fn require_token(request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    let expected = format!("Bearer {TOKEN}");
+    match request.metadata().get("authorization") {
+        Some(v) if v.as_bytes() == expected.as_bytes() => Ok(request),
+        _ => Err(tonic::Status::unauthenticated("missing or wrong bearer token")),
+    }
+}
+
 /// Fast timings for tests on a loaded 2-core machine.
 pub(super) fn test_config(id: u64, addr: &str, dir: &Path) -> RaftConfig {
     let mut config = RaftConfig::new(id, addr, dir);
@@ -35,7 +47,7 @@ pub(super) fn test_config(id: u64, addr: &str, dir: &Path) -> RaftConfig {
     config.election_timeout_min = Duration::from_millis(500);
     config.election_timeout_max = Duration::from_millis(1000);
     config.leader_wait = WAIT;
-    config.auth_token = Some("test-token".to_string());
+    config.auth_token = Some(TOKEN.to_string());
     config
 }
 
@@ -56,7 +68,7 @@ impl TestNode {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
-                .add_service(RaftServer::new(service))
+                .add_service(RaftServer::with_interceptor(service, require_token))
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     stop_rx.await.ok();
                 })

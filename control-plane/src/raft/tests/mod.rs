@@ -1,6 +1,6 @@
 //! Tests of the Raft layer with real redb files and real tonic servers on 127.0.0.1.
 //!
-//! - `suite`: openraft's storage conformance suite against [`super::store`].
+//! - `suite`: openraft's storage conformance suite against the redb store.
 //! - `cluster`: in-process clusters: bootstrap, forwarding, fail-over, restarts, snapshots,
 //!   linearizable reads on followers, membership changes.
 //!
