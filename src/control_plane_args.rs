@@ -60,7 +60,11 @@ pub struct ControlPlaneArgs {
     pub snapshot_threshold: u64,
     /// Register every model of this Triton repository at start (repeatable); models already
     /// registered are left as they are.
-    #[arg(long = "model-repository", env = "NEREID_MODEL_REPOSITORY", value_delimiter = ',')]
+    #[arg(
+        long = "model-repository",
+        env = "NEREID_MODEL_REPOSITORY",
+        value_delimiter = ','
+    )]
     pub model_repository: Vec<PathBuf>,
     /// Replicas per model version for models registered from --model-repository.
     #[arg(long, env = "NEREID_DEFAULT_REPLICAS", default_value_t = 1)]
@@ -97,11 +101,13 @@ impl ControlPlaneArgs {
         }
         let (auth, auth_value) = match (&self.auth_token_file, self.insecure_no_auth) {
             (Some(_), true) => {
-                return Err("--auth-token-file and --insecure-no-auth contradict each other".into());
+                return Err(
+                    "--auth-token-file and --insecure-no-auth contradict each other".into(),
+                );
             }
             (Some(path), false) => {
-                let token = AuthToken::from_file(path)
-                    .map_err(|e| format!("--auth-token-file: {e}"))?;
+                let token =
+                    AuthToken::from_file(path).map_err(|e| format!("--auth-token-file: {e}"))?;
                 let value = std::fs::read_to_string(path)
                     .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?
                     .trim()

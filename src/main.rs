@@ -24,9 +24,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => {
             init_logging(args.log_verbose, &args.log_format);
             match args.into_config() {
-                Ok(config) => run_async(|| {
-                    nereid_data_plane::serve::run(config, shutdown_signal())
-                }),
+                Ok(config) => {
+                    run_async(|| nereid_data_plane::serve::run(config, shutdown_signal()))
+                }
                 Err(e) => usage_error(e),
             }
         }
@@ -47,9 +47,9 @@ fn main() -> ExitCode {
         Command::ControlPlane(args) => {
             init_logging(args.log_verbose, &args.log_format);
             match args.into_config() {
-                Ok(config) => run_async(|| {
-                    nereid_control_plane::node::run(config, shutdown_signal())
-                }),
+                Ok(config) => {
+                    run_async(|| nereid_control_plane::node::run(config, shutdown_signal()))
+                }
                 Err(e) => usage_error(e),
             }
         }
@@ -92,7 +92,7 @@ where
 fn init_logging(verbose: u32, format: &cli::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let default = if verbose > 0 {
-        "debug,h2=info,hyper=info,tower=info"
+        "debug,h2=info,hyper=info,tower=info,openraft=info"
     } else {
         "info"
     };

@@ -94,19 +94,24 @@ pub async fn run(
     config: NodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
-    let grpc_listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| NodeError::Bind {
-            what: "gRPC",
-            addr: config.listen,
-            source,
-        })?;
+    let grpc_listener =
+        TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                what: "gRPC",
+                addr: config.listen,
+                source,
+            })?;
     let http_listener = match config.http_listen {
-        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|source| NodeError::Bind {
-            what: "REST",
-            addr,
-            source,
-        })?),
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| NodeError::Bind {
+                    what: "REST",
+                    addr,
+                    source,
+                })?,
+        ),
         None => None,
     };
     let advertise = config

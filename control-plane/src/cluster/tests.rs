@@ -136,7 +136,11 @@ async fn register_heartbeat_and_report_a_replica_through_its_life() {
     assert_eq!(replica.measured_memory_bytes, Some(123));
 
     let err = svc
-        .report_replica(Request::new(report("w1", pb::ReplicaState::Unspecified, false)))
+        .report_replica(Request::new(report(
+            "w1",
+            pb::ReplicaState::Unspecified,
+            false,
+        )))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
@@ -149,13 +153,21 @@ async fn register_heartbeat_and_report_a_replica_through_its_life() {
         })
         .await
         .unwrap();
-    svc.report_replica(Request::new(report("w1", pb::ReplicaState::Unspecified, true)))
-        .await
-        .unwrap();
+    svc.report_replica(Request::new(report(
+        "w1",
+        pb::ReplicaState::Unspecified,
+        true,
+    )))
+    .await
+    .unwrap();
     assert!(consensus.local_state().replica(id).is_none());
-    svc.report_replica(Request::new(report("w1", pb::ReplicaState::Unspecified, true)))
-        .await
-        .expect("a retried 'unloaded' report is harmless");
+    svc.report_replica(Request::new(report(
+        "w1",
+        pb::ReplicaState::Unspecified,
+        true,
+    )))
+    .await
+    .expect("a retried 'unloaded' report is harmless");
     let err = svc
         .report_replica(Request::new(report("w1", pb::ReplicaState::Ready, false)))
         .await

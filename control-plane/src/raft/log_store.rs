@@ -102,7 +102,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -118,7 +122,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 {
                     let mut table = txn.open_table(LOG).map_err(io::Error::other)?;
                     for (index, bytes) in &rows {
-                        table.insert(*index, bytes.as_slice()).map_err(io::Error::other)?;
+                        table
+                            .insert(*index, bytes.as_slice())
+                            .map_err(io::Error::other)?;
                     }
                 }
                 txn.commit().map_err(io::Error::other)
@@ -143,7 +149,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 let txn = db.begin_write().map_err(io::Error::other)?;
                 {
                     let mut table = txn.open_table(LOG).map_err(io::Error::other)?;
-                    table.retain_in(from.., |_, _| false).map_err(io::Error::other)?;
+                    table
+                        .retain_in(from.., |_, _| false)
+                        .map_err(io::Error::other)?;
                 }
                 txn.commit().map_err(io::Error::other)
             })
@@ -161,7 +169,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     meta.insert(KEY_LAST_PURGED, bytes.as_slice())
                         .map_err(io::Error::other)?;
                     let mut table = txn.open_table(LOG).map_err(io::Error::other)?;
-                    table.retain_in(..=upto, |_, _| false).map_err(io::Error::other)?;
+                    table
+                        .retain_in(..=upto, |_, _| false)
+                        .map_err(io::Error::other)?;
                 }
                 txn.commit().map_err(io::Error::other)
             })

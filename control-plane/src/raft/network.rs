@@ -197,8 +197,7 @@ impl Connection {
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
-        let data = serde_json::to_vec(req)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let bytes = self
             .peers
             .call(&self.addr, rpc, data, option.soft_ttl())
@@ -242,7 +241,9 @@ impl RaftNetworkV2<TypeConfig> for Connection {
         let data = serde_json::to_vec(&wire).map_err(|e| NetworkError::new(&e))?;
         // A whole snapshot may take longer than a heartbeat-sized TTL.
         let timeout = option.hard_ttl().max(Duration::from_secs(10));
-        let send = self.peers.call(&self.addr, Rpc::InstallSnapshot, data, timeout);
+        let send = self
+            .peers
+            .call(&self.addr, Rpc::InstallSnapshot, data, timeout);
         let bytes = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             result = send => result,
@@ -251,6 +252,7 @@ impl RaftNetworkV2<TypeConfig> for Connection {
             Ok(u) => StreamingError::Unreachable(u),
             Err(n) => StreamingError::Network(n),
         })?;
-        serde_json::from_slice(&bytes).map_err(|e| StreamingError::Network(decode_error(self.target, &e)))
+        serde_json::from_slice(&bytes)
+            .map_err(|e| StreamingError::Network(decode_error(self.target, &e)))
     }
 }

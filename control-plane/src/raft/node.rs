@@ -57,8 +57,7 @@ impl RaftNode {
     /// Opens the node's storage, starts Raft and, on a first start, bootstraps the cluster.
     /// Returns the node and the service to mount on its gRPC server.
     pub async fn start(config: RaftConfig) -> Result<(Arc<RaftNode>, RaftService), RaftError> {
-        if !config.peers.is_empty() && !config.join && !config.peers.contains_key(&config.node_id)
-        {
+        if !config.peers.is_empty() && !config.join && !config.peers.contains_key(&config.node_id) {
             return Err(RaftError::Config(format!(
                 "peers must include this node ({})",
                 config.node_id
@@ -183,7 +182,11 @@ impl RaftNode {
         deadline: Instant,
     ) -> Result<Vec<u8>, Status> {
         let left = deadline.saturating_duration_since(Instant::now());
-        let timeout = self.peers.call_timeout.min(left).max(Duration::from_millis(100));
+        let timeout = self
+            .peers
+            .call_timeout
+            .min(left)
+            .max(Duration::from_millis(100));
         self.peers.call(addr, rpc, data, timeout).await
     }
 }
@@ -221,7 +224,9 @@ async fn bootstrap(raft: &Raft, config: &RaftConfig) -> Result<(), RaftError> {
     match raft.initialize(members).await {
         Ok(()) => Ok(()),
         Err(OpenRaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
-        Err(e) => Err(RaftError::Node(format!("cannot initialize the cluster: {e}"))),
+        Err(e) => Err(RaftError::Node(format!(
+            "cannot initialize the cluster: {e}"
+        ))),
     }
 }
 
@@ -302,10 +307,9 @@ impl Consensus for RaftNode {
                                 })?;
                             return Ok(result?);
                         }
-                        Err(status) if retryable(&status) => format!(
-                            "leader {leader} at {addr}: {}",
-                            status.message()
-                        ),
+                        Err(status) if retryable(&status) => {
+                            format!("leader {leader} at {addr}: {}", status.message())
+                        }
                         Err(status) => {
                             return Err(ConsensusError::Unavailable(format!(
                                 "leader {leader} at {addr}: {}",
@@ -343,7 +347,10 @@ impl Consensus for RaftNode {
                     }
                 }
                 Some((leader, Some(addr))) => {
-                    match self.forward(&addr, Rpc::ReadIndex, Vec::new(), deadline).await {
+                    match self
+                        .forward(&addr, Rpc::ReadIndex, Vec::new(), deadline)
+                        .await
+                    {
                         Ok(bytes) => {
                             let index: u64 = serde_json::from_slice(&bytes).map_err(|e| {
                                 ConsensusError::Unavailable(format!(
@@ -362,10 +369,9 @@ impl Consensus for RaftNode {
                                 })?;
                             return Ok(self.local_state());
                         }
-                        Err(status) if retryable(&status) => format!(
-                            "leader {leader} at {addr}: {}",
-                            status.message()
-                        ),
+                        Err(status) if retryable(&status) => {
+                            format!("leader {leader} at {addr}: {}", status.message())
+                        }
                         Err(status) => {
                             return Err(ConsensusError::Unavailable(format!(
                                 "leader {leader} at {addr}: {}",

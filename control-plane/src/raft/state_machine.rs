@@ -21,9 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::store::{KEY_SNAPSHOT, Store};
-use super::types::{
-    LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig,
-};
+use super::types::{LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::state::{Applied, ClusterState};
 
 /// The snapshot as stored: its meta and the serialized state.
@@ -54,7 +52,11 @@ impl StateMachineStore {
                 snap.meta.last_log_id,
                 snap.meta.last_membership,
             ),
-            None => (Arc::new(ClusterState::new()), None, StoredMembership::default()),
+            None => (
+                Arc::new(ClusterState::new()),
+                None,
+                StoredMembership::default(),
+            ),
         };
         let (published, rx) = watch::channel(state.clone());
         Ok((
@@ -177,4 +179,3 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }))
     }
 }
-

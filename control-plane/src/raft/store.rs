@@ -82,13 +82,19 @@ impl Store {
     }
 
     /// Writes one JSON value of the meta table, durably.
-    pub(crate) async fn put_meta<T: Serialize>(&self, key: &'static str, value: &T) -> io::Result<()> {
+    pub(crate) async fn put_meta<T: Serialize>(
+        &self,
+        key: &'static str,
+        value: &T,
+    ) -> io::Result<()> {
         let bytes = to_json(value)?;
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(io::Error::other)?;
             {
                 let mut table = txn.open_table(META).map_err(io::Error::other)?;
-                table.insert(key, bytes.as_slice()).map_err(io::Error::other)?;
+                table
+                    .insert(key, bytes.as_slice())
+                    .map_err(io::Error::other)?;
             }
             txn.commit().map_err(io::Error::other)
         })

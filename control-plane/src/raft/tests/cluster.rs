@@ -28,9 +28,17 @@ async fn three_nodes_replicate_fail_over_and_recover_from_disk() {
     leader_seen_by(&nodes[fi], None).await;
 
     // Writes through the leader and through a follower (forwarded) reach every node.
-    let a = nodes[li].node.write(upsert("a")).await.expect("write via leader");
+    let a = nodes[li]
+        .node
+        .write(upsert("a"))
+        .await
+        .expect("write via leader");
     assert!(a.changed);
-    let b = nodes[fi].node.write(upsert("b")).await.expect("write via follower");
+    let b = nodes[fi]
+        .node
+        .write(upsert("b"))
+        .await
+        .expect("write via follower");
     assert_eq!(b.revision, a.revision + 1);
     for n in &nodes {
         state_where(n, "a and b everywhere", |s| {
@@ -56,7 +64,10 @@ async fn three_nodes_replicate_fail_over_and_recover_from_disk() {
         .linearizable_state()
         .await
         .expect("follower read");
-    assert!(seen.model("c").is_some(), "follower read missed a committed write");
+    assert!(
+        seen.model("c").is_some(),
+        "follower read missed a committed write"
+    );
     let seen = nodes[li]
         .node
         .linearizable_state()
@@ -66,7 +77,10 @@ async fn three_nodes_replicate_fail_over_and_recover_from_disk() {
 
     let status = nodes[fi].node.status();
     assert_eq!(status.leader_id, Some(leader));
-    assert_eq!(status.leader_address.as_deref(), Some(peers[&leader].as_str()));
+    assert_eq!(
+        status.leader_address.as_deref(),
+        Some(peers[&leader].as_str())
+    );
     assert_eq!(status.members.len(), 3);
     assert!(status.members.iter().all(|m| m.voter));
     assert!(status.commit_index >= 4 && status.applied_index <= status.commit_index);
@@ -100,12 +114,15 @@ async fn three_nodes_replicate_fail_over_and_recover_from_disk() {
     }
     for n in &nodes {
         state_where(n, "state after a full restart", |s| {
-            s.revision() == revision
-                && ["a", "b", "c", "d"].iter().all(|m| s.model(m).is_some())
+            s.revision() == revision && ["a", "b", "c", "d"].iter().all(|m| s.model(m).is_some())
         })
         .await;
     }
-    let e = nodes[0].node.write(upsert("e")).await.expect("write after restart");
+    let e = nodes[0]
+        .node
+        .write(upsert("e"))
+        .await
+        .expect("write after restart");
     assert_eq!(e.revision, revision + 1);
     for n in nodes {
         n.stop().await;
@@ -174,7 +191,10 @@ async fn snapshots_compact_the_log_feed_new_members_and_survive_restart() {
     one.node.remove_member(2).await.expect("remove member 2");
     assert_eq!(one.node.status().members.len(), 1);
     let err = one.node.remove_member(1).await.expect_err("last voter");
-    assert!(matches!(err, ConsensusError::InvalidMembership(_)), "{err:?}");
+    assert!(
+        matches!(err, ConsensusError::InvalidMembership(_)),
+        "{err:?}"
+    );
     two.stop().await;
 
     // Restart: the state comes back from the snapshot plus the entries after it.
@@ -185,7 +205,10 @@ async fn snapshots_compact_the_log_feed_new_members_and_survive_restart() {
         s.revision() == revision && s.models().len() == 40
     })
     .await;
-    one.node.write(upsert("after")).await.expect("write after restart");
+    one.node
+        .write(upsert("after"))
+        .await
+        .expect("write after restart");
     one.stop().await;
 }
 
@@ -227,17 +250,34 @@ async fn members_are_added_as_learners_then_voters_and_removed() {
     let status = nodes[li].node.status();
     assert_eq!(status.members.len(), 4);
     assert!(status.members.iter().all(|m| m.voter), "{status:?}");
-    state_where(&four, "new member has the state", |s| s.model("a").is_some()).await;
-    nodes[li].node.write(upsert("b")).await.expect("write with 4 voters");
-    state_where(&four, "new member follows writes", |s| s.model("b").is_some()).await;
+    state_where(&four, "new member has the state", |s| {
+        s.model("a").is_some()
+    })
+    .await;
+    nodes[li]
+        .node
+        .write(upsert("b"))
+        .await
+        .expect("write with 4 voters");
+    state_where(&four, "new member follows writes", |s| {
+        s.model("b").is_some()
+    })
+    .await;
 
     let err = nodes[li]
         .node
         .remove_member(9)
         .await
         .expect_err("unknown member");
-    assert!(matches!(err, ConsensusError::InvalidMembership(_)), "{err:?}");
-    nodes[li].node.remove_member(4).await.expect("remove member 4");
+    assert!(
+        matches!(err, ConsensusError::InvalidMembership(_)),
+        "{err:?}"
+    );
+    nodes[li]
+        .node
+        .remove_member(4)
+        .await
+        .expect("remove member 4");
     let status = nodes[li].node.status();
     assert_eq!(status.members.len(), 3);
     assert!(status.members.iter().all(|m| m.id != 4));

@@ -36,7 +36,9 @@ fn require_token(request: tonic::Request<()>) -> Result<tonic::Request<()>, toni
     let expected = format!("Bearer {TOKEN}");
     match request.metadata().get("authorization") {
         Some(v) if v.as_bytes() == expected.as_bytes() => Ok(request),
-        _ => Err(tonic::Status::unauthenticated("missing or wrong bearer token")),
+        _ => Err(tonic::Status::unauthenticated(
+            "missing or wrong bearer token",
+        )),
     }
 }
 
@@ -154,9 +156,12 @@ pub(super) async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
 /// Waits until `node` sees a leader other than `not` and returns its id.
 pub(super) async fn leader_seen_by(node: &TestNode, not: Option<u64>) -> u64 {
     let mut rx = node.node.leadership();
-    let l = within("a leader", rx.wait_for(|l| l.leader_id.is_some() && l.leader_id != not))
-        .await
-        .expect("leadership channel open");
+    let l = within(
+        "a leader",
+        rx.wait_for(|l| l.leader_id.is_some() && l.leader_id != not),
+    )
+    .await
+    .expect("leadership channel open");
     l.leader_id.unwrap_or_default()
 }
 

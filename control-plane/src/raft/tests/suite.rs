@@ -1,8 +1,8 @@
 //! openraft's `testing::log::Suite` against the redb store: each case gets a fresh tempdir.
 
 use openraft::StorageError;
-use openraft::type_config::TypeConfigExt;
 use openraft::testing::log::{StoreBuilder, Suite};
+use openraft::type_config::TypeConfigExt;
 use tempfile::TempDir;
 
 use super::super::log_store::LogStore;
