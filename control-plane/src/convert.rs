@@ -459,10 +459,10 @@ mod tests {
             "capacity"
         );
         let mut r = node_req("n1");
-        r.addresses.as_mut().unwrap().agent.clear();
+        r.addresses.as_mut().unwrap().data_http.clear();
         assert_eq!(
             invalid_field(node_spec_from_register(r).unwrap_err()),
-            "addresses.agent"
+            "addresses.data_http"
         );
     }
 

@@ -431,7 +431,7 @@ mod tests {
     #[test]
     fn randomized_queues_keep_the_batching_invariants() {
         for seed in 1..200u64 {
-            let mut rng = Rng(seed * 0x9E37_79B9_7F4A_7C15);
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let levels = 1 + rng.next(3) as usize;
             let max = 1 + rng.next(8) as usize;
             let preferred: Vec<usize> = (0..rng.next(3))
