@@ -24,5 +24,7 @@ pub mod placement;
 pub mod raft;
 pub mod source;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod views;
 pub mod watch;

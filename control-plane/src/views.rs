@@ -83,29 +83,13 @@ pub fn plan_for(state: &ClusterState, load: &Load) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{
-        Command, Gpu, ModelSpec, NodeAddresses, NodeCapacity, NodeSpec, Resources, VersionPolicy,
-    };
+    use crate::state::{Command, ModelSpec, NodeSpec, Resources, VersionPolicy};
+    use crate::testing;
 
-    pub(crate) fn node(id: &str, memory: u64) -> NodeSpec {
-        NodeSpec {
-            id: id.into(),
-            addresses: NodeAddresses {
-                data_http: format!("{id}:8000"),
-                data_grpc: format!("{id}:8001"),
-                agent: format!("{id}:8003"),
-            },
-            capacity: NodeCapacity {
-                cpu_millis: 4000,
-                memory_bytes: memory,
-                gpus: vec![Gpu {
-                    index: 0,
-                    memory_bytes: 1,
-                }],
-            },
-            labels: Default::default(),
-            drained: false,
-        }
+    fn node(id: &str, memory: u64) -> NodeSpec {
+        let mut spec = testing::node(id);
+        spec.capacity.memory_bytes = memory;
+        spec
     }
 
     #[test]

@@ -286,7 +286,9 @@ impl DataPlane {
         let loaded = self
             .manager
             .get(&request.model_name, request.model_version)?;
-        // Counts the request as canceled if this future is dropped before an outcome is known.
+        // Counts the request as canceled if this future is dropped before an outcome is known,
+        // and as in flight until then.
+        loaded.stats.request_started();
         let mut outcome = Outcome {
             loaded: &loaded,
             started,
@@ -415,6 +417,7 @@ impl Outcome<'_> {
 
 impl Drop for Outcome<'_> {
     fn drop(&mut self) {
+        self.loaded.stats.request_finished();
         if !self.recorded {
             self.loaded
                 .stats

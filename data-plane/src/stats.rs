@@ -4,6 +4,7 @@
 //! failure), under a short mutex that is never held across an await.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nereid_proto::pb::inference::{
@@ -94,9 +95,25 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct VersionStats {
     inner: Mutex<Inner>,
+    /// Requests between arrival and their answer (queued or executing).
+    in_flight: AtomicU64,
 }
 
 impl VersionStats {
+    /// A request for this version arrived; pair with [`VersionStats::request_finished`].
+    pub fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn request_finished(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Requests received and not answered yet (queued or executing).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
     /// Records one execution of the model on a batch of `batch_size` inferences.
     pub fn record_execution(
         &self,

@@ -16,7 +16,8 @@ use crate::consensus::Consensus;
 use crate::consensus::memory::MemoryConsensus;
 use crate::convert::version_policy_to_pb;
 use crate::leader::NoObservations;
-use crate::state::{Command, NodeAddresses, NodeCapacity, NodeSpec, VersionPolicy};
+use crate::state::{Command, VersionPolicy};
+use crate::testing::node;
 
 const TOKEN: &str = "t0ken";
 
@@ -55,24 +56,6 @@ fn model(name: &str, dir: &Path, policy: VersionPolicy) -> pb::Model {
 
 fn deploy_req(m: pb::Model) -> tonic::Request<pb::DeployModelRequest> {
     tonic::Request::new(pb::DeployModelRequest { model: Some(m) })
-}
-
-fn node_spec(id: &str) -> NodeSpec {
-    NodeSpec {
-        id: id.into(),
-        addresses: NodeAddresses {
-            data_http: format!("{id}:8000"),
-            data_grpc: format!("{id}:8001"),
-            agent: format!("{id}:8003"),
-        },
-        capacity: NodeCapacity {
-            cpu_millis: 4000,
-            memory_bytes: 8 << 30,
-            gpus: vec![],
-        },
-        labels: Default::default(),
-        drained: false,
-    }
 }
 
 fn model_ref(name: &str) -> tonic::Request<pb::ModelRef> {
@@ -308,7 +291,7 @@ async fn explain_shows_replicas_and_pending_decisions() {
     m.min_replicas = 2;
     svc.deploy_model(deploy_req(m)).await.unwrap();
     consensus
-        .write(Command::RegisterNode(node_spec("a")))
+        .write(Command::RegisterNode(node("a")))
         .await
         .unwrap();
     let e = svc
@@ -370,7 +353,7 @@ async fn nodes_drain_undrain_and_placements() {
     let (svc, consensus) = setup();
     for id in ["a", "b"] {
         consensus
-            .write(Command::RegisterNode(node_spec(id)))
+            .write(Command::RegisterNode(node(id)))
             .await
             .unwrap();
     }
@@ -677,7 +660,7 @@ async fn rest_models() {
 async fn rest_nodes_placements_and_cluster() {
     let rest = Rest::new();
     rest.consensus
-        .write(Command::RegisterNode(node_spec("a")))
+        .write(Command::RegisterNode(node("a")))
         .await
         .unwrap();
     let (code, json) = rest.call("GET", "/api/v1/nodes", "").await;

@@ -9,7 +9,11 @@
 //!  Unloading on a down/unknown node ─► RemoveReplica
 //! ```
 //!
-//! Pure: reads the state, returns commands; the leader task writes them in order.
+//! Pure: reads the state, returns commands. [`chains`] splits them into independent sequences
+//! (the commands for one replica stay in order) that the leader task writes concurrently, so
+//! Raft can batch many into one disk flush.
+
+use std::collections::HashMap;
 
 use crate::placement::Plan;
 use crate::state::{ClusterState, Command, NodeStatus, ReplicaState};
@@ -49,6 +53,29 @@ pub fn commands_for(state: &ClusterState, plan: &Plan) -> Vec<Command> {
     out
 }
 
+/// Groups commands into chains that may be written concurrently: the commands that name the same
+/// replica stay together, in order; every other command is a chain of its own.
+pub fn chains(commands: Vec<Command>) -> Vec<Vec<Command>> {
+    let mut out: Vec<Vec<Command>> = Vec::new();
+    let mut by_replica: HashMap<u64, usize> = HashMap::new();
+    for cmd in commands {
+        let replica = match &cmd {
+            Command::SetReplicaState { id, .. } | Command::RemoveReplica { id } => Some(*id),
+            _ => None,
+        };
+        match replica.and_then(|id| by_replica.get(&id).copied()) {
+            Some(chain) => out[chain].push(cmd),
+            None => {
+                if let Some(id) = replica {
+                    by_replica.insert(id, out.len());
+                }
+                out.push(vec![cmd]);
+            }
+        }
+    }
+    out
+}
+
 fn unloading(id: u64) -> Command {
     Command::SetReplicaState {
         id,
@@ -59,4 +86,35 @@ fn unloading(id: u64) -> Command {
 
 fn node_is_up(state: &ClusterState, node: &str) -> bool {
     state.node(node).is_some_and(|n| n.status == NodeStatus::Up)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_for_one_replica_stay_in_order_in_one_chain() {
+        let add = |model: &str| Command::AddReplica {
+            model: model.into(),
+            version: 1,
+            node: "a".into(),
+            reason: String::new(),
+        };
+        let got = chains(vec![
+            add("m"),
+            unloading(7),
+            add("n"),
+            Command::RemoveReplica { id: 7 },
+            Command::RemoveReplica { id: 8 },
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                vec![add("m")],
+                vec![unloading(7), Command::RemoveReplica { id: 7 }],
+                vec![add("n")],
+                vec![Command::RemoveReplica { id: 8 }],
+            ]
+        );
+    }
 }

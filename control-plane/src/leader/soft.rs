@@ -119,6 +119,7 @@ impl Observations for SoftState {
             memory_total_bytes: hb.memory_total_bytes,
             gpus: hb.gpus.clone(),
             last_heartbeat_age_ms: age,
+            models: hb.models.clone(),
         })
     }
 

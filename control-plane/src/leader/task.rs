@@ -7,25 +7,30 @@
 //!                                         └──────► commands_for ─► writes, in order
 //! ```
 //!
-//! A refused write (the state moved under the round) ends the round early; the next round
-//! starts from the new state. Losing leadership ends the inner loop; the task then waits again.
+//! Commands are written as independent chains, up to 64 at once (see [`chains`]). A refused
+//! write (the state moved under the round) is logged; the next round starts from the new state. Losing leadership ends the inner loop; the task then waits again.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::Observations;
 use super::inputs::describe_inputs;
-use super::round::commands_for;
+use super::round::{chains, commands_for};
 use super::soft::SoftState;
 use crate::consensus::{Consensus, ConsensusError};
 use crate::convert::plan_to_decisions;
 use crate::placement::plan;
 use crate::state::Command;
 use crate::views::{current_replicas, model_views, node_views};
+
+/// Placement commands in flight at once. Raft batches concurrent writes into one append (one
+/// fsync), so placing thousands of replicas does not cost one disk flush each.
+const CONCURRENT_WRITES: usize = 64;
 
 /// How often the leader re-evaluates liveness and placement without a state change.
 #[derive(Debug, Clone, Copy)]
@@ -127,10 +132,30 @@ pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), Co
         let decisions = plan_to_decisions(&mine, &state);
         soft.record(model, state.revision(), decisions, inputs.clone());
     }
-    for cmd in commands_for(&state, &decided) {
-        write(consensus, cmd).await?;
+    let writes = chains(commands_for(&state, &decided))
+        .into_iter()
+        .map(|chain| async move {
+            for cmd in chain {
+                write(consensus, cmd).await?;
+            }
+            Ok::<(), ConsensusError>(())
+        });
+    let results: Vec<Result<(), ConsensusError>> = futures::stream::iter(writes)
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect()
+        .await;
+    // Losing leadership matters more than a refused write: it ends the leader loop.
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Err(e @ ConsensusError::NotLeader { .. }) => return Err(e),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+            Ok(()) => {}
+        }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 async fn write(consensus: &dyn Consensus, cmd: Command) -> Result<(), ConsensusError> {

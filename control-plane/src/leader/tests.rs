@@ -1,7 +1,6 @@
 //! Leader rounds against the in-memory consensus: placement writes, node death, drains, and the
 //! recorded decisions.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,45 +9,16 @@ use super::soft::SoftState;
 use super::task::round;
 use crate::consensus::Consensus;
 use crate::consensus::memory::MemoryConsensus;
-use crate::state::{
-    Command, ModelSpec, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, ReplicaState, Resources,
-    VersionPolicy,
-};
+use crate::state::{Command, ModelSpec, NodeStatus, ReplicaState};
+use crate::testing::{self, node};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-fn node(id: &str) -> NodeSpec {
-    NodeSpec {
-        id: id.into(),
-        addresses: NodeAddresses {
-            data_http: format!("{id}:8000"),
-            data_grpc: format!("{id}:8001"),
-            agent: format!("{id}:8003"),
-        },
-        capacity: NodeCapacity {
-            cpu_millis: 4000,
-            memory_bytes: 8 << 30,
-            gpus: vec![],
-        },
-        labels: BTreeMap::new(),
-        drained: false,
-    }
-}
-
 fn model(name: &str, replicas: u32) -> ModelSpec {
     ModelSpec {
-        name: name.into(),
-        source: format!("file:///models/{name}"),
-        version_policy: VersionPolicy::Latest { n: 1 },
-        config_override: None,
         min_replicas: replicas,
         max_replicas: replicas,
-        resources: Resources {
-            memory_bytes: 1 << 30,
-            ..Resources::default()
-        },
-        labels: BTreeMap::new(),
-        available_versions: vec![1],
+        ..testing::model(name)
     }
 }
 

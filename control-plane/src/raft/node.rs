@@ -173,6 +173,31 @@ impl RaftNode {
         Ok(())
     }
 
+    /// Forwards to the leader at `addr` and decodes its JSON answer. `Ok(Err(why))`: the
+    /// leader refused for now (not leader any more, unreachable); retry after a backoff.
+    async fn ask_leader<T: serde::de::DeserializeOwned>(
+        &self,
+        leader: u64,
+        addr: &str,
+        rpc: Rpc,
+        data: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<Result<T, String>, ConsensusError> {
+        match self.forward(addr, rpc, data, deadline).await {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Ok).map_err(|e| {
+                ConsensusError::Unavailable(format!("bad answer from the leader: {e}"))
+            }),
+            Err(status) if retryable(&status) => Ok(Err(format!(
+                "leader {leader} at {addr}: {}",
+                status.message()
+            ))),
+            Err(status) => Err(ConsensusError::Unavailable(format!(
+                "leader {leader} at {addr}: {}",
+                status.message()
+            ))),
+        }
+    }
+
     /// One forwarded call to the leader at `addr`, bounded by the deadline.
     async fn forward(
         &self,
@@ -294,28 +319,18 @@ impl Consensus for RaftNode {
                     }
                 }
                 Some((leader, Some(addr))) => {
-                    match self
-                        .forward(&addr, Rpc::ForwardWrite, data.clone(), deadline)
-                        .await
-                    {
-                        Ok(bytes) => {
-                            let result: ApplyResult =
-                                serde_json::from_slice(&bytes).map_err(|e| {
-                                    ConsensusError::Unavailable(format!(
-                                        "bad answer from the leader: {e}"
-                                    ))
-                                })?;
-                            return Ok(result?);
-                        }
-                        Err(status) if retryable(&status) => {
-                            format!("leader {leader} at {addr}: {}", status.message())
-                        }
-                        Err(status) => {
-                            return Err(ConsensusError::Unavailable(format!(
-                                "leader {leader} at {addr}: {}",
-                                status.message()
-                            )));
-                        }
+                    let asked = self
+                        .ask_leader::<ApplyResult>(
+                            leader,
+                            &addr,
+                            Rpc::ForwardWrite,
+                            data.clone(),
+                            deadline,
+                        )
+                        .await?;
+                    match asked {
+                        Ok(result) => return Ok(result?),
+                        Err(why) => why,
                     }
                 }
                 Some((leader, None)) => format!("leader {leader} has no known address"),
@@ -347,16 +362,11 @@ impl Consensus for RaftNode {
                     }
                 }
                 Some((leader, Some(addr))) => {
-                    match self
-                        .forward(&addr, Rpc::ReadIndex, Vec::new(), deadline)
-                        .await
-                    {
-                        Ok(bytes) => {
-                            let index: u64 = serde_json::from_slice(&bytes).map_err(|e| {
-                                ConsensusError::Unavailable(format!(
-                                    "bad answer from the leader: {e}"
-                                ))
-                            })?;
+                    let asked = self
+                        .ask_leader::<u64>(leader, &addr, Rpc::ReadIndex, Vec::new(), deadline)
+                        .await?;
+                    match asked {
+                        Ok(index) => {
                             let left = deadline.saturating_duration_since(Instant::now());
                             self.raft
                                 .wait(Some(left))
@@ -369,15 +379,7 @@ impl Consensus for RaftNode {
                                 })?;
                             return Ok(self.local_state());
                         }
-                        Err(status) if retryable(&status) => {
-                            format!("leader {leader} at {addr}: {}", status.message())
-                        }
-                        Err(status) => {
-                            return Err(ConsensusError::Unavailable(format!(
-                                "leader {leader} at {addr}: {}",
-                                status.message()
-                            )));
-                        }
+                        Err(why) => why,
                     }
                 }
                 Some((leader, None)) => format!("leader {leader} has no known address"),

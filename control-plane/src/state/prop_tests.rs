@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use super::tests::{model, node};
 use super::*;
+use crate::testing::{model, node};
 
 const STEPS: usize = 2_000;
 const SEEDS: [u64; 4] = [1, 0x9e37_79b9_7f4a_7c15, 42, 0xdead_beef];

@@ -1,28 +1,8 @@
 //! One test per command and per refusal; the invariants over random sequences are in
 //! `prop_tests`.
 
-use std::collections::BTreeMap;
-
 use super::*;
-
-pub(super) fn model(name: &str) -> ModelSpec {
-    ModelSpec {
-        name: name.to_string(),
-        source: format!("file:///models/{name}"),
-        version_policy: VersionPolicy::Latest { n: 1 },
-        config_override: None,
-        min_replicas: 1,
-        max_replicas: 2,
-        resources: Resources {
-            cpu_millis: 500,
-            memory_bytes: 1 << 30,
-            gpus: 0,
-            gpu_memory_bytes: 0,
-        },
-        labels: BTreeMap::new(),
-        available_versions: vec![1, 2],
-    }
-}
+use crate::testing::{model, node};
 
 #[test]
 fn served_versions_apply_the_policy_to_the_available_folders() {
@@ -44,27 +24,6 @@ fn served_versions_apply_the_policy_to_the_available_folders() {
     );
     m.version_policy = VersionPolicy::Latest { n: 1 };
     assert!(m.served_versions().is_empty());
-}
-
-pub(super) fn node(id: &str) -> NodeSpec {
-    NodeSpec {
-        id: id.to_string(),
-        addresses: NodeAddresses {
-            data_http: format!("{id}:8000"),
-            data_grpc: format!("{id}:8001"),
-            agent: format!("{id}:8003"),
-        },
-        capacity: NodeCapacity {
-            cpu_millis: 8000,
-            memory_bytes: 32 << 30,
-            gpus: vec![Gpu {
-                index: 0,
-                memory_bytes: 80 << 30,
-            }],
-        },
-        labels: BTreeMap::new(),
-        drained: false,
-    }
 }
 
 fn ok(state: &mut ClusterState, cmd: Command) -> Applied {

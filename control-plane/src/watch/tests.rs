@@ -13,10 +13,8 @@ use super::*;
 use crate::consensus::Consensus;
 use crate::consensus::memory::MemoryConsensus;
 use crate::convert::snapshot_to_pb;
-use crate::state::{
-    Command, ModelSpec, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, ReplicaState,
-    VersionPolicy,
-};
+use crate::state::{Command, ModelSpec, NodeStatus, ReplicaState, VersionPolicy};
+use crate::testing::node;
 
 fn model(name: &str, min: u32) -> ModelSpec {
     ModelSpec {
@@ -29,20 +27,6 @@ fn model(name: &str, min: u32) -> ModelSpec {
         resources: Default::default(),
         labels: Default::default(),
         available_versions: vec![1, 2],
-    }
-}
-
-fn node(id: &str) -> NodeSpec {
-    NodeSpec {
-        id: id.into(),
-        addresses: NodeAddresses {
-            data_http: format!("{id}:8000"),
-            data_grpc: format!("{id}:8001"),
-            agent: format!("{id}:8003"),
-        },
-        capacity: NodeCapacity::default(),
-        labels: Default::default(),
-        drained: false,
     }
 }
 

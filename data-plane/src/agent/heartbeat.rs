@@ -1,8 +1,8 @@
 //! Heartbeats: every interval the node's utilization, the versions it serves, and the measured
 //! memory of its replicas. A control plane that answers `reregister` gets a new RegisterNode.
 //!
-//! Queue depth and in-flight counts per version are sent as 0: the data plane's schedulers do
-//! not expose them cheaply yet.
+//! Per version it sends the queue depth (requests waiting for an instance) and the requests in
+//! flight (received, not answered yet). GPUs are not reported yet (no NVML binding).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,8 +62,8 @@ pub async fn run(
             .map(|v| ModelLoad {
                 model: v.name.clone(),
                 version: v.version,
-                queue_depth: 0,
-                in_flight: 0,
+                queue_depth: v.queue_depth() as u64,
+                in_flight: v.stats.in_flight(),
             })
             .collect();
         let replica_memory = {

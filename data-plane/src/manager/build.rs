@@ -59,6 +59,15 @@ impl LoadedVersion {
         }
     }
 
+    /// Requests waiting in the version's queue; 0 for an ensemble (its steps queue on the
+    /// composing models).
+    pub fn queue_depth(&self) -> usize {
+        match &self.runner {
+            Runner::Scheduler(scheduler) => scheduler.queue_depth(),
+            Runner::Ensemble(_) => 0,
+        }
+    }
+
     /// Queues a request on the version's instances. Ensembles have none (the data plane runs
     /// them step by step); a request that reaches here for one is refused.
     pub async fn submit(&self, request: ValidRequest) -> Result<JobResult, ServiceError> {

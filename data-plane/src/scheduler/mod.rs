@@ -278,6 +278,14 @@ impl Scheduler {
         })
     }
 
+    /// Requests waiting in the queue (not yet handed to an instance).
+    pub fn queue_depth(&self) -> usize {
+        match &self.kind {
+            Kind::Queue(shared) => shared.state.lock().queue.len(),
+            Kind::Sequence(s) => s.queue_depth(),
+        }
+    }
+
     /// Queues a request and waits for its result. Dropping the future cancels the request if
     /// it has not been batched yet.
     pub async fn submit(&self, request: ValidRequest) -> Result<JobResult, ServiceError> {

@@ -113,6 +113,11 @@ pub struct SequenceScheduler {
 }
 
 impl SequenceScheduler {
+    /// Requests queued across all sequences.
+    pub fn queue_depth(&self) -> usize {
+        self.shared.state.lock().queued
+    }
+
     /// Starts one thread per instance and the timer thread.
     pub fn start(
         model: &str,

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use super::WAIT;
 use crate::consensus::Consensus;
 use crate::raft::{RaftConfig, RaftNode};
-use crate::state::{ClusterState, Command, ModelSpec, Resources, VersionPolicy};
+use crate::state::{ClusterState, Command, ModelSpec};
 
 /// A running node and the server that carries its Raft traffic.
 pub(super) struct TestNode {
@@ -180,20 +180,8 @@ pub(super) async fn state_where(
 
 pub(super) fn model(name: &str) -> ModelSpec {
     ModelSpec {
-        name: name.to_string(),
-        source: format!("file:///models/{name}"),
-        version_policy: VersionPolicy::Latest { n: 1 },
-        config_override: None,
-        min_replicas: 1,
-        max_replicas: 2,
-        resources: Resources {
-            cpu_millis: 500,
-            memory_bytes: 1 << 30,
-            gpus: 0,
-            gpu_memory_bytes: 0,
-        },
-        labels: BTreeMap::new(),
         available_versions: vec![1],
+        ..crate::testing::model(name)
     }
 }
 
