@@ -74,33 +74,8 @@ pub struct ServeArgs {
         required = true
     )]
     pub model_repository: Vec<PathBuf>,
-    /// HTTP (KServe v2 REST) port.
-    #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
-    pub http_port: u16,
-    /// Address the HTTP service binds.
-    #[arg(long, env = "NEREID_HTTP_ADDRESS", default_value = "0.0.0.0")]
-    pub http_address: IpAddr,
-    /// gRPC (inference.GRPCInferenceService) port.
-    #[arg(long, env = "NEREID_GRPC_PORT", default_value_t = 8001)]
-    pub grpc_port: u16,
-    /// Address the gRPC service binds.
-    #[arg(long, env = "NEREID_GRPC_ADDRESS", default_value = "0.0.0.0")]
-    pub grpc_address: IpAddr,
-    /// Prometheus metrics port (/metrics).
-    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 8002)]
-    pub metrics_port: u16,
-    /// Address the metrics service binds.
-    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
-    pub metrics_address: IpAddr,
-    /// Serve HTTP.
-    #[arg(long, env = "NEREID_ALLOW_HTTP", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_http: bool,
-    /// Serve gRPC.
-    #[arg(long, env = "NEREID_ALLOW_GRPC", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_grpc: bool,
-    /// Serve Prometheus metrics.
-    #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_metrics: bool,
+    #[command(flatten)]
+    pub listen: ListenArgs,
     /// none: load every model at start, no load/unload API. poll: also follow changes on disk
     /// every --repository-poll-secs. explicit: load only --load-model, then the API decides.
     #[arg(
@@ -153,6 +128,38 @@ pub struct ServeArgs {
     pub onnxruntime_library: Option<PathBuf>,
 }
 
+/// Where the data plane listens: shared by `serve` and `worker`.
+#[derive(Args, Debug, Clone)]
+pub struct ListenArgs {
+    /// HTTP (KServe v2 REST) port.
+    #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// Address the HTTP service binds.
+    #[arg(long, env = "NEREID_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    /// gRPC (inference.GRPCInferenceService) port.
+    #[arg(long, env = "NEREID_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Address the gRPC service binds.
+    #[arg(long, env = "NEREID_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    /// Prometheus metrics port (/metrics).
+    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the metrics service binds.
+    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+    /// Serve HTTP.
+    #[arg(long, env = "NEREID_ALLOW_HTTP", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_http: bool,
+    /// Serve gRPC.
+    #[arg(long, env = "NEREID_ALLOW_GRPC", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_grpc: bool,
+    /// Serve Prometheus metrics.
+    #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_metrics: bool,
+}
+
 impl ServeArgs {
     /// Checks the flags and turns them into the server's config, before any port is bound.
     pub fn into_config(self) -> Result<ServeConfig, String> {
@@ -184,9 +191,13 @@ impl ServeArgs {
             return Err("--model-queue-size must be at least 1".into());
         }
         let enabled = [
-            (self.allow_http, "--http-port", self.http_port),
-            (self.allow_grpc, "--grpc-port", self.grpc_port),
-            (self.allow_metrics, "--metrics-port", self.metrics_port),
+            (self.listen.allow_http, "--http-port", self.listen.http_port),
+            (self.listen.allow_grpc, "--grpc-port", self.listen.grpc_port),
+            (
+                self.listen.allow_metrics,
+                "--metrics-port",
+                self.listen.metrics_port,
+            ),
         ];
         for (i, a) in enabled.iter().enumerate() {
             for b in &enabled[i + 1..] {
@@ -214,9 +225,21 @@ impl ServeArgs {
                 server_name: self.id,
                 strict_readiness: self.strict_readiness,
             },
-            http_addr: addr(self.allow_http, self.http_address, self.http_port),
-            grpc_addr: addr(self.allow_grpc, self.grpc_address, self.grpc_port),
-            metrics_addr: addr(self.allow_metrics, self.metrics_address, self.metrics_port),
+            http_addr: addr(
+                self.listen.allow_http,
+                self.listen.http_address,
+                self.listen.http_port,
+            ),
+            grpc_addr: addr(
+                self.listen.allow_grpc,
+                self.listen.grpc_address,
+                self.listen.grpc_port,
+            ),
+            metrics_addr: addr(
+                self.listen.allow_metrics,
+                self.listen.metrics_address,
+                self.listen.metrics_port,
+            ),
             http_max_input_size: self.http_max_input_size,
             poll_interval: Duration::from_secs(self.repository_poll_secs),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
@@ -256,33 +279,8 @@ pub struct WorkerArgs {
     /// File holding the bearer token sent to the control plane (else NEREID_AUTH_TOKEN).
     #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
-    /// HTTP (KServe v2 REST) port.
-    #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
-    pub http_port: u16,
-    /// Address the HTTP service binds.
-    #[arg(long, env = "NEREID_HTTP_ADDRESS", default_value = "0.0.0.0")]
-    pub http_address: IpAddr,
-    /// gRPC (inference.GRPCInferenceService) port.
-    #[arg(long, env = "NEREID_GRPC_PORT", default_value_t = 8001)]
-    pub grpc_port: u16,
-    /// Address the gRPC service binds.
-    #[arg(long, env = "NEREID_GRPC_ADDRESS", default_value = "0.0.0.0")]
-    pub grpc_address: IpAddr,
-    /// Prometheus metrics port (/metrics).
-    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 8002)]
-    pub metrics_port: u16,
-    /// Address the metrics service binds.
-    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
-    pub metrics_address: IpAddr,
-    /// Serve HTTP.
-    #[arg(long, env = "NEREID_ALLOW_HTTP", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_http: bool,
-    /// Serve gRPC.
-    #[arg(long, env = "NEREID_ALLOW_GRPC", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_grpc: bool,
-    /// Serve Prometheus metrics.
-    #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_metrics: bool,
+    #[command(flatten)]
+    pub listen: ListenArgs,
     /// Ready only when every assigned model loaded successfully (false: ready once started).
     #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_readiness: bool,
@@ -340,7 +338,7 @@ impl WorkerArgs {
             format!(
                 "{}-{}",
                 nereid_data_plane::agent::host::hostname(),
-                self.grpc_port
+                self.listen.grpc_port
             )
         });
         if node_id.trim().is_empty() {
@@ -377,15 +375,7 @@ impl WorkerArgs {
         })?;
         let serve = ServeArgs {
             model_repository: vec![repository.clone()],
-            http_port: self.http_port,
-            http_address: self.http_address,
-            grpc_port: self.grpc_port,
-            grpc_address: self.grpc_address,
-            metrics_port: self.metrics_port,
-            metrics_address: self.metrics_address,
-            allow_http: self.allow_http,
-            allow_grpc: self.allow_grpc,
-            allow_metrics: self.allow_metrics,
+            listen: self.listen.clone(),
             model_control_mode: ControlModeArg::Explicit,
             load_model: Vec::new(),
             repository_poll_secs: 15,
