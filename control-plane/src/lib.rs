@@ -18,6 +18,7 @@ pub mod api;
 pub mod cluster;
 pub mod consensus;
 pub mod convert;
+pub mod forward;
 pub mod leader;
 pub mod node;
 pub mod placement;

@@ -31,9 +31,9 @@ use tracing::{info, warn};
 use crate::api::auth::AuthToken;
 use crate::api::rest;
 use crate::api::service::ManagementService;
-use crate::cluster::forward::LeaderChannels;
 use crate::cluster::service::ClusterService;
 use crate::consensus::{Consensus, ConsensusError};
+use crate::forward::LeaderChannels;
 use crate::leader::soft::SoftState;
 use crate::leader::task::{self, LeaderConfig};
 use crate::raft::{RaftConfig, RaftNode};
@@ -144,7 +144,8 @@ pub async fn run(
         consensus.clone(),
         config.auth_value.clone(),
     ));
-    let management = ManagementService::new(consensus.clone(), soft.clone());
+    let management = ManagementService::new(consensus.clone(), soft.clone())
+        .with_leader(leader_channels.clone());
     let cluster = ClusterService::new(
         consensus.clone(),
         soft.clone(),

@@ -116,11 +116,16 @@ def model_ready_on(worker, model):
 
 
 def test_workers_follow_placement_fail_over_and_drain(cluster_dir, example_repo):
-    token, cps = start_control_plane(cluster_dir, n=1)
-    cp = cps[0]
-    workers = [WorkerProcess(f"w{i}", cluster_dir, token, [cp.grpc_addr]) for i in (1, 2, 3)]
+    token, cps = start_control_plane(cluster_dir, n=3)
+    workers = []
     try:
-        leader_of(cps)
+        leader = leader_of(cps)
+        # Workers and the API talk to a follower: registrations, heartbeats and reports are
+        # forwarded to the leader, and reads of the leader's soft state are answered by it.
+        cp = next(n for n in cps if n is not leader)
+        others = [n.grpc_addr for n in cps if n is not cp]
+        workers = [WorkerProcess(f"w{i}", cluster_dir, token, [cp.grpc_addr, *others])
+                   for i in (1, 2, 3)]
         for w in workers:
             w.spawn()
         for w in workers:
@@ -155,6 +160,13 @@ def test_workers_follow_placement_fail_over_and_drain(cluster_dir, example_repo)
         assert all(x["node"] != victim.node_id for x in moved)
         code, node = cp.api("GET", f"/api/v1/nodes/{victim.node_id}")
         assert node["node"]["status"] == "NODE_STATUS_DOWN", node
+
+        def heartbeat_reports_simple():
+            code, alive = cp.api("GET", f"/api/v1/nodes/{spare.node_id}")
+            assert code == 200 and alive["utilization"]["memory_total_bytes"] > 0, alive
+            return ("simple", 1) in {(m["model"], m["version"])
+                                     for m in alive["utilization"]["models"]}
+        wait_until(heartbeat_reports_simple, 10, "the spare's heartbeat lists simple v1")
         infer_simple(spare.http_url)
 
         # The killed worker comes back: Up again, and it loads nothing it was not assigned.

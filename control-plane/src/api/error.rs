@@ -11,6 +11,7 @@
 //! | `Unavailable`           | UNAVAILABLE         | 503  |
 //! | `Unauthenticated`       | UNAUTHENTICATED     | 401  |
 //! | `Internal`              | INTERNAL            | 500  |
+//! | `Relayed` (the leader's answer to a forwarded read) | its code | as above |
 //!
 //! `NotLeader` names the leader in the message and, when its address is known, in the
 //! `x-nereid-leader` metadata / header, so a client can retry there.
@@ -52,6 +53,18 @@ pub enum ApiError {
     Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The leader's own answer to a call this node forwarded, passed on as it came.
+    #[error("{message}")]
+    Relayed { code: tonic::Code, message: String },
+}
+
+impl From<tonic::Status> for ApiError {
+    fn from(status: tonic::Status) -> Self {
+        ApiError::Relayed {
+            code: status.code(),
+            message: status.message().to_string(),
+        }
+    }
 }
 
 fn not_leader(leader_id: &Option<u64>, leader_address: &Option<String>) -> String {
@@ -131,6 +144,7 @@ impl From<ApiError> for tonic::Status {
             }
             ApiError::Unauthenticated(_) => tonic::Status::unauthenticated(message),
             ApiError::Internal(_) => tonic::Status::internal(message),
+            ApiError::Relayed { code, .. } => tonic::Status::new(*code, message),
         };
         if let Some(addr) = e.leader_address()
             && let Ok(value) = addr.parse()
@@ -153,6 +167,7 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Relayed { code, .. } => http_status_of(*code),
         };
         let body = Json(serde_json::json!({ "error": self.to_string() }));
         let mut response = (code, body).into_response();
@@ -172,10 +187,33 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The HTTP status of a relayed gRPC code, matching the table above.
+fn http_status_of(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::FailedPrecondition | Code::AlreadyExists => StatusCode::CONFLICT,
+        Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::EntityKind;
+
+    #[test]
+    fn a_relayed_answer_keeps_its_code_on_both_transports() {
+        let e = ApiError::from(tonic::Status::not_found("node 'x' not found"));
+        assert_eq!(e.to_string(), "node 'x' not found");
+        assert_eq!(tonic::Status::from(e.clone()).code(), tonic::Code::NotFound);
+        assert_eq!(e.into_response().status(), StatusCode::NOT_FOUND);
+        let e = ApiError::from(tonic::Status::unavailable("no leader"));
+        assert_eq!(e.into_response().status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
 
     #[test]
     fn state_errors_keep_their_meaning() {

@@ -104,6 +104,12 @@ impl ManagementService {
     /// decisions. A deleted model whose replicas are still unloading can be explained too.
     pub async fn explain(&self, req: pb::ModelRef) -> Result<pb::PlacementExplanation, ApiError> {
         required("name", &req.name)?;
+        if let Some((mut leader, channels)) = self.leader_management() {
+            return Ok(leader
+                .explain_placement(channels.request(req))
+                .await?
+                .into_inner());
+        }
         let state = self.read(req.consistency).await?;
         let name = req.name.as_str();
         if state.model(name).is_none() && state.replicas_of(name).next().is_none() {

@@ -34,6 +34,9 @@ impl ManagementService {
         &self,
         req: pb::ListNodesRequest,
     ) -> Result<pb::ListNodesResponse, ApiError> {
+        if let Some((mut leader, channels)) = self.leader_management() {
+            return Ok(leader.list_nodes(channels.request(req)).await?.into_inner());
+        }
         let state = self.read(req.consistency).await?;
         Ok(pb::ListNodesResponse {
             nodes: state
@@ -48,6 +51,9 @@ impl ManagementService {
     /// A node, its replicas and (on the leader) its utilization from heartbeats.
     pub async fn node(&self, req: pb::NodeRef) -> Result<pb::NodeStatusResponse, ApiError> {
         required("id", &req.id)?;
+        if let Some((mut leader, channels)) = self.leader_management() {
+            return Ok(leader.get_node(channels.request(req)).await?.into_inner());
+        }
         let state = self.read(req.consistency).await?;
         Ok(self.node_status(Self::find_node(&state, &req.id)?, &state))
     }

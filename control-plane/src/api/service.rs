@@ -10,11 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nereid_proto::pb::cluster as pb;
+use pb::management_client::ManagementClient;
 use pb::management_server::Management;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::error::ApiError;
 use crate::consensus::Consensus;
+use crate::forward::{LeaderChannels, was_forwarded};
 use crate::leader::Observations;
 use crate::state::ClusterState;
 
@@ -28,6 +31,9 @@ const APPLY_WAIT: Duration = Duration::from_secs(2);
 pub struct ManagementService {
     pub(super) consensus: Arc<dyn Consensus>,
     pub(super) observations: Arc<dyn Observations>,
+    /// Set on cluster nodes: reads that need the leader's soft state (node utilization,
+    /// placement history) are answered by the leader when this node follows.
+    leader: Option<Arc<LeaderChannels>>,
 }
 
 impl ManagementService {
@@ -35,6 +41,42 @@ impl ManagementService {
         ManagementService {
             consensus,
             observations,
+            leader: None,
+        }
+    }
+
+    /// Answers soft-state reads from the leader when this node is a follower.
+    pub fn with_leader(mut self, leader: Arc<LeaderChannels>) -> Self {
+        self.leader = Some(leader);
+        self
+    }
+
+    /// This service without forwarding: for calls another node already forwarded here.
+    fn answering_here(&self) -> Self {
+        ManagementService {
+            leader: None,
+            ..self.clone()
+        }
+    }
+
+    /// On a follower that knows its leader: a client to the leader's management service and
+    /// the channels that stamp requests. `None`: answer here (this node leads, no leader is
+    /// known, or forwarding is off).
+    pub(super) fn leader_management(&self) -> Option<(ManagementClient<Channel>, &LeaderChannels)> {
+        let leader = self.leader.as_deref()?;
+        if leader.is_leader() {
+            return None;
+        }
+        let channel = leader.leader().ok()?;
+        Some((ManagementClient::new(channel), leader))
+    }
+
+    /// The service for a gRPC call: forwarded calls are answered here.
+    fn for_call<T>(&self, request: &Request<T>) -> Self {
+        if was_forwarded(request) {
+            self.answering_here()
+        } else {
+            self.clone()
         }
     }
 
@@ -116,15 +158,15 @@ impl Management for ManagementService {
     }
 
     async fn explain_placement(&self, r: Request<pb::ModelRef>) -> Rpc<pb::PlacementExplanation> {
-        reply(self.explain(r.into_inner()).await)
+        reply(self.for_call(&r).explain(r.into_inner()).await)
     }
 
     async fn list_nodes(&self, r: Request<pb::ListNodesRequest>) -> Rpc<pb::ListNodesResponse> {
-        reply(self.nodes(r.into_inner()).await)
+        reply(self.for_call(&r).nodes(r.into_inner()).await)
     }
 
     async fn get_node(&self, r: Request<pb::NodeRef>) -> Rpc<pb::NodeStatusResponse> {
-        reply(self.node(r.into_inner()).await)
+        reply(self.for_call(&r).node(r.into_inner()).await)
     }
 
     async fn drain_node(&self, r: Request<pb::NodeRef>) -> Rpc<pb::NodeStatusResponse> {

@@ -1,7 +1,6 @@
-//! What workers and routers talk to: the `Cluster` gRPC service ([`service`]) and the channels a
-//! follower uses to pass leader-only calls on ([`forward`]).
+//! What workers and routers talk to: the `Cluster` gRPC service ([`service`]). A follower passes
+//! leader-only calls on through [`crate::forward`].
 
-pub mod forward;
 pub mod service;
 
 #[cfg(test)]

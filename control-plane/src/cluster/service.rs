@@ -19,10 +19,10 @@ use nereid_proto::pb::cluster::cluster_client::ClusterClient;
 use nereid_proto::pb::cluster::cluster_server::Cluster;
 use tonic::{Request, Response, Status};
 
-use super::forward::LeaderChannels;
 use crate::api::error::ApiError;
 use crate::consensus::Consensus;
 use crate::convert;
+use crate::forward::{LeaderChannels, was_forwarded};
 use crate::leader::soft::SoftState;
 use crate::state::{Command, EntityKind, StateError};
 use crate::watch::WatchHub;
@@ -52,8 +52,22 @@ impl ClusterService {
         }
     }
 
-    fn leader_client(&self) -> Result<ClusterClient<tonic::transport::Channel>, Status> {
-        Ok(ClusterClient::new(self.leader.leader()?))
+    /// Where a leader-only call goes: `None` when this node leads and answers; a client to the
+    /// leader otherwise. A call that was already forwarded is not forwarded again (views of who
+    /// leads may be stale during an election): the caller retries.
+    fn leader_client<T>(
+        &self,
+        request: &Request<T>,
+    ) -> Result<Option<ClusterClient<tonic::transport::Channel>>, Status> {
+        if self.leader.is_leader() {
+            return Ok(None);
+        }
+        if was_forwarded(request) {
+            return Err(Status::unavailable(
+                "this control-plane node is no longer the leader; retry",
+            ));
+        }
+        Ok(Some(ClusterClient::new(self.leader.leader()?)))
     }
 
     fn revision(&self) -> u64 {
@@ -69,9 +83,10 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::RegisterNodeRequest>,
     ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
-        if !self.leader.is_leader() {
-            let forwarded = self.leader.request(request.into_inner());
-            return self.leader_client()?.register_node(forwarded).await;
+        if let Some(mut leader) = self.leader_client(&request)? {
+            return leader
+                .register_node(self.leader.request(request.into_inner()))
+                .await;
         }
         let spec =
             convert::node_spec_from_register(request.into_inner()).map_err(ApiError::from)?;
@@ -93,9 +108,10 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        if !self.leader.is_leader() {
-            let forwarded = self.leader.request(request.into_inner());
-            return self.leader_client()?.heartbeat(forwarded).await;
+        if let Some(mut leader) = self.leader_client(&request)? {
+            return leader
+                .heartbeat(self.leader.request(request.into_inner()))
+                .await;
         }
         let heartbeat = request.into_inner();
         if heartbeat.node_id.is_empty() {
@@ -125,9 +141,10 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::ReportReplicaRequest>,
     ) -> Result<Response<pb::ReportReplicaResponse>, Status> {
-        if !self.leader.is_leader() {
-            let forwarded = self.leader.request(request.into_inner());
-            return self.leader_client()?.report_replica(forwarded).await;
+        if let Some(mut leader) = self.leader_client(&request)? {
+            return leader
+                .report_replica(self.leader.request(request.into_inner()))
+                .await;
         }
         let report = request.into_inner();
         let state = self.consensus.local_state();

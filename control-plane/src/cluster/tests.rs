@@ -8,10 +8,10 @@ use nereid_proto::pb::cluster as pb;
 use nereid_proto::pb::cluster::cluster_server::Cluster;
 use tonic::{Code, Request};
 
-use super::forward::LeaderChannels;
 use super::service::ClusterService;
 use crate::consensus::Consensus;
 use crate::consensus::memory::MemoryConsensus;
+use crate::forward::LeaderChannels;
 use crate::leader::Observations;
 use crate::leader::soft::SoftState;
 use crate::state::{Command, ModelSpec, ReplicaState, Resources, VersionPolicy};

@@ -1,5 +1,6 @@
 //! Reaching the leader from a follower: one lazily connected gRPC channel per leader address,
-//! and requests that carry the cluster's bearer token.
+//! and requests that carry the cluster's bearer token and a mark that they were forwarded, so a
+//! stale view of who leads never sends a call around in circles.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +11,14 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
 use crate::consensus::Consensus;
+
+/// Metadata on a call one control-plane node forwarded to another.
+pub const FORWARDED: &str = "x-nereid-forwarded";
+
+/// True when `request` was forwarded by another control-plane node.
+pub fn was_forwarded<T>(request: &Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED)
+}
 
 /// Channels to whichever node leads, cached by address.
 pub struct LeaderChannels {
@@ -54,9 +63,13 @@ impl LeaderChannels {
         Ok(channel)
     }
 
-    /// Wraps `message` in a request that carries the bearer token, if any.
+    /// Wraps `message` in a request that carries the bearer token, if any, and the mark that it
+    /// was forwarded (the receiver answers it itself instead of forwarding it again).
     pub fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
         if let Some(token) = &self.token
             && let Ok(value) = format!("Bearer {token}").parse()
         {
