@@ -248,5 +248,20 @@ def test_management_api_auth_errors_and_ctl(cluster_dir, example_repo):
                               "list"], capture_output=True, text=True, timeout=30,
                              env={"PATH": "/usr/bin:/bin"})
         assert out.returncode == 1 and "admin token" in out.stderr, out.stderr
+
+        # A second node joins the running cluster: learner first, then voter; it serves the
+        # state and forwards writes.
+        joiner = ControlPlaneNode(2, cluster_dir, token, extra=["--join", cp.grpc_addr])
+        cps.append(joiner.spawn())
+
+        def two_voters():
+            members = cp.status()["members"]
+            return len(members) == 2 and all(m["voter"] for m in members)
+        wait_until(two_voters, 30, "the joining node promoted to voter")
+        wait_until(lambda: "again" in model_names(joiner, "local"), 20, "the new member caught up")
+        code, body = joiner.api("POST", "/api/v1/models",
+                                model_body("via_new_member", example_repo / "simple"))
+        assert code == 200, (code, body)
+        assert "via_new_member" in model_names(cp)
     finally:
         stop_all(cps)
