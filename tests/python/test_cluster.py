@@ -201,6 +201,8 @@ def test_workers_follow_placement_fail_over_and_drain(cluster_dir, example_repo)
         assert code == 200, explanation
         rules = {d["rule"] for rec in explanation["history"] for d in rec["decisions"]}
         assert {"NewModel", "NodeDown", "Drain"} <= rules, explanation
+        for p in workers + cps:
+            assert p.stop() == 0, f"{p.name} exits cleanly on SIGTERM\n{p.log_tail()}"
     finally:
         stop_all(workers + cps)
 
@@ -263,5 +265,7 @@ def test_management_api_auth_errors_and_ctl(cluster_dir, example_repo):
                                 model_body("via_new_member", example_repo / "simple"))
         assert code == 200, (code, body)
         assert "via_new_member" in model_names(cp)
+        for n in cps:
+            assert n.stop() == 0, f"{n.name} exits cleanly on SIGTERM\n{n.log_tail()}"
     finally:
         stop_all(cps)
