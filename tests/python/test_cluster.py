@@ -269,3 +269,38 @@ def test_management_api_auth_errors_and_ctl(cluster_dir, example_repo):
             assert n.stop() == 0, f"{n.name} exits cleanly on SIGTERM\n{n.log_tail()}"
     finally:
         stop_all(cps)
+
+
+def test_an_ensemble_brings_its_composing_models_to_its_worker(cluster_dir, tmp_path_factory):
+    repo = gen_models.write_repository(tmp_path_factory.mktemp("cluster_ens"), "ensemble")
+    token, cps = start_control_plane(cluster_dir, n=1)
+    cp = cps[0]
+    worker = WorkerProcess("w1", cluster_dir, token, [cp.grpc_addr])
+    try:
+        leader_of(cps)
+        worker.spawn()
+        worker.wait_live()
+        # The composing models are registered (their sources known) but not placed on their own.
+        for name in ("ens_scale", "ens_addsub"):
+            code, body = cp.api("POST", "/api/v1/models", model_body(name, repo / name, 0))
+            assert code == 200, (code, body)
+        code, body = cp.api("POST", "/api/v1/models",
+                            model_body("ens_pipeline", repo / "ens_pipeline", 1))
+        assert code == 200, (code, body)
+        wait_replicas(cp, "ens_pipeline",
+                      lambda r: [x["state"] for x in r] == ["REPLICA_STATE_READY"], "ready")
+        client = httpclient.InferenceServerClient(worker.http_url)
+        x = np.array([[1, 2, 3, 4]], dtype=np.float32)
+        inp = httpclient.InferInput("IN", [1, 4], "FP32")
+        inp.set_data_from_numpy(x)
+        result = client.infer("ens_pipeline", [inp])
+        np.testing.assert_allclose(result.as_numpy("SUM"), 3 * x)
+        assert replicas(cp, "ens_scale") == [], "composing models get no replica of their own"
+
+        code, body = cp.api("DELETE", "/api/v1/models/ens_pipeline")
+        assert code == 200, (code, body)
+        wait_until(lambda: not model_ready_on(worker, "ens_pipeline")
+                   and not model_ready_on(worker, "ens_scale"), 30,
+                   "the ensemble and the composing models it brought unloaded")
+    finally:
+        stop_all([worker, *cps])

@@ -2,7 +2,8 @@
 //! memory of its replicas. A control plane that answers `reregister` gets a new RegisterNode.
 //!
 //! Per version it sends the queue depth (requests waiting for an instance) and the requests in
-//! flight (received, not answered yet). GPUs are not reported yet (no NVML binding).
+//! flight (received, not answered yet). Per GPU that NVML reports ([`super::gpu`]; none without
+//! NVML) the busy fraction and memory used and total.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
 use super::client::ControlPlane;
+use super::gpu::Gpus;
 use super::host;
 use super::reconcile::Local;
 use super::state::ClusterMirror;
@@ -31,16 +33,27 @@ pub fn replica_memory(mirror: &ClusterMirror, node: &str, local: &Local) -> Vec<
         .collect()
 }
 
+/// What a heartbeat reads: the agent's mirror and local loads, the data plane, the GPUs.
+pub struct Sources {
+    pub shared: Arc<Mutex<(ClusterMirror, Local)>>,
+    pub manager: Arc<ModelManager>,
+    pub gpus: Arc<Gpus>,
+}
+
 /// Sends heartbeats until `stop`; wakes `reregister` when the control plane asks for it.
 pub async fn run(
     cp: Arc<ControlPlane>,
     node: String,
     interval: Duration,
-    shared: Arc<Mutex<(ClusterMirror, Local)>>,
-    manager: Arc<ModelManager>,
+    sources: Sources,
     reregister: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Sources {
+        shared,
+        manager,
+        gpus,
+    } = sources;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_cpu = host::cpu_ticks();
@@ -75,7 +88,7 @@ pub async fn run(
             cpu_utilization: cpu,
             memory_used_bytes: used.unwrap_or(0),
             memory_total_bytes: total.unwrap_or(0),
-            gpus: Vec::new(),
+            gpus: gpus.utilization(),
             models,
             replica_memory,
         };

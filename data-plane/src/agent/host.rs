@@ -2,8 +2,7 @@
 //! process's resident memory, the host name. Parsers are pure; readers return `None` where the
 //! file is missing (other systems), and the agent then reports 0.
 //!
-//! GPUs are not reported: that needs NVML, which the worker does not link; `NodeCapacity.gpus`
-//! stays empty.
+//! GPUs are read through NVML instead ([`super::gpu`]).
 
 /// `MemTotal` and `MemAvailable` of `/proc/meminfo`, in bytes.
 pub fn parse_meminfo(text: &str) -> (Option<u64>, Option<u64>) {

@@ -19,6 +19,8 @@
 //! evenly between the versions that load brought.
 
 pub mod client;
+pub mod companions;
+pub mod gpu;
 pub mod heartbeat;
 pub mod host;
 pub mod reconcile;
@@ -26,7 +28,7 @@ pub mod source;
 pub mod state;
 pub mod worker;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,13 +63,13 @@ pub struct AgentConfig {
     pub auth_token: Option<String>,
 }
 
-/// The node's capacity: CPUs × 1000 millis, memory (configured or the host's). GPUs are not
-/// detected (no NVML): none are offered.
-pub fn capacity(memory_capacity: Option<u64>) -> NodeCapacity {
+/// The node's capacity: CPUs × 1000 millis, memory (configured or the host's), and the GPUs
+/// NVML reports ([`gpu`]; none without NVML).
+pub fn capacity(memory_capacity: Option<u64>, gpus: &gpu::Gpus) -> NodeCapacity {
     NodeCapacity {
         cpu_millis: host::cpu_count() * 1000,
         memory_bytes: memory_capacity.or(host::memory().0).unwrap_or(0),
-        gpus: Vec::new(),
+        gpus: gpus.capacity(),
     }
 }
 
@@ -90,8 +92,14 @@ pub async fn run(
     );
     let shared: Shared = Arc::default();
     let node = config.node_id.clone();
+    // Probed once; the NVML handle lives as long as the agent.
+    let gpus = Arc::new(
+        tokio::task::spawn_blocking(gpu::Gpus::probe)
+            .await
+            .unwrap_or_else(|e| gpu::Gpus::none(format!("NVML probe failed: {e}"))),
+    );
 
-    if !register(&cp, &config, &mut stop).await? {
+    if !register(&cp, &config, &gpus, &mut stop).await? {
         return Ok(());
     }
     let reregister = Arc::new(Notify::new());
@@ -100,8 +108,11 @@ pub async fn run(
         cp.clone(),
         node.clone(),
         config.heartbeat_interval,
-        shared.clone(),
-        manager.clone(),
+        heartbeat::Sources {
+            shared: shared.clone(),
+            manager: manager.clone(),
+            gpus: gpus.clone(),
+        },
         reregister.clone(),
         stop.clone(),
     ));
@@ -113,6 +124,7 @@ pub async fn run(
         manager,
         repository: config.repository.clone(),
         done: done_tx,
+        brought: Arc::default(),
     };
     let mut backoff = Duration::ZERO;
     'watch: loop {
@@ -171,7 +183,7 @@ pub async fn run(
                     step(&shared, &node, &executor, &report_tx);
                 }
                 _ = reregister.notified() => {
-                    if !register(&cp, &config, &mut stop).await? {
+                    if !register(&cp, &config, &gpus, &mut stop).await? {
                         break 'watch;
                     }
                 }
@@ -198,6 +210,7 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 async fn register(
     cp: &ControlPlane,
     config: &AgentConfig,
+    gpus: &gpu::Gpus,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<bool, AgentError> {
     let request = RegisterNodeRequest {
@@ -207,7 +220,7 @@ async fn register(
             data_grpc: config.data_grpc.clone(),
             agent: String::new(),
         }),
-        capacity: Some(capacity(config.memory_capacity)),
+        capacity: Some(capacity(config.memory_capacity, gpus)),
         labels: Default::default(),
     };
     let answer = cp
@@ -265,7 +278,13 @@ fn step(
                 local.models.get(model).cloned().unwrap_or_default()
             }
         };
-        executor.start(op, previous);
+        let catalog = mirror
+            .models
+            .iter()
+            .map(|(name, m)| (name.clone(), m.source.clone()))
+            .collect();
+        let assigned = local.models.keys().cloned().collect();
+        executor.start(op, previous, catalog, assigned);
     }
 }
 
@@ -319,17 +338,30 @@ struct Executor {
     manager: Arc<ModelManager>,
     repository: PathBuf,
     done: mpsc::UnboundedSender<(String, Option<LocalModel>)>,
+    /// Per loaded ensemble, the composing models its load linked ([`companions`]).
+    brought: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
 }
 
 impl Executor {
-    fn start(&self, op: Op, previous: LocalModel) {
+    /// Runs `op`. `catalog` maps every registered model to its source (for an ensemble's
+    /// composing models); `assigned` names the models this node serves by assignment.
+    fn start(
+        &self,
+        op: Op,
+        previous: LocalModel,
+        catalog: BTreeMap<String, String>,
+        assigned: BTreeSet<String>,
+    ) {
         let manager = self.manager.clone();
         let repository = self.repository.clone();
         let done = self.done.clone();
+        let brought = self.brought.clone();
         tokio::spawn(async move {
             let (model, result) = match op {
                 Op::Load { model, spec } => {
-                    let result = load(&manager, &repository, &model, spec, previous).await;
+                    let (result, companions) =
+                        load(&manager, &repository, &model, spec, previous, &catalog).await;
+                    brought.lock().insert(model.clone(), companions);
                     (model, Some(result))
                 }
                 Op::Unload { model } => {
@@ -337,6 +369,18 @@ impl Executor {
                         tracing::debug!(model = %model, error = %e, "unload");
                     }
                     source::unlink_model(&repository, &model);
+                    let released = {
+                        let mut brought = brought.lock();
+                        let released = companions::releasable(&model, &brought, &assigned);
+                        brought.remove(&model);
+                        released
+                    };
+                    for companion in released {
+                        if let Err(e) = manager.unload(&companion).await {
+                            tracing::debug!(model = %companion, error = %e, "unload composing");
+                        }
+                        source::unlink_model(&repository, &companion);
+                    }
                     (model, None)
                 }
             };
@@ -353,16 +397,19 @@ async fn load(
     model: &str,
     spec: reconcile::LoadSpec,
     previous: LocalModel,
-) -> LocalModel {
-    let before: std::collections::BTreeSet<i64> = manager.versions(model).into_iter().collect();
+    catalog: &BTreeMap<String, String>,
+) -> (LocalModel, BTreeSet<String>) {
+    let before: BTreeSet<i64> = manager.versions(model).into_iter().collect();
     let prepared = source::source_dir(&spec.source).and_then(|dir| {
         source::link_model(repository, model, &dir)?;
         source::load_config(&dir, &spec.config_override, &spec.versions)
     });
     let rss_before = host::process_rss().unwrap_or(0);
+    let mut linked = BTreeSet::new();
     let error = match prepared {
         Err(reason) => Some(reason),
         Ok(config) => {
+            linked = companions::link_composing(repository, &config, catalog);
             tracing::info!(model, versions = ?spec.versions, source = %spec.source, "loading");
             let source = LoadSource::Repository {
                 config_override: Some(config),
@@ -375,7 +422,7 @@ async fn load(
         }
     };
     let rss_after = host::process_rss().unwrap_or(0);
-    let served: std::collections::BTreeSet<i64> = manager.versions(model).into_iter().collect();
+    let served: BTreeSet<i64> = manager.versions(model).into_iter().collect();
     let brought: Vec<i64> = served.difference(&before).copied().collect();
     let share = rss_after.saturating_sub(rss_before) / (brought.len().max(1) as u64);
     let memory: BTreeMap<i64, u64> = served
@@ -403,10 +450,11 @@ async fn load(
             (*v, reason)
         })
         .collect();
-    LocalModel {
+    let local = LocalModel {
         request: Some(spec),
         served,
         failures,
         memory,
-    }
+    };
+    (local, linked)
 }
