@@ -27,5 +27,6 @@ pub mod source;
 pub mod state;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod units;
 pub mod views;
 pub mod watch;

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use nereid_proto::pb::cluster::VersionPolicy;
 
-use super::request::{parse_label, parse_size, parse_version_policy};
+use nereid_control_plane::units::parse_bytes;
+
+use super::request::{parse_label, parse_version_policy};
 
 #[derive(Args, Debug)]
 pub struct CtlArgs {
@@ -108,7 +110,7 @@ pub struct DeployArgs {
     #[arg(long, value_parser = parse_version_policy)]
     pub versions: Option<VersionPolicy>,
     /// Memory per replica for placement until measured: bytes or 512Mi, 2Gi, 1G...
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_bytes)]
     pub memory: Option<u64>,
     /// CPU per replica in millicores.
     #[arg(long)]

@@ -10,49 +10,6 @@ use nereid_proto::pb::cluster::{
 
 use super::args::{ConsistencyArg, DeployArgs, ReplicaArgs, ScaleArgs};
 
-/// Parses a byte count: plain digits, or a number with a binary (`Ki`, `Mi`, `Gi`, `Ti`) or
-/// decimal (`K`, `M`, `G`, `T`) suffix; a trailing `B` is accepted (`2GiB`, `512MB`).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, suffix) = t.split_at(split);
-    let multiplier: u64 = match suffix.to_ascii_lowercase().as_str() {
-        "" => 1,
-        "k" => 1_000,
-        "m" => 1_000_000,
-        "g" => 1_000_000_000,
-        "t" => 1_000_000_000_000,
-        "ki" => 1 << 10,
-        "mi" => 1 << 20,
-        "gi" => 1 << 30,
-        "ti" => 1 << 40,
-        _ => {
-            return Err(format!(
-                "unknown size suffix in '{text}' (use Ki, Mi, Gi, Ti, K, M, G, T)"
-            ));
-        }
-    };
-    if number.is_empty() {
-        return Err(format!("'{text}' is not a size"));
-    }
-    if let Ok(n) = number.parse::<u64>() {
-        return n
-            .checked_mul(multiplier)
-            .ok_or_else(|| format!("size '{text}' is too large"));
-    }
-    let f: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size"))?;
-    let bytes = f * multiplier as f64;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(format!("size '{text}' is too large"));
-    }
-    Ok(bytes.round() as u64)
-}
-
 /// Parses `latest:N`, `all`, or a comma-separated list of version numbers.
 pub fn parse_version_policy(text: &str) -> Result<VersionPolicy, String> {
     let t = text.trim();
@@ -182,21 +139,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_with_suffixes() {
-        assert_eq!(parse_size("1024"), Ok(1024));
-        assert_eq!(parse_size("512Mi"), Ok(512 << 20));
-        assert_eq!(parse_size("2Gi"), Ok(2 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("1.5Gi"), Ok(3 << 29));
-        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
-        assert_eq!(parse_size("4ki"), Ok(4096));
-        assert!(parse_size("2Xi").is_err());
-        assert!(parse_size("Gi").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("99999999999Ti").is_err());
-    }
-
-    #[test]
     fn version_policies() {
         let p = |s| parse_version_policy(s).map(|v| v.policy.unwrap());
         assert_eq!(
@@ -255,7 +197,7 @@ mod tests {
             source: "file:///models/resnet".into(),
             replicas: replicas(None, Some(2), Some(4)),
             versions: Some(parse_version_policy("latest:2").unwrap()),
-            memory: Some(parse_size("2Gi").unwrap()),
+            memory: Some(2 << 30),
             cpu_millis: Some(500),
             config_override: Some(r#"{"max_batch_size": 8}"#.into()),
             labels: vec![("team".into(), "vision".into())],

@@ -18,6 +18,7 @@
 mod cluster;
 mod report;
 
+use nereid_control_plane::units::parse_bytes;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -66,33 +67,12 @@ pub struct PlacementSimArgs {
     pub json: bool,
 }
 
-/// Parses a byte count with an optional `Ki`/`Mi`/`Gi`/`Ti` (or `K`/`M`/`G`/`T`) suffix.
+/// A positive byte count (`512Mi`, `16Gi`...), see [`parse_bytes`].
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(split);
-    let multiplier: u64 = match suffix
-        .trim_end_matches(['B', 'b'])
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "" => 1,
-        "k" => 1_000,
-        "m" => 1_000_000,
-        "g" => 1_000_000_000,
-        "t" => 1_000_000_000_000,
-        "ki" => 1 << 10,
-        "mi" => 1 << 20,
-        "gi" => 1 << 30,
-        "ti" => 1 << 40,
-        _ => return Err(format!("'{text}': unknown size suffix")),
-    };
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(multiplier))
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("'{text}' is not a positive size"))
+    match parse_bytes(text)? {
+        0 => Err(format!("'{text}' is not a positive size")),
+        n => Ok(n),
+    }
 }
 
 /// Parses `SIZE[:WEIGHT],...`.
