@@ -110,6 +110,13 @@ def infer_simple(url):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
+def holds_for(check, seconds):
+    """Runs `check` (which asserts) again and again for `seconds`: an invariant over time."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        check()
+
+
 def model_ready_on(worker, model):
     code, _ = http_json(worker.http_url, "GET", f"/v2/models/{model}/ready")
     return code == 200
@@ -201,7 +208,24 @@ def test_workers_follow_placement_fail_over_and_drain(cluster_dir, example_repo)
         assert code == 200, explanation
         rules = {d["rule"] for rec in explanation["history"] for d in rec["decisions"]}
         assert {"NewModel", "NodeDown", "Drain"} <= rules, explanation
-        for p in workers + cps:
+
+        # The control-plane leader dies: the new leader hears the workers' heartbeats (through
+        # the followers they talk to) before its grace period ends, so no node goes down and
+        # every ready replica stays ready.
+        before = sorted((x["node"], x["state"]) for x in replicas(cp, "simple"))
+        leader.kill()
+        survivors = [n for n in cps if n is not leader]
+        new_leader = leader_of(survivors)
+
+        def all_up_and_ready():
+            code, nodes = new_leader.api("GET", "/api/v1/nodes?consistency=linearizable")
+            status = {n["node"]["id"]: n["node"]["status"] for n in nodes["nodes"]}
+            assert all(s == "NODE_STATUS_UP" for s in status.values()), status
+            now = sorted((x["node"], x["state"]) for x in replicas(new_leader, "simple"))
+            assert now == before, (now, before)
+        # Observed continuously until well past the new leader's grace period.
+        holds_for(all_up_and_ready, 2 * HEARTBEAT_TIMEOUT_MS / 1000)
+        for p in workers + survivors:
             assert p.stop() == 0, f"{p.name} exits cleanly on SIGTERM\n{p.log_tail()}"
     finally:
         stop_all(workers + cps)
