@@ -203,3 +203,33 @@ def wait_replicas(node, model, predicate, what, deadline_s=60):
 
 def since(t0):
     return f"{time.monotonic() - t0:.1f}s"
+
+
+class RouterProcess(Process):
+    def __init__(self, workdir, token_file, control_planes, name="router"):
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        args = ["router",
+                "--control-plane", ",".join(control_planes),
+                "--auth-token-file", str(token_file),
+                "--http-port", str(self.http_port),
+                "--grpc-port", str(self.grpc_port),
+                "--metrics-port", str(self.metrics_port),
+                "--http-address", "127.0.0.1",
+                "--grpc-address", "127.0.0.1",
+                "--metrics-address", "127.0.0.1",
+                "--log-verbose", "1"]
+        super().__init__(name, workdir, args)
+
+    @property
+    def http_url(self):
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self):
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def wait_live(self, deadline_s=60):
+        def live():
+            self.check_alive()
+            return http_raw(self.http_url, "GET", "/v2/health/live", timeout=2)[0] == 200
+        wait_until(live, deadline_s, f"{self.name} live")

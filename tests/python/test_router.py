@@ -1,0 +1,71 @@
+"""The router over real processes on 127.0.0.1: tritonclient (HTTP and gRPC) gets through the
+router what it gets from a worker directly, and a SIGKILLed worker costs no failed request for a
+model with a replica elsewhere."""
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body, wait_replicas
+from nereid_util import gen_models
+from test_cluster import start_control_plane, stop_all
+
+
+@pytest.fixture
+def example_repo(tmp_path_factory):
+    return gen_models.write_repository(tmp_path_factory.mktemp("router_repo"), "example")
+
+
+def simple_inputs(module, a, b):
+    inputs = [module.InferInput("INPUT0", [1, 16], "INT32"),
+              module.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_router_answers_like_a_worker_and_survives_a_worker_kill(tmp_path, example_repo):
+    token, cps = start_control_plane(tmp_path, n=1)
+    cp = cps[0]
+    workers = [WorkerProcess(f"w{i}", tmp_path, token, [cp.grpc_addr]) for i in (1, 2)]
+    router = RouterProcess(tmp_path, token, [cp.grpc_addr])
+    try:
+        leader_of(cps)
+        for p in [*workers, router]:
+            p.spawn()
+        for p in [*workers, router]:
+            p.wait_live()
+        code, body = cp.api("POST", "/api/v1/models",
+                            model_body("simple", example_repo / "simple", replicas=2))
+        assert code == 200, (code, body)
+        wait_replicas(cp, "simple",
+                      lambda r: sum(x["state"] == "REPLICA_STATE_READY" for x in r) == 2,
+                      "two ready replicas")
+
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        b = np.full((1, 16), 3, dtype=np.int32)
+        direct = httpclient.InferenceServerClient(workers[0].http_url).infer(
+            "simple", simple_inputs(httpclient, a, b))
+        via_http = httpclient.InferenceServerClient(router.http_url)
+        via_grpc = grpcclient.InferenceServerClient(router.grpc_url)
+
+        def both_ways():
+            h = via_http.infer("simple", simple_inputs(httpclient, a, b))
+            g = via_grpc.infer("simple", simple_inputs(grpcclient, a, b))
+            for r in (h, g):
+                for out in ("OUTPUT0", "OUTPUT1"):
+                    np.testing.assert_array_equal(r.as_numpy(out), direct.as_numpy(out))
+
+        # The router learns the replicas from its watch; then every request succeeds.
+        from nereid_util import wait_until
+        wait_until(lambda: via_http.is_model_ready("simple"), 30, "the router sees simple ready")
+        for _ in range(20):
+            both_ways()
+        assert via_grpc.get_model_metadata("simple").name == "simple"
+
+        workers[0].kill()
+        for _ in range(50):
+            both_ways()  # no failed request: the other replica answers
+    finally:
+        stop_all([router, *workers, *cps])
