@@ -20,6 +20,10 @@
 
 pub mod choice;
 pub mod error;
+pub mod forward;
+pub mod service;
 pub mod table;
+pub mod wire;
 
 pub use error::RouterError;
+pub use service::{RouterService, RouterServiceConfig};
