@@ -23,6 +23,7 @@ pub mod error;
 pub mod forward;
 pub mod service;
 pub mod table;
+pub mod watch;
 pub mod wire;
 
 pub use error::RouterError;
