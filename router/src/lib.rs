@@ -21,6 +21,7 @@
 pub mod choice;
 pub mod error;
 pub mod forward;
+pub mod serve;
 pub mod service;
 pub mod table;
 pub mod watch;
