@@ -15,8 +15,26 @@ use nereid_proto::pb::inference::{
 };
 use tonic::transport::{Channel, Endpoint};
 
+use futures::{Stream, StreamExt};
+use nereid_proto::pb::inference::InferParameter;
+use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
+use nereid_proto::service::StreamedResponse;
+
 use crate::error::{RouterError, RouterResult};
-use crate::wire::classify_status;
+use crate::wire::{classify_status, decode_response};
+
+/// Request parameter asking for an empty response that marks a request's end.
+const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
+/// Response parameter marking a request's last response.
+const FINAL_RESPONSE_KEY: &str = "triton_final_response";
+/// Stream metadata asking for errors as gRPC statuses.
+const GRPC_ERROR_KEY: &str = "triton_grpc_error";
+
+fn bool_param(v: bool) -> InferParameter {
+    InferParameter {
+        parameter_choice: Some(ParameterChoice::BoolParam(v)),
+    }
+}
 
 /// How the router connects to workers.
 #[derive(Clone, Debug)]
@@ -97,6 +115,59 @@ impl Workers {
             .await
             .map(tonic::Response::into_inner)
             .map_err(|s| classify_status(addr, s))
+    }
+
+    /// Opens a `ModelStreamInfer` carrying the one request, and yields its answers as
+    /// [`StreamedResponse`]s until the worker ends the stream. Errors come back as gRPC
+    /// statuses (`triton_grpc_error`), which end the stream.
+    pub async fn infer_stream(
+        &self,
+        addr: &str,
+        mut request: ModelInferRequest,
+    ) -> RouterResult<impl Stream<Item = RouterResult<StreamedResponse>> + Send + 'static + use<>>
+    {
+        request
+            .parameters
+            .insert(EMPTY_FINAL_RESPONSE_KEY.to_string(), bool_param(true));
+        let mut call = tonic::Request::new(futures::stream::once(async move { request }));
+        call.metadata_mut().insert(
+            GRPC_ERROR_KEY,
+            tonic::metadata::MetadataValue::from_static("true"),
+        );
+        let responses = self
+            .client(addr)?
+            .model_stream_infer(call)
+            .await
+            .map_err(|s| classify_status(addr, s))?
+            .into_inner();
+        let addr = addr.to_string();
+        Ok(responses.map(move |item| {
+            let message = item.map_err(|s| classify_status(&addr, s))?;
+            let Some(mut response) = message.infer_response else {
+                return Err(RouterError::BadResponse {
+                    addr: addr.clone(),
+                    message: format!("stream item without a response: {}", message.error_message),
+                });
+            };
+            let last = matches!(
+                response
+                    .parameters
+                    .remove(FINAL_RESPONSE_KEY)
+                    .and_then(|p| p.parameter_choice),
+                Some(ParameterChoice::BoolParam(true))
+            );
+            // The empty final marker: the model ended the request without a response.
+            if last && response.outputs.is_empty() && response.raw_output_contents.is_empty() {
+                return Ok(StreamedResponse {
+                    response: None,
+                    last,
+                });
+            }
+            Ok(StreamedResponse {
+                response: Some(decode_response(&addr, response)?),
+                last,
+            })
+        }))
     }
 
     pub async fn model_metadata(

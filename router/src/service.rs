@@ -7,6 +7,7 @@
 //!       ─► forward::Workers::infer ─► wire::decode_response
 //!          └─ unreachable / UNAVAILABLE before execution, not a sequence:
 //!             once more on another replica (the failed one excluded)
+//! infer_stream ─► the same choice ─► the worker's ModelStreamInfer (one request per stream)
 //! metadata, config, statistics ─► a ready replica of the model (same retry)
 //! live, ready, model ready, repository index ─► the routing table
 //! ```
@@ -21,13 +22,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use nereid_proto::InferenceService;
+use nereid_proto::ServiceError;
 use nereid_proto::error::ServiceResult;
 use nereid_proto::pb::inference::{
     ModelConfig, ModelConfigRequest, ModelMetadataRequest, ModelStatistics, ModelStatisticsRequest,
 };
 use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ServerMetadata, TensorMetadata,
+    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
 };
 use nereid_proto::types::{InferRequest, InferResponse};
 use tokio::sync::Semaphore;
@@ -77,12 +80,12 @@ struct Routing {
 }
 
 /// Counts one request against its replica until dropped.
-struct InFlight<'a> {
-    routing: &'a Mutex<Routing>,
+struct InFlight {
+    routing: Arc<Mutex<Routing>>,
     replica: u64,
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         let mut r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = r.outstanding.get_mut(&self.replica) {
@@ -99,8 +102,8 @@ pub struct RouterService {
     config: RouterServiceConfig,
     table: Arc<SharedTable>,
     workers: Arc<Workers>,
-    routing: Mutex<Routing>,
-    admission: Semaphore,
+    routing: Arc<Mutex<Routing>>,
+    admission: Arc<Semaphore>,
 }
 
 impl RouterService {
@@ -120,11 +123,11 @@ impl RouterService {
     ) -> RouterService {
         RouterService {
             workers: Arc::new(Workers::new(config.forward.clone())),
-            routing: Mutex::new(Routing {
+            routing: Arc::new(Mutex::new(Routing {
                 chooser: Chooser::new(config.sequence_idle_timeout, rng),
                 outstanding: HashMap::new(),
-            }),
-            admission: Semaphore::new(config.max_in_flight),
+            })),
+            admission: Arc::new(Semaphore::new(config.max_in_flight)),
             config,
             table,
         }
@@ -140,11 +143,7 @@ impl RouterService {
         self.config.max_in_flight - self.admission.available_permits()
     }
 
-    fn pick(
-        &self,
-        ask: &Ask<'_>,
-        exclude: &HashSet<u64>,
-    ) -> RouterResult<(Endpoint, InFlight<'_>)> {
+    fn pick(&self, ask: &Ask<'_>, exclude: &HashSet<u64>) -> RouterResult<(Endpoint, InFlight)> {
         let table = self.table.load();
         let mut guard = self.routing.lock().unwrap_or_else(|p| p.into_inner());
         let Routing {
@@ -163,7 +162,7 @@ impl RouterService {
         Ok((
             endpoint,
             InFlight {
-                routing: &self.routing,
+                routing: self.routing.clone(),
                 replica,
             },
         ))
@@ -197,20 +196,41 @@ impl RouterService {
         F: Fn(String) -> Fut,
         Fut: Future<Output = RouterResult<T>>,
     {
+        self.with_retry_guarded(ask, retry, |addr, guard| {
+            let call = call(addr);
+            async move {
+                let result = call.await;
+                drop(guard);
+                result
+            }
+        })
+        .await
+    }
+
+    /// [`Self::with_retry`], handing `call` the in-flight guard to hold for as long as the
+    /// answer lasts (a stream).
+    async fn with_retry_guarded<T, F, Fut>(
+        &self,
+        ask: &Ask<'_>,
+        retry: bool,
+        call: F,
+    ) -> RouterResult<T>
+    where
+        F: Fn(String, InFlight) -> Fut,
+        Fut: Future<Output = RouterResult<T>>,
+    {
         let mut exclude = HashSet::new();
         let (endpoint, guard) = self.pick(ask, &exclude)?;
-        let first = call(endpoint.addr.clone()).await;
-        drop(guard);
-        let err = match first {
+        let err = match call(endpoint.addr.clone(), guard).await {
             Err(e) if retry && e.retryable() => e,
             done => return done,
         };
         tracing::debug!(replica = endpoint.replica, addr = %endpoint.addr, error = %err, "retrying on another replica");
         exclude.insert(endpoint.replica);
-        let Ok((endpoint, _guard)) = self.pick(ask, &exclude) else {
+        let Ok((endpoint, guard)) = self.pick(ask, &exclude) else {
             return Err(err);
         };
-        call(endpoint.addr.clone()).await
+        call(endpoint.addr.clone(), guard).await
     }
 
     fn ask<'a>(model: &'a str, version: Option<i64>) -> Ask<'a> {
@@ -340,6 +360,44 @@ impl InferenceService for RouterService {
                 limit: self.config.max_in_flight,
             })?;
         Ok(self.route_infer(request).await?)
+    }
+
+    /// Forwards over the worker's `ModelStreamInfer`, so decoupled models stream through the
+    /// router. Retried like `infer` only when the stream cannot be opened.
+    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
+        let permit =
+            self.admission
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| RouterError::Overloaded {
+                    limit: self.config.max_in_flight,
+                })?;
+        let wire = encode_request(&request).map_err(ServiceError::from)?;
+        let ask = Ask {
+            model: &request.model_name,
+            version: request.model_version,
+            sequence: request.options.sequence_id.as_ref(),
+            start: request.options.sequence_start,
+            end: request.options.sequence_end,
+        };
+        let retry = ask.sequence.is_none();
+        let stream = self
+            .with_retry_guarded(&ask, retry, |addr, guard| {
+                let wire = wire.clone();
+                async move {
+                    let responses = self.workers.infer_stream(&addr, wire).await?;
+                    Ok(responses.map(move |item| {
+                        let _held = &guard;
+                        item.map_err(ServiceError::from)
+                    }))
+                }
+            })
+            .await?;
+        let stream = stream.map(move |item| {
+            let _held = &permit;
+            item
+        });
+        Ok(Box::pin(stream))
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {

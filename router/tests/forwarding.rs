@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
 use nereid_proto::error::ServiceResult;
 use nereid_proto::pb::cluster::{
     Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
     watch_event,
 };
-use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
-use nereid_proto::service::{LoadRequest, ModelIndexEntry, ModelMetadata, ServerMetadata};
+use nereid_proto::pb::inference::{ModelConfig, ModelStatistics, ModelTransactionPolicy};
+use nereid_proto::service::{
+    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, StreamedResponse,
+};
 use nereid_proto::types::{
     CorrelationId, InferRequest, InferResponse, ParamValue, RequestOptions, Tensor,
 };
@@ -60,8 +63,28 @@ impl InferenceService for EchoWorker {
     async fn model_config(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelConfig> {
         Ok(ModelConfig {
             name: name.into(),
+            model_transaction_policy: Some(ModelTransactionPolicy { decoupled: true }),
             ..Default::default()
         })
+    }
+    /// A decoupled echo: the answer twice, then an empty final item.
+    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
+        let response = self.infer(request).await?;
+        let items = vec![
+            Ok(StreamedResponse {
+                response: Some(response.clone()),
+                last: false,
+            }),
+            Ok(StreamedResponse {
+                response: Some(response),
+                last: false,
+            }),
+            Ok(StreamedResponse {
+                response: None,
+                last: true,
+            }),
+        ];
+        Ok(Box::pin(futures::stream::iter(items)))
     }
     async fn model_statistics(
         &self,
@@ -308,6 +331,35 @@ async fn worker_errors_pass_through_and_admission_is_bounded() {
         let (_workers, full) = cluster(0).await;
         let err = full.infer(request(Default::default())).await.unwrap_err();
         assert!(matches!(err, ServiceError::Overloaded(_)), "{err:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn decoupled_answers_stream_through_the_router() {
+    bounded(async {
+        let (_workers, router) = cluster(64).await;
+        let stream = router
+            .infer_stream(request(Default::default()))
+            .await
+            .unwrap();
+        let items: Vec<StreamedResponse> = stream.map(|i| i.unwrap()).collect().await;
+        assert_eq!(items.len(), 3, "{items:?}");
+        let first = items[0].response.as_ref().unwrap();
+        let second = items[1].response.as_ref().unwrap();
+        assert_eq!(first.outputs[0].data().as_ref(), &[7, 0, 0, 0]);
+        assert_eq!(worker_of(first), worker_of(second));
+        assert!(!items[0].last && !items[1].last);
+        assert!(items[2].last && items[2].response.is_none());
+        assert!(!first.parameters.contains_key("triton_final_response"));
+        assert_eq!(router.in_flight(), 0);
+
+        let mut bad = request(Default::default());
+        bad.model_name = "nope".into();
+        assert!(matches!(
+            router.infer_stream(bad).await.err().unwrap(),
+            ServiceError::NotFound(_)
+        ));
     })
     .await;
 }
