@@ -103,6 +103,7 @@ impl RouterArgs {
                 server_name: self.id,
                 max_in_flight: self.max_in_flight,
                 sequence_idle_timeout: Duration::from_secs(self.sequence_idle_timeout_secs),
+                ejection: RouterServiceConfig::default().ejection,
                 forward: ForwardConfig::default(),
             },
             watch: WatchConfig {

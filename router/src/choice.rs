@@ -21,6 +21,9 @@
 //!   [`RouterError::SequenceReplicaGone`] (the sequence's state died with the replica); a new
 //!   start is routed afresh.
 //! - **Exclude.** A retry passes the replicas that already failed it.
+//! - **Passive ejection.** A replica that could not be reached is [`Chooser::eject`]ed for a
+//!   while: new requests avoid it until then, unless every candidate is ejected (then all are
+//!   tried, so a recovered cluster is found without waiting). Sequences keep their replica.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -134,6 +137,8 @@ struct Sticky {
 /// Replica choice with the state it needs between requests: sequence affinity and randomness.
 pub struct Chooser {
     affinity: HashMap<(String, CorrelationId), Sticky>,
+    /// Replicas to avoid until the given time.
+    ejected: HashMap<u64, Instant>,
     idle_timeout: Duration,
     rng: Box<dyn RandomSource>,
 }
@@ -142,6 +147,7 @@ impl Chooser {
     pub fn new(idle_timeout: Duration, rng: Box<dyn RandomSource>) -> Chooser {
         Chooser {
             affinity: HashMap::new(),
+            ejected: HashMap::new(),
             idle_timeout,
             rng,
         }
@@ -150,6 +156,11 @@ impl Chooser {
     /// Sequences currently pinned to a replica.
     pub fn sequences(&self) -> usize {
         self.affinity.len()
+    }
+
+    /// Avoids `replica` for new requests until `until`.
+    pub fn eject(&mut self, replica: u64, until: Instant) {
+        self.ejected.insert(replica, until);
     }
 
     /// Forgets sequences idle for longer than the timeout.
@@ -176,11 +187,18 @@ impl Chooser {
             return self.follow(table, key, ask.end, now);
         }
         let version = resolve_version(table, ask.model, ask.version)?;
-        let candidates: Vec<&Endpoint> = table
+        let mut candidates: Vec<&Endpoint> = table
             .ready(ask.model, version)
             .iter()
             .filter(|e| !exclude.contains(&e.replica))
             .collect();
+        self.ejected.retain(|_, until| *until > now);
+        if candidates
+            .iter()
+            .any(|e| !self.ejected.contains_key(&e.replica))
+        {
+            candidates.retain(|e| !self.ejected.contains_key(&e.replica));
+        }
         let chosen = power_of_two(&candidates, outstanding, self.rng.as_mut())
             .cloned()
             .ok_or_else(|| RouterError::NoReadyReplica {
@@ -422,6 +440,34 @@ mod tests {
                 version: Some(2)
             })
         );
+    }
+
+    #[test]
+    fn ejected_replicas_are_avoided_until_their_time_or_when_nothing_else_is_left() {
+        let t = table();
+        let mut c = Chooser::new(Duration::from_secs(1), Box::new(SplitMix64::new(4)));
+        let now = Instant::now();
+        c.eject(20, now + Duration::from_secs(5));
+        c.eject(21, now + Duration::from_secs(5));
+        for _ in 0..20 {
+            let e = c.choose(&t, &ask("m"), idle, &HashSet::new(), now).unwrap();
+            assert_eq!(e.replica, 22);
+        }
+        // Every remaining candidate ejected: they are tried anyway.
+        let only_ejected: HashSet<u64> = [22].into();
+        let e = c.choose(&t, &ask("m"), idle, &only_ejected, now).unwrap();
+        assert!(e.replica == 20 || e.replica == 21);
+        // After the ejection time they take traffic again.
+        let later = now + Duration::from_secs(6);
+        let mut seen = HashSet::new();
+        for _ in 0..50 {
+            seen.insert(
+                c.choose(&t, &ask("m"), idle, &HashSet::new(), later)
+                    .unwrap()
+                    .replica,
+            );
+        }
+        assert_eq!(seen.len(), 3);
     }
 
     fn seq<'a>(id: &'a CorrelationId, start: bool, end: bool) -> Ask<'a> {

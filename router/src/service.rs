@@ -59,6 +59,9 @@ pub struct RouterServiceConfig {
     pub max_in_flight: usize,
     /// How long a sequence keeps its replica without a request.
     pub sequence_idle_timeout: Duration,
+    /// How long new requests avoid a replica that could not be reached (passive outlier
+    /// ejection), until the control plane's view catches up.
+    pub ejection: Duration,
     pub forward: ForwardConfig,
 }
 
@@ -68,6 +71,7 @@ impl Default for RouterServiceConfig {
             server_name: "nereid".into(),
             max_in_flight: 4096,
             sequence_idle_timeout: Duration::from_secs(60),
+            ejection: Duration::from_secs(5),
             forward: ForwardConfig::default(),
         }
     }
@@ -222,7 +226,13 @@ impl RouterService {
         let mut exclude = HashSet::new();
         let (endpoint, guard) = self.pick(ask, &exclude)?;
         let err = match call(endpoint.addr.clone(), guard).await {
-            Err(e) if retry && e.retryable() => e,
+            Err(e) => {
+                self.note_failure(endpoint.replica, &e);
+                if !(retry && e.retryable()) {
+                    return Err(e);
+                }
+                e
+            }
             done => return done,
         };
         tracing::debug!(replica = endpoint.replica, addr = %endpoint.addr, error = %err, "retrying on another replica");
@@ -230,7 +240,21 @@ impl RouterService {
         let Ok((endpoint, guard)) = self.pick(ask, &exclude) else {
             return Err(err);
         };
-        call(endpoint.addr.clone(), guard).await
+        let second = call(endpoint.addr.clone(), guard).await;
+        if let Err(e) = &second {
+            self.note_failure(endpoint.replica, e);
+        }
+        second
+    }
+
+    /// Ejects a replica that could not be reached.
+    fn note_failure(&self, replica: u64, err: &RouterError) {
+        if matches!(err, RouterError::Unreachable { .. }) {
+            tracing::info!(replica, error = %err, "ejecting an unreachable replica for a while");
+            let mut r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
+            r.chooser
+                .eject(replica, Instant::now() + self.config.ejection);
+        }
     }
 
     fn ask<'a>(model: &'a str, version: Option<i64>) -> Ask<'a> {

@@ -258,6 +258,15 @@ async fn a_killed_worker_is_retried_around() {
             router.infer(request(Default::default())).await.unwrap();
         }
         workers[0].kill().await;
+        // A call to the dead worker is classified as unreachable (retried and ejected), not
+        // as the worker's own answer.
+        let dead = workers[0].addr.to_string();
+        let wire = nereid_router::wire::encode_request(&request(Default::default())).unwrap();
+        let err = router.workers().infer(&dead, wire).await.unwrap_err();
+        assert!(
+            matches!(err, nereid_router::RouterError::Unreachable { .. }),
+            "{err:?}"
+        );
         for _ in 0..30 {
             let r = router.infer(request(Default::default())).await.unwrap();
             assert_eq!(worker_of(&r), "w2");
