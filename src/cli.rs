@@ -35,6 +35,9 @@ pub enum Command {
     /// Operate a Nereid cluster through the control plane's management API (models, nodes,
     /// placements, control-plane members).
     Ctl(Box<crate::ctl::CtlArgs>),
+    /// Route KServe v2 HTTP and gRPC requests to the workers of a Nereid cluster: the same
+    /// API as `serve`, each request forwarded to a ready replica the control plane reports.
+    Router(Box<crate::router_args::RouterArgs>),
 }
 
 /// Parses Triton-style booleans: true/false/1/0 (also yes/no, on/off).

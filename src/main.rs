@@ -3,6 +3,7 @@
 //! - `nereid serve`: the single-node Triton-compatible server.
 //! - `nereid control-plane`: a Raft-replicated control-plane node (registry, placement, API).
 //! - `nereid worker`: the same server, with models assigned by a Nereid control plane.
+//! - `nereid router`: the cluster's front door, forwarding each request to a worker replica.
 //! - `nereid check-config`: lints `config.pbtxt` files and model directories.
 //! - `nereid ctl`: the operator's client of the control plane's management API.
 
@@ -11,6 +12,7 @@ mod cli;
 mod control_plane_args;
 mod ctl;
 mod ort_library;
+mod router_args;
 
 use std::process::ExitCode;
 
@@ -50,6 +52,13 @@ fn main() -> ExitCode {
                 Ok(config) => {
                     run_async(|| nereid_control_plane::node::run(config, shutdown_signal()))
                 }
+                Err(e) => usage_error(e),
+            }
+        }
+        Command::Router(args) => {
+            init_logging(args.log_verbose, &args.log_format);
+            match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
+                Ok(config) => run_async(|| nereid_router::serve::run(config, shutdown_signal())),
                 Err(e) => usage_error(e),
             }
         }

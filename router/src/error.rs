@@ -1,0 +1,183 @@
+//! [`RouterError`]: every way the router can fail a call, classified once and mapped to the
+//! frontends' [`ServiceError`] in one exhaustive `match`.
+//!
+//! A worker's own error (an invalid input, a model error) comes back as
+//! [`RouterError::Worker`] and reaches the client verbatim, so the router answers with the same
+//! errors as a worker would.
+
+use nereid_proto::ServiceError;
+use nereid_proto::types::CorrelationId;
+
+/// A routing or forwarding failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouterError {
+    /// The model is not registered with the control plane.
+    #[error("model '{model}' is not registered with the cluster")]
+    UnknownModel { model: String },
+    /// The model is registered, but the version is not one of its versions.
+    #[error("model '{model}' has no version {version}")]
+    UnknownVersion { model: String, version: i64 },
+    /// The model (version) is registered, but no replica of it is ready right now.
+    #[error("{}", no_ready_message(.model, .version))]
+    NoReadyReplica { model: String, version: Option<i64> },
+    /// A sequence request other than a start for a sequence this router has not routed.
+    #[error(
+        "inference request for sequence {} to model '{model}' must specify the START flag on the first request of the sequence",
+        sequence_text(.sequence)
+    )]
+    SequenceNotStarted {
+        model: String,
+        sequence: CorrelationId,
+    },
+    /// The replica that holds a sequence's state is gone; the sequence cannot continue.
+    #[error(
+        "sequence {} of model '{model}' was running on replica {replica}, which is no longer ready; start the sequence again",
+        sequence_text(.sequence)
+    )]
+    SequenceReplicaGone {
+        model: String,
+        sequence: CorrelationId,
+        replica: u64,
+    },
+    /// The router's in-flight limit is reached.
+    #[error("the router is at its limit of {limit} in-flight requests; retry later")]
+    Overloaded { limit: usize },
+    /// The request cannot be expressed on the worker protocol.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The worker could not be reached, or the connection broke.
+    #[error("worker at {addr} is unreachable: {message}")]
+    Unreachable { addr: String, message: String },
+    /// The worker answered with an error: passed to the client as the worker classified it.
+    #[error("{error}")]
+    Worker { addr: String, error: ServiceError },
+    /// The worker's answer does not decode.
+    #[error("worker at {addr} sent a malformed answer: {message}")]
+    BadResponse { addr: String, message: String },
+    /// The operation is not served by the router.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+fn no_ready_message(model: &str, version: &Option<i64>) -> String {
+    match version {
+        Some(v) => format!("model '{model}' version {v} has no ready replica in the cluster"),
+        None => format!("model '{model}' has no ready replica in the cluster"),
+    }
+}
+
+fn sequence_text(id: &CorrelationId) -> String {
+    match id {
+        CorrelationId::Uint(v) => v.to_string(),
+        CorrelationId::String(s) => format!("'{s}'"),
+    }
+}
+
+impl RouterError {
+    /// Whether another replica may succeed where this attempt failed before running the request.
+    pub fn retryable(&self) -> bool {
+        match self {
+            RouterError::Unreachable { .. } => true,
+            RouterError::Worker { error, .. } => matches!(
+                error,
+                ServiceError::Unavailable(_) | ServiceError::Overloaded(_)
+            ),
+            RouterError::UnknownModel { .. }
+            | RouterError::UnknownVersion { .. }
+            | RouterError::NoReadyReplica { .. }
+            | RouterError::SequenceNotStarted { .. }
+            | RouterError::SequenceReplicaGone { .. }
+            | RouterError::Overloaded { .. }
+            | RouterError::InvalidRequest(_)
+            | RouterError::BadResponse { .. }
+            | RouterError::Unsupported(_) => false,
+        }
+    }
+}
+
+impl From<RouterError> for ServiceError {
+    fn from(err: RouterError) -> ServiceError {
+        let message = err.to_string();
+        match err {
+            RouterError::UnknownModel { .. } | RouterError::UnknownVersion { .. } => {
+                ServiceError::NotFound(message)
+            }
+            RouterError::NoReadyReplica { .. }
+            | RouterError::SequenceReplicaGone { .. }
+            | RouterError::Unreachable { .. } => ServiceError::Unavailable(message),
+            RouterError::SequenceNotStarted { .. } | RouterError::InvalidRequest(_) => {
+                ServiceError::InvalidArgument(message)
+            }
+            RouterError::Overloaded { .. } => ServiceError::Overloaded(message),
+            RouterError::Worker { error, .. } => error,
+            RouterError::BadResponse { addr, .. } => {
+                tracing::warn!(%addr, error = %message, "malformed worker answer");
+                ServiceError::Internal(format!(
+                    "the worker that served the request sent a malformed answer ({message})"
+                ))
+            }
+            RouterError::Unsupported(_) => ServiceError::Unsupported(message),
+        }
+    }
+}
+
+pub type RouterResult<T> = Result<T, RouterError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_map_to_service_errors() {
+        let e: ServiceError = RouterError::NoReadyReplica {
+            model: "m".into(),
+            version: Some(2),
+        }
+        .into();
+        assert_eq!(
+            e,
+            ServiceError::Unavailable(
+                "model 'm' version 2 has no ready replica in the cluster".into()
+            )
+        );
+        let e: ServiceError = RouterError::Overloaded { limit: 4 }.into();
+        assert!(matches!(e, ServiceError::Overloaded(_)));
+        let e: ServiceError = RouterError::UnknownModel { model: "x".into() }.into();
+        assert!(matches!(e, ServiceError::NotFound(_)));
+        let worker = ServiceError::invalid("input 'x': bad");
+        let e: ServiceError = RouterError::Worker {
+            addr: "a".into(),
+            error: worker.clone(),
+        }
+        .into();
+        assert_eq!(e, worker);
+        let e: ServiceError = RouterError::SequenceNotStarted {
+            model: "m".into(),
+            sequence: CorrelationId::String("s".into()),
+        }
+        .into();
+        assert!(
+            e.message()
+                .contains("sequence 's' to model 'm' must specify the START flag")
+        );
+    }
+
+    #[test]
+    fn only_failures_before_execution_retry() {
+        let unreachable = RouterError::Unreachable {
+            addr: "a".into(),
+            message: "refused".into(),
+        };
+        assert!(unreachable.retryable());
+        let busy = RouterError::Worker {
+            addr: "a".into(),
+            error: ServiceError::Overloaded("full".into()),
+        };
+        assert!(busy.retryable());
+        let invalid = RouterError::Worker {
+            addr: "a".into(),
+            error: ServiceError::invalid("bad"),
+        };
+        assert!(!invalid.retryable());
+    }
+}

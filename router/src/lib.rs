@@ -1,0 +1,31 @@
+//! `nereid-router`: the cluster's front door. Clients speak KServe v2 HTTP and gRPC to it
+//! exactly as to one `nereid serve`; it picks a worker replica per request and forwards.
+//!
+//! ```text
+//! control plane ──Watch──► watch::watch_task ──► table::SharedTable (routing table)
+//!                                                        │
+//! client ──► nereid_proto http / grpc ──► service::RouterService ─┤ choice::Chooser (p2c,
+//!                                          (admission limit)      │ affinity, version)
+//!                                                                 ▼
+//!                                          forward::Workers ──gRPC (pooled HTTP/2)──► worker
+//! ```
+//!
+//! - [`table`]: the routing table built from watch events.
+//! - [`choice`]: pure replica choice.
+//! - [`wire`]: internal request/response ⇄ KServe protobuf, on the client side.
+//! - [`forward`]: one pooled channel per worker, calls and error classification.
+//! - [`service`]: [`service::RouterService`], the `InferenceService` of cluster mode.
+//! - [`watch`]: follows the control plane's watch with failover and resume.
+//! - [`serve`]: `nereid router`'s life: bind, serve, shut down.
+
+pub mod choice;
+pub mod error;
+pub mod forward;
+pub mod serve;
+pub mod service;
+pub mod table;
+pub mod watch;
+pub mod wire;
+
+pub use error::RouterError;
+pub use service::{RouterService, RouterServiceConfig};

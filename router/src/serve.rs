@@ -1,0 +1,186 @@
+//! `nereid router`: the router's life from start to graceful exit.
+//!
+//! ```text
+//! check control-plane addresses and token ─► bind HTTP, gRPC, metrics (fail fast)
+//!   ─► watch task fills the routing table (ready once the first snapshot arrives)
+//!   ─► serve HTTP + gRPC over RouterService, metrics (/metrics)
+//!   ─► shutdown signal: stop accepting, drain in-flight requests (bounded by the exit
+//!      timeout), stop the watch ─► return
+//! ```
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use nereid_proto::InferenceService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::service::{RouterService, RouterServiceConfig};
+use crate::table::{RoutingTable, SharedTable};
+use crate::watch::{ControlPlane, WatchConfig, watch_task};
+
+/// Everything `nereid router` needs, validated by the binary.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    pub service: RouterServiceConfig,
+    pub watch: WatchConfig,
+    /// `None` disables the endpoint.
+    pub http_addr: Option<SocketAddr>,
+    pub grpc_addr: Option<SocketAddr>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub http_max_input_size: usize,
+    /// How long in-flight requests may take to finish after a shutdown signal.
+    pub exit_timeout: Duration,
+}
+
+/// Why the router could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterServeError {
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Config(String),
+}
+
+async fn bind(
+    what: &'static str,
+    addr: Option<SocketAddr>,
+) -> Result<Option<TcpListener>, RouterServeError> {
+    match addr {
+        None => Ok(None),
+        Some(addr) => TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|source| RouterServeError::Bind { what, addr, source }),
+    }
+}
+
+/// Runs the router until `shutdown` resolves, then drains and returns.
+pub async fn run(
+    config: RouterConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RouterServeError> {
+    let control_plane = ControlPlane::new(&config.watch).map_err(RouterServeError::Config)?;
+    let http = bind("HTTP", config.http_addr).await?;
+    let grpc = bind("gRPC", config.grpc_addr).await?;
+    let metrics_listener = bind("metrics", config.metrics_addr).await?;
+
+    let table = Arc::new(SharedTable::default());
+    let router = Arc::new(RouterService::new(config.service.clone(), table.clone()));
+    let service: Arc<dyn InferenceService> = router.clone();
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let workers = router.workers();
+    let watcher = tokio::spawn(watch_task(
+        control_plane,
+        table.clone(),
+        move |t: &RoutingTable| workers.retain(&t.worker_addrs()),
+        stop_rx.clone(),
+    ));
+
+    let mut servers = tokio::task::JoinSet::new();
+    if let Some(listener) = http {
+        tracing::info!(addr = ?listener.local_addr().ok(), "HTTP service listening");
+        let app = nereid_proto::http::router(
+            service.clone(),
+            nereid_proto::http::HttpConfig {
+                max_input_size: config.http_max_input_size,
+            },
+        );
+        let done = stopped(stop_rx.clone());
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        servers.spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(done)
+                .await
+            {
+                tracing::error!(error = %e, "HTTP service failed");
+            }
+        });
+    }
+    if let Some(listener) = grpc {
+        tracing::info!(addr = ?listener.local_addr().ok(), "gRPC service listening");
+        let routes =
+            nereid_proto::grpc::routes(service.clone(), nereid_proto::grpc::GrpcConfig::default());
+        let done = stopped(stop_rx.clone());
+        servers.spawn(async move {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let result = tonic::transport::Server::builder()
+                .initial_connection_window_size(Some(16 * 1024 * 1024))
+                .initial_stream_window_size(Some(4 * 1024 * 1024))
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, done)
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "gRPC service failed");
+            }
+        });
+    }
+    if let Some(listener) = metrics_listener {
+        tracing::info!(addr = ?listener.local_addr().ok(), "metrics service listening");
+        let app = metrics_router(router.clone(), table.clone());
+        let done = stopped(stop_rx.clone());
+        servers.spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(done)
+                .await
+            {
+                tracing::error!(error = %e, "metrics service failed");
+            }
+        });
+    }
+
+    shutdown.await;
+    tracing::info!("shutting down: draining in-flight requests");
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(config.exit_timeout, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            in_flight = router.in_flight(),
+            "exit timeout reached with requests in flight"
+        );
+        servers.abort_all();
+    }
+    let _ = watcher.await;
+    Ok(())
+}
+
+/// `/metrics`: the router's own gauges in Prometheus text.
+fn metrics_router(router: Arc<RouterService>, table: Arc<SharedTable>) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let router = router.clone();
+            let table = table.clone();
+            async move {
+                let t = table.load();
+                format!(
+                    "# HELP nereid_router_in_flight Requests in flight through this router.\n\
+                     # TYPE nereid_router_in_flight gauge\n\
+                     nereid_router_in_flight {}\n\
+                     # HELP nereid_router_table_revision Cluster state revision of the routing table.\n\
+                     # TYPE nereid_router_table_revision gauge\n\
+                     nereid_router_table_revision {}\n",
+                    router.in_flight(),
+                    t.revision()
+                )
+            }
+        }),
+    )
+}

@@ -1,0 +1,476 @@
+//! [`RouterService`]: the [`InferenceService`] of cluster mode. The HTTP and gRPC frontends of
+//! `nereid_proto` call it exactly as they call a worker's data plane.
+//!
+//! ```text
+//! infer ─► admission (bounded in-flight, else Overloaded) ─► wire::encode_request (once)
+//!       ─► choice::Chooser (table snapshot, outstanding per replica) ─► InFlight guard
+//!       ─► forward::Workers::infer ─► wire::decode_response
+//!          └─ unreachable / UNAVAILABLE before execution, not a sequence:
+//!             once more on another replica (the failed one excluded)
+//! infer_stream ─► the same choice ─► the worker's ModelStreamInfer (one request per stream)
+//! metadata, config, statistics ─► a ready replica of the model (same retry)
+//! live, ready, model ready, repository index ─► the routing table
+//! ```
+//!
+//! Statistics name one model and come from one of its replicas; cluster-wide statistics and
+//! repository load/unload (which map to the control plane's management API) are not served yet.
+
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use nereid_proto::InferenceService;
+use nereid_proto::ServiceError;
+use nereid_proto::error::ServiceResult;
+use nereid_proto::pb::inference::{
+    ModelConfig, ModelConfigRequest, ModelMetadataRequest, ModelStatistics, ModelStatisticsRequest,
+};
+use nereid_proto::service::{
+    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
+};
+use nereid_proto::types::{InferRequest, InferResponse};
+use tokio::sync::Semaphore;
+
+use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
+use crate::error::{RouterError, RouterResult};
+use crate::forward::{ForwardConfig, Workers};
+use crate::table::{Endpoint, SharedTable};
+use crate::wire::{decode_response, encode_request, version_text};
+
+/// Server extensions the router serves (load/unload through the router is not one yet).
+pub const EXTENSIONS: &[&str] = &[
+    "model_repository",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+];
+
+/// Settings of the router's service.
+#[derive(Clone, Debug)]
+pub struct RouterServiceConfig {
+    /// Server name reported in server metadata.
+    pub server_name: String,
+    /// Requests in flight through this router; beyond it requests get an overload error.
+    pub max_in_flight: usize,
+    /// How long a sequence keeps its replica without a request.
+    pub sequence_idle_timeout: Duration,
+    /// How long new requests avoid a replica that could not be reached (passive outlier
+    /// ejection), until the control plane's view catches up.
+    pub ejection: Duration,
+    pub forward: ForwardConfig,
+}
+
+impl Default for RouterServiceConfig {
+    fn default() -> Self {
+        RouterServiceConfig {
+            server_name: "nereid".into(),
+            max_in_flight: 4096,
+            sequence_idle_timeout: Duration::from_secs(60),
+            ejection: Duration::from_secs(5),
+            forward: ForwardConfig::default(),
+        }
+    }
+}
+
+/// Replica choice and the outstanding requests it weighs, under one short lock.
+struct Routing {
+    chooser: Chooser,
+    outstanding: HashMap<u64, usize>,
+}
+
+/// Counts one request against its replica until dropped.
+struct InFlight {
+    routing: Arc<Mutex<Routing>>,
+    replica: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = r.outstanding.get_mut(&self.replica) {
+            *n -= 1;
+            if *n == 0 {
+                r.outstanding.remove(&self.replica);
+            }
+        }
+    }
+}
+
+/// Routes every call to a worker replica chosen from the shared routing table.
+pub struct RouterService {
+    config: RouterServiceConfig,
+    table: Arc<SharedTable>,
+    workers: Arc<Workers>,
+    routing: Arc<Mutex<Routing>>,
+    admission: Arc<Semaphore>,
+}
+
+impl RouterService {
+    pub fn new(config: RouterServiceConfig, table: Arc<SharedTable>) -> RouterService {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x5eed);
+        Self::with_random(config, table, Box::new(SplitMix64::new(seed)))
+    }
+
+    /// [`RouterService::new`] with an injected random source (deterministic tests).
+    pub fn with_random(
+        config: RouterServiceConfig,
+        table: Arc<SharedTable>,
+        rng: Box<dyn RandomSource>,
+    ) -> RouterService {
+        RouterService {
+            workers: Arc::new(Workers::new(config.forward.clone())),
+            routing: Arc::new(Mutex::new(Routing {
+                chooser: Chooser::new(config.sequence_idle_timeout, rng),
+                outstanding: HashMap::new(),
+            })),
+            admission: Arc::new(Semaphore::new(config.max_in_flight)),
+            config,
+            table,
+        }
+    }
+
+    /// The worker connection pool (the watch task prunes it).
+    pub fn workers(&self) -> Arc<Workers> {
+        self.workers.clone()
+    }
+
+    /// Requests in flight through this router.
+    pub fn in_flight(&self) -> usize {
+        self.config.max_in_flight - self.admission.available_permits()
+    }
+
+    fn pick(&self, ask: &Ask<'_>, exclude: &HashSet<u64>) -> RouterResult<(Endpoint, InFlight)> {
+        let table = self.table.load();
+        let mut guard = self.routing.lock().unwrap_or_else(|p| p.into_inner());
+        let Routing {
+            chooser,
+            outstanding,
+        } = &mut *guard;
+        let endpoint = chooser.choose(
+            &table,
+            ask,
+            |id| outstanding.get(&id).copied().unwrap_or(0),
+            exclude,
+            Instant::now(),
+        )?;
+        *outstanding.entry(endpoint.replica).or_default() += 1;
+        let replica = endpoint.replica;
+        Ok((
+            endpoint,
+            InFlight {
+                routing: self.routing.clone(),
+                replica,
+            },
+        ))
+    }
+
+    async fn route_infer(&self, request: InferRequest) -> RouterResult<InferResponse> {
+        let wire = encode_request(&request)?;
+        let ask = Ask {
+            model: &request.model_name,
+            version: request.model_version,
+            sequence: request.options.sequence_id.as_ref(),
+            start: request.options.sequence_start,
+            end: request.options.sequence_end,
+        };
+        // A sequence request changes state on the worker that accepted it: never retried.
+        let retry = ask.sequence.is_none();
+        self.with_retry(&ask, retry, |addr| {
+            let wire = wire.clone();
+            async move {
+                let response = self.workers.infer(&addr, wire).await?;
+                decode_response(&addr, response)
+            }
+        })
+        .await
+    }
+
+    /// Runs `call` on a chosen replica; with `retry`, once more on another replica when the
+    /// first attempt failed before running.
+    async fn with_retry<T, F, Fut>(&self, ask: &Ask<'_>, retry: bool, call: F) -> RouterResult<T>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = RouterResult<T>>,
+    {
+        self.with_retry_guarded(ask, retry, |addr, guard| {
+            let call = call(addr);
+            async move {
+                let result = call.await;
+                drop(guard);
+                result
+            }
+        })
+        .await
+    }
+
+    /// [`Self::with_retry`], handing `call` the in-flight guard to hold for as long as the
+    /// answer lasts (a stream).
+    async fn with_retry_guarded<T, F, Fut>(
+        &self,
+        ask: &Ask<'_>,
+        retry: bool,
+        call: F,
+    ) -> RouterResult<T>
+    where
+        F: Fn(String, InFlight) -> Fut,
+        Fut: Future<Output = RouterResult<T>>,
+    {
+        let mut exclude = HashSet::new();
+        let (endpoint, guard) = self.pick(ask, &exclude)?;
+        let err = match call(endpoint.addr.clone(), guard).await {
+            Err(e) => {
+                self.note_failure(endpoint.replica, &e);
+                if !(retry && e.retryable()) {
+                    return Err(e);
+                }
+                e
+            }
+            done => return done,
+        };
+        tracing::debug!(replica = endpoint.replica, addr = %endpoint.addr, error = %err, "retrying on another replica");
+        exclude.insert(endpoint.replica);
+        let Ok((endpoint, guard)) = self.pick(ask, &exclude) else {
+            return Err(err);
+        };
+        let second = call(endpoint.addr.clone(), guard).await;
+        if let Err(e) = &second {
+            self.note_failure(endpoint.replica, e);
+        }
+        second
+    }
+
+    /// Ejects a replica that could not be reached.
+    fn note_failure(&self, replica: u64, err: &RouterError) {
+        if matches!(err, RouterError::Unreachable { .. }) {
+            tracing::info!(replica, error = %err, "ejecting an unreachable replica for a while");
+            let mut r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
+            r.chooser
+                .eject(replica, Instant::now() + self.config.ejection);
+        }
+    }
+
+    fn ask<'a>(model: &'a str, version: Option<i64>) -> Ask<'a> {
+        Ask {
+            model,
+            version,
+            ..Default::default()
+        }
+    }
+}
+
+fn tensor_metadata(
+    t: nereid_proto::pb::inference::model_metadata_response::TensorMetadata,
+) -> TensorMetadata {
+    TensorMetadata {
+        name: t.name,
+        datatype: t.datatype,
+        shape: t.shape,
+    }
+}
+
+#[async_trait]
+impl InferenceService for RouterService {
+    async fn server_live(&self) -> bool {
+        true
+    }
+
+    /// Ready once the routing table holds the control plane's state.
+    async fn server_ready(&self) -> bool {
+        self.table.load().synced()
+    }
+
+    fn server_metadata(&self) -> ServerMetadata {
+        ServerMetadata {
+            name: self.config.server_name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool> {
+        let table = self.table.load();
+        if table.model(name).is_none() {
+            return Err(RouterError::UnknownModel {
+                model: name.to_string(),
+            }
+            .into());
+        }
+        Ok(match version {
+            Some(v) if !table.has_version(name, v) => {
+                return Err(RouterError::UnknownVersion {
+                    model: name.to_string(),
+                    version: v,
+                }
+                .into());
+            }
+            Some(v) => !table.ready(name, v).is_empty(),
+            None => !table.ready_versions(name).is_empty(),
+        })
+    }
+
+    async fn model_metadata(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> ServiceResult<ModelMetadata> {
+        let request = ModelMetadataRequest {
+            name: name.to_string(),
+            version: version_text(version),
+        };
+        let m = self
+            .with_retry(&Self::ask(name, version), true, |addr| {
+                let request = request.clone();
+                async move { self.workers.model_metadata(&addr, request).await }
+            })
+            .await?;
+        Ok(ModelMetadata {
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform,
+            inputs: m.inputs.into_iter().map(tensor_metadata).collect(),
+            outputs: m.outputs.into_iter().map(tensor_metadata).collect(),
+        })
+    }
+
+    async fn model_config(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelConfig> {
+        let request = ModelConfigRequest {
+            name: name.to_string(),
+            version: version_text(version),
+        };
+        Ok(self
+            .with_retry(&Self::ask(name, version), true, |addr| {
+                let request = request.clone();
+                async move { self.workers.model_config(&addr, request).await }
+            })
+            .await?)
+    }
+
+    async fn model_statistics(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> ServiceResult<Vec<ModelStatistics>> {
+        if name.is_empty() {
+            return Err(RouterError::Unsupported(
+                "the router serves statistics of one model at a time (from one of its replicas); name the model".into(),
+            )
+            .into());
+        }
+        let request = ModelStatisticsRequest {
+            name: name.to_string(),
+            version: version_text(version),
+        };
+        Ok(self
+            .with_retry(&Self::ask(name, version), true, |addr| {
+                let request = request.clone();
+                async move { self.workers.model_statistics(&addr, request).await }
+            })
+            .await?)
+    }
+
+    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
+        let _permit = self
+            .admission
+            .try_acquire()
+            .map_err(|_| RouterError::Overloaded {
+                limit: self.config.max_in_flight,
+            })?;
+        Ok(self.route_infer(request).await?)
+    }
+
+    /// Forwards over the worker's `ModelStreamInfer`, so decoupled models stream through the
+    /// router. Retried like `infer` only when the stream cannot be opened.
+    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
+        let permit =
+            self.admission
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| RouterError::Overloaded {
+                    limit: self.config.max_in_flight,
+                })?;
+        let wire = encode_request(&request).map_err(ServiceError::from)?;
+        let ask = Ask {
+            model: &request.model_name,
+            version: request.model_version,
+            sequence: request.options.sequence_id.as_ref(),
+            start: request.options.sequence_start,
+            end: request.options.sequence_end,
+        };
+        let retry = ask.sequence.is_none();
+        let stream = self
+            .with_retry_guarded(&ask, retry, |addr, guard| {
+                let wire = wire.clone();
+                async move {
+                    let responses = self.workers.infer_stream(&addr, wire).await?;
+                    Ok(responses.map(move |item| {
+                        let _held = &guard;
+                        item.map_err(ServiceError::from)
+                    }))
+                }
+            })
+            .await?;
+        let stream = stream.map(move |item| {
+            let _held = &permit;
+            item
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
+        let table = self.table.load();
+        let mut entries = Vec::new();
+        for model in table.models() {
+            let mut versions = model.available_versions.clone();
+            versions.extend(table.ready_versions(&model.name));
+            versions.sort_unstable();
+            versions.dedup();
+            if versions.is_empty() && !ready_only {
+                entries.push(ModelIndexEntry {
+                    name: model.name.clone(),
+                    version: String::new(),
+                    state: String::new(),
+                    reason: String::new(),
+                });
+            }
+            for v in versions {
+                let ready = !table.ready(&model.name, v).is_empty();
+                if ready_only && !ready {
+                    continue;
+                }
+                entries.push(ModelIndexEntry {
+                    name: model.name.clone(),
+                    version: v.to_string(),
+                    state: if ready { "READY" } else { "UNAVAILABLE" }.to_string(),
+                    reason: if ready {
+                        String::new()
+                    } else {
+                        "no ready replica in the cluster".to_string()
+                    },
+                });
+            }
+        }
+        Ok(entries)
+    }
+
+    async fn load_model(&self, name: &str, _request: LoadRequest) -> ServiceResult<()> {
+        Err(RouterError::Unsupported(format!(
+            "cannot load model '{name}' through the router: deploy it with the control plane's management API (nereid ctl)"
+        ))
+        .into())
+    }
+
+    async fn unload_model(&self, name: &str, _unload_dependents: bool) -> ServiceResult<()> {
+        Err(RouterError::Unsupported(format!(
+            "cannot unload model '{name}' through the router: delete or scale it with the control plane's management API (nereid ctl)"
+        ))
+        .into())
+    }
+}

@@ -1,0 +1,309 @@
+//! Follows the control plane's `Cluster.Watch` stream into the routing table.
+//!
+//! ```text
+//! connect(address i) ─► Watch{from_revision: last applied, 0 before a snapshot}
+//!   ─► snapshot / deltas ─► SharedTable::apply ─► on_change (prune worker connections)
+//!   stream ends or fails ─► next address (failover), growing backoff ─► reconnect
+//! ```
+//!
+//! Any control-plane node serves the watch from its applied state, so the router moves to the
+//! next address whenever a stream breaks. While no node answers (no quorum, partition) the
+//! router keeps serving from the last table it has; a control plane that cannot serve deltas
+//! from the router's revision answers with a snapshot, which replaces the table. The bearer
+//! token goes on every call as `authorization: Bearer <token>`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nereid_proto::pb::cluster::WatchRequest;
+use nereid_proto::pb::cluster::cluster_client::ClusterClient;
+use tokio::sync::watch;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::table::{RoutingTable, SharedTable};
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Where the control plane is and how to authenticate.
+#[derive(Clone, Debug, Default)]
+pub struct WatchConfig {
+    /// gRPC addresses of control-plane nodes (`host:port` or a URI).
+    pub control_plane: Vec<String>,
+    /// Bearer token, when the control plane requires one.
+    pub token: Option<String>,
+}
+
+/// The control-plane endpoints and the token header, checked before anything connects.
+pub struct ControlPlane {
+    nodes: Vec<(String, Channel)>,
+    token: Option<MetadataValue<Ascii>>,
+}
+
+impl ControlPlane {
+    pub fn new(config: &WatchConfig) -> Result<ControlPlane, String> {
+        if config.control_plane.is_empty() {
+            return Err("no control-plane address".into());
+        }
+        let nodes = config
+            .control_plane
+            .iter()
+            .map(|a| {
+                let uri = if a.contains("://") {
+                    a.clone()
+                } else {
+                    format!("http://{a}")
+                };
+                Endpoint::from_shared(uri)
+                    .map(|e| {
+                        (
+                            a.clone(),
+                            e.connect_timeout(Duration::from_secs(2))
+                                .tcp_nodelay(true)
+                                .connect_lazy(),
+                        )
+                    })
+                    .map_err(|e| format!("control-plane address '{a}': {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let token = config
+            .token
+            .as_deref()
+            .map(|t| {
+                MetadataValue::try_from(format!("Bearer {}", t.trim())).map_err(|_| {
+                    "the auth token has characters not allowed in a header".to_string()
+                })
+            })
+            .transpose()?;
+        Ok(ControlPlane { nodes, token })
+    }
+
+    fn request(&self, from_revision: u64) -> tonic::Request<WatchRequest> {
+        let mut r = tonic::Request::new(WatchRequest { from_revision });
+        if let Some(t) = &self.token {
+            r.metadata_mut().insert("authorization", t.clone());
+        }
+        r
+    }
+}
+
+/// Follows the watch until `stop` is set, applying every event to `table` and calling
+/// `on_change` after each.
+pub async fn watch_task(
+    control_plane: ControlPlane,
+    table: Arc<SharedTable>,
+    on_change: impl Fn(&RoutingTable) + Send,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut index = 0usize;
+    let mut backoff = Duration::ZERO;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let (addr, channel) = &control_plane.nodes[index % control_plane.nodes.len()];
+        let from = {
+            let t = table.load();
+            if t.synced() { t.revision() } else { 0 }
+        };
+        let mut client = ClusterClient::new(channel.clone());
+        let call = client.watch(control_plane.request(from));
+        let started = tokio::select! {
+            r = call => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match started {
+            Ok(response) => {
+                tracing::info!(%addr, from_revision = from, "following the control plane's watch");
+                let mut events = response.into_inner();
+                loop {
+                    let next = tokio::select! {
+                        n = events.message() => n,
+                        _ = stop.wait_for(|s| *s) => return,
+                    };
+                    match next {
+                        Ok(Some(event)) => {
+                            table.apply(&event);
+                            on_change(&table.load());
+                            backoff = Duration::ZERO;
+                        }
+                        Ok(None) => {
+                            tracing::info!(%addr, "the control plane closed the watch");
+                            break;
+                        }
+                        Err(status) => {
+                            tracing::warn!(%addr, error = %status, "the watch broke; serving the last routing table");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                tracing::warn!(%addr, error = %status, "cannot watch the control plane; serving the last routing table");
+            }
+        }
+        index += 1;
+        backoff = (backoff * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::Mutex;
+
+    use futures::Stream;
+    use nereid_proto::pb::cluster::cluster_server::{Cluster, ClusterServer};
+    use nereid_proto::pb::cluster::{
+        HeartbeatRequest, HeartbeatResponse, Model, RegisterNodeRequest, RegisterNodeResponse,
+        ReportReplicaRequest, ReportReplicaResponse, StateDelta, StateSnapshot, WatchEvent,
+        watch_event,
+    };
+    use tonic::{Request, Response, Status};
+
+    use super::*;
+
+    /// Serves one prepared batch of events per Watch call, then ends the stream; records the
+    /// revision and token each call came with.
+    #[derive(Default)]
+    struct FakeControlPlane {
+        batches: Mutex<Vec<Vec<WatchEvent>>>,
+        calls: Mutex<Vec<(u64, String)>>,
+    }
+
+    struct Fake(Arc<FakeControlPlane>);
+
+    #[tonic::async_trait]
+    impl Cluster for Fake {
+        async fn register_node(
+            &self,
+            _: Request<RegisterNodeRequest>,
+        ) -> Result<Response<RegisterNodeResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn heartbeat(
+            &self,
+            _: Request<HeartbeatRequest>,
+        ) -> Result<Response<HeartbeatResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn report_replica(
+            &self,
+            _: Request<ReportReplicaRequest>,
+        ) -> Result<Response<ReportReplicaResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+        async fn watch(
+            &self,
+            request: Request<WatchRequest>,
+        ) -> Result<Response<Self::WatchStream>, Status> {
+            let token = request
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            self.0
+                .calls
+                .lock()
+                .unwrap()
+                .push((request.get_ref().from_revision, token));
+            let mut batches = self.0.batches.lock().unwrap();
+            if batches.is_empty() {
+                return Ok(Response::new(Box::pin(futures::stream::pending())));
+            }
+            let batch = batches.remove(0);
+            Ok(Response::new(Box::pin(futures::stream::iter(
+                batch.into_iter().map(Ok),
+            ))))
+        }
+    }
+
+    fn model(name: &str) -> Model {
+        Model {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn resumes_from_the_last_revision_with_the_token_after_failover() {
+        let fake = Arc::new(FakeControlPlane::default());
+        fake.batches.lock().unwrap().extend([
+            vec![WatchEvent {
+                revision: 3,
+                event: Some(watch_event::Event::Snapshot(StateSnapshot {
+                    models: vec![model("a")],
+                    ..Default::default()
+                })),
+            }],
+            vec![WatchEvent {
+                revision: 4,
+                event: Some(watch_event::Event::Delta(StateDelta {
+                    upserted_models: vec![model("b")],
+                    ..Default::default()
+                })),
+            }],
+        ]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ClusterServer::new(Fake(fake.clone())))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        // The first address refuses connections: the task fails over to the second.
+        let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead_addr = dead.local_addr().unwrap();
+        drop(dead);
+        let cp = ControlPlane::new(&WatchConfig {
+            control_plane: vec![dead_addr.to_string(), addr.to_string()],
+            token: Some("s3cret\n".into()),
+        })
+        .unwrap();
+        let table = Arc::new(SharedTable::default());
+        let (stop_tx, stop) = watch::channel(false);
+        let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(watch_task(
+            cp,
+            table.clone(),
+            move |t: &RoutingTable| {
+                let _ = changed_tx.send(t.revision());
+            },
+            stop,
+        ));
+        let bounded = tokio::time::timeout(Duration::from_secs(20), async {
+            while changed.recv().await != Some(4) {}
+        });
+        bounded
+            .await
+            .expect("the delta after a reconnect was applied");
+        let t = table.load();
+        assert!(t.model("a").is_some() && t.model("b").is_some());
+        let calls = fake.calls.lock().unwrap().clone();
+        assert_eq!(calls[0], (0, "Bearer s3cret".to_string()));
+        assert_eq!(calls[1].0, 3, "resumed from the last revision: {calls:?}");
+        stop_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn needs_an_address_and_a_header_safe_token() {
+        assert!(ControlPlane::new(&WatchConfig::default()).is_err());
+        let bad = WatchConfig {
+            control_plane: vec!["127.0.0.1:1".into()],
+            token: Some("a\u{1}b".into()),
+        };
+        assert!(ControlPlane::new(&bad).is_err());
+    }
+}

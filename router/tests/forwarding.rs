@@ -1,0 +1,427 @@
+//! The router against two in-process fake workers (tonic servers on 127.0.0.1:0 serving
+//! `nereid_proto::grpc::routes` over an echo service), with the routing table fed directly.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use nereid_proto::error::ServiceResult;
+use nereid_proto::pb::cluster::{
+    Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
+    watch_event,
+};
+use nereid_proto::pb::inference::{ModelConfig, ModelStatistics, ModelTransactionPolicy};
+use nereid_proto::service::{
+    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, StreamedResponse,
+};
+use nereid_proto::types::{
+    CorrelationId, InferRequest, InferResponse, ParamValue, RequestOptions, Tensor,
+};
+use nereid_proto::{DataType, InferenceService, ServiceError};
+use nereid_router::choice::SplitMix64;
+use nereid_router::table::SharedTable;
+use nereid_router::{RouterService, RouterServiceConfig};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Echoes the inputs back and names the worker in the response parameter `worker`.
+struct EchoWorker {
+    name: String,
+}
+
+#[async_trait]
+impl InferenceService for EchoWorker {
+    async fn server_live(&self) -> bool {
+        true
+    }
+    async fn server_ready(&self) -> bool {
+        true
+    }
+    fn server_metadata(&self) -> ServerMetadata {
+        ServerMetadata {
+            name: self.name.clone(),
+            version: "0".into(),
+            extensions: vec![],
+        }
+    }
+    async fn model_ready(&self, _: &str, _: Option<i64>) -> ServiceResult<bool> {
+        Ok(true)
+    }
+    async fn model_metadata(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelMetadata> {
+        Ok(ModelMetadata {
+            name: name.into(),
+            versions: vec!["1".into()],
+            platform: self.name.clone(),
+            inputs: vec![],
+            outputs: vec![],
+        })
+    }
+    async fn model_config(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelConfig> {
+        Ok(ModelConfig {
+            name: name.into(),
+            model_transaction_policy: Some(ModelTransactionPolicy { decoupled: true }),
+            ..Default::default()
+        })
+    }
+    /// A decoupled echo: the answer twice, then an empty final item.
+    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
+        let response = self.infer(request).await?;
+        let items = vec![
+            Ok(StreamedResponse {
+                response: Some(response.clone()),
+                last: false,
+            }),
+            Ok(StreamedResponse {
+                response: Some(response),
+                last: false,
+            }),
+            Ok(StreamedResponse {
+                response: None,
+                last: true,
+            }),
+        ];
+        Ok(Box::pin(futures::stream::iter(items)))
+    }
+    async fn model_statistics(
+        &self,
+        _: &str,
+        _: Option<i64>,
+    ) -> ServiceResult<Vec<ModelStatistics>> {
+        Ok(vec![])
+    }
+    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
+        if request.model_name != "echo" {
+            return Err(ServiceError::not_found(format!(
+                "unknown model: '{}'",
+                request.model_name
+            )));
+        }
+        let mut parameters = BTreeMap::new();
+        parameters.insert("worker".to_string(), ParamValue::String(self.name.clone()));
+        Ok(InferResponse {
+            model_name: request.model_name,
+            model_version: "1".into(),
+            id: request.id,
+            parameters,
+            outputs: request.inputs,
+        })
+    }
+    async fn repository_index(&self, _: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
+        Ok(vec![])
+    }
+    async fn load_model(&self, _: &str, _: LoadRequest) -> ServiceResult<()> {
+        Ok(())
+    }
+    async fn unload_model(&self, _: &str, _: bool) -> ServiceResult<()> {
+        Ok(())
+    }
+}
+
+struct FakeWorker {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl FakeWorker {
+    async fn start(name: &str) -> FakeWorker {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service: Arc<dyn InferenceService> = Arc::new(EchoWorker { name: name.into() });
+        let routes = nereid_proto::grpc::routes(service, Default::default());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        FakeWorker {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops the server: closes the listener and its connections (GOAWAY), and waits until
+    /// it has.
+    async fn kill(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+fn node(id: &str, addr: SocketAddr) -> Node {
+    Node {
+        id: id.into(),
+        addresses: Some(NodeAddresses {
+            data_grpc: addr.to_string(),
+            ..Default::default()
+        }),
+        status: NodeStatus::Up as i32,
+        ..Default::default()
+    }
+}
+
+fn ready(id: u64, node: &str) -> Replica {
+    Replica {
+        id,
+        model: "echo".into(),
+        version: 1,
+        node: node.into(),
+        state: ReplicaState::Ready as i32,
+        ..Default::default()
+    }
+}
+
+/// Two workers, one ready replica of `echo` on each, and a router over them.
+async fn cluster(max_in_flight: usize) -> (Vec<FakeWorker>, Arc<RouterService>) {
+    let workers = vec![FakeWorker::start("w1").await, FakeWorker::start("w2").await];
+    let table = Arc::new(SharedTable::default());
+    table.apply(&WatchEvent {
+        revision: 1,
+        event: Some(watch_event::Event::Snapshot(StateSnapshot {
+            models: vec![Model {
+                name: "echo".into(),
+                available_versions: vec![1],
+                ..Default::default()
+            }],
+            nodes: vec![node("w1", workers[0].addr), node("w2", workers[1].addr)],
+            replicas: vec![ready(1, "w1"), ready(2, "w2")],
+        })),
+    });
+    let config = RouterServiceConfig {
+        max_in_flight,
+        ..Default::default()
+    };
+    let router = RouterService::with_random(config, table, Box::new(SplitMix64::new(11)));
+    (workers, Arc::new(router))
+}
+
+fn request(options: RequestOptions) -> InferRequest {
+    let data = Bytes::from(vec![7u8, 0, 0, 0]);
+    InferRequest {
+        model_name: "echo".into(),
+        options,
+        inputs: vec![Tensor::new("x", DataType::Int32, vec![1], data).unwrap()],
+        ..Default::default()
+    }
+}
+
+fn worker_of(response: &InferResponse) -> String {
+    match &response.parameters["worker"] {
+        ParamValue::String(s) => s.clone(),
+        other => panic!("unexpected worker parameter {other:?}"),
+    }
+}
+
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("test took too long")
+}
+
+#[tokio::test]
+async fn requests_spread_over_both_workers_and_echo_their_inputs() {
+    bounded(async {
+        let (_workers, router) = cluster(64).await;
+        let mut seen = BTreeMap::new();
+        for _ in 0..40 {
+            let r = router.infer(request(Default::default())).await.unwrap();
+            assert_eq!(r.outputs[0].data().as_ref(), &[7, 0, 0, 0]);
+            *seen.entry(worker_of(&r)).or_insert(0) += 1;
+        }
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen.values().all(|&n| n >= 5), "{seen:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_killed_worker_is_retried_around() {
+    bounded(async {
+        let (mut workers, router) = cluster(64).await;
+        // Warm both connections, then kill one worker.
+        for _ in 0..10 {
+            router.infer(request(Default::default())).await.unwrap();
+        }
+        workers[0].kill().await;
+        // A call to the dead worker is classified as unreachable (retried and ejected), not
+        // as the worker's own answer.
+        let dead = workers[0].addr.to_string();
+        let wire = nereid_router::wire::encode_request(&request(Default::default())).unwrap();
+        let err = router.workers().infer(&dead, wire).await.unwrap_err();
+        assert!(
+            matches!(err, nereid_router::RouterError::Unreachable { .. }),
+            "{err:?}"
+        );
+        for _ in 0..30 {
+            let r = router.infer(request(Default::default())).await.unwrap();
+            assert_eq!(worker_of(&r), "w2");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_sequence_sticks_to_one_worker() {
+    bounded(async {
+        let (_workers, router) = cluster(64).await;
+        for id in 1..=4u64 {
+            let seq = |start, end| RequestOptions {
+                sequence_id: Some(CorrelationId::Uint(id)),
+                sequence_start: start,
+                sequence_end: end,
+                ..Default::default()
+            };
+            let first = worker_of(&router.infer(request(seq(true, false))).await.unwrap());
+            for _ in 0..10 {
+                let r = router.infer(request(seq(false, false))).await.unwrap();
+                assert_eq!(worker_of(&r), first);
+            }
+            let last = router.infer(request(seq(false, true))).await.unwrap();
+            assert_eq!(worker_of(&last), first);
+            let after = router.infer(request(seq(false, false))).await.unwrap_err();
+            assert!(
+                matches!(after, ServiceError::InvalidArgument(_)),
+                "{after:?}"
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_sequence_on_a_killed_worker_fails_clearly_and_is_not_retried() {
+    bounded(async {
+        let (mut workers, router) = cluster(64).await;
+        let seq = |start| RequestOptions {
+            sequence_id: Some(CorrelationId::String("s".into())),
+            sequence_start: start,
+            ..Default::default()
+        };
+        let first = worker_of(&router.infer(request(seq(true))).await.unwrap());
+        let index = if first == "w1" { 0 } else { 1 };
+        workers[index].kill().await;
+        let err = router.infer(request(seq(false))).await.unwrap_err();
+        assert!(matches!(err, ServiceError::Unavailable(_)), "{err:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn worker_errors_pass_through_and_admission_is_bounded() {
+    bounded(async {
+        let (_workers, router) = cluster(64).await;
+        let mut r = request(Default::default());
+        r.model_name = "nope".into();
+        let err = router.infer(r).await.unwrap_err();
+        assert_eq!(
+            err,
+            ServiceError::NotFound("model 'nope' is not registered with the cluster".into())
+        );
+        let meta = router.model_metadata("echo", None).await.unwrap();
+        assert!(meta.platform == "w1" || meta.platform == "w2");
+        assert!(router.model_ready("echo", None).await.unwrap());
+        assert!(router.server_ready().await);
+
+        let (_workers, full) = cluster(0).await;
+        let err = full.infer(request(Default::default())).await.unwrap_err();
+        assert!(matches!(err, ServiceError::Overloaded(_)), "{err:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn decoupled_answers_stream_through_the_router() {
+    bounded(async {
+        let (_workers, router) = cluster(64).await;
+        let stream = router
+            .infer_stream(request(Default::default()))
+            .await
+            .unwrap();
+        let items: Vec<StreamedResponse> = stream.map(|i| i.unwrap()).collect().await;
+        assert_eq!(items.len(), 3, "{items:?}");
+        let first = items[0].response.as_ref().unwrap();
+        let second = items[1].response.as_ref().unwrap();
+        assert_eq!(first.outputs[0].data().as_ref(), &[7, 0, 0, 0]);
+        assert_eq!(worker_of(first), worker_of(second));
+        assert!(!items[0].last && !items[1].last);
+        assert!(items[2].last && items[2].response.is_none());
+        assert!(!first.parameters.contains_key("triton_final_response"));
+        assert_eq!(router.in_flight(), 0);
+
+        let mut bad = request(Default::default());
+        bad.model_name = "nope".into();
+        assert!(matches!(
+            router.infer_stream(bad).await.err().unwrap(),
+            ServiceError::NotFound(_)
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_grpc_frontend_serves_through_the_router() {
+    use nereid_proto::pb::inference::ModelInferRequest;
+    use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use nereid_proto::pb::inference::model_infer_request::InferInputTensor;
+    bounded(async {
+        let (_workers, router) = cluster(64).await;
+        let front = FakeWorker::start_over(router).await;
+        let mut client = GrpcInferenceServiceClient::connect(format!("http://{}", front.addr))
+            .await
+            .unwrap();
+        let response = client
+            .model_infer(ModelInferRequest {
+                model_name: "echo".into(),
+                inputs: vec![InferInputTensor {
+                    name: "x".into(),
+                    datatype: "INT32".into(),
+                    shape: vec![1],
+                    ..Default::default()
+                }],
+                raw_input_contents: vec![Bytes::from_static(&[9, 0, 0, 0])],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.raw_output_contents[0].as_ref(), &[9, 0, 0, 0]);
+        assert!(response.parameters.contains_key("worker"));
+    })
+    .await;
+}
+
+impl FakeWorker {
+    /// A gRPC server over any service (here: the router).
+    async fn start_over(service: Arc<RouterService>) -> FakeWorker {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let routes = nereid_proto::grpc::routes(service, Default::default());
+        let task = tokio::spawn(async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            let _ = tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        FakeWorker {
+            addr,
+            stop: None,
+            task: Some(task),
+        }
+    }
+}

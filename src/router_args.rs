@@ -1,0 +1,188 @@
+//! `nereid router` flags and their checks, turned into the router crate's config.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use nereid_router::RouterServiceConfig;
+use nereid_router::forward::ForwardConfig;
+use nereid_router::serve::RouterConfig;
+use nereid_router::watch::WatchConfig;
+
+use crate::cli::{ListenArgs, LogFormat};
+
+#[derive(Args, Debug)]
+pub struct RouterArgs {
+    /// Control-plane gRPC addresses (host:port), comma-separated; the router fails over
+    /// between them and keeps routing from its last table while none answers.
+    #[arg(
+        long,
+        env = "NEREID_CONTROL_PLANE",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub control_plane: Vec<String>,
+    /// File holding the bearer token sent to the control plane (else NEREID_AUTH_TOKEN).
+    #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub listen: ListenArgs,
+    /// Requests in flight through this router; beyond it new requests are refused (503 /
+    /// UNAVAILABLE) so clients back off. Size it to the workers' total queue capacity.
+    #[arg(long, env = "NEREID_MAX_IN_FLIGHT", default_value_t = 4096)]
+    pub max_in_flight: usize,
+    /// Seconds a sequence (sequence_id) keeps its replica without a request; raise it above
+    /// the models' max_sequence_idle_microseconds.
+    #[arg(long, env = "NEREID_SEQUENCE_IDLE_TIMEOUT_SECS", default_value_t = 60)]
+    pub sequence_idle_timeout_secs: u64,
+    /// Largest HTTP request body in bytes, also after decompression.
+    #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
+    pub http_max_input_size: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
+    #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+    /// Verbose logging level (0 = info; 1 or more = debug).
+    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
+    pub log_verbose: u32,
+    /// Log line format.
+    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Server name reported in server metadata.
+    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
+    pub id: String,
+}
+
+impl RouterArgs {
+    /// Checks the flags and turns them into the router's config, before any port is bound.
+    /// `env_token` is NEREID_AUTH_TOKEN, used when no token file is given.
+    pub fn into_config(self, env_token: Option<String>) -> Result<RouterConfig, String> {
+        let control_plane: Vec<String> = self
+            .control_plane
+            .iter()
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect();
+        if control_plane.is_empty() {
+            return Err("--control-plane needs at least one address".into());
+        }
+        if self.max_in_flight == 0 {
+            return Err("--max-in-flight must be at least 1".into());
+        }
+        if self.sequence_idle_timeout_secs == 0 {
+            return Err("--sequence-idle-timeout-secs must be at least 1".into());
+        }
+        let token =
+            match &self.auth_token_file {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                    format!("cannot read --auth-token-file '{}': {e}", path.display())
+                })?),
+                None => env_token,
+            }
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
+        let l = &self.listen;
+        let enabled = [
+            (l.allow_http, "--http-port", l.http_port),
+            (l.allow_grpc, "--grpc-port", l.grpc_port),
+            (l.allow_metrics, "--metrics-port", l.metrics_port),
+        ];
+        for (i, a) in enabled.iter().enumerate() {
+            for b in &enabled[i + 1..] {
+                if a.0 && b.0 && a.2 == b.2 && a.2 != 0 {
+                    return Err(format!(
+                        "{} and {} are both {}: each service needs its own port",
+                        a.1, b.1, a.2
+                    ));
+                }
+            }
+        }
+        let addr = |allow: bool, ip, port| allow.then_some(SocketAddr::new(ip, port));
+        Ok(RouterConfig {
+            service: RouterServiceConfig {
+                server_name: self.id,
+                max_in_flight: self.max_in_flight,
+                sequence_idle_timeout: Duration::from_secs(self.sequence_idle_timeout_secs),
+                ejection: RouterServiceConfig::default().ejection,
+                forward: ForwardConfig::default(),
+            },
+            watch: WatchConfig {
+                control_plane,
+                token,
+            },
+            http_addr: addr(l.allow_http, l.http_address, l.http_port),
+            grpc_addr: addr(l.allow_grpc, l.grpc_address, l.grpc_port),
+            metrics_addr: addr(l.allow_metrics, l.metrics_address, l.metrics_port),
+            http_max_input_size: self.http_max_input_size,
+            exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<nereid_router::serve::RouterConfig, String> {
+        let mut all = vec!["nereid", "router"];
+        all.extend_from_slice(args);
+        match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {
+            Command::Router(r) => r.into_config(None),
+            _ => Err("not the router".into()),
+        }
+    }
+
+    #[test]
+    fn flags_become_the_router_config() {
+        let c = parse(&[
+            "--control-plane",
+            "a:1, b:2",
+            "--grpc-port",
+            "9001",
+            "--max-in-flight",
+            "8",
+            "--allow-metrics",
+            "false",
+        ])
+        .unwrap();
+        assert_eq!(c.watch.control_plane, vec!["a:1", "b:2"]);
+        assert_eq!(c.service.max_in_flight, 8);
+        assert_eq!(c.grpc_addr.unwrap().port(), 9001);
+        assert!(c.metrics_addr.is_none());
+        assert!(c.watch.token.is_none());
+    }
+
+    #[test]
+    fn bad_flags_are_refused_before_anything_starts() {
+        assert!(parse(&[]).is_err());
+        assert!(
+            parse(&["--control-plane", "a:1", "--max-in-flight", "0"])
+                .unwrap_err()
+                .contains("--max-in-flight")
+        );
+        assert!(
+            parse(&[
+                "--control-plane",
+                "a:1",
+                "--http-port",
+                "9",
+                "--grpc-port",
+                "9"
+            ])
+            .unwrap_err()
+            .contains("each service needs its own port")
+        );
+        assert!(
+            parse(&[
+                "--control-plane",
+                "a:1",
+                "--auth-token-file",
+                "/nonexistent/t"
+            ])
+            .unwrap_err()
+            .contains("--auth-token-file")
+        );
+    }
+}
