@@ -23,6 +23,7 @@ use nereid_proto::pb::cluster::cluster_server::ClusterServer;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::management_server::ManagementServer;
 use nereid_proto::pb::cluster::raft_server::RaftServer;
+use nereid_proto::serve::stopped;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -224,10 +225,6 @@ pub async fn run(
         Ok(Err(e)) => Err(NodeError::Serve(e.to_string())),
         Err(e) => Err(NodeError::Serve(e.to_string())),
     }
-}
-
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Asks the cluster at `target` to add this node, until it accepts or we stop.

@@ -7,13 +7,13 @@
 //!      (bounded by the exit timeout) ─► return
 //! ```
 
+use nereid_proto::serve::Frontends;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use futures::future::BoxFuture;
 use nereid_proto::InferenceService;
 use tokio::net::TcpListener;
@@ -121,67 +121,21 @@ pub async fn run_with(
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let mut servers = tokio::task::JoinSet::new();
-    if let Some(listener) = http {
-        tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "HTTP service listening");
-        let router = nereid_proto::http::router(
-            service.clone(),
-            nereid_proto::http::HttpConfig {
+    nereid_proto::serve::spawn(
+        &mut servers,
+        service.clone(),
+        Frontends {
+            http,
+            grpc,
+            metrics: metrics_listener.map(|l| (l, metrics::router(manager.clone()))),
+            http_config: nereid_proto::http::HttpConfig {
                 max_input_size: config.http_max_input_size,
             },
-        );
-        let done = stopped(stop_rx.clone());
-        // Small responses go out at once instead of waiting on Nagle's algorithm.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        servers.spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(done)
-                .await
-            {
-                tracing::error!(error = %e, "HTTP service failed");
-            }
-        });
-    }
-    if let Some(listener) = grpc {
-        tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "gRPC service listening");
-        let routes =
-            nereid_proto::grpc::routes(service.clone(), nereid_proto::grpc::GrpcConfig::default());
-        let done = stopped(stop_rx.clone());
-        servers.spawn(async move {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            // Large HTTP/2 windows: many concurrent streams share one client connection, and
-            // tensors are often bigger than the 64 KiB defaults.
-            let result = tonic::transport::Server::builder()
-                .initial_connection_window_size(Some(16 * 1024 * 1024))
-                .initial_stream_window_size(Some(4 * 1024 * 1024))
-                .max_frame_size(Some(1024 * 1024))
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, done)
-                .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "gRPC service failed");
-            }
-        });
-    }
-    if let Some(listener) = metrics_listener {
-        tracing::info!(addr = %listener.local_addr().map_err(|e| ServeError::Startup(e.to_string()))?, "metrics service listening");
-        let router = metrics::router(manager.clone());
-        let done = stopped(stop_rx.clone());
-        servers.spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(done)
-                .await
-            {
-                tracing::error!(error = %e, "metrics service failed");
-            }
-        });
-    }
+            grpc_config: nereid_proto::grpc::GrpcConfig::default(),
+        },
+        &stop_rx,
+    );
     if manager.control_mode() == ControlMode::Poll {
         let manager = manager.clone();
         let interval = config.poll_interval;

@@ -18,6 +18,7 @@ pub mod grpc;
 pub mod http;
 pub mod json;
 pub mod pb;
+pub mod serve;
 pub mod service;
 pub mod types;
 

@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use nereid_proto::InferenceService;
+use nereid_proto::serve::Frontends;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -77,9 +77,6 @@ pub async fn run(
     let service: Arc<dyn InferenceService> = router.clone();
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let workers = router.workers();
     let watcher = tokio::spawn(watch_task(
         control_plane,
@@ -89,59 +86,20 @@ pub async fn run(
     ));
 
     let mut servers = tokio::task::JoinSet::new();
-    if let Some(listener) = http {
-        tracing::info!(addr = ?listener.local_addr().ok(), "HTTP service listening");
-        let app = nereid_proto::http::router(
-            service.clone(),
-            nereid_proto::http::HttpConfig {
+    nereid_proto::serve::spawn(
+        &mut servers,
+        service,
+        Frontends {
+            http,
+            grpc,
+            metrics: metrics_listener.map(|l| (l, metrics_router(router.clone(), table.clone()))),
+            http_config: nereid_proto::http::HttpConfig {
                 max_input_size: config.http_max_input_size,
             },
-        );
-        let done = stopped(stop_rx.clone());
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        servers.spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(done)
-                .await
-            {
-                tracing::error!(error = %e, "HTTP service failed");
-            }
-        });
-    }
-    if let Some(listener) = grpc {
-        tracing::info!(addr = ?listener.local_addr().ok(), "gRPC service listening");
-        let routes =
-            nereid_proto::grpc::routes(service.clone(), nereid_proto::grpc::GrpcConfig::default());
-        let done = stopped(stop_rx.clone());
-        servers.spawn(async move {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let result = tonic::transport::Server::builder()
-                .initial_connection_window_size(Some(16 * 1024 * 1024))
-                .initial_stream_window_size(Some(4 * 1024 * 1024))
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, done)
-                .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "gRPC service failed");
-            }
-        });
-    }
-    if let Some(listener) = metrics_listener {
-        tracing::info!(addr = ?listener.local_addr().ok(), "metrics service listening");
-        let app = metrics_router(router.clone(), table.clone());
-        let done = stopped(stop_rx.clone());
-        servers.spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(done)
-                .await
-            {
-                tracing::error!(error = %e, "metrics service failed");
-            }
-        });
-    }
+            grpc_config: nereid_proto::grpc::GrpcConfig::default(),
+        },
+        &stop_rx,
+    );
 
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");

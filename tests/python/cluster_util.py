@@ -82,6 +82,24 @@ class Process:
             return "(no log)"
 
 
+class KServeProcess(Process):
+    """A process serving KServe v2 on `http_port` / `grpc_port` (a worker or a router)."""
+
+    @property
+    def http_url(self):
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self):
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def wait_live(self, deadline_s=60):
+        def live():
+            self.check_alive()
+            return http_raw(self.http_url, "GET", "/v2/health/live", timeout=2)[0] == 200
+        wait_until(live, deadline_s, f"{self.name} live")
+
+
 class ControlPlaneNode(Process):
     def __init__(self, node_id, workdir, token_file, peers=None, extra=()):
         self.node_id = node_id
@@ -120,7 +138,7 @@ class ControlPlaneNode(Process):
         return body
 
 
-class WorkerProcess(Process):
+class WorkerProcess(KServeProcess):
     def __init__(self, node_id, workdir, token_file, control_planes):
         self.node_id = node_id
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
@@ -139,19 +157,6 @@ class WorkerProcess(Process):
                 "--log-verbose", "1"]
         super().__init__(node_id, workdir, args)
 
-    @property
-    def http_url(self):
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self):
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def wait_live(self, deadline_s=60):
-        def live():
-            self.check_alive()
-            return http_raw(self.http_url, "GET", "/v2/health/live", timeout=2)[0] == 200
-        wait_until(live, deadline_s, f"{self.name} live")
 
 
 def write_token(workdir):
@@ -205,7 +210,7 @@ def since(t0):
     return f"{time.monotonic() - t0:.1f}s"
 
 
-class RouterProcess(Process):
+class RouterProcess(KServeProcess):
     def __init__(self, workdir, token_file, control_planes, name="router"):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         args = ["router",
@@ -220,16 +225,3 @@ class RouterProcess(Process):
                 "--log-verbose", "1"]
         super().__init__(name, workdir, args)
 
-    @property
-    def http_url(self):
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self):
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def wait_live(self, deadline_s=60):
-        def live():
-            self.check_alive()
-            return http_raw(self.http_url, "GET", "/v2/health/live", timeout=2)[0] == 200
-        wait_until(live, deadline_s, f"{self.name} live")
