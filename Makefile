@@ -8,7 +8,7 @@ EXAMPLES    := docs/examples/model_repository
 CARGO_FLAGS ?= --locked
 BENCH_OUT   ?= target/bench
 
-.PHONY: all setup build examples run test test-rust test-python bench lint clean
+.PHONY: all setup build examples run cluster cluster-down test test-rust test-python bench lint clean
 
 all: build
 
@@ -34,6 +34,14 @@ examples: setup
 ## uses the first python3 on PATH.
 run: build examples
 	NEREID_PYTHON=$(CURDIR)/$(VENV)/bin/python $(NEREID) serve --model-repository $(EXAMPLES)
+
+## cluster: 3 control-plane nodes, 2 workers and a router on 127.0.0.1 with the example
+## repository registered (router on 8000/8001/8002); cluster-down stops them by PID.
+cluster: build examples
+	NEREID=$(NEREID) bash scripts/cluster.sh up
+
+cluster-down:
+	bash scripts/cluster.sh down
 
 ## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer.
 test: test-rust test-python

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_version_policy::PolicyChoice;
-use prost_reflect::DynamicMessage;
 
 use crate::state::{ModelSpec, Resources, VersionPolicy};
 
@@ -27,6 +27,8 @@ pub struct SourceInfo {
     pub policy: Option<VersionPolicy>,
     /// Bytes of files under the directory: the memory estimate before a worker measures.
     pub bytes_on_disk: u64,
+    /// `config.pbtxt` declares an ensemble (its steps run on other models).
+    pub ensemble: bool,
 }
 
 /// The local path of a `file://` URI; `None` for other schemes.
@@ -63,23 +65,31 @@ pub fn inspect(dir: &Path) -> Result<SourceInfo, String> {
         .iter()
         .map(|v| dir_size(&dir.join(v.to_string())))
         .sum();
-    let policy = std::fs::read_to_string(dir.join("config.pbtxt"))
+    let config = std::fs::read_to_string(dir.join("config.pbtxt"))
         .ok()
-        .and_then(|text| policy_from_config(&text));
+        .and_then(|text| parse_config(&text));
+    let ensemble = config.as_ref().is_some_and(|c| {
+        c.platform == "ensemble"
+            || matches!(
+                c.scheduling_choice,
+                Some(SchedulingChoice::EnsembleScheduling(_))
+            )
+    });
     Ok(SourceInfo {
         versions,
-        policy,
+        policy: config.and_then(policy_of),
         bytes_on_disk,
+        ensemble,
     })
 }
 
-/// The version policy of a `config.pbtxt`, if it parses and names one.
-fn policy_from_config(text: &str) -> Option<VersionPolicy> {
-    let descriptor = nereid_proto::json::descriptor::<ModelConfig>();
-    let config: ModelConfig = DynamicMessage::parse_text_format(descriptor, text)
-        .ok()?
-        .transcode_to()
-        .ok()?;
+/// A `config.pbtxt`, if it parses (Triton's list syntax included).
+fn parse_config(text: &str) -> Option<ModelConfig> {
+    nereid_proto::config_text::parse_model_config(text).ok()
+}
+
+/// The version policy a config names, if any.
+fn policy_of(config: ModelConfig) -> Option<VersionPolicy> {
     Some(match config.version_policy?.policy_choice? {
         PolicyChoice::Latest(l) => VersionPolicy::Latest {
             n: l.num_versions.max(1),
@@ -109,7 +119,8 @@ fn dir_size(dir: &Path) -> u64 {
 }
 
 /// One spec per model directory of `repository` (a folder holding `config.pbtxt` or numeric
-/// version folders), with `replicas` replicas each, sorted by name.
+/// version folders), with `replicas` replicas each: other models first, then ensembles (so
+/// an ensemble is registered after the models its steps call), each group sorted by name.
 pub fn repository_models(repository: &Path, replicas: u32) -> Result<Vec<ModelSpec>, String> {
     let repository = repository
         .canonicalize()
@@ -117,6 +128,7 @@ pub fn repository_models(repository: &Path, replicas: u32) -> Result<Vec<ModelSp
     let entries = std::fs::read_dir(&repository)
         .map_err(|e| format!("cannot read model repository {}: {e}", repository.display()))?;
     let mut out = BTreeMap::new();
+    let mut ensembles = Vec::new();
     for entry in entries.flatten() {
         let dir = entry.path();
         let Some(name) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
@@ -128,6 +140,9 @@ pub fn repository_models(repository: &Path, replicas: u32) -> Result<Vec<ModelSp
         let info = inspect(&dir)?;
         if info.versions.is_empty() && !dir.join("config.pbtxt").exists() {
             continue;
+        }
+        if info.ensemble {
+            ensembles.push(name.clone());
         }
         out.insert(
             name.clone(),
@@ -150,7 +165,11 @@ pub fn repository_models(repository: &Path, replicas: u32) -> Result<Vec<ModelSp
             },
         );
     }
-    Ok(out.into_values().collect())
+    let (last, mut first): (Vec<ModelSpec>, Vec<ModelSpec>) = out
+        .into_values()
+        .partition(|spec| ensembles.contains(&spec.name));
+    first.extend(last);
+    Ok(first)
 }
 
 #[cfg(test)]
@@ -184,11 +203,22 @@ mod tests {
             "version_policy { specific { versions: [1, 5] } }",
         );
         model_dir(root.path(), "broken", &[1], "this is { not pbtxt");
+        model_dir(
+            root.path(),
+            "a_pipeline",
+            &[1],
+            "platform: \"ensemble\"\nensemble_scheduling { step [ { model_name: \"plain\" \
+             model_version: -1 } ] }\n",
+        );
         std::fs::create_dir_all(root.path().join("not_a_model")).unwrap();
 
         let specs = repository_models(root.path(), 2).unwrap();
         let names: Vec<_> = specs.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["all", "broken", "plain", "two"]);
+        assert_eq!(
+            names,
+            ["all", "broken", "plain", "two", "a_pipeline"],
+            "ensembles after the models they call"
+        );
         let by = |n: &str| specs.iter().find(|s| s.name == n).unwrap();
         assert_eq!(by("plain").available_versions, vec![1, 2, 3]);
         assert_eq!(by("plain").version_policy, VersionPolicy::Latest { n: 1 });

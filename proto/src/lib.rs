@@ -12,6 +12,7 @@
 //! - [`service`]: the [`InferenceService`] trait the frontends call.
 //! - [`http`] and [`grpc`]: the two frontends.
 
+pub mod config_text;
 pub mod datatype;
 pub mod error;
 pub mod grpc;

@@ -8,7 +8,8 @@
 //!     ─► defaults (version policy, instance groups) ─► validate::validate
 //! ```
 
-pub mod text;
+/// `config.pbtxt` text parsing lives in `nereid-proto` (the control plane reads configs too).
+pub use nereid_proto::config_text as text;
 pub mod validate;
 
 use std::path::{Path, PathBuf};

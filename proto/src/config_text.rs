@@ -7,9 +7,9 @@
 
 use std::fmt;
 
+use crate::json::descriptor;
+use crate::pb::inference::ModelConfig;
 use miette::Diagnostic;
-use nereid_proto::json::descriptor;
-use nereid_proto::pb::inference::ModelConfig;
 use prost_reflect::DynamicMessage;
 
 /// A config file that could not be parsed, with the position of the problem when known.
