@@ -22,6 +22,8 @@ pub mod service;
 mod source;
 
 #[cfg(test)]
+mod rest_tests;
+#[cfg(test)]
 mod tests;
 
 pub use auth::{AuthToken, AuthTokenError, require_token};
