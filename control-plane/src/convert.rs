@@ -90,6 +90,8 @@ pub fn model_to_pb(spec: &ModelSpec) -> pb::Model {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         available_versions: spec.available_versions.clone(),
+        traffic: spec.traffic.iter().map(|(v, w)| (*v, *w)).collect(),
+        served_versions: spec.served_versions(),
     }
 }
 
@@ -115,6 +117,7 @@ pub fn model_from_pb(model: pb::Model) -> Result<ModelSpec, StateError> {
         resources: resources_from_pb(model.resources),
         labels: model.labels.into_iter().collect::<BTreeMap<_, _>>(),
         available_versions,
+        traffic: model.traffic.into_iter().collect(),
     };
     spec.validate()?;
     Ok(spec)
@@ -324,6 +327,7 @@ mod tests {
             },
             labels: [("team".to_string(), "vision".to_string())].into(),
             available_versions: vec![1, 2, 3],
+            traffic: Default::default(),
         }
     }
 

@@ -162,6 +162,7 @@ pub fn repository_models(repository: &Path, replicas: u32) -> Result<Vec<ModelSp
                 },
                 labels: BTreeMap::new(),
                 available_versions: info.versions,
+                traffic: Default::default(),
             },
         );
     }

@@ -24,6 +24,7 @@ pub fn model(name: &str) -> ModelSpec {
         },
         labels: BTreeMap::new(),
         available_versions: vec![1, 2],
+        traffic: Default::default(),
     }
 }
 

@@ -108,6 +108,7 @@ mod tests {
             },
             labels: Default::default(),
             available_versions: vec![1, 2, 3],
+            traffic: Default::default(),
         }))
         .unwrap();
         s.apply(Command::RegisterNode(node("a", 1000))).unwrap();

@@ -79,6 +79,8 @@ pub enum ModelsCommand {
     Get { name: String },
     /// Change a model's replica count.
     Scale(ScaleArgs),
+    /// Split the traffic of requests that name no version between versions (canary, A/B).
+    Traffic(TrafficArgs),
     /// Remove a model; its replicas unload.
     Delete { name: String },
     /// Why each replica is where it is, what is pending, and recent decisions.
@@ -128,6 +130,34 @@ pub struct ScaleArgs {
     pub name: String,
     #[command(flatten)]
     pub replicas: ReplicaArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct TrafficArgs {
+    pub name: String,
+    /// `VERSION=WEIGHT` pairs, e.g. `1=90 2=10`; weights are relative.
+    #[arg(value_parser = parse_weight, required_unless_present = "clear")]
+    pub weights: Vec<(i64, u32)>,
+    /// Remove the split: the highest served version takes every unversioned request.
+    #[arg(long, conflicts_with = "weights")]
+    pub clear: bool,
+}
+
+fn parse_weight(s: &str) -> Result<(i64, u32), String> {
+    let (version, weight) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}' is not VERSION=WEIGHT"))?;
+    let version = version
+        .trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|v| *v >= 1)
+        .ok_or_else(|| format!("'{version}' in '{s}' is not a version number (1 or more)"))?;
+    let weight = weight
+        .trim()
+        .parse::<u32>()
+        .map_err(|_| format!("'{weight}' in '{s}' is not a weight (a non-negative integer)"))?;
+    Ok((version, weight))
 }
 
 #[derive(Subcommand, Debug)]

@@ -122,6 +122,13 @@ pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError
                     .await?;
                 emit(out, format, &status, render::model)
             }
+            ModelsCommand::Traffic(traffic) => {
+                let message = request::traffic_request(traffic).map_err(CtlError::Usage)?;
+                let status = connection
+                    .call(message, |mut c, r| async move { c.set_traffic(r).await })
+                    .await?;
+                emit(out, format, &status, render::model)
+            }
             ModelsCommand::Delete { name } => {
                 let message = ModelRef {
                     name: name.clone(),

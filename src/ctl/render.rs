@@ -51,6 +51,21 @@ fn labels(map: &std::collections::HashMap<String, String>) -> String {
     pairs.join(",")
 }
 
+/// `1=90% 2=10%`, by version; `-` without a split.
+fn traffic(weights: &std::collections::HashMap<i64, u32>) -> String {
+    let total: u64 = weights.values().map(|w| u64::from(*w)).sum();
+    if total == 0 {
+        return "-".into();
+    }
+    let mut versions: Vec<_> = weights.iter().collect();
+    versions.sort();
+    versions
+        .into_iter()
+        .map(|(v, w)| format!("{v}={:.0}%", u64::from(*w) as f64 * 100.0 / total as f64))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn replicas_wanted(min: u32, max: u32) -> String {
     if min == max {
         min.to_string()
@@ -117,6 +132,7 @@ pub fn model(status: &ModelStatus) -> String {
                     .collect::<Vec<_>>()
                     .join(","),
             ),
+            ("traffic", traffic(&m.traffic)),
             ("replicas", replicas_wanted(m.min_replicas, m.max_replicas)),
             ("ready", status.ready_replicas.to_string()),
             ("memory", bytes(resources.memory_bytes)),

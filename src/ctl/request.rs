@@ -5,10 +5,11 @@ use std::collections::HashMap;
 
 use nereid_proto::pb::cluster::version_policy::{All, Latest, Policy, Specific};
 use nereid_proto::pb::cluster::{
-    DeployModelRequest, Model, ReadConsistency, Resources, ScaleModelRequest, VersionPolicy,
+    DeployModelRequest, Model, ReadConsistency, Resources, ScaleModelRequest, SetTrafficRequest,
+    VersionPolicy,
 };
 
-use super::args::{ConsistencyArg, DeployArgs, ReplicaArgs, ScaleArgs};
+use super::args::{ConsistencyArg, DeployArgs, ReplicaArgs, ScaleArgs, TrafficArgs};
 
 /// Parses `latest:N`, `all`, or a comma-separated list of version numbers.
 pub fn parse_version_policy(text: &str) -> Result<VersionPolicy, String> {
@@ -111,7 +112,7 @@ pub fn deploy_request(args: &DeployArgs) -> Result<DeployModelRequest, String> {
             max_replicas,
             resources,
             labels,
-            available_versions: Vec::new(),
+            ..Default::default()
         }),
     })
 }
@@ -123,6 +124,20 @@ pub fn scale_request(args: &ScaleArgs) -> Result<ScaleModelRequest, String> {
         name: args.name.clone(),
         min_replicas,
         max_replicas,
+    })
+}
+
+/// The `SetTraffic` request for `ctl models traffic`; a version named twice is refused.
+pub fn traffic_request(args: &TrafficArgs) -> Result<SetTrafficRequest, String> {
+    let mut weights = HashMap::new();
+    for (version, weight) in &args.weights {
+        if weights.insert(*version, *weight).is_some() {
+            return Err(format!("version {version} is given twice"));
+        }
+    }
+    Ok(SetTrafficRequest {
+        name: args.name.clone(),
+        weights,
     })
 }
 

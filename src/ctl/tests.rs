@@ -62,6 +62,19 @@ impl Management for Fake {
     async fn scale_model(&self, _: Request<ScaleModelRequest>) -> R<ModelStatus> {
         Err(Status::unimplemented("fake"))
     }
+    /// Echoes the split back on a model of that name.
+    async fn set_traffic(&self, request: Request<SetTrafficRequest>) -> R<ModelStatus> {
+        let r = request.into_inner();
+        Ok(Response::new(ModelStatus {
+            model: Some(Model {
+                name: r.name,
+                traffic: r.weights,
+                ..Default::default()
+            }),
+            revision: 9,
+            ..Default::default()
+        }))
+    }
     async fn delete_model(&self, _: Request<ModelRef>) -> R<DeleteModelResponse> {
         Err(Status::unimplemented("fake"))
     }
@@ -260,4 +273,73 @@ fn usage_errors_are_clap_errors() {
     assert!(parse(&["models", "scale", "m", "--min-replicas", "1"]).is_err());
     assert!(parse(&["models", "deploy", "m", "--source", "s", "--label", "x"]).is_err());
     assert!(parse(&["--output", "yaml", "placements"]).is_err());
+}
+
+#[tokio::test]
+async fn traffic_sends_the_weights_and_shows_percentages() {
+    let address = serve(Fake {
+        seen: Arc::new(Recorded::default()),
+        follower_of: None,
+    })
+    .await;
+    let mut out = Vec::new();
+    execute(
+        &ctl(&[
+            "--control-plane",
+            &address,
+            "models",
+            "traffic",
+            "m",
+            "1=3",
+            "2=1",
+        ]),
+        &mut out,
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("1=75% 2=25%"), "{text}");
+
+    let twice = ctl(&[
+        "--control-plane",
+        &address,
+        "models",
+        "traffic",
+        "m",
+        "1=3",
+        "1=1",
+    ]);
+    let e = execute(&twice, &mut Vec::new()).await.unwrap_err();
+    assert_eq!(e.to_string(), "version 1 is given twice");
+    for bad in [["m", "x=1"], ["m", "0=1"], ["m", "1=-1"]] {
+        let mut argv = vec![
+            "nereid",
+            "ctl",
+            "--control-plane",
+            "a:1",
+            "models",
+            "traffic",
+        ];
+        argv.extend(bad);
+        assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
+    }
+    assert!(
+        Cli::try_parse_from(["nereid", "ctl", "models", "traffic", "m"]).is_err(),
+        "neither weights nor --clear"
+    );
+    let mut out = Vec::new();
+    execute(
+        &ctl(&[
+            "--control-plane",
+            &address,
+            "models",
+            "traffic",
+            "m",
+            "--clear",
+        ]),
+        &mut out,
+    )
+    .await
+    .unwrap();
+    assert!(String::from_utf8(out).unwrap().contains("traffic"));
 }

@@ -67,6 +67,23 @@ impl ManagementService {
         Ok(model_status(find(&state, &req.name)?, &state))
     }
 
+    /// Replaces the model's traffic split (no weights: clears it).
+    pub async fn set_traffic(
+        &self,
+        req: pb::SetTrafficRequest,
+    ) -> Result<pb::ModelStatus, ApiError> {
+        required("name", &req.name)?;
+        let applied = self
+            .consensus
+            .write(Command::SetTraffic {
+                name: req.name.clone(),
+                weights: req.weights.into_iter().collect(),
+            })
+            .await?;
+        let state = self.state_at_least(applied.revision).await?;
+        Ok(model_status(find(&state, &req.name)?, &state))
+    }
+
     /// Removes the model; its replicas unload.
     pub async fn delete(&self, req: pb::ModelRef) -> Result<pb::DeleteModelResponse, ApiError> {
         required("name", &req.name)?;

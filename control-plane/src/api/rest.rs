@@ -7,6 +7,7 @@
 //! | `POST   /api/v1/models`                 | DeployModel      | `Model`                       |
 //! | `PUT    /api/v1/models/{name}`          | DeployModel      | `Model` (name empty or equal) |
 //! | `POST   /api/v1/models/{name}/scale`    | ScaleModel       | `{min_replicas, max_replicas}`|
+//! | `PUT    /api/v1/models/{name}/traffic`  | SetTraffic       | `{weights: {"1": 90, "2": 10}}`|
 //! | `DELETE /api/v1/models/{name}`          | DeleteModel      |                               |
 //! | `GET    /api/v1/models`                 | ListModels       |                               |
 //! | `GET    /api/v1/models/{name}`          | GetModel         |                               |
@@ -26,7 +27,7 @@
 
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{Method, Uri};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router, middleware};
 use bytes::Bytes;
 use nereid_proto::json::{message_from_json, message_to_json};
@@ -52,6 +53,7 @@ pub fn router(service: ManagementService, token: AuthToken) -> Router {
             get(get_model).put(replace_model).delete(delete_model),
         )
         .route("/api/v1/models/{name}/scale", post(scale_model))
+        .route("/api/v1/models/{name}/traffic", put(set_traffic))
         .route("/api/v1/models/{name}/placement", get(explain_placement))
         .route("/api/v1/nodes", get(list_nodes))
         .route("/api/v1/nodes/{id}", get(get_node))
@@ -133,17 +135,7 @@ async fn replace_model(
     bytes: Bytes,
 ) -> Reply {
     let mut model: pb::Model = body(&bytes)?;
-    if model.name.is_empty() {
-        model.name = name;
-    } else if model.name != name {
-        return Err(ApiError::invalid(
-            "name",
-            format!(
-                "'{}' in the body does not match '{name}' in the path",
-                model.name
-            ),
-        ));
-    }
+    name_from_path(&mut model.name, name)?;
     let status = s
         .deploy(pb::DeployModelRequest { model: Some(model) })
         .await?;
@@ -156,18 +148,33 @@ async fn scale_model(
     bytes: Bytes,
 ) -> Reply {
     let mut req: pb::ScaleModelRequest = body(&bytes)?;
-    if req.name.is_empty() {
-        req.name = name;
-    } else if req.name != name {
+    name_from_path(&mut req.name, name)?;
+    Ok(json(&s.scale(req).await?))
+}
+
+async fn set_traffic(
+    State(s): State<ManagementService>,
+    Path(name): Path<String>,
+    bytes: Bytes,
+) -> Reply {
+    let mut req: pb::SetTrafficRequest = body(&bytes)?;
+    name_from_path(&mut req.name, name)?;
+    Ok(json(&s.set_traffic(req).await?))
+}
+
+/// Fills a body's empty `name` from the path; a different name in the body is refused.
+fn name_from_path(body_name: &mut String, path: String) -> Result<(), ApiError> {
+    if body_name.is_empty() {
+        *body_name = path;
+        return Ok(());
+    }
+    if *body_name != path {
         return Err(ApiError::invalid(
             "name",
-            format!(
-                "'{}' in the body does not match '{name}' in the path",
-                req.name
-            ),
+            format!("'{body_name}' in the body does not match '{path}' in the path"),
         ));
     }
-    Ok(json(&s.scale(req).await?))
+    Ok(())
 }
 
 async fn delete_model(State(s): State<ManagementService>, Path(name): Path<String>) -> Reply {

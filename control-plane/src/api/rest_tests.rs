@@ -325,3 +325,68 @@ async fn grpc_over_a_socket_checks_the_token_and_names_the_leader() {
     assert!(status.message().contains("node 2"), "{}", status.message());
     server.abort();
 }
+
+#[tokio::test]
+async fn rest_traffic_split() {
+    let rest = Rest::new();
+    let dir = repo(&[1, 2]);
+    let m = model("m", dir.path(), VersionPolicy::All);
+    let (code, json) = rest
+        .call(
+            "POST",
+            "/api/v1/models",
+            &nereid_proto::json::message_to_json(&m).to_string(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(json["model"]["served_versions"], serde_json::json!([1, 2]));
+
+    let (code, json) = rest
+        .call(
+            "PUT",
+            "/api/v1/models/m/traffic",
+            r#"{"weights": {"1": 90, "2": 10}}"#,
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert_eq!(
+        json["model"]["traffic"],
+        serde_json::json!({"1": 90, "2": 10})
+    );
+
+    let (code, json) = rest
+        .call(
+            "PUT",
+            "/api/v1/models/m/traffic",
+            r#"{"weights": {"3": 1}}"#,
+        )
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        error_of(&json),
+        "invalid traffic: version 3 is not served by the model's version policy (served: 1, 2) (model 'm')"
+    );
+    let (code, json) = rest
+        .call(
+            "PUT",
+            "/api/v1/models/m/traffic",
+            r#"{"weights": {"x": 1}}"#,
+        )
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{json}");
+    let (code, _) = rest
+        .call(
+            "PUT",
+            "/api/v1/models/zz/traffic",
+            r#"{"weights": {"1": 1}}"#,
+        )
+        .await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+
+    let (code, json) = rest.call("PUT", "/api/v1/models/m/traffic", "{}").await;
+    assert_eq!(code, StatusCode::OK, "{json}");
+    assert!(
+        json["model"].get("traffic").is_none() || json["model"]["traffic"] == serde_json::json!({}),
+        "{json}"
+    );
+}

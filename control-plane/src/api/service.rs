@@ -145,6 +145,10 @@ impl Management for ManagementService {
         reply(self.scale(r.into_inner()).await)
     }
 
+    async fn set_traffic(&self, r: Request<pb::SetTrafficRequest>) -> Rpc<pb::ModelStatus> {
+        reply(self.set_traffic(r.into_inner()).await)
+    }
+
     async fn delete_model(&self, r: Request<pb::ModelRef>) -> Rpc<pb::DeleteModelResponse> {
         reply(self.delete(r.into_inner()).await)
     }

@@ -96,6 +96,7 @@ async fn register_heartbeat_and_report_a_replica_through_its_life() {
             resources: Resources::default(),
             labels: Default::default(),
             available_versions: vec![1],
+            traffic: Default::default(),
         }))
         .await
         .unwrap();

@@ -24,6 +24,11 @@ pub enum Command {
         min: u32,
         max: u32,
     },
+    /// Replace a model's version traffic split; empty clears it.
+    SetTraffic {
+        name: String,
+        weights: std::collections::BTreeMap<i64, u32>,
+    },
     /// Add a node, or update a re-registering one.
     RegisterNode(NodeSpec),
     /// Remove a node that holds no live replica.

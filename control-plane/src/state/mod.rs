@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use command::{Applied, Command};
 pub use error::{EntityKind, StateError};
-pub use model::{ModelSpec, Resources, VersionPolicy};
+pub use model::{MAX_TRAFFIC_WEIGHT, ModelSpec, Resources, VersionPolicy};
 pub use node::{Gpu, Node, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaState};
 
@@ -75,6 +75,7 @@ impl ClusterState {
             Command::UpsertModel(spec) => self.upsert_model(spec)?,
             Command::DeleteModel { name } => self.delete_model(&name)?,
             Command::ScaleModel { name, min, max } => self.scale_model(&name, min, max)?,
+            Command::SetTraffic { name, weights } => self.set_traffic(&name, weights)?,
             Command::RegisterNode(spec) => self.register_node(spec)?,
             Command::RemoveNode { id } => self.remove_node(&id)?,
             Command::SetNodeDrained { id, drained } => self.set_node_drained(&id, drained)?,

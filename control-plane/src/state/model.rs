@@ -37,7 +37,15 @@ pub struct ModelSpec {
     /// empty when the registry could not list the source.
     #[serde(default)]
     pub available_versions: Vec<i64>,
+    /// Traffic split for requests that name no version: version -> relative weight. Empty
+    /// means the highest served version with a ready replica takes them all.
+    #[serde(default)]
+    pub traffic: BTreeMap<i64, u32>,
 }
+
+/// The largest weight one version may have in a traffic split (so sums never overflow and
+/// percentages stay readable).
+pub const MAX_TRAFFIC_WEIGHT: u32 = 1_000_000;
 
 /// Triton's version policy: which numbered version folders are served.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,8 +164,63 @@ impl ModelSpec {
                 }
             }
         }
-        validate_scale(&self.name, self.min_replicas, self.max_replicas)
+        validate_scale(&self.name, self.min_replicas, self.max_replicas)?;
+        self.validate_traffic(&self.traffic)
     }
+
+    /// Checks a traffic split against this model: every version is one the policy serves
+    /// (as far as the available versions are known), weights are at most
+    /// [`MAX_TRAFFIC_WEIGHT`] and add up to more than zero. An empty split is valid.
+    pub fn validate_traffic(&self, traffic: &BTreeMap<i64, u32>) -> Result<(), StateError> {
+        if traffic.is_empty() {
+            return Ok(());
+        }
+        let subject = format!("model '{}'", self.name);
+        let served = self.served_versions();
+        for (&version, &weight) in traffic {
+            let known = if self.available_versions.is_empty() {
+                version >= 1 && self.version_policy.admits(version)
+            } else {
+                served.contains(&version)
+            };
+            if !known {
+                return Err(StateError::invalid(
+                    &subject,
+                    "traffic",
+                    format!(
+                        "version {version} is not served by the model's version policy (served: {})",
+                        list_versions(&served)
+                    ),
+                ));
+            }
+            if weight > MAX_TRAFFIC_WEIGHT {
+                return Err(StateError::invalid(
+                    &subject,
+                    "traffic",
+                    format!("weight {weight} of version {version} is above {MAX_TRAFFIC_WEIGHT}"),
+                ));
+            }
+        }
+        if traffic.values().all(|w| *w == 0) {
+            return Err(StateError::invalid(
+                &subject,
+                "traffic",
+                "every weight is 0; give at least one version a positive weight, or clear the split",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn list_versions(versions: &[i64]) -> String {
+    if versions.is_empty() {
+        return "unknown until the source lists its version folders".into();
+    }
+    versions
+        .iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn validate_scale(name: &str, min: u32, max: u32) -> Result<(), StateError> {
@@ -209,6 +272,23 @@ impl ClusterState {
         }
         model.min_replicas = min;
         model.max_replicas = max;
+        Ok(true)
+    }
+
+    /// Replaces a model's traffic split (empty clears it).
+    pub(super) fn set_traffic(
+        &mut self,
+        name: &str,
+        weights: BTreeMap<i64, u32>,
+    ) -> Result<bool, StateError> {
+        let Some(model) = self.models.get_mut(name) else {
+            return Err(StateError::not_found(EntityKind::Model, name));
+        };
+        model.validate_traffic(&weights)?;
+        if model.traffic == weights {
+            return Ok(false);
+        }
+        model.traffic = weights;
         Ok(true)
     }
 }

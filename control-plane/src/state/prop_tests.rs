@@ -94,6 +94,12 @@ fn random_command(rng: &mut Rng, state: &ClusterState) -> Command {
             Command::UpsertModel(spec)
         }
         3 => Command::DeleteModel { name: model_name },
+        4 if rng.chance(50) => Command::SetTraffic {
+            name: model_name,
+            weights: (1..=rng.below(3) as i64)
+                .map(|v| (v, rng.below(3) as u32))
+                .collect(),
+        },
         4 => Command::ScaleModel {
             name: model_name,
             min: rng.below(3) as u32,
@@ -169,6 +175,14 @@ fn check_invariants(s: &ClusterState, context: &str) {
                 r.node
             );
         }
+    }
+    for m in s.models.values() {
+        assert!(
+            m.validate_traffic(&m.traffic).is_ok(),
+            "{context}: model '{}' holds an invalid traffic split {:?}",
+            m.name,
+            m.traffic
+        );
     }
     let json = serde_json::to_string(s).expect("state serializes");
     let back: ClusterState = serde_json::from_str(&json).expect("state deserializes");

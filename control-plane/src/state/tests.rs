@@ -291,6 +291,54 @@ fn scale_model_updates_bounds_and_validates() {
 }
 
 #[test]
+fn set_traffic_validates_versions_and_weights() {
+    let mut s = ClusterState::new();
+    let mut m = model("m");
+    m.available_versions = vec![1, 2, 3];
+    m.version_policy = VersionPolicy::Latest { n: 2 };
+    ok(&mut s, Command::UpsertModel(m));
+    let traffic = |weights: &[(i64, u32)]| Command::SetTraffic {
+        name: "m".into(),
+        weights: weights.iter().copied().collect(),
+    };
+    assert!(ok(&mut s, traffic(&[(2, 90), (3, 10)])).changed);
+    assert_eq!(s.model("m").unwrap().traffic, [(2, 90), (3, 10)].into());
+    assert!(!ok(&mut s, traffic(&[(2, 90), (3, 10)])).changed);
+    assert!(
+        ok(&mut s, traffic(&[(2, 0), (3, 1)])).changed,
+        "a zero weight keeps a version out of the split"
+    );
+
+    let err = refused(&mut s, traffic(&[(1, 50), (3, 50)]));
+    assert_eq!(
+        err.to_string(),
+        "model 'm': traffic version 1 is not served by the model's version policy (served: 2, 3)"
+    );
+    let err = refused(&mut s, traffic(&[(2, 0), (3, 0)]));
+    assert!(err.to_string().contains("every weight is 0"), "{err}");
+    let err = refused(&mut s, traffic(&[(2, MAX_TRAFFIC_WEIGHT + 1)]));
+    assert!(err.to_string().contains("above 1000000"), "{err}");
+    let err = refused(
+        &mut s,
+        Command::SetTraffic {
+            name: "x".into(),
+            weights: Default::default(),
+        },
+    );
+    assert!(matches!(err, StateError::NotFound { .. }));
+
+    assert!(ok(&mut s, traffic(&[])).changed, "empty clears the split");
+    assert!(s.model("m").unwrap().traffic.is_empty());
+
+    // A redeploy whose policy no longer serves a split version is refused with the field.
+    ok(&mut s, traffic(&[(2, 1)]));
+    let mut narrowed = s.model("m").unwrap().clone();
+    narrowed.version_policy = VersionPolicy::Latest { n: 1 };
+    let err = refused(&mut s, Command::UpsertModel(narrowed));
+    assert!(err.to_string().contains("traffic version 2"), "{err}");
+}
+
+#[test]
 fn register_node_adds_updates_and_keeps_drain_flag() {
     let mut s = ClusterState::new();
     ok(&mut s, Command::RegisterNode(node("n1")));

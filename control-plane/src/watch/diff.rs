@@ -71,6 +71,7 @@ mod tests {
             resources: Default::default(),
             labels: Default::default(),
             available_versions: vec![1],
+            traffic: Default::default(),
         }
     }
 

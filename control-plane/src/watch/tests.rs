@@ -27,6 +27,7 @@ fn model(name: &str, min: u32) -> ModelSpec {
         resources: Default::default(),
         labels: Default::default(),
         available_versions: vec![1, 2],
+        traffic: Default::default(),
     }
 }
 
