@@ -9,9 +9,9 @@
 //!                                             outstanding requests ─► (start: remember it)
 //! ```
 //!
-//! - **Version.** A request that names a version goes to that version. One that names none goes
-//!   to the highest version that has a ready replica right now; a version still loading does not
-//!   take traffic until it is ready, and the previous one serves meanwhile.
+//! - **Version.** [`crate::version::resolve_version`]: the named version, else the model's
+//!   traffic split, else the highest served version with a ready replica; a version still
+//!   loading does not take traffic until it is ready, and the previous one serves meanwhile.
 //! - **Power of two choices.** Two distinct candidates drawn at random; the one with fewer
 //!   outstanding requests wins (ties go to the first drawn). This avoids both the herd behaviour
 //!   of "least loaded" on stale counts and the imbalance of pure random choice.
@@ -32,6 +32,7 @@ use nereid_proto::types::CorrelationId;
 
 use crate::error::{RouterError, RouterResult};
 use crate::table::{Endpoint, RoutingTable};
+use crate::version::resolve_version;
 
 /// Where randomness comes from; tests inject a fixed sequence.
 pub trait RandomSource: Send {
@@ -98,36 +99,6 @@ pub fn power_of_two<'e>(
     }
 }
 
-/// The version a request goes to: the one it names, else the highest with a ready replica.
-pub fn resolve_version(
-    table: &RoutingTable,
-    model: &str,
-    version: Option<i64>,
-) -> RouterResult<i64> {
-    if table.model(model).is_none() {
-        return Err(RouterError::UnknownModel {
-            model: model.to_string(),
-        });
-    }
-    match version {
-        Some(v) if table.has_version(model, v) => Ok(v),
-        Some(v) => Err(RouterError::UnknownVersion {
-            model: model.to_string(),
-            version: v,
-        }),
-        None => {
-            table
-                .ready_versions(model)
-                .last()
-                .copied()
-                .ok_or_else(|| RouterError::NoReadyReplica {
-                    model: model.to_string(),
-                    version: None,
-                })
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 struct Sticky {
     replica: u64,
@@ -186,7 +157,7 @@ impl Chooser {
         {
             return self.follow(table, key, ask.end, now);
         }
-        let version = resolve_version(table, ask.model, ask.version)?;
+        let version = resolve_version(table, ask.model, ask.version, self.rng.as_mut())?;
         let mut candidates: Vec<&Endpoint> = table
             .ready(ask.model, version)
             .iter()
@@ -305,34 +276,6 @@ mod tests {
 
     fn idle(_: u64) -> usize {
         0
-    }
-
-    #[test]
-    fn unversioned_requests_go_to_the_highest_ready_version() {
-        let t = table();
-        assert_eq!(resolve_version(&t, "m", None), Ok(2));
-        assert_eq!(resolve_version(&t, "m", Some(1)), Ok(1));
-        assert_eq!(resolve_version(&t, "m", Some(3)), Ok(3));
-        assert_eq!(
-            resolve_version(&t, "m", Some(9)),
-            Err(RouterError::UnknownVersion {
-                model: "m".into(),
-                version: 9
-            })
-        );
-        assert_eq!(
-            resolve_version(&t, "nope", None),
-            Err(RouterError::UnknownModel {
-                model: "nope".into()
-            })
-        );
-        assert_eq!(
-            resolve_version(&t, "cold", None),
-            Err(RouterError::NoReadyReplica {
-                model: "cold".into(),
-                version: None
-            })
-        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!
 //! - [`table`]: the routing table built from watch events.
 //! - [`choice`]: pure replica choice.
+//! - [`version`]: pure version resolution (traffic split, served versions).
 //! - [`wire`]: internal request/response ⇄ KServe protobuf, on the client side.
 //! - [`forward`]: one pooled channel per worker, calls and error classification.
 //! - [`service`]: [`service::RouterService`], the `InferenceService` of cluster mode.
@@ -24,6 +25,7 @@ pub mod forward;
 pub mod serve;
 pub mod service;
 pub mod table;
+pub mod version;
 pub mod watch;
 pub mod wire;
 
