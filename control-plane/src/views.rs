@@ -5,8 +5,11 @@
 //! - [`NodeView`]: memory capacity from the node's registration, `up` when its status is `Up`,
 //!   `drained` as the operator set it.
 //! - [`ModelView`]: one per (model, served version) ([`crate::state::ModelSpec::served_versions`]);
-//!   `replicas_wanted` is `min_replicas` — the floor placement maintains; `max_replicas` is a
-//!   ceiling for future load-driven scaling and is not used to add replicas. The memory
+//!   `replicas_wanted` is `min_replicas` — the floor placement maintains — raised to 1 for a
+//!   model with `min_replicas` 0 that routers activated recently ([`Load::demanded`]: scale
+//!   from zero; when the demand lapses the surplus replica is removed, scale to zero).
+//!   `max_replicas` caps that (0 turns scale from zero off) and is otherwise a ceiling for
+//!   future load-driven scaling, not used to add replicas. The memory
 //!   estimate is `resources.memory_bytes`; the measured memory is the largest any replica of
 //!   that version reported.
 //! - [`CurrentReplica`]: every replica not `Unloading` (those are already leaving), `ready`
@@ -14,7 +17,7 @@
 //!   retires failed replicas marks them `Unloading`, and the next plan replaces them.
 
 use crate::placement::{self, CurrentReplica, Load, ModelView, NodeView, Plan};
-use crate::state::{ClusterState, NodeStatus, ReplicaState};
+use crate::state::{ClusterState, ModelSpec, NodeStatus, ReplicaState};
 
 /// Every registered node, in id order.
 pub fn node_views(state: &ClusterState) -> Vec<NodeView> {
@@ -32,7 +35,7 @@ pub fn node_views(state: &ClusterState) -> Vec<NodeView> {
 }
 
 /// One view per (model, served version), in that order.
-pub fn model_views(state: &ClusterState) -> Vec<ModelView> {
+pub fn model_views(state: &ClusterState, load: &Load) -> Vec<ModelView> {
     let mut views = Vec::new();
     for spec in state.models().values() {
         for version in spec.served_versions() {
@@ -44,13 +47,22 @@ pub fn model_views(state: &ClusterState) -> Vec<ModelView> {
             views.push(ModelView {
                 name: spec.name.clone(),
                 version,
-                replicas_wanted: spec.min_replicas,
+                replicas_wanted: replicas_wanted(spec, load),
                 memory_estimate_bytes: spec.resources.memory_bytes,
                 measured_memory_bytes: measured,
             });
         }
     }
     views
+}
+
+/// `min_replicas`, or 1 for a model scaled from zero while routers keep activating it.
+pub fn replicas_wanted(spec: &ModelSpec, load: &Load) -> u32 {
+    if spec.min_replicas == 0 && spec.max_replicas > 0 && load.demanded.contains(&spec.name) {
+        1
+    } else {
+        spec.min_replicas
+    }
 }
 
 /// Every replica that is not `Unloading`, in id order.
@@ -74,7 +86,7 @@ pub fn current_replicas(state: &ClusterState) -> Vec<CurrentReplica> {
 pub fn plan_for(state: &ClusterState, load: &Load) -> Plan {
     placement::plan(
         &node_views(state),
-        &model_views(state),
+        &model_views(state, load),
         &current_replicas(state),
         load,
     )
@@ -138,7 +150,7 @@ mod tests {
         assert!(nodes[1].drained);
         assert_eq!(nodes[0].memory_capacity_bytes, 1000);
 
-        let models = model_views(&s);
+        let models = model_views(&s, &Load::default());
         let versions: Vec<_> = models.iter().map(|m| m.version).collect();
         assert_eq!(versions, [2, 3]);
         assert_eq!(models[0].replicas_wanted, 2);
@@ -154,6 +166,6 @@ mod tests {
             current_replicas(&s).is_empty(),
             "unloading replicas are leaving"
         );
-        assert!(model_views(&s).is_empty());
+        assert!(model_views(&s, &Load::default()).is_empty());
     }
 }

@@ -1,11 +1,13 @@
-//! The `Cluster` gRPC service workers and routers call. Registration, heartbeats and replica
-//! reports need the leader (its soft state and the log); a follower forwards them. Watch is
+//! The `Cluster` gRPC service workers and routers call. Registration, heartbeats, replica
+//! reports and activations need the leader (its soft state and the log); a follower forwards
+//! them. Watch is
 //! answered by any node from its applied state.
 //!
 //! ```text
 //!  RegisterNode ─► write RegisterNode ─► soft: heard from      (leader)
 //!  Heartbeat    ─► soft: heard from + utilization; unknown node ─► reregister
 //!  ReportReplica ─► unloaded ? RemoveReplica : SetReplicaState  (the replica must be the node's)
+//!  Activate     ─► soft: demand for the model (scale from zero), wakes placement
 //!  Watch        ─► WatchHub: snapshot or retained deltas, then live deltas
 //! ```
 
@@ -180,6 +182,34 @@ impl Cluster for ClusterService {
         let applied = self.consensus.write(cmd).await.map_err(ApiError::from)?;
         Ok(Response::new(pb::ReportReplicaResponse {
             revision: applied.revision.max(self.revision()),
+        }))
+    }
+
+    /// Records demand for a model so placement keeps one replica of a `min_replicas` 0 model
+    /// (scale from zero). Refused for an unknown model and for one whose `max_replicas` is 0.
+    async fn activate(
+        &self,
+        request: Request<pb::ActivateRequest>,
+    ) -> Result<Response<pb::ActivateResponse>, Status> {
+        if let Some(mut leader) = self.leader_client(&request)? {
+            return leader
+                .activate(self.leader.request(request.into_inner()))
+                .await;
+        }
+        let model = request.into_inner().model;
+        let state = self.consensus.local_state();
+        let Some(spec) = state.model(&model) else {
+            return Err(ApiError::from(StateError::not_found(EntityKind::Model, &model)).into());
+        };
+        if spec.max_replicas == 0 {
+            return Err(ApiError::from(StateError::Conflict(format!(
+                "model '{model}' has max_replicas 0: requests cannot start a replica; scale it to at least 1"
+            )))
+            .into());
+        }
+        self.soft.activate(&model, Instant::now());
+        Ok(Response::new(pb::ActivateResponse {
+            renew_after_ms: (self.soft.scale_to_zero_after() / 2).as_millis() as u64,
         }))
     }
 

@@ -1,9 +1,13 @@
-//! The leader's soft state: liveness, the last heartbeat of every node, and the recent history
-//! of placement decisions per model. Lost on a leader change by design: a new leader rebuilds it
-//! from heartbeats (and waits one heartbeat timeout before declaring anyone down).
+//! The leader's soft state: liveness, the last heartbeat of every node, the models routers
+//! activated recently (scale from zero) and the recent history of placement decisions per
+//! model. Lost on a leader change by design: a new leader rebuilds it from heartbeats (and waits
+//! one heartbeat timeout before declaring anyone down) and from activations (and assumes demand
+//! for every model that runs replicas above its floor, so a leader change scales nothing to
+//! zero before routers had a chance to renew).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
 
 use nereid_proto::pb::cluster as pb;
 use parking_lot::Mutex;
@@ -16,15 +20,23 @@ use crate::state::NodeStatus;
 /// How many placement records each model keeps.
 const HISTORY_PER_MODEL: usize = 32;
 
+/// How long an activation keeps a model scaled from zero, unless configured.
+pub const DEFAULT_SCALE_TO_ZERO_AFTER: Duration = Duration::from_secs(300);
+
 /// Shared between the leader task, the cluster service (heartbeats) and the management API.
 pub struct SoftState {
     heartbeat_timeout: Duration,
+    scale_to_zero_after: Duration,
+    /// Wakes the leader loop for a round before its timer (an activation).
+    wake: Notify,
     inner: Mutex<Inner>,
 }
 
 struct Inner {
     liveness: Liveness,
     last_heartbeat: HashMap<String, pb::HeartbeatRequest>,
+    /// When a router last activated each model.
+    demand: HashMap<String, Instant>,
     history: HashMap<String, VecDeque<pb::PlacementRecord>>,
     /// The decisions last recorded per model, so an unchanged plan is not recorded again.
     last_recorded: HashMap<String, Vec<pb::PlacementDecision>>,
@@ -34,17 +46,57 @@ impl SoftState {
     pub fn new(heartbeat_timeout: Duration) -> Self {
         SoftState {
             heartbeat_timeout,
+            scale_to_zero_after: DEFAULT_SCALE_TO_ZERO_AFTER,
+            wake: Notify::new(),
             inner: Mutex::new(Inner {
                 liveness: Liveness::new(heartbeat_timeout, Instant::now()),
                 last_heartbeat: HashMap::new(),
+                demand: HashMap::new(),
                 history: HashMap::new(),
                 last_recorded: HashMap::new(),
             }),
         }
     }
 
+    /// How long an activation keeps a model scaled from zero.
+    pub fn with_scale_to_zero_after(mut self, after: Duration) -> Self {
+        self.scale_to_zero_after = after;
+        self
+    }
+
     pub fn heartbeat_timeout(&self) -> Duration {
         self.heartbeat_timeout
+    }
+
+    pub fn scale_to_zero_after(&self) -> Duration {
+        self.scale_to_zero_after
+    }
+
+    /// A router has requests for `model`: keep (or start) a replica of it until
+    /// [`Self::scale_to_zero_after`] passes without another activation. Wakes the leader loop
+    /// when the model was not in demand yet.
+    pub fn activate(&self, model: &str, now: Instant) {
+        let fresh = {
+            let mut inner = self.inner.lock();
+            let previous = inner.demand.insert(model.to_string(), now);
+            !previous.is_some_and(|t| now.saturating_duration_since(t) <= self.scale_to_zero_after)
+        };
+        if fresh {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Assumes demand at `now` for these models (a new leader's starting point).
+    pub fn assume_demand(&self, models: impl IntoIterator<Item = String>, now: Instant) {
+        let mut inner = self.inner.lock();
+        for model in models {
+            inner.demand.insert(model, now);
+        }
+    }
+
+    /// Resolves when something asked for a round before the timer (an activation).
+    pub async fn woken(&self) {
+        self.wake.notified().await
     }
 
     /// This node became leader at `now`: forget what an earlier term knew.
@@ -53,6 +105,7 @@ impl SoftState {
         inner.liveness = Liveness::new(self.heartbeat_timeout, now);
         inner.last_heartbeat.clear();
         inner.last_recorded.clear();
+        inner.demand.clear();
     }
 
     /// A node registered or sent a heartbeat.
@@ -134,11 +187,18 @@ impl Observations for SoftState {
 
     fn load(&self) -> Load {
         let inner = self.inner.lock();
+        let now = Instant::now();
         Load {
             node_utilization: inner
                 .last_heartbeat
                 .iter()
                 .map(|(node, hb)| (node.clone(), hb.cpu_utilization))
+                .collect(),
+            demanded: inner
+                .demand
+                .iter()
+                .filter(|(_, t)| now.saturating_duration_since(**t) <= self.scale_to_zero_after)
+                .map(|(model, _)| model.clone())
                 .collect(),
         }
     }

@@ -25,7 +25,7 @@ use super::soft::SoftState;
 use crate::consensus::{Consensus, ConsensusError};
 use crate::convert::plan_to_decisions;
 use crate::placement::plan;
-use crate::state::Command;
+use crate::state::{ClusterState, Command, ReplicaState};
 use crate::views::{current_replicas, model_views, node_views};
 
 /// Placement commands in flight at once. Raft batches concurrent writes into one append (one
@@ -53,7 +53,9 @@ pub async fn run(
                 term = current.term,
                 "this node is the leader: running placement"
             );
-            soft.begin_term(Instant::now());
+            let now = Instant::now();
+            soft.begin_term(now);
+            soft.assume_demand(scaled_from_zero(&consensus.local_state()), now);
             lead(&*consensus, &soft, config, &mut leadership, &mut shutdown).await;
         }
         if *shutdown.borrow() {
@@ -88,6 +90,7 @@ async fn lead(
         }
         tokio::select! {
             _ = ticker.tick() => {}
+            _ = soft.woken() => {}
             changed = states.changed() => if changed.is_err() { return },
             changed = leadership.changed() => if changed.is_err() { return },
             _ = shutdown.changed() => return,
@@ -115,7 +118,7 @@ pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), Co
     let load = soft.load();
     let decided = plan(
         &nodes,
-        &model_views(&state),
+        &model_views(&state, &load),
         &current_replicas(&state),
         &load,
     );
@@ -156,6 +159,21 @@ pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), Co
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// Models with `min_replicas` 0 that run a replica: scaled from zero by an earlier leader.
+fn scaled_from_zero(state: &ClusterState) -> Vec<String> {
+    state
+        .models()
+        .values()
+        .filter(|m| m.min_replicas == 0)
+        .filter(|m| {
+            state
+                .replicas_of(&m.name)
+                .any(|r| r.state != ReplicaState::Unloading)
+        })
+        .map(|m| m.name.clone())
+        .collect()
 }
 
 async fn write(consensus: &dyn Consensus, cmd: Command) -> Result<(), ConsensusError> {

@@ -224,3 +224,50 @@ async fn a_model_that_fits_nowhere_is_recorded_unplaced() {
     assert_eq!(history[0].decisions[0].action, "unplaced");
     assert_eq!(history[0].decisions[0].rule, "NoCapacity");
 }
+
+#[tokio::test]
+async fn activation_scales_a_model_from_zero_and_lapsed_demand_back_to_zero() {
+    let (c, soft) = setup();
+    for id in ["a", "b"] {
+        write(&c, Command::RegisterNode(node(id))).await;
+        soft.heard_from(id, Instant::now(), None);
+    }
+    let mut m = model("m", 0);
+    m.max_replicas = 3;
+    write(&c, Command::UpsertModel(m)).await;
+    round(&*c, &soft).await.unwrap();
+    assert!(replicas_of(&c, "m").is_empty(), "min 0: nothing placed");
+
+    soft.activate("m", Instant::now());
+    round(&*c, &soft).await.unwrap();
+    assert_eq!(replicas_of(&c, "m").len(), 1, "one replica on demand");
+    set_ready(&c, "m").await;
+    round(&*c, &soft).await.unwrap();
+    assert_eq!(
+        replicas_of(&c, "m")[0].1,
+        ReplicaState::Ready,
+        "kept while in demand"
+    );
+
+    // The last activation is older than the scale-to-zero delay: the replica unloads.
+    soft.activate("m", Instant::now() - soft.scale_to_zero_after() * 2);
+    round(&*c, &soft).await.unwrap();
+    assert_eq!(replicas_of(&c, "m")[0].1, ReplicaState::Unloading);
+
+    // A model with max_replicas 0 is never started by demand.
+    let mut off = model("off", 0);
+    off.max_replicas = 0;
+    write(&c, Command::UpsertModel(off)).await;
+    soft.activate("off", Instant::now());
+    round(&*c, &soft).await.unwrap();
+    assert!(replicas_of(&c, "off").is_empty());
+}
+
+#[tokio::test]
+async fn a_new_leader_assumes_demand_for_models_running_above_their_floor() {
+    let soft = SoftState::new(TIMEOUT);
+    soft.assume_demand(["m".to_string()], Instant::now());
+    assert!(soft.load().demanded.contains("m"));
+    soft.begin_term(Instant::now());
+    assert!(soft.load().demanded.is_empty(), "a new term starts empty");
+}

@@ -28,7 +28,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use plan::plan;
 
@@ -80,11 +80,13 @@ pub struct CurrentReplica {
     pub memory_bytes: Option<u64>,
 }
 
-/// Soft state from heartbeats: per-node utilization in `0.0..=1.0`, used only to break ties.
-/// Nodes without an entry count as idle.
+/// Soft state the leader observed: per-node utilization in `0.0..=1.0` from heartbeats, used
+/// only to break ties (nodes without an entry count as idle), and the models routers asked to
+/// activate recently (scale from zero; see [`crate::views::model_views`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Load {
     pub node_utilization: BTreeMap<String, f64>,
+    pub demanded: BTreeSet<String>,
 }
 
 impl Load {

@@ -55,6 +55,7 @@ fn no_load() -> Load {
 fn load(pairs: &[(&str, f64)]) -> Load {
     Load {
         node_utilization: pairs.iter().map(|(n, u)| (n.to_string(), *u)).collect(),
+        ..Default::default()
     }
 }
 
