@@ -239,6 +239,7 @@ mod tests {
                 name: "y".into(),
                 parameters: Parameters::new(),
             }],
+            ..Default::default()
         }
     }
 
