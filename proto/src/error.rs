@@ -30,6 +30,9 @@ pub enum ServiceError {
     /// The request was cancelled (HTTP 400, gRPC CANCELLED).
     #[error("{0}")]
     Cancelled(String),
+    /// The client's deadline passed before the answer came (HTTP 504, gRPC DEADLINE_EXCEEDED).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     /// A failure inside the server or the backend (HTTP 500, gRPC INTERNAL).
     #[error("{0}")]
     Internal(String),
@@ -66,6 +69,7 @@ impl ServiceError {
             | ServiceError::Unsupported(m)
             | ServiceError::AlreadyExists(m)
             | ServiceError::Cancelled(m)
+            | ServiceError::DeadlineExceeded(m)
             | ServiceError::Internal(m) => m,
         }
     }
@@ -91,6 +95,7 @@ impl ServiceError {
             ServiceError::Unsupported(m) => (ServiceError::Unsupported, m),
             ServiceError::AlreadyExists(m) => (ServiceError::AlreadyExists, m),
             ServiceError::Cancelled(m) => (ServiceError::Cancelled, m),
+            ServiceError::DeadlineExceeded(m) => (ServiceError::DeadlineExceeded, m),
             ServiceError::Internal(m) => (ServiceError::Internal, m),
         }
     }

@@ -10,6 +10,7 @@
 //! - [`types`]: the internal request/response/tensor types every frontend converts into.
 //! - [`error`]: [`ServiceError`], classified by meaning; each transport maps it exhaustively.
 //! - [`service`]: the [`InferenceService`] trait the frontends call.
+//! - [`trace_context`]: W3C trace context and `grpc-timeout`, read from clients and passed on.
 //! - [`http`] and [`grpc`]: the two frontends.
 
 pub mod config_text;
@@ -21,6 +22,7 @@ pub mod json;
 pub mod pb;
 pub mod serve;
 pub mod service;
+pub mod trace_context;
 pub mod types;
 
 pub use datatype::DataType;

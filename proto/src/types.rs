@@ -8,11 +8,13 @@
 //! trust them.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use crate::datatype::DataType;
 use crate::error::{ServiceError, ServiceResult};
+use crate::trace_context::TraceContext;
 
 /// A request or response parameter value (KServe v2 `InferParameter`).
 #[derive(Clone, Debug, PartialEq)]
@@ -278,6 +280,23 @@ pub struct RequestedOutput {
     pub parameters: Parameters,
 }
 
+/// What a request carries besides its content: the client's trace context and deadline. The
+/// frontends fill it from headers or metadata; the router passes it on to the worker.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestContext {
+    /// The client's W3C trace context, if it sent a valid one.
+    pub trace: Option<TraceContext>,
+    /// When the client stops waiting (gRPC `grpc-timeout`); `None` without a timeout.
+    pub deadline: Option<Instant>,
+}
+
+impl RequestContext {
+    /// Whether the deadline has passed at `now`.
+    pub fn expired(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| d <= now)
+    }
+}
+
 /// One inference request, as every frontend produces it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InferRequest {
@@ -292,6 +311,7 @@ pub struct InferRequest {
     pub inputs: Vec<Tensor>,
     /// Outputs to return, in order; empty means every output of the model.
     pub outputs: Vec<RequestedOutput>,
+    pub context: RequestContext,
 }
 
 /// The answer to an [`InferRequest`].

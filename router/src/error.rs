@@ -57,6 +57,10 @@ pub enum RouterError {
     /// The operation is not served by the router.
     #[error("{0}")]
     Unsupported(String),
+    /// The client's deadline (`grpc-timeout`) passed before a worker answered, or before the
+    /// request could be forwarded. Never retried: the request may have run.
+    #[error("model '{model}': the request's deadline passed before a worker answered")]
+    DeadlineExceeded { model: String },
 }
 
 fn no_ready_message(model: &str, version: &Option<i64>) -> String {
@@ -90,7 +94,8 @@ impl RouterError {
             | RouterError::Overloaded { .. }
             | RouterError::InvalidRequest(_)
             | RouterError::BadResponse { .. }
-            | RouterError::Unsupported(_) => false,
+            | RouterError::Unsupported(_)
+            | RouterError::DeadlineExceeded { .. } => false,
         }
     }
 }
@@ -117,6 +122,7 @@ impl From<RouterError> for ServiceError {
                 ))
             }
             RouterError::Unsupported(_) => ServiceError::Unsupported(message),
+            RouterError::DeadlineExceeded { .. } => ServiceError::DeadlineExceeded(message),
         }
     }
 }
@@ -179,5 +185,13 @@ mod tests {
             error: ServiceError::invalid("bad"),
         };
         assert!(!invalid.retryable());
+        let late = RouterError::DeadlineExceeded { model: "m".into() };
+        assert!(!late.retryable());
+        assert_eq!(
+            ServiceError::from(late),
+            ServiceError::DeadlineExceeded(
+                "model 'm': the request's deadline passed before a worker answered".into()
+            )
+        );
     }
 }

@@ -3,14 +3,20 @@
 //!
 //! Calls return [`RouterError`]s classified by [`crate::wire::classify_status`], so the service
 //! decides retries on the class, not on message text.
+//!
+//! An infer call carries the client's [`RequestContext`] as metadata: `traceparent` and
+//! `tracestate` unchanged, and the time left to the deadline as `grpc-timeout` (computed per
+//! attempt, so a retry gets less). A request whose deadline has passed is answered
+//! [`RouterError::DeadlineExceeded`] without calling the worker; a call the deadline cut short
+//! (tonic reports it as CANCELLED, a worker may say DEADLINE_EXCEEDED) is too.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use nereid_proto::pb::inference::{
-    ModelConfig, ModelConfigRequest, ModelInferRequest, ModelInferResponse, ModelMetadataRequest,
+    ModelConfig, ModelConfigRequest, ModelInferResponse, ModelMetadataRequest,
     ModelMetadataResponse, ModelStatistics, ModelStatisticsRequest,
 };
 use tonic::transport::{Channel, Endpoint};
@@ -19,9 +25,12 @@ use futures::{Stream, StreamExt};
 use nereid_proto::pb::inference::InferParameter;
 use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
 use nereid_proto::service::StreamedResponse;
+use nereid_proto::trace_context::{TRACEPARENT, TRACESTATE};
+use nereid_proto::types::RequestContext;
+use tonic::metadata::MetadataValue;
 
 use crate::error::{RouterError, RouterResult};
-use crate::wire::{classify_status, decode_response};
+use crate::wire::{WorkerRequest, classify_status, decode_response};
 
 /// Request parameter asking for an empty response that marks a request's end.
 const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
@@ -34,6 +43,62 @@ fn bool_param(v: bool) -> InferParameter {
     InferParameter {
         parameter_choice: Some(ParameterChoice::BoolParam(v)),
     }
+}
+
+/// Whether `context`'s deadline has passed: a request past it is not worth another attempt.
+pub fn deadline_passed(context: &RequestContext) -> bool {
+    context.expired(Instant::now())
+}
+
+/// `message` as a tonic request carrying `context` as metadata; `DeadlineExceeded` (for
+/// `model`) when the deadline has already passed.
+fn with_context<T>(
+    message: T,
+    context: &RequestContext,
+    model: &str,
+) -> RouterResult<tonic::Request<T>> {
+    let mut call = tonic::Request::new(message);
+    if let Some(deadline) = context.deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(RouterError::DeadlineExceeded {
+                model: model.to_string(),
+            });
+        }
+        call.set_timeout(left);
+    }
+    if let Some(trace) = &context.trace {
+        let metadata = call.metadata_mut();
+        // Both were header text when they arrived, so they are valid metadata; a value that is
+        // not is left out rather than failing the request.
+        if let Ok(v) = MetadataValue::try_from(trace.traceparent()) {
+            metadata.insert(TRACEPARENT, v);
+        }
+        if let Some(Ok(v)) = trace.tracestate().map(MetadataValue::try_from) {
+            metadata.insert(TRACESTATE, v);
+        }
+    }
+    Ok(call)
+}
+
+/// Classifies a failed infer call; with a deadline set, a call it cut short (CANCELLED, as tonic
+/// reports its own timeout, or DEADLINE_EXCEEDED) is [`RouterError::DeadlineExceeded`].
+fn classify_infer_status(
+    addr: &str,
+    model: &str,
+    context: &RequestContext,
+    status: tonic::Status,
+) -> RouterError {
+    let cut_short = matches!(
+        status.code(),
+        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+    );
+    if context.deadline.is_some() && cut_short {
+        return RouterError::DeadlineExceeded {
+            model: model.to_string(),
+        };
+    }
+    classify_status(addr, status)
 }
 
 /// How the router connects to workers.
@@ -105,16 +170,20 @@ impl Workers {
             .max_encoding_message_size(self.config.max_message_size))
     }
 
+    /// Forwards one infer call with its context (see the module docs).
     pub async fn infer(
         &self,
         addr: &str,
-        request: ModelInferRequest,
+        request: WorkerRequest,
     ) -> RouterResult<ModelInferResponse> {
+        let WorkerRequest { message, context } = request;
+        let model = message.model_name.clone();
+        let call = with_context(message, &context, &model)?;
         self.client(addr)?
-            .model_infer(request)
+            .model_infer(call)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|s| classify_status(addr, s))
+            .map_err(|s| classify_infer_status(addr, &model, &context, s))
     }
 
     /// Opens a `ModelStreamInfer` carrying the one request, and yields its answers as
@@ -123,26 +192,33 @@ impl Workers {
     pub async fn infer_stream(
         &self,
         addr: &str,
-        mut request: ModelInferRequest,
+        request: WorkerRequest,
     ) -> RouterResult<impl Stream<Item = RouterResult<StreamedResponse>> + Send + 'static + use<>>
     {
-        request
+        let WorkerRequest {
+            mut message,
+            context,
+        } = request;
+        message
             .parameters
             .insert(EMPTY_FINAL_RESPONSE_KEY.to_string(), bool_param(true));
-        let mut call = tonic::Request::new(futures::stream::once(async move { request }));
-        call.metadata_mut().insert(
-            GRPC_ERROR_KEY,
-            tonic::metadata::MetadataValue::from_static("true"),
-        );
+        let model = message.model_name.clone();
+        let mut call = with_context(
+            futures::stream::once(async move { message }),
+            &context,
+            &model,
+        )?;
+        call.metadata_mut()
+            .insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
         let responses = self
             .client(addr)?
             .model_stream_infer(call)
             .await
-            .map_err(|s| classify_status(addr, s))?
+            .map_err(|s| classify_infer_status(addr, &model, &context, s))?
             .into_inner();
         let addr = addr.to_string();
         Ok(responses.map(move |item| {
-            let message = item.map_err(|s| classify_status(&addr, s))?;
+            let message = item.map_err(|s| classify_infer_status(&addr, &model, &context, s))?;
             let Some(mut response) = message.infer_response else {
                 return Err(RouterError::BadResponse {
                     addr: addr.clone(),
@@ -209,5 +285,69 @@ impl Workers {
             .await
             .map(|r| r.into_inner().model_stats)
             .map_err(|s| classify_status(addr, s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nereid_proto::trace_context::TraceContext;
+
+    use super::*;
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn the_context_becomes_metadata() {
+        let context = RequestContext {
+            trace: TraceContext::parse(TRACEPARENT, Some("a=1")),
+            deadline: Some(Instant::now() + Duration::from_secs(2)),
+        };
+        let call = with_context((), &context, "m").unwrap();
+        let metadata = call.metadata();
+        assert_eq!(metadata.get("traceparent").unwrap(), TRACEPARENT);
+        assert_eq!(metadata.get("tracestate").unwrap(), "a=1");
+        let timeout = metadata.get("grpc-timeout").unwrap().to_str().unwrap();
+        let left = nereid_proto::trace_context::parse_grpc_timeout(timeout).unwrap();
+        assert!(left <= Duration::from_secs(2) && left > Duration::from_secs(1));
+
+        let bare = with_context((), &RequestContext::default(), "m").unwrap();
+        assert!(bare.metadata().is_empty());
+    }
+
+    #[test]
+    fn a_passed_deadline_is_not_forwarded() {
+        let context = RequestContext {
+            deadline: Some(Instant::now()),
+            ..Default::default()
+        };
+        assert!(deadline_passed(&context));
+        assert!(!deadline_passed(&RequestContext::default()));
+        assert_eq!(
+            with_context((), &context, "m").unwrap_err(),
+            RouterError::DeadlineExceeded { model: "m".into() }
+        );
+    }
+
+    #[test]
+    fn a_call_cut_short_by_the_deadline_is_classified_as_such() {
+        let with_deadline = RequestContext {
+            deadline: Some(Instant::now()),
+            ..Default::default()
+        };
+        let cut = classify_infer_status(
+            "w",
+            "m",
+            &with_deadline,
+            tonic::Status::cancelled("Timeout expired"),
+        );
+        assert_eq!(cut, RouterError::DeadlineExceeded { model: "m".into() });
+        // Without a deadline, CANCELLED is the worker's answer as usual.
+        let plain = classify_infer_status(
+            "w",
+            "m",
+            &RequestContext::default(),
+            tonic::Status::cancelled("gone"),
+        );
+        assert!(matches!(plain, RouterError::Worker { .. }), "{plain:?}");
     }
 }

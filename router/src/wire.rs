@@ -3,6 +3,7 @@
 //! image of the server side in `nereid_proto::grpc`.
 //!
 //! ```text
+//! InferRequest.context  ──► WorkerRequest.context (sent as metadata by `forward`)
 //! InferRequest.options  ──► reserved parameters (sequence_id, sequence_start/end, priority, timeout)
 //! InferRequest.inputs[i] ─► inputs[i] (name, datatype, shape) + raw_input_contents[i]
 //!                           (the same `Bytes`, shared, not copied)
@@ -19,7 +20,8 @@ use nereid_proto::pb::inference::model_infer_request::{
 };
 use nereid_proto::pb::inference::{InferParameter, ModelInferRequest, ModelInferResponse};
 use nereid_proto::types::{
-    CorrelationId, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions, Tensor,
+    CorrelationId, InferRequest, InferResponse, ParamValue, Parameters, RequestContext,
+    RequestOptions, Tensor,
 };
 use tonic::Code;
 
@@ -30,9 +32,24 @@ pub fn version_text(version: Option<i64>) -> String {
     version.map(|v| v.to_string()).unwrap_or_default()
 }
 
+/// An infer request in the form a worker gets it: the message, and the context that travels
+/// beside it as metadata (`traceparent`, `tracestate`, `grpc-timeout`; see `forward`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerRequest {
+    pub message: ModelInferRequest,
+    pub context: RequestContext,
+}
+
 /// Encodes a request for a worker. Custom `uint64` parameters (only HTTP JSON can carry them)
 /// become `int64` when they fit: the gRPC API accepts no `uint64` custom parameters.
-pub fn encode_request(request: &InferRequest) -> RouterResult<ModelInferRequest> {
+pub fn encode_request(request: &InferRequest) -> RouterResult<WorkerRequest> {
+    Ok(WorkerRequest {
+        message: encode_message(request)?,
+        context: request.context.clone(),
+    })
+}
+
+fn encode_message(request: &InferRequest) -> RouterResult<ModelInferRequest> {
     let mut parameters = HashMap::with_capacity(request.parameters.len() + 3);
     for (key, value) in &request.parameters {
         let value = match value {
@@ -201,7 +218,8 @@ pub fn classify_status(addr: &str, status: tonic::Status) -> RouterError {
         Code::Unimplemented => worker(ServiceError::Unsupported(message)),
         Code::AlreadyExists => worker(ServiceError::AlreadyExists(message)),
         Code::Cancelled => worker(ServiceError::Cancelled(message)),
-        Code::DeadlineExceeded | Code::Aborted => worker(ServiceError::Unavailable(message)),
+        Code::DeadlineExceeded => worker(ServiceError::DeadlineExceeded(message)),
+        Code::Aborted => worker(ServiceError::Unavailable(message)),
         Code::Ok
         | Code::Unknown
         | Code::Internal
@@ -239,13 +257,14 @@ mod tests {
                 name: "y".into(),
                 parameters: Parameters::new(),
             }],
+            ..Default::default()
         }
     }
 
     #[test]
     fn requests_encode_options_and_share_tensor_bytes() {
         let r = request();
-        let wire = encode_request(&r).unwrap();
+        let wire = encode_request(&r).unwrap().message;
         assert_eq!(wire.model_version, "3");
         assert_eq!(wire.inputs[0].datatype, "INT32");
         assert_eq!(
@@ -259,6 +278,13 @@ mod tests {
         assert_eq!(p("sequence_start"), ParameterChoice::BoolParam(true));
         assert!(!wire.parameters.contains_key("timeout"));
         assert_eq!(wire.outputs[0].name, "y");
+    }
+
+    #[test]
+    fn the_context_travels_beside_the_message() {
+        let mut r = request();
+        r.context.deadline = Some(std::time::Instant::now());
+        assert_eq!(encode_request(&r).unwrap().context, r.context);
     }
 
     #[test]
@@ -314,5 +340,11 @@ mod tests {
         );
         assert!(classify_status("w", tonic::Status::unavailable("queue full")).retryable());
         assert!(!classify_status("w", tonic::Status::internal("boom")).retryable());
+        let late = classify_status("w", tonic::Status::deadline_exceeded("too late"));
+        assert!(!late.retryable());
+        assert_eq!(
+            ServiceError::from(late),
+            ServiceError::DeadlineExceeded("too late".into())
+        );
     }
 }

@@ -133,6 +133,7 @@ where
                         parameters: Parameters::new(),
                     })
                     .collect(),
+                ..Default::default()
             };
             let call = infer(request);
             running.push(async move { (index, call.await) });

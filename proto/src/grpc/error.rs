@@ -19,6 +19,7 @@ impl From<ServiceError> for Status {
             ServiceError::Unsupported(m) => (Code::Unimplemented, m),
             ServiceError::AlreadyExists(m) => (Code::AlreadyExists, m),
             ServiceError::Cancelled(m) => (Code::Cancelled, m),
+            ServiceError::DeadlineExceeded(m) => (Code::DeadlineExceeded, m),
             ServiceError::Internal(m) => (Code::Internal, m),
         };
         Status::new(code, message)
@@ -47,6 +48,10 @@ mod tests {
             (ServiceError::Unsupported("e".into()), Code::Unimplemented),
             (ServiceError::AlreadyExists("f".into()), Code::AlreadyExists),
             (ServiceError::Cancelled("g".into()), Code::Cancelled),
+            (
+                ServiceError::DeadlineExceeded("i".into()),
+                Code::DeadlineExceeded,
+            ),
             (ServiceError::Internal("h".into()), Code::Internal),
         ];
         for (err, code) in cases {

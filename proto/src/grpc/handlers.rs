@@ -103,7 +103,7 @@ impl GrpcInferenceService for GrpcFrontend {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
-        let request = infer::decode_request(request.into_inner())?;
+        let request = infer::decode_call(request)?;
         let response = self.service.infer(request).await?;
         Ok(Response::new(infer::encode_response(response)))
     }
@@ -115,10 +115,12 @@ impl GrpcInferenceService for GrpcFrontend {
         request: Request<tonic::Streaming<ModelInferRequest>>,
     ) -> RpcResult<Self::ModelStreamInferStream> {
         let mode = ErrorMode::from_metadata(request.metadata());
+        let context = infer::request_context(request.metadata(), std::time::Instant::now());
         Ok(Response::new(stream::serve_stream(
             self.service.clone(),
             request.into_inner(),
             mode,
+            context,
             self.config.stream_response_buffer,
         )))
     }

@@ -10,11 +10,17 @@
 //! InferResponse.outputs[i] ──► outputs[i] (name, datatype, shape) + raw_output_contents[i]
 //! ```
 //!
+//! The request's metadata gives its [`RequestContext`]: `traceparent` / `tracestate` (W3C trace
+//! context, ignored when invalid) and `grpc-timeout` (the deadline, counted from arrival).
+//!
 //! An input carries its data either raw or typed, never both; once any raw contents are present
 //! every input must have exactly one. Responses always use `raw_output_contents`, as Triton's do,
 //! so output bytes go out without a copy.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use tonic::metadata::MetadataMap;
 
 use crate::datatype::DataType;
 use crate::error::{ServiceError, ServiceResult};
@@ -23,9 +29,12 @@ use crate::pb::inference::infer_parameter::ParameterChoice;
 use crate::pb::inference::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 use crate::pb::inference::model_infer_response::InferOutputTensor;
 use crate::pb::inference::{InferParameter, ModelInferRequest, ModelInferResponse};
+use crate::trace_context::{
+    GRPC_TIMEOUT, TRACEPARENT, TRACESTATE, TraceContext, parse_grpc_timeout,
+};
 use crate::types::{
     self, InferRequest, InferResponse, ParamValue, Parameters, RESERVED_PARAMETER_KEYS,
-    RequestOptions, RequestedOutput, Tensor, format_shape,
+    RequestContext, RequestOptions, RequestedOutput, Tensor, format_shape,
 };
 
 /// A `triton_` request key Triton accepts: a streamed request asks with it for an empty response
@@ -39,6 +48,35 @@ const SHARED_MEMORY_KEYS: [&str; 3] = [
     "shared_memory_offset",
     "shared_memory_byte_size",
 ];
+
+/// Validates and converts a unary `ModelInfer` call, its metadata included.
+pub(crate) fn decode_call(call: tonic::Request<ModelInferRequest>) -> ServiceResult<InferRequest> {
+    let context = request_context(call.metadata(), Instant::now());
+    let mut request = decode_request(call.into_inner())?;
+    request.context = context;
+    Ok(request)
+}
+
+/// The trace context and deadline a call's metadata carries; `now` is when the call arrived.
+/// A malformed `grpc-timeout` is ignored, as tonic's server does.
+pub(crate) fn request_context(metadata: &MetadataMap, now: Instant) -> RequestContext {
+    let text = |key: &'static str| {
+        metadata
+            .get_all(key)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+    };
+    let deadline = metadata
+        .get(GRPC_TIMEOUT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .and_then(|timeout| now.checked_add(timeout));
+    RequestContext {
+        trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
+        deadline,
+    }
+}
 
 /// Validates and converts a gRPC infer request into the internal request.
 pub(crate) fn decode_request(request: ModelInferRequest) -> ServiceResult<InferRequest> {
@@ -119,6 +157,7 @@ pub(crate) fn decode_stream_request(request: ModelInferRequest) -> ServiceResult
         parameters,
         inputs: tensors,
         outputs: requested,
+        context: RequestContext::default(),
     };
     Ok(StreamRequest {
         request,

@@ -398,3 +398,31 @@ fn responses_carry_raw_outputs_in_order_without_copying() {
         param(ParameterChoice::StringParam("ok".into()))
     );
 }
+
+#[test]
+fn metadata_gives_the_trace_context_and_deadline() {
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut metadata = MetadataMap::new();
+    metadata.insert("traceparent", traceparent.parse().unwrap());
+    metadata.insert("tracestate", "a=1".parse().unwrap());
+    metadata.insert("grpc-timeout", "1500m".parse().unwrap());
+    let now = Instant::now();
+    let context = request_context(&metadata, now);
+    let trace = context.trace.unwrap();
+    assert_eq!(trace.traceparent(), traceparent);
+    assert_eq!(trace.tracestate(), Some("a=1"));
+    assert_eq!(
+        context.deadline,
+        Some(now + std::time::Duration::from_millis(1500))
+    );
+
+    let mut bad = MetadataMap::new();
+    bad.insert("traceparent", traceparent.to_uppercase().parse().unwrap());
+    bad.insert("tracestate", "a=1".parse().unwrap());
+    bad.insert("grpc-timeout", "1.5S".parse().unwrap());
+    assert_eq!(request_context(&bad, now), RequestContext::default());
+    // The largest timeout the format allows does not overflow.
+    let mut huge = MetadataMap::new();
+    huge.insert("grpc-timeout", "99999999H".parse().unwrap());
+    let _ = request_context(&huge, now);
+}

@@ -51,7 +51,7 @@ use crate::pb::inference::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
 use crate::service::{InferenceService, StreamedResponse};
-use crate::types::InferRequest;
+use crate::types::{InferRequest, RequestContext};
 
 /// Response parameter marking a request's last response.
 pub(crate) const FINAL_RESPONSE_KEY: &str = "triton_final_response";
@@ -94,18 +94,20 @@ enum Flow {
 
 /// Starts serving one `ModelStreamInfer` rpc and returns its response stream at once; a task
 /// reads `requests` until the client half-closes. At most `buffer` (at least 1) responses wait
-/// unsent.
+/// unsent. Every request of the stream carries `context`, read from the rpc's metadata: the
+/// stream's trace context and deadline are those of each of its requests.
 pub(crate) fn serve_stream<S>(
     service: Arc<dyn InferenceService>,
     requests: S,
     mode: ErrorMode,
+    context: RequestContext,
     buffer: usize,
 ) -> Responses
 where
     S: Stream<Item = Result<ModelInferRequest, Status>> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(buffer.max(1));
-    tokio::spawn(stream_task(service, requests, mode, tx));
+    tokio::spawn(stream_task(service, requests, mode, context, tx));
     ReceiverStream::new(rx)
 }
 
@@ -251,6 +253,7 @@ async fn stream_task<S>(
     service: Arc<dyn InferenceService>,
     requests: S,
     mode: ErrorMode,
+    context: RequestContext,
     tx: mpsc::Sender<ResponseItem>,
 ) where
     S: Stream<Item = Result<ModelInferRequest, Status>> + Send,
@@ -266,7 +269,10 @@ async fn stream_task<S>(
             next = requests.next(), if reading => match next {
                 Some(Ok(message)) => {
                     let origin = Origin::of(&message);
-                    let decoded = infer::decode_stream_request(message);
+                    let decoded = infer::decode_stream_request(message).map(|mut r| {
+                        r.request.context = context.clone();
+                        r
+                    });
                     let turns = match &decoded {
                         Ok(r) => {
                             let ordered = !decoupled.check(service.as_ref(), &r.request).await;

@@ -598,7 +598,13 @@ async fn a_slow_reader_holds_back_the_model_and_dropping_it_cancels() {
     });
     let requests = stream::iter([Ok(request("endless", "e", &[]))]).chain(stream::pending());
     let buffer = 2;
-    let mut responses = serve_stream(mock.clone(), requests, ErrorMode::InBand, buffer);
+    let mut responses = serve_stream(
+        mock.clone(),
+        requests,
+        ErrorMode::InBand,
+        Default::default(),
+        buffer,
+    );
     settle().await;
     // `buffer` responses wait in the channel and one more in the blocked send; no more are
     // pulled from the model's stream.

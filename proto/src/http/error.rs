@@ -23,6 +23,7 @@ pub fn status_of(err: &ServiceError) -> StatusCode {
         ServiceError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         ServiceError::AlreadyExists(_) => StatusCode::BAD_REQUEST,
         ServiceError::Cancelled(_) => StatusCode::BAD_REQUEST,
+        ServiceError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
         ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -114,6 +115,7 @@ mod tests {
             (ServiceError::Unsupported("e".into()), 501),
             (ServiceError::AlreadyExists("f".into()), 400),
             (ServiceError::Cancelled("g".into()), 400),
+            (ServiceError::DeadlineExceeded("i".into()), 504),
             (ServiceError::Internal("h".into()), 500),
         ];
         for (err, status) in cases {

@@ -48,7 +48,7 @@ use serde_json::{Map, Value};
 use super::HttpState;
 use super::body::read_body;
 use super::error::HttpError;
-use super::infer_request::{bad_parameter, param_value};
+use super::infer_request::{bad_parameter, param_value, request_context};
 use super::json_body::{MAX_REQUEST_DEPTH, parse_json};
 use super::tensor_json::{JsonData, bytes_are_utf8, decode_data, describe};
 use crate::datatype::DataType;
@@ -81,7 +81,8 @@ pub async fn generate(
     require_identity(&parts.headers)?;
     let limit = state.config.max_input_size;
     let body = read_body(&parts.headers, body, limit).await?;
-    let request = decode_generate(model, version, &body, &metadata.inputs, limit)?;
+    let mut request = decode_generate(model, version, &body, &metadata.inputs, limit)?;
+    request.context = request_context(&parts.headers);
     let responses = state.service.infer_stream(request).await?;
     if streaming {
         event_stream(responses).await
@@ -183,6 +184,7 @@ pub fn decode_generate(
         parameters,
         inputs: mapper.tensors,
         outputs: Vec::new(),
+        ..InferRequest::default()
     })
 }
 

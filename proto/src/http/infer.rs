@@ -12,7 +12,7 @@ use super::HttpState;
 use super::body::read_body;
 use super::compression::response_encoding;
 use super::error::HttpError;
-use super::infer_request::{decode_json, header_length};
+use super::infer_request::{decode_json, header_length, request_context};
 use super::infer_response::build_response;
 use super::raw_request::decode_raw;
 use crate::error::{ServiceError, ServiceResult};
@@ -64,7 +64,9 @@ pub async fn infer(
             }
         }
     };
-    let response = state.service.infer(decoded.request).await?;
+    let mut request = decoded.request;
+    request.context = request_context(&parts.headers);
+    let response = state.service.infer(request).await?;
     let encoding = response_encoding(&parts.headers);
     let format = decoded.format;
     let size = response.outputs.iter().map(|t| t.data().len()).sum();

@@ -25,9 +25,10 @@ use super::json_body::{MAX_REQUEST_DEPTH, parse_json};
 use super::tensor_json::{decode_data, describe};
 use crate::datatype::DataType;
 use crate::error::{ServiceError, ServiceResult};
+use crate::trace_context::{TRACEPARENT, TRACESTATE, TraceContext};
 use crate::types::{
-    InferRequest, ParamValue, Parameters, RequestOptions, RequestedOutput, Tensor, element_count,
-    format_shape,
+    InferRequest, ParamValue, Parameters, RequestContext, RequestOptions, RequestedOutput, Tensor,
+    element_count, format_shape,
 };
 
 /// Length of the JSON header when binary tensor data follows it.
@@ -55,6 +56,22 @@ impl OutputFormat {
 pub struct DecodedRequest {
     pub request: InferRequest,
     pub format: OutputFormat,
+}
+
+/// The context an HTTP request's headers give it: the W3C `traceparent` / `tracestate`
+/// (ignored when invalid). HTTP has no deadline header, so there is no deadline.
+pub fn request_context(headers: &HeaderMap) -> RequestContext {
+    let text = |name: &'static str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+    };
+    RequestContext {
+        trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
+        deadline: None,
+    }
 }
 
 /// The `Inference-Header-Content-Length` value: `None` when absent (the whole body is JSON).
@@ -180,6 +197,7 @@ pub fn decode_json(
         parameters,
         inputs: tensors,
         outputs,
+        context: RequestContext::default(),
     };
     Ok(DecodedRequest { request, format })
 }

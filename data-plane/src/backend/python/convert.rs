@@ -182,6 +182,7 @@ pub fn bls_request(request: RequestObject, inputs: Vec<Tensor>) -> Result<InferR
                 parameters: Parameters::new(),
             })
             .collect(),
+        ..Default::default()
     })
 }
 
@@ -209,7 +210,9 @@ pub fn service_error_object(error: ServiceError) -> ErrorObject {
     let code = match &error {
         ServiceError::InvalidArgument(_) => ErrorCode::InvalidArg,
         ServiceError::NotFound(_) => ErrorCode::NotFound,
-        ServiceError::Unavailable(_) | ServiceError::Overloaded(_) => ErrorCode::Unavailable,
+        ServiceError::Unavailable(_)
+        | ServiceError::Overloaded(_)
+        | ServiceError::DeadlineExceeded(_) => ErrorCode::Unavailable,
         ServiceError::Unsupported(_) => ErrorCode::Unsupported,
         ServiceError::AlreadyExists(_) => ErrorCode::AlreadyExists,
         ServiceError::Cancelled(_) => ErrorCode::Cancelled,

@@ -374,3 +374,21 @@ async fn events_go_out_as_they_arrive_and_a_dropped_body_cancels() {
         .await
         .expect("dropping the body dropped the model's stream");
 }
+
+#[tokio::test]
+async fn trace_headers_become_the_request_context() {
+    let (mock, app) = app();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut request = post_json("/v2/models/gen/generate", &json!({"text_input": "Hi"}));
+    let headers = request.headers_mut();
+    headers.insert("traceparent", traceparent.parse().unwrap());
+    headers.append("tracestate", "a=1".parse().unwrap());
+    headers.append("tracestate", "b=2".parse().unwrap());
+    let reply = send(&app, request).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    let context = last_request(&mock).context;
+    let trace = context.trace.expect("a valid traceparent is kept");
+    assert_eq!(trace.traceparent(), traceparent);
+    assert_eq!(trace.tracestate(), Some("a=1,b=2"));
+    assert_eq!(context.deadline, None);
+}
