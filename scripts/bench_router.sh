@@ -107,12 +107,26 @@ start() {
     eval "${name^^}_PID=$!"
 }
 
+replica_failure() { # MODEL: the reason of a failed replica of MODEL (control plane), if any
+    curl -sf --max-time 2 -H "authorization: Bearer $TOKEN" \
+        "http://127.0.0.1:$CP_HTTP_PORT/api/v1/models/$1" |
+        grep -o '"failure_reason": *"[^"]\+"' | head -n 1 || true
+}
+
 # wait_for WHAT CURL_ARGS...: polls until curl succeeds, a started process exits, or READY_SECS.
+# With CHECK_MODEL set, also stops when a replica of that model failed to load.
 wait_for() {
-    local what=$1 pid
+    local what=$1 pid failure
     shift
     local deadline=$((SECONDS + READY_SECS))
     until curl -sf -o /dev/null --max-time 2 "$@"; do
+        if [[ -n ${CHECK_MODEL:-} ]]; then
+            failure=$(replica_failure "$CHECK_MODEL")
+            if [[ -n $failure ]]; then
+                echo "error: $CHECK_MODEL failed to load: $failure" >&2
+                exit 1
+            fi
+        fi
         for pid in "${PIDS[@]}"; do
             if ! kill -0 "$pid" 2>/dev/null; then
                 echo "error: a process exited while waiting for $what; the ends of the logs:" >&2
@@ -167,7 +181,7 @@ start router router --control-plane "$CP" --auth-token-file "$WORK/token" \
     --http-address 127.0.0.1 --http-port "$R_HTTP" --grpc-address 127.0.0.1 --grpc-port "$R_GRPC" \
     --metrics-address 127.0.0.1 --metrics-port "$R_METRICS"
 for m in "${MODELS[@]}"; do
-    wait_for "model $m on the worker" "http://127.0.0.1:$W_HTTP/v2/models/$m/ready"
+    CHECK_MODEL=$m wait_for "model $m on the worker" "http://127.0.0.1:$W_HTTP/v2/models/$m/ready"
     wait_for "model $m on the router" "http://127.0.0.1:$R_HTTP/v2/models/$m/ready"
 done
 say "the router reports ${MODELS[*]} ready"
