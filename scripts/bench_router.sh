@@ -64,6 +64,7 @@ mkdir -p "$RAW"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nereid-bench-router.XXXXXX")
 FAILED=()
 PIDS=()
+LOADTEST_PID=
 
 say() { echo "==> $*" >&2; }
 
@@ -76,10 +77,15 @@ log_cmd() {
     printf '%s%s\n' "${line//$ROOT\//}" "${LOG_SUFFIX:-}" >>"$DIR/commands.txt"
 }
 
-# Stops every process this script started (newest first: router, worker, control plane),
+# Stops every process this script started (a running load test, then router, worker, control plane),
 # SIGTERM then SIGKILL after 10 s, and removes the scratch directory.
 cleanup() {
     local i pid
+    if [[ -n $LOADTEST_PID ]]; then
+        kill -TERM "$LOADTEST_PID" 2>/dev/null || true
+        wait "$LOADTEST_PID" 2>/dev/null || true
+        LOADTEST_PID=
+    fi
     for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
         pid=${PIDS[i]}
         kill -0 "$pid" 2>/dev/null || continue
@@ -202,11 +208,15 @@ loadtest() {
     local cmd=("$LOADTEST" -q -m "$model" -i "$proto" -u "$url" --concurrency-range "$conc"
         -p "$INTERVAL_MS" -r "$MAX_TRIALS" --json "$RAW/$name.json")
     log_cmd "${cmd[@]}"
-    if ! "${cmd[@]}" >"$RAW/$name.txt" 2>&1; then
+    # In the background and waited for, so that SIGTERM/SIGINT stop the script at once.
+    "${cmd[@]}" >"$RAW/$name.txt" 2>&1 &
+    LOADTEST_PID=$!
+    if ! wait "$LOADTEST_PID"; then
         echo "warning: $name failed:" >&2
         tail -n 5 "$RAW/$name.txt" >&2
         FAILED+=("$name")
     fi
+    LOADTEST_PID=
     w1=$(cpu_ticks "$WORKER_PID") r1=$(cpu_ticks "$ROUTER_PID") t1=$(date +%s.%N)
     awk -v t0="$t0" -v t1="$t1" -v w=$((w1 - w0)) -v r=$((r1 - r0)) -v hz="$TICK" 'BEGIN {
         printf "{\"wall_s\": %.3f, \"worker_cpu_s\": %.3f, \"router_cpu_s\": %.3f}\n", t1 - t0, w / hz, r / hz
