@@ -60,11 +60,14 @@ test-deploy: build
 
 ## bench: in-process ONNX Runtime baseline, then the server under nereid-loadtest and
 ## perf_analyzer; writes $(BENCH_OUT)/results.json and prints a Markdown summary (docs/loadtest.md).
-## Then the placement simulator (1,000 nodes × 10,000 models): $(BENCH_OUT)/placement-sim.json.
+## Then the router hop (scripts/bench_router.sh: worker direct vs through `nereid router`):
+## $(BENCH_OUT)/router-hop.json. Then the placement simulator (1,000 nodes × 10,000 models):
+## $(BENCH_OUT)/placement-sim.json.
 bench: build
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	cargo build --release $(CARGO_FLAGS) -p nereid-data-plane --example inprocess_ort
 	bash scripts/bench.sh $(BENCH_OUT)
+	NEREID=target/release/nereid LOADTEST=target/release/nereid-loadtest bash scripts/bench_router.sh $(BENCH_OUT)
 	mkdir -p $(BENCH_OUT)
 	target/release/nereid-loadtest placement-sim
 	target/release/nereid-loadtest placement-sim --json > $(BENCH_OUT)/placement-sim.json
