@@ -93,7 +93,7 @@ def test_load_through_the_router_survives_worker_and_leader_kills(tmp_path):
         # the survivors elect a new leader.
         leader = leader_of(cps)
         load = LoadtestRun(tmp_path, "load_leader_kill", router.http_url, "simple",
-                           protocol="http", window_ms=2000).start()
+                           protocol="http", window_ms=2500).start()
         loads.append(load)
         wait_load_flowing(load, workers, "simple")
         leader.kill()
