@@ -141,7 +141,8 @@ pub struct RunArgs {
     #[arg(long = "client-threads", default_value_t = 1)]
     pub client_threads: usize,
 
-    /// Load applied before measuring at each level, in seconds (not recorded).
+    /// Load applied before measuring at each level, in seconds: in no measurement window, but
+    /// its requests are in the level's `requests_total` / `errors_total`.
     #[arg(long = "warmup-secs", default_value_t = 1.0)]
     pub warmup_secs: f64,
 
@@ -157,6 +158,12 @@ pub struct RunArgs {
     /// Most measurement windows per level; a level that is still not stable is reported as such.
     #[arg(short = 'r', long = "max-trials", default_value_t = 10)]
     pub max_trials: u32,
+
+    /// Measure each level for exactly this many seconds (after the warm-up) instead of until
+    /// stable: equal windows of at most `-p`, all of them reported; `stable` still says
+    /// whether the last 3 agreed. For fault and soak tests with a known load duration.
+    #[arg(long = "duration-secs", conflicts_with = "max_trials")]
+    pub duration_secs: Option<f64>,
 
     /// A request taking longer than this (seconds) is abandoned and counted as an error.
     #[arg(long = "request-timeout-secs", default_value_t = 30.0)]
@@ -174,7 +181,8 @@ pub struct RunArgs {
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
 
-    /// Exit with status 1 when any request failed.
+    /// Exit with status 1 when any request failed, at any point of any level (warm-up and the
+    /// requests drained at the end of a level included).
     #[arg(long = "fail-on-errors")]
     pub fail_on_errors: bool,
 }
@@ -405,6 +413,12 @@ impl RunArgs {
         if !(self.stability_percentage.is_finite() && self.stability_percentage > 0.0) {
             return Err("--stability-percentage must be a positive number".into());
         }
+        if self
+            .duration_secs
+            .is_some_and(|d| !(d.is_finite() && d > 0.0 && d < 1e9))
+        {
+            return Err("--duration-secs must be a positive number of seconds".into());
+        }
         if !(self.warmup_secs.is_finite() && self.warmup_secs >= 0.0) {
             return Err("--warmup-secs must be zero or more".into());
         }
@@ -516,5 +530,20 @@ mod tests {
             }
             _ => panic!("expected sweep"),
         }
+    }
+    #[test]
+    fn duration_replaces_max_trials() {
+        let cli = Cli::try_parse_from(["lt", "-m", "s", "--duration-secs", "2.5"]).unwrap();
+        assert_eq!(cli.run.duration_secs, Some(2.5));
+        assert!(cli.run.validate().is_ok());
+        for bad in ["0", "-1", "inf", "NaN"] {
+            let flag = format!("--duration-secs={bad}");
+            let cli = Cli::try_parse_from(["lt", "-m", "s", &flag]).unwrap();
+            assert!(cli.run.validate().is_err(), "{bad}");
+        }
+        assert!(
+            Cli::try_parse_from(["lt", "-m", "s", "--duration-secs", "2", "-r", "3"]).is_err(),
+            "a fixed duration has no trial count"
+        );
     }
 }

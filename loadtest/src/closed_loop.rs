@@ -5,7 +5,8 @@
 //! worker 1 ──infer──► wait ──record──► ...              from the prepared steps)
 //!   ...
 //! measure() watches the Recorder; then stop is raised, workers finish their current
-//! request (bounded by the request timeout) and exit.
+//! request (bounded by the request timeout) and exit; the level's totals are read after that,
+//! so those last requests are counted too.
 //! ```
 //! Throughput here is set by latency × concurrency, so a slow server sees less load, not a
 //! growing queue (use the open loop for that).
@@ -42,7 +43,7 @@ pub async fn run_level(
             settings.request_timeout,
         ));
     }
-    let outcome = measure(
+    let measurement = measure(
         &recorder,
         settings,
         progress,
@@ -50,8 +51,14 @@ pub async fn run_level(
     )
     .await;
     let _ = stop_tx.send(true);
+    progress.set(format!(
+        "concurrency {concurrency}: waiting for the requests in flight"
+    ));
     drain(&mut workers, settings.request_timeout).await;
-    outcome
+    LevelOutcome {
+        measurement,
+        totals: recorder.totals(),
+    }
 }
 
 /// Waits for tasks to finish their current request; aborts what is left after `timeout`.
@@ -65,13 +72,15 @@ pub async fn drain(tasks: &mut JoinSet<()>, timeout: Duration) {
     }
 }
 
-/// Sends one request with the timeout and records it.
+/// Sends one request with the timeout and records it (counted as started first, so a request
+/// aborted mid-flight still shows in the level's totals).
 pub async fn timed_infer(
     client: &dyn Client,
     request: &Prepared,
     timeout: Duration,
     recorder: &Recorder,
 ) {
+    recorder.started();
     let start = Instant::now();
     let result = match tokio::time::timeout(timeout, client.infer(request)).await {
         Ok(r) => r,

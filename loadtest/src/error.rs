@@ -1,7 +1,8 @@
 //! [`LoadtestError`]: what can stop a load test, classified once near the cause.
 //!
 //! Request failures during a run are not errors of this kind: they are counted per window and
-//! reported (see `stats`); only `--fail-on-errors` turns them into a non-zero exit.
+//! per level (see `stats`) and reported; only `--fail-on-errors` turns them into a non-zero
+//! exit.
 
 use std::path::PathBuf;
 
@@ -35,8 +36,12 @@ pub enum LoadtestError {
     Interrupted,
     #[error("could not restore the model's original config; reload it by hand: {0}")]
     RestoreFailed(String),
-    #[error("{failed} request(s) failed (--fail-on-errors); first error: {first}")]
-    RequestsFailed { failed: u64, first: String },
+    #[error("{failed} of {total} request(s) failed (--fail-on-errors); first error: {first}")]
+    RequestsFailed {
+        failed: u64,
+        total: u64,
+        first: String,
+    },
 }
 
 /// An error with its whole `source()` chain, e.g. `client error (Connect): tcp connect error:

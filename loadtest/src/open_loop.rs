@@ -6,7 +6,8 @@
 //! schedule_task: due += Schedule::next_gap(); sleep_until(due)
 //!    ├─ a permit of --max-outstanding free? ─► spawn request task (records, frees permit)
 //!    └─ none free ─► count as skipped (the client or server cannot keep up)
-//! measure() watches the Recorder; then stop is raised and in-flight requests drain.
+//! measure() watches the Recorder; then stop is raised and in-flight requests drain before the
+//! level's totals are read.
 //! ```
 //! When the schedule falls behind (timer granularity, a busy client) it catches up by sending
 //! the due requests at once; the reported send rate shows what was actually achieved.
@@ -82,7 +83,7 @@ pub async fn run_level(
         settings.request_timeout,
         stop_rx,
     ));
-    let outcome = measure(
+    let measurement = measure(
         &recorder,
         settings,
         progress,
@@ -90,10 +91,16 @@ pub async fn run_level(
     )
     .await;
     let _ = stop_tx.send(true);
+    progress.set(format!(
+        "request rate {rate}/s: waiting for the requests in flight"
+    ));
     if let Ok(mut in_flight) = scheduler.await {
         drain(&mut in_flight, settings.request_timeout).await;
     }
-    outcome
+    LevelOutcome {
+        measurement,
+        totals: recorder.totals(),
+    }
 }
 
 async fn schedule_task(

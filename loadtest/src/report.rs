@@ -1,5 +1,9 @@
 //! Results as a human table (stdout), CSV and JSON, one row per concurrency / rate level.
 //!
+//! Each row's figures come from its measurement windows; its totals (`requests_total`,
+//! `errors_total`, `first_errors`) from every request the level sent, warm-up and drain
+//! included. The table shows the windows; the notes after it and [`totals_line`] the totals.
+//!
 //! The table has fixed column widths so rows can be printed as levels finish. Sweep rows carry
 //! their grid point (instances, max batch size, queue delay) as extra leading columns. All
 //! formatting is pure (strings in, strings out) and unit-tested; only [`write_file`] touches
@@ -11,7 +15,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::LoadtestError;
-use crate::stats::Summary;
+use crate::stats::{Summary, Totals};
 
 /// How a level applied load.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -49,6 +53,8 @@ pub struct LevelResult {
     pub summary: Summary,
     pub stable: bool,
     pub windows: u32,
+    #[serde(flatten)]
+    pub totals: Totals,
 }
 
 fn format_rate(r: f64) -> String {
@@ -131,8 +137,8 @@ pub fn table_row(r: &LevelResult) -> String {
     line
 }
 
-/// Lines to print after the table: unstable levels, first errors, levels the client could not
-/// drive at the asked rate.
+/// Lines to print after the table: unstable levels, failed requests (over the whole level),
+/// levels the client could not drive at the asked rate.
 pub fn notes(results: &[LevelResult]) -> Vec<String> {
     let mut out = Vec::new();
     for r in results {
@@ -149,14 +155,18 @@ pub fn notes(results: &[LevelResult]) -> Vec<String> {
         };
         if !r.stable {
             out.push(format!(
-                "warning: {at}: not stable after {} window(s); numbers are from the last 3",
+                "warning: {at}: not stable after {} window(s): the last 3 differ by more than --stability-percentage",
                 r.windows
             ));
         }
-        if let Some(e) = &r.summary.first_error {
+        let t = &r.totals;
+        if t.errors_total > 0 {
             out.push(format!(
-                "error: {at}: {} request(s) failed; first error: {e}",
-                r.summary.errors
+                "error: {at}: {} of {} request(s) failed ({} in the reported windows); first errors: {}",
+                t.errors_total,
+                t.requests_total,
+                r.summary.errors,
+                t.first_errors.join(" | ")
             ));
         }
         if let Level::RequestRate(rate) = r.level
@@ -173,6 +183,13 @@ pub fn notes(results: &[LevelResult]) -> Vec<String> {
     out
 }
 
+/// The line after the notes: every request of the run, warm-up and drain included.
+pub fn totals_line(results: &[LevelResult]) -> String {
+    let sent: u64 = results.iter().map(|r| r.totals.requests_total).sum();
+    let failed: u64 = results.iter().map(|r| r.totals.errors_total).sum();
+    format!("all levels: {sent} request(s) sent (warm-up and drain included), {failed} failed")
+}
+
 fn level_kind(level: &Level) -> &'static str {
     match level {
         Level::Concurrency(_) => "concurrency",
@@ -182,9 +199,10 @@ fn level_kind(level: &Level) -> &'static str {
 
 const CSV_COLUMNS: &str = "instances,max_batch_size,max_queue_delay_us,concurrency,request_rate,\
 throughput_infer_per_sec,avg_us,p50_us,p90_us,p95_us,p99_us,max_us,requests,errors,\
-client_cpu_percent,send_rate,skipped,stable,windows,first_error";
+client_cpu_percent,send_rate,skipped,stable,windows,first_error,requests_total,errors_total";
 
-/// CSV with a header row; grid and level columns are empty where they do not apply.
+/// CSV with a header row; grid and level columns are empty where they do not apply. The
+/// whole-level totals come last, so the older columns keep their positions.
 pub fn csv(results: &[LevelResult]) -> String {
     let mut out = String::from(CSV_COLUMNS);
     out.push('\n');
@@ -204,7 +222,7 @@ pub fn csv(results: &[LevelResult]) -> String {
         };
         let _ = writeln!(
             out,
-            "{instances},{max_batch},{delay},{concurrency},{rate},{:.3},{:.1},{},{},{},{},{},{},{},{},{:.3},{},{},{},{}",
+            "{instances},{max_batch},{delay},{concurrency},{rate},{:.3},{:.1},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{}",
             s.throughput,
             s.avg_us,
             s.p50_us,
@@ -221,6 +239,8 @@ pub fn csv(results: &[LevelResult]) -> String {
             r.stable,
             r.windows,
             csv_field(s.first_error.as_deref().unwrap_or("")),
+            r.totals.requests_total,
+            r.totals.errors_total,
         );
     }
     out
@@ -251,22 +271,32 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::stats::Window;
+    use crate::stats::{Tally, Window};
 
     fn result(level: Level, errors: bool) -> LevelResult {
         let mut w = Window::default();
-        w.record(Duration::from_micros(1500), &Ok(()));
+        let mut tally = Tally::default();
+        let mut record = |latency, result: Result<(), String>| {
+            w.record(latency, &result);
+            tally.record(&result);
+        };
+        record(Duration::from_micros(1500), Ok(()));
         if errors {
-            w.record(Duration::ZERO, &Err("HTTP 400: bad, \"input\"".into()));
+            record(Duration::ZERO, Err("HTTP 400: bad, \"input\"".into()));
         }
         w.elapsed = Duration::from_secs(1);
         w.sent = 2;
+        // One more failure outside the reported windows (say, in the warm-up).
+        if errors {
+            tally.record(&Err("connection reset".into()));
+        }
         LevelResult {
             grid: None,
             level,
             summary: w.summary(8),
             stable: !errors,
             windows: 3,
+            totals: tally.totals(1 + 2 * u64::from(errors)),
         }
     }
 
@@ -298,7 +328,16 @@ mod tests {
         ]);
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].contains("not stable"));
-        assert!(notes[1].contains("first error: HTTP 400"));
+        assert!(
+            notes[1].contains("2 of 3 request(s) failed (1 in the reported windows)"),
+            "{}",
+            notes[1]
+        );
+        assert!(
+            notes[1].ends_with("first errors: HTTP 400: bad, \"input\" | connection reset"),
+            "{}",
+            notes[1]
+        );
         assert!(notes[2].contains("sent 2.0/s of 100/s"));
     }
 
@@ -314,9 +353,22 @@ mod tests {
         assert!(lines[1].starts_with(",,,2,,8.000,"));
         assert_eq!(lines[1].split(',').count(), columns);
         assert!(
-            lines[2].ends_with(r#""HTTP 400: bad, ""input""""#),
+            lines[2].ends_with(r#""HTTP 400: bad, ""input""",3,2"#),
             "{}",
             lines[2]
+        );
+        assert!(lines[1].ends_with(",1,0"), "{}", lines[1]);
+    }
+
+    #[test]
+    fn totals_line_sums_every_level() {
+        let rows = [
+            result(Level::Concurrency(1), false),
+            result(Level::Concurrency(2), true),
+        ];
+        assert_eq!(
+            totals_line(&rows),
+            "all levels: 4 request(s) sent (warm-up and drain included), 2 failed"
         );
     }
 
@@ -328,5 +380,15 @@ mod tests {
         assert_eq!(v[0]["throughput"], 8.0);
         assert_eq!(v[0]["stable"], true);
         assert!(v[0].get("grid").is_none());
+        assert_eq!(v[0]["requests_total"], 1);
+        assert_eq!(v[0]["errors_total"], 0);
+        assert_eq!(v[0]["first_errors"], serde_json::json!([]));
+        let v: serde_json::Value =
+            serde_json::from_str(&json(&[result(Level::Concurrency(3), true)])).unwrap();
+        assert_eq!(
+            (v[0]["errors"].as_u64(), v[0]["errors_total"].as_u64()),
+            (Some(1), Some(2))
+        );
+        assert_eq!(v[0]["first_errors"][1], "connection reset");
     }
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! RunArgs ─► Session::open: connect (liveness) ─► model_info ─► inputs::build_steps ─► prepare
 //!        ─► run_levels: closed_loop / open_loop per level ─► report rows (streamed to stdout)
-//!        ─► notes, --csv, --json
+//!        ─► notes, totals line, --csv, --json ─► --fail-on-errors (whole-level totals)
 //! ```
 //! `sweep` reuses [`Session`] and [`run_levels`] with a grid point attached to each row.
 
@@ -98,6 +98,7 @@ impl Session {
                 interval: args.measurement_interval(),
                 stability_percentage: args.stability_percentage,
                 max_trials: args.max_trials,
+                duration: args.duration_secs.map(Duration::from_secs_f64),
                 batch_size: args.batch_size,
                 request_timeout: Duration::from_secs_f64(args.request_timeout_secs),
             },
@@ -111,15 +112,22 @@ impl Session {
 
     /// The settings line printed before the table.
     pub fn describe(&self, args: &RunArgs) -> String {
+        let windows = match args.duration_secs {
+            Some(d) => format!(
+                "fixed {d} s per level in windows of at most {} ms",
+                args.measurement_interval_ms
+            ),
+            None => format!(
+                "measurement {} ms, stability {}% over 3 windows, max {} windows",
+                args.measurement_interval_ms, args.stability_percentage, args.max_trials
+            ),
+        };
         format!(
-            "model '{}' on {}: batch size {}, {} request variant(s), measurement {} ms, stability {}% over 3 windows, max {} windows",
+            "model '{}' on {}: batch size {}, {} request variant(s), {windows}",
             self.model.name,
             self.client.describe(),
             args.batch_size,
             self.requests.len(),
-            args.measurement_interval_ms,
-            args.stability_percentage,
-            args.max_trials
         )
     }
 }
@@ -163,9 +171,10 @@ pub async fn run_levels(
         let result = LevelResult {
             grid,
             level,
-            summary: outcome.summary,
-            stable: outcome.stable,
-            windows: outcome.windows,
+            summary: outcome.measurement.summary,
+            stable: outcome.measurement.stable,
+            windows: outcome.measurement.windows,
+            totals: outcome.totals,
         };
         progress.suspend(|| println!("{}", report::table_row(&result)));
         results.push(result);
@@ -173,11 +182,12 @@ pub async fn run_levels(
     results
 }
 
-/// Prints the notes and writes `--csv` / `--json`.
+/// Prints the notes and the totals line, and writes `--csv` / `--json`.
 pub fn finish(args: &RunArgs, results: &[LevelResult]) -> Result<(), LoadtestError> {
     for note in report::notes(results) {
         println!("{note}");
     }
+    println!("{}", report::totals_line(results));
     if let Some(path) = &args.csv {
         report::write_file(path, &report::csv(results))?;
     }
@@ -187,17 +197,29 @@ pub fn finish(args: &RunArgs, results: &[LevelResult]) -> Result<(), LoadtestErr
     Ok(())
 }
 
-/// Fails when `--fail-on-errors` is set and any request failed.
+/// Fails when `--fail-on-errors` is set and any request of any level failed: warm-up,
+/// measurement windows and drain alike.
 pub fn check_errors(args: &RunArgs, results: &[LevelResult]) -> Result<(), LoadtestError> {
-    let failed: u64 = results.iter().map(|r| r.summary.errors).sum();
-    if args.fail_on_errors && failed > 0 {
-        let first = results
-            .iter()
-            .find_map(|r| r.summary.first_error.clone())
-            .unwrap_or_default();
-        return Err(LoadtestError::RequestsFailed { failed, first });
+    if args.fail_on_errors {
+        failed_requests(results)?;
     }
     Ok(())
+}
+
+fn failed_requests(results: &[LevelResult]) -> Result<(), LoadtestError> {
+    let failed: u64 = results.iter().map(|r| r.totals.errors_total).sum();
+    if failed == 0 {
+        return Ok(());
+    }
+    let first = results
+        .iter()
+        .find_map(|r| r.totals.first_errors.first().cloned())
+        .unwrap_or_default();
+    Err(LoadtestError::RequestsFailed {
+        failed,
+        total: results.iter().map(|r| r.totals.requests_total).sum(),
+        first,
+    })
 }
 
 /// The whole plain load test.
@@ -217,4 +239,43 @@ pub async fn run(args: &RunArgs) -> Result<Vec<LevelResult>, LoadtestError> {
 /// The table header for a sweep (grid columns, concurrency levels).
 pub fn sweep_header() -> String {
     report::table_header(&Level::Concurrency(1), true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{Tally, Totals, Window};
+
+    fn level(totals: Totals) -> LevelResult {
+        LevelResult {
+            grid: None,
+            level: Level::Concurrency(1),
+            summary: Window::default().summary(1),
+            stable: true,
+            windows: 3,
+            totals,
+        }
+    }
+
+    #[test]
+    fn failures_outside_the_windows_fail_the_run() {
+        let clean = level(Tally::default().totals(0));
+        let mut tally = Tally::default();
+        tally.record(&Ok(()));
+        tally.record(&Err("warm-up failure".into()));
+        // The windows saw no error (an empty summary); the level's totals did.
+        let failing = level(tally.totals(3));
+        assert!(failed_requests(std::slice::from_ref(&clean)).is_ok());
+        match failed_requests(&[clean, failing]) {
+            Err(LoadtestError::RequestsFailed {
+                failed,
+                total,
+                first,
+            }) => {
+                assert_eq!((failed, total), (2, 3));
+                assert_eq!(first, "warm-up failure");
+            }
+            other => panic!("expected RequestsFailed, got {other:?}"),
+        }
+    }
 }

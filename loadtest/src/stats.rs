@@ -7,12 +7,17 @@
 //!                     Window ──summary()──► Summary ──► is_stable(last 3)?
 //!                        │                                   │ yes, or max trials
 //!                        └──────── Window::merge(last 3) ────┴──► the level's result
+//!                     Tally (never reset: warm-up, every window, the drain) ──► Totals
 //! ```
 //!
-//! Everything except [`Recorder`] is a pure function of its inputs and unit-tested. Latencies
+//! Windows give the latency and throughput figures; the [`Tally`] accounts for every request of
+//! the level, so a failure outside the reported windows is still counted (`--fail-on-errors`
+//! and the fault tests rely on it). Everything except [`Recorder`] is a pure function of its
+//! inputs and unit-tested. Latencies
 //! are kept in microseconds in an HDR histogram (3 significant digits, 1 µs to 1 hour).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -154,34 +159,119 @@ impl Window {
     }
 }
 
-/// Collects completions from all workers into the current window.
+/// How many distinct error messages a level's [`Totals`] keep.
+pub const KEPT_ERROR_MESSAGES: usize = 5;
+
+/// The completions of a whole level, from its first warm-up request to the last one drained.
+/// Unlike a [`Window`] it is never reset.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tally {
+    pub ok: u64,
+    pub errors: u64,
+    /// The first [`KEPT_ERROR_MESSAGES`] distinct error messages, in order of appearance.
+    pub messages: Vec<String>,
+}
+
+/// Every request a level sent, as reported (`requests_total`, `errors_total`, `first_errors`
+/// in the JSON).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// Requests sent at this level: warm-up, measurement windows and the drain at the end.
+    pub requests_total: u64,
+    /// Of those, failed ones, including any still unanswered when the level ended.
+    pub errors_total: u64,
+    /// The first few distinct error messages of the whole level.
+    pub first_errors: Vec<String>,
+}
+
+impl Tally {
+    pub fn record(&mut self, result: &Result<(), String>) {
+        match result {
+            Ok(()) => self.ok += 1,
+            Err(e) => {
+                self.errors += 1;
+                self.note(e);
+            }
+        }
+    }
+
+    fn note(&mut self, message: &str) {
+        if self.messages.len() < KEPT_ERROR_MESSAGES && !self.messages.iter().any(|m| m == message)
+        {
+            self.messages.push(message.to_string());
+        }
+    }
+
+    /// The level's totals once its load has stopped, given how many requests were `started`.
+    /// A request started but never completed (abandoned when the drain outlived the request
+    /// timeout) counts as failed: no request goes unaccounted.
+    pub fn totals(&self, started: u64) -> Totals {
+        let completed = self.ok + self.errors;
+        let unanswered = started.saturating_sub(completed);
+        let mut tally = self.clone();
+        if unanswered > 0 {
+            tally.note(&format!(
+                "{unanswered} request(s) still unanswered when the level ended (abandoned after --request-timeout-secs)"
+            ));
+        }
+        Totals {
+            requests_total: started.max(completed),
+            errors_total: self.errors + unanswered,
+            first_errors: tally.messages,
+        }
+    }
+}
+
+/// The current window and the level's tally, updated together.
+#[derive(Debug, Default)]
+struct Recorded {
+    window: Window,
+    tally: Tally,
+}
+
+/// Collects completions from all workers into the current window and the level's tally.
 #[derive(Debug, Default)]
 pub struct Recorder {
-    current: Mutex<Window>,
+    current: Mutex<Recorded>,
+    /// Requests handed to the client so far (counted before sending, outside the lock).
+    started: AtomicU64,
 }
 
 impl Recorder {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recorded> {
         // A panic while holding this lock cannot leave the window half-updated in a way that
         // matters for statistics, so a poisoned lock is used as is.
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A request is about to be sent; call before [`Recorder::record`] for the same request.
+    pub fn started(&self) {
+        self.started.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn record(&self, latency: Duration, result: &Result<(), String>) {
-        self.lock().record(latency, result);
+        let mut r = self.lock();
+        r.window.record(latency, result);
+        r.tally.record(result);
     }
 
     pub fn sent(&self) {
-        self.lock().sent += 1;
+        self.lock().window.sent += 1;
     }
 
     pub fn skipped(&self) {
-        self.lock().skipped += 1;
+        self.lock().window.skipped += 1;
     }
 
-    /// Ends the current window and starts a fresh one.
+    /// Ends the current window and starts a fresh one (the tally goes on).
     pub fn take(&self) -> Window {
-        std::mem::take(&mut *self.lock())
+        std::mem::take(&mut self.lock().window)
+    }
+
+    /// Every request of the level so far; read it after the load has stopped and drained.
+    pub fn totals(&self) -> Totals {
+        let started = self.started.load(Ordering::Relaxed);
+        self.lock().tally.totals(started)
     }
 }
 
@@ -295,6 +385,57 @@ mod tests {
             (0.0, 0, 0, 0.0)
         );
         assert_eq!(s.client_cpu_percent, None);
+    }
+
+    #[test]
+    fn tally_counts_every_request_and_keeps_distinct_messages() {
+        let mut t = Tally::default();
+        for i in 0..20 {
+            t.record(&Ok(()));
+            t.record(&Err(format!("error {}", i % 7)));
+            t.record(&Err("error 0".into()));
+        }
+        let totals = t.totals(60);
+        assert_eq!((totals.requests_total, totals.errors_total), (60, 40));
+        assert_eq!(
+            totals.first_errors,
+            ["error 0", "error 1", "error 2", "error 3", "error 4"]
+        );
+        assert_eq!(Tally::default().totals(0), Totals::default());
+    }
+
+    #[test]
+    fn unanswered_requests_count_as_failed() {
+        let mut t = Tally::default();
+        t.record(&Ok(()));
+        t.record(&Ok(()));
+        let totals = t.totals(5);
+        assert_eq!((totals.requests_total, totals.errors_total), (5, 3));
+        assert!(
+            totals.first_errors[0].starts_with("3 request(s) still unanswered"),
+            "{:?}",
+            totals.first_errors
+        );
+    }
+
+    #[test]
+    fn recorder_tally_survives_windows() {
+        let r = Recorder::default();
+        for result in [Ok(()), Err("warm-up failure".to_string())] {
+            r.started();
+            r.record(Duration::from_micros(3), &result);
+        }
+        let warmup = r.take();
+        assert_eq!((warmup.ok, warmup.errors), (1, 1));
+        r.started();
+        r.record(Duration::from_micros(3), &Ok(()));
+        let _window = r.take();
+        // In flight when the last window closed, completed during the drain.
+        r.started();
+        r.record(Duration::from_micros(3), &Err("late failure".into()));
+        let totals = r.totals();
+        assert_eq!((totals.requests_total, totals.errors_total), (4, 2));
+        assert_eq!(totals.first_errors, ["warm-up failure", "late failure"]);
     }
 
     #[test]

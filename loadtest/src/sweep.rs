@@ -322,6 +322,7 @@ mod tests {
                 summary: w.summary(1),
                 stable: true,
                 windows: 3,
+                totals: Default::default(),
             }
         };
         let rows = [

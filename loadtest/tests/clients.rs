@@ -5,6 +5,7 @@
 //! Model `add`: FP32 `X` [-1,4], max_batch_size 8. Model `broken`: same inputs, every
 //! inference fails.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -24,6 +25,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 struct Mock {
     /// Every `config` override received by a repository load, in order.
     loads: Mutex<Vec<Option<String>>>,
+    /// Inference requests received, answered or not.
+    infers: AtomicU64,
 }
 
 fn known(name: &str) -> Result<(), ServiceError> {
@@ -94,6 +97,7 @@ impl InferenceService for Mock {
         Ok(vec![])
     }
     async fn infer(&self, request: InferRequest) -> Result<InferResponse, ServiceError> {
+        self.infers.fetch_add(1, Ordering::SeqCst);
         known(&request.model_name)?;
         if request.model_name == "broken" {
             return Err(ServiceError::invalid("broken model always fails"));
@@ -251,8 +255,12 @@ async fn failures_are_reported_and_classified() {
     for (proto, addr) in [("http", &http), ("grpc", &grpc)] {
         let cli = parse(&["-i", proto, "-u", addr, "-m", "broken", "--fail-on-errors"]);
         match nereid_loadtest::run::run(&cli.run).await {
-            Err(LoadtestError::RequestsFailed { failed, first }) => {
-                assert!(failed > 0);
+            Err(LoadtestError::RequestsFailed {
+                failed,
+                total,
+                first,
+            }) => {
+                assert!(failed > 0 && failed == total, "{failed} of {total}");
                 assert!(first.contains("broken model always fails"), "{first}");
             }
             other => panic!("{proto}: expected RequestsFailed, got {other:?}"),
@@ -274,6 +282,102 @@ async fn failures_are_reported_and_classified() {
             matches!(err, LoadtestError::Unreachable { .. }),
             "{proto}: {err}"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn totals_count_every_request_the_server_received() {
+    // Warm-up, windows and the requests in flight when the last window closes: the server's
+    // count of received requests is the level's `requests_total`, in both loops and both modes.
+    let (http, grpc, mock) = start().await;
+    let windows: &[&str] = &[
+        "-q",
+        "-p",
+        "100",
+        "--warmup-secs",
+        "0.05",
+        "--max-trials",
+        "3",
+    ];
+    let fixed: &[&str] = &[
+        "-q",
+        "-p",
+        "100",
+        "--warmup-secs",
+        "0.05",
+        "--duration-secs",
+        "0.25",
+    ];
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            windows,
+            &["-u", &http, "-m", "add", "--concurrency-range", "1:4:3"],
+        ),
+        (
+            windows,
+            &[
+                "-i",
+                "grpc",
+                "-u",
+                &grpc,
+                "-m",
+                "broken",
+                "--concurrency-range",
+                "3",
+            ],
+        ),
+        (
+            windows,
+            &["-u", &http, "-m", "add", "--request-rate-range", "300"],
+        ),
+        (
+            fixed,
+            &[
+                "-i",
+                "grpc",
+                "-u",
+                &grpc,
+                "-m",
+                "add",
+                "--concurrency-range",
+                "2",
+            ],
+        ),
+    ];
+    for (base, args) in cases {
+        let cli = Cli::try_parse_from([&["nereid-loadtest"][..], base, args].concat()).unwrap();
+        let before = mock.infers.load(Ordering::SeqCst);
+        let results = nereid_loadtest::run::run(&cli.run).await.unwrap();
+        let received = mock.infers.load(Ordering::SeqCst) - before;
+        let sent: u64 = results.iter().map(|r| r.totals.requests_total).sum();
+        assert_eq!(sent, received, "{args:?}");
+        for r in &results {
+            let windows = r.summary.requests + r.summary.errors;
+            assert!(
+                r.totals.requests_total > windows,
+                "{args:?}: the warm-up and the drain add to the windows' {windows}"
+            );
+            if args.contains(&"broken") {
+                assert_eq!(r.totals.errors_total, r.totals.requests_total);
+                assert_eq!(
+                    r.totals.first_errors.len(),
+                    1,
+                    "{:?}",
+                    r.totals.first_errors
+                );
+            } else {
+                assert_eq!(r.totals.errors_total, 0, "{:?}", r.totals.first_errors);
+            }
+        }
+        if base == fixed {
+            let r = &results[0];
+            assert_eq!(r.windows, 3, "0.25 s in windows of at most 100 ms");
+            assert!(
+                (0.2..0.4).contains(&r.summary.seconds),
+                "all windows reported: {} s",
+                r.summary.seconds
+            );
+        }
     }
 }
 

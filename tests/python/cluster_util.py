@@ -225,3 +225,81 @@ class RouterProcess(KServeProcess):
                 "--log-verbose", "1"]
         super().__init__(name, workdir, args)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Load through the router (nereid-loadtest) and what each worker served
+
+import json  # noqa: E402 - appended section (helpers here are append-only)
+
+LOADTEST_BIN = os.environ.get("NEREID_LOADTEST_BIN",
+                              str(Path(NEREID_BIN).with_name("nereid-loadtest")))
+
+
+class LoadtestRun:
+    """`nereid-loadtest` in the background: a closed loop at `concurrency` against `url` for
+    `duration_s` seconds (`--duration-secs`, no warm-up).
+
+    Its JSON's `requests_total` / `errors_total` / `first_errors` count every request of the
+    run, including those in flight when it ends (awaited, see docs/loadtest.md), so a fault
+    test reads them rather than the windows' `requests` / `errors`."""
+
+    def __init__(self, workdir, name, url, model, protocol="grpc", concurrency=4,
+                 duration_s=3.0):
+        self.name = name
+        self.json_path = Path(workdir) / f"{name}.json"
+        self.out_path = Path(workdir) / f"{name}.out"
+        self.duration_s = duration_s
+        self.args = [LOADTEST_BIN, "-m", model, "-i", protocol, "-u", url,
+                     "--concurrency-range", str(concurrency), "-p", "1000",
+                     "--duration-secs", str(duration_s), "--warmup-secs", "0",
+                     "--request-timeout-secs", "10", "--json", str(self.json_path), "-q"]
+        self.proc = None
+
+    def start(self):
+        if not os.access(LOADTEST_BIN, os.X_OK):
+            raise AssertionError(f"{LOADTEST_BIN} missing (set NEREID_LOADTEST_BIN or build it)")
+        self._out = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(self.args, stdout=self._out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        return self
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def result(self, slack_s=30):
+        """Waits for the run to end; returns its one level object (`requests_total` sent,
+        `errors_total` of them failed, `first_errors` the first distinct failures)."""
+        try:
+            rc = self.proc.wait(timeout=self.duration_s + slack_s)
+        finally:
+            self.stop()
+        output = self.out_path.read_text(errors="replace")
+        assert rc == 0, f"{self.name}: nereid-loadtest exited with {rc}\n{output}"
+        levels = json.loads(self.json_path.read_text())
+        assert len(levels) == 1, levels
+        level = levels[0]
+        level["output"] = output
+        return level
+
+    def stop(self):
+        if self.running():
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        if getattr(self, "_out", None) is not None:
+            self._out.close()
+            self._out = None
+
+
+def inference_count(server, model):
+    """The model's `inference_count` in `server`'s own statistics (0 when it has none)."""
+    code, body = http_json(server.http_url, "GET", f"/v2/models/{model}/stats")
+    if code != 200:
+        return 0
+    return sum(s.get("inference_count", 0) for s in body.get("model_stats", []))
+
+
+def node_status(cp, node_id):
+    code, body = cp.api("GET", f"/api/v1/nodes/{node_id}")
+    assert code == 200, (code, body)
+    return body["node"]["status"]
