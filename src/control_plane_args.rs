@@ -49,6 +49,10 @@ pub struct ControlPlaneArgs {
     /// How often the leader re-checks liveness and placement without a state change.
     #[arg(long, env = "NEREID_PLACEMENT_INTERVAL_MS", default_value_t = 250)]
     pub placement_interval_ms: u64,
+    /// Seconds a model with min_replicas 0 keeps the replica that requests through a router
+    /// started (scale from zero) after the last such request; then it scales back to zero.
+    #[arg(long, env = "NEREID_SCALE_TO_ZERO_AFTER_SECS", default_value_t = 300)]
+    pub scale_to_zero_after_secs: u64,
     /// Raft heartbeat between control-plane nodes.
     #[arg(long, env = "NEREID_RAFT_HEARTBEAT_MS", default_value_t = 250)]
     pub raft_heartbeat_ms: u64,
@@ -159,6 +163,7 @@ impl ControlPlaneArgs {
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
             heartbeat_timeout: Duration::from_millis(self.heartbeat_timeout_ms),
             placement_interval: Duration::from_millis(self.placement_interval_ms.max(10)),
+            scale_to_zero_after: Duration::from_secs(self.scale_to_zero_after_secs.max(1)),
             raft_heartbeat: Duration::from_millis(self.raft_heartbeat_ms),
             election_timeout: Duration::from_millis(self.election_timeout_ms),
             snapshot_threshold: self.snapshot_threshold.max(1),

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use clap::Args;
 use nereid_router::RouterServiceConfig;
+use nereid_router::control::ControlPlaneConfig;
 use nereid_router::forward::ForwardConfig;
 use nereid_router::serve::RouterConfig;
-use nereid_router::watch::WatchConfig;
 
 use crate::cli::{ListenArgs, LogFormat};
 
@@ -36,6 +36,10 @@ pub struct RouterArgs {
     /// the models' max_sequence_idle_microseconds.
     #[arg(long, env = "NEREID_SEQUENCE_IDLE_TIMEOUT_SECS", default_value_t = 60)]
     pub sequence_idle_timeout_secs: u64,
+    /// Seconds a request for a model scaled to zero (min_replicas 0), or a repository load
+    /// through the router, waits for a replica to become ready; a gRPC deadline can shorten it.
+    #[arg(long, env = "NEREID_SCALE_FROM_ZERO_WAIT_SECS", default_value_t = 60)]
+    pub scale_from_zero_wait_secs: u64,
     /// Largest HTTP request body in bytes, also after decompression.
     #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
     pub http_max_input_size: usize,
@@ -104,9 +108,10 @@ impl RouterArgs {
                 max_in_flight: self.max_in_flight,
                 sequence_idle_timeout: Duration::from_secs(self.sequence_idle_timeout_secs),
                 ejection: RouterServiceConfig::default().ejection,
+                scale_from_zero_wait: Duration::from_secs(self.scale_from_zero_wait_secs),
                 forward: ForwardConfig::default(),
             },
-            watch: WatchConfig {
+            control_plane: ControlPlaneConfig {
                 control_plane,
                 token,
             },
@@ -147,11 +152,11 @@ mod tests {
             "false",
         ])
         .unwrap();
-        assert_eq!(c.watch.control_plane, vec!["a:1", "b:2"]);
+        assert_eq!(c.control_plane.control_plane, vec!["a:1", "b:2"]);
         assert_eq!(c.service.max_in_flight, 8);
         assert_eq!(c.grpc_addr.unwrap().port(), 9001);
         assert!(c.metrics_addr.is_none());
-        assert!(c.watch.token.is_none());
+        assert!(c.control_plane.token.is_none());
     }
 
     #[test]

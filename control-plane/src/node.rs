@@ -65,6 +65,9 @@ pub struct NodeConfig {
     /// Silence after which the leader declares a worker down.
     pub heartbeat_timeout: Duration,
     pub placement_interval: Duration,
+    /// How long a model with min_replicas 0 keeps the replica requests started (scale from
+    /// zero) after routers stop activating it.
+    pub scale_to_zero_after: Duration,
     pub raft_heartbeat: Duration,
     pub election_timeout: Duration,
     pub snapshot_threshold: u64,
@@ -139,7 +142,10 @@ pub async fn run(
         .map_err(|e| NodeError::Raft(e.to_string()))?;
     let consensus: Arc<dyn Consensus> = raft.clone();
 
-    let soft = Arc::new(SoftState::new(config.heartbeat_timeout));
+    let soft = Arc::new(
+        SoftState::new(config.heartbeat_timeout)
+            .with_scale_to_zero_after(config.scale_to_zero_after),
+    );
     let hub = Arc::new(WatchHub::spawn(consensus.as_ref()));
     let leader_channels = Arc::new(LeaderChannels::new(
         consensus.clone(),

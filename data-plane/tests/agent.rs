@@ -123,6 +123,13 @@ impl Cluster for Svc {
         }))
     }
 
+    async fn activate(
+        &self,
+        _: Request<nereid_proto::pb::cluster::ActivateRequest>,
+    ) -> Result<Response<nereid_proto::pb::cluster::ActivateResponse>, Status> {
+        Err(Status::unimplemented("workers do not activate models"))
+    }
+
     async fn report_replica(
         &self,
         r: Request<ReportReplicaRequest>,

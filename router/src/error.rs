@@ -54,6 +54,19 @@ pub enum RouterError {
     /// The worker's answer does not decode.
     #[error("worker at {addr} sent a malformed answer: {message}")]
     BadResponse { addr: String, message: String },
+    /// The control plane refused or failed a call the router made for the client (activation,
+    /// repository load/unload); its class and message pass through.
+    #[error("control plane: {error}")]
+    ControlPlane { error: ServiceError },
+    /// A model asked for by a request (scale from zero) or a repository load did not get a
+    /// ready replica in time.
+    #[error("model '{model}' has no ready replica after waiting {waited_ms} ms for one to load{}", reason_suffix(.reason))]
+    NotReadyInTime {
+        model: String,
+        waited_ms: u64,
+        /// Why the last replica failed, when one did.
+        reason: Option<String>,
+    },
     /// The operation is not served by the router.
     #[error("{0}")]
     Unsupported(String),
@@ -67,6 +80,13 @@ fn no_ready_message(model: &str, version: &Option<i64>) -> String {
     match version {
         Some(v) => format!("model '{model}' version {v} has no ready replica in the cluster"),
         None => format!("model '{model}' has no ready replica in the cluster"),
+    }
+}
+
+fn reason_suffix(reason: &Option<String>) -> String {
+    match reason {
+        Some(r) => format!(": {r}"),
+        None => String::new(),
     }
 }
 
@@ -95,6 +115,8 @@ impl RouterError {
             | RouterError::InvalidRequest(_)
             | RouterError::BadResponse { .. }
             | RouterError::Unsupported(_)
+            | RouterError::ControlPlane { .. }
+            | RouterError::NotReadyInTime { .. }
             | RouterError::DeadlineExceeded { .. } => false,
         }
     }
@@ -107,7 +129,9 @@ impl From<RouterError> for ServiceError {
             RouterError::UnknownModel { .. } | RouterError::UnknownVersion { .. } => {
                 ServiceError::NotFound(message)
             }
+            RouterError::ControlPlane { error } => error.prefixed("control plane: "),
             RouterError::NoReadyReplica { .. }
+            | RouterError::NotReadyInTime { .. }
             | RouterError::SequenceReplicaGone { .. }
             | RouterError::Unreachable { .. } => ServiceError::Unavailable(message),
             RouterError::SequenceNotStarted { .. } | RouterError::InvalidRequest(_) => {

@@ -17,9 +17,13 @@
 //! - [`forward`]: one pooled channel per worker, calls and error classification.
 //! - [`service`]: [`service::RouterService`], the `InferenceService` of cluster mode.
 //! - [`watch`]: follows the control plane's watch with failover and resume.
+//! - [`control`]: the control-plane connection (addresses, token, unary calls with failover).
+//! - [`activate`]: scale from zero and repository load/unload through the control plane.
 //! - [`serve`]: `nereid router`'s life: bind, serve, shut down.
 
+pub mod activate;
 pub mod choice;
+pub mod control;
 pub mod error;
 pub mod forward;
 pub mod serve;

@@ -18,15 +18,17 @@ use nereid_proto::serve::Frontends;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::activate::Activator;
+use crate::control::{ControlPlane, ControlPlaneConfig};
 use crate::service::{RouterService, RouterServiceConfig};
 use crate::table::{RoutingTable, SharedTable};
-use crate::watch::{ControlPlane, WatchConfig, watch_task};
+use crate::watch::watch_task;
 
 /// Everything `nereid router` needs, validated by the binary.
 #[derive(Clone, Debug)]
 pub struct RouterConfig {
     pub service: RouterServiceConfig,
-    pub watch: WatchConfig,
+    pub control_plane: ControlPlaneConfig,
     /// `None` disables the endpoint.
     pub http_addr: Option<SocketAddr>,
     pub grpc_addr: Option<SocketAddr>,
@@ -67,13 +69,21 @@ pub async fn run(
     config: RouterConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RouterServeError> {
-    let control_plane = ControlPlane::new(&config.watch).map_err(RouterServeError::Config)?;
+    let control_plane =
+        Arc::new(ControlPlane::new(&config.control_plane).map_err(RouterServeError::Config)?);
     let http = bind("HTTP", config.http_addr).await?;
     let grpc = bind("gRPC", config.grpc_addr).await?;
     let metrics_listener = bind("metrics", config.metrics_addr).await?;
 
     let table = Arc::new(SharedTable::default());
-    let router = Arc::new(RouterService::new(config.service.clone(), table.clone()));
+    let activator = Arc::new(Activator::new(
+        control_plane.clone(),
+        table.clone(),
+        config.service.scale_from_zero_wait,
+    ));
+    let router = Arc::new(
+        RouterService::new(config.service.clone(), table.clone()).with_activator(activator),
+    );
     let service: Arc<dyn InferenceService> = router.clone();
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -10,10 +10,13 @@
 //! infer_stream ─► the same choice ─► the worker's ModelStreamInfer (one request per stream)
 //! metadata, config, statistics ─► a ready replica of the model (same retry)
 //! live, ready, model ready, repository index ─► the routing table
+//! no ready replica of a min_replicas-0 model ─► activate::Activator (scale from zero), wait
+//! repository load / unload ─► activate::Activator ─► the management API
 //! ```
 //!
-//! Statistics name one model and come from one of its replicas; cluster-wide statistics and
-//! repository load/unload (which map to the control plane's management API) are not served yet.
+//! Statistics name one model and come from one of its replicas; cluster-wide statistics are
+//! not served yet. Without an [`Activator`] (tests with fake workers) scale from zero and
+//! repository load/unload are refused as unsupported.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -35,13 +38,14 @@ use nereid_proto::service::{
 use nereid_proto::types::{InferRequest, InferResponse};
 use tokio::sync::Semaphore;
 
+use crate::activate::Activator;
 use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
 use crate::error::{RouterError, RouterResult};
 use crate::forward::{ForwardConfig, Workers};
 use crate::table::{Endpoint, SharedTable};
 use crate::wire::{decode_response, encode_request, version_text};
 
-/// Server extensions the router serves (load/unload through the router is not one yet).
+/// Server extensions the router serves.
 pub const EXTENSIONS: &[&str] = &[
     "model_repository",
     "model_configuration",
@@ -62,6 +66,9 @@ pub struct RouterServiceConfig {
     /// How long new requests avoid a replica that could not be reached (passive outlier
     /// ejection), until the control plane's view catches up.
     pub ejection: Duration,
+    /// How long a request for a model scaled to zero (or a repository load) waits for a
+    /// replica to become ready; a request's own deadline can shorten it.
+    pub scale_from_zero_wait: Duration,
     pub forward: ForwardConfig,
 }
 
@@ -72,6 +79,7 @@ impl Default for RouterServiceConfig {
             max_in_flight: 4096,
             sequence_idle_timeout: Duration::from_secs(60),
             ejection: Duration::from_secs(5),
+            scale_from_zero_wait: Duration::from_secs(60),
             forward: ForwardConfig::default(),
         }
     }
@@ -108,6 +116,7 @@ pub struct RouterService {
     workers: Arc<Workers>,
     routing: Arc<Mutex<Routing>>,
     admission: Arc<Semaphore>,
+    activator: Option<Arc<Activator>>,
 }
 
 impl RouterService {
@@ -132,9 +141,53 @@ impl RouterService {
                 outstanding: HashMap::new(),
             })),
             admission: Arc::new(Semaphore::new(config.max_in_flight)),
+            activator: None,
             config,
             table,
         }
+    }
+
+    /// Scale from zero and repository load/unload through the control plane.
+    pub fn with_activator(mut self, activator: Arc<Activator>) -> RouterService {
+        self.activator = Some(activator);
+        self
+    }
+
+    /// The activator, when `model` is one that requests may start (`min_replicas` 0,
+    /// `max_replicas` above 0).
+    fn activator_for(&self, model: &str) -> Option<&Arc<Activator>> {
+        let table = self.table.load();
+        let m = table.model(model)?;
+        (m.min_replicas == 0 && m.max_replicas > 0)
+            .then_some(self.activator.as_ref())
+            .flatten()
+    }
+
+    /// [`Self::pick`]; a model scaled to zero is activated and waited for first (bounded by
+    /// `deadline`), and one that runs because of activations has them renewed.
+    async fn pick_or_activate(
+        &self,
+        ask: &Ask<'_>,
+        deadline: Option<Instant>,
+    ) -> RouterResult<(Endpoint, InFlight)> {
+        let picked = match self.pick(ask, &HashSet::new()) {
+            Err(RouterError::NoReadyReplica { .. }) if ask.sequence.is_none() || ask.start => {
+                match self.activator_for(ask.model) {
+                    Some(activator) => {
+                        activator.scale_from_zero(ask.model, deadline).await?;
+                        self.pick(ask, &HashSet::new())
+                    }
+                    None => self.pick(ask, &HashSet::new()),
+                }
+            }
+            other => other,
+        };
+        if picked.is_ok()
+            && let Some(activator) = self.activator_for(ask.model)
+        {
+            activator.keep_alive(ask.model);
+        }
+        picked
     }
 
     /// The worker connection pool (the watch task prunes it).
@@ -183,11 +236,14 @@ impl RouterService {
         };
         // A sequence request changes state on the worker that accepted it: never retried.
         let retry = ask.sequence.is_none();
-        self.with_retry(&ask, retry, |addr| {
-            let wire = wire.clone();
+        let deadline = wire.context.deadline;
+        self.with_retry(&ask, retry, deadline, |target| {
+            // The worker may serve several versions: name the one choice resolved.
+            let mut wire = wire.clone();
+            wire.message.model_version = target.version.to_string();
             async move {
-                let response = self.workers.infer(&addr, wire).await?;
-                decode_response(&addr, response)
+                let response = self.workers.infer(&target.addr, wire).await?;
+                decode_response(&target.addr, response)
             }
         })
         .await
@@ -195,13 +251,19 @@ impl RouterService {
 
     /// Runs `call` on a chosen replica; with `retry`, once more on another replica when the
     /// first attempt failed before running.
-    async fn with_retry<T, F, Fut>(&self, ask: &Ask<'_>, retry: bool, call: F) -> RouterResult<T>
+    async fn with_retry<T, F, Fut>(
+        &self,
+        ask: &Ask<'_>,
+        retry: bool,
+        deadline: Option<Instant>,
+        call: F,
+    ) -> RouterResult<T>
     where
-        F: Fn(String) -> Fut,
+        F: Fn(Endpoint) -> Fut,
         Fut: Future<Output = RouterResult<T>>,
     {
-        self.with_retry_guarded(ask, retry, |addr, guard| {
-            let call = call(addr);
+        self.with_retry_guarded(ask, retry, deadline, |target, guard| {
+            let call = call(target);
             async move {
                 let result = call.await;
                 drop(guard);
@@ -217,18 +279,19 @@ impl RouterService {
         &self,
         ask: &Ask<'_>,
         retry: bool,
+        deadline: Option<Instant>,
         call: F,
     ) -> RouterResult<T>
     where
-        F: Fn(String, InFlight) -> Fut,
+        F: Fn(Endpoint, InFlight) -> Fut,
         Fut: Future<Output = RouterResult<T>>,
     {
         let mut exclude = HashSet::new();
-        let (endpoint, guard) = self.pick(ask, &exclude)?;
-        let err = match call(endpoint.addr.clone(), guard).await {
+        let (endpoint, guard) = self.pick_or_activate(ask, deadline).await?;
+        let err = match call(endpoint.clone(), guard).await {
             Err(e) => {
                 self.note_failure(endpoint.replica, &e);
-                if !(retry && e.retryable()) {
+                if !(retry && e.retryable()) || deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(e);
                 }
                 e
@@ -240,7 +303,7 @@ impl RouterService {
         let Ok((endpoint, guard)) = self.pick(ask, &exclude) else {
             return Err(err);
         };
-        let second = call(endpoint.addr.clone(), guard).await;
+        let second = call(endpoint.clone(), guard).await;
         if let Err(e) = &second {
             self.note_failure(endpoint.replica, e);
         }
@@ -326,9 +389,10 @@ impl InferenceService for RouterService {
             version: version_text(version),
         };
         let m = self
-            .with_retry(&Self::ask(name, version), true, |addr| {
-                let request = request.clone();
-                async move { self.workers.model_metadata(&addr, request).await }
+            .with_retry(&Self::ask(name, version), true, None, |target| {
+                let mut request = request.clone();
+                request.version = target.version.to_string();
+                async move { self.workers.model_metadata(&target.addr, request).await }
             })
             .await?;
         Ok(ModelMetadata {
@@ -346,9 +410,10 @@ impl InferenceService for RouterService {
             version: version_text(version),
         };
         Ok(self
-            .with_retry(&Self::ask(name, version), true, |addr| {
-                let request = request.clone();
-                async move { self.workers.model_config(&addr, request).await }
+            .with_retry(&Self::ask(name, version), true, None, |target| {
+                let mut request = request.clone();
+                request.version = target.version.to_string();
+                async move { self.workers.model_config(&target.addr, request).await }
             })
             .await?)
     }
@@ -369,9 +434,9 @@ impl InferenceService for RouterService {
             version: version_text(version),
         };
         Ok(self
-            .with_retry(&Self::ask(name, version), true, |addr| {
+            .with_retry(&Self::ask(name, version), true, None, |target| {
                 let request = request.clone();
-                async move { self.workers.model_statistics(&addr, request).await }
+                async move { self.workers.model_statistics(&target.addr, request).await }
             })
             .await?)
     }
@@ -405,11 +470,13 @@ impl InferenceService for RouterService {
             end: request.options.sequence_end,
         };
         let retry = ask.sequence.is_none();
+        let deadline = wire.context.deadline;
         let stream = self
-            .with_retry_guarded(&ask, retry, |addr, guard| {
-                let wire = wire.clone();
+            .with_retry_guarded(&ask, retry, deadline, |target, guard| {
+                let mut wire = wire.clone();
+                wire.message.model_version = target.version.to_string();
                 async move {
-                    let responses = self.workers.infer_stream(&addr, wire).await?;
+                    let responses = self.workers.infer_stream(&target.addr, wire).await?;
                     Ok(responses.map(move |item| {
                         let _held = &guard;
                         item.map_err(ServiceError::from)
@@ -460,17 +527,27 @@ impl InferenceService for RouterService {
         Ok(entries)
     }
 
-    async fn load_model(&self, name: &str, _request: LoadRequest) -> ServiceResult<()> {
-        Err(RouterError::Unsupported(format!(
-            "cannot load model '{name}' through the router: deploy it with the control plane's management API (nereid ctl)"
-        ))
-        .into())
+    /// Maps to the management API: the model serves at least one replica; returns once one is
+    /// ready.
+    async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()> {
+        match &self.activator {
+            Some(a) => Ok(a.load(name, request).await?),
+            None => Err(RouterError::Unsupported(format!(
+                "cannot load model '{name}': this router has no control plane to ask"
+            ))
+            .into()),
+        }
     }
 
+    /// Maps to the management API: the model keeps no replica until loaded again. Dependents
+    /// are not unloaded (each model is scaled on its own).
     async fn unload_model(&self, name: &str, _unload_dependents: bool) -> ServiceResult<()> {
-        Err(RouterError::Unsupported(format!(
-            "cannot unload model '{name}' through the router: delete or scale it with the control plane's management API (nereid ctl)"
-        ))
-        .into())
+        match &self.activator {
+            Some(a) => Ok(a.unload(name).await?),
+            None => Err(RouterError::Unsupported(format!(
+                "cannot unload model '{name}': this router has no control plane to ask"
+            ))
+            .into()),
+        }
     }
 }

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use nereid_proto::pb::cluster::{
     Model, Node, NodeStatus, Replica, ReplicaState, StateDelta, WatchEvent, watch_event,
@@ -161,6 +162,11 @@ impl RoutingTable {
                 .any(|r| r.model == model && r.version == version)
     }
 
+    /// Every replica of `model`, in any state.
+    pub fn replicas_of<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a Replica> + 'a {
+        self.replicas.values().filter(move |r| r.model == model)
+    }
+
     /// Ready endpoints of one model version (empty when none).
     pub fn ready(&self, model: &str, version: i64) -> &[Endpoint] {
         self.ready
@@ -201,17 +207,42 @@ impl RoutingTable {
 }
 
 /// The table the service reads and the watch task replaces; readers get a consistent version
-/// without waiting on writers for longer than a pointer swap.
-#[derive(Debug, Default)]
+/// without waiting on writers for longer than a pointer swap. Waiters ([`Self::wait_until`])
+/// are woken on every applied event.
+#[derive(Debug)]
 pub struct SharedTable {
     current: RwLock<Arc<RoutingTable>>,
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for SharedTable {
+    fn default() -> Self {
+        SharedTable::new(RoutingTable::default())
+    }
 }
 
 impl SharedTable {
     pub fn new(table: RoutingTable) -> SharedTable {
         SharedTable {
+            changes: tokio::sync::watch::Sender::new(table.revision()),
             current: RwLock::new(Arc::new(table)),
         }
+    }
+
+    /// Waits until `done` holds for the table, at most `limit`; whether it does.
+    pub async fn wait_until(&self, limit: Duration, done: impl Fn(&RoutingTable) -> bool) -> bool {
+        let mut changes = self.changes.subscribe();
+        let wait = async {
+            loop {
+                if done(&self.load()) {
+                    return true;
+                }
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(limit, wait).await.unwrap_or(false)
     }
 
     /// The table now.
@@ -226,11 +257,13 @@ impl SharedTable {
     pub fn apply(&self, event: &WatchEvent) {
         let mut next = (*self.load()).clone();
         next.apply(event);
+        let revision = next.revision();
         let next = Arc::new(next);
         match self.current.write() {
             Ok(mut t) => *t = next,
             Err(poisoned) => *poisoned.into_inner() = next,
         }
+        self.changes.send_replace(revision);
     }
 }
 

@@ -18,80 +18,17 @@ use std::time::Duration;
 use nereid_proto::pb::cluster::WatchRequest;
 use nereid_proto::pb::cluster::cluster_client::ClusterClient;
 use tokio::sync::watch;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Channel, Endpoint};
 
+use crate::control::ControlPlane;
 use crate::table::{RoutingTable, SharedTable};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Where the control plane is and how to authenticate.
-#[derive(Clone, Debug, Default)]
-pub struct WatchConfig {
-    /// gRPC addresses of control-plane nodes (`host:port` or a URI).
-    pub control_plane: Vec<String>,
-    /// Bearer token, when the control plane requires one.
-    pub token: Option<String>,
-}
-
-/// The control-plane endpoints and the token header, checked before anything connects.
-pub struct ControlPlane {
-    nodes: Vec<(String, Channel)>,
-    token: Option<MetadataValue<Ascii>>,
-}
-
-impl ControlPlane {
-    pub fn new(config: &WatchConfig) -> Result<ControlPlane, String> {
-        if config.control_plane.is_empty() {
-            return Err("no control-plane address".into());
-        }
-        let nodes = config
-            .control_plane
-            .iter()
-            .map(|a| {
-                let uri = if a.contains("://") {
-                    a.clone()
-                } else {
-                    format!("http://{a}")
-                };
-                Endpoint::from_shared(uri)
-                    .map(|e| {
-                        (
-                            a.clone(),
-                            e.connect_timeout(Duration::from_secs(2))
-                                .tcp_nodelay(true)
-                                .connect_lazy(),
-                        )
-                    })
-                    .map_err(|e| format!("control-plane address '{a}': {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let token = config
-            .token
-            .as_deref()
-            .map(|t| {
-                MetadataValue::try_from(format!("Bearer {}", t.trim())).map_err(|_| {
-                    "the auth token has characters not allowed in a header".to_string()
-                })
-            })
-            .transpose()?;
-        Ok(ControlPlane { nodes, token })
-    }
-
-    fn request(&self, from_revision: u64) -> tonic::Request<WatchRequest> {
-        let mut r = tonic::Request::new(WatchRequest { from_revision });
-        if let Some(t) = &self.token {
-            r.metadata_mut().insert("authorization", t.clone());
-        }
-        r
-    }
-}
-
 /// Follows the watch until `stop` is set, applying every event to `table` and calling
 /// `on_change` after each.
 pub async fn watch_task(
-    control_plane: ControlPlane,
+    control_plane: Arc<ControlPlane>,
     table: Arc<SharedTable>,
     on_change: impl Fn(&RoutingTable) + Send,
     mut stop: watch::Receiver<bool>,
@@ -102,13 +39,16 @@ pub async fn watch_task(
         if *stop.borrow() {
             return;
         }
-        let (addr, channel) = &control_plane.nodes[index % control_plane.nodes.len()];
+        let nodes = control_plane.nodes();
+        let (addr, channel) = &nodes[index % nodes.len()];
         let from = {
             let t = table.load();
             if t.synced() { t.revision() } else { 0 }
         };
         let mut client = ClusterClient::new(channel.clone());
-        let call = client.watch(control_plane.request(from));
+        let call = client.watch(control_plane.request(WatchRequest {
+            from_revision: from,
+        }));
         let started = tokio::select! {
             r = call => r,
             _ = stop.wait_for(|s| *s) => return,
@@ -198,6 +138,12 @@ mod tests {
         ) -> Result<Response<ReportReplicaResponse>, Status> {
             Err(Status::unimplemented("fake"))
         }
+        async fn activate(
+            &self,
+            _: Request<nereid_proto::pb::cluster::ActivateRequest>,
+        ) -> Result<Response<nereid_proto::pb::cluster::ActivateResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
         type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
         async fn watch(
             &self,
@@ -262,11 +208,13 @@ mod tests {
         let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let dead_addr = dead.local_addr().unwrap();
         drop(dead);
-        let cp = ControlPlane::new(&WatchConfig {
-            control_plane: vec![dead_addr.to_string(), addr.to_string()],
-            token: Some("s3cret\n".into()),
-        })
-        .unwrap();
+        let cp = Arc::new(
+            ControlPlane::new(&crate::control::ControlPlaneConfig {
+                control_plane: vec![dead_addr.to_string(), addr.to_string()],
+                token: Some("s3cret\n".into()),
+            })
+            .unwrap(),
+        );
         let table = Arc::new(SharedTable::default());
         let (stop_tx, stop) = watch::channel(false);
         let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel();
@@ -295,15 +243,5 @@ mod tests {
             .unwrap()
             .unwrap();
         server.abort();
-    }
-
-    #[tokio::test]
-    async fn needs_an_address_and_a_header_safe_token() {
-        assert!(ControlPlane::new(&WatchConfig::default()).is_err());
-        let bad = WatchConfig {
-            control_plane: vec!["127.0.0.1:1".into()],
-            token: Some("a\u{1}b".into()),
-        };
-        assert!(ControlPlane::new(&bad).is_err());
     }
 }

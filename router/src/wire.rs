@@ -208,24 +208,29 @@ pub fn classify_status(addr: &str, status: tonic::Status) -> RouterError {
             message,
         };
     }
-    match status.code() {
+    worker(service_error(status.code(), message))
+}
+
+/// The frontends' error class for a gRPC status code (a worker's or the control plane's).
+pub fn service_error(code: Code, message: String) -> ServiceError {
+    match code {
         Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
-            worker(ServiceError::InvalidArgument(message))
+            ServiceError::InvalidArgument(message)
         }
-        Code::NotFound => worker(ServiceError::NotFound(message)),
-        Code::Unavailable => worker(ServiceError::Unavailable(message)),
-        Code::ResourceExhausted => worker(ServiceError::Overloaded(message)),
-        Code::Unimplemented => worker(ServiceError::Unsupported(message)),
-        Code::AlreadyExists => worker(ServiceError::AlreadyExists(message)),
-        Code::Cancelled => worker(ServiceError::Cancelled(message)),
-        Code::DeadlineExceeded => worker(ServiceError::DeadlineExceeded(message)),
-        Code::Aborted => worker(ServiceError::Unavailable(message)),
+        Code::NotFound => ServiceError::NotFound(message),
+        Code::Unavailable => ServiceError::Unavailable(message),
+        Code::ResourceExhausted => ServiceError::Overloaded(message),
+        Code::Unimplemented => ServiceError::Unsupported(message),
+        Code::AlreadyExists => ServiceError::AlreadyExists(message),
+        Code::Cancelled => ServiceError::Cancelled(message),
+        Code::DeadlineExceeded => ServiceError::DeadlineExceeded(message),
+        Code::Aborted => ServiceError::Unavailable(message),
         Code::Ok
         | Code::Unknown
         | Code::Internal
         | Code::DataLoss
         | Code::PermissionDenied
-        | Code::Unauthenticated => worker(ServiceError::Internal(message)),
+        | Code::Unauthenticated => ServiceError::Internal(message),
     }
 }
 

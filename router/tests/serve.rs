@@ -4,15 +4,15 @@
 use std::time::Duration;
 
 use nereid_router::RouterServiceConfig;
+use nereid_router::control::ControlPlaneConfig;
 use nereid_router::serve::{RouterConfig, run};
-use nereid_router::watch::WatchConfig;
 
 #[tokio::test]
 async fn starts_without_a_control_plane_and_shuts_down_on_signal() {
     let any = Some("127.0.0.1:0".parse().unwrap());
     let config = RouterConfig {
         service: RouterServiceConfig::default(),
-        watch: WatchConfig {
+        control_plane: ControlPlaneConfig {
             control_plane: vec!["127.0.0.1:1".into()],
             token: None,
         },
@@ -38,7 +38,7 @@ async fn starts_without_a_control_plane_and_shuts_down_on_signal() {
 async fn a_bad_control_plane_address_is_refused_before_binding() {
     let config = RouterConfig {
         service: RouterServiceConfig::default(),
-        watch: WatchConfig::default(),
+        control_plane: ControlPlaneConfig::default(),
         http_addr: None,
         grpc_addr: None,
         metrics_addr: None,

@@ -79,7 +79,7 @@ impl SoftState {
         let fresh = {
             let mut inner = self.inner.lock();
             let previous = inner.demand.insert(model.to_string(), now);
-            !previous.is_some_and(|t| now.saturating_duration_since(t) <= self.scale_to_zero_after)
+            previous.is_none_or(|t| now.saturating_duration_since(t) > self.scale_to_zero_after)
         };
         if fresh {
             self.wake.notify_one();

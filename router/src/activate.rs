@@ -1,0 +1,288 @@
+//! Calls the router makes to the control plane on a client's behalf:
+//!
+//! - **Scale from zero.** A request for a model with `min_replicas` 0 and no ready replica
+//!   sends `Cluster.Activate`; the leader places a replica and the router waits for the routing
+//!   table to show it ready (bounded by the request's deadline and the configured wait).
+//!   While requests keep coming the router renews the activation in the background, at most
+//!   once per renewal interval the control plane gave, so the replica stays; when they stop,
+//!   the control plane scales the model back to zero.
+//! - **Repository load/unload** (Triton's explicit model control). Load raises the model's
+//!   replica floor to at least 1 (and, with a `config` override, redeploys it with that
+//!   override), then waits until a replica is ready; unload sets the model's replicas to 0
+//!   (min and max, so requests do not start it again) and waits until none serves.
+//!
+//! ```text
+//! request ─► no ready replica, min_replicas 0 ─► Activate ─► wait for the table ─► route
+//! request ─► routed, min_replicas 0 ─► renewal due? ─► Activate (spawned, not awaited)
+//! load    ─► GetModel ─► [DeployModel with config] ─► ScaleModel(min ≥ 1) ─► wait ready
+//! unload  ─► ScaleModel(0, 0) ─► wait until no replica is ready
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nereid_proto::pb::cluster::cluster_client::ClusterClient;
+use nereid_proto::pb::cluster::management_client::ManagementClient;
+use nereid_proto::pb::cluster::{
+    ActivateRequest, DeployModelRequest, ModelRef, ReplicaState, ScaleModelRequest,
+};
+use nereid_proto::service::LoadRequest;
+
+use crate::control::ControlPlane;
+use crate::error::{RouterError, RouterResult};
+use crate::table::{RoutingTable, SharedTable};
+use crate::wire::service_error;
+
+/// Renewal interval used until the control plane has told one.
+const DEFAULT_RENEW_AFTER: Duration = Duration::from_secs(30);
+
+/// Activations and repository calls, with the renewal bookkeeping.
+pub struct Activator {
+    control: Arc<ControlPlane>,
+    table: Arc<SharedTable>,
+    /// How long a request (or a load) may wait for a replica to become ready.
+    wait: Duration,
+    state: Mutex<Renewals>,
+}
+
+struct Renewals {
+    /// When this router last activated each model.
+    sent: HashMap<String, Instant>,
+    renew_after: Duration,
+}
+
+impl Activator {
+    pub fn new(control: Arc<ControlPlane>, table: Arc<SharedTable>, wait: Duration) -> Activator {
+        Activator {
+            control,
+            table,
+            wait,
+            state: Mutex::new(Renewals {
+                sent: HashMap::new(),
+                renew_after: DEFAULT_RENEW_AFTER,
+            }),
+        }
+    }
+
+    /// Activates `model` and waits until it has a ready replica, at most until `deadline`
+    /// (the request's) or the configured wait, whichever comes first.
+    pub async fn scale_from_zero(
+        &self,
+        model: &str,
+        deadline: Option<Instant>,
+    ) -> RouterResult<()> {
+        let started = Instant::now();
+        self.activate(model).await?;
+        let limit = match deadline {
+            Some(d) => d.saturating_duration_since(started).min(self.wait),
+            None => self.wait,
+        };
+        tracing::info!(
+            model,
+            "no ready replica: asked the control plane to start one"
+        );
+        self.wait_ready(model, started, limit).await
+    }
+
+    /// Renews the activation of `model` in the background when it is due.
+    pub fn keep_alive(self: &Arc<Self>, model: &str) {
+        if !self.due(model, Instant::now()) {
+            return;
+        }
+        let this = self.clone();
+        let model = model.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = this.activate(&model).await {
+                tracing::warn!(model, error = %e, "could not renew the model's activation");
+                this.forget(&model);
+            }
+        });
+    }
+
+    /// Whether an activation of `model` is due at `now`; if so, counts it as sent.
+    fn due(&self, model: &str, now: Instant) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let renew_after = s.renew_after;
+        match s.sent.get(model) {
+            Some(t) if now.saturating_duration_since(*t) < renew_after => false,
+            _ => {
+                s.sent.insert(model.to_string(), now);
+                true
+            }
+        }
+    }
+
+    fn forget(&self, model: &str) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.sent.remove(model);
+    }
+
+    async fn activate(&self, model: &str) -> RouterResult<()> {
+        let answer =
+            self.control
+                .call(
+                    ActivateRequest {
+                        model: model.to_string(),
+                    },
+                    |channel, request| async move {
+                        ClusterClient::new(channel).activate(request).await
+                    },
+                )
+                .await
+                .map_err(control_plane_error)?;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.sent.insert(model.to_string(), Instant::now());
+        if answer.renew_after_ms > 0 {
+            s.renew_after = Duration::from_millis(answer.renew_after_ms);
+        }
+        Ok(())
+    }
+
+    /// Triton's repository load: the model serves at least one replica (with the request's
+    /// config override, if any) and a replica is ready when this returns.
+    pub async fn load(&self, name: &str, request: LoadRequest) -> RouterResult<()> {
+        if !request.files.is_empty() {
+            return Err(RouterError::InvalidRequest(format!(
+                "load of model '{name}' through the router cannot carry model files; put them in the model's source and deploy it with the management API"
+            )));
+        }
+        let started = Instant::now();
+        let status = self
+            .control
+            .call(
+                ModelRef {
+                    name: name.to_string(),
+                    ..Default::default()
+                },
+                |c, r| async move { ManagementClient::new(c).get_model(r).await },
+            )
+            .await
+            .map_err(control_plane_error)?;
+        let mut model = status.model.unwrap_or_default();
+        if let Some(config) = request.config {
+            model.config_override = config;
+            self.control
+                .call(
+                    DeployModelRequest {
+                        model: Some(model.clone()),
+                    },
+                    |c, r| async move { ManagementClient::new(c).deploy_model(r).await },
+                )
+                .await
+                .map_err(control_plane_error)?;
+        }
+        if model.min_replicas == 0 {
+            self.scale(name, 1, model.max_replicas.max(1)).await?;
+        }
+        self.wait_ready(name, started, self.wait).await
+    }
+
+    /// Triton's repository unload: the model keeps no replica (and requests do not start one)
+    /// until it is loaded again; no replica is ready when this returns.
+    pub async fn unload(&self, name: &str) -> RouterResult<()> {
+        let started = Instant::now();
+        self.scale(name, 0, 0).await?;
+        self.forget(name);
+        let remaining = self.wait.saturating_sub(started.elapsed());
+        if self
+            .table
+            .wait_until(remaining, |t| t.ready_versions(name).is_empty())
+            .await
+        {
+            return Ok(());
+        }
+        Err(RouterError::ControlPlane {
+            error: nereid_proto::ServiceError::Unavailable(format!(
+                "model '{name}' still has a ready replica {} ms after the unload",
+                started.elapsed().as_millis()
+            )),
+        })
+    }
+
+    async fn scale(&self, name: &str, min: u32, max: u32) -> RouterResult<()> {
+        self.control
+            .call(
+                ScaleModelRequest {
+                    name: name.to_string(),
+                    min_replicas: min,
+                    max_replicas: max,
+                },
+                |c, r| async move { ManagementClient::new(c).scale_model(r).await },
+            )
+            .await
+            .map(|_| ())
+            .map_err(control_plane_error)
+    }
+
+    /// Waits until `model` has a ready replica, every replica it has failed, or `limit` from
+    /// `started` passes; an error (with a failed replica's reason) unless one is ready.
+    async fn wait_ready(&self, model: &str, started: Instant, limit: Duration) -> RouterResult<()> {
+        let remaining = limit.saturating_sub(started.elapsed());
+        self.table
+            .wait_until(remaining, |t| ready_or_failed(t, model))
+            .await;
+        let table = self.table.load();
+        if !table.ready_versions(model).is_empty() {
+            return Ok(());
+        }
+        Err(RouterError::NotReadyInTime {
+            model: model.to_string(),
+            waited_ms: started.elapsed().as_millis() as u64,
+            reason: failure_reason(&table, model),
+        })
+    }
+}
+
+/// Whether `model` has a ready replica, or every replica it has failed (waiting longer would
+/// not help).
+fn ready_or_failed(table: &RoutingTable, model: &str) -> bool {
+    if !table.ready_versions(model).is_empty() {
+        return true;
+    }
+    let mut replicas = table.replicas_of(model).peekable();
+    replicas.peek().is_some() && replicas.all(|r| r.state == ReplicaState::Failed as i32)
+}
+
+/// Why a replica of `model` failed to load, if one did.
+fn failure_reason(table: &RoutingTable, model: &str) -> Option<String> {
+    table
+        .replicas_of(model)
+        .filter(|r| r.state == ReplicaState::Failed as i32)
+        .map(|r| r.failure_reason.clone())
+        .find(|r| !r.is_empty())
+}
+
+fn control_plane_error(status: tonic::Status) -> RouterError {
+    RouterError::ControlPlane {
+        error: service_error(status.code(), status.message().to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::ControlPlaneConfig;
+
+    #[tokio::test]
+    async fn renewals_are_due_once_per_interval() {
+        let control = Arc::new(
+            ControlPlane::new(&ControlPlaneConfig {
+                control_plane: vec!["127.0.0.1:1".into()],
+                token: None,
+            })
+            .unwrap(),
+        );
+        let a = Activator::new(control, Arc::default(), Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert!(a.due("m", t0), "never sent");
+        assert!(!a.due("m", t0 + Duration::from_secs(1)));
+        assert!(a.due("n", t0), "per model");
+        assert!(a.due("m", t0 + DEFAULT_RENEW_AFTER));
+        a.forget("m");
+        assert!(
+            a.due("m", t0 + DEFAULT_RENEW_AFTER),
+            "a failed renewal is retried"
+        );
+    }
+}
