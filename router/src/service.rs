@@ -156,11 +156,10 @@ impl RouterService {
     /// The activator, when `model` is one that requests may start (`min_replicas` 0,
     /// `max_replicas` above 0).
     fn activator_for(&self, model: &str) -> Option<&Arc<Activator>> {
+        let activator = self.activator.as_ref()?;
         let table = self.table.load();
         let m = table.model(model)?;
-        (m.min_replicas == 0 && m.max_replicas > 0)
-            .then_some(self.activator.as_ref())
-            .flatten()
+        (m.min_replicas == 0 && m.max_replicas > 0).then_some(activator)
     }
 
     /// [`Self::pick`]; a model scaled to zero is activated and waited for first (bounded by
