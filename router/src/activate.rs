@@ -263,6 +263,50 @@ fn control_plane_error(status: tonic::Status) -> RouterError {
 mod tests {
     use super::*;
     use crate::control::ControlPlaneConfig;
+    use crate::table::tests::{model, node, replica, snapshot};
+
+    fn table_with(states: &[(u64, ReplicaState, &str)]) -> RoutingTable {
+        let replicas = states
+            .iter()
+            .map(|(id, state, reason)| {
+                let mut r = replica(*id, "m", 1, "a", false);
+                r.state = *state as i32;
+                r.failure_reason = reason.to_string();
+                r
+            })
+            .collect();
+        let mut t = RoutingTable::default();
+        t.apply(&snapshot(
+            1,
+            vec![model("m", &[1])],
+            vec![node("a", "a:1")],
+            replicas,
+        ));
+        t
+    }
+
+    #[test]
+    fn waiting_ends_on_a_ready_replica_or_when_every_replica_failed() {
+        assert!(
+            !ready_or_failed(&table_with(&[]), "m"),
+            "nothing placed yet"
+        );
+        let loading = table_with(&[(1, ReplicaState::Loading, "")]);
+        assert!(!ready_or_failed(&loading, "m"));
+        let ready = table_with(&[(1, ReplicaState::Ready, "")]);
+        assert!(ready_or_failed(&ready, "m"));
+        let failed = table_with(&[(1, ReplicaState::Failed, "bad onnx")]);
+        assert!(ready_or_failed(&failed, "m"));
+        assert_eq!(failure_reason(&failed, "m").as_deref(), Some("bad onnx"));
+        let mixed = table_with(&[
+            (1, ReplicaState::Failed, "bad onnx"),
+            (2, ReplicaState::Loading, ""),
+        ]);
+        assert!(
+            !ready_or_failed(&mixed, "m"),
+            "another replica may still load"
+        );
+    }
 
     #[tokio::test]
     async fn renewals_are_due_once_per_interval() {

@@ -169,20 +169,19 @@ impl RouterService {
         ask: &Ask<'_>,
         deadline: Option<Instant>,
     ) -> RouterResult<(Endpoint, InFlight)> {
-        let picked = match self.pick(ask, &HashSet::new()) {
-            Err(RouterError::NoReadyReplica { .. }) if ask.sequence.is_none() || ask.start => {
-                match self.activator_for(ask.model) {
-                    Some(activator) => {
-                        activator.scale_from_zero(ask.model, deadline).await?;
-                        self.pick(ask, &HashSet::new())
-                    }
-                    None => self.pick(ask, &HashSet::new()),
-                }
+        let activator = self.activator_for(ask.model);
+        let first = self.pick(ask, &HashSet::new());
+        let picked = match (&first, activator) {
+            (Err(RouterError::NoReadyReplica { .. }), Some(activator))
+                if ask.sequence.is_none() || ask.start =>
+            {
+                activator.scale_from_zero(ask.model, deadline).await?;
+                self.pick(ask, &HashSet::new())
             }
-            other => other,
+            _ => first,
         };
         if picked.is_ok()
-            && let Some(activator) = self.activator_for(ask.model)
+            && let Some(activator) = activator
         {
             activator.keep_alive(ask.model);
         }
