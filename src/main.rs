@@ -20,6 +20,13 @@ use clap::Parser;
 
 use cli::{Cli, Command};
 
+/// mimalloc instead of the system allocator: a request through the router or a worker makes
+/// many small, short-lived allocations (HTTP/2 frames, protobuf messages, tensors' buffers),
+/// and glibc's malloc/free took 10–16 % of the router's CPU (docs/benchmarks.md, "Router hop").
+/// Only Rust's allocations move to it; ONNX Runtime keeps its own allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -57,8 +64,11 @@ fn main() -> ExitCode {
         }
         Command::Router(args) => {
             init_logging(args.log_verbose, &args.log_format);
+            let threads = args.threads;
             match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
-                Ok(config) => run_async(|| nereid_router::serve::run(config, shutdown_signal())),
+                Ok(config) => run_async_on(threads, || {
+                    nereid_router::serve::run(config, shutdown_signal())
+                }),
                 Err(e) => usage_error(e),
             }
         }
@@ -79,10 +89,20 @@ where
     F: std::future::Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    run_async_on(0, server)
+}
+
+/// [`run_async`] on `threads` runtime threads (0: tokio's default, one per core).
+fn run_async_on<F, E>(threads: usize, server: impl FnOnce() -> F) -> ExitCode
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if threads > 0 {
+        builder.worker_threads(threads);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -55,6 +55,10 @@ pub struct RouterArgs {
     /// Server name reported in server metadata.
     #[arg(long, env = "NEREID_ID", default_value = "nereid")]
     pub id: String,
+    /// Async runtime threads (0 = one per CPU core). Fewer threads mean fewer hand-offs
+    /// between them per request; lower it when the router shares its cores with workers.
+    #[arg(long, env = "NEREID_ROUTER_THREADS", default_value_t = 0)]
+    pub threads: usize,
 }
 
 impl RouterArgs {

@@ -150,7 +150,9 @@ impl Workers {
             })?
             .connect_timeout(self.config.connect_timeout)
             .tcp_nodelay(true)
-            .http2_adaptive_window(true)
+            // Fixed large windows, as the workers' gRPC servers set them: hyper's adaptive
+            // window would ignore these sizes, start every stream at 64 KiB and send BDP
+            // pings to grow them.
             .initial_connection_window_size(16 * 1024 * 1024)
             .initial_stream_window_size(4 * 1024 * 1024)
             .connect_lazy();
