@@ -8,15 +8,16 @@
 //! ```
 
 use nereid_proto::serve::Frontends;
+use nereid_proto::serve::bind;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::TcpListener;
 
 use futures::future::BoxFuture;
 use nereid_proto::InferenceService;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::backend::Backends;
@@ -45,27 +46,10 @@ pub struct ServeConfig {
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen for {what} on {addr}: {source}")]
-    Bind {
-        what: &'static str,
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] nereid_proto::serve::BindError),
     #[error("{0}")]
     Startup(String),
-}
-
-async fn bind(
-    what: &'static str,
-    addr: Option<SocketAddr>,
-) -> Result<Option<TcpListener>, ServeError> {
-    match addr {
-        None => Ok(None),
-        Some(addr) => TcpListener::bind(addr)
-            .await
-            .map(Some)
-            .map_err(|source| ServeError::Bind { what, addr, source }),
-    }
 }
 
 /// What a task started alongside the server (the worker's agent) gets: the models, the bound

@@ -8,6 +8,7 @@
 //!  stop = true ─► each finishes its in-flight requests, then its task ends
 //! ```
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::serve::ListenerExt;
@@ -20,6 +21,29 @@ use crate::grpc::{GrpcConfig, routes};
 use crate::http::{HttpConfig, router};
 
 /// The listeners of a server (`None`: that service is off) and how its frontends behave.
+/// A listener that could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen for {what} on {addr}: {source}")]
+pub struct BindError {
+    pub what: &'static str,
+    pub addr: SocketAddr,
+    pub source: std::io::Error,
+}
+
+/// Binds `addr` for the `what` endpoint; `None` (the endpoint is disabled) binds nothing.
+pub async fn bind(
+    what: &'static str,
+    addr: Option<SocketAddr>,
+) -> Result<Option<TcpListener>, BindError> {
+    match addr {
+        None => Ok(None),
+        Some(addr) => TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|source| BindError { what, addr, source }),
+    }
+}
+
 pub struct Frontends {
     pub http: Option<TcpListener>,
     pub grpc: Option<TcpListener>,

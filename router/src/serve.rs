@@ -8,6 +8,7 @@
 //!      timeout), stop the watch ─► return
 //! ```
 
+use nereid_proto::serve::bind;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +16,6 @@ use std::time::Duration;
 
 use nereid_proto::InferenceService;
 use nereid_proto::serve::Frontends;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::activate::Activator;
@@ -41,27 +41,10 @@ pub struct RouterConfig {
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RouterServeError {
-    #[error("cannot listen for {what} on {addr}: {source}")]
-    Bind {
-        what: &'static str,
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] nereid_proto::serve::BindError),
     #[error("{0}")]
     Config(String),
-}
-
-async fn bind(
-    what: &'static str,
-    addr: Option<SocketAddr>,
-) -> Result<Option<TcpListener>, RouterServeError> {
-    match addr {
-        None => Ok(None),
-        Some(addr) => TcpListener::bind(addr)
-            .await
-            .map(Some)
-            .map_err(|source| RouterServeError::Bind { what, addr, source }),
-    }
 }
 
 /// Runs the router until `shutdown` resolves, then drains and returns.
