@@ -22,6 +22,7 @@ pub mod json;
 pub mod pb;
 pub mod serve;
 pub mod service;
+pub mod settings;
 pub mod trace_context;
 pub mod types;
 

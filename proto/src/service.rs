@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use crate::error::ServiceResult;
+use crate::error::{ServiceError, ServiceResult};
 use crate::pb::inference::{ModelConfig, ModelStatistics};
+use crate::settings::{LogSettings, TraceSettings, TraceSettingsUpdate};
 use crate::types::{InferRequest, InferResponse};
 
 /// `GET /v2` / gRPC `ServerMetadata`.
@@ -114,4 +115,24 @@ pub trait InferenceService: Send + Sync + 'static {
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>>;
     async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()>;
     async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()>;
+    /// The trace settings, global (`model: None`) or of one model, after applying `update`
+    /// (when given). An unknown model is `NotFound`; an unknown key or bad value
+    /// `InvalidArgument` naming it.
+    async fn trace_settings(
+        &self,
+        model: Option<&str>,
+        update: Option<TraceSettingsUpdate>,
+    ) -> ServiceResult<TraceSettings> {
+        let _ = (model, update);
+        Err(ServiceError::unsupported(
+            "trace settings are not supported by this server",
+        ))
+    }
+    /// The log settings after applying `update` (when given).
+    async fn log_settings(&self, update: Option<LogSettings>) -> ServiceResult<LogSettings> {
+        let _ = update;
+        Err(ServiceError::unsupported(
+            "log settings are not supported by this server",
+        ))
+    }
 }

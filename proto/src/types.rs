@@ -288,6 +288,72 @@ pub struct RequestContext {
     pub trace: Option<TraceContext>,
     /// When the client stops waiting (gRPC `grpc-timeout`); `None` without a timeout.
     pub deadline: Option<Instant>,
+    /// When the frontend began receiving the request (the start of a trace's `receive` span).
+    pub received: Option<Instant>,
+    /// Where a traced request's open span waits for the frontend to encode the response.
+    pub response_hook: ResponseHook,
+}
+
+/// A traced request's root span, left open by the service until the frontend has encoded the
+/// response, so the trace covers `send` too. Implementations also close it when dropped (an
+/// error path, a cancelled request, a caller without a frontend).
+pub trait OpenSpan: Send {
+    /// Closes the span: the response was encoded at `sent`.
+    fn finish(self: Box<Self>, sent: Instant);
+}
+
+/// The slot a frontend creates per request ([`ResponseHook::new`]) and closes after encoding
+/// ([`ResponseHook::finish`]); the service fills it ([`ResponseHook::attach`]) only for requests
+/// it traces. A default hook has no slot: the service closes its span itself.
+#[derive(Clone, Default)]
+pub struct ResponseHook(Option<std::sync::Arc<std::sync::Mutex<Option<Box<dyn OpenSpan>>>>>);
+
+impl ResponseHook {
+    /// A hook with a slot, for a frontend that will call [`ResponseHook::finish`].
+    pub fn new() -> ResponseHook {
+        ResponseHook(Some(Default::default()))
+    }
+
+    /// Leaves `span` for the frontend to close; hands it back when there is no slot.
+    pub fn attach(&self, span: Box<dyn OpenSpan>) -> Result<(), Box<dyn OpenSpan>> {
+        match &self.0 {
+            Some(slot) => {
+                if let Ok(mut slot) = slot.lock() {
+                    *slot = Some(span);
+                }
+                Ok(())
+            }
+            None => Err(span),
+        }
+    }
+
+    /// Closes the span the service left, if any, with the response encoded at `sent`.
+    pub fn finish(&self, sent: Instant) {
+        let span = self
+            .0
+            .as_ref()
+            .and_then(|slot| slot.lock().ok().and_then(|mut s| s.take()));
+        if let Some(span) = span {
+            span.finish(sent);
+        }
+    }
+}
+
+impl std::fmt::Debug for ResponseHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ResponseHook(slot)"
+        } else {
+            "ResponseHook(none)"
+        })
+    }
+}
+
+/// Hooks carry no request content: any two compare equal.
+impl PartialEq for ResponseHook {
+    fn eq(&self, _: &ResponseHook) -> bool {
+        true
+    }
 }
 
 impl RequestContext {

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::grpc::error::unimplemented_rpc;
 use crate::grpc::stream::{self, ErrorMode};
-use crate::grpc::{GrpcConfig, infer, repository};
+use crate::grpc::{GrpcConfig, infer, repository, settings};
 use crate::pb::health::health_check_response::ServingStatus;
 use crate::pb::health::health_server::Health;
 use crate::pb::health::{HealthCheckRequest, HealthCheckResponse};
@@ -103,9 +103,13 @@ impl GrpcInferenceService for GrpcFrontend {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
-        let request = infer::decode_call(request)?;
+        let mut request = infer::decode_call(request)?;
+        let hook = crate::types::ResponseHook::new();
+        request.context.response_hook = hook.clone();
         let response = self.service.infer(request).await?;
-        Ok(Response::new(infer::encode_response(response)))
+        let encoded = infer::encode_response(response);
+        hook.finish(std::time::Instant::now());
+        Ok(Response::new(encoded))
     }
 
     type ModelStreamInferStream = stream::Responses;
@@ -232,13 +236,23 @@ impl GrpcInferenceService for GrpcFrontend {
 
     async fn trace_setting(
         &self,
-        _: Request<TraceSettingRequest>,
+        request: Request<TraceSettingRequest>,
     ) -> RpcResult<TraceSettingResponse> {
-        Err(unimplemented_rpc("TraceSetting"))
+        let (model, update) = settings::trace_request(request.into_inner());
+        let settings = self
+            .service
+            .trace_settings(model.as_deref(), update)
+            .await?;
+        Ok(Response::new(settings::trace_response(settings)))
     }
 
-    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> RpcResult<LogSettingsResponse> {
-        Err(unimplemented_rpc("LogSettings"))
+    async fn log_settings(
+        &self,
+        request: Request<LogSettingsRequest>,
+    ) -> RpcResult<LogSettingsResponse> {
+        let update = settings::log_request(request.into_inner())?;
+        let settings = self.service.log_settings(update).await?;
+        Ok(Response::new(settings::log_response(settings)))
     }
 }
 

@@ -75,6 +75,8 @@ pub(crate) fn request_context(metadata: &MetadataMap, now: Instant) -> RequestCo
     RequestContext {
         trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
         deadline,
+        received: Some(now),
+        ..Default::default()
     }
 }
 

@@ -420,7 +420,9 @@ fn metadata_gives_the_trace_context_and_deadline() {
     bad.insert("traceparent", traceparent.to_uppercase().parse().unwrap());
     bad.insert("tracestate", "a=1".parse().unwrap());
     bad.insert("grpc-timeout", "1.5S".parse().unwrap());
-    assert_eq!(request_context(&bad, now), RequestContext::default());
+    let context = request_context(&bad, now);
+    assert_eq!((context.trace, context.deadline), (None, None));
+    assert_eq!(context.received, Some(now));
     // The largest timeout the format allows does not overflow.
     let mut huge = MetadataMap::new();
     huge.insert("grpc-timeout", "99999999H".parse().unwrap());

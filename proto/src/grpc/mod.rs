@@ -25,6 +25,7 @@ pub mod error;
 mod handlers;
 mod infer;
 mod repository;
+mod settings;
 mod stream;
 mod stream_order;
 #[cfg(test)]

@@ -16,7 +16,9 @@ use super::infer_request::{decode_json, header_length, request_context};
 use super::infer_response::build_response;
 use super::raw_request::decode_raw;
 use crate::error::{ServiceError, ServiceResult};
-use crate::types::parse_version;
+use std::time::Instant;
+
+use crate::types::{ResponseHook, parse_version};
 
 /// Bodies (and outputs) larger than this are decoded (encoded) on the blocking pool.
 const OFFLOAD_BYTES: usize = 256 * 1024;
@@ -40,6 +42,7 @@ pub async fn infer(
     version: &str,
     request: Request,
 ) -> Result<Response, HttpError> {
+    let received = Instant::now();
     let version = parse_version(model, version)?;
     let (parts, body) = request.into_parts();
     let limit = state.config.max_input_size;
@@ -66,9 +69,14 @@ pub async fn infer(
     };
     let mut request = decoded.request;
     request.context = request_context(&parts.headers);
+    request.context.received = Some(received);
+    let hook = ResponseHook::new();
+    request.context.response_hook = hook.clone();
     let response = state.service.infer(request).await?;
     let encoding = response_encoding(&parts.headers);
     let format = decoded.format;
     let size = response.outputs.iter().map(|t| t.data().len()).sum();
-    Ok(offload(size, move || build_response(&response, &format, encoding)).await?)
+    let encoded = offload(size, move || build_response(&response, &format, encoding)).await?;
+    hook.finish(Instant::now());
+    Ok(encoded)
 }

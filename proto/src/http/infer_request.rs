@@ -70,7 +70,7 @@ pub fn request_context(headers: &HeaderMap) -> RequestContext {
     };
     RequestContext {
         trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
-        deadline: None,
+        ..Default::default()
     }
 }
 

@@ -7,6 +7,7 @@
 //!         ├─ body            Content-Length / streamed size limit, then compression::decompress
 //!         ├─ metadata        health, server/model metadata, ready, config, statistics
 //!         ├─ repository      index, load (config + file overrides), unload
+//!         ├─ settings        trace settings (global, per model), logging: JSON ↔ settings maps
 //!         ├─ generate        POST .../generate, .../generate_stream: flat JSON keys ─► inputs
 //!         │                  or parameters (by model metadata) ─► InferenceService::infer_stream
 //!         │                  ─► one JSON response, or server-sent events as they arrive
@@ -24,7 +25,7 @@
 //! (`axum::serve(listener, router).with_graceful_shutdown(..)`). A client that disconnects drops
 //! the handler future (or, for `generate_stream`, the response body), which drops the in-flight
 //! `InferenceService` future or stream and so cancels the request. Endpoints this server does
-//! not implement yet (shared memory, trace, logging) answer 501 naming the endpoint.
+//! not implement yet (shared memory) answer 501 naming the endpoint.
 
 mod body;
 mod compression;
@@ -38,6 +39,7 @@ mod metadata;
 mod raw_request;
 mod repository;
 mod routes;
+mod settings;
 mod tensor_json;
 #[cfg(test)]
 mod tests;

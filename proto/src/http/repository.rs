@@ -32,7 +32,7 @@ pub fn named_repository() -> HttpError {
 }
 
 /// Reads an optional JSON object body; `None` when the body is empty.
-async fn optional_body(
+pub(super) async fn optional_body(
     state: &HttpState,
     request: Request,
     what: &str,

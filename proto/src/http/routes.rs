@@ -13,7 +13,7 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{HttpError, not_supported_yet};
-use super::{HttpState, generate, infer, metadata, repository};
+use super::{HttpState, generate, infer, metadata, repository, settings};
 
 /// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,7 +212,7 @@ pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> 
             ModelAction::GenerateStream => {
                 generate::generate(&state, &name, &version, request, true).await
             }
-            ModelAction::TraceSetting => Err(not_supported_yet("the trace setting endpoint")),
+            ModelAction::TraceSetting => settings::trace(&state, Some(&name), request).await,
         },
         Route::RepositoryIndex { repository } => match repository {
             Some(_) => Err(repository::named_repository()),
@@ -228,8 +228,8 @@ pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> 
         },
         Route::SystemSharedMemory(_) => Err(not_supported_yet("system shared memory")),
         Route::CudaSharedMemory(_) => Err(not_supported_yet("CUDA shared memory")),
-        Route::TraceSetting => Err(not_supported_yet("the trace setting endpoint")),
-        Route::Logging => Err(not_supported_yet("the logging endpoint")),
+        Route::TraceSetting => settings::trace(&state, None, request).await,
+        Route::Logging => settings::logging(&state, request).await,
     };
     result.unwrap_or_else(IntoResponse::into_response)
 }

@@ -152,9 +152,6 @@ async fn not_yet_supported_endpoints_are_501_naming_the_endpoint() {
             post("/v2/cudasharedmemory/region/r/unregister", ""),
             "CUDA shared memory",
         ),
-        (get("/v2/trace/setting"), "trace setting"),
-        (get("/v2/models/m/trace/setting"), "trace setting"),
-        (post("/v2/logging", "{}"), "logging"),
     ];
     for (request, name) in cases {
         let reply = send(&app, request).await;
@@ -165,6 +162,25 @@ async fn not_yet_supported_endpoints_are_501_naming_the_endpoint() {
             "{message}"
         );
     }
+}
+
+#[tokio::test]
+async fn settings_endpoints_reach_the_service() {
+    // The mock service keeps the trait's defaults: the frontend passes the call through and
+    // maps the service's refusal (501) instead of answering itself.
+    let (_, app) = app();
+    let cases = [
+        (get("/v2/trace/setting"), "trace settings"),
+        (get("/v2/models/m/trace/setting"), "trace settings"),
+        (post("/v2/logging", "{}"), "log settings"),
+    ];
+    for (request, name) in cases {
+        let reply = send(&app, request).await;
+        assert_eq!(reply.status, StatusCode::NOT_IMPLEMENTED, "{name}");
+        assert!(reply.error().starts_with(name), "{}", reply.error());
+    }
+    let reply = send(&app, post("/v2/logging", "[1]")).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
