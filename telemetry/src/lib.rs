@@ -7,7 +7,8 @@
 //! - [`trace_config`]: Triton's trace settings (`--trace-config`, the trace setting API) and
 //!   the sampling decision; [`tracer`]: a traced request's spans; [`span`]: span records, W3C
 //!   ids and the clock; [`otlp`]: the batching OTLP exporter (gRPC or HTTP/protobuf) for spans
-//!   and metrics.
+//!   and metrics; [`startup`]: the flags (`--trace-config`, OTLP metric export, `OTEL_*`) and
+//!   the running pieces with their shutdown.
 //! - [`logging`]: the process's log subscriber (text or JSON) with run-time control behind
 //!   `/v2/logging`.
 
@@ -15,5 +16,6 @@ pub mod logging;
 pub mod metrics;
 pub mod otlp;
 pub mod span;
+pub mod startup;
 pub mod trace_config;
 pub mod tracer;

@@ -10,8 +10,8 @@
 //! ```
 //!
 //! Export never blocks a request: spans wait in a bounded queue, a failed export is logged
-//! (first failure, then every 100th) and dropped. On shutdown the queue is flushed within the
-//! caller's deadline.
+//! (first failure, then every 100th) and dropped. On shutdown ([`SpanExporter::shutdown`]) the
+//! queue is flushed in one export, which the caller bounds with its deadline.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -199,6 +199,7 @@ impl FailureLog {
 pub struct SpanExporter {
     queue: mpsc::Sender<SpanRecord>,
     dropped: AtomicU64,
+    stop: Arc<tokio::sync::Notify>,
 }
 
 impl SpanSink for SpanExporter {
@@ -224,18 +225,27 @@ impl SpanExporter {
     ) -> Result<(Arc<SpanExporter>, JoinHandle<()>), String> {
         let transport = Transport::new(endpoint)?;
         let (tx, rx) = mpsc::channel(batching.max_queue.max(1));
+        let stop = Arc::new(tokio::sync::Notify::new());
         let exporter = Arc::new(SpanExporter {
             queue: tx,
             dropped: AtomicU64::new(0),
+            stop: stop.clone(),
         });
         let task = tokio::spawn(batch_spans(
             rx,
+            stop,
             transport,
             endpoint.url.clone(),
             resource.to_proto(),
             batching,
         ));
         Ok((exporter, task))
+    }
+
+    /// Asks the batch task to export what is queued now and end (spans exported after this
+    /// are dropped).
+    pub fn shutdown(&self) {
+        self.stop.notify_one();
     }
 
     /// Spans dropped because the queue was full.
@@ -246,6 +256,7 @@ impl SpanExporter {
 
 async fn batch_spans(
     mut rx: mpsc::Receiver<SpanRecord>,
+    stop: Arc<tokio::sync::Notify>,
     transport: Transport,
     url: String,
     resource: Resource,
@@ -257,13 +268,23 @@ async fn batch_spans(
         let deadline = tokio::time::Instant::now() + batching.delay;
         let mut closed = false;
         while batch.len() < batching.max_batch {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(span)) => batch.push(span),
-                Ok(None) => {
+            tokio::select! {
+                received = tokio::time::timeout_at(deadline, rx.recv()) => match received {
+                    Ok(Some(span)) => batch.push(span),
+                    Ok(None) => {
+                        closed = true;
+                        break;
+                    }
+                    Err(_) => break,
+                },
+                _ = stop.notified() => {
+                    rx.close();
+                    while let Ok(span) = rx.try_recv() {
+                        batch.push(span);
+                    }
                     closed = true;
                     break;
                 }
-                Err(_) => break,
             }
         }
         if !batch.is_empty() {
