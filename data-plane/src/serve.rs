@@ -25,6 +25,9 @@ use crate::manager::{ControlMode, ManagerConfig, ModelManager};
 use crate::metrics;
 use crate::server::{DataPlane, DataPlaneConfig};
 
+/// How long queued spans and a last metric export get at shutdown.
+const TELEMETRY_FLUSH: Duration = Duration::from_secs(5);
+
 /// Everything `nereid serve` needs, already validated by the binary.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
@@ -41,6 +44,8 @@ pub struct ServeConfig {
     /// Fail startup when any model fails to load.
     pub exit_on_error: bool,
     pub onnxruntime_library: Option<PathBuf>,
+    /// Trace settings and OTLP export (spans; metrics when configured).
+    pub telemetry: nereid_telemetry::startup::TelemetryConfig,
 }
 
 /// Why the server could not start.
@@ -89,7 +94,18 @@ pub async fn run_with(
     let server_handle = backends.server().clone();
     let backend_files = backends.clone();
     let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));
-    let data_plane = Arc::new(DataPlane::new(config.data_plane.clone(), manager.clone()));
+    let metrics_source: Arc<dyn nereid_telemetry::metrics::Collect> =
+        Arc::new(metrics::collector(manager.clone()));
+    let telemetry = nereid_telemetry::startup::Telemetry::start(
+        &config.telemetry,
+        nereid_telemetry::logging::control(),
+        Some(metrics_source),
+    )
+    .map_err(ServeError::Startup)?;
+    let data_plane = Arc::new(
+        DataPlane::new(config.data_plane.clone(), manager.clone())
+            .with_telemetry(telemetry.tracer.clone(), telemetry.logs.clone()),
+    );
     let service: Arc<dyn InferenceService> = data_plane.clone();
     // Models that call other models (Python BLS) reach them through this handle, from
     // their first `initialize` on.
@@ -165,6 +181,7 @@ pub async fn run_with(
         servers.abort_all();
     }
     backend_files.cleanup();
+    telemetry.shutdown(TELEMETRY_FLUSH).await;
     tracing::info!("server stopped");
     Ok(())
 }

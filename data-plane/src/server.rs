@@ -5,10 +5,23 @@
 //!        ─► outputs in requested order, config shapes ─► statistics ─► InferResponse
 //!        ensemble: ─► ensemble::execute, each step an infer of its composing model
 //! ```
+//!
+//! A sampled request (see `nereid_telemetry::trace_config`) gets a root span `InferRequest`
+//! (child of the caller's `traceparent`) with phases `receive` (frontend decode and checks),
+//! `queue`, `compute_input`, `compute_infer`, `compute_output` and `send` (the frontend's
+//! encoding, closed through the request's response hook). Ensemble steps run with the
+//! ensemble's span as their parent, so each step is a child trace of it. Log lines written
+//! while a traced request runs carry its `trace_id`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+use nereid_proto::settings::{LogSettings, TraceSettings, TraceSettingsUpdate};
+use nereid_telemetry::logging::LogControl;
+use nereid_telemetry::span::{AttrValue, SpanKind};
+use nereid_telemetry::tracer::{RequestTrace, Tracer};
+use tracing::Instrument;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -39,6 +52,8 @@ pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
 ];
 
 /// Server-level settings visible through the API.
@@ -55,6 +70,8 @@ pub struct DataPlane {
     config: DataPlaneConfig,
     manager: Arc<ModelManager>,
     shutting_down: AtomicBool,
+    tracer: Tracer,
+    logs: Arc<LogControl>,
 }
 
 impl DataPlane {
@@ -63,7 +80,16 @@ impl DataPlane {
             config,
             manager,
             shutting_down: AtomicBool::new(false),
+            tracer: Tracer::disabled(),
+            logs: nereid_telemetry::logging::control(),
         }
+    }
+
+    /// Traces requests with `tracer` and serves the logging API with `logs`.
+    pub fn with_telemetry(mut self, tracer: Tracer, logs: Arc<LogControl>) -> DataPlane {
+        self.tracer = tracer;
+        self.logs = logs;
+        self
     }
 
     pub fn manager(&self) -> &Arc<ModelManager> {
@@ -271,6 +297,21 @@ impl InferenceService for DataPlane {
             self.manager.unload(name).await
         }
     }
+
+    async fn trace_settings(
+        &self,
+        model: Option<&str>,
+        update: Option<TraceSettingsUpdate>,
+    ) -> ServiceResult<TraceSettings> {
+        if let Some(name) = model {
+            self.manager.readiness(name, None)?;
+        }
+        self.tracer.settings().apply(model, update)
+    }
+
+    async fn log_settings(&self, update: Option<LogSettings>) -> ServiceResult<LogSettings> {
+        self.logs.apply(update)
+    }
 }
 
 impl DataPlane {
@@ -281,7 +322,45 @@ impl DataPlane {
         Box::pin(self.run_request(request))
     }
 
+    /// Runs one request, traced when the tracer samples it.
     async fn run_request(&self, request: InferRequest) -> ServiceResult<InferResponse> {
+        let trace = self.tracer.start(
+            "InferRequest",
+            SpanKind::Server,
+            &request.model_name,
+            &request.context,
+        );
+        let Some(mut trace) = trace else {
+            return self.execute(request, None).await;
+        };
+        let context = request.context.clone();
+        let span = tracing::info_span!("request", trace_id = %trace.trace_id());
+        let result = self
+            .execute(request, Some(&mut trace))
+            .instrument(span)
+            .await;
+        match &result {
+            Ok(response) => {
+                trace.attribute(
+                    "model.version",
+                    AttrValue::Text(response.model_version.clone()),
+                );
+                if !response.id.is_empty() {
+                    trace.attribute("request.id", AttrValue::Text(response.id.clone()));
+                }
+            }
+            Err(e) => trace.fail(e.to_string()),
+        }
+        trace.done(Instant::now());
+        trace.close_after_send(&context);
+        result
+    }
+
+    async fn execute(
+        &self,
+        request: InferRequest,
+        mut trace: Option<&mut RequestTrace>,
+    ) -> ServiceResult<InferResponse> {
         let started = Instant::now();
         let loaded = self
             .manager
@@ -319,7 +398,17 @@ impl DataPlane {
                 inputs: valid.inputs,
                 outputs: valid.outputs,
             };
-            let outputs = match ensemble::execute(plan, request, |r| self.infer_model(r)).await {
+            if let Some(trace) = trace.as_deref_mut() {
+                trace.phase("receive", trace.start_instant(), Instant::now());
+            }
+            let step_parent = trace.as_deref().map(|t| t.context());
+            let step = |mut r: InferRequest| {
+                if let Some(parent) = &step_parent {
+                    r.context.trace = Some(parent.clone());
+                }
+                self.infer_model(r)
+            };
+            let outputs = match ensemble::execute(plan, request, step).await {
                 Ok(outputs) => outputs,
                 Err(e) => return Err(outcome.failed(failure_reason(&e), e)),
             };
@@ -335,10 +424,14 @@ impl DataPlane {
                 outputs,
             });
         }
+        let submitted = Instant::now();
         let result = match loaded.submit(valid).await {
             Ok(r) => r,
             Err(e) => return Err(outcome.failed(failure_reason(&e), e)),
         };
+        if let Some(trace) = trace {
+            record_phases(trace, submitted, &result.timings);
+        }
         let outputs = match result.outputs {
             Ok(outputs) => outputs,
             Err(e) => {
@@ -386,6 +479,22 @@ pub(crate) fn record_success(loaded: &LoadedVersion, started: Instant, t: ExecTi
         compute_infer: t.compute_infer,
         compute_output: t.compute_output,
     });
+}
+
+/// The request's phases as child spans: `receive` up to the scheduler, then the scheduler's
+/// own measurements laid end to end from the submission.
+fn record_phases(trace: &mut RequestTrace, submitted: Instant, t: &ExecTimings) {
+    trace.phase("receive", trace.start_instant(), submitted);
+    let mut at = submitted;
+    for (name, took) in [
+        ("queue", t.queue),
+        ("compute_input", t.compute_input),
+        ("compute_infer", t.compute_infer),
+        ("compute_output", t.compute_output),
+    ] {
+        trace.phase(name, at, at + took);
+        at += took;
+    }
 }
 
 /// The statistics reason of a request the scheduler refused or lost.

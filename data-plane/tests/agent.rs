@@ -566,6 +566,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         exit_timeout: Duration::from_secs(5),
         exit_on_error: false,
         onnxruntime_library: Some(ort_library()),
+        telemetry: Default::default(),
     };
     let agent = AgentConfig {
         control_plane: vec![cp_addr.to_string()],

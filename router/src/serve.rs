@@ -36,6 +36,8 @@ pub struct RouterConfig {
     pub http_max_input_size: usize,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub exit_timeout: Duration,
+    /// Trace settings and OTLP export.
+    pub telemetry: nereid_telemetry::startup::TelemetryConfig,
 }
 
 /// Why the router could not start.
@@ -64,8 +66,16 @@ pub async fn run(
         table.clone(),
         config.service.scale_from_zero_wait,
     ));
+    let telemetry = nereid_telemetry::startup::Telemetry::start(
+        &config.telemetry,
+        nereid_telemetry::logging::control(),
+        None,
+    )
+    .map_err(RouterServeError::Config)?;
     let router = Arc::new(
-        RouterService::new(config.service.clone(), table.clone()).with_activator(activator),
+        RouterService::new(config.service.clone(), table.clone())
+            .with_activator(activator)
+            .with_telemetry(telemetry.tracer.clone(), telemetry.logs.clone()),
     );
     let service: Arc<dyn InferenceService> = router.clone();
 
@@ -109,6 +119,7 @@ pub async fn run(
         servers.abort_all();
     }
     let _ = watcher.await;
+    telemetry.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }
 

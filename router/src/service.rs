@@ -14,6 +14,10 @@
 //! repository load / unload ─► activate::Activator ─► the management API
 //! ```
 //!
+//! A sampled request is traced: a server span `InferRequest` (child of the client's
+//! `traceparent`) and a client span `forward` per attempt, whose id travels to the worker as
+//! its `traceparent`, so the worker's spans nest under the attempt that reached it.
+//!
 //! Statistics name one model and come from one of its replicas; cluster-wide statistics are
 //! not served yet. Without an [`Activator`] (tests with fake workers) scale from zero and
 //! repository load/unload are refused as unsupported.
@@ -35,8 +39,13 @@ use nereid_proto::pb::inference::{
 use nereid_proto::service::{
     LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
 };
+use nereid_proto::settings::{LogSettings, TraceSettings, TraceSettingsUpdate};
 use nereid_proto::types::{InferRequest, InferResponse};
+use nereid_telemetry::logging::LogControl;
+use nereid_telemetry::span::{AttrValue, SpanKind};
+use nereid_telemetry::tracer::{RequestTrace, Tracer};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use crate::activate::Activator;
 use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
@@ -109,6 +118,11 @@ impl Drop for InFlight {
     }
 }
 
+/// Locks a request's trace, whatever a panicking holder left.
+fn lock(trace: &Mutex<RequestTrace>) -> std::sync::MutexGuard<'_, RequestTrace> {
+    trace.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Routes every call to a worker replica chosen from the shared routing table.
 pub struct RouterService {
     config: RouterServiceConfig,
@@ -117,6 +131,8 @@ pub struct RouterService {
     routing: Arc<Mutex<Routing>>,
     admission: Arc<Semaphore>,
     activator: Option<Arc<Activator>>,
+    tracer: Tracer,
+    logs: Arc<LogControl>,
 }
 
 impl RouterService {
@@ -142,9 +158,18 @@ impl RouterService {
             })),
             admission: Arc::new(Semaphore::new(config.max_in_flight)),
             activator: None,
+            tracer: Tracer::disabled(),
+            logs: nereid_telemetry::logging::control(),
             config,
             table,
         }
+    }
+
+    /// Traces requests with `tracer` and serves the logging API with `logs`.
+    pub fn with_telemetry(mut self, tracer: Tracer, logs: Arc<LogControl>) -> RouterService {
+        self.tracer = tracer;
+        self.logs = logs;
+        self
     }
 
     /// Scale from zero and repository load/unload through the control plane.
@@ -223,8 +248,40 @@ impl RouterService {
         ))
     }
 
+    /// [`Self::forward_infer`], traced when the tracer samples the request: a server span
+    /// `InferRequest` (child of the client's `traceparent`) with one client span `forward` per
+    /// attempt, whose id the worker receives as its parent.
     async fn route_infer(&self, request: InferRequest) -> RouterResult<InferResponse> {
-        let wire = encode_request(&request)?;
+        let trace = self.tracer.start(
+            "InferRequest",
+            SpanKind::Server,
+            &request.model_name,
+            &request.context,
+        );
+        let Some(trace) = trace else {
+            return self.forward_infer(&request, None).await;
+        };
+        let span = tracing::info_span!("request", trace_id = %trace.trace_id());
+        let trace = Mutex::new(trace);
+        let result = self
+            .forward_infer(&request, Some(&trace))
+            .instrument(span)
+            .await;
+        let mut trace = trace.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = &result {
+            trace.fail(e.to_string());
+        }
+        trace.done(Instant::now());
+        trace.close_after_send(&request.context);
+        result
+    }
+
+    async fn forward_infer(
+        &self,
+        request: &InferRequest,
+        trace: Option<&Mutex<RequestTrace>>,
+    ) -> RouterResult<InferResponse> {
+        let wire = encode_request(request)?;
         let ask = Ask {
             model: &request.model_name,
             version: request.model_version,
@@ -239,9 +296,26 @@ impl RouterService {
             // The worker may serve several versions: name the one choice resolved.
             let mut wire = wire.clone();
             wire.message.model_version = target.version.to_string();
+            let forward = trace.map(|t| {
+                let (span, context) = lock(t).child_context();
+                wire.context.trace = Some(context);
+                (t, span)
+            });
             async move {
-                let response = self.workers.infer(&target.addr, wire).await?;
-                decode_response(&target.addr, response)
+                let started = Instant::now();
+                let result = match self.workers.infer(&target.addr, wire).await {
+                    Ok(response) => decode_response(&target.addr, response),
+                    Err(e) => Err(e),
+                };
+                if let Some((t, span)) = forward {
+                    let attributes = vec![
+                        ("worker.address".to_string(), AttrValue::Text(target.addr.to_string())),
+                        ("model.version".to_string(), AttrValue::Int(target.version)),
+                    ];
+                    let error = result.as_ref().err().map(|e| e.to_string());
+                    lock(t).call(span, "forward", started, Instant::now(), attributes, error);
+                }
+                result
             }
         })
         .await
@@ -437,6 +511,25 @@ impl InferenceService for RouterService {
                 async move { self.workers.model_statistics(&target.addr, request).await }
             })
             .await?)
+    }
+
+    async fn trace_settings(
+        &self,
+        model: Option<&str>,
+        update: Option<TraceSettingsUpdate>,
+    ) -> ServiceResult<TraceSettings> {
+        if let Some(name) = model
+            && self.table.load().model(name).is_none()
+        {
+            return Err(ServiceError::not_found(format!(
+                "Request for unknown model: '{name}' is not found"
+            )));
+        }
+        self.tracer.settings().apply(model, update)
+    }
+
+    async fn log_settings(&self, update: Option<LogSettings>) -> ServiceResult<LogSettings> {
+        self.logs.apply(update)
     }
 
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {

@@ -21,6 +21,7 @@ async fn starts_without_a_control_plane_and_shuts_down_on_signal() {
         metrics_addr: any,
         http_max_input_size: 1 << 20,
         exit_timeout: Duration::from_secs(5),
+        telemetry: Default::default(),
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(run(config, async {
@@ -44,6 +45,7 @@ async fn a_bad_control_plane_address_is_refused_before_binding() {
         metrics_addr: None,
         http_max_input_size: 1 << 20,
         exit_timeout: Duration::from_secs(1),
+        telemetry: Default::default(),
     };
     let err = run(config, std::future::pending()).await.unwrap_err();
     assert!(

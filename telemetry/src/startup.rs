@@ -38,6 +38,14 @@ pub struct TelemetryConfig {
     pub metrics: Option<(Endpoint, Duration)>,
 }
 
+impl Default for TelemetryConfig {
+    /// Tracing off, Triton's default span endpoint, no metric export, no environment.
+    fn default() -> TelemetryConfig {
+        TelemetryConfig::parse(&[], &MetricsExportFlags::default(), "nereid", |_| None)
+            .unwrap_or_else(|e| unreachable!("the defaults parse: {e}"))
+    }
+}
+
 /// The OTLP metric export flags, as the binary parsed them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricsExportFlags {
