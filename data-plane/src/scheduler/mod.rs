@@ -36,7 +36,7 @@ use self::policy::BatchPolicy;
 use self::queue::{Decision, Pending, RequestQueue, ShapeKey};
 use crate::backend::{BackendError, BackendInstance, RequestView};
 use crate::request_check::ValidRequest;
-use crate::stats::VersionStats;
+use crate::stats::{PendingMark, VersionStats};
 
 /// What a request gets back from its execution.
 #[derive(Debug)]
@@ -61,6 +61,8 @@ struct Job {
     reply: Reply,
     /// Arrival order, for `preserve_ordering`.
     seq: u64,
+    /// Counts the request as pending until its batch starts executing.
+    pending: PendingMark,
 }
 
 /// Holds answers back until every earlier request has been answered (`preserve_ordering`).
@@ -96,6 +98,8 @@ struct Shared {
     workers: Vec<Sender<Option<Batch>>>,
     /// Present when the config asks for `preserve_ordering`.
     reorder: Option<Mutex<Reorder>>,
+    /// The version's statistics (pending requests are counted from submission).
+    stats: Arc<VersionStats>,
 }
 
 impl Shared {
@@ -256,6 +260,7 @@ impl Scheduler {
             policy,
             timer: Condvar::new(),
             workers,
+            stats: stats.clone(),
         });
         start_threads(
             model,
@@ -300,6 +305,7 @@ impl Scheduler {
                 request,
                 reply,
                 seq: 0,
+                pending: shared.stats.pending(),
             },
         );
         result.await.map_err(|_| {
@@ -456,13 +462,16 @@ fn run_batch(
 ) {
     let started = Instant::now();
     // Requests whose callers left while the batch was formed are dropped here.
-    let (gone, batch): (Batch, Batch) =
+    let (gone, mut batch): (Batch, Batch) =
         batch.into_iter().partition(|p| p.payload.reply.is_closed());
     shared.fail_all(gone, || {
         ServiceError::Cancelled("the client went away".into())
     });
     if batch.is_empty() {
         return;
+    }
+    for p in &mut batch {
+        p.payload.pending.executing();
     }
     if instance.request_level() {
         run_requests(instance, batch, shared, stats, started);
