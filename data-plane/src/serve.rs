@@ -24,8 +24,8 @@ use tokio::sync::watch;
 use crate::backend::Backends;
 use crate::manager::{ControlMode, ManagerConfig, ModelManager};
 use crate::metrics::{DataPlaneMetrics, MetricsConfig};
-use crate::system_metrics::{self, SystemMetrics};
 use crate::server::{DataPlane, DataPlaneConfig};
+use crate::system_metrics::{self, SystemMetrics};
 
 /// Everything `nereid serve` needs, already validated by the binary.
 #[derive(Clone, Debug)]

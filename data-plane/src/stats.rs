@@ -166,8 +166,8 @@ pub struct VersionStats {
 }
 
 /// One request counted as pending on its version; stops counting when its batch starts
-/// executing ([`PendingMark::executing`]) or, at the latest, when dropped (refused, timed out,
-/// canceled, or the scheduler stopped). Counts down exactly once.
+/// executing or it is answered without executing ([`PendingMark::release`]), at the latest
+/// when dropped (e.g. the scheduler stopped). Counts down exactly once.
 #[derive(Debug)]
 pub struct PendingMark {
     stats: Arc<VersionStats>,
@@ -175,8 +175,9 @@ pub struct PendingMark {
 }
 
 impl PendingMark {
-    /// The request's batch starts executing.
-    pub fn executing(&mut self) {
+    /// The request is no longer pending: its batch starts executing, or it is answered
+    /// without executing (refused, timed out, canceled).
+    pub fn release(&mut self) {
         if std::mem::take(&mut self.counted) {
             self.stats.pending.fetch_sub(1, Ordering::Relaxed);
         }
@@ -185,7 +186,7 @@ impl PendingMark {
 
 impl Drop for PendingMark {
     fn drop(&mut self) {
-        self.executing();
+        self.release();
     }
 }
 
@@ -230,10 +231,7 @@ impl VersionStats {
 
     /// Recent successful requests' durations in microseconds, oldest first, by latency.
     pub fn recent(&self, latency: Latency) -> Vec<u64> {
-        let index = Latency::ALL
-            .iter()
-            .position(|l| *l == latency)
-            .unwrap_or(0);
+        let index = Latency::ALL.iter().position(|l| *l == latency).unwrap_or(0);
         self.inner.lock().recent[index].values()
     }
 
@@ -444,8 +442,8 @@ mod tests {
         let mut executed = s.pending();
         let dropped = s.pending();
         assert_eq!(s.pending_count(), 2);
-        executed.executing();
-        executed.executing();
+        executed.release();
+        executed.release();
         assert_eq!(s.pending_count(), 1);
         drop(executed);
         assert_eq!(s.pending_count(), 1);

@@ -151,11 +151,8 @@ pub fn families(
     if let Some(c) = cpu {
         let none = Labels::none;
         out.push(
-            Family::gauge(
-                "nv_cpu_utilization",
-                "CPU utilization rate [0.0 - 1.0]",
-            )
-            .with(none(), c.utilization),
+            Family::gauge("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
+                .with(none(), c.utilization),
         );
         out.push(
             Family::gauge(
@@ -291,7 +288,10 @@ mod tests {
     fn gpu_families_by_uuid_with_energy_since_start() {
         let start = HashMap::from([("GPU-a".to_string(), 1_000)]);
         let text = render_prometheus(&families(None, &[gpu("GPU-a", Some(3_500))], &start));
-        assert!(text.contains("nv_gpu_utilization{gpu_uuid=\"GPU-a\"} 0.25\n"), "{text}");
+        assert!(
+            text.contains("nv_gpu_utilization{gpu_uuid=\"GPU-a\"} 0.25\n"),
+            "{text}"
+        );
         assert!(text.contains("nv_gpu_power_usage{gpu_uuid=\"GPU-a\"} 70.5\n"));
         assert!(text.contains("nv_energy_consumption{gpu_uuid=\"GPU-a\"} 2.5\n"));
         assert!(text.contains("# TYPE nv_energy_consumption counter\n"));

@@ -127,12 +127,20 @@ fn parse_bool(key: &str, value: &str) -> Result<bool, MetricsConfigError> {
 /// `0.5:0.05,0.9:0.01` ─► `[(0.5, 0.05), (0.9, 0.01)]`.
 fn parse_quantiles(value: &str) -> Result<Vec<(f64, f64)>, MetricsConfigError> {
     let bad = |part: &str| MetricsConfigError::BadQuantile(part.to_string());
-    let fraction = |s: &str| s.trim().parse::<f64>().ok().filter(|v| (0.0..=1.0).contains(v));
+    let fraction = |s: &str| {
+        s.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| (0.0..=1.0).contains(v))
+    };
     let quantiles = value
         .split(',')
         .map(|part| {
             let (q, e) = part.split_once(':').ok_or_else(|| bad(part))?;
-            Ok((fraction(q).ok_or_else(|| bad(part))?, fraction(e).ok_or_else(|| bad(part))?))
+            Ok((
+                fraction(q).ok_or_else(|| bad(part))?,
+                fraction(e).ok_or_else(|| bad(part))?,
+            ))
         })
         .collect::<Result<Vec<_>, _>>()?;
     if quantiles.is_empty() {
@@ -156,7 +164,10 @@ mod tests {
         let l = parse(&[]).unwrap();
         assert!(l.counter && !l.summary && !l.histogram);
         assert_eq!(l.quantiles.len(), 5);
-        assert_eq!(MetricsConfig::default().interval, Duration::from_millis(2000));
+        assert_eq!(
+            MetricsConfig::default().interval,
+            Duration::from_millis(2000)
+        );
     }
 
     #[test]

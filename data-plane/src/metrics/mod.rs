@@ -88,7 +88,10 @@ pub fn model_families(versions: &[Arc<LoadedVersion>], latencies: &LatencyMetric
     for row in &rows {
         let counts = row.version.stats.failures_by_reason();
         for (reason, count) in FailureReason::ALL.iter().zip(counts) {
-            failure.number(row.labels.clone().and("reason", reason.label()), count as f64);
+            failure.number(
+                row.labels.clone().and("reason", reason.label()),
+                count as f64,
+            );
         }
     }
     let counters: [(&str, &str, Kind, Pick); 4] = [

@@ -57,12 +57,13 @@ pub struct ExecTimings {
 type Reply = oneshot::Sender<Result<JobResult, ServiceError>>;
 
 struct Job {
+    /// Counts the request as pending until its batch starts executing. First, so that a job
+    /// dropped unanswered stops counting before its caller sees the closed reply.
+    pending: PendingMark,
     request: ValidRequest,
     reply: Reply,
     /// Arrival order, for `preserve_ordering`.
     seq: u64,
-    /// Counts the request as pending until its batch starts executing.
-    pending: PendingMark,
 }
 
 /// Holds answers back until every earlier request has been answered (`preserve_ordering`).
@@ -181,7 +182,9 @@ enum Next {
 impl Shared {
     /// Answers a queued request: at once, or with `preserve_ordering` once every request that
     /// arrived before it has been answered.
-    fn respond(&self, job: Job, result: Result<JobResult, ServiceError>) {
+    fn respond(&self, mut job: Job, result: Result<JobResult, ServiceError>) {
+        // Before the answer, so a caller that has its answer never sees itself pending.
+        job.pending.release();
         let Some(reorder) = &self.reorder else {
             let _ = job.reply.send(result);
             return;
@@ -471,7 +474,7 @@ fn run_batch(
         return;
     }
     for p in &mut batch {
-        p.payload.pending.executing();
+        p.payload.pending.release();
     }
     if instance.request_level() {
         run_requests(instance, batch, shared, stats, started);

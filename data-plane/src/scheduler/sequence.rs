@@ -51,12 +51,13 @@ type Done = (SequenceFlags, Option<Vec<Tensor>>);
 type Group = (ShapeKey, Vec<(Item, Vec<Tensor>)>);
 
 struct Job {
+    /// Counts the request as pending until it starts executing. First, so that a job dropped
+    /// unanswered stops counting before its caller sees the closed reply.
+    pending: PendingMark,
     request: ValidRequest,
     flags: SequenceFlags,
     reply: Reply,
     arrived: Instant,
-    /// Counts the request as pending until it starts executing.
-    pending: PendingMark,
 }
 
 /// A request taken for execution, with the state inputs it runs on.
@@ -495,7 +496,7 @@ fn run_items(
     let policy = &shared.policy;
     let mut groups: Vec<Group> = Vec::new();
     for mut item in items {
-        item.job.pending.executing();
+        item.job.pending.release();
         let mut inputs = std::mem::take(&mut item.job.request.inputs);
         inputs.extend(policy.control_inputs(&item.job.flags));
         inputs.append(&mut item.state);
