@@ -279,11 +279,118 @@ fn duration(
 ) -> StatisticDuration {
     s.inference_stats
         .as_ref()
-        .and_then(|i| f(i).clone())
+        .and_then(|i| *f(i))
         .unwrap_or_default()
 }
 
 /// Whole microseconds of a cumulative duration, as Triton's `*_us` counters report them.
 fn micros(d: StatisticDuration) -> f64 {
     (d.ns / 1000) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use nereid_proto::pb::inference::ModelConfig;
+    use nereid_telemetry::metrics::render_prometheus;
+
+    use super::*;
+    use crate::backend::Health;
+    use crate::manager::Runner;
+    use crate::repository::Fingerprint;
+    use crate::scheduler::Scheduler;
+    use crate::scheduler::policy::BatchPolicy;
+    use crate::stats::{LoadReport, RequestTimings, VersionStats};
+
+    /// A version with no instances (nothing executes), whose statistics the test fills.
+    fn version(name: &str) -> Arc<LoadedVersion> {
+        let config = Arc::new(ModelConfig::default());
+        let stats = Arc::new(VersionStats::default());
+        let scheduler = Scheduler::start(
+            name,
+            BatchPolicy::from_config(&config),
+            Vec::new(),
+            stats.clone(),
+            4,
+        )
+        .unwrap();
+        Arc::new(LoadedVersion {
+            name: name.into(),
+            version: 1,
+            config,
+            runner: Runner::Scheduler(scheduler),
+            stats,
+            fingerprint: Fingerprint::of(Path::new("/nonexistent")),
+            health: Arc::new(Health::default()),
+        })
+    }
+
+    fn filled() -> Arc<LoadedVersion> {
+        let v = version("m");
+        let t = RequestTimings {
+            total: Duration::from_micros(1500),
+            queue: Duration::from_micros(500),
+            ..Default::default()
+        };
+        v.stats
+            .record_execution(2, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        v.stats.record_success(t);
+        v.stats.record_success(t);
+        v.stats
+            .record_failure(Duration::from_micros(1), FailureReason::Backend);
+        v.stats.set_load(LoadReport {
+            duration: Duration::from_millis(250),
+            memory_bytes: 4096,
+        });
+        v
+    }
+
+    #[test]
+    fn default_families_with_triton_names_and_labels() {
+        let text = render_prometheus(&model_families(&[filled()], &LatencyMetrics::default()));
+        for line in [
+            "nv_inference_request_success{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_request_failure{model=\"m\",version=\"1\",reason=\"BACKEND\"} 1\n",
+            "nv_inference_request_failure{model=\"m\",version=\"1\",reason=\"REJECTED\"} 0\n",
+            "nv_inference_count{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_exec_count{model=\"m\",version=\"1\"} 1\n",
+            "nv_inference_pending_request_count{model=\"m\",version=\"1\"} 0\n",
+            "# TYPE nv_inference_pending_request_count gauge\n",
+            "nv_inference_request_duration_us{model=\"m\",version=\"1\"} 3000\n",
+            "nv_inference_queue_duration_us{model=\"m\",version=\"1\"} 1000\n",
+            "nv_model_load_duration_secs{model=\"m\",version=\"1\"} 0.25\n",
+            "nereid_model_memory_bytes{model=\"m\",version=\"1\"} 4096\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("_summary_us"));
+        assert!(!text.contains("_histogram_ms"));
+    }
+
+    #[test]
+    fn latency_config_switches_families() {
+        let latencies = LatencyMetrics {
+            counter: false,
+            summary: true,
+            quantiles: vec![(0.5, 0.05), (0.9, 0.01)],
+            histogram: true,
+        };
+        let text = render_prometheus(&model_families(&[filled()], &latencies));
+        assert!(!text.contains("_duration_us"), "{text}");
+        for line in [
+            "nv_inference_request_summary_us{model=\"m\",version=\"1\",quantile=\"0.5\"} 1500\n",
+            "nv_inference_request_summary_us{model=\"m\",version=\"1\",quantile=\"0.9\"} 1500\n",
+            "nv_inference_request_summary_us_sum{model=\"m\",version=\"1\"} 3000\n",
+            "nv_inference_request_summary_us_count{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_queue_summary_us_sum{model=\"m\",version=\"1\"} 1000\n",
+            "nv_inference_compute_output_summary_us_count{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_first_response_histogram_ms_bucket{model=\"m\",version=\"1\",le=\"100\"} 2\n",
+            "nv_inference_first_response_histogram_ms_count{model=\"m\",version=\"1\"} 2\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("quantile=\"0.99\""));
+    }
 }
