@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nereid_data_plane::agent::AgentConfig;
 use nereid_data_plane::manager::{ControlMode, ManagerConfig};
+use nereid_data_plane::metrics::MetricsConfig;
 use nereid_data_plane::serve::ServeConfig;
 use nereid_data_plane::server::DataPlaneConfig;
 
@@ -81,6 +82,8 @@ pub struct ServeArgs {
     pub model_repository: Vec<PathBuf>,
     #[command(flatten)]
     pub listen: ListenArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
     /// none: load every model at start, no load/unload API. poll: also follow changes on disk
@@ -167,6 +170,46 @@ pub struct ListenArgs {
     pub allow_metrics: bool,
 }
 
+/// What the metrics port reports: shared by `serve` and `worker`.
+#[derive(Args, Debug, Clone)]
+pub struct MetricsArgs {
+    /// Metrics setting <key>=<value> (repeatable), Triton's vocabulary:
+    /// counter_latencies=true|false (the *_duration_us counters, default true),
+    /// summary_latencies=true|false (the *_summary_us summaries, default false),
+    /// summary_quantiles=<q>:<error>,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001),
+    /// histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false).
+    #[arg(long, env = "NEREID_METRICS_CONFIG", value_delimiter = ';')]
+    pub metrics_config: Vec<String>,
+    /// Report host CPU and memory metrics (nv_cpu_*).
+    #[arg(long, env = "NEREID_ALLOW_CPU_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_cpu_metrics: bool,
+    /// Report GPU metrics (nv_gpu_*, nv_energy_consumption) through NVML; absent without GPUs.
+    #[arg(long, env = "NEREID_ALLOW_GPU_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_gpu_metrics: bool,
+    /// Milliseconds between samples of the CPU and GPU metrics (utilization is averaged over
+    /// this interval).
+    #[arg(long, env = "NEREID_METRICS_INTERVAL_MS", default_value_t = 2000)]
+    pub metrics_interval_ms: u64,
+}
+
+impl MetricsArgs {
+    /// The metrics config, or what is wrong with a setting.
+    pub fn into_config(self) -> Result<MetricsConfig, String> {
+        if self.metrics_interval_ms == 0 {
+            return Err("--metrics-interval-ms must be at least 1".into());
+        }
+        let config = MetricsConfig {
+            cpu: self.allow_cpu_metrics,
+            gpu: self.allow_gpu_metrics,
+            interval: Duration::from_millis(self.metrics_interval_ms),
+            ..MetricsConfig::default()
+        };
+        config
+            .with_settings(&self.metrics_config)
+            .map_err(|e| e.to_string())
+    }
+}
+
 impl ServeArgs {
     /// Checks the flags and turns them into the server's config, before any port is bound.
     pub fn into_config(self) -> Result<ServeConfig, String> {
@@ -216,6 +259,7 @@ impl ServeArgs {
                 }
             }
         }
+        let metrics = self.metrics.into_config()?;
         let auto_complete =
             !self.disable_auto_complete_config && self.strict_model_config != Some(true);
         let addr = |allow: bool, ip: IpAddr, port: u16| allow.then_some(SocketAddr::new(ip, port));
@@ -247,6 +291,7 @@ impl ServeArgs {
                 self.listen.metrics_address,
                 self.listen.metrics_port,
             ),
+            metrics,
             http_max_input_size: self.http_max_input_size,
             poll_interval: Duration::from_secs(self.repository_poll_secs),
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
@@ -289,6 +334,8 @@ pub struct WorkerArgs {
     pub auth_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub listen: ListenArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
     /// Ready only when every assigned model loaded successfully (false: ready once started).
@@ -386,6 +433,7 @@ impl WorkerArgs {
         let serve = ServeArgs {
             model_repository: vec![repository.clone()],
             listen: self.listen.clone(),
+            metrics: self.metrics.clone(),
             telemetry: TelemetryArgs::default(),
             model_control_mode: ControlModeArg::Explicit,
             load_model: Vec::new(),
@@ -585,5 +633,32 @@ mod tests {
                 .contains("own port")
         );
         assert!(parse(&["--strict-readiness", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn metrics_flags_parse() {
+        let c = parse(&[]).unwrap().metrics;
+        assert_eq!(c, MetricsConfig::default());
+        let c = parse(&[
+            "--metrics-config",
+            "summary_latencies=true",
+            "--metrics-config",
+            "counter_latencies=false",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics",
+            "0",
+            "--metrics-interval-ms",
+            "500",
+        ])
+        .unwrap()
+        .metrics;
+        assert!(c.latencies.summary && !c.latencies.counter);
+        assert!(!c.gpu && !c.cpu);
+        assert_eq!(c.interval, Duration::from_millis(500));
+        let e = parse(&["--metrics-config", "histogram_latency=true"]).unwrap_err();
+        assert!(e.contains("unknown key 'histogram_latency'"), "{e}");
+        let e = parse(&["--metrics-config", "summary_latencies=yes please"]).unwrap_err();
+        assert!(e.contains("summary_latencies"), "{e}");
+        assert!(parse(&["--metrics-interval-ms", "0"]).is_err());
     }
 }

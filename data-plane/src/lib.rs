@@ -20,4 +20,5 @@ pub mod scheduler;
 pub mod serve;
 pub mod server;
 pub mod stats;
+pub mod system_metrics;
 pub mod warmup;

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! bind HTTP, gRPC, metrics ports (fail fast, before any model loads)
-//!   ─► load startup models ─► serve HTTP + gRPC + metrics (+ poll loop in poll mode)
+//!   ─► load startup models ─► serve HTTP + gRPC + metrics (+ poll loop in poll mode,
+//!      + system metrics sampling while the metrics port is enabled)
 //!   ─► shutdown signal: not ready, stop accepting, drain in-flight requests
 //!      (bounded by the exit timeout) ─► return
 //! ```
@@ -22,8 +23,9 @@ use tokio::sync::watch;
 
 use crate::backend::Backends;
 use crate::manager::{ControlMode, ManagerConfig, ModelManager};
-use crate::metrics;
+use crate::metrics::{DataPlaneMetrics, MetricsConfig};
 use crate::server::{DataPlane, DataPlaneConfig};
+use crate::system_metrics::{self, SystemMetrics};
 
 /// How long queued spans and a last metric export get at shutdown.
 const TELEMETRY_FLUSH: Duration = Duration::from_secs(5);
@@ -37,6 +39,8 @@ pub struct ServeConfig {
     pub http_addr: Option<SocketAddr>,
     pub grpc_addr: Option<SocketAddr>,
     pub metrics_addr: Option<SocketAddr>,
+    /// Which metrics the metrics port reports and how often system metrics are sampled.
+    pub metrics: MetricsConfig,
     pub http_max_input_size: usize,
     pub poll_interval: Duration,
     /// How long in-flight requests may take to finish after a shutdown signal.
@@ -63,6 +67,8 @@ pub struct Started {
     pub manager: Arc<ModelManager>,
     pub http_addr: Option<SocketAddr>,
     pub grpc_addr: Option<SocketAddr>,
+    /// The data plane's metric families (what `/metrics` serves), for other exporters.
+    pub metrics: Arc<DataPlaneMetrics>,
     pub stop: watch::Receiver<bool>,
 }
 
@@ -94,12 +100,36 @@ pub async fn run_with(
     let server_handle = backends.server().clone();
     let backend_files = backends.clone();
     let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));
-    let metrics_source: Arc<dyn nereid_telemetry::metrics::Collect> =
-        Arc::new(metrics::collector(manager.clone()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    // Host and GPU metrics are sampled only while something reads them: the metrics port or
+    // OTLP metric export.
+    let m = &config.metrics;
+    let exported = metrics_listener.is_some() || config.telemetry.metrics.is_some();
+    let system = if exported && (m.cpu || m.gpu) {
+        let (cpu, gpu) = (m.cpu, m.gpu);
+        let system = tokio::task::spawn_blocking(move || SystemMetrics::probe(cpu, gpu))
+            .await
+            .map(Arc::new)
+            .map_err(|e| ServeError::Startup(format!("system metrics probe failed: {e}")))?;
+        servers.spawn(system_metrics::refresh_task(
+            system.clone(),
+            m.interval,
+            stop_rx.clone(),
+        ));
+        Some(system)
+    } else {
+        None
+    };
+    let metrics = Arc::new(DataPlaneMetrics::new(
+        manager.clone(),
+        config.metrics.latencies.clone(),
+        system,
+    ));
     let telemetry = nereid_telemetry::startup::Telemetry::start(
         &config.telemetry,
         nereid_telemetry::logging::control(),
-        Some(metrics_source),
+        Some(metrics.clone()),
     )
     .map_err(ServeError::Startup)?;
     let data_plane = Arc::new(
@@ -120,15 +150,13 @@ pub async fn run_with(
         ));
     }
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut servers = tokio::task::JoinSet::new();
     nereid_proto::serve::spawn(
         &mut servers,
         service.clone(),
         Frontends {
             http,
             grpc,
-            metrics: metrics_listener.map(|l| (l, metrics::router(manager.clone()))),
+            metrics: metrics_listener.map(|l| (l, metrics.clone().router())),
             http_config: nereid_proto::http::HttpConfig {
                 max_input_size: config.http_max_input_size,
             },
@@ -160,6 +188,7 @@ pub async fn run_with(
             manager: manager.clone(),
             http_addr: http_bound,
             grpc_addr: grpc_bound,
+            metrics: metrics.clone(),
             stop: stop_rx.clone(),
         }));
     }

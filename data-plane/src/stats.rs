@@ -1,9 +1,17 @@
 //! Per-model-version statistics, in the shape of Triton's statistics extension.
 //!
 //! Counters are updated once per request by the server after the request finishes (success or
-//! failure), under a short mutex that is never held across an await.
+//! failure), under a short mutex that is never held across an await. The same counters feed
+//! the Prometheus metrics ([`crate::metrics`]), with a few things only the metrics report:
+//!
+//! ```text
+//! submit ─► PendingMark (pending += 1) ─► batch starts executing / request dropped (pending -= 1)
+//! success ─► cumulative counters + recent-latency windows (summaries) + first-response histogram
+//! load    ─► LoadReport (how long the version took to load, resident memory it added)
+//! ```
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -11,6 +19,11 @@ use nereid_proto::pb::inference::{
     InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration,
 };
 use parking_lot::Mutex;
+
+use crate::metrics::window::Window;
+
+/// Upper bounds of `nv_inference_first_response_histogram_ms`'s buckets (Triton's defaults).
+pub const FIRST_RESPONSE_BUCKETS_MS: [f64; 4] = [100.0, 500.0, 2000.0, 5000.0];
 
 /// Where one successful request spent its time.
 #[derive(Clone, Copy, Debug, Default)]
@@ -89,6 +102,56 @@ struct Inner {
     batches: BTreeMap<u64, [Counter; 3]>,
     /// Failures by [`FailureReason`], in `FailureReason::ALL` order.
     failures_by_reason: [u64; 4],
+    /// Recent successful requests' durations in microseconds, in [`Latency::ALL`] order.
+    recent: [Window; 5],
+    first_response: FirstResponse,
+}
+
+/// Cumulative first-response histogram (buckets of [`FIRST_RESPONSE_BUCKETS_MS`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct FirstResponse {
+    /// Observations at or below each bound (not yet cumulative across buckets).
+    buckets: [u64; 4],
+    sum_ms: f64,
+    count: u64,
+}
+
+/// The latencies a successful request reports, in the order of the summaries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Latency {
+    Request,
+    Queue,
+    ComputeInput,
+    ComputeInfer,
+    ComputeOutput,
+}
+
+impl Latency {
+    pub const ALL: [Latency; 5] = [
+        Latency::Request,
+        Latency::Queue,
+        Latency::ComputeInput,
+        Latency::ComputeInfer,
+        Latency::ComputeOutput,
+    ];
+}
+
+/// What loading a version cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadReport {
+    /// From the start of its instances' load to its scheduler running (warmup included).
+    pub duration: Duration,
+    /// Growth of the process's resident memory across the load: approximate (other loads
+    /// and requests running at the same time count too, freed memory hides).
+    pub memory_bytes: u64,
+}
+
+/// The first-response histogram: cumulative bucket counts, sum (ms) and count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Histogram {
+    pub buckets: Vec<(f64, u64)>,
+    pub sum: f64,
+    pub count: u64,
 }
 
 /// Statistics of one loaded model version.
@@ -97,6 +160,34 @@ pub struct VersionStats {
     inner: Mutex<Inner>,
     /// Requests between arrival and their answer (queued or executing).
     in_flight: AtomicU64,
+    /// Requests handed to the scheduler that have not started executing.
+    pending: AtomicU64,
+    load: Mutex<Option<LoadReport>>,
+}
+
+/// One request counted as pending on its version; stops counting when its batch starts
+/// executing or it is answered without executing ([`PendingMark::release`]), at the latest
+/// when dropped (e.g. the scheduler stopped). Counts down exactly once.
+#[derive(Debug)]
+pub struct PendingMark {
+    stats: Arc<VersionStats>,
+    counted: bool,
+}
+
+impl PendingMark {
+    /// The request is no longer pending: its batch starts executing, or it is answered
+    /// without executing (refused, timed out, canceled).
+    pub fn release(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            self.stats.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for PendingMark {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl VersionStats {
@@ -112,6 +203,55 @@ impl VersionStats {
     /// Requests received and not answered yet (queued or executing).
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request as pending until the returned mark says it executes (or is dropped).
+    pub fn pending(self: &Arc<Self>) -> PendingMark {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        PendingMark {
+            stats: self.clone(),
+            counted: true,
+        }
+    }
+
+    /// Requests received by the scheduler and not executing yet.
+    pub fn pending_count(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Keeps what loading the version cost.
+    pub fn set_load(&self, report: LoadReport) {
+        *self.load.lock() = Some(report);
+    }
+
+    /// What loading the version cost; `None` for versions without instances (ensembles).
+    pub fn load(&self) -> Option<LoadReport> {
+        *self.load.lock()
+    }
+
+    /// Recent successful requests' durations in microseconds, oldest first, by latency.
+    pub fn recent(&self, latency: Latency) -> Vec<u64> {
+        let index = Latency::ALL.iter().position(|l| *l == latency).unwrap_or(0);
+        self.inner.lock().recent[index].values()
+    }
+
+    /// Time to the first (for non-decoupled models: the only) response of successful requests.
+    pub fn first_response_histogram(&self) -> Histogram {
+        let h = self.inner.lock().first_response;
+        let mut cumulative = 0;
+        let buckets = FIRST_RESPONSE_BUCKETS_MS
+            .iter()
+            .zip(h.buckets)
+            .map(|(&bound, n)| {
+                cumulative += n;
+                (bound, cumulative)
+            })
+            .collect();
+        Histogram {
+            buckets,
+            sum: h.sum_ms,
+            count: h.count,
+        }
     }
 
     /// Records one execution of the model on a batch of `batch_size` inferences.
@@ -141,6 +281,23 @@ impl VersionStats {
         s.compute_input.add(t.compute_input);
         s.compute_infer.add(t.compute_infer);
         s.compute_output.add(t.compute_output);
+        let durations = [
+            t.total,
+            t.queue,
+            t.compute_input,
+            t.compute_infer,
+            t.compute_output,
+        ];
+        for (window, d) in s.recent.iter_mut().zip(durations) {
+            window.observe(d.as_micros().min(u128::from(u64::MAX)) as u64);
+        }
+        let ms = t.total.as_secs_f64() * 1000.0;
+        let h = &mut s.first_response;
+        if let Some(i) = FIRST_RESPONSE_BUCKETS_MS.iter().position(|&b| ms <= b) {
+            h.buckets[i] += 1;
+        }
+        h.sum_ms += ms;
+        h.count += 1;
     }
 
     /// Records a successful request of an ensemble. As in Triton its inferences count, but it
@@ -254,5 +411,43 @@ mod tests {
         );
         assert!(m.last_inference > 0);
         assert_eq!(s.failures_by_reason(), [1, 0, 0, 0]);
+        assert_eq!(s.recent(Latency::Request), vec![10, 10]);
+        assert_eq!(s.recent(Latency::ComputeInfer), vec![4, 4]);
+        let h = s.first_response_histogram();
+        assert_eq!(h.count, 2);
+        assert_eq!(h.buckets[0], (100.0, 2));
+        assert_eq!(h.buckets[3], (5000.0, 2));
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let s = VersionStats::default();
+        for ms in [50, 300, 300, 9000] {
+            s.record_success(RequestTimings {
+                total: Duration::from_millis(ms),
+                ..Default::default()
+            });
+        }
+        let h = s.first_response_histogram();
+        assert_eq!(
+            h.buckets,
+            vec![(100.0, 1), (500.0, 3), (2000.0, 3), (5000.0, 3)]
+        );
+        assert_eq!((h.sum, h.count), (9650.0, 4));
+    }
+
+    #[test]
+    fn pending_counts_down_once_and_returns_to_zero() {
+        let s = Arc::new(VersionStats::default());
+        let mut executed = s.pending();
+        let dropped = s.pending();
+        assert_eq!(s.pending_count(), 2);
+        executed.release();
+        executed.release();
+        assert_eq!(s.pending_count(), 1);
+        drop(executed);
+        assert_eq!(s.pending_count(), 1);
+        drop(dropped);
+        assert_eq!(s.pending_count(), 0);
     }
 }

@@ -561,6 +561,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         http_addr: Some(SocketAddr::new(local, 0)),
         grpc_addr: Some(SocketAddr::new(local, 0)),
         metrics_addr: None,
+        metrics: Default::default(),
         http_max_input_size: 1 << 20,
         poll_interval: Duration::from_secs(15),
         exit_timeout: Duration::from_secs(5),

@@ -7,8 +7,10 @@
 //!                  │   one info line; capacity() and utilization() are empty
 //!                  └─ succeeds: handle kept for the agent's lifetime (shared by Arc)
 //!                        ├─► capacity()    per device: index, total memory  ─► RegisterNode
-//!                        └─► utilization() per device: busy fraction,       ─► Heartbeat
-//!                                          memory used / total
+//!                        ├─► utilization() per device: busy fraction,       ─► Heartbeat
+//!                        │                 memory used / total
+//!                        └─► readings()    per device: uuid, busy, memory,  ─► nv_gpu_* metrics
+//!                                          power, power limit, energy         (system_metrics)
 //! ```
 //!
 //! Nothing here needs CUDA or the driver at build time: `nvml-wrapper` opens the library with
@@ -106,6 +108,43 @@ impl Gpus {
     }
 }
 
+impl Gpus {
+    /// What the `nv_gpu_*` metrics report of each GPU. Power and energy readings a device
+    /// does not support are `None`.
+    pub fn readings(&self) -> Vec<GpuReading> {
+        self.each("metrics", |_, d| {
+            let memory = d.memory_info()?;
+            Ok(GpuReading {
+                uuid: d.uuid()?,
+                utilization: f64::from(d.utilization_rates()?.gpu.min(100)) / 100.0,
+                memory_used_bytes: memory.used,
+                memory_total_bytes: memory.total,
+                power_watts: d.power_usage().ok().map(milli),
+                power_limit_watts: d.enforced_power_limit().ok().map(milli),
+                energy_millijoules: d.total_energy_consumption().ok(),
+            })
+        })
+    }
+}
+
+fn milli(v: u32) -> f64 {
+    f64::from(v) / 1000.0
+}
+
+/// One GPU's readings for the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuReading {
+    pub uuid: String,
+    /// Busy fraction over NVML's last sample period, 0.0..=1.0.
+    pub utilization: f64,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    pub power_watts: Option<f64>,
+    pub power_limit_watts: Option<f64>,
+    /// Energy since the driver was loaded.
+    pub energy_millijoules: Option<u64>,
+}
+
 /// A GPU of the node's capacity.
 pub fn gpu_capacity(index: u32, memory_total: u64) -> Gpu {
     Gpu {
@@ -168,6 +207,7 @@ mod tests {
         assert_eq!(gpus.unavailable(), Some("disabled"));
         assert!(gpus.capacity().is_empty());
         assert!(gpus.utilization().is_empty());
+        assert!(gpus.readings().is_empty());
     }
 
     /// On a host without NVML (the test machines) the probe succeeds with no devices; on one

@@ -26,7 +26,7 @@ use crate::repository::{self, Fingerprint};
 use crate::request_check::ValidRequest;
 use crate::scheduler::policy::BatchPolicy;
 use crate::scheduler::{JobResult, Scheduler};
-use crate::stats::VersionStats;
+use crate::stats::{LoadReport, VersionStats};
 use crate::warmup::{WarmupSample, warmup_samples};
 
 /// One loaded, servable model version.
@@ -181,6 +181,8 @@ pub fn build(
             )
         };
         let samples = warmup_samples(&config, &input.dir).map_err(|e| fail(e, &selected))?;
+        let load_started = std::time::Instant::now();
+        let rss_before = crate::agent::host::process_rss();
         let mut instances = Vec::with_capacity(contexts.len());
         for ctx in &contexts {
             let mut instance = backend.load_instance(ctx).map_err(load_error)?;
@@ -197,6 +199,12 @@ pub fn build(
             input.queue_capacity,
         )
         .map_err(load_error)?;
+        stats.set_load(LoadReport {
+            duration: load_started.elapsed(),
+            memory_bytes: crate::agent::host::process_rss()
+                .zip(rss_before)
+                .map_or(0, |(after, before)| after.saturating_sub(before)),
+        });
         versions.insert(
             version,
             Arc::new(LoadedVersion {

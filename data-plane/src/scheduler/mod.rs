@@ -36,7 +36,7 @@ use self::policy::BatchPolicy;
 use self::queue::{Decision, Pending, RequestQueue, ShapeKey};
 use crate::backend::{BackendError, BackendInstance, RequestView};
 use crate::request_check::ValidRequest;
-use crate::stats::VersionStats;
+use crate::stats::{PendingMark, VersionStats};
 
 /// What a request gets back from its execution.
 #[derive(Debug)]
@@ -57,6 +57,9 @@ pub struct ExecTimings {
 type Reply = oneshot::Sender<Result<JobResult, ServiceError>>;
 
 struct Job {
+    /// Counts the request as pending until its batch starts executing. First, so that a job
+    /// dropped unanswered stops counting before its caller sees the closed reply.
+    pending: PendingMark,
     request: ValidRequest,
     reply: Reply,
     /// Arrival order, for `preserve_ordering`.
@@ -96,6 +99,8 @@ struct Shared {
     workers: Vec<Sender<Option<Batch>>>,
     /// Present when the config asks for `preserve_ordering`.
     reorder: Option<Mutex<Reorder>>,
+    /// The version's statistics (pending requests are counted from submission).
+    stats: Arc<VersionStats>,
 }
 
 impl Shared {
@@ -177,7 +182,9 @@ enum Next {
 impl Shared {
     /// Answers a queued request: at once, or with `preserve_ordering` once every request that
     /// arrived before it has been answered.
-    fn respond(&self, job: Job, result: Result<JobResult, ServiceError>) {
+    fn respond(&self, mut job: Job, result: Result<JobResult, ServiceError>) {
+        // Before the answer, so a caller that has its answer never sees itself pending.
+        job.pending.release();
         let Some(reorder) = &self.reorder else {
             let _ = job.reply.send(result);
             return;
@@ -256,6 +263,7 @@ impl Scheduler {
             policy,
             timer: Condvar::new(),
             workers,
+            stats: stats.clone(),
         });
         start_threads(
             model,
@@ -300,6 +308,7 @@ impl Scheduler {
                 request,
                 reply,
                 seq: 0,
+                pending: shared.stats.pending(),
             },
         );
         result.await.map_err(|_| {
@@ -456,13 +465,16 @@ fn run_batch(
 ) {
     let started = Instant::now();
     // Requests whose callers left while the batch was formed are dropped here.
-    let (gone, batch): (Batch, Batch) =
+    let (gone, mut batch): (Batch, Batch) =
         batch.into_iter().partition(|p| p.payload.reply.is_closed());
     shared.fail_all(gone, || {
         ServiceError::Cancelled("the client went away".into())
     });
     if batch.is_empty() {
         return;
+    }
+    for p in &mut batch {
+        p.payload.pending.release();
     }
     if instance.request_level() {
         run_requests(instance, batch, shared, stats, started);

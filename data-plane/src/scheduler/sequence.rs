@@ -40,7 +40,7 @@ use super::queue::ShapeKey;
 use super::{ExecTimings, JobResult, batch, timer};
 use crate::backend::{BackendError, BackendInstance, RequestView};
 use crate::request_check::{SequenceFlags, ValidRequest};
-use crate::stats::VersionStats;
+use crate::stats::{PendingMark, VersionStats};
 
 type Reply = oneshot::Sender<Result<JobResult, ServiceError>>;
 
@@ -51,6 +51,9 @@ type Done = (SequenceFlags, Option<Vec<Tensor>>);
 type Group = (ShapeKey, Vec<(Item, Vec<Tensor>)>);
 
 struct Job {
+    /// Counts the request as pending until it starts executing. First, so that a job dropped
+    /// unanswered stops counting before its caller sees the closed reply.
+    pending: PendingMark,
     request: ValidRequest,
     flags: SequenceFlags,
     reply: Reply,
@@ -105,6 +108,8 @@ struct Shared {
     state: Mutex<State>,
     timer: Condvar,
     workers: Vec<Sender<Option<Vec<Item>>>>,
+    /// The version's statistics (pending requests are counted from submission).
+    stats: Arc<VersionStats>,
 }
 
 /// Handle to a sequence model version's scheduler.
@@ -161,6 +166,7 @@ impl SequenceScheduler {
             }),
             timer: Condvar::new(),
             workers,
+            stats: stats.clone(),
         });
         super::start_threads(
             model,
@@ -265,6 +271,7 @@ impl Shared {
             flags,
             reply,
             arrived: now,
+            pending: self.stats.pending(),
         });
         state.queued += 1;
         self.dispatch(state, now);
@@ -489,6 +496,7 @@ fn run_items(
     let policy = &shared.policy;
     let mut groups: Vec<Group> = Vec::new();
     for mut item in items {
+        item.job.pending.release();
         let mut inputs = std::mem::take(&mut item.job.request.inputs);
         inputs.extend(policy.control_inputs(&item.job.flags));
         inputs.append(&mut item.state);

@@ -1,0 +1,396 @@
+//! The data plane's metrics: Triton's per-model inference families, drawn from the same
+//! statistics the statistics extension reports (so the two always agree), plus the host and
+//! GPU families of [`crate::system_metrics`].
+//!
+//! ```text
+//! VersionStats (per loaded version) ──┐
+//! SystemMetrics (latest sample) ──────┼─► DataPlaneMetrics::collect ─► Vec<Family>
+//! MetricsConfig (which families) ─────┘        ├─► prometheus_router ─► GET :8002/metrics
+//!                                              └─► OTLP export (the lead's exporter)
+//! ```
+//!
+//! Every per-model series carries `model` and `version` labels; failures add `reason`.
+
+pub mod config;
+pub mod window;
+
+use std::sync::Arc;
+
+use nereid_proto::pb::inference::{InferStatistics, ModelStatistics, StatisticDuration};
+use nereid_telemetry::metrics::{Collect, Family, Kind, Labels, Value};
+
+pub use self::config::{LatencyMetrics, MetricsConfig, MetricsConfigError};
+use crate::manager::{LoadedVersion, ModelManager};
+use crate::stats::{FailureReason, Latency};
+use crate::system_metrics::SystemMetrics;
+
+/// Collects the data plane's metric families on demand (a scrape, an export tick).
+pub struct DataPlaneMetrics {
+    manager: Arc<ModelManager>,
+    latencies: LatencyMetrics,
+    /// `None` when neither CPU nor GPU metrics are reported.
+    system: Option<Arc<SystemMetrics>>,
+}
+
+impl DataPlaneMetrics {
+    pub fn new(
+        manager: Arc<ModelManager>,
+        latencies: LatencyMetrics,
+        system: Option<Arc<SystemMetrics>>,
+    ) -> DataPlaneMetrics {
+        DataPlaneMetrics {
+            manager,
+            latencies,
+            system,
+        }
+    }
+
+    /// `GET /metrics` (and `/metrics/`) serving these metrics in Prometheus text.
+    pub fn router(self: Arc<Self>) -> axum::Router {
+        nereid_telemetry::metrics::prometheus_router(self)
+    }
+}
+
+impl Collect for DataPlaneMetrics {
+    fn collect(&self) -> Vec<Family> {
+        let mut families = model_families(&self.manager.all_versions(), &self.latencies);
+        if let Some(system) = &self.system {
+            families.extend(system.families());
+        }
+        families
+    }
+}
+
+/// One version's statistics as the families need them.
+struct Row<'a> {
+    version: &'a LoadedVersion,
+    stats: ModelStatistics,
+    labels: Labels,
+}
+
+type Pick = fn(&Row<'_>) -> Option<f64>;
+
+/// The per-model families over `versions`, as `latencies` selects them.
+pub fn model_families(versions: &[Arc<LoadedVersion>], latencies: &LatencyMetrics) -> Vec<Family> {
+    let rows: Vec<Row<'_>> = versions
+        .iter()
+        .map(|v| Row {
+            version: v,
+            stats: v.stats.snapshot(&v.name, v.version),
+            labels: Labels::of([("model", v.name.as_str())]).and("version", v.version.to_string()),
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut failure = Family::counter(
+        "nv_inference_request_failure",
+        "Number of failed inference requests, all batch sizes",
+    );
+    for row in &rows {
+        let counts = row.version.stats.failures_by_reason();
+        for (reason, count) in FailureReason::ALL.iter().zip(counts) {
+            failure.number(
+                row.labels.clone().and("reason", reason.label()),
+                count as f64,
+            );
+        }
+    }
+    let counters: [(&str, &str, Kind, Pick); 4] = [
+        (
+            "nv_inference_request_success",
+            "Number of successful inference requests, all batch sizes",
+            Kind::Counter,
+            |r| Some(duration(&r.stats, |i| &i.success).count as f64),
+        ),
+        (
+            "nv_inference_count",
+            "Number of inferences performed (does not include cached requests)",
+            Kind::Counter,
+            |r| Some(r.stats.inference_count as f64),
+        ),
+        (
+            "nv_inference_exec_count",
+            "Number of model executions performed (does not include cached requests)",
+            Kind::Counter,
+            |r| Some(r.stats.execution_count as f64),
+        ),
+        (
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            Kind::Gauge,
+            |r| Some(r.version.stats.pending_count() as f64),
+        ),
+    ];
+    let (first, rest) = counters.split_at(1);
+    push(&mut out, &rows, first);
+    out.push(failure);
+    push(&mut out, &rows, rest);
+    if latencies.counter {
+        push(&mut out, &rows, &DURATION_COUNTERS);
+    }
+    if latencies.summary {
+        out.extend(summaries(&rows, &latencies.quantiles));
+    }
+    if latencies.histogram {
+        let mut h = Family::new(
+            "nv_inference_first_response_histogram_ms",
+            "Duration from request to first response in milliseconds",
+            Kind::Histogram,
+        );
+        for row in &rows {
+            let v = row.version.stats.first_response_histogram();
+            h.sample(
+                row.labels.clone(),
+                Value::Histogram {
+                    buckets: v.buckets,
+                    sum: v.sum,
+                    count: v.count,
+                },
+            );
+        }
+        out.push(h);
+    }
+    push(&mut out, &rows, &LOAD_GAUGES);
+    out
+}
+
+/// The cumulative latency counters (`counter_latencies`), in microseconds.
+const DURATION_COUNTERS: [(&str, &str, Kind, Pick); 5] = [
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        Kind::Counter,
+        |r| Some(micros(duration(&r.stats, |i| &i.success))),
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        Kind::Counter,
+        |r| Some(micros(duration(&r.stats, |i| &i.queue))),
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        Kind::Counter,
+        |r| Some(micros(duration(&r.stats, |i| &i.compute_input))),
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        Kind::Counter,
+        |r| Some(micros(duration(&r.stats, |i| &i.compute_infer))),
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        Kind::Counter,
+        |r| Some(micros(duration(&r.stats, |i| &i.compute_output))),
+    ),
+];
+
+/// What loading each version cost (absent for ensembles, which load no instances).
+const LOAD_GAUGES: [(&str, &str, Kind, Pick); 2] = [
+    (
+        "nv_model_load_duration_secs",
+        "Model load time in seconds",
+        Kind::Gauge,
+        |r| r.version.stats.load().map(|l| l.duration.as_secs_f64()),
+    ),
+    (
+        "nereid_model_memory_bytes",
+        "Approximate resident memory the model version added when it loaded, in bytes",
+        Kind::Gauge,
+        |r| r.version.stats.load().map(|l| l.memory_bytes as f64),
+    ),
+];
+
+fn push(out: &mut Vec<Family>, rows: &[Row<'_>], specs: &[(&str, &str, Kind, Pick)]) {
+    for (name, help, kind, pick) in specs {
+        let mut family = Family::new(*name, *help, *kind);
+        for row in rows {
+            if let Some(v) = pick(row) {
+                family.number(row.labels.clone(), v);
+            }
+        }
+        out.push(family);
+    }
+}
+
+/// The summaries (`summary_latencies`): quantiles over recent requests; `_sum` and `_count`
+/// are the cumulative counters', so they agree with `*_duration_us` and the statistics.
+fn summaries(rows: &[Row<'_>], quantiles: &[(f64, f64)]) -> Vec<Family> {
+    type Of = fn(&InferStatistics) -> &Option<StatisticDuration>;
+    let specs: [(&str, &str, Latency, Of); 5] = [
+        (
+            "nv_inference_request_summary_us",
+            "Summary of inference request duration in microseconds (includes cached requests)",
+            Latency::Request,
+            |i| &i.success,
+        ),
+        (
+            "nv_inference_queue_summary_us",
+            "Summary of inference queuing duration in microseconds (includes cached requests)",
+            Latency::Queue,
+            |i| &i.queue,
+        ),
+        (
+            "nv_inference_compute_input_summary_us",
+            "Summary of compute input duration in microseconds (does not include cached requests)",
+            Latency::ComputeInput,
+            |i| &i.compute_input,
+        ),
+        (
+            "nv_inference_compute_infer_summary_us",
+            "Summary of compute inference duration in microseconds (does not include cached requests)",
+            Latency::ComputeInfer,
+            |i| &i.compute_infer,
+        ),
+        (
+            "nv_inference_compute_output_summary_us",
+            "Summary of inference compute output duration in microseconds (does not include cached requests)",
+            Latency::ComputeOutput,
+            |i| &i.compute_output,
+        ),
+    ];
+    let qs: Vec<f64> = quantiles.iter().map(|(q, _)| *q).collect();
+    specs
+        .iter()
+        .map(|(name, help, latency, of)| {
+            let mut family = Family::new(*name, *help, Kind::Summary);
+            for row in rows {
+                let total = duration(&row.stats, *of);
+                let recent = row.version.stats.recent(*latency);
+                family.sample(
+                    row.labels.clone(),
+                    Value::Summary {
+                        quantiles: window::quantiles(recent, &qs),
+                        sum: micros(total),
+                        count: total.count,
+                    },
+                );
+            }
+            family
+        })
+        .collect()
+}
+
+fn duration(
+    s: &ModelStatistics,
+    f: fn(&InferStatistics) -> &Option<StatisticDuration>,
+) -> StatisticDuration {
+    s.inference_stats
+        .as_ref()
+        .and_then(|i| *f(i))
+        .unwrap_or_default()
+}
+
+/// Whole microseconds of a cumulative duration, as Triton's `*_us` counters report them.
+fn micros(d: StatisticDuration) -> f64 {
+    (d.ns / 1000) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use nereid_proto::pb::inference::ModelConfig;
+    use nereid_telemetry::metrics::render_prometheus;
+
+    use super::*;
+    use crate::backend::Health;
+    use crate::manager::Runner;
+    use crate::repository::Fingerprint;
+    use crate::scheduler::Scheduler;
+    use crate::scheduler::policy::BatchPolicy;
+    use crate::stats::{LoadReport, RequestTimings, VersionStats};
+
+    /// A version with no instances (nothing executes), whose statistics the test fills.
+    fn version(name: &str) -> Arc<LoadedVersion> {
+        let config = Arc::new(ModelConfig::default());
+        let stats = Arc::new(VersionStats::default());
+        let scheduler = Scheduler::start(
+            name,
+            BatchPolicy::from_config(&config),
+            Vec::new(),
+            stats.clone(),
+            4,
+        )
+        .unwrap();
+        Arc::new(LoadedVersion {
+            name: name.into(),
+            version: 1,
+            config,
+            runner: Runner::Scheduler(scheduler),
+            stats,
+            fingerprint: Fingerprint::of(Path::new("/nonexistent")),
+            health: Arc::new(Health::default()),
+        })
+    }
+
+    fn filled() -> Arc<LoadedVersion> {
+        let v = version("m");
+        let t = RequestTimings {
+            total: Duration::from_micros(1500),
+            queue: Duration::from_micros(500),
+            ..Default::default()
+        };
+        v.stats
+            .record_execution(2, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        v.stats.record_success(t);
+        v.stats.record_success(t);
+        v.stats
+            .record_failure(Duration::from_micros(1), FailureReason::Backend);
+        v.stats.set_load(LoadReport {
+            duration: Duration::from_millis(250),
+            memory_bytes: 4096,
+        });
+        v
+    }
+
+    #[test]
+    fn default_families_with_triton_names_and_labels() {
+        let text = render_prometheus(&model_families(&[filled()], &LatencyMetrics::default()));
+        for line in [
+            "nv_inference_request_success{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_request_failure{model=\"m\",version=\"1\",reason=\"BACKEND\"} 1\n",
+            "nv_inference_request_failure{model=\"m\",version=\"1\",reason=\"REJECTED\"} 0\n",
+            "nv_inference_count{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_exec_count{model=\"m\",version=\"1\"} 1\n",
+            "nv_inference_pending_request_count{model=\"m\",version=\"1\"} 0\n",
+            "# TYPE nv_inference_pending_request_count gauge\n",
+            "nv_inference_request_duration_us{model=\"m\",version=\"1\"} 3000\n",
+            "nv_inference_queue_duration_us{model=\"m\",version=\"1\"} 1000\n",
+            "nv_model_load_duration_secs{model=\"m\",version=\"1\"} 0.25\n",
+            "nereid_model_memory_bytes{model=\"m\",version=\"1\"} 4096\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("_summary_us"));
+        assert!(!text.contains("_histogram_ms"));
+    }
+
+    #[test]
+    fn latency_config_switches_families() {
+        let latencies = LatencyMetrics {
+            counter: false,
+            summary: true,
+            quantiles: vec![(0.5, 0.05), (0.9, 0.01)],
+            histogram: true,
+        };
+        let text = render_prometheus(&model_families(&[filled()], &latencies));
+        assert!(!text.contains("_duration_us"), "{text}");
+        for line in [
+            "nv_inference_request_summary_us{model=\"m\",version=\"1\",quantile=\"0.5\"} 1500\n",
+            "nv_inference_request_summary_us{model=\"m\",version=\"1\",quantile=\"0.9\"} 1500\n",
+            "nv_inference_request_summary_us_sum{model=\"m\",version=\"1\"} 3000\n",
+            "nv_inference_request_summary_us_count{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_queue_summary_us_sum{model=\"m\",version=\"1\"} 1000\n",
+            "nv_inference_compute_output_summary_us_count{model=\"m\",version=\"1\"} 2\n",
+            "nv_inference_first_response_histogram_ms_bucket{model=\"m\",version=\"1\",le=\"100\"} 2\n",
+            "nv_inference_first_response_histogram_ms_count{model=\"m\",version=\"1\"} 2\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("quantile=\"0.99\""));
+    }
+}
