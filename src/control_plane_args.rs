@@ -1,7 +1,7 @@
 //! Flags of `nereid control-plane`, turned into the control-plane crate's `NodeConfig`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -25,6 +25,26 @@ pub struct ControlPlaneArgs {
     /// REST mirror of the management API (/api/v1/...).
     #[arg(long, env = "NEREID_HTTP_LISTEN", default_value = "0.0.0.0:7080")]
     pub http_listen: SocketAddr,
+    /// Prometheus metrics port (/metrics: nereid_raft_*, nereid_cluster_*,
+    /// nereid_placement_*), served without authentication like a worker's. Only with
+    /// --allow-metrics.
+    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 7002)]
+    pub metrics_port: u16,
+    /// Address the metrics service binds.
+    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+    /// Serve Prometheus metrics (true/false). Off by default because several control-plane
+    /// nodes often share one host (make cluster, the end-to-end suite), where one fixed port
+    /// would collide: give each node its own --metrics-port when turning it on.
+    #[arg(
+        long,
+        env = "NEREID_ALLOW_METRICS",
+        default_value = "false",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub allow_metrics: bool,
     /// Where the Raft log, vote and snapshots are kept (one redb file).
     #[arg(long, env = "NEREID_DATA_DIR", default_value = "nereid-data")]
     pub data_dir: PathBuf,
@@ -142,6 +162,28 @@ impl ControlPlaneArgs {
         if self.election_timeout_ms <= self.raft_heartbeat_ms {
             return Err("--election-timeout-ms must exceed --raft-heartbeat-ms".into());
         }
+        let metrics_listen = self
+            .allow_metrics
+            .then_some(SocketAddr::new(self.metrics_address, self.metrics_port));
+        if let Some(m) = metrics_listen
+            && m.port() != 0
+        {
+            for (flag, other) in [
+                ("--listen", self.listen),
+                ("--http-listen", self.http_listen),
+            ] {
+                if other.port() == m.port()
+                    && (other.ip() == m.ip()
+                        || other.ip().is_unspecified()
+                        || m.ip().is_unspecified())
+                {
+                    return Err(format!(
+                        "--metrics-port {} is also the port of {flag} {other}: each service needs its own port",
+                        m.port()
+                    ));
+                }
+            }
+        }
         for repo in &self.model_repository {
             if !repo.is_dir() {
                 return Err(format!(
@@ -155,6 +197,7 @@ impl ControlPlaneArgs {
             listen: self.listen,
             advertise: self.advertise_address,
             http_listen: Some(self.http_listen),
+            metrics_listen,
             data_dir: self.data_dir,
             peers,
             join: self.join,
@@ -170,5 +213,48 @@ impl ControlPlaneArgs {
             model_repositories: self.model_repository,
             default_replicas: self.default_replicas,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<nereid_control_plane::node::NodeConfig, String> {
+        let mut argv = vec!["nereid", "control-plane", "--insecure-no-auth"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::ControlPlane(args) => args.into_config(),
+            _ => Err("not control-plane".into()),
+        }
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_listen_on_7002_when_allowed() {
+        let c = parse(&[]).unwrap();
+        assert!(c.metrics_listen.is_none());
+        let c = parse(&["--allow-metrics"]).unwrap();
+        assert_eq!(c.metrics_listen, Some("0.0.0.0:7002".parse().unwrap()));
+        let c = parse(&[
+            "--allow-metrics",
+            "true",
+            "--metrics-port",
+            "9100",
+            "--metrics-address",
+            "127.0.0.1",
+        ])
+        .unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9100".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_metrics_port_shared_with_another_service_is_refused() {
+        let err = parse(&["--allow-metrics", "--metrics-port", "7080"]).unwrap_err();
+        assert!(err.contains("--http-listen"), "{err}");
+        let err = parse(&["--allow-metrics", "--metrics-port", "7000"]).unwrap_err();
+        assert!(err.contains("--listen"), "{err}");
     }
 }

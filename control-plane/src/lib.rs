@@ -20,6 +20,7 @@ pub mod consensus;
 pub mod convert;
 pub mod forward;
 pub mod leader;
+pub mod metrics;
 pub mod node;
 pub mod placement;
 pub mod raft;

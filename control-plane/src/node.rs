@@ -6,6 +6,7 @@
 //!   ├─ RaftNode::start (redb in data_dir; bootstrap from peers, or wait to be added by --join)
 //!   ├─ gRPC :listen   ── auth ─► Raft │ Management │ Cluster (Watch from WatchHub)
 //!   ├─ REST :http     ── auth ─► /api/v1/... (same ManagementService)
+//!   ├─ metrics :metrics ─► /metrics (metrics::ControlPlaneCollector; no auth, like a worker's)
 //!   ├─ leader::task   (liveness + placement while this node leads)
 //!   ├─ --join ADDR    ─► AddMember(self) on ADDR until accepted
 //!   └─ --model-repository DIR ─► register each model not registered yet
@@ -24,6 +25,7 @@ use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::management_server::ManagementServer;
 use nereid_proto::pb::cluster::raft_server::RaftServer;
 use nereid_proto::serve::stopped;
+use nereid_telemetry::metrics::prometheus_router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -37,6 +39,7 @@ use crate::consensus::{Consensus, ConsensusError};
 use crate::forward::LeaderChannels;
 use crate::leader::soft::SoftState;
 use crate::leader::task::{self, LeaderConfig};
+use crate::metrics::{ControlPlaneCollector, PlacementDecisions};
 use crate::raft::{RaftConfig, RaftNode};
 use crate::source::repository_models;
 use crate::state::Command;
@@ -52,6 +55,8 @@ pub struct NodeConfig {
     pub advertise: Option<String>,
     /// REST mirror of the management API; `None` disables it.
     pub http_listen: Option<SocketAddr>,
+    /// Prometheus `/metrics`; `None` disables it.
+    pub metrics_listen: Option<SocketAddr>,
     pub data_dir: PathBuf,
     /// Initial members (id → gRPC address), this node included. Empty: a single node.
     pub peers: BTreeMap<u64, String>,
@@ -93,35 +98,73 @@ pub enum NodeError {
     Serve(String),
 }
 
+/// A node's listeners, bound before anything starts so that a taken port fails fast.
+pub struct Listeners {
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+    metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the gRPC, REST and metrics addresses of `config` (the last two when enabled).
+    pub async fn bind(config: &NodeConfig) -> Result<Listeners, NodeError> {
+        let bind = |what, addr| async move {
+            nereid_proto::serve::bind(what, addr)
+                .await
+                .map_err(|e| NodeError::Bind {
+                    what: e.what,
+                    addr: e.addr,
+                    source: e.source,
+                })
+        };
+        Ok(Listeners {
+            grpc: bind("gRPC", Some(config.listen))
+                .await?
+                .ok_or_else(|| NodeError::Config("no gRPC address".into()))?,
+            http: bind("REST", config.http_listen).await?,
+            metrics: bind("metrics", config.metrics_listen).await?,
+        })
+    }
+
+    /// Where gRPC listens (the port chosen when the config asked for port 0).
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc.local_addr().ok()
+    }
+
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+}
+
 /// Runs a control-plane node until `shutdown` resolves.
 pub async fn run(
     config: NodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
-    let grpc_listener =
-        TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| NodeError::Bind {
-                what: "gRPC",
-                addr: config.listen,
-                source,
-            })?;
-    let http_listener = match config.http_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| NodeError::Bind {
-                    what: "REST",
-                    addr,
-                    source,
-                })?,
-        ),
-        None => None,
-    };
+    let listeners = Listeners::bind(&config).await?;
+    serve(config, listeners, shutdown).await
+}
+
+/// [`run`] on listeners already bound.
+pub async fn serve(
+    config: NodeConfig,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
+    let Listeners {
+        grpc: grpc_listener,
+        http: http_listener,
+        metrics: metrics_listener,
+    } = listeners;
+    let grpc_addr = grpc_listener.local_addr().unwrap_or(config.listen);
     let advertise = config
         .advertise
         .clone()
-        .unwrap_or_else(|| config.listen.to_string());
+        .unwrap_or_else(|| grpc_addr.to_string());
     let repositories = config
         .model_repositories
         .iter()
@@ -162,12 +205,14 @@ pub async fn run(
     );
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let decisions = Arc::new(PlacementDecisions::default());
     let leader_task = tokio::spawn(task::run(
         consensus.clone(),
         soft,
         LeaderConfig {
             round_interval: config.placement_interval,
         },
+        decisions.clone(),
         stop_rx.clone(),
     ));
 
@@ -194,10 +239,24 @@ pub async fn run(
                 .await
         })
     });
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let metrics = metrics_listener.map(|listener| {
+        let app = prometheus_router(Arc::new(ControlPlaneCollector {
+            consensus: consensus.clone(),
+            decisions,
+        }));
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+        })
+    });
     info!(
         node = config.node_id,
-        grpc = %config.listen,
+        grpc = %grpc_addr,
         rest = ?config.http_listen,
+        metrics = ?metrics_addr,
         advertise = %advertise,
         "control-plane node serving"
     );
@@ -221,6 +280,9 @@ pub async fn run(
     let _ = leader_task.await;
     if let Some(rest) = rest {
         let _ = rest.await;
+    }
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
     }
     let served = grpc.await;
     if let Err(e) = raft.shutdown().await {

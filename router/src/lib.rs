@@ -19,6 +19,7 @@
 //! - [`watch`]: follows the control plane's watch with failover and resume.
 //! - [`control`]: the control-plane connection (addresses, token, unary calls with failover).
 //! - [`activate`]: scale from zero and repository load/unload through the control plane.
+//! - [`metrics`]: the router's `nereid_router_*` counters and its `/metrics` collector.
 //! - [`serve`]: `nereid router`'s life: bind, serve, shut down.
 
 pub mod activate;
@@ -26,6 +27,7 @@ pub mod choice;
 pub mod control;
 pub mod error;
 pub mod forward;
+pub mod metrics;
 pub mod serve;
 pub mod service;
 pub mod table;

@@ -3,7 +3,7 @@
 //! ```text
 //! check control-plane addresses and token ─► bind HTTP, gRPC, metrics (fail fast)
 //!   ─► watch task fills the routing table (ready once the first snapshot arrives)
-//!   ─► serve HTTP + gRPC over RouterService, metrics (/metrics)
+//!   ─► serve HTTP + gRPC over RouterService, metrics (/metrics: metrics::RouterCollector)
 //!   ─► shutdown signal: stop accepting, drain in-flight requests (bounded by the exit
 //!      timeout), stop the watch ─► return
 //! ```
@@ -16,10 +16,12 @@ use std::time::Duration;
 
 use nereid_proto::InferenceService;
 use nereid_proto::serve::Frontends;
+use nereid_telemetry::metrics::prometheus_router;
 use tokio::sync::watch;
 
 use crate::activate::Activator;
 use crate::control::{ControlPlane, ControlPlaneConfig};
+use crate::metrics::RouterCollector;
 use crate::service::{RouterService, RouterServiceConfig};
 use crate::table::{RoutingTable, SharedTable};
 use crate::watch::watch_task;
@@ -66,7 +68,7 @@ pub async fn run(
         table.clone(),
         config.service.scale_from_zero_wait,
     ));
-    let telemetry = nereid_telemetry::startup::Telemetry::start(
+    let mut telemetry = nereid_telemetry::startup::Telemetry::start(
         &config.telemetry,
         nereid_telemetry::logging::control(),
         None,
@@ -78,6 +80,13 @@ pub async fn run(
             .with_telemetry(telemetry.tracer.clone(), telemetry.logs.clone()),
     );
     let service: Arc<dyn InferenceService> = router.clone();
+    let collector = Arc::new(RouterCollector {
+        router: router.clone(),
+        table: table.clone(),
+    });
+    telemetry
+        .export_metrics(&config.telemetry, collector.clone())
+        .map_err(RouterServeError::Config)?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = router.workers();
@@ -95,7 +104,7 @@ pub async fn run(
         Frontends {
             http,
             grpc,
-            metrics: metrics_listener.map(|l| (l, metrics_router(router.clone(), table.clone()))),
+            metrics: metrics_listener.map(|l| (l, prometheus_router(collector))),
             http_config: nereid_proto::http::HttpConfig {
                 max_input_size: config.http_max_input_size,
             },
@@ -121,28 +130,4 @@ pub async fn run(
     let _ = watcher.await;
     telemetry.shutdown(Duration::from_secs(5)).await;
     Ok(())
-}
-
-/// `/metrics`: the router's own gauges in Prometheus text.
-fn metrics_router(router: Arc<RouterService>, table: Arc<SharedTable>) -> axum::Router {
-    axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let router = router.clone();
-            let table = table.clone();
-            async move {
-                let t = table.load();
-                format!(
-                    "# HELP nereid_router_in_flight Requests in flight through this router.\n\
-                     # TYPE nereid_router_in_flight gauge\n\
-                     nereid_router_in_flight {}\n\
-                     # HELP nereid_router_table_revision Cluster state revision of the routing table.\n\
-                     # TYPE nereid_router_table_revision gauge\n\
-                     nereid_router_table_revision {}\n",
-                    router.in_flight(),
-                    t.revision()
-                )
-            }
-        }),
-    )
 }

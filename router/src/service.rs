@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,7 @@ use crate::activate::Activator;
 use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
 use crate::error::{RouterError, RouterResult};
 use crate::forward::{ForwardConfig, Workers};
+use crate::metrics::{ModelCounters, RouterMetrics};
 use crate::table::{Endpoint, SharedTable};
 use crate::wire::{decode_response, encode_request, version_text};
 
@@ -133,6 +135,7 @@ pub struct RouterService {
     activator: Option<Arc<Activator>>,
     tracer: Tracer,
     logs: Arc<LogControl>,
+    metrics: RouterMetrics,
 }
 
 impl RouterService {
@@ -160,6 +163,7 @@ impl RouterService {
             activator: None,
             tracer: Tracer::disabled(),
             logs: nereid_telemetry::logging::control(),
+            metrics: RouterMetrics::default(),
             config,
             table,
         }
@@ -200,6 +204,9 @@ impl RouterService {
             (Err(RouterError::NoReadyReplica { .. }), Some(activator))
                 if ask.sequence.is_none() || ask.start =>
             {
+                self.counters(ask.model)
+                    .scale_from_zero
+                    .fetch_add(1, Ordering::Relaxed);
                 activator.scale_from_zero(ask.model, deadline).await?;
                 self.pick(ask, &HashSet::new())
             }
@@ -221,6 +228,22 @@ impl RouterService {
     /// Requests in flight through this router.
     pub fn in_flight(&self) -> usize {
         self.config.max_in_flight - self.admission.available_permits()
+    }
+
+    /// The router's counters (`/metrics`).
+    pub fn metrics(&self) -> &RouterMetrics {
+        &self.metrics
+    }
+
+    /// Outstanding requests per replica id, as replica choice weighs them now.
+    pub fn outstanding(&self) -> HashMap<u64, usize> {
+        let r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
+        r.outstanding.clone()
+    }
+
+    fn counters(&self, model: &str) -> Arc<ModelCounters> {
+        self.metrics
+            .model(model, || self.table.load().model(model).is_some())
     }
 
     fn pick(&self, ask: &Ask<'_>, exclude: &HashSet<u64>) -> RouterResult<(Endpoint, InFlight)> {
@@ -362,7 +385,7 @@ impl RouterService {
         let (endpoint, guard) = self.pick_or_activate(ask, deadline).await?;
         let err = match call(endpoint.clone(), guard).await {
             Err(e) => {
-                self.note_failure(endpoint.replica, &e);
+                self.note_failure(&endpoint, &e);
                 if !(retry && e.retryable()) || deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(e);
                 }
@@ -375,21 +398,65 @@ impl RouterService {
         let Ok((endpoint, guard)) = self.pick(ask, &exclude) else {
             return Err(err);
         };
+        self.counters(ask.model)
+            .retries
+            .fetch_add(1, Ordering::Relaxed);
         let second = call(endpoint.clone(), guard).await;
         if let Err(e) = &second {
-            self.note_failure(endpoint.replica, e);
+            self.note_failure(&endpoint, e);
         }
         second
     }
 
     /// Ejects a replica that could not be reached.
-    fn note_failure(&self, replica: u64, err: &RouterError) {
+    fn note_failure(&self, endpoint: &Endpoint, err: &RouterError) {
         if matches!(err, RouterError::Unreachable { .. }) {
+            let replica = endpoint.replica;
+            self.metrics.ejected(&endpoint.node);
             tracing::info!(replica, error = %err, "ejecting an unreachable replica for a while");
             let mut r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
             r.chooser
                 .eject(replica, Instant::now() + self.config.ejection);
         }
+    }
+
+    /// Opens a stream (see `infer_stream`).
+    async fn open_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
+        let permit =
+            self.admission
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| RouterError::Overloaded {
+                    limit: self.config.max_in_flight,
+                })?;
+        let wire = encode_request(&request).map_err(ServiceError::from)?;
+        let ask = Ask {
+            model: &request.model_name,
+            version: request.model_version,
+            sequence: request.options.sequence_id.as_ref(),
+            start: request.options.sequence_start,
+            end: request.options.sequence_end,
+        };
+        let retry = ask.sequence.is_none();
+        let deadline = wire.context.deadline;
+        let stream = self
+            .with_retry_guarded(&ask, retry, deadline, |target, guard| {
+                let mut wire = wire.clone();
+                wire.message.model_version = target.version.to_string();
+                async move {
+                    let responses = self.workers.infer_stream(&target.addr, wire).await?;
+                    Ok(responses.map(move |item| {
+                        let _held = &guard;
+                        item.map_err(ServiceError::from)
+                    }))
+                }
+            })
+            .await?;
+        let stream = stream.map(move |item| {
+            let _held = &permit;
+            item
+        });
+        Ok(Box::pin(stream))
     }
 
     fn ask<'a>(model: &'a str, version: Option<i64>) -> Ask<'a> {
@@ -533,53 +600,30 @@ impl InferenceService for RouterService {
     }
 
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        let _permit = self
-            .admission
-            .try_acquire()
-            .map_err(|_| RouterError::Overloaded {
-                limit: self.config.max_in_flight,
-            })?;
-        Ok(self.route_infer(request).await?)
+        let started = Instant::now();
+        let counters = self.counters(&request.model_name);
+        let result = async {
+            let _permit = self
+                .admission
+                .try_acquire()
+                .map_err(|_| RouterError::Overloaded {
+                    limit: self.config.max_in_flight,
+                })?;
+            self.route_infer(request).await
+        }
+        .await;
+        counters.finish(started.elapsed(), result.is_ok());
+        Ok(result?)
     }
 
     /// Forwards over the worker's `ModelStreamInfer`, so decoupled models stream through the
     /// router. Retried like `infer` only when the stream cannot be opened.
     async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let permit =
-            self.admission
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| RouterError::Overloaded {
-                    limit: self.config.max_in_flight,
-                })?;
-        let wire = encode_request(&request).map_err(ServiceError::from)?;
-        let ask = Ask {
-            model: &request.model_name,
-            version: request.model_version,
-            sequence: request.options.sequence_id.as_ref(),
-            start: request.options.sequence_start,
-            end: request.options.sequence_end,
-        };
-        let retry = ask.sequence.is_none();
-        let deadline = wire.context.deadline;
-        let stream = self
-            .with_retry_guarded(&ask, retry, deadline, |target, guard| {
-                let mut wire = wire.clone();
-                wire.message.model_version = target.version.to_string();
-                async move {
-                    let responses = self.workers.infer_stream(&target.addr, wire).await?;
-                    Ok(responses.map(move |item| {
-                        let _held = &guard;
-                        item.map_err(ServiceError::from)
-                    }))
-                }
-            })
-            .await?;
-        let stream = stream.map(move |item| {
-            let _held = &permit;
-            item
-        });
-        Ok(Box::pin(stream))
+        let started = Instant::now();
+        let counters = self.counters(&request.model_name);
+        let result = self.open_stream(request).await;
+        counters.finish(started.elapsed(), result.is_ok());
+        result
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {

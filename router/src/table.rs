@@ -162,6 +162,11 @@ impl RoutingTable {
                 .any(|r| r.model == model && r.version == version)
     }
 
+    /// Every replica, in any state, by id.
+    pub fn replicas(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.values()
+    }
+
     /// Every replica of `model`, in any state.
     pub fn replicas_of<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a Replica> + 'a {
         self.replicas.values().filter(move |r| r.model == model)

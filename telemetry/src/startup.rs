@@ -266,29 +266,46 @@ impl Telemetry {
         let settings = Arc::new(TraceSettingsStore::new(config.trace.clone()));
         let sink: Arc<dyn SpanSink> = spans.clone();
         let tracer = Tracer::new(settings, Some(sink));
-        let (mut metrics_stop, mut metrics_task) = (None, None);
-        if let (Some((endpoint, interval)), Some(source)) = (&config.metrics, metrics) {
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = crate::otlp::start_metrics_exporter(
-                endpoint,
-                &config.resource,
-                source,
-                *interval,
-                async {
-                    let _ = rx.await;
-                },
-            )?;
-            metrics_stop = Some(tx);
-            metrics_task = Some(task);
-        }
-        Ok(Telemetry {
+        let mut telemetry = Telemetry {
             tracer,
             logs,
             spans,
             span_task,
-            metrics_stop,
-            metrics_task,
-        })
+            metrics_stop: None,
+            metrics_task: None,
+        };
+        if let Some(source) = metrics {
+            telemetry.export_metrics(config, source)?;
+        }
+        Ok(telemetry)
+    }
+
+    /// Starts pushing `source` over OTLP when the config asks for metric export (for a
+    /// process whose metric source exists only after [`Telemetry::start`]).
+    pub fn export_metrics(
+        &mut self,
+        config: &TelemetryConfig,
+        source: Arc<dyn Collect>,
+    ) -> Result<(), String> {
+        let Some((endpoint, interval)) = &config.metrics else {
+            return Ok(());
+        };
+        if self.metrics_task.is_some() {
+            return Err("OTLP metric export is already running".into());
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = crate::otlp::start_metrics_exporter(
+            endpoint,
+            &config.resource,
+            source,
+            *interval,
+            async {
+                let _ = rx.await;
+            },
+        )?;
+        self.metrics_stop = Some(tx);
+        self.metrics_task = Some(task);
+        Ok(())
     }
 
     /// Flushes queued spans and a last metric export, waiting at most `deadline`.

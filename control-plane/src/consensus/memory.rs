@@ -92,6 +92,7 @@ impl Consensus for MemoryConsensus {
             term: leadership.term,
             commit_index: applied,
             applied_index: applied,
+            last_log_index: applied,
             members: vec![Member {
                 id: self.node_id,
                 address: format!("memory://{}", self.node_id),

@@ -42,6 +42,8 @@ pub struct RaftStatus {
     pub commit_index: u64,
     /// Index of the last log entry applied to this node's state.
     pub applied_index: u64,
+    /// Index of the last entry in this node's log (committed or not); 0 when empty.
+    pub last_log_index: u64,
     pub members: Vec<Member>,
 }
 

@@ -5,6 +5,7 @@
 //!  round: liveness transitions ─► SetNodeStatus writes
 //!         state ─► views ─► plan(load) ─► record decisions per model
 //!                                         └──────► commands_for ─► writes, in order
+//!                                                  (each committed one counted: metrics)
 //! ```
 //!
 //! Commands are written as independent chains, up to 64 at once (see [`chains`]). A refused
@@ -24,6 +25,7 @@ use super::round::{chains, commands_for};
 use super::soft::SoftState;
 use crate::consensus::{Consensus, ConsensusError};
 use crate::convert::plan_to_decisions;
+use crate::metrics::{PlacementDecisions, placement_action};
 use crate::placement::plan;
 use crate::state::{ClusterState, Command, ReplicaState};
 use crate::views::{current_replicas, model_views, node_views};
@@ -43,6 +45,7 @@ pub async fn run(
     consensus: Arc<dyn Consensus>,
     soft: Arc<SoftState>,
     config: LeaderConfig,
+    decisions: Arc<PlacementDecisions>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut leadership = consensus.leadership();
@@ -56,7 +59,15 @@ pub async fn run(
             let now = Instant::now();
             soft.begin_term(now);
             soft.assume_demand(scaled_from_zero(&consensus.local_state()), now);
-            lead(&*consensus, &soft, config, &mut leadership, &mut shutdown).await;
+            lead(
+                &*consensus,
+                &soft,
+                config,
+                &decisions,
+                &mut leadership,
+                &mut shutdown,
+            )
+            .await;
         }
         if *shutdown.borrow() {
             return;
@@ -73,6 +84,7 @@ async fn lead(
     consensus: &dyn Consensus,
     soft: &SoftState,
     config: LeaderConfig,
+    decisions: &PlacementDecisions,
     leadership: &mut watch::Receiver<crate::consensus::Leadership>,
     shutdown: &mut watch::Receiver<bool>,
 ) {
@@ -83,7 +95,7 @@ async fn lead(
         if *shutdown.borrow() || !leadership.borrow().is_self {
             return;
         }
-        match round(consensus, soft).await {
+        match round(consensus, soft, decisions).await {
             Ok(()) => {}
             Err(ConsensusError::NotLeader { .. }) => return,
             Err(e) => debug!("placement round ended early: {e}"),
@@ -98,8 +110,13 @@ async fn lead(
     }
 }
 
-/// One round: liveness, then placement.
-pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), ConsensusError> {
+/// One round: liveness, then placement; each placement command committed is counted in
+/// `decisions`.
+pub async fn round(
+    consensus: &dyn Consensus,
+    soft: &SoftState,
+    decisions: &PlacementDecisions,
+) -> Result<(), ConsensusError> {
     let state = consensus.local_state();
     let transitions = soft.liveness_transitions(
         state
@@ -139,7 +156,9 @@ pub async fn round(consensus: &dyn Consensus, soft: &SoftState) -> Result<(), Co
         .into_iter()
         .map(|chain| async move {
             for cmd in chain {
+                let action = placement_action(&cmd);
                 write(consensus, cmd).await?;
+                decisions.add(action);
             }
             Ok::<(), ConsensusError>(())
         });

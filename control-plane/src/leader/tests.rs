@@ -9,6 +9,7 @@ use super::soft::SoftState;
 use super::task::round;
 use crate::consensus::Consensus;
 use crate::consensus::memory::MemoryConsensus;
+use crate::metrics::{PlacementAction, PlacementDecisions};
 use crate::state::{Command, ModelSpec, NodeStatus, ReplicaState};
 use crate::testing::{self, node};
 
@@ -74,7 +75,9 @@ async fn a_round_places_replicas_spread_and_records_why() {
         soft.heard_from(id, Instant::now(), None);
     }
     write(&c, Command::UpsertModel(model("m", 2))).await;
-    round(&*c, &soft).await.unwrap();
+    let decisions = PlacementDecisions::default();
+    round(&*c, &soft, &decisions).await.unwrap();
+    assert_eq!(decisions.get(PlacementAction::Place), 2);
 
     let placed = replicas_of(&c, "m");
     assert_eq!(
@@ -96,7 +99,7 @@ async fn a_round_places_replicas_spread_and_records_why() {
     assert!(history[0].decisions.iter().all(|d| d.rule == "NewModel"));
     assert_eq!(history[0].inputs.len(), 2, "{:?}", history[0].inputs);
 
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert_eq!(
         replicas_of(&c, "m").len(),
         2,
@@ -113,7 +116,7 @@ async fn a_silent_node_goes_down_and_its_replica_moves() {
         soft.heard_from(id, Instant::now(), None);
     }
     write(&c, Command::UpsertModel(model("m", 2))).await;
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     set_ready(&c, "m").await;
     let victim = replicas_of(&c, "m")[0].0.clone();
 
@@ -125,7 +128,7 @@ async fn a_silent_node_goes_down_and_its_replica_moves() {
     for n in &live {
         soft.heard_from(n, Instant::now(), None);
     }
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
 
     let state = c.local_state();
     assert_eq!(state.node(&victim).unwrap().status, NodeStatus::Down);
@@ -146,7 +149,7 @@ async fn a_silent_node_goes_down_and_its_replica_moves() {
     );
 
     soft.heard_from(&victim, Instant::now(), None);
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert_eq!(
         c.local_state().node(&victim).unwrap().status,
         NodeStatus::Up
@@ -159,7 +162,7 @@ async fn a_new_leader_waits_one_timeout_before_declaring_nodes_down() {
     let soft = SoftState::new(TIMEOUT);
     write(&c, Command::RegisterNode(node("a"))).await;
     soft.begin_term(Instant::now());
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert_eq!(c.local_state().node("a").unwrap().status, NodeStatus::Up);
 }
 
@@ -171,7 +174,7 @@ async fn drain_is_make_before_break() {
         soft.heard_from(id, Instant::now(), None);
     }
     write(&c, Command::UpsertModel(model("m", 1))).await;
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     set_ready(&c, "m").await;
     let first = replicas_of(&c, "m")[0].0.clone();
     let other = if first == "a" { "b" } else { "a" };
@@ -184,7 +187,7 @@ async fn drain_is_make_before_break() {
         },
     )
     .await;
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     let now = replicas_of(&c, "m");
     let expected_pair = |drained_state: ReplicaState| {
         let mut v = vec![
@@ -201,7 +204,7 @@ async fn drain_is_make_before_break() {
     );
 
     set_ready(&c, "m").await;
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     let state = c.local_state();
     let on_first = state.replicas_of("m").find(|r| r.node == first).unwrap();
     assert_eq!(on_first.state, ReplicaState::Unloading);
@@ -217,7 +220,7 @@ async fn a_model_that_fits_nowhere_is_recorded_unplaced() {
     let mut big = model("big", 1);
     big.resources.memory_bytes = 64 << 30;
     write(&c, Command::UpsertModel(big)).await;
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert!(replicas_of(&c, "big").is_empty());
     let history = soft.placement_history("big");
     assert_eq!(history.len(), 1);
@@ -235,14 +238,14 @@ async fn activation_scales_a_model_from_zero_and_lapsed_demand_back_to_zero() {
     let mut m = model("m", 0);
     m.max_replicas = 3;
     write(&c, Command::UpsertModel(m)).await;
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert!(replicas_of(&c, "m").is_empty(), "min 0: nothing placed");
 
     soft.activate("m", Instant::now());
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert_eq!(replicas_of(&c, "m").len(), 1, "one replica on demand");
     set_ready(&c, "m").await;
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert_eq!(
         replicas_of(&c, "m")[0].1,
         ReplicaState::Ready,
@@ -251,7 +254,7 @@ async fn activation_scales_a_model_from_zero_and_lapsed_demand_back_to_zero() {
 
     // The last activation is older than the scale-to-zero delay: the replica unloads.
     soft.activate("m", Instant::now() - soft.scale_to_zero_after() * 2);
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert_eq!(replicas_of(&c, "m")[0].1, ReplicaState::Unloading);
 
     // A model with max_replicas 0 is never started by demand.
@@ -259,7 +262,7 @@ async fn activation_scales_a_model_from_zero_and_lapsed_demand_back_to_zero() {
     off.max_replicas = 0;
     write(&c, Command::UpsertModel(off)).await;
     soft.activate("off", Instant::now());
-    round(&*c, &soft).await.unwrap();
+    round(&*c, &soft, &Default::default()).await.unwrap();
     assert!(replicas_of(&c, "off").is_empty());
 }
 

@@ -412,6 +412,7 @@ impl Consensus for RaftNode {
             term: m.current_term,
             commit_index: m.local_committed.as_ref().map_or(0, |id| id.index),
             applied_index: m.last_applied.as_ref().map_or(0, |id| id.index),
+            last_log_index: m.last_log_index.unwrap_or(0),
             members,
         }
     }
