@@ -128,7 +128,9 @@ impl RouterMetrics {
     }
 
     /// The counter families, series sorted by model (or node).
-    pub fn families(&self) -> Vec<Family> {
+    /// The counter families; `nodes` are the workers the routing table knows, listed in the
+    /// ejection counter at 0 until their first ejection (series exist before they move).
+    pub fn families(&self, nodes: &[String]) -> Vec<Family> {
         let mut models: Vec<(String, Arc<ModelCounters>)> = self
             .models
             .read()
@@ -173,12 +175,15 @@ impl RouterMetrics {
             "nereid_router_ejections_total",
             "Times a replica on this node was ejected (avoided for a while) after it could not be reached.",
         );
-        for (node, n) in self
+        let mut by_node = self
             .ejections
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
+            .clone();
+        for node in nodes {
+            by_node.entry(node.clone()).or_default();
+        }
+        for (node, n) in &by_node {
             ejections.number(Labels::of([("node", node.as_str())]), *n as f64);
         }
         vec![requests, duration, retries, ejections, activations]
@@ -245,7 +250,13 @@ impl Collect for RouterCollector {
             .with(Labels::none(), table.revision() as f64),
             replica_in_flight(&table, &self.router.outstanding()),
         ];
-        families.extend(self.router.metrics().families());
+        let mut nodes: Vec<String> = table
+            .models()
+            .flat_map(|m| table.replicas_of(&m.name).map(|r| r.node.clone()))
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        families.extend(self.router.metrics().families(&nodes));
         families
     }
 }
@@ -294,13 +305,14 @@ mod tests {
             .retries
             .fetch_add(1, Ordering::Relaxed);
         m.ejected("w1");
-        let text = render_prometheus(&m.families());
+        let text = render_prometheus(&m.families(&["w2".to_string()]));
         for line in [
             "nereid_router_requests_total{model=\"resnet\",outcome=\"success\"} 1",
             "nereid_router_requests_total{model=\"resnet\",outcome=\"failure\"} 1",
             "nereid_router_requests_total{model=\"_other\",outcome=\"failure\"} 2",
             "nereid_router_retries_total{model=\"resnet\"} 1",
             "nereid_router_ejections_total{node=\"w1\"} 1",
+            "nereid_router_ejections_total{node=\"w2\"} 0",
             "nereid_router_request_duration_seconds_count{model=\"resnet\"} 2",
             "nereid_router_scale_from_zero_total{model=\"resnet\"} 0",
         ] {

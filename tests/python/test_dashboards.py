@@ -344,11 +344,6 @@ def test_alert_rules_structure():
 # Against real processes
 
 
-def _help(subcommand):
-    return subprocess.run([NEREID_BIN, subcommand, "--help"], capture_output=True, text=True,
-                          timeout=30).stdout
-
-
 def parse_exposition(text):
     """name -> type from `# TYPE` lines, plus every sample name (type None if untyped)."""
     families = {}
@@ -370,26 +365,17 @@ def scrape(addr):
 
 
 def metrics_config_args(subcommand):
-    if "--metrics-config" not in _help(subcommand):
-        return []
+    """Summaries and the first-response histogram on, so their families are exported."""
+    del subcommand
     return ["--metrics-config", "summary_latencies=true",
             "--metrics-config", "histogram_latencies=true"]
 
 
 def control_plane_metrics_args():
-    """(args, port) for a control-plane metrics listener on 127.0.0.1, whichever flag spelling
-    the binary has; ([], None) when it has none (then its REST port's /metrics is tried)."""
-    flags = set(re.findall(r"--metrics[-a-z]*", _help("control-plane")))
+    """(args, port) for a control-plane metrics listener on 127.0.0.1 (off by default)."""
     port = free_port()
-    listen = sorted(f for f in flags if "listen" in f)
-    if listen:
-        return [listen[0], f"127.0.0.1:{port}"], port
-    if "--metrics-port" in flags:
-        args = ["--metrics-port", str(port)]
-        if "--metrics-address" in flags:
-            args += ["--metrics-address", "127.0.0.1"]
-        return args, port
-    return [], None
+    return ["--allow-metrics", "true", "--metrics-port", str(port),
+            "--metrics-address", "127.0.0.1"], port
 
 
 def simple_inputs(a, b):
@@ -425,14 +411,8 @@ def exported(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dashboards")
     repo = gen_models.write_repository(workdir / "repo", "example")
     notes = []
-    serve_args = metrics_config_args("serve")
-    if not serve_args:
-        notes.append(f"{NEREID_BIN} serve has no --metrics-config: started without "
-                     "summary_latencies/histogram_latencies")
-    server = Server(repo, workdir, serve_args, name="dash_serve")
+    server = Server(repo, workdir, metrics_config_args("serve"), name="dash_serve")
     cp_args, cp_metrics_port = control_plane_metrics_args()
-    if cp_metrics_port is None:
-        notes.append("control-plane has no --metrics-* flag: scraped /metrics on its REST port")
     token, cps = start_control_plane(workdir, n=1, extra=cp_args)
     worker = WorkerProcess("dash_w1", workdir, token, [cps[0].grpc_addr])
     worker.args += metrics_config_args("worker")
@@ -458,8 +438,7 @@ def exported(tmp_path_factory):
             "serve": [f"127.0.0.1:{server.metrics_port}"],
             "worker": [f"127.0.0.1:{worker.metrics_port}"],
             "router": [f"127.0.0.1:{router.metrics_port}"],
-            "control-plane": ([f"127.0.0.1:{cp_metrics_port}"] if cp_metrics_port else [])
-            + [cp.http_addr],
+            "control-plane": [f"127.0.0.1:{cp_metrics_port}"],
         }
         wanted = set(used_metric_names()) - SYNTHETIC - GPU_ONLY
         result = {}
