@@ -303,6 +303,7 @@ mod tests {
         let context = RequestContext {
             trace: TraceContext::parse(TRACEPARENT, Some("a=1")),
             deadline: Some(Instant::now() + Duration::from_secs(2)),
+            ..Default::default()
         };
         let call = with_context((), &context, "m").unwrap();
         let metadata = call.metadata();

@@ -120,6 +120,17 @@ impl Drop for InFlight {
     }
 }
 
+/// What replica choice needs to know of an inference request.
+fn ask_of(request: &InferRequest) -> Ask<'_> {
+    Ask {
+        model: &request.model_name,
+        version: request.model_version,
+        sequence: request.options.sequence_id.as_ref(),
+        start: request.options.sequence_start,
+        end: request.options.sequence_end,
+    }
+}
+
 /// Locks a request's trace, whatever a panicking holder left.
 fn lock(trace: &Mutex<RequestTrace>) -> std::sync::MutexGuard<'_, RequestTrace> {
     trace.lock().unwrap_or_else(|p| p.into_inner())
@@ -305,13 +316,7 @@ impl RouterService {
         trace: Option<&Mutex<RequestTrace>>,
     ) -> RouterResult<InferResponse> {
         let wire = encode_request(request)?;
-        let ask = Ask {
-            model: &request.model_name,
-            version: request.model_version,
-            sequence: request.options.sequence_id.as_ref(),
-            start: request.options.sequence_start,
-            end: request.options.sequence_end,
-        };
+        let ask = ask_of(request);
         // A sequence request changes state on the worker that accepted it: never retried.
         let retry = ask.sequence.is_none();
         let deadline = wire.context.deadline;
@@ -332,7 +337,10 @@ impl RouterService {
                 };
                 if let Some((t, span)) = forward {
                     let attributes = vec![
-                        ("worker.address".to_string(), AttrValue::Text(target.addr.to_string())),
+                        (
+                            "worker.address".to_string(),
+                            AttrValue::Text(target.addr.to_string()),
+                        ),
                         ("model.version".to_string(), AttrValue::Int(target.version)),
                     ];
                     let error = result.as_ref().err().map(|e| e.to_string());
@@ -430,13 +438,7 @@ impl RouterService {
                     limit: self.config.max_in_flight,
                 })?;
         let wire = encode_request(&request).map_err(ServiceError::from)?;
-        let ask = Ask {
-            model: &request.model_name,
-            version: request.model_version,
-            sequence: request.options.sequence_id.as_ref(),
-            start: request.options.sequence_start,
-            end: request.options.sequence_end,
-        };
+        let ask = ask_of(&request);
         let retry = ask.sequence.is_none();
         let deadline = wire.context.deadline;
         let stream = self

@@ -2,241 +2,23 @@
 //! `nereid_proto::grpc::routes` over an echo service), with the routing table fed directly.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use nereid_proto::error::ServiceResult;
-use nereid_proto::pb::cluster::{
-    Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
-    watch_event,
-};
-use nereid_proto::pb::inference::{ModelConfig, ModelStatistics, ModelTransactionPolicy};
-use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, StreamedResponse,
-};
-use nereid_proto::types::{
-    CorrelationId, InferRequest, InferResponse, ParamValue, RequestOptions, Tensor,
-};
-use nereid_proto::{DataType, InferenceService, ServiceError};
-use nereid_router::choice::SplitMix64;
-use nereid_router::table::SharedTable;
-use nereid_router::{RouterService, RouterServiceConfig};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use nereid_proto::service::StreamedResponse;
+use nereid_proto::types::{CorrelationId, RequestOptions};
+use nereid_proto::{InferenceService, ServiceError};
+use nereid_router::RouterService;
 
-/// Echoes the inputs back and names the worker in the response parameter `worker`.
-struct EchoWorker {
-    name: String,
-}
+mod echo_cluster;
 
-#[async_trait]
-impl InferenceService for EchoWorker {
-    async fn server_live(&self) -> bool {
-        true
-    }
-    async fn server_ready(&self) -> bool {
-        true
-    }
-    fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata {
-            name: self.name.clone(),
-            version: "0".into(),
-            extensions: vec![],
-        }
-    }
-    async fn model_ready(&self, _: &str, _: Option<i64>) -> ServiceResult<bool> {
-        Ok(true)
-    }
-    async fn model_metadata(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelMetadata> {
-        Ok(ModelMetadata {
-            name: name.into(),
-            versions: vec!["1".into()],
-            platform: self.name.clone(),
-            inputs: vec![],
-            outputs: vec![],
-        })
-    }
-    async fn model_config(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelConfig> {
-        Ok(ModelConfig {
-            name: name.into(),
-            model_transaction_policy: Some(ModelTransactionPolicy { decoupled: true }),
-            ..Default::default()
-        })
-    }
-    /// A decoupled echo: the answer twice, then an empty final item.
-    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let response = self.infer(request).await?;
-        let items = vec![
-            Ok(StreamedResponse {
-                response: Some(response.clone()),
-                last: false,
-            }),
-            Ok(StreamedResponse {
-                response: Some(response),
-                last: false,
-            }),
-            Ok(StreamedResponse {
-                response: None,
-                last: true,
-            }),
-        ];
-        Ok(Box::pin(futures::stream::iter(items)))
-    }
-    async fn model_statistics(
-        &self,
-        _: &str,
-        _: Option<i64>,
-    ) -> ServiceResult<Vec<ModelStatistics>> {
-        Ok(vec![])
-    }
-    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        if request.model_name != "echo" {
-            return Err(ServiceError::not_found(format!(
-                "unknown model: '{}'",
-                request.model_name
-            )));
-        }
-        let mut parameters = BTreeMap::new();
-        parameters.insert("worker".to_string(), ParamValue::String(self.name.clone()));
-        Ok(InferResponse {
-            model_name: request.model_name,
-            model_version: "1".into(),
-            id: request.id,
-            parameters,
-            outputs: request.inputs,
-        })
-    }
-    async fn repository_index(&self, _: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
-        Ok(vec![])
-    }
-    async fn load_model(&self, _: &str, _: LoadRequest) -> ServiceResult<()> {
-        Ok(())
-    }
-    async fn unload_model(&self, _: &str, _: bool) -> ServiceResult<()> {
-        Ok(())
-    }
-}
-
-struct FakeWorker {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl FakeWorker {
-    async fn start(name: &str) -> FakeWorker {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let service: Arc<dyn InferenceService> = Arc::new(EchoWorker { name: name.into() });
-        let routes = nereid_proto::grpc::routes(service, Default::default());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let incoming = tonic::transport::server::TcpIncoming::from(listener);
-            tonic::transport::Server::builder()
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
-        FakeWorker {
-            addr,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    /// Stops the server: closes the listener and its connections (GOAWAY), and waits until
-    /// it has.
-    async fn kill(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-fn node(id: &str, addr: SocketAddr) -> Node {
-    Node {
-        id: id.into(),
-        addresses: Some(NodeAddresses {
-            data_grpc: addr.to_string(),
-            ..Default::default()
-        }),
-        status: NodeStatus::Up as i32,
-        ..Default::default()
-    }
-}
-
-fn ready(id: u64, node: &str) -> Replica {
-    Replica {
-        id,
-        model: "echo".into(),
-        version: 1,
-        node: node.into(),
-        state: ReplicaState::Ready as i32,
-        ..Default::default()
-    }
-}
-
-/// Two workers, one ready replica of `echo` on each, and a router over them.
-async fn cluster(max_in_flight: usize) -> (Vec<FakeWorker>, Arc<RouterService>) {
-    let workers = vec![FakeWorker::start("w1").await, FakeWorker::start("w2").await];
-    let table = Arc::new(SharedTable::default());
-    table.apply(&WatchEvent {
-        revision: 1,
-        event: Some(watch_event::Event::Snapshot(StateSnapshot {
-            models: vec![Model {
-                name: "echo".into(),
-                available_versions: vec![1],
-                ..Default::default()
-            }],
-            nodes: vec![node("w1", workers[0].addr), node("w2", workers[1].addr)],
-            replicas: vec![ready(1, "w1"), ready(2, "w2")],
-        })),
-    });
-    let config = RouterServiceConfig {
-        max_in_flight,
-        ..Default::default()
-    };
-    let router = RouterService::with_random(config, table, Box::new(SplitMix64::new(11)));
-    (workers, Arc::new(router))
-}
-
-fn request(options: RequestOptions) -> InferRequest {
-    let data = Bytes::from(vec![7u8, 0, 0, 0]);
-    InferRequest {
-        model_name: "echo".into(),
-        options,
-        inputs: vec![Tensor::new("x", DataType::Int32, vec![1], data).unwrap()],
-        ..Default::default()
-    }
-}
-
-fn worker_of(response: &InferResponse) -> String {
-    match &response.parameters["worker"] {
-        ParamValue::String(s) => s.clone(),
-        other => panic!("unexpected worker parameter {other:?}"),
-    }
-}
-
-async fn bounded<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("test took too long")
-}
+use echo_cluster::*;
 
 #[tokio::test]
 async fn requests_spread_over_both_workers_and_echo_their_inputs() {
     bounded(async {
-        let (_workers, router) = cluster(64).await;
+        let (_workers, router, _) = cluster(64).await;
         let mut seen = BTreeMap::new();
         for _ in 0..40 {
             let r = router.infer(request(Default::default())).await.unwrap();
@@ -252,7 +34,7 @@ async fn requests_spread_over_both_workers_and_echo_their_inputs() {
 #[tokio::test]
 async fn a_killed_worker_is_retried_around() {
     bounded(async {
-        let (mut workers, router) = cluster(64).await;
+        let (mut workers, router, _) = cluster(64).await;
         // Warm both connections, then kill one worker.
         for _ in 0..10 {
             router.infer(request(Default::default())).await.unwrap();
@@ -278,7 +60,7 @@ async fn a_killed_worker_is_retried_around() {
 #[tokio::test]
 async fn a_sequence_sticks_to_one_worker() {
     bounded(async {
-        let (_workers, router) = cluster(64).await;
+        let (_workers, router, _) = cluster(64).await;
         for id in 1..=4u64 {
             let seq = |start, end| RequestOptions {
                 sequence_id: Some(CorrelationId::Uint(id)),
@@ -306,7 +88,7 @@ async fn a_sequence_sticks_to_one_worker() {
 #[tokio::test]
 async fn a_sequence_on_a_killed_worker_fails_clearly_and_is_not_retried() {
     bounded(async {
-        let (mut workers, router) = cluster(64).await;
+        let (mut workers, router, _) = cluster(64).await;
         let seq = |start| RequestOptions {
             sequence_id: Some(CorrelationId::String("s".into())),
             sequence_start: start,
@@ -324,7 +106,7 @@ async fn a_sequence_on_a_killed_worker_fails_clearly_and_is_not_retried() {
 #[tokio::test]
 async fn worker_errors_pass_through_and_admission_is_bounded() {
     bounded(async {
-        let (_workers, router) = cluster(64).await;
+        let (_workers, router, _) = cluster(64).await;
         let mut r = request(Default::default());
         r.model_name = "nope".into();
         let err = router.infer(r).await.unwrap_err();
@@ -337,7 +119,7 @@ async fn worker_errors_pass_through_and_admission_is_bounded() {
         assert!(router.model_ready("echo", None).await.unwrap());
         assert!(router.server_ready().await);
 
-        let (_workers, full) = cluster(0).await;
+        let (_workers, full, _) = cluster(0).await;
         let err = full.infer(request(Default::default())).await.unwrap_err();
         assert!(matches!(err, ServiceError::Overloaded(_)), "{err:?}");
     })
@@ -347,7 +129,7 @@ async fn worker_errors_pass_through_and_admission_is_bounded() {
 #[tokio::test]
 async fn decoupled_answers_stream_through_the_router() {
     bounded(async {
-        let (_workers, router) = cluster(64).await;
+        let (_workers, router, _) = cluster(64).await;
         let stream = router
             .infer_stream(request(Default::default()))
             .await
@@ -379,7 +161,7 @@ async fn the_grpc_frontend_serves_through_the_router() {
     use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
     use nereid_proto::pb::inference::model_infer_request::InferInputTensor;
     bounded(async {
-        let (_workers, router) = cluster(64).await;
+        let (_workers, router, _) = cluster(64).await;
         let front = FakeWorker::start_over(router).await;
         let mut client = GrpcInferenceServiceClient::connect(format!("http://{}", front.addr))
             .await

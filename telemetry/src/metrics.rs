@@ -177,7 +177,14 @@ pub fn render_prometheus(families: &[Family]) -> String {
                         *count as f64,
                     );
                     line(&mut out, name, "_sum", &sample.labels, None, *sum);
-                    line(&mut out, name, "_count", &sample.labels, None, *count as f64);
+                    line(
+                        &mut out,
+                        name,
+                        "_count",
+                        &sample.labels,
+                        None,
+                        *count as f64,
+                    );
                 }
                 Value::Summary {
                     quantiles,
@@ -186,10 +193,24 @@ pub fn render_prometheus(families: &[Family]) -> String {
                 } => {
                     for (q, v) in quantiles {
                         let q = format_number(*q);
-                        line(&mut out, name, "", &sample.labels, Some(("quantile", &q)), *v);
+                        line(
+                            &mut out,
+                            name,
+                            "",
+                            &sample.labels,
+                            Some(("quantile", &q)),
+                            *v,
+                        );
                     }
                     line(&mut out, name, "_sum", &sample.labels, None, *sum);
-                    line(&mut out, name, "_count", &sample.labels, None, *count as f64);
+                    line(
+                        &mut out,
+                        name,
+                        "_count",
+                        &sample.labels,
+                        None,
+                        *count as f64,
+                    );
                 }
             }
         }
@@ -272,7 +293,10 @@ pub fn prometheus_router(source: Arc<dyn Collect>) -> axum::Router {
         let source = source.clone();
         async move {
             (
-                [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                [(
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
                 render_prometheus(&source.collect()),
             )
                 .into_response()

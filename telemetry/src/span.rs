@@ -65,7 +65,8 @@ pub fn new_span_id() -> SpanId {
 /// The trace id, parent span id and sampled flag of a W3C context.
 pub fn parent_of(context: &TraceContext) -> Option<(TraceId, SpanId, bool)> {
     let mut parts = context.traceparent().split('-');
-    let (_version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let (_version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let trace = u128::from_str_radix(trace, 16).ok()?.to_be_bytes();
     let span = u64::from_str_radix(span, 16).ok()?.to_be_bytes();
     let flags = u8::from_str_radix(flags, 16).ok()?;

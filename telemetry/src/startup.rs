@@ -152,7 +152,9 @@ impl TelemetryConfig {
                 let protocol = match &metrics.protocol {
                     None => Protocol::HttpProtobuf,
                     Some(p) => Protocol::parse(p).ok_or_else(|| {
-                        format!("--otlp-metrics-protocol must be 'grpc' or 'http/protobuf', got '{p}'")
+                        format!(
+                            "--otlp-metrics-protocol must be 'grpc' or 'http/protobuf', got '{p}'"
+                        )
                     })?,
                 };
                 let interval = metrics.interval_ms.unwrap_or(60_000);
@@ -171,9 +173,9 @@ impl TelemetryConfig {
         let mut attributes = Vec::new();
         if let Some(env_attrs) = env("OTEL_RESOURCE_ATTRIBUTES") {
             for pair in env_attrs.split(',').filter(|p| !p.trim().is_empty()) {
-                let (k, v) = pair
-                    .split_once('=')
-                    .ok_or_else(|| format!("OTEL_RESOURCE_ATTRIBUTES: '{pair}' is not key=value"))?;
+                let (k, v) = pair.split_once('=').ok_or_else(|| {
+                    format!("OTEL_RESOURCE_ATTRIBUTES: '{pair}' is not key=value")
+                })?;
                 attributes.push((k.trim().to_string(), v.trim().to_string()));
             }
         }
@@ -215,9 +217,8 @@ fn endpoint(
     let env_protocol = |name: &str| -> Result<Option<Protocol>, String> {
         env(name)
             .map(|p| {
-                Protocol::parse(&p).ok_or_else(|| {
-                    format!("{name} must be 'grpc' or 'http/protobuf', got '{p}'")
-                })
+                Protocol::parse(&p)
+                    .ok_or_else(|| format!("{name} must be 'grpc' or 'http/protobuf', got '{p}'"))
             })
             .transpose()
     };
@@ -348,7 +349,10 @@ mod tests {
         assert!(c.trace.level.is_empty());
         assert_eq!(c.spans.url, DEFAULT_TRACES_URL);
         assert_eq!(c.spans.protocol, Protocol::HttpProtobuf);
-        assert_eq!(c.resource.0, [("service.name".to_string(), "nereid".to_string())]);
+        assert_eq!(
+            c.resource.0,
+            [("service.name".to_string(), "nereid".to_string())]
+        );
         let c = parse(
             &[
                 "level=TIMESTAMPS",
@@ -403,7 +407,10 @@ mod tests {
             ("level=LOUD", "must be OFF, TIMESTAMPS or TENSORS"),
             ("mode=triton", "does not; use mode=opentelemetry"),
             ("opentelemetry,protocol=udp", "protocol must be"),
-            ("opentelemetry,colour=red", "unknown opentelemetry trace setting 'colour'"),
+            (
+                "opentelemetry,colour=red",
+                "unknown opentelemetry trace setting 'colour'",
+            ),
             ("speed=3", "unknown trace setting 'speed'"),
             ("level", "expected [<mode>,]<key>=<value>"),
         ];

@@ -448,7 +448,9 @@ mod tests {
         let traced: Vec<bool> = (0..10).map(|_| store.sample("m", None)).collect();
         assert_eq!(
             traced,
-            [true, false, false, true, false, false, false, false, false, false]
+            [
+                true, false, false, true, false, false, false, false, false, false
+            ]
         );
         assert_eq!(store.report(None)["trace_count"], ["0"]);
     }

@@ -19,8 +19,8 @@ use nereid_proto::trace_context::TraceContext;
 use nereid_proto::types::{OpenSpan, RequestContext};
 
 use crate::span::{
-    AttrValue, SpanId, SpanKind, SpanRecord, TraceId, context_for, hex, new_span_id,
-    new_trace_id, parent_of, unix_nanos,
+    AttrValue, SpanId, SpanKind, SpanRecord, TraceId, context_for, hex, new_span_id, new_trace_id,
+    parent_of, unix_nanos,
 };
 use crate::trace_config::TraceSettingsStore;
 
@@ -318,9 +318,7 @@ pub(crate) mod tests {
         trace.done(t0 + Duration::from_micros(30));
         trace.close_after_send(&context);
         assert!(sink.0.lock().is_empty(), "open until the frontend sends");
-        context
-            .response_hook
-            .finish(t0 + Duration::from_micros(50));
+        context.response_hook.finish(t0 + Duration::from_micros(50));
         let spans = sink.0.lock().clone();
         let names: Vec<_> = spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["queue", "send", "InferRequest"]);
@@ -328,7 +326,11 @@ pub(crate) mod tests {
         assert_eq!(hex(&root.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(hex(&root.parent_span_id.unwrap()), "00f067aa0ba902b7");
         assert_eq!(root.end_unix_nanos - root.start_unix_nanos, 50_000);
-        assert!(spans[..2].iter().all(|s| s.parent_span_id == Some(root.span_id)));
+        assert!(
+            spans[..2]
+                .iter()
+                .all(|s| s.parent_span_id == Some(root.span_id))
+        );
         assert_eq!(spans[1].end_unix_nanos - spans[1].start_unix_nanos, 20_000);
     }
 

@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use tokio::sync::mpsc;
 
 use super::*;
@@ -129,9 +129,15 @@ async fn grpc_export_delivers_spans_and_metrics() {
         ]
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = start_metrics_exporter(&endpoint, &resource(), source, Duration::from_millis(20), async {
-        let _ = stop_rx.await;
-    })
+    let task = start_metrics_exporter(
+        &endpoint,
+        &resource(),
+        source,
+        Duration::from_millis(20),
+        async {
+            let _ = stop_rx.await;
+        },
+    )
     .unwrap();
     let got = recv(&mut metrics_rx).await;
     let metric = &got.resource_metrics[0].scope_metrics[0].metrics[0];
