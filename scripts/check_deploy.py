@@ -17,7 +17,8 @@ Run by `make test-deploy` (part of `make test`). Every failure names the file an
      control-plane wrapper script, run with a stub `nereid` for several pod ordinals, gives
      `--node-id` = ordinal + 1 and `--peers` (bootstrapping pods, listing itself at its advertised
      address) or `--join` (later pods).
-  6. Router and worker pods have the KServe health probes and prometheus.io annotations that
+  6. Router and worker pods have the KServe health probes, and they and control-plane pods the
+     prometheus.io annotations that
      point at their metrics port; deploy/Dockerfile pins the ORT_VERSION of scripts/setup.sh.
 
 Usage: NEREID_BIN=target/release/nereid python scripts/check_deploy.py [--write]
@@ -320,6 +321,7 @@ def check_pods(f: Failures, rendered: dict[str, list[dict]], nereid: str) -> Non
                         got = c.get(probe, {}).get("httpGet", {}).get("path")
                         if got != path:
                             f.add(cwhere, f"{probe}.httpGet.path is {got!r}, expected {path}")
+                if component in ("router", "worker", "control-plane"):
                     metrics = {p["containerPort"] for p in c.get("ports", []) if p.get("name") == "metrics"}
                     if annotations.get("prometheus.io/scrape") != "true":
                         f.add(where, "pod annotation prometheus.io/scrape is not \"true\"")
