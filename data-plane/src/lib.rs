@@ -21,4 +21,5 @@ pub mod serve;
 pub mod server;
 pub mod stats;
 pub mod system_metrics;
+mod ticker;
 pub mod warmup;

@@ -167,21 +167,15 @@ pub async fn run_with(
     if manager.control_mode() == ControlMode::Poll {
         let manager = manager.clone();
         let interval = config.poll_interval;
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticker.tick().await;
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    _ = stop.wait_for(|s| *s) => break,
-                }
+        let stop = stop_rx.clone();
+        tokio::spawn(crate::ticker::every(interval, stop, move || {
+            let manager = manager.clone();
+            async move {
                 if let Err(e) = manager.poll_once().await {
                     tracing::error!(error = %e, "repository poll failed");
                 }
             }
-        });
+        }));
     }
     if let Some(companion) = companion {
         servers.spawn(companion(Started {

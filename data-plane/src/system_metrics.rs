@@ -124,21 +124,17 @@ impl SystemMetrics {
 pub async fn refresh_task(
     metrics: Arc<SystemMetrics>,
     interval: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.wait_for(|s| *s) => break,
-        }
+    crate::ticker::every(interval, stop, || {
         let m = metrics.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || m.refresh()).await {
-            tracing::warn!(error = %e, "system metrics refresh failed");
+        async move {
+            if let Err(e) = tokio::task::spawn_blocking(move || m.refresh()).await {
+                tracing::warn!(error = %e, "system metrics refresh failed");
+            }
         }
-    }
+    })
+    .await;
 }
 
 /// The `nv_cpu_*`, `nv_gpu_*` and `nv_energy_consumption` families of one sample.

@@ -176,15 +176,7 @@ pub fn render_prometheus(families: &[Family]) -> String {
                         Some(("le", "+Inf")),
                         *count as f64,
                     );
-                    line(&mut out, name, "_sum", &sample.labels, None, *sum);
-                    line(
-                        &mut out,
-                        name,
-                        "_count",
-                        &sample.labels,
-                        None,
-                        *count as f64,
-                    );
+                    sum_and_count(&mut out, name, &sample.labels, *sum, *count);
                 }
                 Value::Summary {
                     quantiles,
@@ -202,20 +194,18 @@ pub fn render_prometheus(families: &[Family]) -> String {
                             *v,
                         );
                     }
-                    line(&mut out, name, "_sum", &sample.labels, None, *sum);
-                    line(
-                        &mut out,
-                        name,
-                        "_count",
-                        &sample.labels,
-                        None,
-                        *count as f64,
-                    );
+                    sum_and_count(&mut out, name, &sample.labels, *sum, *count);
                 }
             }
         }
     }
     out
+}
+
+/// The `_sum` and `_count` lines of a histogram or summary.
+fn sum_and_count(out: &mut String, name: &str, labels: &[(String, String)], sum: f64, count: u64) {
+    line(out, name, "_sum", labels, None, sum);
+    line(out, name, "_count", labels, None, count as f64);
 }
 
 fn line(
