@@ -297,7 +297,7 @@ impl ServeArgs {
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
             exit_on_error: self.exit_on_error,
             onnxruntime_library: crate::ort_library::resolve(self.onnxruntime_library),
-            telemetry: self.telemetry.into_config("nereid")?,
+            telemetry: self.telemetry.to_config("nereid")?,
         })
     }
 }
@@ -452,7 +452,7 @@ impl WorkerArgs {
         };
         let mut serve = serve.into_config()?;
         serve.manager.cluster_managed = true;
-        serve.telemetry = self.telemetry.into_config("nereid-worker")?;
+        serve.telemetry = self.telemetry.to_config("nereid-worker")?;
         Ok(WorkerConfig {
             serve,
             agent: AgentConfig {

@@ -127,7 +127,7 @@ impl RouterArgs {
             metrics_addr: addr(l.allow_metrics, l.metrics_address, l.metrics_port),
             http_max_input_size: self.http_max_input_size,
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
-            telemetry: self.telemetry.into_config("nereid-router")?,
+            telemetry: self.telemetry.to_config("nereid-router")?,
         })
     }
 }

@@ -27,7 +27,7 @@ pub struct TelemetryArgs {
 
 impl TelemetryArgs {
     /// The validated telemetry config; `service` is the default `service.name`.
-    pub fn into_config(&self, service: &str) -> Result<TelemetryConfig, String> {
+    pub fn to_config(&self, service: &str) -> Result<TelemetryConfig, String> {
         TelemetryConfig::parse(
             &self.trace_config,
             &MetricsExportFlags {

@@ -306,7 +306,10 @@ pub trait OpenSpan: Send {
 /// ([`ResponseHook::finish`]); the service fills it ([`ResponseHook::attach`]) only for requests
 /// it traces. A default hook has no slot: the service closes its span itself.
 #[derive(Clone, Default)]
-pub struct ResponseHook(Option<std::sync::Arc<std::sync::Mutex<Option<Box<dyn OpenSpan>>>>>);
+pub struct ResponseHook(Option<std::sync::Arc<SpanSlot>>);
+
+/// Where the service leaves the open span (empty until it does, and after the frontend took it).
+type SpanSlot = std::sync::Mutex<Option<Box<dyn OpenSpan>>>;
 
 impl ResponseHook {
     /// A hook with a slot, for a frontend that will call [`ResponseHook::finish`].

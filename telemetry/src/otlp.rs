@@ -106,7 +106,7 @@ impl Default for Batching {
 enum Transport {
     Grpc(tonic::transport::Channel),
     Http {
-        client: Client<HttpConnector, Full<Bytes>>,
+        client: Box<Client<HttpConnector, Full<Bytes>>>,
         url: http::Uri,
     },
 }
@@ -133,7 +133,7 @@ impl Transport {
                         endpoint.url
                     ));
                 }
-                let client = Client::builder(TokioExecutor::new()).build_http();
+                let client = Box::new(Client::builder(TokioExecutor::new()).build_http());
                 Ok(Transport::Http { client, url })
             }
         }
@@ -189,7 +189,7 @@ struct FailureLog(AtomicU64);
 impl FailureLog {
     fn failed(&self, what: &str, url: &str, error: &str) {
         let n = self.0.fetch_add(1, Ordering::Relaxed);
-        if n % 100 == 0 {
+        if n.is_multiple_of(100) {
             tracing::warn!(%url, %error, failures = n + 1, "OTLP {what} export failed");
         }
     }
@@ -207,7 +207,7 @@ impl SpanSink for SpanExporter {
         for span in spans {
             if self.queue.try_send(span).is_err() {
                 let n = self.dropped.fetch_add(1, Ordering::Relaxed);
-                if n % 1000 == 0 {
+                if n.is_multiple_of(1000) {
                     tracing::warn!(dropped = n + 1, "OTLP span queue full; spans dropped");
                 }
             }

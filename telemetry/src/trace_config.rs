@@ -163,7 +163,7 @@ impl TraceSettingsStore {
             .and_then(|m| m.counters.as_ref())
             .unwrap_or(&global.1);
         let seen = counters.seen.fetch_add(1, Ordering::Relaxed);
-        if seen % rate != 0 {
+        if !seen.is_multiple_of(rate) {
             return false;
         }
         take_one(&counters.left)
