@@ -113,7 +113,8 @@ struct Model {
     counters: Option<Counters>,
 }
 
-/// The live trace settings of a process, shared by its frontends and request paths.
+/// The live trace settings of a process, shared by its frontends and request paths. Whoever
+/// holds both locks takes `models` before `global`, so concurrent updates cannot deadlock.
 #[derive(Debug)]
 pub struct TraceSettingsStore {
     startup: Settings,
@@ -243,10 +244,10 @@ impl TraceSettingsStore {
     }
 
     fn refresh_any_on(&self) {
-        let on = !self.global.read().0.level.is_empty()
-            || self
-                .models
-                .read()
+        let models = self.models.read();
+        let global = self.global.read();
+        let on = !global.0.level.is_empty()
+            || models
                 .values()
                 .any(|m| m.overrides.level.as_ref().is_some_and(|l| !l.is_empty()));
         self.any_on.store(on, Ordering::Relaxed);
@@ -254,8 +255,8 @@ impl TraceSettingsStore {
 
     /// The settings `model` (`None`: global) resolves to, in the API's shape.
     pub fn report(&self, model: Option<&str>) -> TraceSettings {
-        let global = self.global.read();
         let models = self.models.read();
+        let global = self.global.read();
         let overrides = model
             .and_then(|m| models.get(m))
             .map(|m| m.overrides.clone())
