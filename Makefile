@@ -7,20 +7,26 @@ NEREID      := target/release/nereid
 EXAMPLES    := docs/examples/model_repository
 CARGO_FLAGS ?= --locked
 BENCH_OUT   ?= target/bench
+# The PyTorch backend (cargo feature `torch`) is built in; torch-sys compiles against the libtorch
+# of the wheel `make setup` installs, and the binaries find it through their RUNPATH.
+FEATURES    := --features nereid/torch
+TORCH_ENV    = LIBTORCH="$$(cat $(VENV)/libtorch-path)"
 
 .PHONY: all setup build examples run cluster cluster-down test test-rust test-python test-deploy bench lint clean
 
 all: build
 
-## setup: Python venv with the ONNX Runtime library, onnx, tritonclient and perf_analyzer.
+## setup: Python venv with the ONNX Runtime library, libtorch (torch wheel, CPU serving), onnx,
+## tritonclient and perf_analyzer.
 setup: $(VENV)/ort-lib-path
 
 $(VENV)/ort-lib-path: scripts/setup.sh
 	bash scripts/setup.sh
 
-## build: target/release/nereid, runnable as is (ONNX Runtime is found without env vars).
+## build: target/release/nereid with the ONNX Runtime, PyTorch and Python backends, runnable as is
+## (ONNX Runtime and libtorch are found without env vars).
 build: setup
-	cargo build --release $(CARGO_FLAGS) -p nereid -p nereid-loadtest
+	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) $(FEATURES) -p nereid -p nereid-loadtest
 	cp -f "$$(cat $(VENV)/ort-lib-path)" target/release/
 
 ## examples: the example model repository under docs/examples/ (ONNX examples, then the
@@ -48,7 +54,7 @@ cluster-down:
 test: test-rust test-python test-deploy
 
 test-rust: build
-	cargo test --release $(CARGO_FLAGS) --workspace
+	$(TORCH_ENV) cargo test --release $(CARGO_FLAGS) $(FEATURES) --workspace
 
 test-python: build
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q
@@ -65,15 +71,15 @@ test-deploy: build
 ## $(BENCH_OUT)/placement-sim.json.
 bench: build
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
-	cargo build --release $(CARGO_FLAGS) -p nereid-data-plane --example inprocess_ort
+	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) --features torch -p nereid-data-plane --example inprocess_ort --example inprocess_torch
 	bash scripts/bench.sh $(BENCH_OUT)
 	NEREID=target/release/nereid LOADTEST=target/release/nereid-loadtest bash scripts/bench_router.sh $(BENCH_OUT)
 	mkdir -p $(BENCH_OUT)
 	target/release/nereid-loadtest placement-sim
 	target/release/nereid-loadtest placement-sim --json > $(BENCH_OUT)/placement-sim.json
 
-lint:
-	cargo clippy --workspace --all-targets -- -D warnings
+lint: setup
+	$(TORCH_ENV) cargo clippy --workspace --all-targets $(FEATURES) -- -D warnings
 
 clean:
 	cargo clean

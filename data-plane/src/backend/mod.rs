@@ -12,7 +12,10 @@
 
 pub mod identity;
 pub mod onnx;
+mod params;
 pub mod python;
+pub mod pytorch;
+mod shape;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -217,6 +220,7 @@ pub struct Backends {
     onnxruntime: Arc<onnx::OnnxRuntimeBackend>,
     identity: Arc<identity::IdentityBackend>,
     python: Arc<python::PythonBackend>,
+    pytorch: Arc<pytorch::PyTorchBackend>,
     server: Arc<ServerHandle>,
 }
 
@@ -228,6 +232,7 @@ impl Backends {
             onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)),
             identity: Arc::new(identity::IdentityBackend),
             python: Arc::new(python::PythonBackend::from_env()),
+            pytorch: Arc::new(pytorch::PyTorchBackend::default()),
             server: Arc::new(ServerHandle::default()),
         }
     }
@@ -250,10 +255,8 @@ impl Backends {
             "identity" => Ok(self.identity.clone()),
             "python" => Ok(self.python.clone()),
             "" => Err("ensemble models (platform 'ensemble') are not supported by this version of Nereid yet".to_string()),
-            "pytorch" => Err(format!(
-                "backend '{name}' is not supported by this version of Nereid yet"
-            )),
-            other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime', 'python' and 'identity'")),
+            "pytorch" => Ok(self.pytorch.clone()),
+            other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime', 'pytorch', 'python' and 'identity'")),
         }
     }
 }

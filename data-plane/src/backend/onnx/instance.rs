@@ -14,8 +14,9 @@ use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::types::Tensor;
 use ort::session::{OutputSelector, RunOptions, Session};
 
-use super::convert::{from_value, resolve_shape, to_value};
+use super::convert::{from_value, to_value};
 use super::signature::ModelSignature;
+use crate::backend::shape::resolve_shape;
 use crate::backend::{BackendError, BackendInstance};
 
 /// How one model input is fed.

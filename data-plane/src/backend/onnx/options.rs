@@ -18,6 +18,8 @@
 use nereid_proto::pb::inference::ModelConfig;
 use ort::session::builder::GraphOptimizationLevel;
 
+use crate::backend::params::{boolean, non_negative, param};
+
 /// The session options one model's instances use.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct SessionSettings {
@@ -101,34 +103,6 @@ fn default_intra_threads(config: &ModelConfig, cores: usize) -> usize {
         .map(|g| usize::try_from(g.count).unwrap_or(0).max(1))
         .sum();
     (cores / instances.max(1)).max(1)
-}
-
-fn param<'c>(config: &'c ModelConfig, key: &str) -> Option<&'c str> {
-    config.parameters.get(key).map(|p| p.string_value.trim())
-}
-
-fn non_negative(config: &ModelConfig, key: &str) -> Result<Option<usize>, String> {
-    match param(config, key) {
-        None => Ok(None),
-        Some(v) => v
-            .parse::<usize>()
-            .map(Some)
-            .map_err(|_| format!("parameter '{key}' must be a non-negative integer, got '{v}'")),
-    }
-}
-
-/// Triton's `ParseBoolValue`: true/on/1 and false/off/0, any case.
-fn boolean(config: &ModelConfig, key: &str) -> Result<Option<bool>, String> {
-    match param(config, key) {
-        None => Ok(None),
-        Some(v) => match v.to_ascii_lowercase().as_str() {
-            "true" | "on" | "1" => Ok(Some(true)),
-            "false" | "off" | "0" => Ok(Some(false)),
-            _ => Err(format!(
-                "parameter '{key}' must be a boolean (true/false, 1/0, on/off), got '{v}'"
-            )),
-        },
-    }
 }
 
 #[cfg(test)]

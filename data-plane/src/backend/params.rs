@@ -1,0 +1,33 @@
+//! Reading a model config's `parameters` (string values, as Triton's backends read them), with
+//! errors that name the parameter and what its value must be.
+
+use nereid_proto::pb::inference::ModelConfig;
+
+/// The trimmed value of parameter `key`, if set.
+pub(crate) fn param<'c>(config: &'c ModelConfig, key: &str) -> Option<&'c str> {
+    config.parameters.get(key).map(|p| p.string_value.trim())
+}
+
+pub(crate) fn non_negative(config: &ModelConfig, key: &str) -> Result<Option<usize>, String> {
+    match param(config, key) {
+        None => Ok(None),
+        Some(v) => v
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| format!("parameter '{key}' must be a non-negative integer, got '{v}'")),
+    }
+}
+
+/// Triton's `ParseBoolValue`: true/on/1 and false/off/0, any case.
+pub(crate) fn boolean(config: &ModelConfig, key: &str) -> Result<Option<bool>, String> {
+    match param(config, key) {
+        None => Ok(None),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "true" | "on" | "1" => Ok(Some(true)),
+            "false" | "off" | "0" => Ok(Some(false)),
+            _ => Err(format!(
+                "parameter '{key}' must be a boolean (true/false, 1/0, on/off), got '{v}'"
+            )),
+        },
+    }
+}

@@ -1,0 +1,79 @@
+//! PyTorch backend (`backend: "pytorch"`, `platform: "pytorch_libtorch"`): TorchScript models
+//! (`model.pt`) run by libtorch through `tch`, behind the cargo feature `torch`.
+//!
+//! ```text
+//!  auto_complete       nothing to fill: a TorchScript file does not describe its I/O (Triton's
+//!                      backend does not auto-complete either); the config lists them
+//!  load_instance(ctx)  ─► runtime::load: settings, device, signature ─► binding ─► CModule
+//!                      ─► TorchInstance (one per instance; weights shared on request)
+//! ```
+//! Pure parts: `settings.rs` (parameters), `signature.rs` (forward()'s arguments, read from
+//! the file), `binding.rs` (Triton's naming conventions). libtorch parts, compiled only with the
+//! feature: `runtime.rs`, `instance.rs`, `convert.rs`. Without the feature, every PyTorch model
+//! fails to load with a message saying how to get a build that has the backend.
+
+mod binding;
+mod settings;
+mod signature;
+
+#[cfg(feature = "torch")]
+mod convert;
+#[cfg(feature = "torch")]
+mod instance;
+#[cfg(feature = "torch")]
+mod runtime;
+#[cfg(all(test, feature = "torch"))]
+mod tests;
+
+use std::path::Path;
+
+use nereid_proto::pb::inference::ModelConfig;
+
+use super::{Backend, BackendError, BackendInstance, InstanceContext};
+
+/// The PyTorch backend. Cheap to create; libtorch is linked in (feature `torch`) or absent.
+#[derive(Default)]
+pub struct PyTorchBackend {
+    #[cfg(feature = "torch")]
+    shared: runtime::SharedModules,
+}
+
+impl PyTorchBackend {
+    /// Whether this build can run TorchScript models.
+    pub const AVAILABLE: bool = cfg!(feature = "torch");
+}
+
+impl Backend for PyTorchBackend {
+    fn name(&self) -> &'static str {
+        "pytorch"
+    }
+
+    fn default_model_filename(&self) -> &'static str {
+        "model.pt"
+    }
+
+    fn auto_complete(
+        &self,
+        _config: &mut ModelConfig,
+        _model_path: &Path,
+    ) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn load_instance(
+        &self,
+        ctx: &InstanceContext,
+    ) -> Result<Box<dyn BackendInstance>, BackendError> {
+        #[cfg(feature = "torch")]
+        {
+            runtime::load(&self.shared, ctx)
+        }
+        #[cfg(not(feature = "torch"))]
+        {
+            Err(BackendError::Load(format!(
+                "unable to load model '{}': this nereid binary was built without the PyTorch backend (cargo feature 'torch'); `make build` builds it in",
+                ctx.model_name
+            )))
+        }
+    }
+}
