@@ -45,11 +45,18 @@ def torch_repo(tmp_path_factory):
     text = (gpu / "config.pbtxt").read_text()
     (gpu / "config.pbtxt").write_text(
         text.replace('"mlp_script"', '"mlp_gpu"').replace("KIND_CPU", "KIND_GPU"))
+    # The MLP again, waiting up to 100 ms to fill a batch: concurrent requests join
+    # deterministically, however fast the model runs.
+    slow = repo / "mlp_batched"
+    shutil.copytree(MODELS / "mlp_script", slow, ignore=shutil.ignore_patterns("expected.json"))
+    text = (slow / "config.pbtxt").read_text()
+    (slow / "config.pbtxt").write_text(text.replace('"mlp_script"', '"mlp_batched"').replace(
+        "max_queue_delay_microseconds: 500", "max_queue_delay_microseconds: 100000"))
     # An ONNX step (x * 2) feeding the TorchScript MLP.
     gen_models.write_model(repo, "onnx_double", {1: gen_models.scale_onnx(2.0)},
                            gen_models.config_text("onnx_double", 8, [("x", "FP32", [4])],
                                                   [("y", "FP32", [4])]))
-    (repo / "onnx_then_torch").mkdir()
+    (repo / "onnx_then_torch" / "1").mkdir(parents=True)
     (repo / "onnx_then_torch" / "config.pbtxt").write_text(gen_models.ensemble_config(
         "onnx_then_torch", 8, [("IN", "FP32", [4])], [("OUT", "FP32", [3])], [
             ("onnx_double", {"x": "IN"}, {"y": "DOUBLED"}),
@@ -85,6 +92,23 @@ def infer(client, model, inputs, outputs=None):
         tensors.append(t)
     requested = None if outputs is None else [mod.InferRequestedOutput(o) for o in outputs]
     return client.infer(model, tensors, outputs=requested)
+
+
+def infer_many(client, model, inputs_list):
+    """Sends every request at once (HTTP: async_infer on the client's connection pool; gRPC:
+    one thread each) and returns the results in order."""
+    if client.proto == "http":
+        pending = []
+        for inputs in inputs_list:
+            tensors = []
+            for name, (datatype, value) in inputs.items():
+                t = httpclient.InferInput(name, list(value.shape), datatype)
+                t.set_data_from_numpy(value)
+                tensors.append(t)
+            pending.append(client.async_infer(model, tensors))
+        return [p.get_result() for p in pending]
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(lambda inputs: infer(client, model, inputs), inputs_list))
 
 
 def fixture_inputs(name):
@@ -134,17 +158,14 @@ def test_concurrent_requests_are_batched(client, torch_server):
     exp = expected("mlp_script")
     rows = array(exp["inputs"]["INPUT__0"])
     want = array(exp["outputs"]["OUTPUT__0"])
-    stats_before = executions(client, "mlp_script")
+    stats_before = executions(client, "mlp_batched")
     n = 48
-
-    def one(i):
-        row = rows[i % len(rows)][None, :]
-        out = infer(client, "mlp_script", {"INPUT__0": ("FP32", row)}).as_numpy("OUTPUT__0")
-        np.testing.assert_allclose(out[0], want[i % len(rows)], rtol=1e-5, atol=1e-6)
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(one, range(n)))
-    requests, batches = (a - b for a, b in zip(executions(client, "mlp_script"), stats_before))
+    results = infer_many(client, "mlp_batched",
+                         [{"INPUT__0": ("FP32", rows[i % len(rows)][None, :])} for i in range(n)])
+    for i, result in enumerate(results):
+        np.testing.assert_allclose(result.as_numpy("OUTPUT__0")[0], want[i % len(rows)],
+                                   rtol=1e-5, atol=1e-6)
+    requests, batches = (a - b for a, b in zip(executions(client, "mlp_batched"), stats_before))
     assert requests == n
     assert batches < n, f"{n} concurrent requests took {batches} executions"
 
