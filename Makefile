@@ -29,11 +29,15 @@ build: setup
 	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) $(FEATURES) -p nereid -p nereid-loadtest
 	cp -f "$$(cat $(VENV)/ort-lib-path)" target/release/
 
-## examples: the example model repository under docs/examples/ (ONNX examples, then the
-## Python/ensemble pipelines of docs/examples/pipelines).
+## examples: the example model repository under docs/examples/ (ONNX examples, the
+## Python/ensemble pipelines of docs/examples/pipelines, and the TorchScript MLP `mlp_torch`
+## from tests/models/pytorch).
 examples: setup
 	$(PYTHON) scripts/gen_models.py $(EXAMPLES) --set example
 	$(PYTHON) scripts/gen_pipeline_examples.py $(EXAMPLES)
+	rm -rf $(EXAMPLES)/mlp_torch && mkdir -p $(EXAMPLES)/mlp_torch/1
+	cp tests/models/pytorch/mlp_script/1/model.pt $(EXAMPLES)/mlp_torch/1/
+	sed 's/"mlp_script"/"mlp_torch"/' tests/models/pytorch/mlp_script/config.pbtxt > $(EXAMPLES)/mlp_torch/config.pbtxt
 
 ## run: serve the example repository on 8000 (HTTP), 8001 (gRPC), 8002 (metrics).
 ## Python models run on the venv's interpreter (it has numpy); without NEREID_PYTHON the server

@@ -9,10 +9,10 @@ fn main() {
         println!("cargo:rustc-env=NEREID_BUILTIN_ORT_LIBRARY={}", path.trim());
     }
     println!("cargo:rerun-if-env-changed=LIBTORCH");
-    if std::env::var_os("CARGO_FEATURE_TORCH").is_some() {
-        if let Some(lib) = libtorch_lib(std::path::Path::new(".venv/libtorch-path")) {
-            println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-        }
+    if std::env::var_os("CARGO_FEATURE_TORCH").is_some()
+        && let Some(lib) = libtorch_lib(std::path::Path::new(".venv/libtorch-path"))
+    {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     }
 }
 

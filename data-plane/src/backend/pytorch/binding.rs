@@ -62,10 +62,10 @@ pub(crate) fn bind_inputs(
     signature: Option<&ForwardSignature>,
 ) -> Result<InputBinding, String> {
     if let Some(sig) = signature {
-        if let [only] = sig.arguments.as_slice() {
-            if only.ty.replace(' ', "") == "Dict[str,Tensor]" {
-                return Ok(InputBinding::Dict(inputs.to_vec()));
-            }
+        if let [only] = sig.arguments.as_slice()
+            && only.ty.replace(' ', "") == "Dict[str,Tensor]"
+        {
+            return Ok(InputBinding::Dict(inputs.to_vec()));
         }
         if sig.arguments.len() != inputs.len() {
             return Err(format!(

@@ -12,8 +12,12 @@
 //! feature: `runtime.rs`, `instance.rs`, `convert.rs`. Without the feature, every PyTorch model
 //! fails to load with a message saying how to get a build that has the backend.
 
+// Used by the libtorch parts only; tested without them.
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
 mod binding;
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
 mod settings;
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
 mod signature;
 
 #[cfg(feature = "torch")]
@@ -36,11 +40,6 @@ use super::{Backend, BackendError, BackendInstance, InstanceContext};
 pub struct PyTorchBackend {
     #[cfg(feature = "torch")]
     shared: runtime::SharedModules,
-}
-
-impl PyTorchBackend {
-    /// Whether this build can run TorchScript models.
-    pub const AVAILABLE: bool = cfg!(feature = "torch");
 }
 
 impl Backend for PyTorchBackend {

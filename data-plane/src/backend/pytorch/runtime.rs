@@ -164,10 +164,8 @@ fn module(
 ) -> Result<Arc<CModule>, String> {
     let key = (file.to_path_buf(), format!("{device:?}"));
     let mut cache = shared.0.lock();
-    if sharing {
-        if let Some(module) = cache.get(&key).and_then(Weak::upgrade) {
-            return Ok(module);
-        }
+    if sharing && let Some(module) = cache.get(&key).and_then(Weak::upgrade) {
+        return Ok(module);
     }
     let mut module = CModule::load_on_device(file, device).map_err(|e| {
         format!(
