@@ -36,8 +36,11 @@ DTYPES = {
 }
 
 
-def encode(t: torch.Tensor) -> dict:
-    """A tensor as JSON: datatype, shape and row-major values (FP16/BF16 as float values)."""
+def encode(t) -> dict:
+    """A tensor as JSON: datatype, shape and row-major values (FP16/BF16 as float values); a
+    list of strings (Triton's BYTES convention) as a 1-D BYTES tensor."""
+    if isinstance(t, list):
+        return {"datatype": "BYTES", "shape": [len(t)], "data": t}
     values = t.detach().to(torch.float64 if t.is_floating_point() else t.dtype).flatten().tolist()
     return {"datatype": DTYPES[t.dtype], "shape": list(t.shape), "data": values}
 
@@ -115,6 +118,16 @@ class Types(torch.nn.Module):
             f64 + 1,
             bf16 + 1,
         ]
+
+
+class Strings(torch.nn.Module):
+    """BYTES through Triton's list-of-strings convention: words in, upper-cased words and
+    their lengths out."""
+
+    def forward(self, words: List[str]) -> Tuple[List[str], torch.Tensor]:
+        upper = [w.upper() for w in words]
+        lengths = torch.tensor([len(w) for w in words], dtype=torch.int64)
+        return upper, lengths
 
 
 class DictInput(torch.nn.Module):
@@ -210,6 +223,19 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
         "x": torch.tensor([1.0, 2.0, 3.0]),
         "scale": torch.tensor([0.5, -2.0, 4.0]),
     }, lambda m, i: {"OUTPUT__0": m({"x": i["x"], "scale": i["scale"]})})
+
+    strings = torch.jit.script(Strings())
+    write(root, "strings_script", strings, """
+name: "strings_script"
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [
+  { name: "OUTPUT__0" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "OUTPUT__1" data_type: TYPE_INT64 dims: [ -1 ] }
+]
+""", {"INPUT__0": ["nereid", "Triton", "ünïcode"]},
+        lambda m, i: dict(zip(["OUTPUT__0", "OUTPUT__1"], m(i["INPUT__0"]))))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The PyTorch backend through tritonclient, over HTTP and gRPC: the TorchScript models of
 tests/models/pytorch (scripted and traced, an MLP, a small conv net, two-in/two-out bound by
-forward() argument names, a dict input, every shared datatype) give PyTorch's own outputs
+forward() argument names, a dict input, every shared datatype, BYTES as List[str]) give PyTorch's own outputs
 (stored in expected.json); dynamic batching joins concurrent requests; an ensemble runs an ONNX
 step then a TorchScript step; bad inputs get 400 / INVALID_ARGUMENT and the server keeps
 serving; a KIND_GPU instance group fails to load with its reason on this GPU-less machine."""
@@ -19,11 +19,12 @@ from tritonclient.utils import InferenceServerException
 from nereid_util import ROOT, gen_models, managed_server
 
 MODELS = ROOT / "tests/models/pytorch"
-FIXTURES = ["mlp_script", "conv_trace", "add_sub_script", "types_script", "dict_script"]
+FIXTURES = ["mlp_script", "conv_trace", "add_sub_script", "types_script", "dict_script",
+            "strings_script"]
 MODULES = {"http": httpclient, "grpc": grpcclient}
 NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "INT16": np.int16,
          "INT32": np.int32, "INT64": np.int64, "FP16": np.float16, "FP32": np.float32,
-         "FP64": np.float64, "BF16": np.float32}
+         "FP64": np.float64, "BF16": np.float32, "BYTES": np.object_}
 
 
 def expected(name):
@@ -31,7 +32,10 @@ def expected(name):
 
 
 def array(spec):
-    return np.array(spec["data"], dtype=NUMPY[spec["datatype"]]).reshape(spec["shape"])
+    data = spec["data"]
+    if spec["datatype"] == "BYTES":
+        data = [s.encode() for s in data]
+    return np.array(data, dtype=NUMPY[spec["datatype"]]).reshape(spec["shape"])
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +225,11 @@ def test_kind_gpu_fails_to_load_with_its_reason(client):
     assert "KIND_GPU (GPU 0) requested, but libtorch sees no CUDA device" in entry["reason"]
     assert "use KIND_CPU" in entry["reason"]
     assert client.is_model_ready("mlp_script")
+
+
+def test_bytes_that_a_list_of_strings_cannot_hold_are_refused(client):
+    words = np.array([b"fine", b"nul\x00inside"], dtype=np.object_)
+    e = error_of(client, "strings_script", {"INPUT__0": ("BYTES", words)})
+    assert "input 'INPUT__0': element 1 is not UTF-8 text without NUL bytes" in e.message()
+    assert e.status() in ("400", "StatusCode.INVALID_ARGUMENT"), e.status()
+    test_outputs_match_pytorch(client, "strings_script")

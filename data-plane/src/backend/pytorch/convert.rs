@@ -3,13 +3,14 @@
 //! ```text
 //!  Tensor (LE bytes) ──length check──► tch::Tensor::f_from_data_size (copies) ──► .to(device)
 //!  tch::Tensor ──f_copy_data_u8 (to CPU, contiguous, copies)──► Bytes ──► Tensor::new
+//!  BYTES ◄──► List[str]   (Triton's convention: a flat list of UTF-8 strings, no NUL bytes)
 //! ```
 //! libtorch keeps elements in native byte order, which is the wire's little-endian on every
 //! target this builds for (checked at compile time below).
 
 use bytes::Bytes;
 use nereid_proto::DataType;
-use nereid_proto::types::Tensor;
+use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
 use tch::{Device, Kind};
 
 use crate::backend::BackendError;
@@ -18,7 +19,8 @@ use crate::backend::BackendError;
 compile_error!("the PyTorch backend copies tensors byte for byte and needs a little-endian target");
 
 /// The libtorch element type of a Triton datatype; `None` for those libtorch lacks
-/// (`UINT16`/`UINT32`/`UINT64`, which tch cannot name, and `BYTES`).
+/// (`UINT16`/`UINT32`/`UINT64`, which tch cannot name, and `BYTES`, which travels as a
+/// `List[str]` instead: [`to_strings`], [`from_strings`]).
 pub(crate) fn kind_of(datatype: DataType) -> Option<Kind> {
     Some(match datatype {
         DataType::Bool => Kind::Bool,
@@ -78,6 +80,35 @@ pub(crate) fn to_torch(
         .map_err(|e| BackendError::Execution(format!("input '{name}': copy to {device:?}: {e}")))
 }
 
+/// A `BYTES` input as the `List[str]` libtorch takes: its elements in row-major order, each
+/// UTF-8 text without NUL bytes (libtorch copies them as C strings).
+pub(crate) fn to_strings(tensor: &Tensor) -> Result<Vec<String>, BackendError> {
+    bytes_elements(tensor.data())
+        .enumerate()
+        .map(|(i, element)| match std::str::from_utf8(element) {
+            Ok(text) if !text.contains('\0') => Ok(text.to_string()),
+            _ => Err(BackendError::InvalidInput(format!(
+                "input '{}': element {i} is not UTF-8 text without NUL bytes, which a TorchScript List[str] needs",
+                tensor.name()
+            ))),
+        })
+        .collect()
+}
+
+/// A returned `List[str]` as a `BYTES` output shaped `shape`.
+pub(crate) fn from_strings(
+    name: &str,
+    strings: &[String],
+    shape: Vec<i64>,
+) -> Result<Tensor, BackendError> {
+    let mut data = Vec::with_capacity(strings.iter().map(|s| s.len() + 4).sum());
+    for s in strings {
+        push_bytes_element(&mut data, s.as_bytes());
+    }
+    Tensor::new(name, DataType::Bytes, shape, Bytes::from(data))
+        .map_err(|e| BackendError::Execution(format!("output '{name}': {}", e.message())))
+}
+
 /// Copies a libtorch tensor (any device, any layout) into an output named `name`.
 pub(crate) fn from_torch(name: &str, value: &tch::Tensor) -> Result<Tensor, BackendError> {
     let kind = value
@@ -134,6 +165,28 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "input 'x': 8 bytes of data do not match shape [3] of FP32"
+        );
+    }
+
+    #[test]
+    fn bytes_travel_as_strings() {
+        let mut data = Vec::new();
+        for s in ["a", "ünï", ""] {
+            push_bytes_element(&mut data, s.as_bytes());
+        }
+        let tensor = Tensor::new("w", DataType::Bytes, vec![3], Bytes::from(data)).unwrap();
+        let strings = to_strings(&tensor).unwrap();
+        assert_eq!(strings, ["a", "ünï", ""]);
+        let back = from_strings("w", &strings, vec![3]).unwrap();
+        assert_eq!(back.data(), tensor.data());
+
+        let mut bad = Vec::new();
+        push_bytes_element(&mut bad, b"ok");
+        push_bytes_element(&mut bad, b"nul\0inside");
+        let tensor = Tensor::new("w", DataType::Bytes, vec![2], Bytes::from(bad)).unwrap();
+        assert_eq!(
+            to_strings(&tensor).unwrap_err().to_string(),
+            "input 'w': element 1 is not UTF-8 text without NUL bytes, which a TorchScript List[str] needs"
         );
     }
 

@@ -2,20 +2,21 @@
 //!
 //! ```text
 //!  execute(inputs, outputs)
-//!    config input ─► (reshape) ─► tch::Tensor on the instance's device
+//!    config input ─► (reshape) ─► tch::Tensor on the instance's device   (BYTES ─► List[str])
 //!    arguments in forward() order (or one Dict[str, Tensor]) ─► forward, without autograd
-//!    returned Tensor | Tuple | List ─► element bound to each requested output ─► Tensor
+//!    returned Tensor | List[str] | Tuple | List ─► element bound to each requested output
 //! ```
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use nereid_proto::DataType;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::types::Tensor;
 use tch::{CModule, Device, IValue};
 
 use super::binding::InputBinding;
-use super::convert::{from_torch, to_torch};
+use super::convert::{from_strings, from_torch, to_strings, to_torch};
 use super::settings::TorchSettings;
 use crate::backend::shape::resolve_shape;
 use crate::backend::{BackendError, BackendInstance};
@@ -33,6 +34,8 @@ pub(crate) struct TorchInstance {
     output_index: HashMap<String, usize>,
     /// Config `dims` per output that the config reshapes.
     output_reshape: HashMap<String, Vec<i64>>,
+    /// Config `dims` per output, to shape returned string lists.
+    output_dims: HashMap<String, Vec<i64>>,
     /// Outputs returned when a request names none: every config output.
     default_outputs: Vec<String>,
 }
@@ -70,8 +73,25 @@ impl TorchInstance {
                 .filter(|o| o.reshape.is_some())
                 .map(|o| (o.name.clone(), o.dims.clone()))
                 .collect(),
+            output_dims: config
+                .output
+                .iter()
+                .map(|o| (o.name.clone(), o.dims.clone()))
+                .collect(),
             default_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
         }
+    }
+
+    /// The shape of a returned list of `n` strings: the config `dims` (after the batch
+    /// dimension when batching) with one `-1` taking what is left, else `[n]`.
+    fn string_shape(&self, output: &str, n: usize) -> Vec<i64> {
+        let dims = self.output_dims.get(output).cloned().unwrap_or_default();
+        let target: Vec<i64> = if self.batching {
+            std::iter::once(-1).chain(dims).collect()
+        } else {
+            dims
+        };
+        resolve_shape(n, None, &target).unwrap_or_else(|| vec![n as i64])
     }
 
     /// The batch size when batching (first dimension), for reshapes.
@@ -83,13 +103,16 @@ impl TorchInstance {
         }
     }
 
-    fn input(&self, inputs: &[Tensor], name: &str) -> Result<tch::Tensor, BackendError> {
+    fn input(&self, inputs: &[Tensor], name: &str) -> Result<IValue, BackendError> {
         let model = &self.model_name;
         let tensor = inputs.iter().find(|t| t.name() == name).ok_or_else(|| {
             BackendError::InvalidInput(format!(
                 "expected input '{name}' for model '{model}', but the request does not have it"
             ))
         })?;
+        if tensor.datatype() == DataType::Bytes {
+            return to_strings(tensor).map(IValue::StringList);
+        }
         let shape = match self.input_reshape.get(name) {
             None => tensor.shape().to_vec(),
             Some(target) => resolve_shape(
@@ -104,24 +127,18 @@ impl TorchInstance {
                 ))
             })?,
         };
-        to_torch(tensor, &shape, self.device)
+        to_torch(tensor, &shape, self.device).map(IValue::Tensor)
     }
 
     fn arguments(&self, inputs: &[Tensor]) -> Result<Vec<IValue>, BackendError> {
         match &self.binding {
-            InputBinding::Positional(names) => names
-                .iter()
-                .map(|name| self.input(inputs, name).map(IValue::Tensor))
-                .collect(),
+            InputBinding::Positional(names) => {
+                names.iter().map(|name| self.input(inputs, name)).collect()
+            }
             InputBinding::Dict(names) => {
                 let entries = names
                     .iter()
-                    .map(|name| {
-                        Ok((
-                            IValue::String(name.clone()),
-                            IValue::Tensor(self.input(inputs, name)?),
-                        ))
-                    })
+                    .map(|name| Ok((IValue::String(name.clone()), self.input(inputs, name)?)))
                     .collect::<Result<Vec<_>, BackendError>>()?;
                 Ok(vec![IValue::GenericDict(entries)])
             }
@@ -164,29 +181,58 @@ pub(super) fn first_line(message: &str) -> &str {
         .trim_end()
 }
 
-/// The tensors a model returned, in order: a tensor alone, or the elements of a tuple or list.
-fn returned_tensors(model: &str, value: IValue) -> Result<Vec<tch::Tensor>, BackendError> {
-    let not_tensor = |what: &str| {
+/// One value a model returned for an output.
+enum Returned {
+    Tensor(tch::Tensor),
+    /// A `List[str]`: a `BYTES` output.
+    Strings(Vec<String>),
+}
+
+/// The values a model returned, in order: a tensor or string list alone, or the elements of a
+/// tuple or list.
+fn returned_values(model: &str, value: IValue) -> Result<Vec<Returned>, BackendError> {
+    let not_output = |what: &str| {
         BackendError::Execution(format!(
-            "model '{model}' returned {what}; outputs must be a tensor, or a tuple or list of tensors"
+            "model '{model}' returned {what}; outputs must be a tensor or a list of strings, or a tuple or list of those"
         ))
     };
+    let element = |item: IValue| match item {
+        IValue::Tensor(t) => Ok(Returned::Tensor(t)),
+        IValue::StringList(s) => Ok(Returned::Strings(s)),
+        IValue::GenericList(items) => strings(items)
+            .map(Returned::Strings)
+            .ok_or_else(|| not_output("a tuple with a list element that is not a list of strings")),
+        _ => Err(not_output(
+            "a tuple or list with an element that is not a tensor",
+        )),
+    };
     match value {
-        IValue::Tensor(t) => Ok(vec![t]),
-        IValue::TensorList(list) => Ok(list),
-        IValue::Tuple(items) | IValue::GenericList(items) => items
-            .into_iter()
-            .map(|item| match item {
-                IValue::Tensor(t) => Ok(t),
-                _ => Err(not_tensor(
-                    "a tuple or list with an element that is not a tensor",
-                )),
-            })
-            .collect(),
-        IValue::None => Err(not_tensor("None")),
-        IValue::GenericDict(_) => Err(not_tensor("a dict")),
-        _ => Err(not_tensor("a value that is not a tensor")),
+        IValue::Tensor(t) => Ok(vec![Returned::Tensor(t)]),
+        IValue::StringList(s) => Ok(vec![Returned::Strings(s)]),
+        IValue::TensorList(list) => Ok(list.into_iter().map(Returned::Tensor).collect()),
+        IValue::GenericList(items)
+            if !items.is_empty() && items.iter().all(|i| matches!(i, IValue::String(_))) =>
+        {
+            Ok(vec![Returned::Strings(strings(items).unwrap_or_default())])
+        }
+        IValue::Tuple(items) | IValue::GenericList(items) => {
+            items.into_iter().map(element).collect()
+        }
+        IValue::None => Err(not_output("None")),
+        IValue::GenericDict(_) => Err(not_output("a dict")),
+        _ => Err(not_output("a value that is not a tensor")),
     }
+}
+
+/// The strings of a list whose every element is a string.
+fn strings(items: Vec<IValue>) -> Option<Vec<String>> {
+    items
+        .into_iter()
+        .map(|i| match i {
+            IValue::String(s) => Some(s),
+            _ => None,
+        })
+        .collect()
 }
 
 impl BackendInstance for TorchInstance {
@@ -209,7 +255,7 @@ impl BackendInstance for TorchInstance {
             }
         }
         let arguments = self.arguments(inputs)?;
-        let returned = returned_tensors(&model, self.forward(&arguments)?)?;
+        let returned = returned_values(&model, self.forward(&arguments)?)?;
         let mut tensors = Vec::with_capacity(requested.len());
         for name in &requested {
             let index = self.output_index[name];
@@ -219,6 +265,17 @@ impl BackendInstance for TorchInstance {
                     returned.len()
                 ))
             })?;
+            let value = match value {
+                Returned::Tensor(t) => t,
+                Returned::Strings(list) => {
+                    tensors.push(from_strings(
+                        name,
+                        list,
+                        self.string_shape(name, list.len()),
+                    )?);
+                    continue;
+                }
+            };
             let mut tensor = from_torch(name, value)?;
             if let Some(dims) = self.output_reshape.get(name) {
                 let batch = self.batch_of(tensor.shape());
@@ -248,22 +305,51 @@ mod tests {
         );
     }
 
+    fn kinds(values: Vec<Returned>) -> Vec<&'static str> {
+        values
+            .iter()
+            .map(|v| match v {
+                Returned::Tensor(_) => "tensor",
+                Returned::Strings(_) => "strings",
+            })
+            .collect()
+    }
+
     #[test]
-    fn tuples_and_lists_of_tensors_are_outputs() {
+    fn tuples_and_lists_of_tensors_and_strings_are_outputs() {
         let t = || tch::Tensor::from_slice(&[1f32]);
-        assert_eq!(returned_tensors("m", IValue::Tensor(t())).unwrap().len(), 1);
-        let tuple = IValue::Tuple(vec![IValue::Tensor(t()), IValue::Tensor(t())]);
-        assert_eq!(returned_tensors("m", tuple).unwrap().len(), 2);
+        let s = |v: &str| IValue::String(v.into());
+        let got = |v| kinds(returned_values("m", v).unwrap());
+        assert_eq!(got(IValue::Tensor(t())), ["tensor"]);
         assert_eq!(
-            returned_tensors("m", IValue::TensorList(vec![t(), t(), t()]))
-                .unwrap()
-                .len(),
-            3
+            got(IValue::Tuple(vec![
+                IValue::Tensor(t()),
+                IValue::Tensor(t())
+            ])),
+            ["tensor", "tensor"]
         );
-        let e = returned_tensors("m", IValue::Tuple(vec![IValue::Int(1)])).unwrap_err();
+        assert_eq!(got(IValue::TensorList(vec![t(), t(), t()])), ["tensor"; 3]);
+        assert_eq!(
+            got(IValue::GenericList(vec![
+                IValue::Tensor(t()),
+                IValue::Tensor(t())
+            ])),
+            ["tensor", "tensor"]
+        );
+        assert_eq!(got(IValue::GenericList(vec![s("a"), s("b")])), ["strings"]);
+        assert_eq!(
+            got(IValue::Tuple(vec![
+                IValue::GenericList(vec![s("a")]),
+                IValue::Tensor(t())
+            ])),
+            ["strings", "tensor"]
+        );
+        let e = returned_values("m", IValue::Tuple(vec![IValue::Int(1)]))
+            .err()
+            .unwrap();
         assert_eq!(
             e.to_string(),
-            "model 'm' returned a tuple or list with an element that is not a tensor; outputs must be a tensor, or a tuple or list of tensors"
+            "model 'm' returned a tuple or list with an element that is not a tensor; outputs must be a tensor or a list of strings, or a tuple or list of those"
         );
     }
 }

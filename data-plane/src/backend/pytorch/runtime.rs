@@ -107,7 +107,8 @@ pub(crate) fn load(
     )))
 }
 
-/// Every configured input and output must have a libtorch element type.
+/// Every configured input and output must have a libtorch element type, or be `BYTES`
+/// (a `List[str]`).
 fn check_datatypes(config: &ModelConfig) -> Result<(), String> {
     let ios = config
         .input
@@ -121,7 +122,7 @@ fn check_datatypes(config: &ModelConfig) -> Result<(), String> {
         );
     for (kind, name, data_type) in ios {
         match DataType::from_config_i32(data_type) {
-            Some(d) if kind_of(d).is_some() => {}
+            Some(d) if d == DataType::Bytes || kind_of(d).is_some() => {}
             Some(d) => {
                 return Err(format!(
                     "{kind} '{name}': data type {} is not supported by the PyTorch backend (libtorch has no tensor of that type)",

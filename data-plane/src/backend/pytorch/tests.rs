@@ -76,6 +76,9 @@ fn tensor(name: &str, json: &Value) -> Tensor {
             DataType::Bf16 => data.extend(half::bf16::from_f64(f.unwrap()).to_le_bytes()),
             DataType::Fp32 => data.extend((f.unwrap() as f32).to_le_bytes()),
             DataType::Fp64 => data.extend(f.unwrap().to_le_bytes()),
+            DataType::Bytes => {
+                nereid_proto::types::push_bytes_element(&mut data, v.as_str().unwrap().as_bytes())
+            }
             other => panic!("no fixture uses {other}"),
         }
     }
@@ -157,6 +160,7 @@ fn every_fixture_matches_pytorch() {
         "add_sub_script",
         "types_script",
         "dict_script",
+        "strings_script",
     ] {
         check_fixture(name, config(name));
     }
@@ -248,10 +252,10 @@ fn configs_that_cannot_work_fail_to_load_with_reasons() {
     );
 
     let mut c = config("mlp_script");
-    c.input[0].data_type = DataType::Bytes.to_config() as i32;
+    c.output[0].data_type = DataType::Uint32.to_config() as i32;
     assert_eq!(
         load_err(c),
-        "unable to load model 'mlp_script': input 'INPUT__0': data type TYPE_STRING is not supported by the PyTorch backend (libtorch has no tensor of that type)"
+        "unable to load model 'mlp_script': output 'OUTPUT__0': data type TYPE_UINT32 is not supported by the PyTorch backend (libtorch has no tensor of that type)"
     );
 
     let mut c = config("mlp_script");
