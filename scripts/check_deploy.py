@@ -19,7 +19,7 @@ Run by `make test-deploy` (part of `make test`). Every failure names the file an
      address) or `--join` (later pods).
   6. Router and worker pods have the KServe health probes, and they and control-plane pods the
      prometheus.io annotations that
-     point at their metrics port; deploy/Dockerfile pins the ORT_VERSION of scripts/setup.sh.
+     point at their metrics port; deploy/Dockerfile pins the ORT_VERSION and TORCH_VERSION of scripts/setup.sh.
 
 Usage: NEREID_BIN=target/release/nereid python scripts/check_deploy.py [--write]
 """
@@ -341,10 +341,11 @@ def check_pods(f: Failures, rendered: dict[str, list[dict]], nereid: str) -> Non
 def check_dockerfile(f: Failures) -> None:
     docker = ROOT / "deploy" / "Dockerfile"
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    want = re.search(r"^ORT_VERSION=(\S+)", setup, re.M)
-    got = re.search(r"^ARG ORT_VERSION=(\S+)", docker.read_text(), re.M)
-    if not (want and got) or want.group(1) != got.group(1):
-        f.add(rel(docker), f"ARG ORT_VERSION={got and got.group(1)} differs from scripts/setup.sh ORT_VERSION={want and want.group(1)}")
+    for pin in ("ORT_VERSION", "TORCH_VERSION"):
+        want = re.search(rf"^{pin}=(\S+)", setup, re.M)
+        got = re.search(rf"^ARG {pin}=(\S+)", docker.read_text(), re.M)
+        if not (want and got) or want.group(1) != got.group(1):
+            f.add(rel(docker), f"ARG {pin}={got and got.group(1)} differs from scripts/setup.sh {pin}={want and want.group(1)}")
 
 
 def main() -> int:
