@@ -176,6 +176,15 @@ loadtest() {
     stats "$RAW/$name.stats_after.json"
 }
 
+# Warm-up, not recorded: in the first runs of this script, the first batch-1 level after the
+# model loaded ran at ~24 ms per request (one scheduler slice) until a batched level had run;
+# so one short level at concurrency 32 (mixed batch sizes), then one at 1, before measuring.
+say "warm-up (not recorded): concurrency 32, then 1"
+for c in 32 1; do
+    run "$LOADTEST" -q -m mlp_torch -i grpc -u "$GRPC" --concurrency-range "$c" -p 1000 -r 2 \
+        >"$RAW/warmup_c$c.txt" 2>&1 || true
+done
+
 for proto in $PROTOCOLS; do
     for c in 1 32; do
         loadtest "$proto" "$c"
