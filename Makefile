@@ -77,6 +77,7 @@ bench: build
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) --features torch -p nereid-data-plane --example inprocess_ort --example inprocess_torch
 	bash scripts/bench.sh $(BENCH_OUT)
+	bash scripts/bench_torch.sh $(BENCH_OUT)
 	NEREID=target/release/nereid LOADTEST=target/release/nereid-loadtest bash scripts/bench_router.sh $(BENCH_OUT)
 	mkdir -p $(BENCH_OUT)
 	target/release/nereid-loadtest placement-sim
