@@ -66,36 +66,21 @@ FAILED=()
 PIDS=()
 LOADTEST_PID=
 
-say() { echo "==> $*" >&2; }
-
-# Appends a command, shell-quoted, to commands.txt (paths relative to the repository).
-log_cmd() {
-    local line
-    line=$(printf '%q ' "$@")
-    line=${line% }
-    line=${line//\\,/,}
-    printf '%s%s\n' "${line//$ROOT\//}" "${LOG_SUFFIX:-}" >>"$DIR/commands.txt"
-}
+COMMANDS=$DIR/commands.txt
+# shellcheck source=scripts/bench_lib.sh
+source "$ROOT/scripts/bench_lib.sh"
 
 # Stops every process this script started (a running load test, then router, worker, control plane),
 # SIGTERM then SIGKILL after 10 s, and removes the scratch directory.
 cleanup() {
-    local i pid
+    local i
     if [[ -n $LOADTEST_PID ]]; then
         kill -TERM "$LOADTEST_PID" 2>/dev/null || true
         wait "$LOADTEST_PID" 2>/dev/null || true
         LOADTEST_PID=
     fi
     for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-        pid=${PIDS[i]}
-        kill -0 "$pid" 2>/dev/null || continue
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.2
-        done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
+        stop_pid "${PIDS[i]}"
     done
     PIDS=()
     rm -rf "$WORK"
@@ -164,16 +149,7 @@ rm -rf "$WORK/all"
 head -c 24 /dev/urandom | base64 | tr -d '/+=' >"$WORK/token"
 TOKEN=$(cat "$WORK/token")
 
-read -r CP_PORT CP_HTTP_PORT W_HTTP W_GRPC W_METRICS R_HTTP R_GRPC R_METRICS < <("$PY" - <<'EOF'
-import socket
-socks = [socket.socket() for _ in range(8)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])
-for s in socks:
-    s.close()
-EOF
-)
+read -r CP_PORT CP_HTTP_PORT W_HTTP W_GRPC W_METRICS R_HTTP R_GRPC R_METRICS < <(free_ports 8)
 CP=127.0.0.1:$CP_PORT
 
 say "starting the control plane ($CP), one worker (gRPC :$W_GRPC) and the router (gRPC :$R_GRPC); logs in $DIR"

@@ -64,32 +64,14 @@ mkdir -p "$RAW" "$MODELS/mlp_torch/1"
 : >"$DIR/commands.txt"
 FAILED=()
 
-say() { echo "==> $*" >&2; }
-
-# Appends a command, shell-quoted, to commands.txt (paths relative to the repository).
-log_cmd() {
-    local line
-    line=$(printf '%q ' "$@")
-    line=${line% }
-    line=${line//\\,/,}
-    printf '%s%s\n' "${line//$ROOT\//}" "${LOG_SUFFIX:-}" >>"$DIR/commands.txt"
-}
-
-run() {
-    log_cmd "$@"
-    "$@"
-}
+COMMANDS=$DIR/commands.txt
+# shellcheck source=scripts/bench_lib.sh
+source "$ROOT/scripts/bench_lib.sh"
 
 SERVER_PID=
 cleanup() {
-    if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        for _ in $(seq 50); do
-            kill -0 "$SERVER_PID" 2>/dev/null || break
-            sleep 0.2
-        done
-        kill -KILL "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
+    if [[ -n $SERVER_PID ]]; then
+        stop_pid "$SERVER_PID"
     fi
     SERVER_PID=
 }
@@ -119,43 +101,7 @@ run "$INPROC" run "$MODELS/mlp_torch/1/model.pt" 1,8,32 "$INPROC_SECS" "${INPROC
     >"$RAW/inprocess.jsonl"
 
 # ---------------------------------------------------------------------------------------------
-read -r HTTP_PORT GRPC_PORT METRICS_PORT < <("$PY" - <<'EOF'
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])
-for s in socks:
-    s.close()
-EOF
-)
-HTTP=127.0.0.1:$HTTP_PORT
-GRPC=127.0.0.1:$GRPC_PORT
-
-say "starting nereid on HTTP $HTTP, gRPC $GRPC (log: $DIR/server.log)"
-SERVE=("$NEREID" serve --model-repository "$MODELS"
-    --http-address 127.0.0.1 --http-port "$HTTP_PORT"
-    --grpc-address 127.0.0.1 --grpc-port "$GRPC_PORT"
-    --metrics-address 127.0.0.1 --metrics-port "$METRICS_PORT"
-    --exit-on-error)
-LOG_SUFFIX=" &" log_cmd "${SERVE[@]}"
-"${SERVE[@]}" >"$DIR/server.log" 2>&1 &
-SERVER_PID=$!
-
-deadline=$((SECONDS + 120))
-until curl -sf -o /dev/null "http://$HTTP/v2/models/mlp_torch/ready"; do
-    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-        echo "error: nereid exited before becoming ready; see $DIR/server.log:" >&2
-        tail -n 20 "$DIR/server.log" >&2
-        exit 1
-    fi
-    if ((SECONDS > deadline)); then
-        echo "error: mlp_torch not ready after 120 s; see $DIR/server.log" >&2
-        exit 1
-    fi
-    sleep 0.2
-done
-say "nereid is ready"
+start_serve "$MODELS" "$DIR/server.log" /v2/models/mlp_torch/ready
 
 stats() { # FILE: mlp_torch's statistics
     curl -sf "http://$HTTP/v2/models/mlp_torch/stats" >"$1" || echo '{}' >"$1"
