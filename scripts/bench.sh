@@ -59,14 +59,7 @@ COMMANDS=$OUT/commands.txt
 # shellcheck source=scripts/bench_lib.sh
 source "$ROOT/scripts/bench_lib.sh"
 
-SERVER_PID=
-cleanup() {
-    if [[ -n $SERVER_PID ]]; then
-        stop_pid "$SERVER_PID"
-    fi
-    SERVER_PID=
-}
-trap cleanup EXIT
+trap stop_serve EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +132,7 @@ if [[ ${BENCH_SKIP_PA:-0} != 1 && -x $PA ]]; then
     fi
 fi
 
-cleanup
+stop_serve
 say "server stopped; writing $OUT/results.json"
 
 # ---------------------------------------------------------------------------------------------

@@ -47,9 +47,18 @@ stop_pid() {
     wait "$pid" 2>/dev/null || true
 }
 
+# The server start_serve started, if any; stop_serve (an EXIT trap) stops it.
+SERVER_PID=
+stop_serve() {
+    if [[ -n $SERVER_PID ]]; then
+        stop_pid "$SERVER_PID"
+    fi
+    SERVER_PID=
+}
+
 # start_serve MODELS LOG READY_PATH: starts `$NEREID serve` on free loopback ports, logging to
 # LOG, and waits (at most 120 s) until READY_PATH answers over HTTP. Sets HTTP, GRPC (host:port)
-# and SERVER_PID; the sourcing script's EXIT trap stops it (stop_pid "$SERVER_PID").
+# and SERVER_PID (stopped by stop_serve).
 start_serve() {
     local models=$1 log=$2 ready=$3 http_port grpc_port metrics_port
     read -r http_port grpc_port metrics_port < <(free_ports 3)

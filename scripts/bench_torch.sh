@@ -68,14 +68,7 @@ COMMANDS=$DIR/commands.txt
 # shellcheck source=scripts/bench_lib.sh
 source "$ROOT/scripts/bench_lib.sh"
 
-SERVER_PID=
-cleanup() {
-    if [[ -n $SERVER_PID ]]; then
-        stop_pid "$SERVER_PID"
-    fi
-    SERVER_PID=
-}
-trap cleanup EXIT
+trap stop_serve EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +130,7 @@ for proto in $PROTOCOLS; do
     done
 done
 
-cleanup
+stop_serve
 say "server stopped; writing $OUT/torch.json"
 
 # ---------------------------------------------------------------------------------------------
