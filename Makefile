@@ -71,7 +71,8 @@ test-deploy: build
 ## bench: in-process ONNX Runtime baseline, then the server under nereid-loadtest and
 ## perf_analyzer; writes $(BENCH_OUT)/results.json and prints a Markdown summary (docs/loadtest.md).
 ## Then the router hop (scripts/bench_router.sh: worker direct vs through `nereid router`):
-## $(BENCH_OUT)/router-hop.json. Then the placement simulator (1,000 nodes × 10,000 models):
+## $(BENCH_OUT)/router-hop.json. Then the PyTorch backend (scripts/bench_torch.sh: a traced MLP
+## in-process through tch vs served, c=1 and c=32): $(BENCH_OUT)/torch.json. Then the placement simulator (1,000 nodes × 10,000 models):
 ## $(BENCH_OUT)/placement-sim.json.
 bench: build
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
