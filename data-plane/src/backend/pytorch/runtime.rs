@@ -156,18 +156,30 @@ fn device(kind: DeviceKind) -> Result<Device, String> {
     }
 }
 
-/// Loads (or, with weight sharing, reuses) the module on `device`, in eval mode.
+/// Loads (or, with weight sharing, reuses) the module on `device`, in eval mode. Only shared
+/// loads take the cache's lock (held across the load, so one file is not loaded twice); other
+/// instances load in parallel.
 fn module(
     shared: &SharedModules,
     file: &std::path::Path,
     device: Device,
     sharing: bool,
 ) -> Result<Arc<CModule>, String> {
+    if !sharing {
+        return load_module(file, device).map(Arc::new);
+    }
     let key = (file.to_path_buf(), format!("{device:?}"));
     let mut cache = shared.0.lock();
-    if sharing && let Some(module) = cache.get(&key).and_then(Weak::upgrade) {
+    if let Some(module) = cache.get(&key).and_then(Weak::upgrade) {
         return Ok(module);
     }
+    let module = Arc::new(load_module(file, device)?);
+    cache.retain(|_, m| m.strong_count() > 0);
+    cache.insert(key, Arc::downgrade(&module));
+    Ok(module)
+}
+
+fn load_module(file: &std::path::Path, device: Device) -> Result<CModule, String> {
     let mut module = CModule::load_on_device(file, device).map_err(|e| {
         format!(
             "cannot load TorchScript file '{}': {}",
@@ -178,11 +190,6 @@ fn module(
     module
         .f_set_eval()
         .map_err(|e| format!("cannot switch the module to eval mode: {e}"))?;
-    let module = Arc::new(module);
-    if sharing {
-        cache.retain(|_, m| m.strong_count() > 0);
-        cache.insert(key, Arc::downgrade(&module));
-    }
     Ok(module)
 }
 
