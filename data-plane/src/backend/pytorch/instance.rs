@@ -21,6 +21,16 @@ use super::settings::TorchSettings;
 use crate::backend::shape::resolve_shape;
 use crate::backend::{BackendError, BackendInstance};
 
+/// How one config output is returned.
+struct OutputPlan {
+    /// Index in the returned tuple/list.
+    index: usize,
+    /// The config `dims`.
+    dims: Vec<i64>,
+    /// The config reshapes it: a tensor is presented as `[batch] + dims`.
+    reshaped: bool,
+}
+
 pub(crate) struct TorchInstance {
     module: Arc<CModule>,
     model_name: String,
@@ -30,12 +40,7 @@ pub(crate) struct TorchInstance {
     binding: InputBinding,
     /// Config `reshape.shape` per input that has one.
     input_reshape: HashMap<String, Vec<i64>>,
-    /// Index in the returned tuple/list per config output.
-    output_index: HashMap<String, usize>,
-    /// Config `dims` per output that the config reshapes.
-    output_reshape: HashMap<String, Vec<i64>>,
-    /// Config `dims` per output, to shape returned string lists.
-    output_dims: HashMap<String, Vec<i64>>,
+    outputs: HashMap<String, OutputPlan>,
     /// Outputs returned when a request names none: every config output.
     default_outputs: Vec<String>,
 }
@@ -61,22 +66,18 @@ impl TorchInstance {
                 .iter()
                 .filter_map(|i| Some((i.name.clone(), i.reshape.as_ref()?.shape.clone())))
                 .collect(),
-            output_index: config
+            outputs: config
                 .output
                 .iter()
                 .zip(output_indices)
-                .map(|(o, index)| (o.name.clone(), index))
-                .collect(),
-            output_reshape: config
-                .output
-                .iter()
-                .filter(|o| o.reshape.is_some())
-                .map(|o| (o.name.clone(), o.dims.clone()))
-                .collect(),
-            output_dims: config
-                .output
-                .iter()
-                .map(|o| (o.name.clone(), o.dims.clone()))
+                .map(|(o, index)| {
+                    let plan = OutputPlan {
+                        index,
+                        dims: o.dims.clone(),
+                        reshaped: o.reshape.is_some(),
+                    };
+                    (o.name.clone(), plan)
+                })
                 .collect(),
             default_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
         }
@@ -84,13 +85,9 @@ impl TorchInstance {
 
     /// The shape of a returned list of `n` strings: the config `dims` (after the batch
     /// dimension when batching) with one `-1` taking what is left, else `[n]`.
-    fn string_shape(&self, output: &str, n: usize) -> Vec<i64> {
-        let dims = self.output_dims.get(output).cloned().unwrap_or_default();
-        let target: Vec<i64> = if self.batching {
-            std::iter::once(-1).chain(dims).collect()
-        } else {
-            dims
-        };
+    fn string_shape(&self, plan: &OutputPlan, n: usize) -> Vec<i64> {
+        let batch = self.batching.then_some(-1);
+        let target: Vec<i64> = batch.into_iter().chain(plan.dims.iter().copied()).collect();
         resolve_shape(n, None, &target).unwrap_or_else(|| vec![n as i64])
     }
 
@@ -241,24 +238,25 @@ impl BackendInstance for TorchInstance {
         inputs: &[Tensor],
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
-        let model = self.model_name.clone();
-        let requested: Vec<String> = if outputs.is_empty() {
-            self.default_outputs.clone()
+        let model = &self.model_name;
+        let requested = if outputs.is_empty() {
+            &self.default_outputs
         } else {
-            outputs.to_vec()
+            outputs
         };
-        for name in &requested {
-            if !self.output_index.contains_key(name) {
+        for name in requested {
+            if !self.outputs.contains_key(name) {
                 return Err(BackendError::InvalidInput(format!(
                     "unexpected inference output '{name}' for model '{model}'"
                 )));
             }
         }
         let arguments = self.arguments(inputs)?;
-        let returned = returned_values(&model, self.forward(&arguments)?)?;
+        let returned = returned_values(model, self.forward(&arguments)?)?;
         let mut tensors = Vec::with_capacity(requested.len());
-        for name in &requested {
-            let index = self.output_index[name];
+        for name in requested {
+            let plan = &self.outputs[name];
+            let index = plan.index;
             let value = returned.get(index).ok_or_else(|| {
                 BackendError::Execution(format!(
                     "model '{model}' returned {} output tensor(s), but output '{name}' is number {index} (counting from 0)",
@@ -271,15 +269,15 @@ impl BackendInstance for TorchInstance {
                     tensors.push(from_strings(
                         name,
                         list,
-                        self.string_shape(name, list.len()),
+                        self.string_shape(plan, list.len()),
                     )?);
                     continue;
                 }
             };
             let mut tensor = from_torch(name, value)?;
-            if let Some(dims) = self.output_reshape.get(name) {
+            if plan.reshaped {
                 let batch = self.batch_of(tensor.shape());
-                if let Some(shape) = resolve_shape(tensor.element_count(), batch, dims) {
+                if let Some(shape) = resolve_shape(tensor.element_count(), batch, &plan.dims) {
                     let (name, datatype, _, data) = tensor.into_parts();
                     tensor = Tensor::new(name, datatype, shape, data).map_err(|e| {
                         BackendError::Execution(format!("model '{model}': {}", e.message()))
