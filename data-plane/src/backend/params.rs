@@ -31,3 +31,18 @@ pub(crate) fn boolean(config: &ModelConfig, key: &str) -> Result<Option<bool>, S
         },
     }
 }
+
+/// A config with only these `parameters`, for tests of the readers above and their users.
+#[cfg(test)]
+pub(crate) fn config_with(params: &[(&str, &str)]) -> ModelConfig {
+    let mut c = ModelConfig::default();
+    for (k, v) in params {
+        c.parameters.insert(
+            k.to_string(),
+            nereid_proto::pb::inference::ModelParameter {
+                string_value: v.to_string(),
+            },
+        );
+    }
+    c
+}

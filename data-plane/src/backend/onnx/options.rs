@@ -108,24 +108,11 @@ fn default_intra_threads(config: &ModelConfig, cores: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use nereid_proto::pb::inference::model_optimization_policy::Graph;
-    use nereid_proto::pb::inference::{
-        ModelInstanceGroup, ModelOptimizationPolicy, ModelParameter,
-    };
+    use nereid_proto::pb::inference::{ModelInstanceGroup, ModelOptimizationPolicy};
 
     use super::*;
 
-    fn with(params: &[(&str, &str)]) -> ModelConfig {
-        let mut c = ModelConfig::default();
-        for (k, v) in params {
-            c.parameters.insert(
-                k.to_string(),
-                ModelParameter {
-                    string_value: v.to_string(),
-                },
-            );
-        }
-        c
-    }
+    use crate::backend::params::config_with as with;
 
     #[test]
     fn defaults_share_cores_between_instances() {

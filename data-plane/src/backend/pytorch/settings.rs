@@ -73,26 +73,8 @@ fn thread_count(config: &ModelConfig, key: &str) -> Result<Option<i32>, String> 
 
 #[cfg(test)]
 mod tests {
-    use nereid_proto::pb::inference::ModelParameter;
-
     use super::*;
-
-    fn with(params: &[(&str, &str)]) -> ModelConfig {
-        ModelConfig {
-            parameters: params
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        ModelParameter {
-                            string_value: v.to_string(),
-                        },
-                    )
-                })
-                .collect(),
-            ..Default::default()
-        }
-    }
+    use crate::backend::params::config_with as with;
 
     #[test]
     fn defaults_match_triton() {
