@@ -10,11 +10,11 @@
 pub mod agent;
 pub mod backend;
 pub mod config;
-mod decoupled;
 pub mod ensemble;
 pub mod manager;
 pub mod metrics;
 pub mod repository;
+pub(crate) mod request;
 pub mod request_check;
 pub mod scheduler;
 pub mod serve;

@@ -6,13 +6,13 @@
 
 use std::collections::HashSet;
 
-use nereid_proto::DataType;
 use nereid_proto::ServiceError;
-use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::pb::inference::model_config::SchedulingChoice;
-use nereid_proto::types::{CorrelationId, InferRequest, Parameters, Tensor, format_shape};
+use nereid_proto::types::{
+    CorrelationId, InferRequest, Parameters, RequestOptions, Tensor, format_shape,
+};
 
 use crate::backend::ResponseSink;
+use crate::config::ValidModelConfig;
 
 /// A request that fits its model.
 #[derive(Debug, Default)]
@@ -31,6 +31,9 @@ pub struct ValidRequest {
     pub priority: u64,
     /// Requested queue timeout in microseconds (0 = the model's default).
     pub timeout_us: u64,
+    /// The client's priority, timeout and sequence options as sent: an ensemble passes them on
+    /// to its steps.
+    pub options: RequestOptions,
     /// The sequence this request belongs to; set for (and only for) `sequence_batching` models.
     pub sequence: Option<SequenceFlags>,
     /// Where a decoupled model's responses go (any number, then [`crate::backend::StreamEvent::Final`]); set
@@ -49,7 +52,10 @@ pub struct SequenceFlags {
 
 /// Validates `request` against `config`. Error messages carry Triton's
 /// `[request id: <id>] ` prefix.
-pub fn check(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest, ServiceError> {
+pub fn check(
+    config: &ValidModelConfig,
+    request: InferRequest,
+) -> Result<ValidRequest, ServiceError> {
     let prefix = format!(
         "[request id: {}] ",
         if request.id.is_empty() {
@@ -61,24 +67,24 @@ pub fn check(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest
     check_inner(config, request).map_err(|e| e.prefixed(&prefix))
 }
 
-fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidRequest, ServiceError> {
+fn check_inner(
+    config: &ValidModelConfig,
+    request: InferRequest,
+) -> Result<ValidRequest, ServiceError> {
     let m = &config.name;
-    let batching = config.max_batch_size > 0;
-    let sequence_batching = match &config.scheduling_choice {
-        Some(SchedulingChoice::SequenceBatching(sb)) => Some(sb),
-        _ => None,
-    };
+    let batching = config.batching();
+    let sequence_batching = config.sequence();
     // The server feeds control and state inputs of a sequence model itself.
     let server_fed = |name: &str| {
-        sequence_batching.is_some_and(|sb| {
-            sb.control_input.iter().any(|c| c.name == name)
-                || sb.state.iter().any(|s| s.input_name == name)
+        sequence_batching.is_some_and(|io| {
+            io.control_inputs.iter().any(|c| c == name)
+                || io.states.iter().any(|s| s.input_name == name)
         })
     };
 
     let mut seen = HashSet::new();
     for input in &request.inputs {
-        if !config.input.iter().any(|i| i.name == input.name()) {
+        if config.input(input.name()).is_none() {
             return Err(ServiceError::invalid(format!(
                 "unexpected inference input '{}' for model '{m}'",
                 input.name()
@@ -92,7 +98,7 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
         }
     }
     let missing: Vec<&str> = config
-        .input
+        .inputs
         .iter()
         .filter(|i| !i.optional && !seen.contains(&i.name) && !server_fed(&i.name))
         .map(|i| i.name.as_str())
@@ -105,7 +111,7 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
             .collect();
         let missing: Vec<String> = missing.iter().map(|n| format!("'{n}'")).collect();
         let required = config
-            .input
+            .inputs
             .iter()
             .filter(|i| !i.optional && !server_fed(&i.name))
             .count();
@@ -120,16 +126,15 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
     let mut batch_size: Option<i64> = None;
     let mut inputs = Vec::with_capacity(request.inputs.len());
     for tensor in request.inputs {
-        let Some(spec) = config.input.iter().find(|i| i.name == tensor.name()) else {
+        let Some(spec) = config.input(tensor.name()) else {
             continue;
         };
-        let expected = DataType::from_config_i32(spec.data_type);
-        if expected != Some(tensor.datatype()) {
+        if spec.datatype != tensor.datatype() {
             return Err(ServiceError::invalid(format!(
                 "inference input '{}' data-type is '{}', but model '{m}' expects '{}'",
                 tensor.name(),
                 tensor.datatype(),
-                expected.map_or("INVALID", DataType::as_wire)
+                spec.datatype.as_wire()
             )));
         }
         let shape = tensor.shape();
@@ -177,13 +182,13 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
     }
 
     let outputs = if request.outputs.is_empty() {
-        config.output.iter().map(|o| o.name.clone()).collect()
+        config.outputs.iter().map(|o| o.name.clone()).collect()
     } else {
         let mut names = Vec::with_capacity(request.outputs.len());
         for out in &request.outputs {
             let state_output = sequence_batching
-                .is_some_and(|sb| sb.state.iter().any(|s| s.output_name == out.name));
-            if !config.output.iter().any(|o| o.name == out.name) && !state_output {
+                .is_some_and(|io| io.states.iter().any(|s| s.output_name == out.name));
+            if config.output(&out.name).is_none() && !state_output {
                 return Err(ServiceError::invalid(format!(
                     "unexpected inference output '{}' for model '{m}'",
                     out.name
@@ -242,6 +247,7 @@ fn check_inner(config: &ModelConfig, request: InferRequest) -> Result<ValidReque
         batch_size,
         priority: request.options.priority,
         timeout_us: request.options.timeout_us,
+        options: request.options,
         sequence,
     })
 }
@@ -255,15 +261,19 @@ pub fn dims_match(config: &[i64], request: &[i64]) -> bool {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use nereid_proto::DataType;
     use nereid_proto::types::RequestedOutput;
 
-    fn config() -> ModelConfig {
-        crate::config::text::parse_model_config(
+    fn valid(text: &str) -> ValidModelConfig {
+        ValidModelConfig::unchecked(crate::config::text::parse_model_config(text).unwrap())
+    }
+
+    fn config() -> ValidModelConfig {
+        valid(
             r#"name: "m" max_batch_size: 4
                input [{name: "a" data_type: TYPE_FP32 dims: [2]}, {name: "b" data_type: TYPE_INT32 dims: [-1] optional: true}]
                output [{name: "y" data_type: TYPE_FP32 dims: [2]}]"#,
         )
-        .unwrap()
     }
 
     fn fp32(name: &str, shape: Vec<i64>) -> Tensor {
@@ -325,14 +335,13 @@ mod tests {
         );
     }
 
-    fn sequence_config() -> ModelConfig {
-        crate::config::text::parse_model_config(
+    fn sequence_config() -> ValidModelConfig {
+        valid(
             r#"name: "s" max_batch_size: 4
                input [{name: "a" data_type: TYPE_FP32 dims: [2]}]
                output [{name: "y" data_type: TYPE_FP32 dims: [2]}]
                sequence_batching { state [{input_name: "si" output_name: "so" data_type: TYPE_FP32 dims: [1]}] }"#,
         )
-        .unwrap()
     }
 
     #[test]

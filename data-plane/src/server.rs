@@ -1,10 +1,13 @@
 //! [`DataPlane`]: the single-node [`InferenceService`] — requests in, models run, answers out.
 //!
 //! ```text
-//! infer: manager.get(model, version) ─► request_check::check ─► pool.submit (queue, instance)
-//!        ─► outputs in requested order, config shapes ─► statistics ─► InferResponse
-//!        ensemble: ─► ensemble::execute, each step an infer of its composing model
+//! infer: shutdown gate ─► trace (sampled) ─► manager.get(model, version)
+//!        ─► LoadedVersion::infer (crate::request: check, count, run on the version's runner)
+//!        ensemble steps come back through infer_model (never refused while draining)
 //! ```
+//!
+//! This module only adapts [`InferenceService`] to the model manager and the request path; it
+//! holds no request logic of its own.
 //!
 //! A sampled request (see `nereid_telemetry::trace_config`) gets a root span `InferRequest`
 //! (child of the caller's `traceparent`) with phases `receive` (frontend decode and checks),
@@ -24,25 +27,18 @@ use nereid_telemetry::tracer::{RequestTrace, Tracer};
 use tracing::Instrument;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use nereid_proto::error::ServiceResult;
 use nereid_proto::json::message_from_json;
 use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
 use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, StreamedResponse,
-    TensorMetadata,
+    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
 };
 use nereid_proto::types::{InferRequest, InferResponse};
 use nereid_proto::{DataType, InferenceService, ServiceError};
 
-use crate::backend::BackendError;
-use crate::ensemble::{self, EnsembleRequest};
-use crate::manager::LoadedVersion;
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
-use crate::scheduler::ExecTimings;
-use crate::stats::{FailureReason, RequestTimings};
-use crate::{decoupled, request_check};
+use crate::request::RunContext;
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
@@ -102,18 +98,6 @@ impl DataPlane {
     }
 }
 
-pub(crate) fn backend_error(model: &str, id: &str, e: BackendError) -> ServiceError {
-    let id = if id.is_empty() { "<id_unknown>" } else { id };
-    let prefix = format!("[request id: {id}] ");
-    match e {
-        BackendError::InvalidInput(m) => ServiceError::invalid(format!("{prefix}{m}")),
-        BackendError::Unsupported(m) => ServiceError::unsupported(format!("{prefix}{m}")),
-        BackendError::Execution(m) | BackendError::Load(m) => {
-            ServiceError::internal(format!("{prefix}model '{model}' failed to execute: {m}"))
-        }
-    }
-}
-
 #[async_trait]
 impl InferenceService for DataPlane {
     async fn server_live(&self) -> bool {
@@ -146,16 +130,14 @@ impl InferenceService for DataPlane {
     ) -> ServiceResult<ModelMetadata> {
         let loaded = self.manager.get(name, version)?;
         let config = &loaded.config;
-        let tensor = |n: &str, t: i32, dims: &[i64]| {
+        let tensor = |n: &str, t: DataType, dims: &[i64]| {
             let mut shape = dims.to_vec();
-            if config.max_batch_size > 0 {
+            if config.batching() {
                 shape.insert(0, -1);
             }
             TensorMetadata {
                 name: n.to_string(),
-                datatype: DataType::from_config_i32(t)
-                    .map_or("INVALID", DataType::as_wire)
-                    .to_string(),
+                datatype: t.as_wire().to_string(),
                 shape,
             }
         };
@@ -173,20 +155,20 @@ impl InferenceService for DataPlane {
                 config.platform.clone()
             },
             inputs: config
-                .input
+                .inputs
                 .iter()
-                .map(|i| tensor(&i.name, i.data_type, &i.dims))
+                .map(|i| tensor(&i.name, i.datatype, &i.dims))
                 .collect(),
             outputs: config
-                .output
+                .outputs
                 .iter()
-                .map(|o| tensor(&o.name, o.data_type, &o.dims))
+                .map(|o| tensor(&o.name, o.datatype, &o.dims))
                 .collect(),
         })
     }
 
     async fn model_config(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelConfig> {
-        Ok((*self.manager.get(name, version)?.config).clone())
+        Ok(self.manager.get(name, version)?.config.wire().clone())
     }
 
     async fn model_statistics(
@@ -242,20 +224,17 @@ impl InferenceService for DataPlane {
                 "Server is shutting down and has stopped accepting new requests.",
             ));
         }
+        let started = Instant::now();
         let loaded = self
             .manager
             .get(&request.model_name, request.model_version)?;
-        if decoupled::is_decoupled(&loaded) {
-            return decoupled::infer_stream(loaded, request);
-        }
-        let response = self.infer(request).await?;
-        Ok(futures::stream::once(async move {
-            Ok(StreamedResponse {
-                response: Some(response),
-                last: true,
-            })
-        })
-        .boxed())
+        let step = |r| self.infer_model(r);
+        let ctx = RunContext {
+            manager: &self.manager,
+            step: &step,
+            trace: None,
+        };
+        loaded.infer_stream(request, started, ctx).await
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
@@ -356,99 +335,23 @@ impl DataPlane {
         result
     }
 
+    /// Finds the version and runs the request on it ([`crate::request`]).
     async fn execute(
         &self,
         request: InferRequest,
-        mut trace: Option<&mut RequestTrace>,
+        trace: Option<&mut RequestTrace>,
     ) -> ServiceResult<InferResponse> {
         let started = Instant::now();
         let loaded = self
             .manager
             .get(&request.model_name, request.model_version)?;
-        // Counts the request as canceled if this future is dropped before an outcome is known,
-        // and as in flight until then.
-        loaded.stats.request_started();
-        let mut outcome = Outcome {
-            loaded: &loaded,
-            started,
-            recorded: false,
+        let step = |r| self.infer_model(r);
+        let ctx = RunContext {
+            manager: &self.manager,
+            step: &step,
+            trace,
         };
-        if decoupled::is_decoupled(&loaded) {
-            return Err(outcome.failed(FailureReason::Other, decoupled::refuse_unary(&loaded)));
-        }
-        let id = request.id.clone();
-        let options = request.options.clone();
-        let valid = match request_check::check(&loaded.config, request) {
-            Ok(v) => v,
-            Err(e) => return Err(outcome.failed(FailureReason::Other, e)),
-        };
-        if let Some(plan) = loaded.plan() {
-            if let Some(reason) = self.manager.unavailable(&loaded) {
-                let e = ServiceError::unavailable(format!(
-                    "ensemble '{}' is not available: {reason}",
-                    loaded.name
-                ));
-                return Err(outcome.failed(FailureReason::Other, e));
-            }
-            let batch_size = valid.batch_size;
-            let request = EnsembleRequest {
-                id: id.clone(),
-                options,
-                parameters: valid.parameters,
-                inputs: valid.inputs,
-                outputs: valid.outputs,
-            };
-            if let Some(trace) = trace.as_deref_mut() {
-                trace.phase("receive", trace.start_instant(), Instant::now());
-            }
-            let step_parent = trace.as_deref().map(|t| t.context());
-            let step = |mut r: InferRequest| {
-                if let Some(parent) = &step_parent {
-                    r.context.trace = Some(parent.clone());
-                }
-                self.infer_model(r)
-            };
-            let outputs = match ensemble::execute(plan, request, step).await {
-                Ok(outputs) => outputs,
-                Err(e) => return Err(outcome.failed(failure_reason(&e), e)),
-            };
-            outcome.recorded = true;
-            loaded
-                .stats
-                .record_ensemble_success(batch_size, started.elapsed());
-            return Ok(InferResponse {
-                model_name: loaded.name.clone(),
-                model_version: loaded.version.to_string(),
-                id,
-                parameters: Default::default(),
-                outputs,
-            });
-        }
-        let submitted = Instant::now();
-        let result = match loaded.submit(valid).await {
-            Ok(r) => r,
-            Err(e) => return Err(outcome.failed(failure_reason(&e), e)),
-        };
-        if let Some(trace) = trace {
-            record_phases(trace, submitted, &result.timings);
-        }
-        let outputs = match result.outputs {
-            Ok(outputs) => outputs,
-            Err(e) => {
-                return Err(
-                    outcome.failed(FailureReason::Backend, backend_error(&loaded.name, &id, e))
-                );
-            }
-        };
-        outcome.recorded = true;
-        record_success(&loaded, started, result.timings);
-        Ok(InferResponse {
-            model_name: loaded.name.clone(),
-            model_version: loaded.version.to_string(),
-            id,
-            parameters: Default::default(),
-            outputs,
-        })
+        loaded.infer(request, started, ctx).await
     }
 
     /// The repository API loads and unloads only in explicit mode, and never on a worker whose
@@ -468,69 +371,3 @@ impl DataPlane {
 
 /// Why the repository API refuses a load or unload on a worker.
 pub const CLUSTER_MANAGED: &str = "explicit model load / unload is not allowed: models on this worker are managed by the control plane";
-
-/// How a failed request counts in the statistics.
-/// Records a request that ran to completion, with where its time went.
-pub(crate) fn record_success(loaded: &LoadedVersion, started: Instant, t: ExecTimings) {
-    loaded.stats.record_success(RequestTimings {
-        total: started.elapsed(),
-        queue: t.queue,
-        compute_input: t.compute_input,
-        compute_infer: t.compute_infer,
-        compute_output: t.compute_output,
-    });
-}
-
-/// The request's phases as child spans: `receive` up to the scheduler, then the scheduler's
-/// own measurements laid end to end from the submission.
-fn record_phases(trace: &mut RequestTrace, submitted: Instant, t: &ExecTimings) {
-    trace.phase("receive", trace.start_instant(), submitted);
-    let mut at = submitted;
-    for (name, took) in [
-        ("queue", t.queue),
-        ("compute_input", t.compute_input),
-        ("compute_infer", t.compute_infer),
-        ("compute_output", t.compute_output),
-    ] {
-        trace.phase(name, at, at + took);
-        at += took;
-    }
-}
-
-/// The statistics reason of a request the scheduler refused or lost.
-pub(crate) fn failure_reason(error: &ServiceError) -> FailureReason {
-    match error {
-        ServiceError::Overloaded(_) => FailureReason::Rejected,
-        ServiceError::Cancelled(_) => FailureReason::Canceled,
-        _ => FailureReason::Other,
-    }
-}
-
-/// Records exactly one outcome per request that reached a model version: an explicit failure,
-/// a success (by setting `recorded`), or, if dropped first, a cancellation.
-struct Outcome<'a> {
-    loaded: &'a LoadedVersion,
-    started: Instant,
-    recorded: bool,
-}
-
-impl Outcome<'_> {
-    fn failed(&mut self, reason: FailureReason, error: ServiceError) -> ServiceError {
-        self.recorded = true;
-        self.loaded
-            .stats
-            .record_failure(self.started.elapsed(), reason);
-        error
-    }
-}
-
-impl Drop for Outcome<'_> {
-    fn drop(&mut self) {
-        self.loaded.stats.request_finished();
-        if !self.recorded {
-            self.loaded
-                .stats
-                .record_failure(self.started.elapsed(), FailureReason::Canceled);
-        }
-    }
-}

@@ -397,7 +397,7 @@ mod tests {
         assert_eq!(complete.backend, "identity");
         assert_eq!(complete.default_model_filename, "");
         let backend = backends.get(&complete.backend).unwrap();
-        let mut c = ctx(complete);
+        let mut c = ctx(complete.wire().clone());
         c.model_path = version.join(&c.config.default_model_filename);
         let mut instance = backend.load_instance(&c).unwrap();
         assert_eq!(

@@ -1,16 +1,23 @@
 //! Model configuration: from `config.pbtxt` (or a load request's override) to the complete,
-//! validated [`ModelConfig`] a model is loaded with.
+//! validated, typed [`ValidModelConfig`] a model is loaded with.
 //!
 //! ```text
 //! config.pbtxt ─► text::parse_model_config ─┐
 //! load override (JSON) ─────────────────────┴► complete():
 //!     name check ─► platform/backend from config or files ─► backend auto-complete
-//!     ─► defaults (version policy, instance groups) ─► validate::validate
+//!     ─► defaults (version policy, instance groups) ─► ValidModelConfig::try_from
+//!        (validate::validate, then typed fields)
 //! ```
 
 /// `config.pbtxt` text parsing lives in `nereid-proto` (the control plane reads configs too).
 pub use nereid_proto::config_text as text;
+mod valid;
 pub mod validate;
+
+pub use valid::{
+    GroupKind, InputSpec, InstanceGroup, OutputSpec, Scheduling, SequenceIo, StateIo,
+    ValidModelConfig,
+};
 
 use std::path::{Path, PathBuf};
 
@@ -100,7 +107,7 @@ pub fn complete(
     versions: &[PathBuf],
     backends: &Backends,
     options: CompleteOptions,
-) -> Result<ModelConfig, ConfigError> {
+) -> Result<ValidModelConfig, ConfigError> {
     if !config.name.is_empty() && config.name != name {
         return Err(ConfigError::Invalid(vec![format!(
             "model name '{}' in config.pbtxt does not match the model directory name '{name}'",
@@ -130,12 +137,7 @@ pub fn complete(
         }
     }
     fill_defaults(&mut config);
-    let errors = validate::validate(&config);
-    if errors.is_empty() {
-        Ok(config)
-    } else {
-        Err(ConfigError::Invalid(errors))
-    }
+    ValidModelConfig::try_from(config)
 }
 
 /// Fills `platform` from `backend` or vice versa, or both from the model file found in the
@@ -335,8 +337,8 @@ mod tests {
         )
         .unwrap();
         let c = complete("e", raw, &v, &Backends::new(None), options).unwrap();
-        assert!(c.backend.is_empty() && c.instance_group.is_empty());
-        assert!(c.version_policy.is_some());
+        assert!(c.backend.is_empty() && c.instance_groups.is_empty());
+        assert!(c.wire().version_policy.is_some());
         // Anything else without a backend gets validation's advice, not a backend lookup error.
         let e = complete(
             "m",

@@ -15,12 +15,14 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use nereid_proto::DataType;
+use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
-use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig};
 use nereid_proto::types::format_shape;
 
 use super::graph::{self, StepNode};
 use super::step_label;
+use crate::config::ValidModelConfig;
 
 /// A step of a plan: the composing model (version), and how its tensors map to the ensemble's.
 pub type PlanStep = StepNode;
@@ -41,13 +43,13 @@ pub struct EnsemblePlan {
 /// none. Errors: every problem found, each a sentence naming the ensemble, the step and the
 /// tensor, joined with "; ".
 pub fn plan(
-    config: &ModelConfig,
-    lookup: impl Fn(&str, Option<i64>) -> Result<Arc<ModelConfig>, String>,
+    config: &ValidModelConfig,
+    lookup: impl Fn(&str, Option<i64>) -> Result<Arc<ValidModelConfig>, String>,
 ) -> Result<EnsemblePlan, String> {
     let e = &config.name;
-    let graph = graph::analyze(config).map_err(|errors| errors.join("; "))?;
+    let graph = graph::analyze(config.wire()).map_err(|errors| errors.join("; "))?;
     let mut errors = Vec::new();
-    let mut composing: Vec<Option<Arc<ModelConfig>>> = Vec::with_capacity(graph.steps.len());
+    let mut composing: Vec<Option<Arc<ValidModelConfig>>> = Vec::with_capacity(graph.steps.len());
     for (i, step) in graph.steps.iter().enumerate() {
         let label = step_label(i, &step.model);
         if let Some(path) = cycle_back_to(e, &step.model, &lookup) {
@@ -88,7 +90,8 @@ pub fn plan(
 }
 
 /// The composing models named by an ensemble config's steps, each once, in step order (empty
-/// for any other model).
+/// for any other model). Reads the wire config: the manager orders loads by it before any
+/// config is validated.
 pub fn composing_models(config: &ModelConfig) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     if config.platform != super::PLATFORM {
@@ -109,7 +112,7 @@ pub fn composing_models(config: &ModelConfig) -> Vec<String> {
 fn cycle_back_to(
     ensemble: &str,
     start: &str,
-    lookup: &impl Fn(&str, Option<i64>) -> Result<Arc<ModelConfig>, String>,
+    lookup: &impl Fn(&str, Option<i64>) -> Result<Arc<ValidModelConfig>, String>,
 ) -> Option<Vec<String>> {
     let mut stack = vec![vec![start.to_string()]];
     let mut seen = HashSet::new();
@@ -122,7 +125,7 @@ fn cycle_back_to(
             continue;
         }
         if let Ok(config) = lookup(model, None) {
-            for next in composing_models(&config).into_iter().rev() {
+            for next in composing_models(config.wire()).into_iter().rev() {
                 let mut longer = path.clone();
                 longer.push(next);
                 stack.push(longer);
@@ -135,19 +138,15 @@ fn cycle_back_to(
 /// The checks of one step against its composing model's config.
 fn check_step(
     errors: &mut Vec<String>,
-    ensemble: &ModelConfig,
+    ensemble: &ValidModelConfig,
     index: usize,
     step: &PlanStep,
-    model: &ModelConfig,
+    model: &ValidModelConfig,
 ) {
     let e = &ensemble.name;
     let m = &step.model;
     let label = step_label(index, m);
-    if model
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled)
-    {
+    if model.decoupled {
         errors.push(format!(
             "ensemble '{e}' {label}: composing model '{m}' is decoupled (model_transaction_policy {{ decoupled: true }}); ensembles of decoupled models are not supported by Nereid yet"
         ));
@@ -161,26 +160,25 @@ fn check_step(
             ensemble.max_batch_size, model.max_batch_size
         ));
     }
-    let server_fed = |name: &str| match &model.scheduling_choice {
-        Some(SchedulingChoice::SequenceBatching(sb)) => {
-            sb.control_input.iter().any(|c| c.name == name)
-                || sb.state.iter().any(|s| s.input_name == name)
-        }
-        _ => false,
+    let server_fed = |name: &str| {
+        model.sequence().is_some_and(|io| {
+            io.control_inputs.iter().any(|c| c == name)
+                || io.states.iter().any(|s| s.input_name == name)
+        })
     };
     let names = |tensors: Vec<&str>| {
         let quoted: Vec<String> = tensors.iter().map(|n| format!("'{n}'")).collect();
         quoted.join(", ")
     };
     for (input, _) in &step.inputs {
-        if !model.input.iter().any(|i| &i.name == input) {
+        if model.input(input).is_none() {
             errors.push(format!(
                 "ensemble '{e}' {label}: input_map key '{input}' is not an input of model '{m}' (its inputs: {})",
-                names(model.input.iter().map(|i| i.name.as_str()).collect())
+                names(model.inputs.iter().map(|i| i.name.as_str()).collect())
             ));
         }
     }
-    for input in &model.input {
+    for input in &model.inputs {
         if !input.optional
             && !server_fed(&input.name)
             && !step.inputs.iter().any(|(k, _)| *k == input.name)
@@ -192,10 +190,10 @@ fn check_step(
         }
     }
     for (output, _) in &step.outputs {
-        if !model.output.iter().any(|o| &o.name == output) {
+        if model.output(output).is_none() {
             errors.push(format!(
                 "ensemble '{e}' {label}: output_map key '{output}' is not an output of model '{m}' (its outputs: {})",
-                names(model.output.iter().map(|o| o.name.as_str()).collect())
+                names(model.outputs.iter().map(|o| o.name.as_str()).collect())
             ));
         }
     }
@@ -203,7 +201,7 @@ fn check_step(
 
 /// A tensor as its producer or a reader declares it.
 struct Spec {
-    data_type: i32,
+    data_type: DataType,
     /// Batch dimension (-1) included when the declaring model batches.
     shape: Vec<i64>,
     /// "ensemble input 'x'", "step 1 (model 'm') output 'y'", ...
@@ -211,7 +209,7 @@ struct Spec {
 }
 
 impl Spec {
-    fn new(batching: bool, data_type: i32, dims: &[i64], who: String) -> Spec {
+    fn new(batching: bool, data_type: DataType, dims: &[i64], who: String) -> Spec {
         let mut shape = Vec::with_capacity(dims.len() + 1);
         if batching {
             shape.push(-1);
@@ -228,26 +226,26 @@ impl Spec {
 /// Producer and readers of every tensor agree on data type and shape.
 fn check_tensors(
     errors: &mut Vec<String>,
-    ensemble: &ModelConfig,
+    ensemble: &ValidModelConfig,
     steps: &[PlanStep],
-    composing: &[Option<Arc<ModelConfig>>],
+    composing: &[Option<Arc<ValidModelConfig>>],
 ) {
     let e = &ensemble.name;
-    let batching = ensemble.max_batch_size > 0;
+    let batching = ensemble.batching();
     let mut sources: BTreeMap<&str, Spec> = BTreeMap::new();
-    for input in &ensemble.input {
+    for input in &ensemble.inputs {
         let who = format!("ensemble input '{}'", input.name);
         sources.insert(
             &input.name,
-            Spec::new(batching, input.data_type, &input.dims, who),
+            Spec::new(batching, input.datatype, &input.dims, who),
         );
     }
     for (i, (step, model)) in steps.iter().zip(composing).enumerate() {
         let Some(model) = model else { continue };
         for (output, tensor) in &step.outputs {
-            if let Some(o) = model.output.iter().find(|o| &o.name == output) {
+            if let Some(o) = model.output(output) {
                 let who = format!("{} output '{output}'", step_label(i, &step.model));
-                let spec = Spec::new(model.max_batch_size > 0, o.data_type, &o.dims, who);
+                let spec = Spec::new(model.batching(), o.datatype, &o.dims, who);
                 sources.insert(tensor, spec);
             }
         }
@@ -277,18 +275,18 @@ fn check_tensors(
     for (i, (step, model)) in steps.iter().zip(composing).enumerate() {
         let Some(model) = model else { continue };
         for (input, tensor) in &step.inputs {
-            if let Some(spec) = model.input.iter().find(|m| &m.name == input) {
+            if let Some(spec) = model.input(input) {
                 let who = format!("{} input '{input}'", step_label(i, &step.model));
-                let reader = Spec::new(model.max_batch_size > 0, spec.data_type, &spec.dims, who);
+                let reader = Spec::new(model.batching(), spec.datatype, &spec.dims, who);
                 compare(tensor, reader);
             }
         }
     }
-    for output in &ensemble.output {
+    for output in &ensemble.outputs {
         let who = format!("ensemble output '{}'", output.name);
         compare(
             &output.name,
-            Spec::new(batching, output.data_type, &output.dims, who),
+            Spec::new(batching, output.datatype, &output.dims, who),
         );
     }
 }
@@ -298,8 +296,8 @@ fn shapes_match(a: &[i64], b: &[i64]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x == y || x == -1 || y == -1)
 }
 
-fn type_name(data_type: i32) -> &'static str {
-    ConfigDataType::try_from(data_type).map_or("TYPE_INVALID", |t| t.as_str_name())
+fn type_name(data_type: DataType) -> &'static str {
+    data_type.to_config().as_str_name()
 }
 
 #[cfg(test)]
@@ -307,16 +305,16 @@ mod tests {
     use super::*;
     use crate::config::text::parse_model_config;
 
-    fn config(name: &str, text: &str) -> Arc<ModelConfig> {
+    fn config(name: &str, text: &str) -> Arc<ValidModelConfig> {
         let mut c = parse_model_config(text).unwrap();
         c.name = name.into();
-        Arc::new(c)
+        Arc::new(ValidModelConfig::unchecked(c))
     }
 
     /// `scale`: x FP32 [4] -> y, max_batch_size 8. `addsub`: a, b -> sum, diff.
     /// `nobatch`: x FP32 [-1, 4] -> y, no batching. `dec`: decoupled. `seq`: a sequence model
     /// with a server-fed control input.
-    fn models() -> BTreeMap<String, Arc<ModelConfig>> {
+    fn models() -> BTreeMap<String, Arc<ValidModelConfig>> {
         let mut m = BTreeMap::new();
         let io = r#"input [{ name: "x" data_type: TYPE_FP32 dims: [4] }]
                     output [{ name: "y" data_type: TYPE_FP32 dims: [4] }]"#;
@@ -362,8 +360,8 @@ mod tests {
     }
 
     fn lookup_in(
-        models: &BTreeMap<String, Arc<ModelConfig>>,
-    ) -> impl Fn(&str, Option<i64>) -> Result<Arc<ModelConfig>, String> + '_ {
+        models: &BTreeMap<String, Arc<ValidModelConfig>>,
+    ) -> impl Fn(&str, Option<i64>) -> Result<Arc<ValidModelConfig>, String> + '_ {
         |name, version| match (models.get(name), version) {
             (Some(c), None | Some(1)) => Ok(c.clone()),
             (Some(_), Some(v)) => Err(format!("version {v} is not served")),
@@ -371,7 +369,7 @@ mod tests {
         }
     }
 
-    fn ensemble(name: &str, mbs: i32, io: &str, steps: &str) -> Arc<ModelConfig> {
+    fn ensemble(name: &str, mbs: i32, io: &str, steps: &str) -> Arc<ValidModelConfig> {
         config(
             name,
             &format!(
@@ -398,7 +396,7 @@ mod tests {
         )
     }
 
-    fn plan_of(e: &ModelConfig) -> Result<EnsemblePlan, String> {
+    fn plan_of(e: &ValidModelConfig) -> Result<EnsemblePlan, String> {
         let models = models();
         plan(e, lookup_in(&models))
     }

@@ -11,21 +11,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nereid_proto::ServiceError;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::pb::inference::model_instance_group::Kind;
 
 use super::dependencies::ModelsView;
 use crate::backend::{
     BackendError, BackendInstance, Backends, DeviceKind, Health, InstanceContext, RequestView,
     ServerHandle,
 };
-use crate::config::{self, CompleteOptions};
+use crate::config::{self, CompleteOptions, GroupKind, ValidModelConfig};
 use crate::ensemble::{self, EnsemblePlan};
 use crate::repository::{self, Fingerprint};
-use crate::request_check::ValidRequest;
+use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
-use crate::scheduler::{JobResult, Scheduler};
 use crate::stats::{LoadReport, VersionStats};
 use crate::warmup::{WarmupSample, warmup_samples};
 
@@ -33,7 +30,7 @@ use crate::warmup::{WarmupSample, warmup_samples};
 pub struct LoadedVersion {
     pub name: String,
     pub version: i64,
-    pub config: Arc<ModelConfig>,
+    pub config: Arc<ValidModelConfig>,
     pub runner: Runner,
     pub stats: Arc<VersionStats>,
     /// Fingerprint of the version directory when it was loaded.
@@ -42,10 +39,13 @@ pub struct LoadedVersion {
     pub health: Arc<Health>,
 }
 
-/// What runs a version's requests.
+/// What runs a version's requests (see [`crate::request`], which matches on it).
 pub enum Runner {
-    /// The version's instances, behind its scheduler.
-    Scheduler(Scheduler),
+    /// The version's instances, behind its scheduler: one answer per request.
+    Batched(Scheduler),
+    /// A decoupled model's instances (`model_transaction_policy { decoupled: true }`): any
+    /// number of answers per request, streamed; unary calls are refused.
+    Decoupled(Scheduler),
     /// An ensemble: no instances of its own; its steps run on the composing models.
     Ensemble(Arc<EnsemblePlan>),
 }
@@ -55,7 +55,7 @@ impl LoadedVersion {
     pub fn plan(&self) -> Option<&Arc<EnsemblePlan>> {
         match &self.runner {
             Runner::Ensemble(plan) => Some(plan),
-            Runner::Scheduler(_) => None,
+            Runner::Batched(_) | Runner::Decoupled(_) => None,
         }
     }
 
@@ -63,20 +63,8 @@ impl LoadedVersion {
     /// composing models).
     pub fn queue_depth(&self) -> usize {
         match &self.runner {
-            Runner::Scheduler(scheduler) => scheduler.queue_depth(),
+            Runner::Batched(scheduler) | Runner::Decoupled(scheduler) => scheduler.queue_depth(),
             Runner::Ensemble(_) => 0,
-        }
-    }
-
-    /// Queues a request on the version's instances. Ensembles have none (the data plane runs
-    /// them step by step); a request that reaches here for one is refused.
-    pub async fn submit(&self, request: ValidRequest) -> Result<JobResult, ServiceError> {
-        match &self.runner {
-            Runner::Scheduler(scheduler) => scheduler.submit(request).await,
-            Runner::Ensemble(_) => Err(ServiceError::unsupported(format!(
-                "ensemble '{}' runs through its composing models, not as one request",
-                self.name
-            ))),
         }
     }
 }
@@ -180,7 +168,7 @@ pub fn build(
                 &selected,
             )
         };
-        let samples = warmup_samples(&config, &input.dir).map_err(|e| fail(e, &selected))?;
+        let samples = warmup_samples(config.wire(), &input.dir).map_err(|e| fail(e, &selected))?;
         let load_started = std::time::Instant::now();
         let rss_before = crate::agent::host::process_rss();
         let mut instances = Vec::with_capacity(contexts.len());
@@ -193,7 +181,7 @@ pub fn build(
         let stats = Arc::new(VersionStats::default());
         let scheduler = Scheduler::start(
             &input.name,
-            BatchPolicy::from_config(&config),
+            BatchPolicy::from_config(config.wire()),
             instances,
             stats.clone(),
             input.queue_capacity,
@@ -211,7 +199,11 @@ pub fn build(
                 name: input.name.clone(),
                 version,
                 config: config.clone(),
-                runner: Runner::Scheduler(scheduler),
+                runner: if config.decoupled {
+                    Runner::Decoupled(scheduler)
+                } else {
+                    Runner::Batched(scheduler)
+                },
                 stats,
                 fingerprint,
                 health,
@@ -225,7 +217,7 @@ pub fn build(
 /// statistics) while its directory, config and plan are unchanged.
 fn build_ensemble(
     input: &BuildInput,
-    config: &Arc<ModelConfig>,
+    config: &Arc<ValidModelConfig>,
     plan: EnsemblePlan,
     selected: &[i64],
     dirs: &[PathBuf],
@@ -265,32 +257,29 @@ fn instance_contexts(
     version: i64,
     model_dir: &Path,
     model_path: &Path,
-    config: &Arc<ModelConfig>,
+    config: &Arc<ValidModelConfig>,
     (health, server): (&Arc<Health>, &Arc<ServerHandle>),
 ) -> Vec<InstanceContext> {
+    // Backends still read the wire form; one copy per version, shared by its instances.
+    let wire = Arc::new(config.wire().clone());
     let mut contexts = Vec::new();
-    for group in &config.instance_group {
-        let devices: Vec<DeviceKind> = if group.kind == Kind::Gpu as i32 {
-            let gpus = if group.gpus.is_empty() {
-                vec![0]
-            } else {
-                group.gpus.clone()
-            };
-            gpus.into_iter()
-                .map(|device_id| DeviceKind::Gpu { device_id })
-                .collect()
-        } else {
-            vec![DeviceKind::Cpu]
+    for group in &config.instance_groups {
+        let devices: Vec<DeviceKind> = match &group.kind {
+            GroupKind::Gpu { gpus } => gpus
+                .iter()
+                .map(|&device_id| DeviceKind::Gpu { device_id })
+                .collect(),
+            GroupKind::Cpu | GroupKind::Model => vec![DeviceKind::Cpu],
         };
         let mut index = 0;
         for device in devices {
-            for _ in 0..group.count.max(1) {
+            for _ in 0..group.count {
                 contexts.push(InstanceContext {
                     model_name: name.to_string(),
                     version,
                     model_dir: model_dir.to_path_buf(),
                     model_path: model_path.to_path_buf(),
-                    config: config.clone(),
+                    config: wire.clone(),
                     instance_name: format!("{}_{index}", group.name),
                     device,
                     health: health.clone(),

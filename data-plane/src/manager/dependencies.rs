@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use nereid_proto::pb::inference::ModelConfig;
+use crate::config::ValidModelConfig;
 
 use super::{LoadedVersion, ModelEntry};
 use crate::ensemble::EnsemblePlan;
@@ -90,7 +90,7 @@ fn path_back(composing: &BTreeMap<String, Vec<String>>, start: &str) -> Option<V
 /// blocking thread without any lock.
 #[derive(Clone, Debug, Default)]
 pub struct ModelsView {
-    models: BTreeMap<String, Result<BTreeMap<i64, Arc<ModelConfig>>, String>>,
+    models: BTreeMap<String, Result<BTreeMap<i64, Arc<ValidModelConfig>>, String>>,
     /// The explicit loads that led to this build, outermost first, this model last: any of
     /// them as a composing model is a circular dependency.
     chain: Vec<String>,
@@ -99,7 +99,7 @@ pub struct ModelsView {
 impl ModelsView {
     /// `models`: every known model, with its served versions' configs or why it has none.
     pub fn new(
-        models: BTreeMap<String, Result<BTreeMap<i64, Arc<ModelConfig>>, String>>,
+        models: BTreeMap<String, Result<BTreeMap<i64, Arc<ValidModelConfig>>, String>>,
         chain: Vec<String>,
     ) -> ModelsView {
         ModelsView { models, chain }
@@ -107,7 +107,11 @@ impl ModelsView {
 
     /// The config of `name` (`version`, or its latest served version), or why it cannot be a
     /// composing model now.
-    pub fn config(&self, name: &str, version: Option<i64>) -> Result<Arc<ModelConfig>, String> {
+    pub fn config(
+        &self,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<Arc<ValidModelConfig>, String> {
         if let Some(p) = self.chain.iter().position(|c| c == name) {
             let mut path = self.chain[p..].to_vec();
             path.push(name.to_string());
@@ -188,6 +192,7 @@ pub(super) fn unavailable_reason(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nereid_proto::pb::inference::ModelConfig;
 
     fn graph(edges: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
         edges
@@ -246,10 +251,10 @@ mod tests {
     #[test]
     fn the_view_says_why_a_model_cannot_be_used() {
         let config = |n: &str| {
-            Arc::new(ModelConfig {
+            Arc::new(ValidModelConfig::unchecked(ModelConfig {
                 name: n.into(),
                 ..Default::default()
-            })
+            }))
         };
         let mut models = BTreeMap::new();
         models.insert(

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Plain `infer` refuses decoupled models the way Triton does (UNSUPPORTED). The stream ends
-//! when the model sent its final flag or dropped every sender (a crashed stub).
+//! when the model sent its final flag or dropped every sender (a crashed stub). The request's
+//! [`Outcome`] lives in the task that awaits the scheduler, so a stream counts as in flight
+//! until the model has finished with it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,70 +20,71 @@ use futures::StreamExt;
 use nereid_proto::ServiceError;
 use nereid_proto::error::ServiceResult;
 use nereid_proto::service::{ResponseStream, StreamedResponse};
-use nereid_proto::types::{InferRequest, InferResponse, Tensor};
+use nereid_proto::types::{InferRequest, InferResponse};
 use tokio::sync::mpsc;
 
-use crate::backend::{BackendError, StreamEvent};
-use crate::manager::LoadedVersion;
+use super::outcome::{Outcome, backend_error};
+use crate::backend::StreamEvent;
+use crate::manager::{LoadedVersion, Runner};
 use crate::request_check;
-use crate::server::{backend_error, failure_reason, record_success};
 use crate::stats::FailureReason;
 
-/// Whether a model version answers through a response stream.
-pub(crate) fn is_decoupled(loaded: &LoadedVersion) -> bool {
-    loaded
-        .config
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled)
-}
-
 /// Triton's answer to a unary infer call on a decoupled model.
-pub(crate) fn refuse_unary(loaded: &LoadedVersion) -> ServiceError {
+pub(super) fn refuse_unary(loaded: &LoadedVersion) -> ServiceError {
     ServiceError::unsupported(format!(
         "model '{}' uses the decoupled transaction policy: the HTTP infer end point and the ModelInfer RPC don't support models with decoupled transaction policy; use ModelStreamInfer or generate_stream",
         loaded.name
     ))
 }
 
+/// The stream of a model that answers once: its one response, marked last.
+pub(super) fn single(response: InferResponse) -> ResponseStream {
+    futures::stream::once(async move {
+        Ok(StreamedResponse {
+            response: Some(response),
+            last: true,
+        })
+    })
+    .boxed()
+}
+
 /// Runs `request` on a decoupled model version and streams its responses.
-pub(crate) fn infer_stream(
+pub(super) fn run(
     loaded: Arc<LoadedVersion>,
     request: InferRequest,
+    started: Instant,
 ) -> ServiceResult<ResponseStream> {
-    let started = Instant::now();
-    let id = request.id.clone();
-    let mut valid = request_check::check(&loaded.config, request).inspect_err(|_| {
-        loaded
-            .stats
-            .record_failure(started.elapsed(), FailureReason::Other)
-    })?;
+    if !matches!(loaded.runner, Runner::Decoupled(_)) {
+        return Err(ServiceError::internal(format!(
+            "model '{}' is not decoupled",
+            loaded.name
+        )));
+    }
+    let mut outcome = Outcome::start(loaded.clone(), started);
+    let mut valid = request_check::check(&loaded.config, request)
+        .map_err(|e| outcome.failed(FailureReason::Other, e))?;
+    let id = valid.id.clone();
     let (sink, events) = mpsc::unbounded_channel();
     let failures = sink.clone();
     valid.stream = Some(sink);
-    let task_loaded = loaded.clone();
     let task_id = id.clone();
     tokio::spawn(async move {
-        let loaded = task_loaded;
-        let error = match loaded.submit(valid).await {
+        let loaded = outcome.loaded().clone();
+        let Runner::Decoupled(scheduler) = &loaded.runner else {
+            return;
+        };
+        let error = match scheduler.submit(valid).await {
             Ok(result) => match result.outputs {
                 Ok(_) => {
-                    record_success(&loaded, started, result.timings);
+                    outcome.succeeded(result.timings);
                     None
                 }
-                Err(e) => {
-                    loaded
-                        .stats
-                        .record_failure(started.elapsed(), FailureReason::Backend);
-                    Some(backend_error(&loaded.name, &task_id, e))
-                }
+                Err(e) => Some(outcome.failed(
+                    FailureReason::Backend,
+                    backend_error(&loaded.name, &task_id, e),
+                )),
             },
-            Err(e) => {
-                loaded
-                    .stats
-                    .record_failure(started.elapsed(), failure_reason(&e));
-                Some(e)
-            }
+            Err(e) => Some(outcome.refused(e)),
         };
         if let Some(e) = error {
             let _ = failures.send(StreamEvent::Failed(e));
@@ -109,8 +112,8 @@ fn responses(
                 match events.recv().await {
                     Some(StreamEvent::Response(r)) => {
                         let next = r
-                            .map(|outputs| response(&loaded, &id, outputs))
-                            .map_err(|e| stream_error(&loaded, &id, e));
+                            .map(|outputs| loaded.response(id.clone(), outputs))
+                            .map_err(|e| backend_error(&loaded.name, &id, e));
                         if let Some(previous) = held.replace(next) {
                             return Some((item(previous, false), (events, held, false)));
                         }
@@ -152,18 +155,4 @@ fn item(r: ServiceResult<InferResponse>, last: bool) -> ServiceResult<StreamedRe
         response: Some(response),
         last,
     })
-}
-
-fn response(loaded: &LoadedVersion, id: &str, outputs: Vec<Tensor>) -> InferResponse {
-    InferResponse {
-        model_name: loaded.name.clone(),
-        model_version: loaded.version.to_string(),
-        id: id.to_string(),
-        parameters: Default::default(),
-        outputs,
-    }
-}
-
-fn stream_error(loaded: &LoadedVersion, id: &str, e: BackendError) -> ServiceError {
-    backend_error(&loaded.name, id, e)
 }

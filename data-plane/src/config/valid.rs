@@ -1,0 +1,341 @@
+//! [`ValidModelConfig`]: a complete model config, checked once and held in typed form.
+//!
+//! ```text
+//! ModelConfig (wire, after complete/defaults) ──TryFrom──► validate::validate (every problem)
+//!                                                        ──► typed I/O, batching, scheduling,
+//!                                                            instance groups, parameters
+//! ```
+//!
+//! The request path, the manager and the ensemble planner read the typed fields; nothing
+//! after a load re-matches the wire config's scheduling choice or converts its data types.
+//! The wire form stays available through [`ValidModelConfig::wire`] for the places that speak
+//! the wire: the model-config API (JSON rendering), the backends' own option readers, and the
+//! scheduler's policy builders, which are the next to move onto typed fields.
+
+use std::collections::BTreeMap;
+
+use nereid_proto::DataType;
+use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::pb::inference::model_config::SchedulingChoice;
+use nereid_proto::pb::inference::model_instance_group::Kind;
+
+use super::ConfigError;
+use super::validate;
+
+/// A model config that passed every load-time check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidModelConfig {
+    pub name: String,
+    /// Triton's platform (`onnxruntime_onnx`, `ensemble`, ...); may be empty when only a
+    /// backend is named.
+    pub platform: String,
+    /// Triton's backend (`onnxruntime`, `python`, ...); empty for ensembles.
+    pub backend: String,
+    /// The largest batch a request may carry; 0: the model does not batch, and its tensors
+    /// have no batch dimension.
+    pub max_batch_size: u32,
+    pub inputs: Vec<InputSpec>,
+    pub outputs: Vec<OutputSpec>,
+    pub scheduling: Scheduling,
+    /// Empty for ensembles (they run no instances).
+    pub instance_groups: Vec<InstanceGroup>,
+    /// `parameters { key: ... value: { string_value: ... } }`, by key.
+    pub parameters: BTreeMap<String, String>,
+    /// `model_transaction_policy { decoupled: true }`: any number of responses per request.
+    pub decoupled: bool,
+    /// The model file or directory inside a version directory.
+    pub default_model_filename: String,
+    wire: ModelConfig,
+}
+
+/// One declared input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputSpec {
+    pub name: String,
+    pub datatype: DataType,
+    /// Without the batch dimension; -1 is any size.
+    pub dims: Vec<i64>,
+    /// The shape the model sees (`reshape`), when it differs from `dims`.
+    pub reshape: Option<Vec<i64>>,
+    /// A request may leave it out.
+    pub optional: bool,
+}
+
+/// One declared output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputSpec {
+    pub name: String,
+    pub datatype: DataType,
+    /// Without the batch dimension; -1 is any size.
+    pub dims: Vec<i64>,
+    /// The shape the model produces (`reshape`), when it differs from `dims`.
+    pub reshape: Option<Vec<i64>>,
+}
+
+/// Which scheduler serves the model (the config's one `scheduling_choice`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scheduling {
+    /// No choice: requests run as they come, one per instance execution.
+    Direct,
+    /// `dynamic_batching`: requests join batches.
+    Dynamic,
+    /// `sequence_batching`: requests of one correlation id run in order on one slot.
+    Sequence(SequenceIo),
+    /// `ensemble_scheduling`: steps over composing models.
+    Ensemble,
+}
+
+/// The tensors a sequence batcher feeds or keeps itself, which requests therefore do not
+/// send (inputs) and may ask for (state outputs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SequenceIo {
+    /// Control inputs (start, end, ready, correlation id).
+    pub control_inputs: Vec<String>,
+    /// Implicit state: the input the state is fed through, the output it is read from.
+    pub states: Vec<StateIo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateIo {
+    pub input_name: String,
+    pub output_name: String,
+}
+
+/// One `instance_group`, with `KIND_AUTO` already resolved by the defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceGroup {
+    pub name: String,
+    /// Instances per device (per listed GPU for `KIND_GPU`).
+    pub count: u32,
+    pub kind: GroupKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupKind {
+    Cpu,
+    /// On the listed GPUs (GPU 0 when the config lists none).
+    Gpu {
+        gpus: Vec<i32>,
+    },
+    /// `KIND_MODEL`: the model places itself.
+    Model,
+}
+
+impl ValidModelConfig {
+    /// The complete config in wire form, as it was validated.
+    pub fn wire(&self) -> &ModelConfig {
+        &self.wire
+    }
+
+    /// Types a config without validating it: for tests of code that reads configs.
+    #[cfg(test)]
+    pub(crate) fn unchecked(wire: ModelConfig) -> ValidModelConfig {
+        match typed(wire) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Whether requests carry a batch dimension.
+    pub fn batching(&self) -> bool {
+        self.max_batch_size > 0
+    }
+
+    pub fn input(&self, name: &str) -> Option<&InputSpec> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+
+    pub fn output(&self, name: &str) -> Option<&OutputSpec> {
+        self.outputs.iter().find(|o| o.name == name)
+    }
+
+    /// The sequence batcher's own tensors, for `sequence_batching` models.
+    pub fn sequence(&self) -> Option<&SequenceIo> {
+        match &self.scheduling {
+            Scheduling::Sequence(io) => Some(io),
+            Scheduling::Direct | Scheduling::Dynamic | Scheduling::Ensemble => None,
+        }
+    }
+}
+
+impl TryFrom<ModelConfig> for ValidModelConfig {
+    type Error = ConfigError;
+
+    /// Checks `wire` (a complete config: defaults filled) and types it.
+    fn try_from(wire: ModelConfig) -> Result<ValidModelConfig, ConfigError> {
+        let errors = validate::validate(&wire);
+        if !errors.is_empty() {
+            return Err(ConfigError::Invalid(errors));
+        }
+        typed(wire).map_err(|e| ConfigError::Invalid(vec![e]))
+    }
+}
+
+/// The typed view of a config that passed validation. The checks here are the ones the
+/// conversion itself needs (data types the server knows).
+fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
+    let m = &wire.name;
+    let datatype = |kind: &str, name: &str, t: i32| {
+        DataType::from_config_i32(t).ok_or_else(|| {
+            format!(
+                "model {kind} '{name}' of model '{m}' has a data type this server does not support"
+            )
+        })
+    };
+    let reshape =
+        |r: Option<&nereid_proto::pb::inference::ModelTensorReshape>| r.map(|r| r.shape.clone());
+    let inputs = wire
+        .input
+        .iter()
+        .map(|i| {
+            Ok(InputSpec {
+                name: i.name.clone(),
+                datatype: datatype("input", &i.name, i.data_type)?,
+                dims: i.dims.clone(),
+                reshape: reshape(i.reshape.as_ref()),
+                optional: i.optional,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let outputs = wire
+        .output
+        .iter()
+        .map(|o| {
+            Ok(OutputSpec {
+                name: o.name.clone(),
+                datatype: datatype("output", &o.name, o.data_type)?,
+                dims: o.dims.clone(),
+                reshape: reshape(o.reshape.as_ref()),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let scheduling = match &wire.scheduling_choice {
+        None => Scheduling::Direct,
+        Some(SchedulingChoice::DynamicBatching(_)) => Scheduling::Dynamic,
+        Some(SchedulingChoice::EnsembleScheduling(_)) => Scheduling::Ensemble,
+        Some(SchedulingChoice::SequenceBatching(sb)) => Scheduling::Sequence(SequenceIo {
+            control_inputs: sb.control_input.iter().map(|c| c.name.clone()).collect(),
+            states: sb
+                .state
+                .iter()
+                .map(|s| StateIo {
+                    input_name: s.input_name.clone(),
+                    output_name: s.output_name.clone(),
+                })
+                .collect(),
+        }),
+    };
+    let instance_groups = wire
+        .instance_group
+        .iter()
+        .map(|g| InstanceGroup {
+            name: g.name.clone(),
+            count: g.count.max(1) as u32,
+            kind: match Kind::try_from(g.kind).unwrap_or(Kind::Cpu) {
+                Kind::Gpu => GroupKind::Gpu {
+                    gpus: if g.gpus.is_empty() {
+                        vec![0]
+                    } else {
+                        g.gpus.clone()
+                    },
+                },
+                Kind::Model => GroupKind::Model,
+                Kind::Cpu | Kind::Auto => GroupKind::Cpu,
+            },
+        })
+        .collect();
+    let parameters = wire
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.string_value.clone()))
+        .collect();
+    Ok(ValidModelConfig {
+        name: wire.name.clone(),
+        platform: wire.platform.clone(),
+        backend: wire.backend.clone(),
+        max_batch_size: wire.max_batch_size.max(0) as u32,
+        inputs,
+        outputs,
+        scheduling,
+        instance_groups,
+        parameters,
+        decoupled: wire
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled),
+        default_model_filename: wire.default_model_filename.clone(),
+        wire,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> ModelConfig {
+        let mut c = super::super::text::parse_model_config(text).unwrap();
+        super::super::fill_defaults(&mut c);
+        c
+    }
+
+    #[test]
+    fn types_io_scheduling_and_groups() {
+        let c = ValidModelConfig::try_from(parse(
+            r#"name: "s" backend: "onnxruntime" max_batch_size: 4
+               input [{name: "a" data_type: TYPE_FP32 dims: [2] reshape: {shape: [1, 2]}},
+                      {name: "b" data_type: TYPE_STRING dims: [-1] optional: true}]
+               output [{name: "y" data_type: TYPE_INT64 dims: [2]}]
+               instance_group [{kind: KIND_GPU count: 2}, {kind: KIND_CPU}]
+               parameters { key: "k" value: { string_value: "v" } }
+               sequence_batching {
+                 control_input [{name: "START" control [{kind: CONTROL_SEQUENCE_START fp32_false_true: [0, 1]}]}]
+                 state [{input_name: "si" output_name: "so" data_type: TYPE_FP32 dims: [1]}]
+               }"#,
+        ))
+        .unwrap();
+        assert!(c.batching());
+        assert_eq!(c.max_batch_size, 4);
+        let a = c.input("a").unwrap();
+        assert_eq!(
+            (a.datatype, a.reshape.clone()),
+            (DataType::Fp32, Some(vec![1, 2]))
+        );
+        let b = c.input("b").unwrap();
+        assert_eq!((b.datatype, b.optional), (DataType::Bytes, true));
+        assert_eq!(c.output("y").unwrap().datatype, DataType::Int64);
+        let io = c.sequence().unwrap();
+        assert_eq!(io.control_inputs, vec!["START"]);
+        assert_eq!(io.states[0].output_name, "so");
+        assert_eq!(c.instance_groups[0].kind, GroupKind::Gpu { gpus: vec![0] });
+        assert_eq!(c.instance_groups[0].count, 2);
+        assert_eq!(c.instance_groups[1].kind, GroupKind::Cpu);
+        assert_eq!(c.parameters["k"], "v");
+        assert!(!c.decoupled);
+        assert_eq!(c.wire().name, "s");
+    }
+
+    #[test]
+    fn refuses_what_validation_refuses_with_its_messages() {
+        let e = ValidModelConfig::try_from(parse(
+            r#"name: "m" backend: "onnxruntime" max_batch_size: 2
+               dynamic_batching { preferred_batch_size: [4] }"#,
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "dynamic batching preferred size must be <= max batch size for m"
+        );
+    }
+
+    #[test]
+    fn decoupled_and_direct() {
+        let c = ValidModelConfig::try_from(parse(
+            r#"name: "d" backend: "python"
+               model_transaction_policy { decoupled: true }"#,
+        ))
+        .unwrap();
+        assert!(c.decoupled);
+        assert_eq!(c.scheduling, Scheduling::Direct);
+        assert!(!c.batching());
+    }
+}

@@ -1,0 +1,164 @@
+//! The one request path of a model version: every inference, a client's or an ensemble step's,
+//! unary or streamed, goes through here once the data plane has found the version.
+//!
+//! ```text
+//! LoadedVersion::infer(InferRequest)            LoadedVersion::infer_stream(InferRequest)
+//!   Outcome::start (in flight; one outcome)       Outcome::start
+//!   request_check::check ─► ValidRequest          request_check::check ─► ValidRequest
+//!   ┄┄ cross-cutting steps go here ┄┄             stream::run (responses as they come)
+//!   LoadedVersion::run(ValidRequest) ─ match runner:
+//!     Batched(scheduler)  ─► submit ─► queue, batch, instance ─► outputs
+//!     Decoupled(_)        ─► refused (UNSUPPORTED): only the streaming path serves it
+//!     Ensemble(plan)      ─► ensemble::execute, each step back through `RunContext::step`
+//!   ─► InferResponse
+//! ```
+//!
+//! The outcome (statistics, failure class) is recorded in one place, [`outcome::Outcome`].
+//! A step that every request needs before it runs (a response cache lookup, reading inputs
+//! from shared memory) goes between the check and [`LoadedVersion::run`], where the request is
+//! already valid and no runner has seen it.
+
+pub(crate) mod outcome;
+mod stream;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use nereid_proto::ServiceError;
+use nereid_proto::error::ServiceResult;
+use nereid_proto::service::ResponseStream;
+use nereid_proto::types::{InferRequest, InferResponse, Tensor};
+use nereid_telemetry::tracer::RequestTrace;
+
+use self::outcome::{Outcome, backend_error, record_phases};
+use crate::ensemble::{self, EnsembleRequest};
+use crate::manager::{LoadedVersion, ModelManager, Runner};
+use crate::request_check::{self, ValidRequest};
+use crate::stats::FailureReason;
+
+/// How an ensemble step reaches its composing model: the data plane's own infer path, so a
+/// step is found, checked, queued and batched like any client request of that model.
+pub(crate) type StepFn<'a> =
+    dyn Fn(InferRequest) -> BoxFuture<'a, ServiceResult<InferResponse>> + Send + Sync + 'a;
+
+/// What a request needs from the server around it.
+pub(crate) struct RunContext<'a> {
+    /// For an ensemble: whether its composing models are available.
+    pub manager: &'a ModelManager,
+    /// For an ensemble: how its steps run.
+    pub step: &'a StepFn<'a>,
+    /// The request's trace, when it is sampled.
+    pub trace: Option<&'a mut RequestTrace>,
+}
+
+impl LoadedVersion {
+    /// Runs `request` (which arrived at `started`) on this version and answers it.
+    pub(crate) async fn infer(
+        self: &Arc<Self>,
+        request: InferRequest,
+        started: Instant,
+        ctx: RunContext<'_>,
+    ) -> ServiceResult<InferResponse> {
+        let mut outcome = Outcome::start(self.clone(), started);
+        if let Runner::Decoupled(_) = self.runner {
+            return Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)));
+        }
+        let valid = request_check::check(&self.config, request)
+            .map_err(|e| outcome.failed(FailureReason::Other, e))?;
+        let id = valid.id.clone();
+        let outputs = self.run(valid, &mut outcome, ctx).await?;
+        Ok(self.response(id, outputs))
+    }
+
+    /// Runs `request` and streams its responses: any number for a decoupled model, exactly
+    /// one (the unary answer) for every other model.
+    pub(crate) async fn infer_stream(
+        self: &Arc<Self>,
+        request: InferRequest,
+        started: Instant,
+        ctx: RunContext<'_>,
+    ) -> ServiceResult<ResponseStream> {
+        if let Runner::Decoupled(_) = self.runner {
+            return stream::run(self.clone(), request, started);
+        }
+        let response = self.infer(request, started, ctx).await?;
+        Ok(stream::single(response))
+    }
+
+    /// Runs a checked request on whatever serves this version; failures are counted on
+    /// `outcome`, success too.
+    async fn run(
+        &self,
+        request: ValidRequest,
+        outcome: &mut Outcome,
+        ctx: RunContext<'_>,
+    ) -> ServiceResult<Vec<Tensor>> {
+        match &self.runner {
+            Runner::Batched(scheduler) => {
+                let id = request.id.clone();
+                let submitted = Instant::now();
+                let result = scheduler
+                    .submit(request)
+                    .await
+                    .map_err(|e| outcome.refused(e))?;
+                if let Some(trace) = ctx.trace {
+                    record_phases(trace, submitted, &result.timings);
+                }
+                let outputs = result.outputs.map_err(|e| {
+                    outcome.failed(FailureReason::Backend, backend_error(&self.name, &id, e))
+                })?;
+                outcome.succeeded(result.timings);
+                Ok(outputs)
+            }
+            Runner::Decoupled(_) => {
+                Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)))
+            }
+            Runner::Ensemble(plan) => {
+                if let Some(reason) = ctx.manager.unavailable(self) {
+                    let e = ServiceError::unavailable(format!(
+                        "ensemble '{}' is not available: {reason}",
+                        self.name
+                    ));
+                    return Err(outcome.failed(FailureReason::Other, e));
+                }
+                let batch_size = request.batch_size;
+                let request = EnsembleRequest {
+                    id: request.id,
+                    options: request.options,
+                    parameters: request.parameters,
+                    inputs: request.inputs,
+                    outputs: request.outputs,
+                };
+                let mut trace = ctx.trace;
+                if let Some(trace) = trace.as_deref_mut() {
+                    trace.phase("receive", trace.start_instant(), Instant::now());
+                }
+                // Each step is a child trace of the ensemble's span.
+                let parent = trace.as_deref().map(|t| t.context());
+                let step = |mut r: InferRequest| {
+                    if let Some(parent) = &parent {
+                        r.context.trace = Some(parent.clone());
+                    }
+                    (ctx.step)(r)
+                };
+                let outputs = ensemble::execute(plan, request, step)
+                    .await
+                    .map_err(|e| outcome.refused(e))?;
+                outcome.ensemble_succeeded(batch_size);
+                Ok(outputs)
+            }
+        }
+    }
+
+    /// This version's answer carrying `outputs`.
+    pub(crate) fn response(&self, id: String, outputs: Vec<Tensor>) -> InferResponse {
+        InferResponse {
+            model_name: self.name.clone(),
+            model_version: self.version.to_string(),
+            id,
+            parameters: Default::default(),
+            outputs,
+        }
+    }
+}
