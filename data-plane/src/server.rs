@@ -228,13 +228,11 @@ impl InferenceService for DataPlane {
         let loaded = self
             .manager
             .get(&request.model_name, request.model_version)?;
-        let step = |r| self.infer_model(r);
-        let ctx = RunContext {
-            manager: &self.manager,
-            step: &step,
-            trace: None,
-        };
-        loaded.infer_stream(request, started, ctx).await
+        if loaded.streams() {
+            return loaded.infer_stream(request, started);
+        }
+        // Every other model answers once, through the unary path (traced like any infer).
+        Ok(crate::request::single(self.infer(request).await?))
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {

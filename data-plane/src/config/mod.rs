@@ -15,8 +15,8 @@ mod valid;
 pub mod validate;
 
 pub use valid::{
-    GroupKind, InputSpec, InstanceGroup, OutputSpec, Scheduling, SequenceIo, StateIo,
-    ValidModelConfig,
+    EnsembleStep, GroupKind, InputSpec, InstanceGroup, OutputSpec, Scheduling, SequenceIo, StateIo,
+    ValidModelConfig, composing_models, ensemble_steps,
 };
 
 use std::path::{Path, PathBuf};

@@ -82,7 +82,61 @@ pub enum Scheduling {
     /// `sequence_batching`: requests of one correlation id run in order on one slot.
     Sequence(SequenceIo),
     /// `ensemble_scheduling`: steps over composing models.
-    Ensemble,
+    Ensemble(Vec<EnsembleStep>),
+}
+
+/// One `ensemble_scheduling.step`, its maps sorted by the composing model's tensor name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnsembleStep {
+    pub model_name: String,
+    /// -1: the latest served version.
+    pub model_version: i64,
+    /// `(composing model input, ensemble tensor)`.
+    pub input_map: Vec<(String, String)>,
+    /// `(composing model output, ensemble tensor)`.
+    pub output_map: Vec<(String, String)>,
+}
+
+/// The steps of a wire config's `ensemble_scheduling` (empty without one). The manager orders
+/// loads and validation checks data flow on the wire config, before it is typed.
+pub fn ensemble_steps(wire: &ModelConfig) -> Vec<EnsembleStep> {
+    let Some(SchedulingChoice::EnsembleScheduling(s)) = &wire.scheduling_choice else {
+        return Vec::new();
+    };
+    let sorted = |map: &std::collections::HashMap<String, String>| {
+        let mut pairs: Vec<(String, String)> =
+            map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        pairs.sort();
+        pairs
+    };
+    s.step
+        .iter()
+        .map(|step| EnsembleStep {
+            model_name: step.model_name.clone(),
+            model_version: step.model_version,
+            input_map: sorted(&step.input_map),
+            output_map: sorted(&step.output_map),
+        })
+        .collect()
+}
+
+/// The composing models named by an ensemble config's steps, each once, in step order (empty
+/// for any other model).
+pub fn composing_models(wire: &ModelConfig) -> Vec<String> {
+    if wire.platform != crate::ensemble::PLATFORM {
+        return Vec::new();
+    }
+    step_models(&ensemble_steps(wire))
+}
+
+fn step_models(steps: &[EnsembleStep]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for step in steps {
+        if !names.contains(&step.model_name) {
+            names.push(step.model_name.clone());
+        }
+    }
+    names
 }
 
 /// The tensors a sequence batcher feeds or keeps itself, which requests therefore do not
@@ -153,8 +207,25 @@ impl ValidModelConfig {
     pub fn sequence(&self) -> Option<&SequenceIo> {
         match &self.scheduling {
             Scheduling::Sequence(io) => Some(io),
-            Scheduling::Direct | Scheduling::Dynamic | Scheduling::Ensemble => None,
+            Scheduling::Direct | Scheduling::Dynamic | Scheduling::Ensemble(_) => None,
         }
+    }
+
+    /// An ensemble's steps (empty for any other model).
+    pub fn ensemble_steps(&self) -> &[EnsembleStep] {
+        match &self.scheduling {
+            Scheduling::Ensemble(steps) => steps,
+            Scheduling::Direct | Scheduling::Dynamic | Scheduling::Sequence(_) => &[],
+        }
+    }
+
+    /// The composing models an ensemble's steps name, each once, in step order (empty for any
+    /// other model).
+    pub fn composing_models(&self) -> Vec<String> {
+        if self.platform != crate::ensemble::PLATFORM {
+            return Vec::new();
+        }
+        step_models(self.ensemble_steps())
     }
 }
 
@@ -212,7 +283,9 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
     let scheduling = match &wire.scheduling_choice {
         None => Scheduling::Direct,
         Some(SchedulingChoice::DynamicBatching(_)) => Scheduling::Dynamic,
-        Some(SchedulingChoice::EnsembleScheduling(_)) => Scheduling::Ensemble,
+        Some(SchedulingChoice::EnsembleScheduling(_)) => {
+            Scheduling::Ensemble(ensemble_steps(&wire))
+        }
         Some(SchedulingChoice::SequenceBatching(sb)) => Scheduling::Sequence(SequenceIo {
             control_inputs: sb.control_input.iter().map(|c| c.name.clone()).collect(),
             states: sb

@@ -182,7 +182,16 @@ fn check_ensemble(errors: &mut Vec<String>, config: &ModelConfig) {
             "ensemble '{m}': decoupled ensembles (model_transaction_policy {{ decoupled: true }}) are not supported by Nereid yet"
         ));
     }
-    if let Err(graph_errors) = crate::ensemble::graph::analyze(config) {
+    let steps = super::ensemble_steps(config);
+    let inputs: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
+    let outputs: Vec<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
+    let declared = crate::ensemble::graph::Declared {
+        name: m,
+        inputs: &inputs,
+        outputs: &outputs,
+        steps: &steps,
+    };
+    if let Err(graph_errors) = crate::ensemble::graph::analyze(declared) {
         errors.extend(graph_errors);
     }
 }

@@ -12,10 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::pb::inference::model_config::SchedulingChoice;
-
 use super::step_label;
+use crate::config::EnsembleStep;
 
 /// One step, its maps sorted by the composing model's tensor name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,18 +38,25 @@ pub struct Graph {
     pub order: Vec<usize>,
 }
 
-/// Analyzes `config`'s `ensemble_scheduling`. Errors are full sentences naming the ensemble,
-/// the step and the tensor; all that are found, in config order.
-pub fn analyze(config: &ModelConfig) -> Result<Graph, Vec<String>> {
-    let e = &config.name;
-    let steps_config = match &config.scheduling_choice {
-        Some(SchedulingChoice::EnsembleScheduling(s)) if !s.step.is_empty() => &s.step,
-        _ => {
-            return Err(vec![format!(
-                "ensemble '{e}' must specify 'ensemble_scheduling' with one or more 'step's"
-            )]);
-        }
-    };
+/// What an ensemble config declares: its name, its tensors and its steps.
+#[derive(Clone, Copy, Debug)]
+pub struct Declared<'a> {
+    pub name: &'a str,
+    pub inputs: &'a [&'a str],
+    pub outputs: &'a [&'a str],
+    pub steps: &'a [EnsembleStep],
+}
+
+/// Analyzes an ensemble's steps. Errors are full sentences naming the ensemble, the step and
+/// the tensor; all that are found, in config order.
+pub fn analyze(declared: Declared<'_>) -> Result<Graph, Vec<String>> {
+    let e = declared.name;
+    let steps_config = declared.steps;
+    if steps_config.is_empty() {
+        return Err(vec![format!(
+            "ensemble '{e}' must specify 'ensemble_scheduling' with one or more 'step's"
+        )]);
+    }
     let mut errors = Vec::new();
     let mut steps = Vec::with_capacity(steps_config.len());
     for (i, step) in steps_config.iter().enumerate() {
@@ -79,23 +84,17 @@ pub fn analyze(config: &ModelConfig) -> Result<Graph, Vec<String>> {
                 None
             }
         };
-        let sorted = |map: &std::collections::HashMap<String, String>| {
-            let mut pairs: Vec<(String, String)> =
-                map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            pairs.sort();
-            pairs
-        };
         steps.push(StepNode {
             model: step.model_name.clone(),
             version,
-            inputs: sorted(&step.input_map),
-            outputs: sorted(&step.output_map),
+            inputs: step.input_map.clone(),
+            outputs: step.output_map.clone(),
             after: Vec::new(),
         });
     }
 
-    let inputs: BTreeSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
-    let outputs: BTreeSet<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
+    let inputs: BTreeSet<&str> = declared.inputs.iter().copied().collect();
+    let outputs: BTreeSet<&str> = declared.outputs.iter().copied().collect();
     // tensor -> (producing step, its output name)
     let mut producers: BTreeMap<String, (usize, String)> = BTreeMap::new();
     for (i, step) in steps.iter().enumerate() {
@@ -136,19 +135,17 @@ pub fn analyze(config: &ModelConfig) -> Result<Graph, Vec<String>> {
         after.dedup();
         step.after = after;
     }
-    for input in &config.input {
-        if !read.contains(&input.name) {
+    for &input in declared.inputs {
+        if !read.contains(input) {
             errors.push(format!(
-                "ensemble '{e}': ensemble input '{}' is not read by any step",
-                input.name
+                "ensemble '{e}': ensemble input '{input}' is not read by any step"
             ));
         }
     }
-    for output in &config.output {
-        if !producers.contains_key(&output.name) {
+    for &output in declared.outputs {
+        if !producers.contains_key(output) {
             errors.push(format!(
-                "ensemble '{e}': ensemble output '{}' is not produced by any step",
-                output.name
+                "ensemble '{e}': ensemble output '{output}' is not produced by any step"
             ));
         }
     }
@@ -231,6 +228,19 @@ pub fn topological_order(steps: &[StepNode]) -> Result<Vec<usize>, Vec<usize>> {
 mod tests {
     use super::*;
     use crate::config::text::parse_model_config;
+    use nereid_proto::pb::inference::ModelConfig;
+
+    /// Analyzes a wire config the way validation does.
+    fn analyze(c: &ModelConfig) -> Result<Graph, Vec<String>> {
+        let inputs: Vec<&str> = c.input.iter().map(|i| i.name.as_str()).collect();
+        let outputs: Vec<&str> = c.output.iter().map(|o| o.name.as_str()).collect();
+        super::analyze(Declared {
+            name: &c.name,
+            inputs: &inputs,
+            outputs: &outputs,
+            steps: &crate::config::ensemble_steps(c),
+        })
+    }
 
     fn ensemble(text: &str) -> ModelConfig {
         let mut c = parse_model_config(text).unwrap();

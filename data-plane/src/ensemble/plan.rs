@@ -2,7 +2,7 @@
 //! version runs, or every reason it cannot load.
 //!
 //! ```text
-//! graph::analyze(config) ─► per step: circular dependency through other ensembles?
+//! graph::analyze(declared steps) ─► per step: circular dependency through other ensembles?
 //!   ─► composing config (lookup: loaded? that version served?) ─► decoupled? batch size?
 //!   ─► input_map / output_map keys are the model's tensors, every required input mapped
 //! ─► per tensor: producer (ensemble input or step output) and each reader agree on data type
@@ -16,8 +16,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use nereid_proto::DataType;
-use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::types::format_shape;
 
 use super::graph::{self, StepNode};
@@ -47,7 +45,15 @@ pub fn plan(
     lookup: impl Fn(&str, Option<i64>) -> Result<Arc<ValidModelConfig>, String>,
 ) -> Result<EnsemblePlan, String> {
     let e = &config.name;
-    let graph = graph::analyze(config.wire()).map_err(|errors| errors.join("; "))?;
+    let inputs: Vec<&str> = config.inputs.iter().map(|i| i.name.as_str()).collect();
+    let outputs: Vec<&str> = config.outputs.iter().map(|o| o.name.as_str()).collect();
+    let declared = graph::Declared {
+        name: e,
+        inputs: &inputs,
+        outputs: &outputs,
+        steps: config.ensemble_steps(),
+    };
+    let graph = graph::analyze(declared).map_err(|errors| errors.join("; "))?;
     let mut errors = Vec::new();
     let mut composing: Vec<Option<Arc<ValidModelConfig>>> = Vec::with_capacity(graph.steps.len());
     for (i, step) in graph.steps.iter().enumerate() {
@@ -89,24 +95,6 @@ pub fn plan(
     }
 }
 
-/// The composing models named by an ensemble config's steps, each once, in step order (empty
-/// for any other model). Reads the wire config: the manager orders loads by it before any
-/// config is validated.
-pub fn composing_models(config: &ModelConfig) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    if config.platform != super::PLATFORM {
-        return names;
-    }
-    if let Some(SchedulingChoice::EnsembleScheduling(s)) = &config.scheduling_choice {
-        for step in &s.step {
-            if !names.contains(&step.model_name) {
-                names.push(step.model_name.clone());
-            }
-        }
-    }
-    names
-}
-
 /// A path of composing models from `start` back to `ensemble` through loaded ensembles, if
 /// there is one (`[ensemble]` when a step names the ensemble itself).
 fn cycle_back_to(
@@ -125,7 +113,7 @@ fn cycle_back_to(
             continue;
         }
         if let Ok(config) = lookup(model, None) {
-            for next in composing_models(config.wire()).into_iter().rev() {
+            for next in config.composing_models().into_iter().rev() {
                 let mut longer = path.clone();
                 longer.push(next);
                 stack.push(longer);
@@ -620,7 +608,7 @@ mod tests {
             &step("inner", &[("IN", "IN")], &[("OUT", "OUT")]),
         );
         assert!(plan(&outer, lookup_in(&models)).is_ok());
-        assert_eq!(composing_models(&outer), vec!["inner"]);
-        assert!(composing_models(&models["scale"]).is_empty());
+        assert_eq!(outer.composing_models(), vec!["inner"]);
+        assert!(models["scale"].composing_models().is_empty());
     }
 }

@@ -40,7 +40,6 @@ use overrides::OverrideDir;
 
 use crate::backend::Backends;
 use crate::config::{self, CompleteOptions};
-use crate::ensemble;
 use crate::repository::{self, Fingerprint};
 
 /// How models are loaded, like Triton's `--model-control-mode`.
@@ -188,7 +187,7 @@ impl ModelManager {
                     .models
                     .get(&name)
                     .and_then(|dir| config::read_config_file(&dir.path).ok())
-                    .map(|c| ensemble::plan::composing_models(&c))
+                    .map(|c| config::composing_models(&c))
                     .unwrap_or_default();
                 (name, steps)
             })
@@ -362,7 +361,7 @@ impl ModelManager {
             }),
         };
         let Some(config) = config else { return };
-        for model in ensemble::plan::composing_models(&config) {
+        for model in config::composing_models(&config) {
             if chain.contains(&model) || self.is_served(&model) {
                 continue;
             }
@@ -544,7 +543,7 @@ impl ModelManager {
             .iter()
             .filter_map(|(name, dir)| {
                 let config = config::read_config_file(&dir.path).ok()?;
-                Some((name, ensemble::plan::composing_models(&config)))
+                Some((name, config::composing_models(&config)))
             })
             .filter(|(_, steps)| !steps.is_empty())
             .collect();

@@ -298,6 +298,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Health;
+    use crate::config::ValidModelConfig;
     use crate::manager::Runner;
     use crate::repository::Fingerprint;
     use crate::scheduler::Scheduler;
@@ -306,11 +307,11 @@ mod tests {
 
     /// A version with no instances (nothing executes), whose statistics the test fills.
     fn version(name: &str) -> Arc<LoadedVersion> {
-        let config = Arc::new(ModelConfig::default());
+        let config = Arc::new(ValidModelConfig::unchecked(ModelConfig::default()));
         let stats = Arc::new(VersionStats::default());
         let scheduler = Scheduler::start(
             name,
-            BatchPolicy::from_config(&config),
+            BatchPolicy::from_config(config.wire()),
             Vec::new(),
             stats.clone(),
             4,
@@ -320,7 +321,7 @@ mod tests {
             name: name.into(),
             version: 1,
             config,
-            runner: Runner::Scheduler(scheduler),
+            runner: Runner::Batched(scheduler),
             stats,
             fingerprint: Fingerprint::of(Path::new("/nonexistent")),
             health: Arc::new(Health::default()),

@@ -2,7 +2,7 @@
 //! unary or streamed, goes through here once the data plane has found the version.
 //!
 //! ```text
-//! LoadedVersion::infer(InferRequest)            LoadedVersion::infer_stream(InferRequest)
+//! LoadedVersion::infer(InferRequest)            LoadedVersion::infer_stream (decoupled only)
 //!   Outcome::start (in flight; one outcome)       Outcome::start
 //!   request_check::check ─► ValidRequest          request_check::check ─► ValidRequest
 //!   ┄┄ cross-cutting steps go here ┄┄             stream::run (responses as they come)
@@ -20,6 +20,8 @@
 
 pub(crate) mod outcome;
 mod stream;
+
+pub(crate) use stream::single;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,19 +73,20 @@ impl LoadedVersion {
         Ok(self.response(id, outputs))
     }
 
-    /// Runs `request` and streams its responses: any number for a decoupled model, exactly
-    /// one (the unary answer) for every other model.
-    pub(crate) async fn infer_stream(
+    /// Whether this version answers through a response stream (a decoupled model); every
+    /// other version answers once, through [`LoadedVersion::infer`].
+    pub(crate) fn streams(&self) -> bool {
+        matches!(self.runner, Runner::Decoupled(_))
+    }
+
+    /// Runs `request` on a decoupled version and streams its responses as the model sends
+    /// them. Any other version is refused: its callers take [`LoadedVersion::infer`].
+    pub(crate) fn infer_stream(
         self: &Arc<Self>,
         request: InferRequest,
         started: Instant,
-        ctx: RunContext<'_>,
     ) -> ServiceResult<ResponseStream> {
-        if let Runner::Decoupled(_) = self.runner {
-            return stream::run(self.clone(), request, started);
-        }
-        let response = self.infer(request, started, ctx).await?;
-        Ok(stream::single(response))
+        stream::run(self.clone(), request, started)
     }
 
     /// Runs a checked request on whatever serves this version; failures are counted on

@@ -38,7 +38,7 @@ pub(super) fn refuse_unary(loaded: &LoadedVersion) -> ServiceError {
 }
 
 /// The stream of a model that answers once: its one response, marked last.
-pub(super) fn single(response: InferResponse) -> ResponseStream {
+pub(crate) fn single(response: InferResponse) -> ResponseStream {
     futures::stream::once(async move {
         Ok(StreamedResponse {
             response: Some(response),
