@@ -72,13 +72,16 @@ test-deploy: build
 ## perf_analyzer; writes $(BENCH_OUT)/results.json and prints a Markdown summary (docs/loadtest.md).
 ## Then the router hop (scripts/bench_router.sh: worker direct vs through `nereid router`):
 ## $(BENCH_OUT)/router-hop.json. Then the PyTorch backend (scripts/bench_torch.sh: a traced MLP
-## in-process through tch vs served, c=1 and c=32): $(BENCH_OUT)/torch.json. Then the placement simulator (1,000 nodes × 10,000 models):
+## in-process through tch vs served, c=1 and c=32): $(BENCH_OUT)/torch.json. Then the server's CPU
+## time per inference (scripts/bench_cpu.sh; NEREID_BASELINE=<binary> compares two builds):
+## $(BENCH_OUT)/cpu.json. Then the placement simulator (1,000 nodes × 10,000 models):
 ## $(BENCH_OUT)/placement-sim.json.
 bench: build
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) --features torch -p nereid-data-plane --example inprocess_ort --example inprocess_torch
 	bash scripts/bench.sh $(BENCH_OUT)
 	bash scripts/bench_torch.sh $(BENCH_OUT)
+	bash scripts/bench_cpu.sh $(BENCH_OUT)
 	NEREID=target/release/nereid LOADTEST=target/release/nereid-loadtest bash scripts/bench_router.sh $(BENCH_OUT)
 	mkdir -p $(BENCH_OUT)
 	target/release/nereid-loadtest placement-sim

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use nereid_data_plane::backend::{BackendError, BackendInstance};
+use nereid_data_plane::backend::{BackendError, BackendInstance, BatchInputs};
 use nereid_data_plane::config::text::parse_model_config;
 use nereid_data_plane::request_check::ValidRequest;
 use nereid_data_plane::scheduler::Scheduler;
@@ -20,9 +20,10 @@ struct Sleepy;
 impl BackendInstance for Sleepy {
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        inputs: &BatchInputs<'_>,
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
+        let inputs = inputs.joined()?;
         let first = inputs[0]
             .data()
             .get(..4)

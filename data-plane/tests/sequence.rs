@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use nereid_data_plane::backend::{BackendError, BackendInstance};
+use nereid_data_plane::backend::{BackendError, BackendInstance, BatchInputs};
 use nereid_data_plane::config::text::parse_model_config;
 use nereid_data_plane::request_check::{SequenceFlags, ValidRequest};
 use nereid_data_plane::scheduler::policy::BatchPolicy;
@@ -54,9 +54,10 @@ fn int32s(name: &str, v: &[i64]) -> Tensor {
 impl BackendInstance for Accumulator {
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        inputs: &BatchInputs<'_>,
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
+        let inputs = inputs.joined()?;
         std::thread::sleep(self.delay);
         let get = |name: &str| {
             inputs

@@ -4,7 +4,8 @@
 //! ```text
 //!  load_instance: config ─► pair outputs with inputs (same data_type, same shape)
 //!                        ─► parameters (execute_delay_ms, ...) ─► IdentityInstance
-//!  execute:       sleep execute_delay_ms ─► for each requested output: its input, renamed
+//!  execute:       sleep execute_delay_ms ─► for each requested output: its input (the batch's
+//!                 parts joined; a lone request's tensor as it is), renamed
 //! ```
 //!
 //! Pairing follows Triton's identity backend where the config uses its naming (`OUTPUT<i>` is
@@ -24,7 +25,7 @@ use std::time::Duration;
 use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig};
 use nereid_proto::types::{Tensor, format_shape};
 
-use super::{Backend, BackendError, BackendInstance, DeviceKind, InstanceContext};
+use super::{Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext};
 
 /// The identity backend. Stateless: everything it needs is in the config.
 #[derive(Debug, Default)]
@@ -80,7 +81,7 @@ struct IdentityInstance {
 impl BackendInstance for IdentityInstance {
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        inputs: &BatchInputs<'_>,
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
         if !self.delay.is_zero() {
@@ -95,12 +96,12 @@ impl BackendInstance for IdentityInstance {
                         "unexpected inference output '{output}' for the identity model"
                     )));
                 };
-                let tensor = inputs.iter().find(|t| t.name() == input).ok_or_else(|| {
+                let tensor = inputs.get(input).ok_or_else(|| {
                     BackendError::InvalidInput(format!(
                         "failed to get input '{input}' for output '{output}'"
                     ))
                 })?;
-                Ok(tensor.clone().renamed(output.as_str()))
+                Ok(tensor.joined()?.renamed(output.as_str()))
             })
             .collect()
     }
@@ -255,7 +256,7 @@ mod tests {
         let inputs = inputs();
         let out = instance
             .execute(
-                &inputs,
+                &BatchInputs::single(&inputs),
                 &names(&["OUTPUT0", "OUTPUT1", "OUTPUT2", "OUTPUT3"]),
             )
             .unwrap();
@@ -277,18 +278,26 @@ mod tests {
     fn only_requested_outputs_in_requested_order() {
         let mut instance = load(CONFIG).unwrap();
         let out = instance
-            .execute(&inputs(), &names(&["OUTPUT3", "OUTPUT0"]))
+            .execute(
+                &BatchInputs::single(&inputs()),
+                &names(&["OUTPUT3", "OUTPUT0"]),
+            )
             .unwrap();
         let got: Vec<&str> = out.iter().map(Tensor::name).collect();
         assert_eq!(got, ["OUTPUT3", "OUTPUT0"]);
         assert_eq!(out[0].datatype(), DataType::Bytes);
-        assert!(instance.execute(&inputs(), &[]).unwrap().is_empty());
+        assert!(
+            instance
+                .execute(&BatchInputs::single(&inputs()), &[])
+                .unwrap()
+                .is_empty()
+        );
         let e = instance
-            .execute(&inputs(), &names(&["OUTPUT9"]))
+            .execute(&BatchInputs::single(&inputs()), &names(&["OUTPUT9"]))
             .unwrap_err();
         assert!(matches!(e, BackendError::InvalidInput(m) if m.contains("'OUTPUT9'")));
         let e = instance
-            .execute(&inputs()[1..], &names(&["OUTPUT0"]))
+            .execute(&BatchInputs::single(&inputs()[1..]), &names(&["OUTPUT0"]))
             .unwrap_err();
         assert!(matches!(e, BackendError::InvalidInput(m) if m.contains("'INPUT0'")));
     }
@@ -356,7 +365,9 @@ mod tests {
         let c = with_param(CONFIG, "execute_delay_ms", " 30 ");
         let mut instance = IdentityBackend.load_instance(&ctx(c)).unwrap();
         let start = Instant::now();
-        instance.execute(&inputs(), &names(&["OUTPUT0"])).unwrap();
+        instance
+            .execute(&BatchInputs::single(&inputs()), &names(&["OUTPUT0"]))
+            .unwrap();
         assert!(
             start.elapsed() >= Duration::from_millis(30),
             "{:?}",
@@ -402,7 +413,7 @@ mod tests {
         let mut instance = backend.load_instance(&c).unwrap();
         assert_eq!(
             instance
-                .execute(&inputs(), &names(&["OUTPUT1"]))
+                .execute(&BatchInputs::single(&inputs()), &names(&["OUTPUT1"]))
                 .unwrap()
                 .len(),
             1

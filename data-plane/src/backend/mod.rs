@@ -3,13 +3,14 @@
 //! ```text
 //!  ModelConfig + version dir ──► Backend::auto_complete (fill inputs/outputs/batching from file)
 //!                            ──► Backend::load_instance ×N (one per instance_group instance)
-//!  instance thread:  BackendInstance::execute(inputs) -> outputs   (blocking, never on tokio)
+//!  instance thread:  BackendInstance::execute(&BatchInputs) -> outputs   (blocking, never on tokio)
 //! ```
 //!
 //! A backend is chosen by the config's `backend` / `platform` ([`crate::config`] normalizes
 //! them). Instances are synchronous: each runs on its own OS thread owned by the model's
 //! instance pool, so a slow model never blocks the async runtime.
 
+mod batch_inputs;
 pub mod identity;
 pub mod onnx;
 mod params;
@@ -25,6 +26,8 @@ use nereid_proto::InferenceService;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::types::{CorrelationId, Parameters, Tensor};
 use parking_lot::Mutex;
+
+pub use self::batch_inputs::{BatchInput, BatchInputs};
 
 /// What can go wrong inside a backend, by meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -165,12 +168,14 @@ pub struct RequestView<'a> {
 /// One loaded copy of a model version. `execute` is called from a dedicated thread, one call at
 /// a time per instance.
 pub trait BackendInstance: Send {
-    /// Runs the model. `inputs` are validated against the config (names, datatypes, shapes with
-    /// the batch dimension first when `max_batch_size > 0`). Returns the outputs named in
-    /// `outputs`, in that order.
+    /// Runs the model on one batch. `inputs` are validated against the config (names,
+    /// datatypes, shapes with the batch dimension first when `max_batch_size > 0`); each holds
+    /// the batched requests' parts, which the backend copies straight into its own buffers
+    /// ([`BatchInput::copy_into`]) or takes as tensors ([`BatchInputs::joined`]). Returns the
+    /// outputs named in `outputs`, in that order, with the batch dimension first.
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        inputs: &BatchInputs<'_>,
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError>;
 

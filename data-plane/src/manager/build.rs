@@ -15,8 +15,8 @@ use nereid_proto::pb::inference::ModelConfig;
 
 use super::dependencies::ModelsView;
 use crate::backend::{
-    BackendError, BackendInstance, Backends, DeviceKind, Health, InstanceContext, RequestView,
-    ServerHandle,
+    BackendError, BackendInstance, Backends, BatchInputs, DeviceKind, Health, InstanceContext,
+    RequestView, ServerHandle,
 };
 use crate::config::{self, CompleteOptions, GroupKind, ValidModelConfig};
 use crate::ensemble::{self, EnsemblePlan};
@@ -318,7 +318,9 @@ fn run_sample(
     sample: &WarmupSample,
 ) -> Result<(), BackendError> {
     if !instance.request_level() {
-        return instance.execute(&sample.inputs, &sample.outputs).map(drop);
+        return instance
+            .execute(&BatchInputs::single(&sample.inputs), &sample.outputs)
+            .map(drop);
     }
     let parameters = Default::default();
     let view = RequestView {

@@ -1,54 +1,14 @@
-//! Joining the inputs of the requests in a batch along the batch dimension, and splitting the
-//! outputs back per request.
+//! Splitting the outputs of a batch back per request. (The inputs are not joined here: a
+//! backend gets them as [`crate::backend::BatchInputs`] and copies them straight into its own
+//! buffers.)
 //!
 //! A batch of one request passes its tensors through untouched. Splitting never copies: each
 //! request's output is a `Bytes` slice of the batch output.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use nereid_proto::types::{Tensor, bytes_elements, element_count};
 
 use crate::backend::BackendError;
-
-/// Concatenates the inputs of several requests (same names, datatypes and non-batch dims, in
-/// the same order — guaranteed by the queue's shape key) into one batch.
-pub fn concat_inputs(requests: &[&[Tensor]]) -> Result<Vec<Tensor>, BackendError> {
-    let Some((first, rest)) = requests.split_first() else {
-        return Ok(Vec::new());
-    };
-    if rest.is_empty() {
-        return Ok(first.to_vec());
-    }
-    let mut out = Vec::with_capacity(first.len());
-    for (i, proto) in first.iter().enumerate() {
-        let mut total = 0i64;
-        let mut bytes = 0usize;
-        for r in requests {
-            let t = r
-                .get(i)
-                .filter(|t| t.name() == proto.name())
-                .ok_or_else(|| {
-                    BackendError::Execution(format!(
-                        "batched requests disagree on input '{}'",
-                        proto.name()
-                    ))
-                })?;
-            total += t.shape().first().copied().unwrap_or(1);
-            bytes += t.data().len();
-        }
-        let mut data = BytesMut::with_capacity(bytes);
-        for r in requests {
-            data.extend_from_slice(r[i].data());
-        }
-        let mut shape = proto.shape().to_vec();
-        if let Some(d) = shape.first_mut() {
-            *d = total;
-        }
-        let tensor = Tensor::new(proto.name(), proto.datatype(), shape, data.freeze())
-            .map_err(|e| BackendError::Execution(e.to_string()))?;
-        out.push(tensor);
-    }
-    Ok(out)
-}
 
 /// Splits a batch output into one tensor per request (`batch_sizes` in batch order).
 pub fn split_output(output: &Tensor, batch_sizes: &[usize]) -> Result<Vec<Tensor>, BackendError> {
@@ -109,6 +69,7 @@ fn bytes_row_offsets(data: &Bytes, row_elements: usize, rows: usize) -> Vec<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::BatchInputs;
     use nereid_proto::DataType;
     use nereid_proto::types::push_bytes_element;
 
@@ -130,10 +91,10 @@ mod tests {
     }
 
     #[test]
-    fn concat_then_split_round_trips() {
+    fn join_then_split_round_trips() {
         let a = vec![i32s("x", vec![1, 2], &[1, 2])];
         let b = vec![i32s("x", vec![2, 2], &[3, 4, 5, 6])];
-        let batch = concat_inputs(&[&a, &b]).unwrap();
+        let batch = BatchInputs::new(&[&a, &b]).unwrap().joined().unwrap();
         assert_eq!(batch[0].shape(), &[3, 2]);
         assert_eq!(values(&batch[0]), vec![1, 2, 3, 4, 5, 6]);
         let parts = split_output(&batch[0], &[1, 2]).unwrap();
@@ -145,8 +106,10 @@ mod tests {
     #[test]
     fn a_single_request_passes_through() {
         let a = vec![i32s("x", vec![1, 2], &[1, 2])];
-        let batch = concat_inputs(&[&a]).unwrap();
+        let batch = BatchInputs::new(&[&a]).unwrap().joined().unwrap();
         assert_eq!(batch[0].data().as_ptr(), a[0].data().as_ptr());
+        let parts = split_output(&batch[0], &[1]).unwrap();
+        assert_eq!(parts[0].data().as_ptr(), a[0].data().as_ptr());
     }
 
     #[test]

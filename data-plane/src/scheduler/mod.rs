@@ -34,7 +34,7 @@ use tokio::sync::oneshot;
 
 use self::policy::BatchPolicy;
 use self::queue::{Decision, Pending, RequestQueue, ShapeKey};
-use crate::backend::{BackendError, BackendInstance, RequestView};
+use crate::backend::{BackendError, BackendInstance, BatchInputs, RequestView};
 use crate::request_check::ValidRequest;
 use crate::stats::{PendingMark, VersionStats};
 
@@ -493,9 +493,9 @@ fn run_batch(
         .iter()
         .map(|p| p.payload.request.inputs.as_slice())
         .collect();
-    let result = batch::concat_inputs(&inputs).and_then(|joined| {
+    let result = BatchInputs::new(&inputs).and_then(|batch_inputs| {
         let input_done = Instant::now();
-        let outputs = instance.execute(&joined, &names)?;
+        let outputs = instance.execute(&batch_inputs, &names)?;
         Ok((input_done, Instant::now(), outputs))
     });
     let (input_done, infer_done, split) = match result {

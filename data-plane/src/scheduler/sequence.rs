@@ -38,7 +38,7 @@ use self::controls::id_text;
 pub use self::controls::{SequencePolicy, Strategy};
 use super::queue::ShapeKey;
 use super::{ExecTimings, JobResult, batch, timer};
-use crate::backend::{BackendError, BackendInstance, RequestView};
+use crate::backend::{BackendError, BackendInstance, BatchInputs, RequestView};
 use crate::request_check::{SequenceFlags, ValidRequest};
 use crate::stats::{PendingMark, VersionStats};
 
@@ -610,9 +610,9 @@ fn execute_joined(
         .iter()
         .map(|(_, inputs)| inputs.as_slice())
         .collect();
-    let result = batch::concat_inputs(&inputs).and_then(|joined| {
+    let result = BatchInputs::new(&inputs).and_then(|batch_inputs| {
         let started = Instant::now();
-        let outputs = instance.execute(&joined, names)?;
+        let outputs = instance.execute(&batch_inputs, names)?;
         let finished = Instant::now();
         let split = outputs
             .iter()

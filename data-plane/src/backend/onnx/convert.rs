@@ -1,132 +1,115 @@
-//! [`Tensor`] ↔ ONNX Runtime values.
+//! Batch inputs ↔ ONNX Runtime values, in bulk.
 //!
 //! ```text
-//!  Tensor (raw LE bytes, maybe unaligned) ──copy──► Vec<T> ──► ort Tensor<T>   (BYTES ──► ONNX string)
-//!  ort output ──► &[T] ──to_le_bytes──► Bytes ──► Tensor::new                  (ONNX string ──► BYTES)
+//!  BatchInput parts (LE bytes, any alignment) ──one memcpy per part──► Vec<T> ──► ort Tensor<T> (no copy)
+//!  ort output &[T] ──one memcpy──► Bytes ──► Tensor::new
+//!  BOOL: per element (any non-zero byte is true)     BYTES ◄──► ONNX strings: per element
 //! ```
-//! Input bytes are copied element by element with `from_le_bytes`, so any alignment works and no
-//! unsafe code is needed. ONNX strings are UTF-8 text without NUL bytes (ONNX Runtime stores
-//! them as C strings), so `BYTES` elements must be too.
+//! The buffer handed to ONNX Runtime is a `Vec<T>` of the batch's element count; each request's
+//! bytes are copied into its byte view (`bytemuck`), so the only copy of the batch is the one into
+//! the model's input, and unaligned request bytes are fine. The wire's little-endian element
+//! bytes are the host's (checked at compile time below). ONNX strings are UTF-8 text without NUL
+//! bytes (ONNX Runtime stores them as C strings), so `BYTES` elements must be too.
 
-use std::fmt::Debug;
-
+use bytemuck::{NoUninit, Pod};
 use bytes::Bytes;
 use nereid_proto::DataType;
-use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
+use nereid_proto::types::{bytes_elements, push_bytes_element};
 use ort::value::{DynValue, PrimitiveTensorElementType, Tensor as OrtTensor, ValueType};
 
 use super::types::datatype_of;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, BatchInput};
 
-/// A fixed-size element with a little-endian byte form.
-trait LeElement: PrimitiveTensorElementType + Debug + Clone + Sized + 'static {
-    const SIZE: usize;
-    /// `bytes` has exactly `SIZE` bytes.
-    fn read(bytes: &[u8]) -> Self;
-    fn write(&self, out: &mut Vec<u8>);
+#[cfg(target_endian = "big")]
+compile_error!(
+    "the ONNX Runtime backend copies little-endian wire bytes into native tensors as they are and needs a little-endian target"
+);
+
+/// A fixed-size element ONNX Runtime holds in native (here: little-endian) byte order.
+trait Element: PrimitiveTensorElementType + Pod + std::fmt::Debug {}
+impl<T: PrimitiveTensorElementType + Pod + std::fmt::Debug> Element for T {}
+
+/// The batch copied into a new tensor of `shape` (the shape the model sees).
+fn primitive<T: Element>(input: &BatchInput<'_>, shape: Vec<i64>) -> Result<DynValue, String> {
+    let elements = nereid_proto::types::element_count(&shape)
+        .ok_or_else(|| format!("shape {shape:?} is invalid"))?;
+    let mut values: Vec<T> = bytemuck::zeroed_vec(elements);
+    input
+        .copy_into(bytemuck::cast_slice_mut(&mut values))
+        .map_err(|e| e.to_string())?;
+    tensor(shape, values)
 }
 
-fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
-    let mut a = [0u8; N];
-    a.copy_from_slice(bytes);
-    a
+/// `BOOL` element by element: the wire allows any byte, a Rust `bool` only 0 or 1.
+fn booleans(input: &BatchInput<'_>, shape: Vec<i64>) -> Result<DynValue, String> {
+    let values: Vec<bool> = input
+        .parts()
+        .iter()
+        .flat_map(|part| part.data().iter().map(|&b| b != 0))
+        .collect();
+    tensor(shape, values)
 }
 
-macro_rules! le_element {
-    ($($t:ty),*) => {$(
-        impl LeElement for $t {
-            const SIZE: usize = std::mem::size_of::<$t>();
-            fn read(bytes: &[u8]) -> Self {
-                <$t>::from_le_bytes(array(bytes))
-            }
-            fn write(&self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
-            }
-        }
-    )*};
-}
-le_element!(u8, u16, u32, u64, i8, i16, i32, i64, f32, f64);
-
-impl LeElement for bool {
-    const SIZE: usize = 1;
-    fn read(bytes: &[u8]) -> Self {
-        bytes[0] != 0
-    }
-    fn write(&self, out: &mut Vec<u8>) {
-        out.push(u8::from(*self));
-    }
+fn tensor<T: PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(
+    shape: Vec<i64>,
+    values: Vec<T>,
+) -> Result<DynValue, String> {
+    OrtTensor::from_array((shape, values))
+        .map(OrtTensor::into_dyn)
+        .map_err(|e| e.to_string())
 }
 
-impl LeElement for half::f16 {
-    const SIZE: usize = 2;
-    fn read(bytes: &[u8]) -> Self {
-        half::f16::from_bits(u16::from_le_bytes(array(bytes)))
-    }
-    fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-}
-
-impl LeElement for half::bf16 {
-    const SIZE: usize = 2;
-    fn read(bytes: &[u8]) -> Self {
-        half::bf16::from_bits(u16::from_le_bytes(array(bytes)))
-    }
-    fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes());
-    }
-}
-
-fn primitive<T: LeElement>(shape: Vec<i64>, data: &[u8]) -> ort::Result<DynValue> {
-    let values: Vec<T> = data.chunks_exact(T::SIZE).map(T::read).collect();
-    Ok(OrtTensor::from_array((shape, values))?.into_dyn())
-}
-
-/// Converts one input. `shape` is what the model sees (the tensor's shape after any reshape).
-pub(crate) fn to_value(tensor: &Tensor, shape: Vec<i64>) -> Result<DynValue, BackendError> {
-    let data = tensor.data().as_ref();
-    let value = match tensor.datatype() {
-        DataType::Bool => primitive::<bool>(shape, data),
-        DataType::Uint8 => primitive::<u8>(shape, data),
-        DataType::Uint16 => primitive::<u16>(shape, data),
-        DataType::Uint32 => primitive::<u32>(shape, data),
-        DataType::Uint64 => primitive::<u64>(shape, data),
-        DataType::Int8 => primitive::<i8>(shape, data),
-        DataType::Int16 => primitive::<i16>(shape, data),
-        DataType::Int32 => primitive::<i32>(shape, data),
-        DataType::Int64 => primitive::<i64>(shape, data),
-        DataType::Fp16 => primitive::<half::f16>(shape, data),
-        DataType::Bf16 => primitive::<half::bf16>(shape, data),
-        DataType::Fp32 => primitive::<f32>(shape, data),
-        DataType::Fp64 => primitive::<f64>(shape, data),
+/// Converts one batch input. `shape` is what the model sees (the batch shape after any
+/// reshape).
+pub(crate) fn to_value(input: &BatchInput<'_>, shape: Vec<i64>) -> Result<DynValue, BackendError> {
+    let value = match input.datatype() {
+        DataType::Bool => booleans(input, shape),
+        DataType::Uint8 => primitive::<u8>(input, shape),
+        DataType::Uint16 => primitive::<u16>(input, shape),
+        DataType::Uint32 => primitive::<u32>(input, shape),
+        DataType::Uint64 => primitive::<u64>(input, shape),
+        DataType::Int8 => primitive::<i8>(input, shape),
+        DataType::Int16 => primitive::<i16>(input, shape),
+        DataType::Int32 => primitive::<i32>(input, shape),
+        DataType::Int64 => primitive::<i64>(input, shape),
+        DataType::Fp16 => primitive::<half::f16>(input, shape),
+        DataType::Bf16 => primitive::<half::bf16>(input, shape),
+        DataType::Fp32 => primitive::<f32>(input, shape),
+        DataType::Fp64 => primitive::<f64>(input, shape),
         DataType::Bytes => {
-            let strings = strings(tensor)?;
-            OrtTensor::from_string_array((shape, strings.as_slice())).map(OrtTensor::into_dyn)
+            let strings = strings(input)?;
+            OrtTensor::from_string_array((shape, strings.as_slice()))
+                .map(OrtTensor::into_dyn)
+                .map_err(|e| e.to_string())
         }
     };
     value.map_err(|e| {
         BackendError::InvalidInput(format!(
             "input '{}': cannot pass it to ONNX Runtime: {e}",
-            tensor.name()
+            input.name()
         ))
     })
 }
 
-/// Owned copies: `ort` wants `'static` string elements.
-fn strings(tensor: &Tensor) -> Result<Vec<String>, BackendError> {
-    bytes_elements(tensor.data())
+/// Owned copies: `ort` wants `'static` string elements. Element indexes count across the
+/// batch.
+fn strings(input: &BatchInput<'_>) -> Result<Vec<String>, BackendError> {
+    input
+        .parts()
+        .iter()
+        .flat_map(|part| bytes_elements(part.data()))
         .enumerate()
         .map(|(i, element)| {
             let text = std::str::from_utf8(element).map_err(|_| {
                 BackendError::InvalidInput(format!(
                     "input '{}': element {i} is not valid UTF-8; ONNX string tensors hold UTF-8 text",
-                    tensor.name()
+                    input.name()
                 ))
             })?;
             if text.contains('\0') {
                 return Err(BackendError::InvalidInput(format!(
                     "input '{}': element {i} contains a NUL byte, which ONNX Runtime string tensors cannot hold",
-                    tensor.name()
+                    input.name()
                 )));
             }
             Ok(text.to_string())
@@ -134,13 +117,16 @@ fn strings(tensor: &Tensor) -> Result<Vec<String>, BackendError> {
         .collect()
 }
 
-fn primitive_bytes<T: LeElement>(value: &DynValue) -> ort::Result<(Vec<i64>, Vec<u8>)> {
+/// ONNX Runtime's output buffer copied into `Bytes` in one go (`bool` included: ONNX Runtime
+/// writes 0 or 1, which is the wire's `BOOL`).
+fn primitive_bytes<T: PrimitiveTensorElementType + NoUninit + std::fmt::Debug>(
+    value: &DynValue,
+) -> ort::Result<(Vec<i64>, Bytes)> {
     let (shape, values) = value.try_extract_tensor::<T>()?;
-    let mut out = Vec::with_capacity(values.len() * T::SIZE);
-    for v in values {
-        v.write(&mut out);
-    }
-    Ok((shape.to_vec(), out))
+    Ok((
+        shape.to_vec(),
+        Bytes::copy_from_slice(bytemuck::cast_slice(values)),
+    ))
 }
 
 /// Converts one output; the shape is the model's (before any config reshape).
@@ -178,26 +164,70 @@ pub(crate) fn from_value(
             for s in &strings {
                 push_bytes_element(&mut out, s.as_bytes());
             }
-            (shape.to_vec(), out)
+            (shape.to_vec(), Bytes::from(out))
         }),
     };
     let (shape, data) =
         parts.map_err(|e| fail(format!("cannot read it from ONNX Runtime: {e}")))?;
-    Ok((datatype, shape, Bytes::from(data)))
+    Ok((datatype, shape, data))
 }
 
 #[cfg(test)]
 mod tests {
+    use nereid_proto::types::Tensor;
+
     use super::*;
+    use crate::backend::BatchInputs;
+
+    /// `ort` needs the library loaded before it creates a tensor.
+    fn load_ort() {
+        super::super::runtime::environment(Some(&super::super::tests::library())).unwrap();
+    }
+
+    /// The wire bytes of `values`, each element little-endian.
+    fn wire(values: &[f32]) -> Bytes {
+        Bytes::from(
+            values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>(),
+        )
+    }
 
     #[test]
-    fn elements_round_trip_through_le_bytes() {
-        let mut out = Vec::new();
-        half::bf16::from_f32(1.5).write(&mut out);
-        assert_eq!(half::bf16::read(&out), half::bf16::from_f32(1.5));
-        out.clear();
-        (-3i16).write(&mut out);
-        assert_eq!(out, vec![0xfd, 0xff]);
-        assert!(bool::read(&[7]));
+    fn parts_land_in_one_buffer_and_come_back_in_one_copy() {
+        load_ort();
+        let a = [Tensor::new("x", DataType::Fp32, vec![1, 2], wire(&[1.5, -2.0])).unwrap()];
+        // Misaligned on purpose: request bytes may start anywhere.
+        let shifted = Bytes::from([&[0u8][..], &wire(&[3.25, 4.0])].concat()).slice(1..);
+        let b = [Tensor::new("x", DataType::Fp32, vec![1, 2], shifted).unwrap()];
+        let batch = BatchInputs::new(&[&a, &b]).unwrap();
+        let input = batch.get("x").unwrap();
+        let value = to_value(input, input.shape().to_vec()).unwrap();
+        let (datatype, shape, data) = from_value("y", &value).unwrap();
+        assert_eq!((datatype, shape), (DataType::Fp32, vec![2, 2]));
+        assert_eq!(data, wire(&[1.5, -2.0, 3.25, 4.0]));
+    }
+
+    #[test]
+    fn any_non_zero_byte_is_true_and_true_comes_back_as_one() {
+        load_ort();
+        let t =
+            [Tensor::new("b", DataType::Bool, vec![3], Bytes::from_static(&[0, 7, 1])).unwrap()];
+        let batch = BatchInputs::single(&t);
+        let value = to_value(batch.get("b").unwrap(), vec![3]).unwrap();
+        let (_, _, data) = from_value("b", &value).unwrap();
+        assert_eq!(data.as_ref(), [0, 1, 1]);
+    }
+
+    #[test]
+    fn a_shape_the_bytes_do_not_fill_is_refused() {
+        load_ort();
+        let t = [Tensor::new("x", DataType::Fp32, vec![2], wire(&[1.0, 2.0])).unwrap()];
+        let batch = BatchInputs::single(&t);
+        let e = to_value(batch.get("x").unwrap(), vec![3]).unwrap_err();
+        assert!(
+            matches!(e, BackendError::InvalidInput(m) if m.starts_with("input 'x': cannot pass it to ONNX Runtime"))
+        );
     }
 }

@@ -1,10 +1,11 @@
 //! One loaded ONNX model instance: an ONNX Runtime session and what it needs to run requests.
 //!
 //! ```text
-//!  execute(inputs, outputs)
-//!    check each input's name and datatype against the model ─► reshape (config) ─► ort values
+//!  execute(batch inputs, outputs)
+//!    check each input's name and datatype against the model ─► reshape (config)
+//!      ─► ort values (each request's bytes copied straight into the batch's buffer)
 //!    Session::run with only the requested outputs
-//!    ort outputs ─► reshape back (config) ─► Tensor, in the requested order
+//!    ort outputs ─► one copy into Bytes ─► reshape back (config) ─► Tensor, in the requested order
 //! ```
 
 use std::collections::HashMap;
@@ -13,11 +14,12 @@ use nereid_proto::DataType;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::types::Tensor;
 use ort::session::{OutputSelector, RunOptions, Session};
+use ort::value::DynValue;
 
 use super::convert::{from_value, to_value};
 use super::signature::ModelSignature;
 use crate::backend::shape::resolve_shape;
-use crate::backend::{BackendError, BackendInstance};
+use crate::backend::{BackendError, BackendInstance, BatchInput, BatchInputs};
 
 /// How one model input is fed.
 struct InputPlan {
@@ -91,9 +93,9 @@ impl OnnxInstance {
         }
     }
 
-    fn input_value(&self, tensor: &Tensor) -> Result<(String, ort::value::DynValue), BackendError> {
+    fn input_value(&self, input: &BatchInput<'_>) -> Result<(String, DynValue), BackendError> {
         let model = &self.model_name;
-        let name = tensor.name();
+        let name = input.name();
         let plan = self.inputs.get(name).ok_or_else(|| {
             BackendError::InvalidInput(format!(
                 "unexpected inference input '{name}' for model '{model}'"
@@ -104,30 +106,30 @@ impl OnnxInstance {
                 "model '{model}' input '{name}' is {what}, which Triton cannot serve"
             ))
         })?;
-        if tensor.datatype() != *expected {
+        if input.datatype() != *expected {
             return Err(BackendError::InvalidInput(format!(
                 "inference input '{name}' data-type is '{}', but model '{model}' expects '{expected}'",
-                tensor.datatype()
+                input.datatype()
             )));
         }
         let shape = match &plan.reshape {
-            None => tensor.shape().to_vec(),
+            None => input.shape().to_vec(),
             Some(target) => {
                 let batch = if self.batching {
-                    tensor.shape().first().copied()
+                    input.shape().first().copied()
                 } else {
                     None
                 };
-                resolve_shape(tensor.element_count(), batch, target).ok_or_else(|| {
+                resolve_shape(input.element_count(), batch, target).ok_or_else(|| {
                     BackendError::InvalidInput(format!(
                         "input '{name}' for model '{model}': shape {:?} cannot be reshaped to the configured {:?}",
-                        tensor.shape(),
+                        input.shape(),
                         target
                     ))
                 })?
             }
         };
-        Ok((name.to_string(), to_value(tensor, shape)?))
+        Ok((name.to_string(), to_value(input, shape)?))
     }
 }
 
@@ -136,7 +138,7 @@ impl BackendInstance for OnnxInstance {
     /// when the config lists none).
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        inputs: &BatchInputs<'_>,
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
         let model = self.model_name.clone();

@@ -12,7 +12,9 @@ use super::runtime::RuntimeDir;
 use super::settings::StubSettings;
 use super::stub::StubSpec;
 use super::supervisor::{Launcher, Supervised};
-use crate::backend::{BackendError, BackendInstance, DeviceKind, InstanceContext, RequestView};
+use crate::backend::{
+    BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext, RequestView,
+};
 
 /// One instance of a Python model.
 pub struct PythonInstance {
@@ -64,7 +66,7 @@ impl PythonInstance {
 impl BackendInstance for PythonInstance {
     fn execute(
         &mut self,
-        _inputs: &[Tensor],
+        _inputs: &BatchInputs<'_>,
         _outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
         Err(BackendError::Unsupported(format!(

@@ -1,7 +1,7 @@
 //! One loaded TorchScript instance: the module and what it needs to run a batch.
 //!
 //! ```text
-//!  execute(inputs, outputs)
+//!  execute(inputs, outputs)      (a batch's parts joined into one Tensor per input first)
 //!    config input ─► (reshape) ─► tch::Tensor on the instance's device   (BYTES ─► List[str])
 //!    arguments in forward() order (or one Dict[str, Tensor]) ─► forward, without autograd
 //!    returned Tensor | List[str] | Tuple | List ─► element bound to each requested output
@@ -19,7 +19,7 @@ use super::binding::InputBinding;
 use super::convert::{from_strings, from_torch, to_strings, to_torch};
 use super::settings::TorchSettings;
 use crate::backend::shape::resolve_shape;
-use crate::backend::{BackendError, BackendInstance};
+use crate::backend::{BackendError, BackendInstance, BatchInputs};
 
 /// How one config output is returned.
 struct OutputPlan {
@@ -235,7 +235,7 @@ fn strings(items: Vec<IValue>) -> Option<Vec<String>> {
 impl BackendInstance for TorchInstance {
     fn execute(
         &mut self,
-        inputs: &[Tensor],
+        inputs: &BatchInputs<'_>,
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
         let model = &self.model_name;
@@ -251,7 +251,7 @@ impl BackendInstance for TorchInstance {
                 )));
             }
         }
-        let arguments = self.arguments(inputs)?;
+        let arguments = self.arguments(&inputs.joined()?)?;
         let returned = returned_values(model, self.forward(&arguments)?)?;
         let mut tensors = Vec::with_capacity(requested.len());
         for name in requested {

@@ -12,7 +12,9 @@ use nereid_proto::types::Tensor;
 use serde_json::Value;
 
 use super::PyTorchBackend;
-use crate::backend::{Backend, BackendError, BackendInstance, DeviceKind, InstanceContext};
+use crate::backend::{
+    Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext,
+};
 
 fn model_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -124,7 +126,9 @@ fn check_fixture(name: &str, config: ModelConfig) {
         .map(|(k, v)| tensor(k, v))
         .collect();
     let mut instance = load(config).unwrap();
-    let outputs = instance.execute(&inputs, &[]).unwrap();
+    let outputs = instance
+        .execute(&BatchInputs::single(&inputs), &[])
+        .unwrap();
     let want = exp["outputs"].as_object().unwrap();
     assert_eq!(outputs.len(), want.len(), "{name}");
     for out in &outputs {
@@ -174,14 +178,18 @@ fn outputs_come_back_as_requested() {
         tensor("a", &exp["inputs"]["a"]),
     ];
     let mut instance = load(config("add_sub_script")).unwrap();
-    let out = instance.execute(&inputs, &["DIFF__1".into()]).unwrap();
+    let out = instance
+        .execute(&BatchInputs::single(&inputs), &["DIFF__1".into()])
+        .unwrap();
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].name(), "DIFF__1");
     assert_eq!(
         out[0].data(),
         tensor("DIFF__1", &exp["outputs"]["DIFF__1"]).data()
     );
-    let e = instance.execute(&inputs, &["NOPE".into()]).unwrap_err();
+    let e = instance
+        .execute(&BatchInputs::single(&inputs), &["NOPE".into()])
+        .unwrap_err();
     assert_eq!(
         e,
         BackendError::InvalidInput(
@@ -200,7 +208,7 @@ fn a_failed_execution_leaves_the_instance_serving() {
         Bytes::from(vec![0u8; 40]),
     )
     .unwrap();
-    match instance.execute(&[wrong], &[]) {
+    match instance.execute(&BatchInputs::single(&[wrong]), &[]) {
         Err(BackendError::Execution(message)) => {
             assert!(
                 message.starts_with("PyTorch execute failure for model 'mlp_script': "),

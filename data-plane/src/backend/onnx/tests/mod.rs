@@ -17,9 +17,11 @@ use nereid_proto::pb::inference::{
 use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
 
 use super::OnnxRuntimeBackend;
-use crate::backend::{Backend, BackendError, BackendInstance, DeviceKind, InstanceContext};
+use crate::backend::{
+    Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext,
+};
 
-fn library() -> PathBuf {
+pub(super) fn library() -> PathBuf {
     if let Some(path) = std::env::var_os("NEREID_ORT_LIBRARY") {
         let path = PathBuf::from(path);
         assert!(
@@ -137,7 +139,10 @@ fn add_sub_runs_with_requested_outputs_in_order() {
     .unwrap();
 
     let out = instance
-        .execute(&[a.clone(), b.clone()], &names(&["OUTPUT1", "OUTPUT0"]))
+        .execute(
+            &BatchInputs::single(&[a.clone(), b.clone()]),
+            &names(&["OUTPUT1", "OUTPUT0"]),
+        )
         .unwrap();
     assert_eq!(out.len(), 2);
     assert_eq!(
@@ -154,7 +159,9 @@ fn add_sub_runs_with_requested_outputs_in_order() {
         vec![2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5]
     );
 
-    let only = instance.execute(&[a, b], &names(&["OUTPUT0"])).unwrap();
+    let only = instance
+        .execute(&BatchInputs::single(&[a, b]), &names(&["OUTPUT0"]))
+        .unwrap();
     assert_eq!(only.len(), 1);
     assert_eq!(only[0].name(), "OUTPUT0");
 }
@@ -237,7 +244,9 @@ fn every_datatype_round_trips_through_identity() {
         .iter()
         .map(|&dt| format!("out_{}", suffix(dt)))
         .collect();
-    let outputs = instance.execute(&inputs, &wanted).unwrap();
+    let outputs = instance
+        .execute(&BatchInputs::single(&inputs), &wanted)
+        .unwrap();
     assert_eq!(outputs.len(), DataType::ALL.len());
     for (dt, out) in DataType::ALL.iter().zip(&outputs) {
         assert_eq!(out.datatype(), *dt, "{dt}");
@@ -252,11 +261,82 @@ fn every_datatype_round_trips_through_identity() {
         .iter()
         .map(|&dt| Tensor::new(format!("in_{}", suffix(dt)), dt, vec![1, 0], Bytes::new()).unwrap())
         .collect();
-    let outputs = instance.execute(&empty, &wanted).unwrap();
+    let outputs = instance
+        .execute(&BatchInputs::single(&empty), &wanted)
+        .unwrap();
     assert!(
         outputs
             .iter()
             .all(|t| t.shape() == [1, 0] && t.data().is_empty())
+    );
+}
+
+/// `sample(dt)` as two requests of one row ([1, 3]) each, the second one's bytes deliberately
+/// misaligned (they start one byte into a buffer, as gRPC bytes may).
+fn sample_rows(dt: DataType) -> [Tensor; 2] {
+    let data = sample(dt);
+    let split = match dt.element_size() {
+        Some(size) => 3 * size,
+        None => bytes_elements(&data).take(3).map(|e| 4 + e.len()).sum(),
+    };
+    let mut shifted = vec![0u8];
+    shifted.extend_from_slice(&data[split..]);
+    let second = Bytes::from(shifted).slice(1..);
+    let name = format!("in_{}", suffix(dt));
+    [
+        Tensor::new(name.clone(), dt, vec![1, 3], data.slice(..split)).unwrap(),
+        Tensor::new(name, dt, vec![1, 3], second).unwrap(),
+    ]
+}
+
+#[test]
+fn every_datatype_batches_straight_into_onnx_runtime() {
+    let config = ModelConfig {
+        name: "identity_types".into(),
+        max_batch_size: 4,
+        input: DataType::ALL
+            .iter()
+            .map(|&dt| input(&format!("in_{}", suffix(dt)), dt, &[-1]))
+            .collect(),
+        output: DataType::ALL
+            .iter()
+            .map(|&dt| output(&format!("out_{}", suffix(dt)), dt, &[-1]))
+            .collect(),
+        ..Default::default()
+    };
+    let mut instance = load(config, "identity_types.onnx").unwrap();
+    let (first, second): (Vec<Tensor>, Vec<Tensor>) = DataType::ALL
+        .iter()
+        .map(|&dt| {
+            let [a, b] = sample_rows(dt);
+            (a, b)
+        })
+        .unzip();
+    let wanted: Vec<String> = DataType::ALL
+        .iter()
+        .map(|&dt| format!("out_{}", suffix(dt)))
+        .collect();
+    let batch = BatchInputs::new(&[&first, &second]).unwrap();
+    let outputs = instance.execute(&batch, &wanted).unwrap();
+    for (dt, out) in DataType::ALL.iter().zip(&outputs) {
+        assert_eq!((out.datatype(), out.shape()), (*dt, &[2i64, 3][..]), "{dt}");
+        assert_eq!(out.data(), &sample(*dt), "{dt}");
+    }
+
+    // A bad string in the second request is named by its index in the batch.
+    let mut bad = Vec::new();
+    for s in [&b"ok"[..], b"nul\0", b""] {
+        push_bytes_element(&mut bad, s);
+    }
+    let mut second = second;
+    second[12] = Tensor::new("in_STRING", DataType::Bytes, vec![1, 3], Bytes::from(bad)).unwrap();
+    let batch = BatchInputs::new(&[&first, &second]).unwrap();
+    assert_eq!(
+        instance.execute(&batch, &names(&["out_STRING"])).unwrap_err(),
+        BackendError::InvalidInput(
+            "input 'in_STRING': element 4 contains a NUL byte, which ONNX Runtime string tensors cannot hold"
+                .into()
+        )
     );
 }
 
@@ -272,7 +352,7 @@ fn wrong_input_datatype_and_bad_strings_are_invalid_input() {
     .unwrap();
     let b = f32_tensor("INPUT1", vec![1, 4], &[0.; 4]);
     let err = instance
-        .execute(&[a, b.clone()], &names(&["OUTPUT0"]))
+        .execute(&BatchInputs::single(&[a, b.clone()]), &names(&["OUTPUT0"]))
         .unwrap_err();
     assert_eq!(
         err,
@@ -283,10 +363,12 @@ fn wrong_input_datatype_and_bad_strings_are_invalid_input() {
     );
     let unknown = f32_tensor("INPUT9", vec![1, 4], &[0.; 4]);
     assert!(
-        matches!(instance.execute(&[unknown], &[]), Err(BackendError::InvalidInput(m)) if m.contains("'INPUT9'"))
+        matches!(instance.execute(&BatchInputs::single(&[unknown]), &[]), Err(BackendError::InvalidInput(m)) if m.contains("'INPUT9'"))
     );
     let a = f32_tensor("INPUT0", vec![1, 4], &[0.; 4]);
-    let err = instance.execute(&[a, b], &names(&["NOPE"])).unwrap_err();
+    let err = instance
+        .execute(&BatchInputs::single(&[a, b]), &names(&["NOPE"]))
+        .unwrap_err();
     assert!(matches!(err, BackendError::InvalidInput(m) if m.contains("output 'NOPE'")));
 
     let config = ModelConfig {
@@ -316,7 +398,9 @@ fn wrong_input_datatype_and_bad_strings_are_invalid_input() {
         push_bytes_element(&mut bad, s);
     }
     inputs[12] = Tensor::new("in_STRING", DataType::Bytes, vec![2, 3], Bytes::from(bad)).unwrap();
-    let err = ids.execute(&inputs, &names(&["out_STRING"])).unwrap_err();
+    let err = ids
+        .execute(&BatchInputs::single(&inputs), &names(&["out_STRING"]))
+        .unwrap_err();
     assert_eq!(
         err,
         BackendError::InvalidInput(
@@ -337,11 +421,17 @@ fn onnx_runtime_failures_are_execution_errors() {
     };
     let mut instance = load(config, "fixed_batch.onnx").unwrap();
     let out = instance
-        .execute(&[f32_tensor("x", vec![1, 3], &[1., -2., 3.])], &[])
+        .execute(
+            &BatchInputs::single(&[f32_tensor("x", vec![1, 3], &[1., -2., 3.])]),
+            &[],
+        )
         .unwrap();
     assert_eq!(f32_values(&out[0]), vec![-1., 2., -3.]);
     let err = instance
-        .execute(&[f32_tensor("x", vec![2, 3], &[0.; 6])], &names(&["y"]))
+        .execute(
+            &BatchInputs::single(&[f32_tensor("x", vec![2, 3], &[0.; 6])]),
+            &names(&["y"]),
+        )
         .unwrap_err();
     match err {
         BackendError::Execution(m) => {
@@ -368,7 +458,7 @@ fn external_data_directory_loads_and_runs() {
     let mut instance = load(config, "external").unwrap();
     let out = instance
         .execute(
-            &[f32_tensor("x", vec![1, 4], &[10., 20., 30., 40.])],
+            &BatchInputs::single(&[f32_tensor("x", vec![1, 4], &[10., 20., 30., 40.])]),
             &names(&["y"]),
         )
         .unwrap();
@@ -546,7 +636,11 @@ fn session_parameters_are_applied_or_refused() {
         let a = f32_tensor("INPUT0", vec![1, 4], &[1.; 4]);
         let b = f32_tensor("INPUT1", vec![1, 4], &[2.; 4]);
         assert_eq!(
-            f32_values(&instance.execute(&[a, b], &names(&["OUTPUT0"])).unwrap()[0]),
+            f32_values(
+                &instance
+                    .execute(&BatchInputs::single(&[a, b]), &names(&["OUTPUT0"]))
+                    .unwrap()[0]
+            ),
             vec![3.; 4]
         );
     }
