@@ -14,6 +14,7 @@ mod decoupled;
 pub mod ensemble;
 pub mod manager;
 pub mod metrics;
+pub mod probe;
 pub mod repository;
 pub mod request_check;
 pub mod scheduler;
