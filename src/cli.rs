@@ -11,8 +11,8 @@ use nereid_data_plane::serve::ServeConfig;
 use nereid_data_plane::server::DataPlaneConfig;
 
 use crate::common_args::{
-    AuthTokenArgs, FrontendArgs, ListenArgs, MetricsArgs, ModelArgs, PythonArgs, control_plane_addrs,
-    parse_bool,
+    AuthTokenArgs, FrontendArgs, ListenArgs, MetricsArgs, ModelArgs, PythonArgs,
+    control_plane_addrs, parse_bool,
 };
 use crate::telemetry_args::TelemetryArgs;
 

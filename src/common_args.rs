@@ -213,12 +213,13 @@ impl AuthTokenArgs {
     /// The token from `--auth-token-file`, else `env_token` (NEREID_AUTH_TOKEN), trimmed;
     /// `None` when neither gives a non-empty one.
     pub fn token(&self, env_token: Option<String>) -> Result<Option<String>, String> {
-        let token = match &self.auth_token_file {
-            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
-                format!("cannot read --auth-token-file '{}': {e}", path.display())
-            })?),
-            None => env_token,
-        };
+        let token =
+            match &self.auth_token_file {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                    format!("cannot read --auth-token-file '{}': {e}", path.display())
+                })?),
+                None => env_token,
+            };
         Ok(token
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty()))

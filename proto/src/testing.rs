@@ -541,7 +541,9 @@ fn script_stream(
                     s.steps.pop_front();
                     s.model.respond(&s.request).map(|mut response| {
                         if let Some(i) = index {
-                            response.parameters.insert("index".into(), ParamValue::Int(i));
+                            response
+                                .parameters
+                                .insert("index".into(), ParamValue::Int(i));
                         }
                         StreamedResponse {
                             response: Some(response),
@@ -564,7 +566,9 @@ fn script_stream(
                     let i = s.endless;
                     s.endless += 1;
                     s.model.respond(&s.request).map(|mut response| {
-                        response.parameters.insert("index".into(), ParamValue::Int(i));
+                        response
+                            .parameters
+                            .insert("index".into(), ParamValue::Int(i));
                         StreamedResponse {
                             response: Some(response),
                             last: false,
@@ -651,7 +655,9 @@ impl InferenceService for FakeService {
 
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
         let mut guard = self.receive(&request);
-        let model = self.find(&request.model_name).inspect_err(|_| guard.finished = true)?;
+        let model = self
+            .find(&request.model_name)
+            .inspect_err(|_| guard.finished = true)?;
         match model.answer {
             Answer::Hang => std::future::pending().await,
             Answer::Delay(delay) => tokio::time::sleep(delay).await,

@@ -13,9 +13,9 @@ use nereid_proto::pb::cluster::{
     Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
     watch_event,
 };
+use nereid_proto::pb::inference::ModelInferRequest;
 use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use nereid_proto::pb::inference::model_infer_request::InferInputTensor;
-use nereid_proto::pb::inference::ModelInferRequest;
 use nereid_proto::testing::{Answer, FakeModel, FakeService};
 use nereid_proto::trace_context::TraceContext;
 use nereid_proto::types::{InferRequest, RequestContext, Tensor};
@@ -219,7 +219,11 @@ async fn trace_context_reaches_the_worker_unchanged_from_grpc_and_http() {
         let seen = s.worker.requests();
         assert_eq!(seen.len(), 3);
         for (i, request) in seen.iter().enumerate() {
-            assert_eq!(request.request.context.trace, expected_trace(), "request {i}");
+            assert_eq!(
+                request.request.context.trace,
+                expected_trace(),
+                "request {i}"
+            );
             // No client set a timeout, so none is forwarded.
             assert_eq!(request.request.context.deadline, None, "request {i}");
         }

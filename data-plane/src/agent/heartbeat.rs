@@ -13,11 +13,11 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
 use super::client::ControlPlane;
-use crate::probe::gpu::Gpus;
-use crate::probe::host;
 use super::reconcile::Local;
 use super::state::ClusterMirror;
 use crate::manager::ModelManager;
+use crate::probe::gpu::Gpus;
+use crate::probe::host;
 
 /// The replicas of `node` that are served here, with their measured memory.
 pub fn replica_memory(mirror: &ClusterMirror, node: &str, local: &Local) -> Vec<ReplicaMemory> {

@@ -493,12 +493,18 @@ async fn a_client_that_goes_away_cancels_its_requests() {
     let received = bounded(events.recv())
         .await
         .expect("the request reached the service");
-    assert!(matches!(received, FakeEvent::Received { .. }), "{received:?}");
+    assert!(
+        matches!(received, FakeEvent::Received { .. }),
+        "{received:?}"
+    );
     drop(session);
     let cancelled = bounded(events.recv())
         .await
         .expect("the service's stream was dropped, not leaked");
-    assert!(matches!(cancelled, FakeEvent::Cancelled { .. }), "{cancelled:?}");
+    assert!(
+        matches!(cancelled, FakeEvent::Cancelled { .. }),
+        "{cancelled:?}"
+    );
 }
 
 /// Returns once every task is idle: on the paused clock, time only advances then.

@@ -266,12 +266,18 @@ async fn cancelled_call_drops_the_infer_future() {
     let received = bounded(h.events.recv())
         .await
         .expect("the hang request reached the service");
-    assert!(matches!(received, FakeEvent::Received { .. }), "{received:?}");
+    assert!(
+        matches!(received, FakeEvent::Received { .. }),
+        "{received:?}"
+    );
     call.abort();
     let cancelled = bounded(h.events.recv())
         .await
         .expect("the infer future was dropped, not leaked");
-    assert!(matches!(cancelled, FakeEvent::Cancelled { .. }), "{cancelled:?}");
+    assert!(
+        matches!(cancelled, FakeEvent::Cancelled { .. }),
+        "{cancelled:?}"
+    );
 }
 
 #[tokio::test]

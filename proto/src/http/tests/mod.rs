@@ -53,7 +53,10 @@ pub fn fake() -> FakeService {
         )
         .unknown("missing")
         .model("notready", echo().not_ready())
-        .model("raw_fp32", echo().max_batch_size(4).config_input("x", 11, vec![-1, 2]))
+        .model(
+            "raw_fp32",
+            echo().max_batch_size(4).config_input("x", 11, vec![-1, 2]),
+        )
         .model("raw_bytes", echo().config_input("s", 13, vec![1]))
         .model("raw_two_vars", echo().config_input("x", 11, vec![-1, -1]))
         .model(
@@ -62,7 +65,10 @@ pub fn fake() -> FakeService {
                 .config_input("a", 11, vec![1])
                 .config_input("b", 11, vec![1]),
         )
-        .index(vec![index_entry("a", "1", "READY"), index_entry("b", "", "")])
+        .index(vec![
+            index_entry("a", "1", "READY"),
+            index_entry("b", "", ""),
+        ])
         .statistics(3);
     let boom = || "boom".to_string();
     for (name, error) in [
@@ -110,11 +116,10 @@ pub fn fake() -> FakeService {
         Bytes::from(not_utf8),
     )
     .expect("a valid BYTES tensor");
-    fake.model("gen_reserved", generate_model(reserved))
-        .model(
-            "gen_not_utf8",
-            generate_model(generate_inputs()).answer(Answer::Outputs(vec![bad])),
-        )
+    fake.model("gen_reserved", generate_model(reserved)).model(
+        "gen_not_utf8",
+        generate_model(generate_inputs()).answer(Answer::Outputs(vec![bad])),
+    )
 }
 
 fn echo() -> FakeModel {

@@ -231,15 +231,9 @@ async fn repository_index_load_unload() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(
-        mock.take_unloads().pop(),
-        Some(("e".into(), true))
-    );
+    assert_eq!(mock.take_unloads().pop(), Some(("e".into(), true)));
     send(&app, post("/v2/repository/models/e/unload", "")).await;
-    assert_eq!(
-        mock.take_unloads().pop(),
-        Some(("e".into(), false))
-    );
+    assert_eq!(mock.take_unloads().pop(), Some(("e".into(), false)));
     let reply = send(
         &app,
         post_json(
