@@ -18,6 +18,7 @@ pub fn run(args: CheckConfigArgs) -> ExitCode {
         Backends::new(crate::ort_library::resolve(
             args.onnxruntime_library.clone(),
         ))
+        .with_python(args.python.clone().interpreter())
     });
     let mut failed = false;
     for path in &args.paths {

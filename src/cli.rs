@@ -1,17 +1,19 @@
 //! Command-line flags. Names follow `tritonserver` where a Triton user would look for them;
 //! every flag can also be set through a `NEREID_*` environment variable.
 
-use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nereid_data_plane::agent::AgentConfig;
 use nereid_data_plane::manager::{ControlMode, ManagerConfig};
-use nereid_data_plane::metrics::MetricsConfig;
 use nereid_data_plane::serve::ServeConfig;
 use nereid_data_plane::server::DataPlaneConfig;
 
+use crate::common_args::{
+    AuthTokenArgs, FrontendArgs, ListenArgs, MetricsArgs, ModelArgs, PythonArgs,
+    control_plane_addrs, parse_bool,
+};
 use crate::telemetry_args::TelemetryArgs;
 
 #[derive(Parser, Debug)]
@@ -43,29 +45,11 @@ pub enum Command {
     Router(Box<crate::router_args::RouterArgs>),
 }
 
-/// Parses Triton-style booleans: true/false/1/0 (also yes/no, on/off).
-fn parse_bool(s: &str) -> Result<bool, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(format!("expected true/false/1/0, got '{s}'")),
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ControlModeArg {
     None,
     Poll,
     Explicit,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines (Triton's `default` and `ISO8601` are accepted as aliases).
-    #[value(alias = "default", alias = "ISO8601", alias = "iso8601")]
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Args, Debug)]
@@ -108,106 +92,13 @@ pub struct ServeArgs {
     /// serving the models that loaded unless this is set).
     #[arg(long, env = "NEREID_EXIT_ON_ERROR", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub exit_on_error: bool,
-    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
-    #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
-    pub exit_timeout_secs: u64,
-    /// Do not fill model configs from model files (inputs, outputs, max_batch_size).
-    #[arg(long, env = "NEREID_DISABLE_AUTO_COMPLETE_CONFIG")]
-    pub disable_auto_complete_config: bool,
+    #[command(flatten)]
+    pub frontend: FrontendArgs,
+    #[command(flatten)]
+    pub models: ModelArgs,
     /// Deprecated Triton spelling: true disables auto-complete.
     #[arg(long, env = "NEREID_STRICT_MODEL_CONFIG", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_model_config: Option<bool>,
-    /// Largest HTTP request body in bytes, also after decompression.
-    #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
-    pub http_max_input_size: usize,
-    /// Requests that may wait per model version before new ones are refused (503).
-    #[arg(long, env = "NEREID_MODEL_QUEUE_SIZE", default_value_t = 1024)]
-    pub model_queue_size: usize,
-    /// Verbose logging level (0 = info; 1 or more = debug).
-    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
-    pub log_verbose: u32,
-    /// Log line format.
-    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-    /// Server name reported in server metadata.
-    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
-    pub id: String,
-    /// ONNX Runtime shared library to load (default: ORT_DYLIB_PATH, then a library next to
-    /// the executable, then the one found at build time).
-    #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
-    pub onnxruntime_library: Option<PathBuf>,
-}
-
-/// Where the data plane listens: shared by `serve` and `worker`.
-#[derive(Args, Debug, Clone)]
-pub struct ListenArgs {
-    /// HTTP (KServe v2 REST) port.
-    #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
-    pub http_port: u16,
-    /// Address the HTTP service binds.
-    #[arg(long, env = "NEREID_HTTP_ADDRESS", default_value = "0.0.0.0")]
-    pub http_address: IpAddr,
-    /// gRPC (inference.GRPCInferenceService) port.
-    #[arg(long, env = "NEREID_GRPC_PORT", default_value_t = 8001)]
-    pub grpc_port: u16,
-    /// Address the gRPC service binds.
-    #[arg(long, env = "NEREID_GRPC_ADDRESS", default_value = "0.0.0.0")]
-    pub grpc_address: IpAddr,
-    /// Prometheus metrics port (/metrics).
-    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 8002)]
-    pub metrics_port: u16,
-    /// Address the metrics service binds.
-    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
-    pub metrics_address: IpAddr,
-    /// Serve HTTP.
-    #[arg(long, env = "NEREID_ALLOW_HTTP", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_http: bool,
-    /// Serve gRPC.
-    #[arg(long, env = "NEREID_ALLOW_GRPC", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_grpc: bool,
-    /// Serve Prometheus metrics.
-    #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_metrics: bool,
-}
-
-/// What the metrics port reports: shared by `serve` and `worker`.
-#[derive(Args, Debug, Clone)]
-pub struct MetricsArgs {
-    /// Metrics setting <key>=<value> (repeatable), Triton's vocabulary:
-    /// counter_latencies=true|false (the *_duration_us counters, default true),
-    /// summary_latencies=true|false (the *_summary_us summaries, default false),
-    /// summary_quantiles=<q>:<error>,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001),
-    /// histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false).
-    #[arg(long, env = "NEREID_METRICS_CONFIG", value_delimiter = ';')]
-    pub metrics_config: Vec<String>,
-    /// Report host CPU and memory metrics (nv_cpu_*).
-    #[arg(long, env = "NEREID_ALLOW_CPU_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_cpu_metrics: bool,
-    /// Report GPU metrics (nv_gpu_*, nv_energy_consumption) through NVML; absent without GPUs.
-    #[arg(long, env = "NEREID_ALLOW_GPU_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_gpu_metrics: bool,
-    /// Milliseconds between samples of the CPU and GPU metrics (utilization is averaged over
-    /// this interval).
-    #[arg(long, env = "NEREID_METRICS_INTERVAL_MS", default_value_t = 2000)]
-    pub metrics_interval_ms: u64,
-}
-
-impl MetricsArgs {
-    /// The metrics config, or what is wrong with a setting.
-    pub fn into_config(self) -> Result<MetricsConfig, String> {
-        if self.metrics_interval_ms == 0 {
-            return Err("--metrics-interval-ms must be at least 1".into());
-        }
-        let config = MetricsConfig {
-            cpu: self.allow_cpu_metrics,
-            gpu: self.allow_gpu_metrics,
-            interval: Duration::from_millis(self.metrics_interval_ms),
-            ..MetricsConfig::default()
-        };
-        config
-            .with_settings(&self.metrics_config)
-            .map_err(|e| e.to_string())
-    }
 }
 
 impl ServeArgs {
@@ -237,66 +128,37 @@ impl ServeArgs {
         if control_mode == ControlMode::Poll && self.repository_poll_secs == 0 {
             return Err("--repository-poll-secs must be at least 1".into());
         }
-        if self.model_queue_size == 0 {
+        let (frontend, models) = (self.frontend, self.models);
+        if models.model_queue_size == 0 {
             return Err("--model-queue-size must be at least 1".into());
         }
-        let enabled = [
-            (self.listen.allow_http, "--http-port", self.listen.http_port),
-            (self.listen.allow_grpc, "--grpc-port", self.listen.grpc_port),
-            (
-                self.listen.allow_metrics,
-                "--metrics-port",
-                self.listen.metrics_port,
-            ),
-        ];
-        for (i, a) in enabled.iter().enumerate() {
-            for b in &enabled[i + 1..] {
-                if a.0 && b.0 && a.2 == b.2 && a.2 != 0 {
-                    return Err(format!(
-                        "{} and {} are both {}: each service needs its own port",
-                        a.1, b.1, a.2
-                    ));
-                }
-            }
-        }
+        let addrs = self.listen.addrs()?;
         let metrics = self.metrics.into_config()?;
         let auto_complete =
-            !self.disable_auto_complete_config && self.strict_model_config != Some(true);
-        let addr = |allow: bool, ip: IpAddr, port: u16| allow.then_some(SocketAddr::new(ip, port));
+            !models.disable_auto_complete_config && self.strict_model_config != Some(true);
         Ok(ServeConfig {
             manager: ManagerConfig {
                 repositories: self.model_repository,
                 control_mode,
                 startup_models: self.load_model,
                 auto_complete,
-                queue_capacity: self.model_queue_size,
+                queue_capacity: models.model_queue_size,
                 cluster_managed: false,
             },
             data_plane: DataPlaneConfig {
-                server_name: self.id,
+                server_name: frontend.id,
                 strict_readiness: self.strict_readiness,
             },
-            http_addr: addr(
-                self.listen.allow_http,
-                self.listen.http_address,
-                self.listen.http_port,
-            ),
-            grpc_addr: addr(
-                self.listen.allow_grpc,
-                self.listen.grpc_address,
-                self.listen.grpc_port,
-            ),
-            metrics_addr: addr(
-                self.listen.allow_metrics,
-                self.listen.metrics_address,
-                self.listen.metrics_port,
-            ),
+            http_addr: addrs.http,
+            grpc_addr: addrs.grpc,
+            metrics_addr: addrs.metrics,
             metrics,
-            http_max_input_size: self.http_max_input_size,
+            http_max_input_size: frontend.http_max_input_size,
             poll_interval: Duration::from_secs(self.repository_poll_secs),
-            exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+            exit_timeout: Duration::from_secs(frontend.exit_timeout_secs),
             exit_on_error: self.exit_on_error,
-            onnxruntime_library: crate::ort_library::resolve(self.onnxruntime_library),
+            onnxruntime_library: crate::ort_library::resolve(models.onnxruntime_library),
+            python: models.python.interpreter(),
             telemetry: self.telemetry.to_config("nereid")?,
         })
     }
@@ -329,9 +191,8 @@ pub struct WorkerArgs {
     /// Memory this node offers, in bytes (default: the host's total memory).
     #[arg(long, env = "NEREID_MEMORY_CAPACITY")]
     pub memory_capacity: Option<u64>,
-    /// File holding the bearer token sent to the control plane (else NEREID_AUTH_TOKEN).
-    #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
-    pub auth_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub auth: AuthTokenArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
     #[command(flatten)]
@@ -341,31 +202,10 @@ pub struct WorkerArgs {
     /// Ready only when every assigned model loaded successfully (false: ready once started).
     #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_readiness: bool,
-    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
-    #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
-    pub exit_timeout_secs: u64,
-    /// Do not fill model configs from model files (inputs, outputs, max_batch_size).
-    #[arg(long, env = "NEREID_DISABLE_AUTO_COMPLETE_CONFIG")]
-    pub disable_auto_complete_config: bool,
-    /// Largest HTTP request body in bytes, also after decompression.
-    #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
-    pub http_max_input_size: usize,
-    /// Requests that may wait per model version before new ones are refused (503).
-    #[arg(long, env = "NEREID_MODEL_QUEUE_SIZE", default_value_t = 1024)]
-    pub model_queue_size: usize,
-    /// Verbose logging level (0 = info; 1 or more = debug).
-    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
-    pub log_verbose: u32,
-    /// Log line format.
-    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-    /// Server name reported in server metadata.
-    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
-    pub id: String,
-    /// ONNX Runtime shared library to load (default: ORT_DYLIB_PATH, then a library next to
-    /// the executable, then the one found at build time).
-    #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
-    pub onnxruntime_library: Option<PathBuf>,
+    #[command(flatten)]
+    pub frontend: FrontendArgs,
+    #[command(flatten)]
+    pub models: ModelArgs,
 }
 
 /// A worker's validated settings: the data plane's, the agent's, and the advertised host.
@@ -382,34 +222,18 @@ impl WorkerArgs {
         if self.heartbeat_interval_ms == 0 {
             return Err("--heartbeat-interval-ms must be at least 1".into());
         }
-        let addrs: Vec<String> = self
-            .control_plane
-            .iter()
-            .map(|a| a.trim().to_string())
-            .filter(|a| !a.is_empty())
-            .collect();
-        if addrs.is_empty() {
-            return Err("--control-plane needs at least one address".into());
-        }
+        let addrs = control_plane_addrs(&self.control_plane)?;
         let node_id = self.node_id.unwrap_or_else(|| {
             format!(
                 "{}-{}",
-                nereid_data_plane::agent::host::hostname(),
+                nereid_data_plane::probe::host::hostname(),
                 self.listen.grpc_port
             )
         });
         if node_id.trim().is_empty() {
             return Err("--node-id must not be empty".into());
         }
-        let token =
-            match &self.auth_token_file {
-                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
-                    format!("cannot read --auth-token-file '{}': {e}", path.display())
-                })?),
-                None => env_token,
-            }
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty());
+        let token = self.auth.token(env_token)?;
         let work_dir = self.work_dir.unwrap_or_else(|| {
             let safe: String = node_id
                 .chars()
@@ -432,23 +256,17 @@ impl WorkerArgs {
         })?;
         let serve = ServeArgs {
             model_repository: vec![repository.clone()],
-            listen: self.listen.clone(),
-            metrics: self.metrics.clone(),
+            listen: self.listen,
+            metrics: self.metrics,
             telemetry: TelemetryArgs::default(),
             model_control_mode: ControlModeArg::Explicit,
             load_model: Vec::new(),
             repository_poll_secs: 15,
             strict_readiness: self.strict_readiness,
             exit_on_error: false,
-            exit_timeout_secs: self.exit_timeout_secs,
-            disable_auto_complete_config: self.disable_auto_complete_config,
+            frontend: self.frontend,
+            models: self.models,
             strict_model_config: None,
-            http_max_input_size: self.http_max_input_size,
-            model_queue_size: self.model_queue_size,
-            log_verbose: self.log_verbose,
-            log_format: self.log_format,
-            id: self.id,
-            onnxruntime_library: self.onnxruntime_library,
         };
         let mut serve = serve.into_config()?;
         serve.manager.cluster_managed = true;
@@ -482,10 +300,14 @@ pub struct CheckConfigArgs {
     /// ONNX Runtime shared library (for --auto-complete).
     #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
     pub onnxruntime_library: Option<PathBuf>,
+    #[command(flatten)]
+    pub python: PythonArgs,
 }
 
 #[cfg(test)]
 mod tests {
+    use nereid_data_plane::metrics::MetricsConfig;
+
     use super::*;
 
     fn parse(args: &[&str]) -> Result<ServeConfig, String> {
@@ -633,6 +455,14 @@ mod tests {
                 .contains("own port")
         );
         assert!(parse(&["--strict-readiness", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn python_flag_reaches_the_config() {
+        assert_eq!(parse(&[]).unwrap().python, None);
+        let c = parse(&["--python", "/opt/venv"]).unwrap();
+        assert_eq!(c.python, Some(PathBuf::from("/opt/venv")));
+        assert_eq!(parse(&["--python="]).unwrap().python, None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use clap::Args;
 use nereid_control_plane::api::auth::AuthToken;
 use nereid_control_plane::node::NodeConfig;
 
-use crate::cli::LogFormat;
+use crate::common_args::LogFormat;
 
 #[derive(Args, Debug)]
 pub struct ControlPlaneArgs {

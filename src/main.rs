@@ -9,6 +9,7 @@
 
 mod check_config;
 mod cli;
+mod common_args;
 mod control_plane_args;
 mod ctl;
 mod ort_library;
@@ -32,7 +33,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            init_logging(args.log_verbose, &args.log_format);
+            init_logging(args.frontend.log_verbose, &args.frontend.log_format);
             match args.into_config() {
                 Ok(config) => {
                     run_async(|| nereid_data_plane::serve::run(config, shutdown_signal()))
@@ -41,7 +42,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Worker(args) => {
-            init_logging(args.log_verbose, &args.log_format);
+            init_logging(args.frontend.log_verbose, &args.frontend.log_format);
             match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
                 Ok(config) => run_async(|| {
                     nereid_data_plane::agent::worker::run(
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Router(args) => {
-            init_logging(args.log_verbose, &args.log_format);
+            init_logging(args.frontend.log_verbose, &args.frontend.log_format);
             let threads = args.threads;
             match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
                 Ok(config) => run_async_on(threads, || {
@@ -119,10 +120,10 @@ where
     }
 }
 
-fn init_logging(verbose: u32, format: &cli::LogFormat) {
+fn init_logging(verbose: u32, format: &common_args::LogFormat) {
     let format = match format {
-        cli::LogFormat::Json => nereid_telemetry::logging::LogFormat::Json,
-        cli::LogFormat::Text => nereid_telemetry::logging::LogFormat::Text,
+        common_args::LogFormat::Json => nereid_telemetry::logging::LogFormat::Json,
+        common_args::LogFormat::Text => nereid_telemetry::logging::LogFormat::Text,
     };
     nereid_telemetry::logging::init(verbose, format);
 }

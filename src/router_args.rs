@@ -1,7 +1,5 @@
 //! `nereid router` flags and their checks, turned into the router crate's config.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
@@ -10,7 +8,7 @@ use nereid_router::control::ControlPlaneConfig;
 use nereid_router::forward::ForwardConfig;
 use nereid_router::serve::RouterConfig;
 
-use crate::cli::{ListenArgs, LogFormat};
+use crate::common_args::{AuthTokenArgs, FrontendArgs, ListenArgs, control_plane_addrs};
 use crate::telemetry_args::TelemetryArgs;
 
 #[derive(Args, Debug)]
@@ -26,9 +24,8 @@ pub struct RouterArgs {
         required = true
     )]
     pub control_plane: Vec<String>,
-    /// File holding the bearer token sent to the control plane (else NEREID_AUTH_TOKEN).
-    #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
-    pub auth_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub auth: AuthTokenArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
     /// Requests in flight through this router; beyond it new requests are refused (503 /
@@ -43,21 +40,8 @@ pub struct RouterArgs {
     /// through the router, waits for a replica to become ready; a gRPC deadline can shorten it.
     #[arg(long, env = "NEREID_SCALE_FROM_ZERO_WAIT_SECS", default_value_t = 60)]
     pub scale_from_zero_wait_secs: u64,
-    /// Largest HTTP request body in bytes, also after decompression.
-    #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
-    pub http_max_input_size: usize,
-    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
-    #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
-    pub exit_timeout_secs: u64,
-    /// Verbose logging level (0 = info; 1 or more = debug).
-    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
-    pub log_verbose: u32,
-    /// Log line format.
-    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-    /// Server name reported in server metadata.
-    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
-    pub id: String,
+    #[command(flatten)]
+    pub frontend: FrontendArgs,
     /// Async runtime threads (0 = one per CPU core). Fewer threads mean fewer hand-offs
     /// between them per request; lower it when the router shares its cores with workers.
     #[arg(long, env = "NEREID_ROUTER_THREADS", default_value_t = 0)]
@@ -68,50 +52,19 @@ impl RouterArgs {
     /// Checks the flags and turns them into the router's config, before any port is bound.
     /// `env_token` is NEREID_AUTH_TOKEN, used when no token file is given.
     pub fn into_config(self, env_token: Option<String>) -> Result<RouterConfig, String> {
-        let control_plane: Vec<String> = self
-            .control_plane
-            .iter()
-            .map(|a| a.trim().to_string())
-            .filter(|a| !a.is_empty())
-            .collect();
-        if control_plane.is_empty() {
-            return Err("--control-plane needs at least one address".into());
-        }
+        let control_plane = control_plane_addrs(&self.control_plane)?;
         if self.max_in_flight == 0 {
             return Err("--max-in-flight must be at least 1".into());
         }
         if self.sequence_idle_timeout_secs == 0 {
             return Err("--sequence-idle-timeout-secs must be at least 1".into());
         }
-        let token =
-            match &self.auth_token_file {
-                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
-                    format!("cannot read --auth-token-file '{}': {e}", path.display())
-                })?),
-                None => env_token,
-            }
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty());
-        let l = &self.listen;
-        let enabled = [
-            (l.allow_http, "--http-port", l.http_port),
-            (l.allow_grpc, "--grpc-port", l.grpc_port),
-            (l.allow_metrics, "--metrics-port", l.metrics_port),
-        ];
-        for (i, a) in enabled.iter().enumerate() {
-            for b in &enabled[i + 1..] {
-                if a.0 && b.0 && a.2 == b.2 && a.2 != 0 {
-                    return Err(format!(
-                        "{} and {} are both {}: each service needs its own port",
-                        a.1, b.1, a.2
-                    ));
-                }
-            }
-        }
-        let addr = |allow: bool, ip, port| allow.then_some(SocketAddr::new(ip, port));
+        let token = self.auth.token(env_token)?;
+        let addrs = self.listen.addrs()?;
+        let frontend = self.frontend;
         Ok(RouterConfig {
             service: RouterServiceConfig {
-                server_name: self.id,
+                server_name: frontend.id,
                 max_in_flight: self.max_in_flight,
                 sequence_idle_timeout: Duration::from_secs(self.sequence_idle_timeout_secs),
                 ejection: RouterServiceConfig::default().ejection,
@@ -122,11 +75,11 @@ impl RouterArgs {
                 control_plane,
                 token,
             },
-            http_addr: addr(l.allow_http, l.http_address, l.http_port),
-            grpc_addr: addr(l.allow_grpc, l.grpc_address, l.grpc_port),
-            metrics_addr: addr(l.allow_metrics, l.metrics_address, l.metrics_port),
-            http_max_input_size: self.http_max_input_size,
-            exit_timeout: Duration::from_secs(self.exit_timeout_secs),
+            http_addr: addrs.http,
+            grpc_addr: addrs.grpc,
+            metrics_addr: addrs.metrics,
+            http_max_input_size: frontend.http_max_input_size,
+            exit_timeout: Duration::from_secs(frontend.exit_timeout_secs),
             telemetry: self.telemetry.to_config("nereid-router")?,
         })
     }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod ensemble;
 pub mod manager;
 pub mod metrics;
+pub mod probe;
 pub mod repository;
 pub(crate) mod request;
 pub mod request_check;

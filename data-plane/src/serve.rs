@@ -48,6 +48,9 @@ pub struct ServeConfig {
     /// Fail startup when any model fails to load.
     pub exit_on_error: bool,
     pub onnxruntime_library: Option<PathBuf>,
+    /// Interpreter of Python models that name no `EXECUTION_ENV_PATH`; `None`: `python3` on
+    /// `PATH`.
+    pub python: Option<PathBuf>,
     /// Trace settings and OTLP export (spans; metrics when configured).
     pub telemetry: nereid_telemetry::startup::TelemetryConfig,
 }
@@ -96,7 +99,8 @@ pub async fn run_with(
     let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
     let (http_bound, grpc_bound) = (local(&http), local(&grpc));
 
-    let backends = Backends::new(config.onnxruntime_library.clone());
+    let backends =
+        Backends::new(config.onnxruntime_library.clone()).with_python(config.python.clone());
     let server_handle = backends.server().clone();
     let backend_files = backends.clone();
     let manager = Arc::new(ModelManager::new(config.manager.clone(), backends));

@@ -1,5 +1,5 @@
 //! Host and GPU metrics of the data plane: `nv_cpu_*` from `/proc`, `nv_gpu_*` and
-//! `nv_energy_consumption` through NVML ([`crate::agent::gpu`]).
+//! `nv_energy_consumption` through NVML ([`crate::probe::gpu`]).
 //!
 //! ```text
 //! serve start ─► SystemMetrics::probe (NVML if --allow-gpu-metrics; first /proc sample)
@@ -25,8 +25,8 @@ use nereid_telemetry::metrics::{Family, Labels};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::agent::gpu::{GpuReading, Gpus};
-use crate::agent::host;
+use crate::probe::gpu::{GpuReading, Gpus};
+use crate::probe::host;
 
 /// The host's CPU and memory at one sample.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -567,6 +567,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         exit_timeout: Duration::from_secs(5),
         exit_on_error: false,
         onnxruntime_library: Some(ort_library()),
+        python: None,
         telemetry: Default::default(),
     };
     let agent = AgentConfig {

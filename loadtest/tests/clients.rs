@@ -1,142 +1,43 @@
 //! Both clients end to end against an in-process KServe v2 server: `nereid-proto`'s real HTTP
-//! and gRPC frontends on 127.0.0.1:0 over a mock `InferenceService`. The mock checks what
-//! arrives (names, shapes, byte sizes), so a wrongly encoded request shows up as errors.
+//! and gRPC frontends on 127.0.0.1:0 over a `FakeService`. The fake checks what arrives (names,
+//! datatypes, shapes), so a wrongly encoded request shows up as errors.
 //!
 //! Model `add`: FP32 `X` [-1,4], max_batch_size 8. Model `broken`: same inputs, every
 //! inference fails.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use clap::Parser;
 use nereid_loadtest::LoadtestError;
 use nereid_loadtest::cli::{Cli, Command};
 use nereid_loadtest::report::{GridPoint, Level};
-use nereid_proto::pb::inference::{ModelConfig, ModelInput, ModelStatistics};
-use nereid_proto::service::{
-    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ServerMetadata, TensorMetadata,
-};
-use nereid_proto::types::{InferRequest, InferResponse, Tensor};
-use nereid_proto::{DataType, ServiceError};
+use nereid_proto::ServiceError;
+use nereid_proto::testing::{FakeModel, FakeService, tensor};
 use tokio_stream::wrappers::TcpListenerStream;
 
-#[derive(Default)]
-struct Mock {
-    /// Every `config` override received by a repository load, in order.
-    loads: Mutex<Vec<Option<String>>>,
-    /// Inference requests received, answered or not.
-    infers: AtomicU64,
+/// Models `add` (checks its inputs, answers `Y` = `X`) and `broken` (every inference fails).
+fn fake() -> FakeService {
+    let model = || {
+        FakeModel::echo()
+            .platform("mock")
+            .inputs(vec![tensor("X", "FP32", vec![-1, 4])])
+            .outputs(vec![tensor("Y", "FP32", vec![-1, 4])])
+            .max_batch_size(8)
+            .config_input("X", 11, vec![4])
+    };
+    FakeService::new("mock")
+        .model("add", model().check_inputs().output_names(&["Y"]))
+        .model(
+            "broken",
+            model().answer(nereid_proto::testing::Answer::Fail(ServiceError::invalid(
+                "broken model always fails",
+            ))),
+        )
 }
 
-fn known(name: &str) -> Result<(), ServiceError> {
-    match name {
-        "add" | "broken" => Ok(()),
-        other => Err(ServiceError::not_found(format!(
-            "Request for unknown model: '{other}' is not found"
-        ))),
-    }
-}
-
-#[async_trait]
-impl InferenceService for Mock {
-    async fn server_live(&self) -> bool {
-        true
-    }
-    async fn server_ready(&self) -> bool {
-        true
-    }
-    fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata {
-            name: "mock".into(),
-            version: "0".into(),
-            extensions: vec![],
-        }
-    }
-    async fn model_ready(&self, name: &str, _: Option<i64>) -> Result<bool, ServiceError> {
-        known(name).map(|_| true)
-    }
-    async fn model_metadata(
-        &self,
-        name: &str,
-        _: Option<i64>,
-    ) -> Result<ModelMetadata, ServiceError> {
-        known(name)?;
-        let t = |n: &str| TensorMetadata {
-            name: n.into(),
-            datatype: "FP32".into(),
-            shape: vec![-1, 4],
-        };
-        Ok(ModelMetadata {
-            name: name.into(),
-            versions: vec!["1".into()],
-            platform: "mock".into(),
-            inputs: vec![t("X")],
-            outputs: vec![t("Y")],
-        })
-    }
-    async fn model_config(&self, name: &str, _: Option<i64>) -> Result<ModelConfig, ServiceError> {
-        known(name)?;
-        Ok(ModelConfig {
-            name: name.into(),
-            max_batch_size: 8,
-            input: vec![ModelInput {
-                name: "X".into(),
-                data_type: 11,
-                dims: vec![4],
-                ..Default::default()
-            }],
-            ..Default::default()
-        })
-    }
-    async fn model_statistics(
-        &self,
-        _: &str,
-        _: Option<i64>,
-    ) -> Result<Vec<ModelStatistics>, ServiceError> {
-        Ok(vec![])
-    }
-    async fn infer(&self, request: InferRequest) -> Result<InferResponse, ServiceError> {
-        self.infers.fetch_add(1, Ordering::SeqCst);
-        known(&request.model_name)?;
-        if request.model_name == "broken" {
-            return Err(ServiceError::invalid("broken model always fails"));
-        }
-        let [x] = request.inputs.as_slice() else {
-            return Err(ServiceError::invalid("expected exactly one input"));
-        };
-        if x.name() != "X"
-            || x.datatype() != DataType::Fp32
-            || x.shape().len() != 2
-            || x.shape()[1] != 4
-        {
-            return Err(ServiceError::invalid(format!("unexpected input {x:?}")));
-        }
-        let y = Tensor::new("Y", DataType::Fp32, x.shape().to_vec(), x.data().clone())?;
-        Ok(InferResponse {
-            model_name: request.model_name,
-            model_version: "1".into(),
-            id: request.id,
-            parameters: Default::default(),
-            outputs: vec![y],
-        })
-    }
-    async fn repository_index(&self, _: bool) -> Result<Vec<ModelIndexEntry>, ServiceError> {
-        Ok(vec![])
-    }
-    async fn load_model(&self, name: &str, request: LoadRequest) -> Result<(), ServiceError> {
-        known(name)?;
-        self.loads.lock().unwrap().push(request.config);
-        Ok(())
-    }
-    async fn unload_model(&self, _: &str, _: bool) -> Result<(), ServiceError> {
-        Ok(())
-    }
-}
-
-/// Starts both frontends; returns (HTTP address, gRPC address, the mock).
-async fn start() -> (String, String, Arc<Mock>) {
-    let mock = Arc::new(Mock::default());
+/// Starts both frontends; returns (HTTP address, gRPC address, the fake).
+async fn start() -> (String, String, Arc<FakeService>) {
+    let mock = Arc::new(fake());
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
@@ -346,9 +247,9 @@ async fn totals_count_every_request_the_server_received() {
     ];
     for (base, args) in cases {
         let cli = Cli::try_parse_from([&["nereid-loadtest"][..], base, args].concat()).unwrap();
-        let before = mock.infers.load(Ordering::SeqCst);
+        let before = mock.requests().len() as u64;
         let results = nereid_loadtest::run::run(&cli.run).await.unwrap();
-        let received = mock.infers.load(Ordering::SeqCst) - before;
+        let received = mock.requests().len() as u64 - before;
         let sent: u64 = results.iter().map(|r| r.totals.requests_total).sum();
         assert_eq!(sent, received, "{args:?}");
         for r in &results {
@@ -411,10 +312,10 @@ async fn sweep_reloads_each_point_and_restores_the_config() {
     let results = nereid_loadtest::sweep::sweep(&args).await.unwrap();
     let grids: Vec<GridPoint> = results.iter().filter_map(|r| r.grid).collect();
     assert_eq!(grids.len(), 2);
-    let loads = mock.loads.lock().unwrap().clone();
+    let loads = mock.loads();
     let configs: Vec<serde_json::Value> = loads
         .iter()
-        .map(|c| serde_json::from_str(c.as_deref().unwrap()).unwrap())
+        .map(|(_, load)| serde_json::from_str(load.config.as_deref().unwrap()).unwrap())
         .collect();
     assert_eq!(configs.len(), 3, "two points, then the restore");
     assert_eq!(configs[0]["instance_group"][0]["count"], 3);

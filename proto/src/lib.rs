@@ -23,6 +23,8 @@ pub mod pb;
 pub mod serve;
 pub mod service;
 pub mod settings;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod trace_context;
 pub mod types;
 

@@ -3,28 +3,22 @@
 //! recording service) that keeps the `RequestContext` its gRPC frontend read from the router's
 //! metadata.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use nereid_proto::error::ServiceResult;
 use nereid_proto::pb::cluster::{
     Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
     watch_event,
 };
+use nereid_proto::pb::inference::ModelInferRequest;
 use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use nereid_proto::pb::inference::model_infer_request::InferInputTensor;
-use nereid_proto::pb::inference::{ModelConfig, ModelInferRequest, ModelStatistics};
-use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, StreamedResponse,
-};
+use nereid_proto::testing::{Answer, FakeModel, FakeService};
 use nereid_proto::trace_context::TraceContext;
-use nereid_proto::types::{InferRequest, InferResponse, RequestContext, Tensor};
+use nereid_proto::types::{InferRequest, RequestContext, Tensor};
 use nereid_proto::{DataType, InferenceService, ServiceError};
 use nereid_router::choice::SplitMix64;
 use nereid_router::table::SharedTable;
@@ -38,118 +32,13 @@ const TRACESTATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
 /// How long the model `slow` takes: far longer than any deadline the tests set.
 const SLOW: Duration = Duration::from_secs(5);
 
-/// What the worker saw of one request: its context, and when it arrived.
-#[derive(Clone, Debug)]
-struct Seen {
-    context: RequestContext,
-    at: Instant,
-}
-
-/// Serves `echo` (inputs back) and `slow` (the same after [`SLOW`]), recording each request's
-/// context, and whether a `slow` request was dropped (cancelled) before it finished.
-#[derive(Default)]
-struct RecordingWorker {
-    seen: Mutex<Vec<Seen>>,
-    slow_cancelled: AtomicBool,
-}
-
-/// Marks a `slow` request cancelled unless it finished.
-struct CancelGuard<'a> {
-    flag: &'a AtomicBool,
-    finished: bool,
-}
-
-impl Drop for CancelGuard<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.flag.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-impl RecordingWorker {
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-#[async_trait]
-impl InferenceService for RecordingWorker {
-    async fn server_live(&self) -> bool {
-        true
-    }
-    async fn server_ready(&self) -> bool {
-        true
-    }
-    fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata {
-            name: "worker".into(),
-            version: "0".into(),
-            extensions: vec![],
-        }
-    }
-    async fn model_ready(&self, _: &str, _: Option<i64>) -> ServiceResult<bool> {
-        Ok(true)
-    }
-    async fn model_metadata(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelMetadata> {
-        Ok(ModelMetadata {
-            name: name.into(),
-            versions: vec!["1".into()],
-            platform: "fake".into(),
-            inputs: vec![],
-            outputs: vec![],
-        })
-    }
-    async fn model_config(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelConfig> {
-        Ok(ModelConfig {
-            name: name.into(),
-            ..Default::default()
-        })
-    }
-    async fn model_statistics(
-        &self,
-        _: &str,
-        _: Option<i64>,
-    ) -> ServiceResult<Vec<ModelStatistics>> {
-        Ok(vec![])
-    }
-    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        self.seen.lock().unwrap().push(Seen {
-            context: request.context.clone(),
-            at: Instant::now(),
-        });
-        if request.model_name == "slow" {
-            let mut guard = CancelGuard {
-                flag: &self.slow_cancelled,
-                finished: false,
-            };
-            tokio::time::sleep(SLOW).await;
-            guard.finished = true;
-        }
-        Ok(InferResponse {
-            model_name: request.model_name,
-            model_version: "1".into(),
-            id: request.id,
-            parameters: BTreeMap::new(),
-            outputs: request.inputs,
-        })
-    }
-    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let response = self.infer(request).await?;
-        Ok(Box::pin(futures::stream::iter([Ok(StreamedResponse {
-            response: Some(response),
-            last: true,
-        })])))
-    }
-    async fn repository_index(&self, _: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
-        Ok(vec![])
-    }
-    async fn load_model(&self, _: &str, _: LoadRequest) -> ServiceResult<()> {
-        Ok(())
-    }
-    async fn unload_model(&self, _: &str, _: bool) -> ServiceResult<()> {
-        Ok(())
-    }
+/// Serves `slow` (the echo after [`SLOW`]) and echoes every other model, recording each
+/// request (its context, and when it arrived) and whether a request was dropped (cancelled)
+/// before it finished.
+fn recording_worker() -> FakeService {
+    FakeService::new("worker")
+        .fallback(FakeModel::echo())
+        .model("slow", FakeModel::echo().answer(Answer::Delay(SLOW)))
 }
 
 /// Serves `service` over gRPC on a free port (until the test's runtime ends).
@@ -179,14 +68,14 @@ async fn serve_http(service: Arc<dyn InferenceService>) -> SocketAddr {
 
 /// A worker and a router in front of it, with the router's gRPC and HTTP frontends.
 struct Setup {
-    worker: Arc<RecordingWorker>,
+    worker: Arc<FakeService>,
     router: Arc<RouterService>,
     grpc: GrpcInferenceServiceClient<Channel>,
     http: SocketAddr,
 }
 
 async fn setup() -> Setup {
-    let worker = Arc::new(RecordingWorker::default());
+    let worker = Arc::new(recording_worker());
     let worker_addr = serve_grpc(worker.clone()).await;
     let table = Arc::new(SharedTable::default());
     let replica = |id, model: &str| Replica {
@@ -327,12 +216,16 @@ async fn trace_context_reaches_the_worker_unchanged_from_grpc_and_http() {
         let first = responses.next().await.unwrap().unwrap();
         assert_eq!(first.error_message, "");
 
-        let seen = s.worker.seen();
+        let seen = s.worker.requests();
         assert_eq!(seen.len(), 3);
         for (i, request) in seen.iter().enumerate() {
-            assert_eq!(request.context.trace, expected_trace(), "request {i}");
+            assert_eq!(
+                request.request.context.trace,
+                expected_trace(),
+                "request {i}"
+            );
             // No client set a timeout, so none is forwarded.
-            assert_eq!(request.context.deadline, None, "request {i}");
+            assert_eq!(request.request.context.deadline, None, "request {i}");
         }
     })
     .await;
@@ -351,9 +244,12 @@ async fn an_invalid_traceparent_is_not_forwarded() {
         assert_eq!(http_infer(s.http, &bad).await, 200);
         let zero = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
         assert_eq!(http_infer(s.http, &[("traceparent", zero)]).await, 200);
-        let seen = s.worker.seen();
+        let seen = s.worker.requests();
         assert_eq!(seen.len(), 3);
-        assert!(seen.iter().all(|r| r.context.trace.is_none()), "{seen:?}");
+        assert!(
+            seen.iter().all(|r| r.request.context.trace.is_none()),
+            "{seen:?}"
+        );
     })
     .await;
 }
@@ -365,8 +261,12 @@ async fn a_grpc_deadline_reaches_the_worker_as_the_time_left() {
         let mut request = grpc_request("echo", &[]);
         request.set_timeout(Duration::from_secs(2));
         s.grpc.model_infer(request).await.unwrap();
-        let seen = s.worker.seen();
-        let deadline = seen[0].context.deadline.expect("the worker got a deadline");
+        let seen = s.worker.requests();
+        let deadline = seen[0]
+            .request
+            .context
+            .deadline
+            .expect("the worker got a deadline");
         let left = deadline - seen[0].at;
         assert!(
             left <= Duration::from_secs(2) && left > Duration::from_secs(1),
@@ -394,7 +294,7 @@ async fn a_worker_slower_than_the_deadline_is_cut_off_and_the_router_serves_on()
             started.elapsed()
         );
         // The router dropped its call to the worker, which cancelled the request there.
-        while !s.worker.slow_cancelled.load(Ordering::SeqCst) {
+        while s.worker.cancelled() == 0 {
             assert!(
                 started.elapsed() < SLOW,
                 "the worker's request was not cancelled"
@@ -427,7 +327,7 @@ async fn the_router_answers_deadline_exceeded_itself() {
                 "model 'slow': the request's deadline passed before a worker answered".into()
             )
         );
-        assert_eq!(s.worker.seen().len(), 1);
+        assert_eq!(s.worker.requests().len(), 1);
         // Already past: answered without calling the worker, unary and streamed alike.
         let past = RequestContext {
             deadline: Some(Instant::now() - Duration::from_millis(1)),
@@ -444,7 +344,7 @@ async fn the_router_answers_deadline_exceeded_itself() {
             Err(err) => err,
         };
         assert!(matches!(err, ServiceError::DeadlineExceeded(_)), "{err:?}");
-        assert_eq!(s.worker.seen().len(), 1);
+        assert_eq!(s.worker.requests().len(), 1);
     })
     .await;
 }

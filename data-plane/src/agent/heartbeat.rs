@@ -2,7 +2,7 @@
 //! memory of its replicas. A control plane that answers `reregister` gets a new RegisterNode.
 //!
 //! Per version it sends the queue depth (requests waiting for an instance) and the requests in
-//! flight (received, not answered yet). Per GPU that NVML reports ([`super::gpu`]; none without
+//! flight (received, not answered yet). Per GPU that NVML reports ([`crate::probe::gpu`]; none without
 //! NVML) the busy fraction and memory used and total.
 
 use std::sync::Arc;
@@ -13,11 +13,11 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
 use super::client::ControlPlane;
-use super::gpu::Gpus;
-use super::host;
 use super::reconcile::Local;
 use super::state::ClusterMirror;
 use crate::manager::ModelManager;
+use crate::probe::gpu::Gpus;
+use crate::probe::host;
 
 /// The replicas of `node` that are served here, with their measured memory.
 pub fn replica_memory(mirror: &ClusterMirror, node: &str, local: &Local) -> Vec<ReplicaMemory> {

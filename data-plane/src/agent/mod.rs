@@ -20,9 +20,7 @@
 
 pub mod client;
 pub mod companions;
-pub mod gpu;
 pub mod heartbeat;
-pub mod host;
 pub mod reconcile;
 pub mod source;
 pub mod state;
@@ -42,6 +40,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_stream::StreamExt;
 
 use crate::manager::{LoadSource, ModelManager};
+use crate::probe::{gpu, host};
 use client::ControlPlane;
 use reconcile::{Local, LocalModel, Op, Report};
 use state::ClusterMirror;

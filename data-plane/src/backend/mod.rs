@@ -236,10 +236,17 @@ impl Backends {
         Backends {
             onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)),
             identity: Arc::new(identity::IdentityBackend),
-            python: Arc::new(python::PythonBackend::from_env()),
+            python: Arc::new(python::PythonBackend::default()),
             pytorch: Arc::new(pytorch::PyTorchBackend::default()),
             server: Arc::new(ServerHandle::default()),
         }
+    }
+
+    /// Python models that name no `EXECUTION_ENV_PATH` run on `default_python` (`--python`);
+    /// `None`: `python3` on `PATH`.
+    pub fn with_python(mut self, default_python: Option<PathBuf>) -> Self {
+        self.python = Arc::new(python::PythonBackend::new(default_python));
+        self
     }
 
     /// The handle instances use to reach the server (bound by the data plane at start).

@@ -170,7 +170,7 @@ pub fn build(
         };
         let samples = warmup_samples(config.wire(), &input.dir).map_err(|e| fail(e, &selected))?;
         let load_started = std::time::Instant::now();
-        let rss_before = crate::agent::host::process_rss();
+        let rss_before = crate::probe::host::process_rss();
         let mut instances = Vec::with_capacity(contexts.len());
         for ctx in &contexts {
             let mut instance = backend.load_instance(ctx).map_err(load_error)?;
@@ -189,7 +189,7 @@ pub fn build(
         .map_err(load_error)?;
         stats.set_load(LoadReport {
             duration: load_started.elapsed(),
-            memory_bytes: crate::agent::host::process_rss()
+            memory_bytes: crate::probe::host::process_rss()
                 .zip(rss_before)
                 .map_or(0, |(after, before)| after.saturating_sub(before)),
         });

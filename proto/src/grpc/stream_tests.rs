@@ -4,191 +4,114 @@
 //! clock, where [`settle`] returns only once every task is idle.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures::stream;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
 use super::*;
-use crate::error::ServiceResult;
 use crate::grpc::GrpcConfig;
-use crate::grpc::tests::{DropSignal, bounded, serve};
+use crate::grpc::tests::{bounded, serve};
 use crate::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use crate::pb::inference::{ModelConfig, ModelStatistics, ModelTransactionPolicy};
-use crate::service::{LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata};
-use crate::types::{InferRequest, InferResponse, ParamValue};
+use crate::testing::{FakeEvent, FakeModel, FakeService, Step};
+use crate::types::{InferRequest, ParamValue};
 
-/// Streams per model name:
-/// - `count`: parameter `n` (default 1) responses, each with parameter `index`, the last marked
-///   last; `n = 0` sends only an empty final item. With parameter `gated: true`, `count` and
-///   `decoupled` start answering once [`StreamMock::gate`] is notified.
+/// The `n` parameter of a request (default 1), and whether it asks to wait for the gate.
+fn n_and_gate(request: &InferRequest) -> (i64, Vec<Step>) {
+    let n = match request.parameters.get("n") {
+        Some(ParamValue::Int(n)) => *n,
+        _ => 1,
+    };
+    let gated = request.parameters.get("gated") == Some(&ParamValue::Bool(true));
+    (n, if gated { vec![Step::Gate] } else { vec![] })
+}
+
+/// Streams per model name (each response carries its parameter `index`):
+/// - `count`: parameter `n` (default 1) responses, the last marked last; `n = 0` sends only an
+///   empty final item. With parameter `gated: true`, `count` and `decoupled` start answering
+///   once the gate opens ([`FakeService::open_gate`]).
 /// - `decoupled`: `n` responses none marked last, then an empty final item.
 /// - `unterminated`: one response not marked last, then the stream ends.
 /// - `refuse`: the call itself fails (INVALID_ARGUMENT).
 /// - `fail_mid`: one response, then an INTERNAL error item.
-/// - `gate`: one response once [`StreamMock::gate`] is notified.
-/// - `hang`: never answers; reports on `started` a receiver that fires when it is dropped.
-/// - `endless`: answers forever, counting items pulled in `pulls`; reports like `hang`.
+/// - `gate`: one response once the gate opens.
+/// - `hang`: never answers.
+/// - `endless`: answers forever.
 ///
-/// `count`, `decoupled`, `unterminated` and `fail_mid` report on `produced` the id of each item
-/// they produce.
-/// The mock's decoupled models; the others answer in request order.
-const DECOUPLED: [&str; 5] = ["decoupled", "unterminated", "gate", "hang", "endless"];
-
-#[derive(Default)]
-struct StreamMock {
-    gate: Arc<Notify>,
-    pulls: Arc<AtomicUsize>,
-    started: Option<mpsc::UnboundedSender<oneshot::Receiver<()>>>,
-    produced: Option<mpsc::UnboundedSender<String>>,
+/// `decoupled`, `unterminated`, `gate`, `hang` and `endless` are decoupled; the others answer
+/// in request order.
+fn fake() -> FakeService {
+    let indexed = |index, last| Step::Respond {
+        index: Some(index),
+        last,
+    };
+    FakeService::new("nereid")
+        .model(
+            "count",
+            FakeModel::echo().stream_with(move |request| {
+                let (n, mut steps) = n_and_gate(request);
+                if n == 0 {
+                    steps.push(Step::EmptyFinal);
+                }
+                steps.extend((0..n).map(|i| indexed(i, i == n - 1)));
+                steps
+            }),
+        )
+        .model(
+            "decoupled",
+            FakeModel::echo().decoupled().stream_with(move |request| {
+                let (n, mut steps) = n_and_gate(request);
+                steps.extend((0..n).map(|i| indexed(i, false)));
+                steps.push(Step::EmptyFinal);
+                steps
+            }),
+        )
+        .model(
+            "unterminated",
+            FakeModel::echo()
+                .decoupled()
+                .stream(vec![indexed(0, false)]),
+        )
+        .model(
+            "refuse",
+            FakeModel::failing(ServiceError::invalid(
+                "model 'refuse' refuses every request",
+            )),
+        )
+        .model(
+            "fail_mid",
+            FakeModel::echo().stream(vec![
+                indexed(0, false),
+                Step::Fail(ServiceError::internal("boom after one response")),
+            ]),
+        )
+        .model(
+            "gate",
+            FakeModel::echo()
+                .decoupled()
+                .stream(vec![Step::Gate, indexed(0, true)]),
+        )
+        .model(
+            "hang",
+            FakeModel::echo().decoupled().stream(vec![Step::Pending]),
+        )
+        .model(
+            "endless",
+            FakeModel::echo().decoupled().stream(vec![Step::Endless]),
+        )
 }
 
-impl StreamMock {
-    fn drop_signal(&self) -> DropSignal {
-        let (tx, rx) = oneshot::channel();
-        if let Some(started) = &self.started {
-            let _ = started.send(rx);
+/// The next [`FakeEvent::Produced`] id, skipping other events.
+async fn next_produced(events: &mut mpsc::UnboundedReceiver<FakeEvent>) -> String {
+    loop {
+        match bounded(events.recv()).await.expect("events keep coming") {
+            FakeEvent::Produced { id } => return id,
+            _ => continue,
         }
-        DropSignal(Some(tx))
-    }
-}
-
-fn response(request: &InferRequest, index: i64) -> InferResponse {
-    InferResponse {
-        model_name: request.model_name.clone(),
-        model_version: "1".into(),
-        id: request.id.clone(),
-        parameters: [("index".to_string(), ParamValue::Int(index))].into(),
-        outputs: vec![],
-    }
-}
-
-fn item(response: Option<InferResponse>, last: bool) -> ServiceResult<StreamedResponse> {
-    Ok(StreamedResponse { response, last })
-}
-
-#[async_trait]
-impl InferenceService for StreamMock {
-    async fn server_live(&self) -> bool {
-        true
-    }
-    async fn server_ready(&self) -> bool {
-        true
-    }
-    fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata {
-            name: "nereid".into(),
-            version: "0".into(),
-            extensions: vec![],
-        }
-    }
-    async fn model_ready(&self, _: &str, _: Option<i64>) -> ServiceResult<bool> {
-        Ok(true)
-    }
-    async fn model_metadata(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelMetadata> {
-        Err(ServiceError::not_found(format!("unknown model '{name}'")))
-    }
-    async fn model_config(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelConfig> {
-        let decoupled = DECOUPLED.contains(&name);
-        Ok(ModelConfig {
-            name: name.into(),
-            model_transaction_policy: Some(ModelTransactionPolicy { decoupled }),
-            ..Default::default()
-        })
-    }
-    async fn model_statistics(
-        &self,
-        _: &str,
-        _: Option<i64>,
-    ) -> ServiceResult<Vec<ModelStatistics>> {
-        Ok(vec![])
-    }
-    async fn infer(&self, _: InferRequest) -> ServiceResult<InferResponse> {
-        Err(ServiceError::internal(
-            "the stream tests call infer_stream only",
-        ))
-    }
-    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let n = match request.parameters.get("n") {
-            Some(ParamValue::Int(n)) => *n,
-            _ => 1,
-        };
-        let items: Vec<_> = match request.model_name.as_str() {
-            "count" if n == 0 => vec![item(None, true)],
-            "count" => (0..n)
-                .map(|i| item(Some(response(&request, i)), i == n - 1))
-                .collect(),
-            "decoupled" => (0..n)
-                .map(|i| item(Some(response(&request, i)), false))
-                .chain([item(None, true)])
-                .collect(),
-            "unterminated" => vec![item(Some(response(&request, 0)), false)],
-            "refuse" => {
-                return Err(ServiceError::invalid(
-                    "model 'refuse' refuses every request",
-                ));
-            }
-            "fail_mid" => vec![
-                item(Some(response(&request, 0)), false),
-                Err(ServiceError::internal("boom after one response")),
-            ],
-            "gate" => {
-                let gate = self.gate.clone();
-                let answer = response(&request, 0);
-                return Ok(Box::pin(stream::once(async move {
-                    gate.notified().await;
-                    item(Some(answer), true)
-                })));
-            }
-            "hang" => {
-                let guard = self.drop_signal();
-                return Ok(Box::pin(stream::unfold(guard, |_guard| async move {
-                    std::future::pending::<()>().await;
-                    None
-                })));
-            }
-            "endless" => {
-                let guard = self.drop_signal();
-                let pulls = self.pulls.clone();
-                return Ok(Box::pin(stream::repeat_with(move || {
-                    let _held = &guard;
-                    let i = pulls.fetch_add(1, Ordering::SeqCst);
-                    item(Some(response(&request, i as i64)), false)
-                })));
-            }
-            other => return Err(ServiceError::not_found(format!("unknown model '{other}'"))),
-        };
-        let produced = self.produced.clone();
-        let id = request.id.clone();
-        let items = stream::iter(items).inspect(move |_| {
-            if let Some(produced) = &produced {
-                let _ = produced.send(id.clone());
-            }
-        });
-        if request.parameters.get("gated") == Some(&ParamValue::Bool(true)) {
-            let gate = self.gate.clone();
-            let opened = stream::once(async move {
-                gate.notified().await;
-                items
-            });
-            return Ok(Box::pin(opened.flatten()));
-        }
-        Ok(Box::pin(items))
-    }
-    async fn repository_index(&self, _: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
-        Ok(vec![])
-    }
-    async fn load_model(&self, _: &str, _: LoadRequest) -> ServiceResult<()> {
-        Ok(())
-    }
-    async fn unload_model(&self, _: &str, _: bool) -> ServiceResult<()> {
-        Ok(())
     }
 }
 
@@ -274,10 +197,10 @@ impl Session {
     }
 }
 
-async fn start() -> (Channel, Arc<StreamMock>, oneshot::Sender<()>) {
-    let mock = Arc::new(StreamMock::default());
-    let (channel, shutdown) = serve(mock.clone(), GrpcConfig::default()).await;
-    (channel, mock, shutdown)
+async fn start() -> (Channel, Arc<FakeService>, oneshot::Sender<()>) {
+    let fake = Arc::new(fake());
+    let (channel, shutdown) = serve(fake.clone(), GrpcConfig::default()).await;
+    (channel, fake, shutdown)
 }
 
 fn infer_response(message: &ModelStreamInferResponse) -> &ModelInferResponse {
@@ -497,7 +420,7 @@ async fn requests_on_one_stream_run_concurrently() {
     // `slow` cannot answer before the gate opens, so `fast` overtaking it shows the two ran
     // side by side; run one after the other, this read would time out.
     assert_eq!(infer_response(&session.expect_response().await).id, "fast");
-    mock.gate.notify_one();
+    mock.open_gate();
     let slow = session.expect_response().await;
     assert_eq!(infer_response(&slow).id, "slow");
     assert!(final_flag(&slow));
@@ -523,7 +446,7 @@ async fn requests_of_one_sequence_run_in_the_order_sent() {
     // `seq7_second` could answer at once, but must wait for `seq7_first`, held at the gate;
     // another sequence does not wait.
     assert_eq!(infer_response(&session.expect_response().await).id, "seq8");
-    mock.gate.notify_one();
+    mock.open_gate();
     assert_eq!(
         infer_response(&session.expect_response().await).id,
         "seq7_first"
@@ -537,12 +460,8 @@ async fn requests_of_one_sequence_run_in_the_order_sent() {
 
 #[tokio::test]
 async fn non_decoupled_answers_keep_request_order() {
-    let (produced_tx, mut produced) = mpsc::unbounded_channel();
-    let mock = Arc::new(StreamMock {
-        produced: Some(produced_tx),
-        ..StreamMock::default()
-    });
-    let (channel, _server) = serve(mock.clone(), GrpcConfig::default()).await;
+    let (channel, mock, _server) = start().await;
+    let mut produced = mock.events();
     let mut session = Session::open(&channel, false).await;
     let gated = ("gated", ParameterChoice::BoolParam(true));
     session.send(request("count", "first", &[gated])).await;
@@ -550,13 +469,13 @@ async fn non_decoupled_answers_keep_request_order() {
     session.send(request("decoupled", "free", &[n(1)])).await;
     // `second` is ready before `first`, yet waits for it; a decoupled model's answer does not.
     let mut ready = vec![
-        bounded(produced.recv()).await.unwrap(),
-        bounded(produced.recv()).await.unwrap(),
+        next_produced(&mut produced).await,
+        next_produced(&mut produced).await,
     ];
     ready.sort();
     assert_eq!(ready, ["free", "second"]);
     assert_eq!(infer_response(&session.expect_response().await).id, "free");
-    mock.gate.notify_one();
+    mock.open_gate();
     assert_eq!(infer_response(&session.expect_response().await).id, "first");
     assert_eq!(
         infer_response(&session.expect_response().await).id,
@@ -567,21 +486,25 @@ async fn non_decoupled_answers_keep_request_order() {
 
 #[tokio::test]
 async fn a_client_that_goes_away_cancels_its_requests() {
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let mock = Arc::new(StreamMock {
-        started: Some(started_tx),
-        ..StreamMock::default()
-    });
-    let (channel, _server) = serve(mock, GrpcConfig::default()).await;
+    let (channel, mock, _server) = start().await;
+    let mut events = mock.events();
     let session = Session::open(&channel, false).await;
     session.send(request("hang", "h", &[])).await;
-    let dropped = bounded(started.recv())
+    let received = bounded(events.recv())
         .await
         .expect("the request reached the service");
+    assert!(
+        matches!(received, FakeEvent::Received { .. }),
+        "{received:?}"
+    );
     drop(session);
-    bounded(dropped)
+    let cancelled = bounded(events.recv())
         .await
         .expect("the service's stream was dropped, not leaked");
+    assert!(
+        matches!(cancelled, FakeEvent::Cancelled { .. }),
+        "{cancelled:?}"
+    );
 }
 
 /// Returns once every task is idle: on the paused clock, time only advances then.
@@ -591,11 +514,7 @@ async fn settle() {
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_reader_holds_back_the_model_and_dropping_it_cancels() {
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let mock = Arc::new(StreamMock {
-        started: Some(started_tx),
-        ..StreamMock::default()
-    });
+    let mock = Arc::new(fake());
     let requests = stream::iter([Ok(request("endless", "e", &[]))]).chain(stream::pending());
     let buffer = 2;
     let mut responses = serve_stream(
@@ -608,7 +527,7 @@ async fn a_slow_reader_holds_back_the_model_and_dropping_it_cancels() {
     settle().await;
     // `buffer` responses wait in the channel and one more in the blocked send; no more are
     // pulled from the model's stream.
-    assert_eq!(mock.pulls.load(Ordering::SeqCst), buffer + 1);
+    assert_eq!(mock.produced(), buffer + 1);
     let first = responses
         .next()
         .await
@@ -616,13 +535,13 @@ async fn a_slow_reader_holds_back_the_model_and_dropping_it_cancels() {
         .expect("not an error");
     assert_eq!(index(&first), Some(0));
     settle().await;
-    assert_eq!(mock.pulls.load(Ordering::SeqCst), buffer + 2);
+    assert_eq!(mock.produced(), buffer + 2);
 
-    let mut dropped = started.try_recv().expect("the request reached the service");
-    assert!(dropped.try_recv().is_err(), "still running");
+    assert_eq!(mock.requests().len(), 1, "the request reached the service");
+    assert_eq!(mock.cancelled(), 0, "still running");
     drop(responses);
     settle().await;
-    assert_eq!(dropped.try_recv(), Ok(()), "the model's stream was dropped");
+    assert_eq!(mock.cancelled(), 1, "the model's stream was dropped");
 }
 
 #[test]

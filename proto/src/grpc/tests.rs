@@ -1,12 +1,10 @@
-//! In-process round trips: a real tonic server on 127.0.0.1:0 serving [`routes`] over a mock
-//! [`InferenceService`], called with the generated clients. No sleeps; every wait is bounded.
+//! In-process round trips: a real tonic server on 127.0.0.1:0 serving [`routes`] over a
+//! [`FakeService`], called with the generated clients. No sleeps; every wait is bounded.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::TcpListenerStream;
@@ -14,122 +12,44 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use super::{GrpcConfig, routes};
-use crate::error::{ServiceError, ServiceResult};
 use crate::pb::health::HealthCheckRequest;
 use crate::pb::health::health_check_response::ServingStatus;
 use crate::pb::health::health_client::HealthClient;
 use crate::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use crate::pb::inference::model_infer_request::InferInputTensor;
 use crate::pb::inference::*;
-use crate::service::{
-    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ServerMetadata,
-};
-use crate::types::{InferRequest, InferResponse};
+use crate::service::InferenceService;
+use crate::testing::{Answer, FakeEvent, FakeModel, FakeService};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
 /// Echoes inputs back as outputs. Model `missing` is unknown, `loading` is not ready, `hang`
-/// never answers and reports when its infer future is dropped.
-struct MockService {
-    live: AtomicBool,
-    /// Receives, per `hang` request, a receiver that resolves when that infer future is dropped.
-    hang_started: mpsc::UnboundedSender<oneshot::Receiver<()>>,
-}
-
-/// Sends on drop: proof that the service's infer future was dropped.
-pub(super) struct DropSignal(pub(super) Option<oneshot::Sender<()>>);
-
-impl Drop for DropSignal {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-#[async_trait]
-impl InferenceService for MockService {
-    async fn server_live(&self) -> bool {
-        self.live.load(Ordering::SeqCst)
-    }
-    async fn server_ready(&self) -> bool {
-        true
-    }
-    fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata {
-            name: "nereid".into(),
-            version: "0".into(),
-            extensions: vec![],
-        }
-    }
-    async fn model_ready(&self, name: &str, _: Option<i64>) -> ServiceResult<bool> {
-        match name {
-            "missing" => Err(ServiceError::not_found(format!(
-                "Request for unknown model: '{name}' is not found"
-            ))),
-            "loading" => Ok(false),
-            _ => Ok(true),
-        }
-    }
-    async fn model_metadata(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelMetadata> {
-        Err(ServiceError::not_found(format!("unknown model '{name}'")))
-    }
-    async fn model_config(&self, _: &str, _: Option<i64>) -> ServiceResult<ModelConfig> {
-        Ok(ModelConfig::default())
-    }
-    async fn model_statistics(
-        &self,
-        _: &str,
-        _: Option<i64>,
-    ) -> ServiceResult<Vec<ModelStatistics>> {
-        Ok(vec![])
-    }
-    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        if request.model_name == "hang" {
-            let (dropped_tx, dropped_rx) = oneshot::channel();
-            let _guard = DropSignal(Some(dropped_tx));
-            let _ = self.hang_started.send(dropped_rx);
-            std::future::pending::<()>().await;
-        }
-        Ok(InferResponse {
-            model_name: request.model_name,
-            model_version: "1".into(),
-            id: request.id,
-            parameters: request.parameters,
-            outputs: request.inputs,
-        })
-    }
-    async fn repository_index(&self, _: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
-        Ok(vec![])
-    }
-    async fn load_model(&self, _: &str, _: LoadRequest) -> ServiceResult<()> {
-        Ok(())
-    }
-    async fn unload_model(&self, _: &str, _: bool) -> ServiceResult<()> {
-        Ok(())
-    }
+/// never answers.
+fn fake() -> FakeService {
+    FakeService::new("nereid")
+        .fallback(FakeModel::echo())
+        .unknown("missing")
+        .model("loading", FakeModel::echo().not_ready())
+        .model("hang", FakeModel::echo().answer(Answer::Hang))
 }
 
 /// A running server and a channel to it; the server stops when the harness is dropped.
 struct Harness {
     channel: Channel,
-    mock: Arc<MockService>,
-    hang_started: mpsc::UnboundedReceiver<oneshot::Receiver<()>>,
+    fake: Arc<FakeService>,
+    events: mpsc::UnboundedReceiver<FakeEvent>,
     _shutdown: oneshot::Sender<()>,
 }
 
 impl Harness {
     async fn start(config: GrpcConfig) -> Harness {
-        let (started_tx, hang_started) = mpsc::unbounded_channel();
-        let mock = Arc::new(MockService {
-            live: AtomicBool::new(true),
-            hang_started: started_tx,
-        });
-        let (channel, shutdown) = serve(mock.clone(), config).await;
+        let fake = Arc::new(fake());
+        let events = fake.events();
+        let (channel, shutdown) = serve(fake.clone(), config).await;
         Harness {
             channel,
-            mock,
-            hang_started,
+            fake,
+            events,
             _shutdown: shutdown,
         }
     }
@@ -273,7 +193,7 @@ async fn health_readiness_and_unimplemented_rpcs() {
         .into_inner()
         .status;
     assert_eq!(status, i32::from(ServingStatus::Serving));
-    h.mock.live.store(false, Ordering::SeqCst);
+    h.fake.set_live(false);
     let status = bounded(health.check(check()))
         .await
         .unwrap()
@@ -343,13 +263,21 @@ async fn cancelled_call_drops_the_infer_future() {
             })
             .await
     });
-    let dropped = bounded(h.hang_started.recv())
+    let received = bounded(h.events.recv())
         .await
         .expect("the hang request reached the service");
+    assert!(
+        matches!(received, FakeEvent::Received { .. }),
+        "{received:?}"
+    );
     call.abort();
-    bounded(dropped)
+    let cancelled = bounded(h.events.recv())
         .await
         .expect("the infer future was dropped, not leaked");
+    assert!(
+        matches!(cancelled, FakeEvent::Cancelled { .. }),
+        "{cancelled:?}"
+    );
 }
 
 #[tokio::test]

@@ -4,121 +4,38 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use nereid_proto::error::ServiceResult;
 use nereid_proto::pb::cluster::{
     Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
     watch_event,
 };
-use nereid_proto::pb::inference::{ModelConfig, ModelStatistics, ModelTransactionPolicy};
-use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, StreamedResponse,
-};
+use nereid_proto::testing::{FakeModel, FakeService, Step};
 use nereid_proto::types::{InferRequest, InferResponse, ParamValue, RequestOptions, Tensor};
-use nereid_proto::{DataType, InferenceService, ServiceError};
+use nereid_proto::{DataType, InferenceService};
 use nereid_router::choice::SplitMix64;
 use nereid_router::table::SharedTable;
 use nereid_router::{RouterService, RouterServiceConfig};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// Echoes the inputs back and names the worker in the response parameter `worker`.
-pub struct EchoWorker {
-    name: String,
-}
-
-#[async_trait]
-impl InferenceService for EchoWorker {
-    async fn server_live(&self) -> bool {
-        true
-    }
-    async fn server_ready(&self) -> bool {
-        true
-    }
-    fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata {
-            name: self.name.clone(),
-            version: "0".into(),
-            extensions: vec![],
-        }
-    }
-    async fn model_ready(&self, _: &str, _: Option<i64>) -> ServiceResult<bool> {
-        Ok(true)
-    }
-    async fn model_metadata(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelMetadata> {
-        Ok(ModelMetadata {
-            name: name.into(),
-            versions: vec!["1".into()],
-            platform: self.name.clone(),
-            inputs: vec![],
-            outputs: vec![],
-        })
-    }
-    async fn model_config(&self, name: &str, _: Option<i64>) -> ServiceResult<ModelConfig> {
-        Ok(ModelConfig {
-            name: name.into(),
-            model_transaction_policy: Some(ModelTransactionPolicy { decoupled: true }),
-            ..Default::default()
-        })
-    }
-    /// A decoupled echo: the answer twice, then an empty final item.
-    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let response = self.infer(request).await?;
-        let items = vec![
-            Ok(StreamedResponse {
-                response: Some(response.clone()),
-                last: false,
-            }),
-            Ok(StreamedResponse {
-                response: Some(response),
-                last: false,
-            }),
-            Ok(StreamedResponse {
-                response: None,
-                last: true,
-            }),
-        ];
-        Ok(Box::pin(futures::stream::iter(items)))
-    }
-    async fn model_statistics(
-        &self,
-        _: &str,
-        _: Option<i64>,
-    ) -> ServiceResult<Vec<ModelStatistics>> {
-        Ok(vec![])
-    }
-    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        if request.model_name != "echo" {
-            return Err(ServiceError::not_found(format!(
-                "unknown model: '{}'",
-                request.model_name
-            )));
-        }
-        let mut parameters = BTreeMap::new();
-        parameters.insert("worker".to_string(), ParamValue::String(self.name.clone()));
-        Ok(InferResponse {
-            model_name: request.model_name,
-            model_version: "1".into(),
-            id: request.id,
-            parameters,
-            outputs: request.inputs,
-        })
-    }
-    async fn repository_index(&self, _: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
-        Ok(vec![])
-    }
-    async fn load_model(&self, _: &str, _: LoadRequest) -> ServiceResult<()> {
-        Ok(())
-    }
-    async fn unload_model(&self, _: &str, _: bool) -> ServiceResult<()> {
-        Ok(())
-    }
+/// A worker serving only `echo`: a decoupled echo (the answer twice, then an empty final item
+/// when streamed) that names the worker in the response parameter `worker` and in its
+/// metadata's platform.
+pub fn echo_worker(name: &str) -> FakeService {
+    let echo = FakeModel::echo()
+        .decoupled()
+        .platform(name)
+        .response_parameter("worker", ParamValue::String(name.into()))
+        .stream(vec![
+            Step::respond(false),
+            Step::respond(false),
+            Step::EmptyFinal,
+        ]);
+    FakeService::new(name).model("echo", echo)
 }
 
 pub struct FakeWorker {
@@ -131,7 +48,7 @@ impl FakeWorker {
     pub async fn start(name: &str) -> FakeWorker {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let service: Arc<dyn InferenceService> = Arc::new(EchoWorker { name: name.into() });
+        let service: Arc<dyn InferenceService> = Arc::new(echo_worker(name));
         let routes = nereid_proto::grpc::routes(service, Default::default());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

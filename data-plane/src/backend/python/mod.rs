@@ -42,10 +42,6 @@ use self::settings::StubSettings;
 use self::stub::{Stub, StubSpec};
 use super::{Backend, BackendError, BackendInstance, InstanceContext, ServerHandle};
 
-/// The environment variable naming the default interpreter (a path, a virtual environment
-/// directory, or a program name on `PATH`).
-pub const PYTHON_ENV_VAR: &str = "NEREID_PYTHON";
-
 /// The Python backend.
 pub struct PythonBackend {
     /// Used when a model names no `EXECUTION_ENV_PATH`; `None` means `python3` on `PATH`.
@@ -56,20 +52,14 @@ pub struct PythonBackend {
 }
 
 impl PythonBackend {
+    /// `default_python`: the interpreter of models that name no `EXECUTION_ENV_PATH` (a path,
+    /// a virtual environment directory, or a program name on `PATH`), given by the binary's
+    /// `--python` / `NEREID_PYTHON`; `None`: `python3` on `PATH`.
     pub fn new(default_python: Option<PathBuf>) -> Self {
         PythonBackend {
             default_python,
             runtime: Mutex::new(None),
         }
-    }
-
-    /// The default interpreter from `NEREID_PYTHON` (read once, when the server builds its
-    /// backends).
-    pub fn from_env() -> Self {
-        let python = std::env::var_os(PYTHON_ENV_VAR)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
-        Self::new(python)
     }
 
     fn runtime(&self) -> Result<Arc<RuntimeDir>, String> {

@@ -2,7 +2,7 @@
 //!
 //! | parameter | meaning | default |
 //! |---|---|---|
-//! | `EXECUTION_ENV_PATH` | the interpreter: a directory (a virtual environment: `<dir>/bin/python3`) or an interpreter file; `$$TRITON_MODEL_DIRECTORY` expands to the model directory; relative paths are relative to the model directory | `NEREID_PYTHON`, else `python3` on `PATH` |
+//! | `EXECUTION_ENV_PATH` | the interpreter: a directory (a virtual environment: `<dir>/bin/python3`) or an interpreter file; `$$TRITON_MODEL_DIRECTORY` expands to the model directory; relative paths are relative to the model directory | `--python` (`NEREID_PYTHON`), else `python3` on `PATH` |
 //! | `STUB_TIMEOUT_SECONDS` | how long a new stub may take to start and connect, and to finalize on unload | 30 |
 //! | `INITIALIZE_TIMEOUT_SECONDS` | how long the model's `initialize` (or `auto_complete_config`) may run | 600 |
 //!
@@ -35,7 +35,7 @@ pub struct StubSettings {
 
 impl StubSettings {
     /// Reads the parameters of `config` for the model in `model_dir`. `default_python` is the
-    /// server-wide default (`NEREID_PYTHON`).
+    /// server-wide default (`--python` / `NEREID_PYTHON`).
     pub fn from_config(
         config: &ModelConfig,
         model_dir: &Path,

@@ -39,7 +39,7 @@ async fn binary_inputs_are_split_in_json_order() {
     let tail = [floats(&[1.0, 2.0]), floats(&[3.0])].concat();
     let reply = send(&app, binary_request(URI, &json, &tail, None)).await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    let request = mock.last_infer.lock().unwrap().take().unwrap();
+    let request = last_request(&mock);
     assert_eq!(&request.inputs[0].data()[..], &floats(&[1.0, 2.0])[..]);
     assert_eq!(&request.inputs[2].data()[..], &floats(&[3.0])[..]);
 
@@ -66,7 +66,7 @@ async fn binary_input_bytes_are_slices_of_the_request_body() {
         .body(Body::from(body.clone()))
         .unwrap();
     assert_eq!(send(&app, request).await.status, StatusCode::OK);
-    let seen = mock.last_infer.lock().unwrap().take().unwrap();
+    let seen = last_request(&mock);
     let ptr = seen.inputs[0].data().as_ptr() as usize;
     let start = body.as_ptr() as usize;
     assert_eq!(
@@ -88,7 +88,7 @@ async fn zero_byte_inputs_and_bytes_inputs() {
     ]});
     let reply = send(&app, binary_request(URI, &json, &strings, None)).await;
     assert_eq!(reply.status, StatusCode::OK);
-    let request = mock.last_infer.lock().unwrap().take().unwrap();
+    let request = last_request(&mock);
     assert!(request.inputs[0].data().is_empty());
     // The non-UTF-8 BYTES output comes back binary even though JSON was the default.
     let header_len: usize = reply
@@ -196,7 +196,7 @@ async fn raw_binary_request_infers_shape_and_returns_binary() {
         .unwrap();
     let reply = send(&app, request).await;
     assert_eq!(reply.status, StatusCode::OK);
-    let seen = mock.last_infer.lock().unwrap().take().unwrap();
+    let seen = last_request(&mock);
     assert_eq!(seen.inputs[0].name(), "x");
     // Batching model: batch 1, the variable dim inferred from 24 bytes / (2 * 4).
     assert_eq!(seen.inputs[0].shape(), &[1, 3, 2]);
@@ -228,7 +228,7 @@ async fn raw_binary_bytes_and_refusals() {
         send(&app, raw("raw_bytes", b"hello")).await.status,
         StatusCode::OK
     );
-    let seen = mock.last_infer.lock().unwrap().take().unwrap();
+    let seen = last_request(&mock);
     assert_eq!(seen.inputs[0].shape(), &[1]);
     assert_eq!(&seen.inputs[0].data()[..], b"\x05\x00\x00\x00hello");
 

@@ -33,14 +33,6 @@ async fn generate_stream(app: &axum::Router, model: &str, body: &Value) -> Reply
     send(app, post_json(&uri, body)).await
 }
 
-fn last_request(mock: &Mock) -> InferRequest {
-    mock.last_infer
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the request reached the service")
-}
-
 #[tokio::test]
 async fn keys_become_inputs_or_parameters_by_model_metadata() {
     let (mock, app) = app();
@@ -352,7 +344,7 @@ async fn events_go_out_as_they_arrive_and_a_dropped_body_cancels() {
         .into_data()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&first), event);
-    mock.gate.notify_one();
+    mock.open_gate();
     let second = bounded(body.frame())
         .await
         .unwrap()
@@ -365,14 +357,13 @@ async fn events_go_out_as_they_arrive_and_a_dropped_body_cancels() {
         "the stream ends after the last response"
     );
 
+    let mut events = mock.events();
     let response = app.clone().oneshot(request()).await.unwrap();
     let mut body = response.into_body();
     bounded(body.frame()).await.unwrap().unwrap();
-    let dropped = mock.gate_dropped.lock().unwrap().take().unwrap();
     drop(body);
-    bounded(dropped)
-        .await
-        .expect("dropping the body dropped the model's stream");
+    // Panics (time limit) unless dropping the body dropped the model's stream.
+    bounded(next_cancelled(&mut events)).await;
 }
 
 #[tokio::test]

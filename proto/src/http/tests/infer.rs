@@ -40,7 +40,7 @@ async fn json_round_trip_with_id_and_version() {
             {"name": "b", "datatype": "BYTES", "shape": [2], "data": ["hi", "ünï"]}
         ]})
     );
-    let request = mock.last_infer.lock().unwrap().take().unwrap();
+    let request = last_request(&mock);
     assert_eq!(request.model_version, Some(3));
     assert_eq!(request.inputs[1].datatype(), DataType::Bytes);
     assert_eq!(&request.inputs[1].data()[..6], &[2, 0, 0, 0, b'h', b'i']);
@@ -66,7 +66,7 @@ async fn parameters_are_typed_and_split() {
     });
     let reply = infer(&app, &body).await;
     assert_eq!(reply.status, StatusCode::OK);
-    let request = mock.last_infer.lock().unwrap().take().unwrap();
+    let request = last_request(&mock);
     assert_eq!(request.options.sequence_id, Some(CorrelationId::Uint(42)));
     assert!(request.options.sequence_start);
     assert_eq!(
@@ -228,7 +228,7 @@ async fn output_format_follows_binary_data_then_binary_data_output() {
         &[tail.clone(), tail].concat()[..]
     );
 
-    let request = mock.last_infer.lock().unwrap().take().unwrap();
+    let request = last_request(&mock);
     assert!(
         request.parameters.is_empty(),
         "binary_data_output is a transport setting"

@@ -1,4 +1,4 @@
-//! Router-level tests: a mock [`InferenceService`] behind [`router`], driven with
+//! Router-level tests: a [`FakeService`] behind [`router`], driven with
 //! `tower::ServiceExt::oneshot`, asserting what a client would see.
 
 mod binary;
@@ -8,319 +8,178 @@ mod limits;
 mod routes;
 mod serve;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use bytes::Bytes;
-use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::Value;
+use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 use super::{HttpConfig, router};
-use crate::error::{ServiceError, ServiceResult};
-use crate::pb::inference::{ModelConfig, ModelInput, ModelStatistics};
-use crate::service::{
-    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata,
-    StreamedResponse, TensorMetadata,
-};
-use crate::types::{InferRequest, InferResponse};
+use crate::error::ServiceError;
+use crate::service::{ModelIndexEntry, TensorMetadata};
+use crate::testing::{Answer, FakeEvent, FakeModel, FakeService, Step, tensor};
+use crate::types::InferRequest;
 
 /// A service that echoes inputs back as outputs and fails on cue.
 ///
 /// Models: `missing` is unknown (404); `notready` is loaded but not ready; `error_<class>`
 /// fails inference with that error class; `raw_fp32` (batching, dims `[-1, 2]`), `raw_bytes`
 /// (dims `[1]`) and `two_inputs` have configs for raw binary requests. Any other model echoes:
-/// output `i` is input `i`, renamed to requested output `i` when outputs are named.
+/// output `i` is input `i`, renamed to requested output `i` when outputs are named; its
+/// metadata has input `x` and output `y` (FP32 `[-1, 2]`).
 ///
 /// Models named `gen*` have the generate inputs of [`generate_inputs`] (`gen_reserved` also one
-/// named `parameters`); their streams are described at [`Mock::infer_stream`].
-#[derive(Default)]
-pub struct Mock {
-    pub not_ready: bool,
-    pub last_infer: Mutex<Option<InferRequest>>,
-    pub last_load: Mutex<Option<(String, LoadRequest)>>,
-    pub last_unload: Mutex<Option<(String, bool)>>,
-    /// Lets the second response of `gen_gate` go.
-    pub gate: Arc<tokio::sync::Notify>,
-    /// Fires when the last `gen_gate` stream is dropped.
-    pub gate_dropped: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
-}
-
-/// Sends on drop: proof that a response stream was dropped.
-struct DropSignal(Option<tokio::sync::oneshot::Sender<()>>);
-
-impl Drop for DropSignal {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
+/// named `parameters`); their streams, each response the echo: `gen_two` two responses;
+/// `gen_empty_final` one, then an empty final item; `gen_nothing` only an empty final item;
+/// `gen_fail_first` an error item first; `gen_fail_mid` one response, then an error item;
+/// `gen_gate` one response, then one more once the gate opens; `gen_not_utf8` a BYTES output
+/// that is not UTF-8. Any other model answers once.
+///
+/// The repository index lists `a` (ready, version 1) and `b` (never loaded); statistics
+/// report 3 inferences.
+pub fn fake() -> FakeService {
+    let mut fake = FakeService::new("nereid")
+        .version("0.1.0")
+        .extensions(&["binary_tensor_data", "statistics"])
+        .fallback(
+            FakeModel::echo()
+                .platform("onnxruntime_onnx")
+                .inputs(vec![tensor("x", "FP32", vec![-1, 2])])
+                .outputs(vec![tensor("y", "FP32", vec![-1, 2])]),
+        )
+        .unknown("missing")
+        .model("notready", echo().not_ready())
+        .model(
+            "raw_fp32",
+            echo().max_batch_size(4).config_input("x", 11, vec![-1, 2]),
+        )
+        .model("raw_bytes", echo().config_input("s", 13, vec![1]))
+        .model("raw_two_vars", echo().config_input("x", 11, vec![-1, -1]))
+        .model(
+            "two_inputs",
+            echo()
+                .config_input("a", 11, vec![1])
+                .config_input("b", 11, vec![1]),
+        )
+        .index(vec![
+            index_entry("a", "1", "READY"),
+            index_entry("b", "", ""),
+        ])
+        .statistics(3);
+    let boom = || "boom".to_string();
+    for (name, error) in [
+        ("error_invalid", ServiceError::InvalidArgument(boom())),
+        ("error_not_found", ServiceError::NotFound(boom())),
+        ("error_unavailable", ServiceError::Unavailable(boom())),
+        ("error_overloaded", ServiceError::Overloaded(boom())),
+        ("error_unsupported", ServiceError::Unsupported(boom())),
+        ("error_exists", ServiceError::AlreadyExists(boom())),
+        ("error_cancelled", ServiceError::Cancelled(boom())),
+        ("error_internal", ServiceError::Internal(boom())),
+    ] {
+        fake = fake.model(name, echo().answer(Answer::Fail(error)));
     }
+    let respond = Step::respond;
+    let streams = [
+        ("gen", vec![respond(true)]),
+        ("gen_two", vec![respond(false), respond(true)]),
+        ("gen_empty_final", vec![respond(false), Step::EmptyFinal]),
+        ("gen_nothing", vec![Step::EmptyFinal]),
+        (
+            "gen_fail_first",
+            vec![Step::Fail(ServiceError::unavailable("model is warming up"))],
+        ),
+        (
+            "gen_fail_mid",
+            vec![
+                respond(false),
+                Step::Fail(ServiceError::internal("boom mid-stream")),
+            ],
+        ),
+        ("gen_gate", vec![respond(false), Step::Gate, respond(true)]),
+    ];
+    for (name, steps) in streams {
+        fake = fake.model(name, generate_model(generate_inputs()).stream(steps));
+    }
+    let mut reserved = generate_inputs();
+    reserved.push(tensor("parameters", "BYTES", vec![1]));
+    let mut not_utf8 = Vec::new();
+    crate::types::push_bytes_element(&mut not_utf8, &[0xff, 0xfe]);
+    let bad = crate::types::Tensor::new(
+        "raw_out",
+        crate::DataType::Bytes,
+        vec![1],
+        Bytes::from(not_utf8),
+    )
+    .expect("a valid BYTES tensor");
+    fake.model("gen_reserved", generate_model(reserved)).model(
+        "gen_not_utf8",
+        generate_model(generate_inputs()).answer(Answer::Outputs(vec![bad])),
+    )
 }
 
-fn tensor_metadata(name: &str, datatype: &str, shape: Vec<i64>) -> TensorMetadata {
-    TensorMetadata {
+fn echo() -> FakeModel {
+    FakeModel::echo()
+        .platform("onnxruntime_onnx")
+        .inputs(vec![tensor("x", "FP32", vec![-1, 2])])
+        .outputs(vec![tensor("y", "FP32", vec![-1, 2])])
+}
+
+/// A `gen*` model: the echo, with these metadata inputs.
+fn generate_model(inputs: Vec<TensorMetadata>) -> FakeModel {
+    echo().inputs(inputs)
+}
+
+fn index_entry(name: &str, version: &str, state: &str) -> ModelIndexEntry {
+    ModelIndexEntry {
         name: name.into(),
-        datatype: datatype.into(),
-        shape,
+        version: version.into(),
+        state: state.into(),
+        reason: String::new(),
     }
 }
 
 /// Inputs of the `gen*` models: batching (leading -1) except `fixed`.
 pub fn generate_inputs() -> Vec<TensorMetadata> {
     vec![
-        tensor_metadata("text_input", "BYTES", vec![-1, -1]),
-        tensor_metadata("max_tokens", "INT32", vec![-1, 1]),
-        tensor_metadata("stream", "BOOL", vec![-1, 1]),
-        tensor_metadata("bias", "FP32", vec![-1, 2]),
-        tensor_metadata("fixed", "UINT8", vec![3]),
+        tensor("text_input", "BYTES", vec![-1, -1]),
+        tensor("max_tokens", "INT32", vec![-1, 1]),
+        tensor("stream", "BOOL", vec![-1, 1]),
+        tensor("bias", "FP32", vec![-1, 2]),
+        tensor("fixed", "UINT8", vec![3]),
     ]
 }
 
-fn unknown(name: &str) -> ServiceError {
-    ServiceError::not_found(format!("Request for unknown model: '{name}' is not found"))
+/// The last request the service received (forgetting every one received so far).
+pub fn last_request(fake: &FakeService) -> InferRequest {
+    fake.take_requests()
+        .pop()
+        .expect("the request reached the service")
 }
 
-fn input(name: &str, data_type: i32, dims: Vec<i64>) -> ModelInput {
-    ModelInput {
-        name: name.into(),
-        data_type,
-        dims,
-        ..Default::default()
+/// Waits for the next [`FakeEvent::Cancelled`], skipping other events.
+pub async fn next_cancelled(events: &mut mpsc::UnboundedReceiver<FakeEvent>) {
+    while let Some(event) = events.recv().await {
+        if matches!(event, FakeEvent::Cancelled { .. }) {
+            return;
+        }
     }
+    panic!("the service is gone");
 }
 
-#[async_trait]
-impl InferenceService for Mock {
-    async fn server_live(&self) -> bool {
-        true
-    }
-
-    async fn server_ready(&self) -> bool {
-        !self.not_ready
-    }
-
-    fn server_metadata(&self) -> ServerMetadata {
-        ServerMetadata {
-            name: "nereid".into(),
-            version: "0.1.0".into(),
-            extensions: vec!["binary_tensor_data".into(), "statistics".into()],
-        }
-    }
-
-    async fn model_ready(&self, name: &str, _version: Option<i64>) -> ServiceResult<bool> {
-        match name {
-            "missing" => Err(unknown(name)),
-            "notready" => Ok(false),
-            _ => Ok(true),
-        }
-    }
-
-    async fn model_metadata(
-        &self,
-        name: &str,
-        version: Option<i64>,
-    ) -> ServiceResult<ModelMetadata> {
-        if name == "missing" {
-            return Err(unknown(name));
-        }
-        let inputs = match name {
-            "gen_reserved" => {
-                let mut inputs = generate_inputs();
-                inputs.push(tensor_metadata("parameters", "BYTES", vec![1]));
-                inputs
-            }
-            _ if name.starts_with("gen") => generate_inputs(),
-            _ => vec![tensor_metadata("x", "FP32", vec![-1, 2])],
-        };
-        Ok(ModelMetadata {
-            name: name.into(),
-            versions: vec![version.unwrap_or(1).to_string()],
-            platform: "onnxruntime_onnx".into(),
-            inputs,
-            outputs: vec![tensor_metadata("y", "FP32", vec![-1, 2])],
-        })
-    }
-
-    async fn model_config(&self, name: &str, _version: Option<i64>) -> ServiceResult<ModelConfig> {
-        let (max_batch_size, inputs) = match name {
-            "missing" => return Err(unknown(name)),
-            "raw_fp32" => (4, vec![input("x", 11, vec![-1, 2])]),
-            "raw_bytes" => (0, vec![input("s", 13, vec![1])]),
-            "raw_two_vars" => (0, vec![input("x", 11, vec![-1, -1])]),
-            "two_inputs" => (0, vec![input("a", 11, vec![1]), input("b", 11, vec![1])]),
-            _ => (0, vec![]),
-        };
-        Ok(ModelConfig {
-            name: name.into(),
-            max_batch_size,
-            input: inputs,
-            ..Default::default()
-        })
-    }
-
-    async fn model_statistics(
-        &self,
-        name: &str,
-        version: Option<i64>,
-    ) -> ServiceResult<Vec<ModelStatistics>> {
-        if name == "missing" {
-            return Err(unknown(name));
-        }
-        let names = if name.is_empty() {
-            vec!["a", "b"]
-        } else {
-            vec![name]
-        };
-        Ok(names
-            .into_iter()
-            .map(|n| ModelStatistics {
-                name: n.into(),
-                version: version.unwrap_or(1).to_string(),
-                inference_count: 3,
-                ..Default::default()
-            })
-            .collect())
-    }
-
-    async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        *self.last_infer.lock().unwrap() = Some(request.clone());
-        let message = || "boom".to_string();
-        match request.model_name.as_str() {
-            "missing" => return Err(unknown("missing")),
-            "error_invalid" => return Err(ServiceError::InvalidArgument(message())),
-            "error_not_found" => return Err(ServiceError::NotFound(message())),
-            "error_unavailable" => return Err(ServiceError::Unavailable(message())),
-            "error_overloaded" => return Err(ServiceError::Overloaded(message())),
-            "error_unsupported" => return Err(ServiceError::Unsupported(message())),
-            "error_exists" => return Err(ServiceError::AlreadyExists(message())),
-            "error_cancelled" => return Err(ServiceError::Cancelled(message())),
-            "error_internal" => return Err(ServiceError::Internal(message())),
-            _ => {}
-        }
-        let outputs = if request.outputs.is_empty() {
-            request.inputs.clone()
-        } else {
-            request
-                .outputs
-                .iter()
-                .zip(request.inputs.iter().cycle())
-                .map(|(o, t)| t.clone().renamed(o.name.clone()))
-                .collect()
-        };
-        Ok(InferResponse {
-            model_name: request.model_name.clone(),
-            model_version: request.model_version.unwrap_or(1).to_string(),
-            id: request.id.clone(),
-            parameters: request.parameters.clone(),
-            outputs,
-        })
-    }
-
-    /// Streams of the `gen*` models, each response the echo of [`Mock::infer`]:
-    /// `gen_two` two responses; `gen_empty_final` one, then an empty final item;
-    /// `gen_nothing` only an empty final item; `gen_fail_first` an error item first;
-    /// `gen_fail_mid` one response, then an error item; `gen_gate` one response, then one more
-    /// once [`Mock::gate`] is notified; `gen_not_utf8` a BYTES output that is not UTF-8.
-    /// Any other model answers once, through `infer`.
-    async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let model = request.model_name.clone();
-        let mut response = self.infer(request).await?;
-        let item = |response: &InferResponse, last| {
-            Ok(StreamedResponse {
-                response: Some(response.clone()),
-                last,
-            })
-        };
-        let end = || {
-            Ok(StreamedResponse {
-                response: None,
-                last: true,
-            })
-        };
-        let items = match model.as_str() {
-            "gen_two" => vec![item(&response, false), item(&response, true)],
-            "gen_empty_final" => vec![item(&response, false), end()],
-            "gen_nothing" => vec![end()],
-            "gen_fail_first" => vec![Err(ServiceError::unavailable("model is warming up"))],
-            "gen_fail_mid" => vec![
-                item(&response, false),
-                Err(ServiceError::internal("boom mid-stream")),
-            ],
-            "gen_gate" => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                *self.gate_dropped.lock().unwrap() = Some(rx);
-                let guard = DropSignal(Some(tx));
-                let gate = self.gate.clone();
-                let first = futures::stream::iter([item(&response, false)]);
-                let second = futures::stream::once(async move {
-                    gate.notified().await;
-                    let _held = guard;
-                    item(&response, true)
-                });
-                return Ok(Box::pin(first.chain(second)));
-            }
-            "gen_not_utf8" => {
-                let mut data = Vec::new();
-                crate::types::push_bytes_element(&mut data, &[0xff, 0xfe]);
-                let bad = crate::types::Tensor::new(
-                    "raw_out",
-                    crate::DataType::Bytes,
-                    vec![1],
-                    Bytes::from(data),
-                )?;
-                response.outputs = vec![bad];
-                vec![item(&response, true)]
-            }
-            _ => vec![item(&response, true)],
-        };
-        Ok(Box::pin(futures::stream::iter(items)))
-    }
-
-    async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
-        let mut entries = vec![ModelIndexEntry {
-            name: "a".into(),
-            version: "1".into(),
-            state: "READY".into(),
-            reason: String::new(),
-        }];
-        if !ready_only {
-            entries.push(ModelIndexEntry {
-                name: "b".into(),
-                version: String::new(),
-                state: String::new(),
-                reason: String::new(),
-            });
-        }
-        Ok(entries)
-    }
-
-    async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()> {
-        *self.last_load.lock().unwrap() = Some((name.into(), request));
-        if name == "missing" {
-            Err(unknown(name))
-        } else {
-            Ok(())
-        }
-    }
-
-    async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()> {
-        *self.last_unload.lock().unwrap() = Some((name.into(), unload_dependents));
-        Ok(())
-    }
+/// A router over `fake` with the given input limit.
+pub fn app_with(fake: FakeService, max_input_size: usize) -> (Arc<FakeService>, axum::Router) {
+    let fake = Arc::new(fake);
+    let router = router(fake.clone(), HttpConfig { max_input_size });
+    (fake, router)
 }
 
-/// A router over a fresh mock with the given input limit.
-pub fn app_with(mock: Mock, max_input_size: usize) -> (Arc<Mock>, axum::Router) {
-    let mock = Arc::new(mock);
-    let router = router(mock.clone(), HttpConfig { max_input_size });
-    (mock, router)
-}
-
-pub fn app() -> (Arc<Mock>, axum::Router) {
-    app_with(Mock::default(), HttpConfig::default().max_input_size)
+pub fn app() -> (Arc<FakeService>, axum::Router) {
+    app_with(fake(), HttpConfig::default().max_input_size)
 }
 
 /// What a client sees.

@@ -54,13 +54,9 @@ async fn health_answers_with_empty_bodies() {
         assert_eq!(reply.status, StatusCode::OK);
         assert!(reply.body.is_empty());
     }
-    let (_, app) = app_with(
-        Mock {
-            not_ready: true,
-            ..Mock::default()
-        },
-        1024,
-    );
+    let fake = fake();
+    fake.set_ready(false);
+    let (_, app) = app_with(fake, 1024);
     let reply = send(&app, get("/v2/health/ready")).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert!(reply.body.is_empty());
@@ -211,7 +207,7 @@ async fn repository_index_load_unload() {
     let load = json!({"parameters": {"config": "{\"backend\":\"onnxruntime\"}", "file:1/model.onnx": "aGVsbG8="}});
     let reply = send(&app, post_json("/v2/repository/models/m/load", &load)).await;
     assert_eq!(reply.status, StatusCode::OK);
-    let (name, request) = mock.last_load.lock().unwrap().take().unwrap();
+    let (name, request) = mock.take_loads().pop().unwrap();
     assert_eq!(name, "m");
     assert_eq!(
         request.config.as_deref(),
@@ -235,15 +231,9 @@ async fn repository_index_load_unload() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(
-        mock.last_unload.lock().unwrap().take(),
-        Some(("e".into(), true))
-    );
+    assert_eq!(mock.take_unloads().pop(), Some(("e".into(), true)));
     send(&app, post("/v2/repository/models/e/unload", "")).await;
-    assert_eq!(
-        mock.last_unload.lock().unwrap().take(),
-        Some(("e".into(), false))
-    );
+    assert_eq!(mock.take_unloads().pop(), Some(("e".into(), false)));
     let reply = send(
         &app,
         post_json(

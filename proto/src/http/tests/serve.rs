@@ -10,7 +10,7 @@ use super::*;
 async fn serve(max_input_size: usize) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (_, app) = app_with(Mock::default(), max_input_size);
+    let (_, app) = app_with(fake(), max_input_size);
     tokio::spawn(async move { axum::serve(listener, app).await });
     addr
 }

@@ -1,11 +1,11 @@
-//! The node's NVIDIA GPUs, through NVML: what the worker offers at registration and what it
-//! reports in heartbeats.
+//! The node's NVIDIA GPUs, through NVML: what the worker offers at registration, what it
+//! reports in heartbeats, and the data plane's `nv_gpu_*` metrics.
 //!
 //! ```text
-//! agent start ─► Gpus::probe (loads libnvidia-ml.so.1 at run time, nvmlInit)
+//! serve/agent ─► Gpus::probe (loads libnvidia-ml.so.1 at run time, nvmlInit)
 //!                  ├─ fails (no driver, no library, no permission): no devices, reason kept,
 //!                  │   one info line; capacity() and utilization() are empty
-//!                  └─ succeeds: handle kept for the agent's lifetime (shared by Arc)
+//!                  └─ succeeds: handle kept for its owner's lifetime (shared by Arc)
 //!                        ├─► capacity()    per device: index, total memory  ─► RegisterNode
 //!                        ├─► utilization() per device: busy fraction,       ─► Heartbeat
 //!                        │                 memory used / total

@@ -1,6 +1,6 @@
-//! What the worker measures about its host, from `/proc` (Linux): memory, CPU time, the
+//! What the node measures about its host, from `/proc` (Linux): memory, CPU time, the
 //! process's resident memory, the host name. Parsers are pure; readers return `None` where the
-//! file is missing (other systems), and the agent then reports 0.
+//! file is missing (other systems), and callers then report 0.
 //!
 //! GPUs are read through NVML instead ([`super::gpu`]).
 

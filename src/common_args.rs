@@ -1,0 +1,240 @@
+//! Flag groups shared by several subcommands, each flag defined once and flattened
+//! (`#[command(flatten)]`) where it applies, with the checks that go with it:
+//!
+//! | group | `serve` | `worker` | `router` | `check-config` |
+//! |---|---|---|---|---|
+//! | [`ListenArgs`]: ports, addresses, `--allow-*` | ✓ | ✓ | ✓ | |
+//! | [`MetricsArgs`]: what `/metrics` reports | ✓ | ✓ | | |
+//! | [`FrontendArgs`]: body limit, drain time, logging, server name | ✓ | ✓ | ✓ | |
+//! | [`ModelArgs`]: auto-complete, queue size, ONNX Runtime, Python | ✓ | ✓ | | |
+//! | [`PythonArgs`]: the Python models' interpreter | ✓ | ✓ | | ✓ |
+//! | [`AuthTokenArgs`]: the token sent to the control plane | | ✓ | ✓ | |
+//!
+//! The telemetry flags are [`crate::telemetry_args::TelemetryArgs`].
+
+use std::ffi::OsString;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use nereid_data_plane::metrics::MetricsConfig;
+
+/// Parses Triton-style booleans: true/false/1/0 (also yes/no, on/off).
+pub fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(format!("expected true/false/1/0, got '{s}'")),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (Triton's `default` and `ISO8601` are accepted as aliases).
+    #[value(alias = "default", alias = "ISO8601", alias = "iso8601")]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where the KServe v2 services listen: shared by `serve`, `worker` and `router`.
+#[derive(Args, Debug, Clone)]
+pub struct ListenArgs {
+    /// HTTP (KServe v2 REST) port.
+    #[arg(long, env = "NEREID_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// Address the HTTP service binds.
+    #[arg(long, env = "NEREID_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    /// gRPC (inference.GRPCInferenceService) port.
+    #[arg(long, env = "NEREID_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Address the gRPC service binds.
+    #[arg(long, env = "NEREID_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    /// Prometheus metrics port (/metrics).
+    #[arg(long, env = "NEREID_METRICS_PORT", default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the metrics service binds.
+    #[arg(long, env = "NEREID_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+    /// Serve HTTP.
+    #[arg(long, env = "NEREID_ALLOW_HTTP", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_http: bool,
+    /// Serve gRPC.
+    #[arg(long, env = "NEREID_ALLOW_GRPC", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_grpc: bool,
+    /// Serve Prometheus metrics.
+    #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_metrics: bool,
+}
+
+/// The addresses of the enabled services; `None` for a disabled one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenAddrs {
+    pub http: Option<SocketAddr>,
+    pub grpc: Option<SocketAddr>,
+    pub metrics: Option<SocketAddr>,
+}
+
+impl ListenArgs {
+    /// The enabled services' addresses, or an error when two of them share a port (port 0,
+    /// "any free port", excepted).
+    pub fn addrs(&self) -> Result<ListenAddrs, String> {
+        let enabled = [
+            (self.allow_http, "--http-port", self.http_port),
+            (self.allow_grpc, "--grpc-port", self.grpc_port),
+            (self.allow_metrics, "--metrics-port", self.metrics_port),
+        ];
+        for (i, a) in enabled.iter().enumerate() {
+            for b in &enabled[i + 1..] {
+                if a.0 && b.0 && a.2 == b.2 && a.2 != 0 {
+                    return Err(format!(
+                        "{} and {} are both {}: each service needs its own port",
+                        a.1, b.1, a.2
+                    ));
+                }
+            }
+        }
+        let addr = |allow: bool, ip: IpAddr, port: u16| allow.then_some(SocketAddr::new(ip, port));
+        Ok(ListenAddrs {
+            http: addr(self.allow_http, self.http_address, self.http_port),
+            grpc: addr(self.allow_grpc, self.grpc_address, self.grpc_port),
+            metrics: addr(self.allow_metrics, self.metrics_address, self.metrics_port),
+        })
+    }
+}
+
+/// What the metrics port reports: shared by `serve` and `worker`.
+#[derive(Args, Debug, Clone)]
+pub struct MetricsArgs {
+    /// Metrics setting <key>=<value> (repeatable), Triton's vocabulary:
+    /// counter_latencies=true|false (the *_duration_us counters, default true),
+    /// summary_latencies=true|false (the *_summary_us summaries, default false),
+    /// summary_quantiles=<q>:<error>,... (default 0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001),
+    /// histogram_latencies=true|false (nv_inference_first_response_histogram_ms, default false).
+    #[arg(long, env = "NEREID_METRICS_CONFIG", value_delimiter = ';')]
+    pub metrics_config: Vec<String>,
+    /// Report host CPU and memory metrics (nv_cpu_*).
+    #[arg(long, env = "NEREID_ALLOW_CPU_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_cpu_metrics: bool,
+    /// Report GPU metrics (nv_gpu_*, nv_energy_consumption) through NVML; absent without GPUs.
+    #[arg(long, env = "NEREID_ALLOW_GPU_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_gpu_metrics: bool,
+    /// Milliseconds between samples of the CPU and GPU metrics (utilization is averaged over
+    /// this interval).
+    #[arg(long, env = "NEREID_METRICS_INTERVAL_MS", default_value_t = 2000)]
+    pub metrics_interval_ms: u64,
+}
+
+impl MetricsArgs {
+    /// The metrics config, or what is wrong with a setting.
+    pub fn into_config(self) -> Result<MetricsConfig, String> {
+        if self.metrics_interval_ms == 0 {
+            return Err("--metrics-interval-ms must be at least 1".into());
+        }
+        let config = MetricsConfig {
+            cpu: self.allow_cpu_metrics,
+            gpu: self.allow_gpu_metrics,
+            interval: Duration::from_millis(self.metrics_interval_ms),
+            ..MetricsConfig::default()
+        };
+        config
+            .with_settings(&self.metrics_config)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What every process serving the KServe v2 API has: `serve`, `worker` and `router`.
+#[derive(Args, Debug, Clone)]
+pub struct FrontendArgs {
+    /// Largest HTTP request body in bytes, also after decompression.
+    #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
+    pub http_max_input_size: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
+    #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
+    pub exit_timeout_secs: u64,
+    /// Verbose logging level (0 = info; 1 or more = debug).
+    #[arg(long, env = "NEREID_LOG_VERBOSE", default_value_t = 0)]
+    pub log_verbose: u32,
+    /// Log line format.
+    #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Server name reported in server metadata.
+    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
+    pub id: String,
+}
+
+/// How the data plane loads and queues models: shared by `serve` and `worker`.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Do not fill model configs from model files (inputs, outputs, max_batch_size).
+    #[arg(long, env = "NEREID_DISABLE_AUTO_COMPLETE_CONFIG")]
+    pub disable_auto_complete_config: bool,
+    /// Requests that may wait per model version before new ones are refused (503).
+    #[arg(long, env = "NEREID_MODEL_QUEUE_SIZE", default_value_t = 1024)]
+    pub model_queue_size: usize,
+    /// ONNX Runtime shared library to load (default: ORT_DYLIB_PATH, then a library next to
+    /// the executable, then the one found at build time).
+    #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
+    pub onnxruntime_library: Option<PathBuf>,
+    #[command(flatten)]
+    pub python: PythonArgs,
+}
+
+/// The interpreter of Python models: shared by `serve`, `worker` and `check-config`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct PythonArgs {
+    /// Interpreter of the Python models that set no EXECUTION_ENV_PATH: an interpreter file, a
+    /// virtual environment directory, or a program name looked up on PATH (default: python3 on
+    /// PATH).
+    // Any OS string: an empty NEREID_PYTHON means unset, as it always has.
+    #[arg(long = "python", env = "NEREID_PYTHON", value_parser = clap::builder::ValueParser::os_string())]
+    pub python: Option<OsString>,
+}
+
+impl PythonArgs {
+    /// The interpreter; an empty value counts as unset.
+    pub fn interpreter(self) -> Option<PathBuf> {
+        self.python.filter(|p| !p.is_empty()).map(PathBuf::from)
+    }
+}
+
+/// The bearer token sent to the control plane: shared by `worker` and `router`.
+#[derive(Args, Debug, Clone)]
+pub struct AuthTokenArgs {
+    /// File holding the bearer token sent to the control plane (else NEREID_AUTH_TOKEN).
+    #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
+}
+
+impl AuthTokenArgs {
+    /// The token from `--auth-token-file`, else `env_token` (NEREID_AUTH_TOKEN), trimmed;
+    /// `None` when neither gives a non-empty one.
+    pub fn token(&self, env_token: Option<String>) -> Result<Option<String>, String> {
+        let token =
+            match &self.auth_token_file {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                    format!("cannot read --auth-token-file '{}': {e}", path.display())
+                })?),
+                None => env_token,
+            };
+        Ok(token
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty()))
+    }
+}
+
+/// The `--control-plane` addresses, trimmed, empty entries dropped; at least one is required.
+pub fn control_plane_addrs(raw: &[String]) -> Result<Vec<String>, String> {
+    let addrs: Vec<String> = raw
+        .iter()
+        .map(|a| a.trim().to_string())
+        .filter(|a| !a.is_empty())
+        .collect();
+    if addrs.is_empty() {
+        return Err("--control-plane needs at least one address".into());
+    }
+    Ok(addrs)
+}
