@@ -196,7 +196,17 @@ fn http_status_of(code: tonic::Code) -> StatusCode {
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
         Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+        // The management API never relays these by design; a leader that sends one hit a fault.
+        Code::Ok
+        | Code::Cancelled
+        | Code::Unknown
+        | Code::OutOfRange
+        | Code::PermissionDenied
+        | Code::ResourceExhausted
+        | Code::Aborted
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
