@@ -226,6 +226,26 @@ mod tests {
     }
 
     #[test]
+    fn every_relayed_code_has_an_http_status() {
+        use tonic::Code;
+        let expected = [
+            (Code::NotFound, StatusCode::NOT_FOUND),
+            (Code::FailedPrecondition, StatusCode::CONFLICT),
+            (Code::AlreadyExists, StatusCode::CONFLICT),
+            (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            (Code::DeadlineExceeded, StatusCode::SERVICE_UNAVAILABLE),
+            (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
+            (Code::PermissionDenied, StatusCode::INTERNAL_SERVER_ERROR),
+            (Code::Unknown, StatusCode::INTERNAL_SERVER_ERROR),
+        ];
+        for (code, status) in expected {
+            assert_eq!(http_status_of(code), status, "{code:?}");
+        }
+    }
+
+    #[test]
     fn state_errors_keep_their_meaning() {
         let e: ApiError = StateError::NotFound {
             kind: EntityKind::Model,
