@@ -3,7 +3,8 @@
 //! ```text
 //! connect(address i) ─► Watch{from_revision: last applied, 0 before a snapshot}
 //!   ─► snapshot / deltas ─► SharedTable::apply ─► on_change (prune worker connections)
-//!   stream ends or fails ─► next address (failover), growing backoff ─► reconnect
+//!   stream ends or fails ─► the leader a refusing node named (if listed), else the next
+//!   address (nereid_cluster_client failover), growing backoff ─► reconnect
 //! ```
 //!
 //! Any control-plane node serves the watch from its applied state, so the router moves to the
@@ -13,17 +14,14 @@
 //! token goes on every call as `authorization: Bearer <token>`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use nereid_cluster_client::Backoff;
 use nereid_proto::pb::cluster::WatchRequest;
 use nereid_proto::pb::cluster::cluster_client::ClusterClient;
 use tokio::sync::watch;
 
 use crate::control::ControlPlane;
 use crate::table::{RoutingTable, SharedTable};
-
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Follows the watch until `stop` is set, applying every event to `table` and calling
 /// `on_change` after each.
@@ -33,30 +31,31 @@ pub async fn watch_task(
     on_change: impl Fn(&RoutingTable) + Send,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut index = 0usize;
-    let mut backoff = Duration::ZERO;
+    let client = control_plane.client();
+    let mut backoff = Backoff::default();
     loop {
         if *stop.borrow() {
             return;
         }
-        let nodes = control_plane.nodes();
-        let (addr, channel) = &nodes[index % nodes.len()];
+        let addr = client.current_address();
         let from = {
             let t = table.load();
             if t.synced() { t.revision() } else { 0 }
         };
-        let mut client = ClusterClient::new(channel.clone());
-        let call = client.watch(control_plane.request(WatchRequest {
+        let request = client.stream_request(WatchRequest {
             from_revision: from,
-        }));
+        });
+        let call = client.attempt(client.current(), |mut c: ClusterClient<_>| async move {
+            c.watch(request).await
+        });
         let started = tokio::select! {
             r = call => r,
             _ = stop.wait_for(|s| *s) => return,
         };
-        match started {
-            Ok(response) => {
+        // The leader a failing node named, if any: the next node to try when it is listed.
+        let hint = match started {
+            Ok(mut events) => {
                 tracing::info!(%addr, from_revision = from, "following the control plane's watch");
-                let mut events = response.into_inner();
                 loop {
                     let next = tokio::select! {
                         n = events.message() => n,
@@ -66,27 +65,27 @@ pub async fn watch_task(
                         Ok(Some(event)) => {
                             table.apply(&event);
                             on_change(&table.load());
-                            backoff = Duration::ZERO;
+                            backoff.reset();
                         }
                         Ok(None) => {
                             tracing::info!(%addr, "the control plane closed the watch");
-                            break;
+                            break None;
                         }
                         Err(status) => {
                             tracing::warn!(%addr, error = %status, "the watch broke; serving the last routing table");
-                            break;
+                            break nereid_cluster_client::leader_hint(&status).map(str::to_string);
                         }
                     }
                 }
             }
-            Err(status) => {
-                tracing::warn!(%addr, error = %status, "cannot watch the control plane; serving the last routing table");
+            Err(failure) => {
+                tracing::warn!(%addr, error = %failure, "cannot watch the control plane; serving the last routing table");
+                failure.leader_hint().map(str::to_string)
             }
-        }
-        index += 1;
-        backoff = (backoff * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+        };
+        client.fail_over(hint.as_deref());
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.next_wait()) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
@@ -96,6 +95,7 @@ pub async fn watch_task(
 mod tests {
     use std::pin::Pin;
     use std::sync::Mutex;
+    use std::time::Duration;
 
     use futures::Stream;
     use nereid_proto::pb::cluster::cluster_server::{Cluster, ClusterServer};

@@ -1,13 +1,15 @@
-//! The connection to the control plane: one `Management` gRPC client per address, the admin
-//! token on every call, and failover along the `--control-plane` list.
+//! The `ctl` policy over the shared control-plane client ([`nereid_cluster_client`]): the admin
+//! token on every call, one pass along `--control-plane`, and what an operator reads when it
+//! fails.
 //!
 //! ```text
-//! call(msg) ─► for each address in order:
-//!                connect ── fails ──────────────► next address
+//! call(msg) ─► ControlPlaneClient::call_each: each address at most once, in order
+//!                unreachable ───────────────────► next address
 //!                RPC ─┬─ ok ─────────────────────► response
-//!                     ├─ UNAVAILABLE ────────────► next address (remember the leader hint)
+//!                     ├─ UNAVAILABLE ────────────► the leader it names if listed, else next
 //!                     └─ other status ───────────► CtlError::Status
-//!              all tried ─► last error, with "the leader is at ..." when a node named it
+//!              all tried ─► last answer, with "the leader is at ..." when a node named it;
+//!                           "cannot reach the control plane at ..." when none answered
 //! ```
 //!
 //! A write refused with UNAVAILABLE was not applied (the node was not leader, or no leader was
@@ -16,12 +18,10 @@
 use std::future::Future;
 use std::time::Duration;
 
+use nereid_cluster_client::{ClientConfig, ClientError, ControlPlaneClient, PassError};
 use nereid_proto::pb::cluster::management_client::ManagementClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
-
-/// Metadata key a control-plane node sets to the leader's address when it refuses as follower.
-pub const LEADER_HINT: &str = "x-nereid-leader";
 
 /// What ends a `ctl` command; maps to the exit status (2 for usage, 1 otherwise).
 #[derive(Debug)]
@@ -49,16 +49,33 @@ impl CtlError {
     }
 
     fn from_status(status: &Status) -> CtlError {
-        let leader = status
-            .metadata()
-            .get(LEADER_HINT)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty())
-            .map(str::to_string);
         CtlError::Status {
             code: status.code(),
             message: status.message().to_string(),
-            leader,
+            leader: nereid_cluster_client::leader_hint(status).map(str::to_string),
+        }
+    }
+
+    fn from_pass(error: PassError) -> CtlError {
+        match error {
+            PassError::Refused(status) => CtlError::from_status(&status),
+            PassError::Exhausted {
+                answered: Some(status),
+                leader,
+                ..
+            } => match CtlError::from_status(&status) {
+                CtlError::Status {
+                    code,
+                    message,
+                    leader: own,
+                } => CtlError::Status {
+                    code,
+                    message,
+                    leader: own.or(leader),
+                },
+                other => other,
+            },
+            e @ PassError::Exhausted { answered: None, .. } => CtlError::Connect(e.to_string()),
         }
     }
 }
@@ -104,30 +121,26 @@ impl From<std::io::Error> for CtlError {
 
 /// The addresses to try and the token to present.
 pub struct Connection {
-    addresses: Vec<String>,
-    token: Option<String>,
+    client: ControlPlaneClient,
 }
 
 impl Connection {
-    pub fn new(addresses: Vec<String>, token: Option<String>) -> Connection {
-        let addresses = addresses
-            .into_iter()
-            .map(|a| a.trim().to_string())
-            .filter(|a| !a.is_empty())
-            .collect();
-        Connection { addresses, token }
-    }
-
-    fn request<M>(&self, message: M) -> Result<Request<M>, CtlError> {
-        let mut request = Request::new(message);
-        request.set_timeout(Duration::from_secs(30));
-        if let Some(token) = &self.token {
-            let value = format!("Bearer {token}").parse().map_err(|_| {
-                CtlError::Usage("the auth token has characters HTTP headers cannot carry".into())
-            })?;
-            request.metadata_mut().insert("authorization", value);
-        }
-        Ok(request)
+    /// Checks `--control-plane` and the token (usage errors); connects nothing yet.
+    pub fn new(addresses: Vec<String>, token: Option<String>) -> Result<Connection, CtlError> {
+        let client = ControlPlaneClient::new(&ClientConfig {
+            addresses,
+            token,
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(30),
+        })
+        .map_err(|e| match e {
+            ClientError::NoAddress => CtlError::Usage("--control-plane is empty".into()),
+            ClientError::InvalidToken => CtlError::Usage(
+                "the auth token has characters HTTP headers cannot carry".into(),
+            ),
+            e @ ClientError::InvalidAddress { .. } => CtlError::Usage(e.to_string()),
+        })?;
+        Ok(Connection { client })
     }
 
     /// Sends `message` through `rpc` to the first address that answers and is not UNAVAILABLE.
@@ -137,76 +150,11 @@ impl Connection {
         F: Fn(ManagementClient<Channel>, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        if self.addresses.is_empty() {
-            return Err(CtlError::Usage("--control-plane is empty".into()));
-        }
-        let mut last = None;
-        let mut hint = None;
-        let mut unreachable = Vec::new();
-        for address in &self.addresses {
-            let channel = match connect(address).await {
-                Ok(c) => c,
-                Err(e) => {
-                    unreachable.push(format!("{address}: {e}"));
-                    continue;
-                }
-            };
-            match rpc(
-                ManagementClient::new(channel),
-                self.request(message.clone())?,
-            )
+        self.client
+            .call_each(message, |code| code == Code::Unavailable, rpc)
             .await
-            {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(status) if status.code() == Code::Unavailable => {
-                    let error = CtlError::from_status(&status);
-                    if let CtlError::Status {
-                        leader: Some(l), ..
-                    } = &error
-                    {
-                        hint = Some(l.clone());
-                    }
-                    last = Some(error);
-                }
-                Err(status) => return Err(CtlError::from_status(&status)),
-            }
-        }
-        let Some(mut error) = last else {
-            return Err(CtlError::Connect(format!(
-                "cannot reach the control plane at {}",
-                unreachable.join("; ")
-            )));
-        };
-        if let (CtlError::Status { leader, .. }, Some(h)) = (&mut error, hint) {
-            leader.get_or_insert(h);
-        }
-        Err(error)
+            .map_err(CtlError::from_pass)
     }
-}
-
-/// Opens a channel to `host:port` (an `http://` or `https://` prefix is kept as given).
-async fn connect(address: &str) -> Result<Channel, String> {
-    let uri = if address.contains("://") {
-        address.to_string()
-    } else {
-        format!("http://{address}")
-    };
-    let endpoint = Endpoint::from_shared(uri)
-        .map_err(|e| format!("invalid address: {e}"))?
-        .connect_timeout(Duration::from_secs(5));
-    endpoint.connect().await.map_err(|e| {
-        // The transport nests the cause several times; print each distinct layer once.
-        let mut parts = vec![e.to_string()];
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            let text = s.to_string();
-            if parts.last() != Some(&text) {
-                parts.push(text);
-            }
-            source = s.source();
-        }
-        parts.join(": ")
-    })
 }
 
 #[cfg(test)]
@@ -216,9 +164,10 @@ mod tests {
     #[test]
     fn unavailable_names_the_leader() {
         let mut status = Status::unavailable("not the leader");
-        status
-            .metadata_mut()
-            .insert(LEADER_HINT, "10.0.0.2:7000".parse().unwrap());
+        status.metadata_mut().insert(
+            nereid_cluster_client::LEADER_HINT,
+            "10.0.0.2:7000".parse().unwrap(),
+        );
         let e = CtlError::from_status(&status);
         assert_eq!(
             e.to_string(),
@@ -227,5 +176,33 @@ mod tests {
         assert_eq!(e.exit_code(), 1);
         let e = CtlError::from_status(&Status::not_found("model 'x' not found"));
         assert_eq!(e.to_string(), "model 'x' not found");
+    }
+
+    #[test]
+    fn a_pass_names_a_leader_an_earlier_node_named() {
+        let e = CtlError::from_pass(PassError::Exhausted {
+            answered: Some(Status::unavailable("no leader")),
+            unreachable: vec![],
+            leader: Some("cp-3:7000".into()),
+        });
+        assert!(e.to_string().ends_with("try --control-plane cp-3:7000)"), "{e}");
+        let e = CtlError::from_pass(PassError::Exhausted {
+            answered: None,
+            unreachable: vec!["a:1: refused".into()],
+            leader: None,
+        });
+        assert_eq!(e.to_string(), "cannot reach the control plane at a:1: refused");
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors() {
+        let e = Connection::new(vec![" ".into()], None).err().unwrap();
+        assert_eq!((e.to_string().as_str(), e.exit_code()), ("--control-plane is empty", 2));
+        let e = Connection::new(vec!["a:1".into()], Some("x\ny".into()))
+            .err()
+            .unwrap();
+        assert_eq!(e.exit_code(), 2);
+        let e = Connection::new(vec!["grpc://a:1".into()], None).err().unwrap();
+        assert!(e.to_string().contains("'grpc://a:1'"), "{e}");
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! CtlArgs ─► request (pure: sizes, versions, labels ─► DeployModelRequest, ...)
-//!         ─► client::Connection::call (token, failover along --control-plane)
+//!         ─► client::Connection::call (nereid_cluster_client: token, one pass along
+//!            --control-plane, a named leader first)
 //!         ─► render (tables) | proto-JSON (--output json, the REST mirror's body)
 //! ```
 //!
@@ -85,7 +86,7 @@ fn emit<M: prost::Message + prost::Name>(
 
 /// Runs the command in `args` and writes its output to `out`.
 pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
-    let connection = Connection::new(args.control_plane.clone(), token(args)?);
+    let connection = Connection::new(args.control_plane.clone(), token(args)?)?;
     let consistency = request::consistency(args.consistency);
     let format = args.output;
     match &args.command {

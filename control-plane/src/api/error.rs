@@ -196,7 +196,17 @@ fn http_status_of(code: tonic::Code) -> StatusCode {
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
         Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+        // The management API never relays these by design; a leader that sends one hit a fault.
+        Code::Ok
+        | Code::Cancelled
+        | Code::Unknown
+        | Code::OutOfRange
+        | Code::PermissionDenied
+        | Code::ResourceExhausted
+        | Code::Aborted
+        | Code::Unimplemented
+        | Code::Internal
+        | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -213,6 +223,26 @@ mod tests {
         assert_eq!(e.into_response().status(), StatusCode::NOT_FOUND);
         let e = ApiError::from(tonic::Status::unavailable("no leader"));
         assert_eq!(e.into_response().status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn every_relayed_code_has_an_http_status() {
+        use tonic::Code;
+        let expected = [
+            (Code::NotFound, StatusCode::NOT_FOUND),
+            (Code::FailedPrecondition, StatusCode::CONFLICT),
+            (Code::AlreadyExists, StatusCode::CONFLICT),
+            (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            (Code::DeadlineExceeded, StatusCode::SERVICE_UNAVAILABLE),
+            (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
+            (Code::PermissionDenied, StatusCode::INTERNAL_SERVER_ERROR),
+            (Code::Unknown, StatusCode::INTERNAL_SERVER_ERROR),
+        ];
+        for (code, status) in expected {
+            assert_eq!(http_status_of(code), status, "{code:?}");
+        }
     }
 
     #[test]

@@ -93,16 +93,17 @@ pub async fn run(
             replica_memory,
         };
         // One attempt per tick: the next tick carries fresher figures than a retry would.
-        match cp.client().heartbeat(cp.request(request, true)).await {
-            Ok(r) if r.get_ref().reregister => {
+        let request = cp.request(request, true);
+        match cp.once(|mut c| async move { c.heartbeat(request).await }).await {
+            Ok(r) if r.reregister => {
                 tracing::info!("control plane asks this node to register again");
                 reregister.notify_one();
             }
             Ok(_) => {}
-            Err(s) => {
-                tracing::debug!(addr = %cp.current_addr(), error = %s, "heartbeat failed");
-                if super::client::retryable(s.code()) {
-                    cp.fail_over();
+            Err(failure) => {
+                tracing::debug!(addr = %cp.current_addr(), error = %failure, "heartbeat failed");
+                if super::client::retryable(failure.code()) {
+                    cp.fail_over(Some(&failure));
                 }
             }
         }

@@ -125,23 +125,21 @@ pub async fn run(
         done: done_tx,
         brought: Arc::default(),
     };
-    let mut backoff = Duration::ZERO;
+    let mut backoff = nereid_cluster_client::Backoff::default();
     'watch: loop {
         let from_revision = {
             let guard = shared.lock();
             if guard.0.synced { guard.0.revision } else { 0 }
         };
         let request = cp.request(WatchRequest { from_revision }, false);
-        let mut client = cp.client();
         let mut stream = tokio::select! {
-            r = client.watch(request) => match r {
-                Ok(s) => s.into_inner(),
-                Err(s) => {
-                    tracing::warn!(addr = %cp.current_addr(), error = %s, "cannot watch the control plane");
-                    if client::retryable(s.code()) { cp.fail_over(); }
-                    backoff = client::next_backoff(backoff);
+            r = cp.once(|mut c| async move { c.watch(request).await }) => match r {
+                Ok(s) => s,
+                Err(failure) => {
+                    tracing::warn!(addr = %cp.current_addr(), error = %failure, "cannot watch the control plane");
+                    if client::retryable(failure.code()) { cp.fail_over(Some(&failure)); }
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => continue 'watch,
+                        _ = tokio::time::sleep(backoff.next_wait()) => continue 'watch,
                         _ = stopped(stop.clone()) => break 'watch,
                     }
                 }
@@ -153,7 +151,7 @@ pub async fn run(
             tokio::select! {
                 event = stream.next() => match event {
                     Some(Ok(event)) => {
-                        backoff = Duration::ZERO;
+                        backoff.reset();
                         let changed = shared.lock().0.apply(&event);
                         if changed {
                             step(&shared, &node, &executor, &report_tx);
@@ -161,12 +159,12 @@ pub async fn run(
                     }
                     Some(Err(s)) => {
                         tracing::warn!(addr = %cp.current_addr(), error = %s, "watch stream failed; resuming");
-                        cp.fail_over();
+                        cp.fail_over(Some(&nereid_cluster_client::Failure::Refused(s)));
                         break;
                     }
                     None => {
                         tracing::warn!(addr = %cp.current_addr(), "watch stream ended; resuming");
-                        cp.fail_over();
+                        cp.fail_over(None);
                         break;
                     }
                 },
@@ -189,9 +187,8 @@ pub async fn run(
                 _ = stopped(stop.clone()) => break 'watch,
             }
         }
-        backoff = client::next_backoff(backoff);
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.next_wait()) => {}
             _ = stopped(stop.clone()) => break 'watch,
         }
     }
