@@ -13,7 +13,7 @@ use std::time::Instant;
 use nereid_proto::ServiceError;
 use nereid_proto::types::Tensor;
 
-use super::engine::{Batcher, Entry, Feed, Job};
+use super::engine::{Batcher, Entry, Feed, Job, Refused};
 use super::policy::{BatchPolicy, TimeoutAction};
 use super::queue::{Decision, Pending, RequestQueue, ShapeKey};
 use crate::request_check::ValidRequest;
@@ -53,7 +53,7 @@ impl Batcher for DynamicBatcher {
         self.queue.len()
     }
 
-    fn admit(&mut self, job: Job, filing: Filing, now: Instant) -> Result<(), (Job, ServiceError)> {
+    fn admit(&mut self, job: Job, filing: Filing, now: Instant) -> Result<(), Box<Refused>> {
         let pending = Pending {
             batch_size: job.request.batch_size,
             shape: filing.shape,
@@ -68,7 +68,10 @@ impl Batcher for DynamicBatcher {
                 self.model,
                 filing.level + 1
             ));
-            (rejected.payload, error)
+            Box::new(Refused {
+                job: rejected.payload,
+                error,
+            })
         })
     }
 

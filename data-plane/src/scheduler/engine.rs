@@ -4,18 +4,25 @@
 //! sequence batcher's slots), and its [`Feed`] shapes the batch for the model.
 //!
 //! ```text
-//!              Feed::ticket (outside the lock: classify, or refuse at once)
-//! submit() ───────────┐
-//!                     ▼          ┌──────────── lock: bookkeeping only ─────────────┐
-//!              Batcher::admit ──►│ Batcher::sweep (cancelled, expired, idle)       │
-//! timer thread ─ wake passed ───►│ per idle instance: Batcher::form_batch(i, now)  │──► hand-off
-//!                                └───────────────────────────── ▲ ─────────────────┘  (one hop)
-//! instance thread:                                              │                        │
-//!   Feed::executions ─► run_joined (join + execute) | execute_requests ◄────────────────┘
-//!   ─► split ─► Feed::produced ─► reply per request (preserve_ordering: in arrival order)
+//! submit() ─► Feed::ticket (no lock: classify, or refuse at once) ─┐
+//!                                                                  ▼
+//!        ┌────────────────────── lock: bookkeeping only ──────────────────────┐
+//!        │ Batcher::admit                                                     │
+//!        │ Batcher::sweep                (cancelled, expired, idle sequences) │
+//!        │ Batcher::form_batch(i, now)   for each idle instance i ────────────┼─► hand-off
+//!        └────────────────────────────────────────────────────────────────────┘   (one hop)
+//! timer thread: wake-up passed ─► the same sweep and form_batch under the lock
+//!
+//! instance thread (no lock):
+//!   Feed::executions ─► run_joined (join + execute) | execute_requests (Python)
+//!   ─► split ─► Feed::produced ─► reply per request (preserve_ordering: arrival order)
 //!   ─► lock: Batcher::finished, sweep, form_batch(self) ─► run it (no hop under load)
-//!                                                         └► none: park as idle
+//!                                                        └► none: park as idle
 //! ```
+//!
+//! The batching decision plugs in as a [`Batcher`] and its [`Feed`]:
+//! [`super::dynamic::DynamicBatcher`] (over the pure `queue.rs`) and
+//! [`super::sequence::SequenceBatcher`] (over the pure `sequence/slots.rs`).
 //!
 //! Batches form only when an instance is free, so under load they grow by themselves. The
 //! lock is held only for bookkeeping, never while a model runs. A caller that goes away drops
@@ -54,6 +61,12 @@ pub(super) struct Job {
     seq: u64,
 }
 
+/// A request a batcher refused, with the error its caller gets.
+pub(super) struct Refused {
+    pub(super) job: Job,
+    pub(super) error: ServiceError,
+}
+
 /// A request in a formed batch, with what its batcher keeps about it until it finished.
 pub(super) struct Entry<T> {
     pub(super) job: Job,
@@ -75,7 +88,7 @@ pub(super) trait Batcher: Send + 'static {
         job: Job,
         ticket: <Self::Feed as Feed>::Ticket,
         now: Instant,
-    ) -> Result<(), (Job, ServiceError)>;
+    ) -> Result<(), Box<Refused>>;
     /// Removes the requests that must not run any more (their caller left, their timeout
     /// expired), each with the error it is answered with.
     fn sweep(&mut self, now: Instant) -> Vec<(Job, ServiceError)>;
@@ -274,8 +287,9 @@ impl<B: Batcher> Shared<B> {
         let now = job.arrived;
         let mut state = self.state.lock();
         job.seq = state.next_seq;
-        if let Err((mut job, error)) = state.batcher.admit(job, ticket, now) {
+        if let Err(refused) = state.batcher.admit(job, ticket, now) {
             drop(state);
+            let Refused { mut job, error } = *refused;
             // Refused before it was numbered: never held back by preserve_ordering.
             job.pending.release();
             let _ = job.reply.send(Err(error));

@@ -25,8 +25,8 @@ pub mod queue;
 pub mod sequence;
 mod timer;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nereid_proto::ServiceError;

@@ -29,7 +29,7 @@ use nereid_proto::types::Tensor;
 use self::controls::id_text;
 pub use self::controls::{SequencePolicy, Strategy};
 use self::slots::{Arrival, Refusal, Slots};
-use super::engine::{Batcher, Entry, Feed, Job};
+use super::engine::{Batcher, Entry, Feed, Job, Refused};
 use super::queue::{Decision, ShapeKey};
 use crate::request_check::{SequenceFlags, ValidRequest};
 
@@ -78,12 +78,7 @@ impl Batcher for SequenceBatcher {
         self.slots.queued()
     }
 
-    fn admit(
-        &mut self,
-        job: Job,
-        flags: SequenceFlags,
-        now: Instant,
-    ) -> Result<(), (Job, ServiceError)> {
+    fn admit(&mut self, job: Job, flags: SequenceFlags, now: Instant) -> Result<(), Box<Refused>> {
         let m = &self.model;
         let id = id_text(&flags.id);
         match self.slots.arrive(flags, job, now) {
@@ -94,18 +89,18 @@ impl Batcher for SequenceBatcher {
                 );
                 Ok(())
             }
-            Err((job, Refusal::Full)) => Err((
+            Err((job, Refusal::Full)) => Err(Box::new(Refused {
                 job,
-                ServiceError::Overloaded(format!(
+                error: ServiceError::Overloaded(format!(
                     "Exceeds maximum queue size: model '{m}' is full"
                 )),
-            )),
-            Err((job, Refusal::MissingStart)) => Err((
+            })),
+            Err((job, Refusal::MissingStart)) => Err(Box::new(Refused {
                 job,
-                ServiceError::invalid(format!(
+                error: ServiceError::invalid(format!(
                     "inference request for sequence {id} to model '{m}' must specify the START flag on the first request of the sequence"
                 )),
-            )),
+            })),
         }
     }
 
@@ -121,12 +116,7 @@ impl Batcher for SequenceBatcher {
         self.slots
             .retain(|job| !job.reply.is_closed())
             .into_iter()
-            .map(|job| {
-                (
-                    job,
-                    ServiceError::Cancelled("the client went away".into()),
-                )
-            })
+            .map(|job| (job, ServiceError::Cancelled("the client went away".into())))
             .collect()
     }
 

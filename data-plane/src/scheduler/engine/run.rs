@@ -78,10 +78,7 @@ impl<B: Batcher> Shared<B> {
                 names.push(o.clone());
             }
         }
-        let sizes: Vec<usize> = execution
-            .iter()
-            .map(|e| e.job.request.batch_size)
-            .collect();
+        let sizes: Vec<usize> = execution.iter().map(|e| e.job.request.batch_size).collect();
         let inputs: Vec<&[Tensor]> = execution
             .iter()
             .map(|e| e.job.request.inputs.as_slice())

@@ -239,11 +239,7 @@ impl<T, S: Clone> Slots<T, S> {
                 (Some(slot), Some(owner)) => owner[slot] == instance,
                 (Some(_), None) => true,
             })
-            .filter_map(|(id, s)| {
-                s.queued
-                    .front()
-                    .map(|q| ((q.arrived, q.order), id.clone()))
-            })
+            .filter_map(|(id, s)| s.queued.front().map(|q| ((q.arrived, q.order), id.clone())))
             .collect();
         if ready.is_empty() {
             return Decision::Empty;

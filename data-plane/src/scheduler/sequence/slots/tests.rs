@@ -87,8 +87,12 @@ fn oldest_batches_ready_requests_of_different_sequences() {
     assert_eq!(payloads(s.form_batch(0, t)), vec![1]);
     // Three sequences queue while the first one runs, then run as one batch, oldest first.
     for (n, at) in [(4u32, 3u64), (2, 1), (3, 2)] {
-        s.arrive(flags(u64::from(n), true, false), n, t + Duration::from_micros(at))
-            .unwrap();
+        s.arrive(
+            flags(u64::from(n), true, false),
+            n,
+            t + Duration::from_micros(at),
+        )
+        .unwrap();
     }
     s.finish(&id(1), false, Some(1), t);
     let later = t + Duration::from_millis(1);
@@ -201,8 +205,15 @@ fn a_new_start_restarts_a_live_sequence() {
     assert_eq!(s.arrive(flags(4, true, false), 1, t), Ok(Arrival::Queued));
     payloads(s.form_batch(0, t));
     s.finish(&id(4), false, Some(10), t);
-    assert_eq!(s.arrive(flags(4, true, false), 2, t), Ok(Arrival::Restarted));
-    assert_eq!(taken(s.form_batch(0, t)), vec![(4, 2, None)], "initial state");
+    assert_eq!(
+        s.arrive(flags(4, true, false), 2, t),
+        Ok(Arrival::Restarted)
+    );
+    assert_eq!(
+        taken(s.form_batch(0, t)),
+        vec![(4, 2, None)],
+        "initial state"
+    );
     s.finish(&id(4), false, Some(1), t);
     s.arrive(flags(4, false, false), 3, t).unwrap();
     assert_eq!(taken(s.form_batch(0, t)), vec![(4, 3, Some(1))]);
@@ -223,7 +234,10 @@ fn an_idle_sequence_is_released() {
     let done = t + Duration::from_millis(10);
     s.finish(&id(5), false, Some(1), done);
     assert_eq!(s.next_wake(), Some(done + IDLE));
-    assert!(s.release_idle(done + IDLE - Duration::from_micros(1)).is_empty());
+    assert!(
+        s.release_idle(done + IDLE - Duration::from_micros(1))
+            .is_empty()
+    );
     assert_eq!(s.release_idle(done + IDLE), vec![id(5)]);
     assert_eq!(s.next_wake(), None);
     let later = done + IDLE;
