@@ -1,7 +1,9 @@
 //! The sequence batcher with a mock accumulator instance: per row, `OUTPUT = INPUT +
 //! (START ? 0 : STATE_IN)`, `STATE_OUT = OUTPUT`, and it echoes the START / END / CORRID controls.
 //! Every execution logs its rows' correlation ids, so tests see how batches were formed.
-//! Sleeps only order submissions or wait out an idle timeout; assertions leave wide margins.
+//! These are end-to-end: state, controls and messages through the engine's threads. The batching
+//! decisions themselves (slots, backlog, oldest batches, idle release) are tested without threads
+//! or sleeps beside the code, in `scheduler/sequence/slots/tests.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,55 +221,6 @@ async fn requests_of_a_sequence_run_in_order_one_at_a_time() {
 }
 
 #[tokio::test]
-async fn oldest_batches_ready_requests_of_different_sequences() {
-    let (s, log) = scheduler(4, "oldest { max_candidate_sequences: 8 }", 1, 100);
-    let busy = s.submit(request(1, 1, true, false));
-    let (_, a, b, c) = futures::join!(
-        busy,
-        async {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            s.submit(request(2, 2, true, false)).await
-        },
-        async {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            s.submit(request(3, 3, true, false)).await
-        },
-        async {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            s.submit(request(4, 4, true, false)).await
-        }
-    );
-    assert_eq!((values(a).0, values(b).0, values(c).0), (2, 3, 4));
-    let log = log.lock();
-    assert_eq!(
-        log.len(),
-        2,
-        "the three sequences queued behind the first one run as one batch: {log:?}"
-    );
-    let mut second = log[1].clone();
-    second.sort_unstable();
-    assert_eq!(second, vec![2, 3, 4]);
-}
-
-#[tokio::test]
-async fn direct_sequences_beyond_the_slots_wait_in_the_backlog() {
-    // One instance, max_batch_size 1: one slot.
-    let (s, _) = scheduler(1, "direct { }", 1, 0);
-    values(s.submit(request(1, 1, true, false)).await);
-    let waiting = tokio::spawn({
-        let s = s.clone();
-        async move { s.submit(request(2, 5, true, true)).await }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !waiting.is_finished(),
-        "sequence 2 ran while sequence 1 held the only slot"
-    );
-    assert_eq!(values(s.submit(request(1, 1, false, true)).await).0, 2);
-    assert_eq!(values(waiting.await.unwrap()).0, 5);
-}
-
-#[tokio::test]
 async fn a_sequence_must_start_and_ends_with_end() {
     let (s, _) = scheduler(4, "", 1, 0);
     let e = s.submit(request(3, 1, false, false)).await.unwrap_err();
@@ -293,22 +246,6 @@ async fn a_new_start_restarts_a_live_sequence() {
     values(s.submit(request(4, 10, true, false)).await);
     assert_eq!(values(s.submit(request(4, 1, true, false)).await).0, 1);
     assert_eq!(values(s.submit(request(4, 1, false, false)).await).0, 2);
-}
-
-#[tokio::test]
-async fn an_idle_sequence_is_released() {
-    // max_sequence_idle_microseconds is 200 ms.
-    let (s, _) = scheduler(1, "", 1, 0);
-    values(s.submit(request(5, 1, true, false)).await);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let e = s.submit(request(5, 1, false, false)).await.unwrap_err();
-    assert!(
-        e.message().contains("must specify the START flag"),
-        "{}",
-        e.message()
-    );
-    // The released slot (the only one) serves a new sequence.
-    assert_eq!(values(s.submit(request(6, 3, true, true)).await).0, 3);
 }
 
 #[tokio::test]

@@ -36,10 +36,11 @@ pub struct Pending<T> {
     pub timeout_action: TimeoutAction,
 }
 
-/// The outcome of [`RequestQueue::form_batch`].
+/// What a batcher decides for a free instance (here [`RequestQueue::form_batch`], and the
+/// sequence batcher's slots): run batch `B` now, look again at an instant, or nothing to do.
 #[derive(Debug)]
-pub enum Decision<T> {
-    Dispatch(Vec<Pending<T>>),
+pub enum Decision<B> {
+    Dispatch(B),
     WaitUntil(Instant),
     Empty,
 }
@@ -177,7 +178,7 @@ impl<T> RequestQueue<T> {
     }
 
     /// Decides what to run next on a free instance.
-    pub fn form_batch(&mut self, now: Instant, policy: &BatchPolicy) -> Decision<T> {
+    pub fn form_batch(&mut self, now: Instant, policy: &BatchPolicy) -> Decision<Vec<Pending<T>>> {
         let Some(head) = self.iter().next() else {
             return Decision::Empty;
         };
@@ -259,7 +260,7 @@ mod tests {
         }
     }
 
-    fn ids(d: Decision<u32>) -> Vec<u32> {
+    fn ids(d: Decision<Vec<Pending<u32>>>) -> Vec<u32> {
         match d {
             Decision::Dispatch(b) => b.into_iter().map(|p| p.payload).collect(),
             other => panic!("expected a dispatch, got {other:?}"),

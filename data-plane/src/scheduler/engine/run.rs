@@ -1,0 +1,264 @@
+//! Running a formed batch on an instance thread, outside the lock: skip the requests whose
+//! callers left, then per execution the batcher's feed forms, either join the inputs and call
+//! `execute` once ([`run_joined`], then [`split_per_request`]) or hand request-level backends
+//! (Python) the requests themselves; record statistics; answer each request.
+//!
+//! ```text
+//! batch ─► skip closed ─► release PendingMarks ─► Feed::executions
+//!   joined:        run_joined (concat + execute) ─► split_per_request ─┐
+//!   request-level: execute_requests (one result per request) ──────────┴► answer each
+//! ```
+
+use std::time::{Duration, Instant};
+
+use nereid_proto::ServiceError;
+use nereid_proto::types::Tensor;
+
+use super::{Batcher, Entry, Feed, Shared};
+use crate::backend::{BackendError, BackendInstance, BatchInputs, RequestView};
+use crate::scheduler::{ExecTimings, JobResult, batch, request_view};
+
+/// Per request, its outputs in the order of the names it was run for, or its error.
+type Produced = Result<Vec<Tensor>, BackendError>;
+
+impl<B: Batcher> Shared<B> {
+    /// Runs a batch and answers its requests; returns the tags of all of them for
+    /// [`Batcher::finished`].
+    pub(super) fn run_batch(
+        &self,
+        instance: &mut dyn BackendInstance,
+        batch: Vec<Entry<B::Tag>>,
+    ) -> Vec<B::Tag> {
+        let mut done = Vec::with_capacity(batch.len());
+        // Requests whose callers left while the batch was formed are dropped here.
+        let (gone, mut live): (Vec<_>, Vec<_>) =
+            batch.into_iter().partition(|e| e.job.reply.is_closed());
+        for mut entry in gone {
+            self.feed.produced(&mut entry.tag, None);
+            done.push(entry.tag);
+            self.respond(
+                entry.job,
+                Err(ServiceError::Cancelled("the client went away".into())),
+            );
+        }
+        if live.is_empty() {
+            return done;
+        }
+        for e in &mut live {
+            e.job.pending.release();
+        }
+        for execution in self.feed.executions(live) {
+            if instance.request_level() {
+                self.run_requests(instance, execution, &mut done);
+            } else {
+                self.run_batched(instance, execution, &mut done);
+            }
+        }
+        done
+    }
+
+    /// One execution through `execute`: the requests' inputs joined, the outputs split back.
+    fn run_batched(
+        &self,
+        instance: &mut dyn BackendInstance,
+        execution: Vec<Entry<B::Tag>>,
+        done: &mut Vec<B::Tag>,
+    ) {
+        let started = Instant::now();
+        let mut names: Vec<String> = Vec::new();
+        for e in &execution {
+            for o in &e.job.request.outputs {
+                if !names.contains(o) {
+                    names.push(o.clone());
+                }
+            }
+        }
+        for o in self.feed.extra_outputs() {
+            if !names.contains(o) {
+                names.push(o.clone());
+            }
+        }
+        let sizes: Vec<usize> = execution.iter().map(|e| e.job.request.batch_size).collect();
+        let inputs: Vec<&[Tensor]> = execution
+            .iter()
+            .map(|e| e.job.request.inputs.as_slice())
+            .collect();
+        let result = run_joined(instance, &inputs, &names);
+        drop(inputs);
+        let infer_done = Instant::now();
+        let (input_done, per_request) = match result {
+            Ok((input_done, outputs)) => (input_done, split_per_request(outputs, &sizes)),
+            Err(e) => (infer_done, Err(e)),
+        };
+        let finished = Instant::now();
+        let timings = |arrived: Instant| ExecTimings {
+            queue: started.saturating_duration_since(arrived),
+            compute_input: input_done - started,
+            compute_infer: infer_done - input_done,
+            compute_output: finished - infer_done,
+        };
+        match per_request {
+            Ok(per_request) => {
+                self.stats.record_execution(
+                    sizes.iter().sum(),
+                    input_done - started,
+                    infer_done - input_done,
+                    finished - infer_done,
+                );
+                for (entry, produced) in execution.into_iter().zip(per_request) {
+                    let timings = timings(entry.job.arrived);
+                    self.answer(entry, Some(&names), Ok(produced), timings, done);
+                }
+            }
+            Err(e) => {
+                for entry in execution {
+                    let timings = timings(entry.job.arrived);
+                    self.answer(entry, Some(&names), Err(e.clone()), timings, done);
+                }
+            }
+        }
+    }
+
+    /// One execution through `execute_requests` (request-level backends: Python): each
+    /// request keeps its own tensors, parameters and outputs; one result comes back per request.
+    fn run_requests(
+        &self,
+        instance: &mut dyn BackendInstance,
+        execution: Vec<Entry<B::Tag>>,
+        done: &mut Vec<B::Tag>,
+    ) {
+        let started = Instant::now();
+        let extras = self.feed.extra_outputs();
+        let names: Vec<Option<Vec<String>>> = execution
+            .iter()
+            .map(|e| request_names(&e.job.request.outputs, extras))
+            .collect();
+        let views: Vec<RequestView<'_>> = execution
+            .iter()
+            .zip(&names)
+            .map(|(e, names)| RequestView {
+                outputs: names.as_deref().unwrap_or(&e.job.request.outputs),
+                ..request_view(&e.job.request)
+            })
+            .collect();
+        let result = instance.execute_requests(&views);
+        drop(views);
+        let finished = Instant::now();
+        let results: Vec<Produced> = match result {
+            Ok(per_request) if per_request.len() == execution.len() => per_request,
+            Ok(per_request) => {
+                let e = BackendError::Execution(format!(
+                    "the backend answered {} of {} requests",
+                    per_request.len(),
+                    execution.len()
+                ));
+                vec![Err(e); execution.len()]
+            }
+            Err(e) => vec![Err(e); execution.len()],
+        };
+        if results.iter().any(Result::is_ok) {
+            let size = execution.iter().map(|e| e.job.request.batch_size).sum();
+            self.stats
+                .record_execution(size, Duration::ZERO, finished - started, Duration::ZERO);
+        }
+        for ((entry, names), produced) in execution.into_iter().zip(names).zip(results) {
+            let timings = ExecTimings {
+                queue: started.saturating_duration_since(entry.job.arrived),
+                compute_input: Duration::ZERO,
+                compute_infer: finished - started,
+                compute_output: Duration::ZERO,
+            };
+            self.answer(entry, names.as_deref(), produced, timings, done);
+        }
+    }
+
+    /// Shows the feed what a request produced, then answers it with the outputs it asked for.
+    /// `names`: the outputs it was run for (`None`: exactly those it asked for).
+    fn answer(
+        &self,
+        entry: Entry<B::Tag>,
+        names: Option<&[String]>,
+        produced: Produced,
+        timings: ExecTimings,
+        done: &mut Vec<B::Tag>,
+    ) {
+        let Entry { job, mut tag } = entry;
+        let wanted = &job.request.outputs;
+        let names = names.unwrap_or(wanted);
+        let outputs = match produced {
+            Ok(produced) => {
+                self.feed.produced(&mut tag, Some((names, &produced)));
+                Ok(pick(wanted, names, produced))
+            }
+            Err(e) => {
+                self.feed.produced(&mut tag, None);
+                Err(e)
+            }
+        };
+        done.push(tag);
+        self.respond(job, Ok(JobResult { outputs, timings }));
+    }
+}
+
+/// Hands the requests' inputs to the instance as one batch ([`BatchInputs`]: the backend
+/// copies each request's part straight into its own buffers) and runs it: the one place the
+/// engine calls [`BackendInstance::execute`]. Returns when the inputs were checked, and the
+/// outputs named `outputs`, in that order.
+fn run_joined(
+    instance: &mut dyn BackendInstance,
+    requests: &[&[Tensor]],
+    outputs: &[String],
+) -> Result<(Instant, Vec<Tensor>), BackendError> {
+    let batch_inputs = BatchInputs::new(requests)?;
+    let input_done = Instant::now();
+    let outputs = instance.execute(&batch_inputs, outputs)?;
+    Ok((input_done, outputs))
+}
+
+/// Splits each batch output back per request (`sizes` in batch order): per request, its part
+/// of every output, in output order. The one place the engine splits outputs.
+fn split_per_request(
+    outputs: Vec<Tensor>,
+    sizes: &[usize],
+) -> Result<Vec<Vec<Tensor>>, BackendError> {
+    let mut per_request: Vec<Vec<Tensor>> = sizes
+        .iter()
+        .map(|_| Vec::with_capacity(outputs.len()))
+        .collect();
+    for output in &outputs {
+        for (mine, part) in per_request
+            .iter_mut()
+            .zip(batch::split_output(output, sizes)?)
+        {
+            mine.push(part);
+        }
+    }
+    Ok(per_request)
+}
+
+/// The outputs a request-level backend produces for a request: those it asked for, then those
+/// the batcher needs (`None`: only those it asked for).
+fn request_names(outputs: &[String], extras: &[String]) -> Option<Vec<String>> {
+    if extras.iter().all(|x| outputs.contains(x)) {
+        return None;
+    }
+    let mut names = outputs.to_vec();
+    names.extend(extras.iter().filter(|x| !outputs.contains(x)).cloned());
+    Some(names)
+}
+
+/// The outputs `wanted`, in its order, out of `produced` (`produced[k]` is output `names[k]`).
+fn pick(wanted: &[String], names: &[String], produced: Vec<Tensor>) -> Vec<Tensor> {
+    if wanted == names {
+        return produced;
+    }
+    wanted
+        .iter()
+        .filter_map(|want| {
+            names
+                .iter()
+                .position(|n| n == want)
+                .and_then(|k| produced.get(k).cloned())
+        })
+        .collect()
+}
