@@ -117,7 +117,10 @@ mod tests {
     #[test]
     fn host_port_gets_a_scheme_and_uris_are_normalized() {
         let a = Address::parse(" 127.0.0.1:7000 ").unwrap();
-        assert_eq!((a.given(), a.uri()), ("127.0.0.1:7000", "http://127.0.0.1:7000"));
+        assert_eq!(
+            (a.given(), a.uri()),
+            ("127.0.0.1:7000", "http://127.0.0.1:7000")
+        );
         let a = Address::parse("HTTP://CP-1.Example:7000/").unwrap();
         assert_eq!(a.given(), "HTTP://CP-1.Example:7000/");
         assert_eq!(a.uri(), "http://cp-1.example:7000");
@@ -147,8 +150,14 @@ mod tests {
         let list = parse_list(&["a:1", " ", "http://b:2"]).unwrap();
         let given: Vec<_> = list.iter().map(Address::given).collect();
         assert_eq!(given, ["a:1", "http://b:2"]);
-        assert!(matches!(parse_list::<&str>(&[]), Err(ClientError::NoAddress)));
-        assert!(matches!(parse_list(&["", " "]), Err(ClientError::NoAddress)));
+        assert!(matches!(
+            parse_list::<&str>(&[]),
+            Err(ClientError::NoAddress)
+        ));
+        assert!(matches!(
+            parse_list(&["", " "]),
+            Err(ClientError::NoAddress)
+        ));
         assert!(parse_list(&["a:1", "ftp://b:2"]).is_err());
     }
 

@@ -54,6 +54,10 @@ mod tests {
         b.reset();
         assert_eq!(b.next_wait(), Backoff::FIRST);
         let mut b = Backoff::new(Duration::from_secs(3), Duration::from_secs(1));
-        assert_eq!(b.next_wait(), Duration::from_secs(3), "max below first is raised");
+        assert_eq!(
+            b.next_wait(),
+            Duration::from_secs(3),
+            "max below first is raised"
+        );
     }
 }

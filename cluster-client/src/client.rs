@@ -90,7 +90,8 @@ impl ControlPlaneClient {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .map(|t| {
-                MetadataValue::try_from(format!("Bearer {t}")).map_err(|_| ClientError::InvalidToken)
+                MetadataValue::try_from(format!("Bearer {t}"))
+                    .map_err(|_| ClientError::InvalidToken)
             })
             .transpose()?;
         let nodes = parse_list(&config.addresses)?

@@ -77,7 +77,10 @@ pub enum PassError {
 fn exhausted_message(answered: &Option<Status>, unreachable: &[String]) -> String {
     match answered {
         Some(status) => status.message().to_string(),
-        None => format!("cannot reach the control plane at {}", unreachable.join("; ")),
+        None => format!(
+            "cannot reach the control plane at {}",
+            unreachable.join("; ")
+        ),
     }
 }
 

@@ -73,7 +73,11 @@ mod tests {
         assert_eq!(next_after(0, 3, None), 1);
         assert_eq!(next_after(2, 3, None), 0, "wraps around");
         assert_eq!(next_after(0, 3, Some(2)), 2, "straight to the leader");
-        assert_eq!(next_after(1, 3, Some(1)), 2, "a node naming itself is skipped");
+        assert_eq!(
+            next_after(1, 3, Some(1)),
+            2,
+            "a node naming itself is skipped"
+        );
         assert_eq!(next_after(1, 3, Some(7)), 2, "out of range is ignored");
         assert_eq!(next_after(0, 1, None), 0, "one node: stay");
         assert_eq!(next_after(0, 0, None), 0);
@@ -102,7 +106,9 @@ mod tests {
             .metadata_mut()
             .insert(LEADER_HINT, "cp-2:7000".parse().unwrap());
         assert_eq!(leader_hint(&status), Some("cp-2:7000"));
-        status.metadata_mut().insert(LEADER_HINT, "".parse().unwrap());
+        status
+            .metadata_mut()
+            .insert(LEADER_HINT, "".parse().unwrap());
         assert_eq!(leader_hint(&status), None, "empty means no leader known");
     }
 }

@@ -68,8 +68,7 @@ impl Cluster for Fake {
     async fn activate(&self, _: Request<ActivateRequest>) -> R<ActivateResponse> {
         Err(Status::unimplemented("fake"))
     }
-    type WatchStream =
-        Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, Status>> + Send>>;
+    type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, Status>> + Send>>;
     async fn watch(&self, _: Request<WatchRequest>) -> R<Self::WatchStream> {
         Err(Status::unimplemented("fake"))
     }
@@ -139,7 +138,11 @@ async fn a_pass_goes_to_the_listed_leader_a_follower_names() {
     let (follower, follower_addr) = serve(Answer::NotLeader(leader_addr.clone())).await;
     let (bystander, bystander_addr) = serve(Answer::Ok).await;
     // In list order the bystander would answer first; the hint sends the call to the leader.
-    let cp = client(&[&follower_addr, &bystander_addr, &format!("http://{leader_addr}/")]);
+    let cp = client(&[
+        &follower_addr,
+        &bystander_addr,
+        &format!("http://{leader_addr}/"),
+    ]);
     heartbeat(&cp, unavailable).await.unwrap();
     assert_eq!(follower.calls.load(Ordering::SeqCst), 1);
     assert_eq!(bystander.calls.load(Ordering::SeqCst), 0);
@@ -157,9 +160,15 @@ async fn a_pass_skips_unreachable_nodes_and_stops_at_a_final_refusal() {
         other => panic!("{other:?}"),
     }
     assert_eq!(invalid.calls.load(Ordering::SeqCst), 1);
-    assert_eq!(after.calls.load(Ordering::SeqCst), 0, "not retried elsewhere");
+    assert_eq!(
+        after.calls.load(Ordering::SeqCst),
+        0,
+        "not retried elsewhere"
+    );
     // The same refusal moves on under a policy that retries it.
-    heartbeat(&cp, |c| c == Code::InvalidArgument).await.unwrap();
+    heartbeat(&cp, |c| c == Code::InvalidArgument)
+        .await
+        .unwrap();
     assert_eq!(after.calls.load(Ordering::SeqCst), 1);
 }
 
@@ -170,7 +179,10 @@ async fn an_exhausted_pass_reports_the_unreachable_and_an_unlisted_leader() {
     match heartbeat(&cp, unavailable).await {
         Err(e @ PassError::Exhausted { answered: None, .. }) => {
             let text = e.to_string();
-            assert!(text.starts_with("cannot reach the control plane at"), "{text}");
+            assert!(
+                text.starts_with("cannot reach the control plane at"),
+                "{text}"
+            );
             assert!(text.contains(&dead[0]) && text.contains(&dead[1]), "{text}");
         }
         other => panic!("{other:?}"),
@@ -185,7 +197,11 @@ async fn an_exhausted_pass_reports_the_unreachable_and_an_unlisted_leader() {
             ..
         }) => {
             assert_eq!(s.code(), Code::Unavailable);
-            assert_eq!(leader.as_deref(), Some("10.1.1.1:7000"), "reported, not followed");
+            assert_eq!(
+                leader.as_deref(),
+                Some("10.1.1.1:7000"),
+                "reported, not followed"
+            );
         }
         other => panic!("{other:?}"),
     }

@@ -135,9 +135,9 @@ impl Connection {
         })
         .map_err(|e| match e {
             ClientError::NoAddress => CtlError::Usage("--control-plane is empty".into()),
-            ClientError::InvalidToken => CtlError::Usage(
-                "the auth token has characters HTTP headers cannot carry".into(),
-            ),
+            ClientError::InvalidToken => {
+                CtlError::Usage("the auth token has characters HTTP headers cannot carry".into())
+            }
             e @ ClientError::InvalidAddress { .. } => CtlError::Usage(e.to_string()),
         })?;
         Ok(Connection { client })
@@ -185,24 +185,35 @@ mod tests {
             unreachable: vec![],
             leader: Some("cp-3:7000".into()),
         });
-        assert!(e.to_string().ends_with("try --control-plane cp-3:7000)"), "{e}");
+        assert!(
+            e.to_string().ends_with("try --control-plane cp-3:7000)"),
+            "{e}"
+        );
         let e = CtlError::from_pass(PassError::Exhausted {
             answered: None,
             unreachable: vec!["a:1: refused".into()],
             leader: None,
         });
-        assert_eq!(e.to_string(), "cannot reach the control plane at a:1: refused");
+        assert_eq!(
+            e.to_string(),
+            "cannot reach the control plane at a:1: refused"
+        );
     }
 
     #[test]
     fn bad_flags_are_usage_errors() {
         let e = Connection::new(vec![" ".into()], None).err().unwrap();
-        assert_eq!((e.to_string().as_str(), e.exit_code()), ("--control-plane is empty", 2));
+        assert_eq!(
+            (e.to_string().as_str(), e.exit_code()),
+            ("--control-plane is empty", 2)
+        );
         let e = Connection::new(vec!["a:1".into()], Some("x\ny".into()))
             .err()
             .unwrap();
         assert_eq!(e.exit_code(), 2);
-        let e = Connection::new(vec!["grpc://a:1".into()], None).err().unwrap();
+        let e = Connection::new(vec!["grpc://a:1".into()], None)
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("'grpc://a:1'"), "{e}");
     }
 }

@@ -86,7 +86,8 @@ impl ControlPlane {
     /// Moves on to another node after `failure` (the leader it names when listed, else the
     /// next); `None`: the node in use ended a stream.
     pub fn fail_over(&self, failure: Option<&Failure>) {
-        self.client.fail_over(failure.and_then(Failure::leader_hint));
+        self.client
+            .fail_over(failure.and_then(Failure::leader_hint));
     }
 
     /// `message` with the bearer token and, for unary calls, a deadline.

@@ -94,7 +94,10 @@ pub async fn run(
         };
         // One attempt per tick: the next tick carries fresher figures than a retry would.
         let request = cp.request(request, true);
-        match cp.once(|mut c| async move { c.heartbeat(request).await }).await {
+        match cp
+            .once(|mut c| async move { c.heartbeat(request).await })
+            .await
+        {
             Ok(r) if r.reregister => {
                 tracing::info!("control plane asks this node to register again");
                 reregister.notify_one();
