@@ -27,11 +27,8 @@ pub struct ValidRequest {
     pub outputs: Vec<String>,
     /// The batch size (1 for models without batching).
     pub batch_size: usize,
-    /// Requested priority (0 = the model's default level).
-    pub priority: u64,
-    /// Requested queue timeout in microseconds (0 = the model's default).
-    pub timeout_us: u64,
-    /// The client's priority, timeout and sequence options as sent: an ensemble passes them on
+    /// The client's options as sent: the scheduler reads the priority (0 = the model's default
+    /// level) and queue timeout (µs, 0 = the model's default); an ensemble passes them all on
     /// to its steps.
     pub options: RequestOptions,
     /// The sequence this request belongs to; set for (and only for) `sequence_batching` models.
@@ -245,8 +242,6 @@ fn check_inner(
         inputs,
         outputs,
         batch_size,
-        priority: request.options.priority,
-        timeout_us: request.options.timeout_us,
         options: request.options,
         sequence,
     })

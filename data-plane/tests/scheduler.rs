@@ -67,8 +67,6 @@ fn request(delay_ms: u32) -> ValidRequest {
         inputs: vec![t],
         outputs: vec!["y".into()],
         batch_size: 1,
-        priority: 0,
-        timeout_us: 0,
         sequence: None,
         ..Default::default()
     }

@@ -148,8 +148,6 @@ fn request(id: u64, value: i64, start: bool, end: bool) -> ValidRequest {
         inputs: vec![int32s("INPUT", &[value])],
         outputs: vec!["OUTPUT".into(), "START_OUT".into(), "END_OUT".into()],
         batch_size: 1,
-        priority: 0,
-        timeout_us: 0,
         sequence: Some(SequenceFlags {
             id: CorrelationId::Uint(id),
             start,

@@ -13,6 +13,7 @@
 //! scheduler's policy builders, which are the next to move onto typed fields.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use nereid_proto::DataType;
 use nereid_proto::pb::inference::ModelConfig;
@@ -45,7 +46,7 @@ pub struct ValidModelConfig {
     pub decoupled: bool,
     /// The model file or directory inside a version directory.
     pub default_model_filename: String,
-    wire: ModelConfig,
+    wire: Arc<ModelConfig>,
 }
 
 /// One declared input.
@@ -179,6 +180,11 @@ impl ValidModelConfig {
     /// The complete config in wire form, as it was validated.
     pub fn wire(&self) -> &ModelConfig {
         &self.wire
+    }
+
+    /// The wire form as a shared handle, for the instances of a version (no copy).
+    pub fn wire_shared(&self) -> Arc<ModelConfig> {
+        self.wire.clone()
     }
 
     /// Types a config without validating it: for tests of code that reads configs.
@@ -337,7 +343,7 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
             .as_ref()
             .is_some_and(|p| p.decoupled),
         default_model_filename: wire.default_model_filename.clone(),
-        wire,
+        wire: Arc::new(wire),
     })
 }
 

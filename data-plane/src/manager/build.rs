@@ -260,8 +260,8 @@ fn instance_contexts(
     config: &Arc<ValidModelConfig>,
     (health, server): (&Arc<Health>, &Arc<ServerHandle>),
 ) -> Vec<InstanceContext> {
-    // Backends still read the wire form; one copy per version, shared by its instances.
-    let wire = Arc::new(config.wire().clone());
+    // Backends still read the wire form, shared by the version's instances.
+    let wire = config.wire_shared();
     let mut contexts = Vec::new();
     for group in &config.instance_groups {
         let devices: Vec<DeviceKind> = match &group.kind {

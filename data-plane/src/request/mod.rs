@@ -69,7 +69,7 @@ impl LoadedVersion {
         let valid = request_check::check(&self.config, request)
             .map_err(|e| outcome.failed(FailureReason::Other, e))?;
         let id = valid.id.clone();
-        let outputs = self.run(valid, &mut outcome, ctx).await?;
+        let outputs = self.run(valid, &id, &mut outcome, ctx).await?;
         Ok(self.response(id, outputs))
     }
 
@@ -89,17 +89,17 @@ impl LoadedVersion {
         stream::run(self.clone(), request, started)
     }
 
-    /// Runs a checked request on whatever serves this version; failures are counted on
-    /// `outcome`, success too.
+    /// Runs a checked request (whose id is `id`) on whatever serves this version; failures are
+    /// counted on `outcome`, success too.
     async fn run(
         &self,
         request: ValidRequest,
+        id: &str,
         outcome: &mut Outcome,
         ctx: RunContext<'_>,
     ) -> ServiceResult<Vec<Tensor>> {
         match &self.runner {
             Runner::Batched(scheduler) => {
-                let id = request.id.clone();
                 let submitted = Instant::now();
                 let result = scheduler
                     .submit(request)
@@ -109,7 +109,7 @@ impl LoadedVersion {
                     record_phases(trace, submitted, &result.timings);
                 }
                 let outputs = result.outputs.map_err(|e| {
-                    outcome.failed(FailureReason::Backend, backend_error(&self.name, &id, e))
+                    outcome.failed(FailureReason::Backend, backend_error(&self.name, id, e))
                 })?;
                 outcome.succeeded(result.timings);
                 Ok(outputs)

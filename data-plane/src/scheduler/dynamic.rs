@@ -137,13 +137,13 @@ impl Feed for DynamicFeed {
 
     fn ticket(&self, request: &ValidRequest, now: Instant) -> Result<Filing, ServiceError> {
         let policy = &self.policy;
-        let level = policy.level_index(request.priority);
+        let level = policy.level_index(request.options.priority);
         let queue_policy = &policy.queue_policies[level.min(policy.queue_policies.len() - 1)];
         Ok(Filing {
             level,
             shape: shape_key(&request.inputs, policy.max_batch_size > 0),
             deadline: queue_policy
-                .timeout_for(request.timeout_us)
+                .timeout_for(request.options.timeout_us)
                 .map(|t| now + t),
             timeout_action: queue_policy.timeout_action,
         })
