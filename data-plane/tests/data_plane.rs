@@ -210,6 +210,19 @@ async fn explicit_mode_loads_unloads_and_overrides() {
             .model_version,
         "3"
     );
+    // The same override again is a fresh load, never the running version kept: its files may
+    // have the same names and sizes as the last ones within one mtime tick.
+    dp.load_model(
+        "uploaded",
+        LoadRequest {
+            config: Some(config.into()),
+            files: files.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let stats = dp.model_statistics("uploaded", None).await.unwrap();
+    assert_eq!(stats[0].inference_count, 0, "a file override reloads");
 
     files.insert("file:../escape.onnx".to_string(), Bytes::from_static(b"x"));
     let err = dp

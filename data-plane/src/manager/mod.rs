@@ -290,7 +290,13 @@ impl ModelManager {
             } else {
                 entry.state
             };
-            entry.versions.clone()
+            // Override files are fresh content whatever their names, sizes and mtimes say, so
+            // a load from files never reuses a running version.
+            if overridden.is_some() {
+                BTreeMap::new()
+            } else {
+                entry.versions.clone()
+            }
         };
         let input = BuildInput {
             name: name.to_string(),
