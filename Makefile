@@ -12,7 +12,7 @@ BENCH_OUT   ?= target/bench
 FEATURES    := --features nereid/torch
 TORCH_ENV    = LIBTORCH="$$(cat $(VENV)/libtorch-path)"
 
-.PHONY: all setup build examples run cluster cluster-down test test-rust test-python test-deploy bench lint clean
+.PHONY: all setup triton-ref build examples run cluster cluster-down test test-rust test-python test-deploy bench lint clean
 
 all: build
 
@@ -22,6 +22,14 @@ setup: $(VENV)/ort-lib-path
 
 $(VENV)/ort-lib-path: scripts/setup.sh
 	bash scripts/setup.sh
+
+## triton-ref: the real Triton server (2.51.0, CPU, Python backend) in .venv-triton/, the oracle of
+## the differential tests (tests/python/test_triton_diff.py) and the peer of `make bench`'s
+## "versus Triton" section. Installed from the nvidia-pytriton wheel; idempotent.
+triton-ref: .venv-triton/tritonserver
+
+.venv-triton/tritonserver: scripts/triton_ref.sh
+	bash scripts/triton_ref.sh
 
 ## build: target/release/nereid with the ONNX Runtime, PyTorch and Python backends, runnable as is
 ## (ONNX Runtime and libtorch are found without env vars).
@@ -60,7 +68,7 @@ test: test-rust test-python test-deploy
 test-rust: build
 	$(TORCH_ENV) cargo test --release $(CARGO_FLAGS) $(FEATURES) --workspace
 
-test-python: build
+test-python: build triton-ref
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q
 
 ## test-deploy: helm lint, helm template + Kubernetes schemas, deploy/manifests/nereid.yaml up to
