@@ -272,7 +272,9 @@ impl ModelManager {
                     )));
                 }
                 let Some(model_dir) = scan.models.get(name) else {
-                    return Err(ServiceError::invalid(format!(
+                    // Triton answers a load of a model no repository has with HTTP 500 / gRPC
+                    // INTERNAL.
+                    return Err(ServiceError::internal(format!(
                         "failed to load '{name}', failed to poll from model repository"
                     )));
                 };
