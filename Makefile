@@ -83,8 +83,10 @@ test-deploy: build
 ## in-process through tch vs served, c=1 and c=32): $(BENCH_OUT)/torch.json. Then the server's CPU
 ## time per inference (scripts/bench_cpu.sh; NEREID_BASELINE=<binary> compares two builds):
 ## $(BENCH_OUT)/cpu.json. Then the placement simulator (1,000 nodes × 10,000 models):
-## $(BENCH_OUT)/placement-sim.json.
-bench: build
+## $(BENCH_OUT)/placement-sim.json. Last, Nereid versus the real Triton server (make triton-ref)
+## on the same Python-backend models under perf_analyzer, with CPU per inference
+## (scripts/bench_triton.py): $(BENCH_OUT)/triton.json.
+bench: build triton-ref
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) --features torch -p nereid-data-plane --example inprocess_ort --example inprocess_torch
 	bash scripts/bench.sh $(BENCH_OUT)
@@ -94,6 +96,7 @@ bench: build
 	mkdir -p $(BENCH_OUT)
 	target/release/nereid-loadtest placement-sim
 	target/release/nereid-loadtest placement-sim --json > $(BENCH_OUT)/placement-sim.json
+	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_triton.py $(BENCH_OUT)
 
 lint: setup
 	$(TORCH_ENV) cargo clippy --workspace --all-targets $(FEATURES) -- -D warnings

@@ -92,7 +92,8 @@ struct ModelEntry {
     state: ModelState,
     reason: String,
     versions: BTreeMap<i64, Arc<LoadedVersion>>,
-    /// Versions that failed to load, shown as UNAVAILABLE in the index.
+    /// Versions listed as UNAVAILABLE in the index although not served: those that failed to
+    /// load, or were unloaded (Triton keeps an unloaded version's row).
     failed_versions: Vec<i64>,
     /// The model's directory fingerprint at the last load (poll mode compares it).
     fingerprint: Option<Fingerprint>,
@@ -455,8 +456,10 @@ impl ModelManager {
                 "failed to unload '{name}', model is not loaded"
             )));
         };
+        if !entry.versions.is_empty() {
+            entry.failed_versions = entry.versions.keys().copied().collect();
+        }
         entry.versions.clear();
-        entry.failed_versions.clear();
         entry.state = ModelState::Unavailable;
         entry.reason = "unloaded".to_string();
         entry.overridden = None;
