@@ -168,7 +168,7 @@ pub fn build(
                 &selected,
             )
         };
-        let samples = warmup_samples(config.wire(), &input.dir).map_err(|e| fail(e, &selected))?;
+        let samples = warmup_samples(&config, &input.dir).map_err(|e| fail(e, &selected))?;
         let load_started = std::time::Instant::now();
         let rss_before = crate::probe::host::process_rss();
         let mut instances = Vec::with_capacity(contexts.len());
@@ -181,7 +181,7 @@ pub fn build(
         let stats = Arc::new(VersionStats::default());
         let scheduler = Scheduler::start(
             &input.name,
-            BatchPolicy::from_config(config.wire()),
+            BatchPolicy::from_config(&config),
             instances,
             stats.clone(),
             input.queue_capacity,

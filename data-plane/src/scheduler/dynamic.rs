@@ -14,8 +14,9 @@ use nereid_proto::ServiceError;
 use nereid_proto::types::Tensor;
 
 use super::engine::{Batcher, Entry, Feed, Job, Refused};
-use super::policy::{BatchPolicy, TimeoutAction};
+use super::policy::BatchPolicy;
 use super::queue::{Decision, Pending, RequestQueue, ShapeKey};
+use crate::config::TimeoutAction;
 use crate::request_check::ValidRequest;
 
 /// The queue of a version without `sequence_batching`.

@@ -18,7 +18,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::policy::{BatchPolicy, TimeoutAction};
+use super::policy::BatchPolicy;
+use crate::config::TimeoutAction;
 
 /// What must be equal for two requests to share a batch: input names, datatypes and non-batch
 /// dimensions.
@@ -229,7 +230,7 @@ impl<T> RequestQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::policy::QueuePolicy;
+    use crate::config::QueuePolicy;
 
     fn policy(max: usize, preferred: &[usize], delay_us: u64, levels: usize) -> BatchPolicy {
         BatchPolicy {
