@@ -8,11 +8,11 @@
 //!                                                            parameters, optimization
 //! ```
 //!
-//! The request path, the manager, the scheduler, warm-up and the ensemble planner read the typed
-//! fields; nothing after a load re-matches the wire config's scheduling choice or converts its
-//! data types. The wire form stays available through [`ValidModelConfig::wire`] for the places
-//! that speak the wire: the model-config API (JSON rendering) and the backends' own option
-//! readers.
+//! The request path, the manager, the scheduler, the backends and the ensemble planner read the
+//! typed fields; nothing after a load re-matches the wire config's scheduling choice or converts
+//! its data types. The wire form stays available through [`ValidModelConfig::wire`] for the
+//! places that speak the wire: the model-config API (JSON rendering) and the Python backend,
+//! which hands Triton's JSON form of the config to the model's `initialize`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -185,11 +185,6 @@ impl ValidModelConfig {
     /// The complete config in wire form, as it was validated.
     pub fn wire(&self) -> &ModelConfig {
         &self.wire
-    }
-
-    /// The wire form as a shared handle, for the instances of a version (no copy).
-    pub fn wire_shared(&self) -> Arc<ModelConfig> {
-        self.wire.clone()
     }
 
     /// Types a config without validating it: for tests of code that reads configs.

@@ -260,8 +260,6 @@ fn instance_contexts(
     config: &Arc<ValidModelConfig>,
     (health, server): (&Arc<Health>, &Arc<ServerHandle>),
 ) -> Vec<InstanceContext> {
-    // Backends still read the wire form, shared by the version's instances.
-    let wire = config.wire_shared();
     let mut contexts = Vec::new();
     for group in &config.instance_groups {
         let devices: Vec<DeviceKind> = match &group.kind {
@@ -279,7 +277,7 @@ fn instance_contexts(
                     version,
                     model_dir: model_dir.to_path_buf(),
                     model_path: model_path.to_path_buf(),
-                    config: wire.clone(),
+                    config: config.clone(),
                     instance_name: format!("{}_{index}", group.name),
                     device,
                     health: health.clone(),
