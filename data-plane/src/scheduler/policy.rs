@@ -3,9 +3,7 @@
 //! when absent; `sequence_batching` hands the version to the sequence batcher) and each priority
 //! level's queue policy (timeouts, timeout action, maximum queue size).
 
-use std::time::Duration;
-
-use crate::config::{QueuePolicy, ValidModelConfig};
+use crate::config::{DynamicBatching, ValidModelConfig};
 
 use super::sequence::SequencePolicy;
 
@@ -16,16 +14,9 @@ pub struct BatchPolicy {
     pub dynamic: bool,
     /// Largest batch (sum of request batch sizes); 0 for models without batching.
     pub max_batch_size: usize,
-    /// Sizes to aim for; sorted ascending.
-    pub preferred_batch_sizes: Vec<usize>,
-    pub max_queue_delay: Duration,
-    pub preserve_ordering: bool,
-    /// Number of priority levels (at least 1; level 1 is the highest).
-    pub priority_levels: usize,
-    /// Level (1-based) of requests without a priority, or with one out of range.
-    pub default_priority_level: usize,
-    /// Queue policy per level, index 0 = level 1.
-    pub queue_policies: Vec<QueuePolicy>,
+    /// The config's `dynamic_batching`; without one, Triton's default scheduler's queue: one
+    /// priority level, no delay, no preferred sizes.
+    pub batching: DynamicBatching,
     /// Present when the config has `sequence_batching`: the sequence batcher replaces the queue.
     pub sequence: Option<SequencePolicy>,
 }
@@ -34,29 +25,19 @@ impl BatchPolicy {
     /// The policy of a validated config.
     pub fn from_config(config: &ValidModelConfig) -> BatchPolicy {
         let max_batch_size = config.max_batch_size as usize;
-        let Some(db) = config.dynamic() else {
-            return BatchPolicy {
+        match config.dynamic() {
+            Some(db) => BatchPolicy {
+                dynamic: max_batch_size > 0,
+                max_batch_size,
+                batching: db.clone(),
+                sequence: None,
+            },
+            None => BatchPolicy {
                 dynamic: false,
                 max_batch_size,
-                preferred_batch_sizes: Vec::new(),
-                max_queue_delay: Duration::ZERO,
-                preserve_ordering: false,
-                priority_levels: 1,
-                default_priority_level: 1,
-                queue_policies: vec![QueuePolicy::default()],
+                batching: DynamicBatching::default(),
                 sequence: SequencePolicy::from_config(config),
-            };
-        };
-        BatchPolicy {
-            dynamic: max_batch_size > 0,
-            max_batch_size,
-            preferred_batch_sizes: db.preferred_batch_sizes.clone(),
-            max_queue_delay: db.max_queue_delay,
-            preserve_ordering: db.preserve_ordering,
-            priority_levels: db.priority_levels,
-            default_priority_level: db.default_priority_level,
-            queue_policies: db.queue_policies.clone(),
-            sequence: None,
+            },
         }
     }
 
@@ -64,8 +45,8 @@ impl BatchPolicy {
     /// as Triton assigns it.
     pub fn level_index(&self, priority: u64) -> usize {
         let level = usize::try_from(priority).unwrap_or(0);
-        let level = if level == 0 || level > self.priority_levels {
-            self.default_priority_level
+        let level = if level == 0 || level > self.batching.priority_levels {
+            self.batching.default_priority_level
         } else {
             level
         };
@@ -75,6 +56,8 @@ impl BatchPolicy {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::config::TimeoutAction;
     use crate::config::text::parse_model_config;
@@ -97,11 +80,14 @@ mod tests {
                }"#,
         );
         assert!(p.dynamic);
-        assert_eq!(p.preferred_batch_sizes, vec![4, 8]);
-        assert_eq!(p.max_queue_delay, Duration::from_micros(500));
-        assert_eq!(p.queue_policies.len(), 3);
-        assert_eq!(p.queue_policies[0].timeout_action, TimeoutAction::Delay);
-        assert_eq!(p.queue_policies[1].max_queue_size, 10);
+        assert_eq!(p.batching.preferred_batch_sizes, vec![4, 8]);
+        assert_eq!(p.batching.max_queue_delay, Duration::from_micros(500));
+        assert_eq!(p.batching.queue_policies.len(), 3);
+        assert_eq!(
+            p.batching.queue_policies[0].timeout_action,
+            TimeoutAction::Delay
+        );
+        assert_eq!(p.batching.queue_policies[1].max_queue_size, 10);
         assert_eq!(p.level_index(0), 1);
         assert_eq!(p.level_index(1), 0);
         assert_eq!(p.level_index(9), 1);
@@ -111,6 +97,6 @@ mod tests {
     fn no_dynamic_batching_is_the_default_scheduler() {
         let p = policy("max_batch_size: 8");
         assert!(!p.dynamic);
-        assert_eq!(p.priority_levels, 1);
+        assert_eq!(p.batching.priority_levels, 1);
     }
 }

@@ -31,6 +31,21 @@ pub struct DynamicBatching {
     pub queue_policies: Vec<QueuePolicy>,
 }
 
+impl Default for DynamicBatching {
+    /// Triton's default scheduler's queue: one priority level with the default queue policy,
+    /// no delay, no preferred sizes.
+    fn default() -> Self {
+        DynamicBatching {
+            preferred_batch_sizes: Vec::new(),
+            max_queue_delay: Duration::ZERO,
+            preserve_ordering: false,
+            priority_levels: 1,
+            default_priority_level: 1,
+            queue_policies: vec![QueuePolicy::default()],
+        }
+    }
+}
+
 /// What happens to a request whose queue timeout expires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimeoutAction {
