@@ -15,8 +15,10 @@ mod valid;
 pub mod validate;
 
 pub use valid::{
-    EnsembleStep, GroupKind, InputSpec, InstanceGroup, OutputSpec, Scheduling, SequenceIo, StateIo,
-    ValidModelConfig, composing_models, ensemble_steps,
+    ControlKind, DynamicBatching, EnsembleStep, GroupKind, InputSpec, InstanceGroup, OutputSpec,
+    QueuePolicy, Scheduling, SequenceBatching, SequenceControl, SequenceStrategy, StateIo,
+    TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting, composing_models,
+    ensemble_steps, parameters,
 };
 
 use std::path::{Path, PathBuf};
