@@ -7,16 +7,23 @@ plus one JSON object; tensor data lives in shared-memory segment files.
 Threads and flow
 ----------------
 
-    parent ──frames──> reader thread ──(init, auto_complete, execute, finalize)──> main thread
-                        │ answers bls_response / cancel / release itself,   │ runs model code:
-                        │ decodes execute inputs (zero-copy NumPy views)    │ initialize, execute,
-                        │                                                   │ finalize
-    parent <──frames── any thread, one frame at a time (write lock) <──────┘ execute_done, ...
-                         ^ release thread: sends `release` for parent segments whose
-                           NumPy arrays were garbage-collected (weakref.finalize)
+    parent ──frames──> main thread: reads frames itself; runs init, auto_complete, execute,
+                        │          finalize (model code) where it read them; answers
+                        │          bls_response / cancel / release; decodes execute inputs
+                        │          (zero-copy NumPy views)
+                        └─ while model code needs frames (a BLS call, an awaitable, a look at
+                           is_cancelled()), the helper thread reads instead, then hands the next
+                           main-thread frame (and the reading) back to the main thread
+    parent <──frames── any thread, one frame at a time (write lock): execute_done, ...
+                         ^ release thread: sends `release` for parent segments whose NumPy
+                           arrays were garbage-collected (weakref.finalize) when no other frame
+                           takes them along
 
-* The reader thread keeps reading while the model runs, so a model blocked in a BLS `exec()`
-  still receives its `bls_response`, and `cancel` reaches `request.is_cancelled()`.
+* A plain request costs one wake-up of the stub: the main thread reads the `execute`, runs the
+  model and answers, with no hand-off between threads. Model code always runs on the main
+  thread (initialize and execute see the same thread, as in Triton).
+* The helper reads while a model blocked in a BLS `exec()` waits for its `bls_response`, and so
+  that `cancel` reaches `request.is_cancelled()`.
 * `async def` model methods run on one event loop in a background thread that lives as long as
   the stub, so tasks a model starts keep running between calls.
 * The stub exits on EOF from the parent, after `finalize`, and after answering `auto_complete`;
@@ -518,7 +525,13 @@ class Stub:
 
     def __init__(self, connection):
         self._conn = connection
+        # Main-thread frames the helper read, handed over with the reading role (see
+        # `_helper_loop`).
         self._jobs = queue.SimpleQueue()
+        self._role_lock = threading.Lock()
+        self._main_busy = False  # the main thread runs a frame's work (model code)
+        self._helper_reading = False  # the helper reads on the main thread's behalf
+        self._helper_wake = queue.SimpleQueue()
         # Parent segments whose arrays are garbage, not yet released. Finalizers append (deque
         # appends are atomic and safe inside the GC); every frame the stub sends takes them
         # along. While an execute reply is being sent (`_replying`) no wake-up is signalled:
@@ -540,7 +553,7 @@ class Stub:
 
     def serve(self):
         pb_utils._channel = self
-        threading.Thread(target=self._read_loop, name="nereid-reader", daemon=True).start()
+        threading.Thread(target=self._helper_loop, name="nereid-reader", daemon=True).start()
         threading.Thread(target=self._release_loop, name="nereid-release", daemon=True).start()
         self._main_loop()
 
@@ -572,7 +585,16 @@ class Stub:
                 message["segment"] = segment
         self._send(message)
 
+    def need_reader(self):
+        """Model code is about to wait for (or look at) what frames bring: if the main thread
+        is busy with it, the helper starts reading. Any thread; cheap when nothing changes."""
+        with self._role_lock:
+            if self._main_busy and not self._helper_reading:
+                self._helper_reading = True
+                self._helper_wake.put(None)
+
     def submit_bls(self, request, decoupled, sink):
+        self.need_reader()
         segment, refs = self._segments_for_writing().write(request.inputs())
         call_id = next(self._bls_ids)
         with self._bls_lock:
@@ -642,23 +664,47 @@ class Stub:
             position += count
         return wire, segment
 
-    # -- reader thread ----------------------------------------------------------------------------
+    # -- reading (main thread, or the helper on its behalf) -----------------------------------------
 
-    def _read_loop(self):
-        code = 0
+    _MAIN_OPS = ("execute", "init", "auto_complete", "finalize")
+
+    def _receive_or_exit(self):
+        """The next frame; exits the stub at EOF (0) or on a protocol error (2)."""
         try:
-            while True:
-                message = self._conn.receive()
-                if message is None:
-                    break
-                self._dispatch(message)
+            message = self._conn.receive()
         except ProtocolError as e:
             _warn("protocol error, exiting: {}".format(e))
-            code = 2
+            self.exit(2)
+        if message is None:
+            self.exit(0)
+        return message
+
+    def _main_job(self, message):
+        """A main-thread frame as (op, payload), its inputs decoded."""
+        op = message["op"]
+        if op == "execute":
+            return op, self._prepare_execute(message)
+        self._configure(message)
+        return op, message
+
+    def _helper_loop(self):
+        """Reads while the main thread is busy with model code that needs frames; hands the
+        next main-thread frame back with the reading role."""
+        try:
+            while True:
+                self._helper_wake.get()
+                while True:
+                    message = self._receive_or_exit()
+                    if message["op"] in self._MAIN_OPS:
+                        job = self._main_job(message)
+                        with self._role_lock:
+                            self._helper_reading = False
+                        self._jobs.put(job)
+                        break
+                    self._dispatch(message)
         except Exception:  # a bug in the stub: say so and stop rather than hang the parent
             _warn("reader thread failed:\n" + traceback.format_exc())
-            code = 1
-        self.exit(code)
+            self.exit(1)
 
     def _dispatch(self, message):
         op = message["op"]
@@ -671,11 +717,6 @@ class Stub:
         elif op == "release":
             if self._stub_segments is None or not self._stub_segments.release(message.get("segment")):
                 _warn("ignoring release of unknown or free segment {!r}".format(message.get("segment")))
-        elif op == "execute":
-            self._jobs.put(("execute", self._prepare_execute(message)))
-        elif op in ("init", "auto_complete", "finalize"):
-            self._configure(message)
-            self._jobs.put((op, message))
         else:
             _warn("ignoring message with unknown op {!r}".format(op))
 
@@ -745,23 +786,40 @@ class Stub:
     # -- main thread ------------------------------------------------------------------------------
 
     def _main_loop(self):
+        reading = True
         while True:
-            op, payload = self._jobs.get()
-            if op == "init":
-                self._handle_init(payload)
-            elif op == "auto_complete":
-                self._handle_auto_complete(payload)
-                self.exit(0)
-            elif op == "execute":
-                self._handle_execute(payload)
-            elif op == "finalize":
-                self._handle_finalize()
-                self.exit(0)
+            if reading:
+                message = self._receive_or_exit()
+                if message["op"] not in self._MAIN_OPS:
+                    self._dispatch(message)
+                    continue
+                op, payload = self._main_job(message)
+            else:
+                op, payload = self._jobs.get()  # the helper hands the reading back with it
+            with self._role_lock:
+                self._main_busy = True
+            self._run_main_job(op, payload)
+            with self._role_lock:
+                self._main_busy = False
+                reading = not self._helper_reading
+
+    def _run_main_job(self, op, payload):
+        if op == "init":
+            self._handle_init(payload)
+        elif op == "auto_complete":
+            self._handle_auto_complete(payload)
+            self.exit(0)
+        elif op == "execute":
+            self._handle_execute(payload)
+        elif op == "finalize":
+            self._handle_finalize()
+            self.exit(0)
 
     def _await_if_needed(self, value):
         """Runs an awaitable returned by model code on the stub's event loop and waits for it."""
         if not inspect.isawaitable(value):
             return value
+        self.need_reader()  # the coroutine may make BLS calls
         return asyncio.run_coroutine_threadsafe(_await(value), self._event_loop()).result()
 
     def _event_loop(self):

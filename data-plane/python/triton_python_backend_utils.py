@@ -534,7 +534,14 @@ class InferenceResponseSender:
                 state.closed = True
 
     def is_cancelled(self):
+        _need_reader()
         return self._state.cancelled
+
+
+def _need_reader():
+    """A `cancel` may be on its way: make sure the stub reads while model code runs."""
+    if _channel is not None:
+        _channel.need_reader()
 
 
 def _check_default_mode_send(state, response, flags):
@@ -732,6 +739,7 @@ class InferenceRequest:
             return self._state.sender
 
     def is_cancelled(self):
+        _need_reader()
         return self._state is not None and self._state.cancelled
 
     def set_release_flags(self, flags):
