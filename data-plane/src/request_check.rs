@@ -7,9 +7,7 @@
 use std::collections::HashSet;
 
 use nereid_proto::ServiceError;
-use nereid_proto::types::{
-    CorrelationId, InferRequest, Parameters, RequestOptions, Tensor, format_shape,
-};
+use nereid_proto::{CorrelationId, InferRequest, Parameters, RequestOptions, Tensor, format_shape};
 
 use crate::backend::ResponseSink;
 use crate::config::ValidModelConfig;
@@ -257,7 +255,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use nereid_proto::DataType;
-    use nereid_proto::types::RequestedOutput;
+    use nereid_proto::RequestedOutput;
 
     fn valid(text: &str) -> ValidModelConfig {
         ValidModelConfig::unchecked(crate::config::text::parse_model_config(text).unwrap())

@@ -24,7 +24,7 @@ use nereid_proto::pb::inference::model_warmup::input::InputDataType;
 use nereid_proto::pb::inference::{
     DataType as ConfigDataType, ModelConfig, ModelInput, ModelWarmup,
 };
-use nereid_proto::types::{Tensor, count_bytes_elements, element_count, format_shape};
+use nereid_proto::{Tensor, count_bytes_elements, element_count, format_shape};
 
 use crate::request_check::dims_match;
 

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use nereid_data_plane::backend::Backends;
 use nereid_data_plane::manager::ControlMode;
 use nereid_data_plane::server::DataPlane;
-use nereid_proto::service::LoadRequest;
-use nereid_proto::types::InferRequest;
+use nereid_proto::InferRequest;
+use nereid_proto::LoadRequest;
 use nereid_proto::{InferenceService, ServiceError};
 
 mod common;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use nereid_data_plane::backend::Backends;
 use nereid_data_plane::manager::ControlMode;
 use nereid_data_plane::server::DataPlane;
-use nereid_proto::service::{LoadRequest, ModelIndexEntry};
-use nereid_proto::types::{InferRequest, ParamValue, RequestedOutput, Tensor};
+use nereid_proto::{InferRequest, ParamValue, RequestedOutput, Tensor};
 use nereid_proto::{InferenceService, ServiceError};
+use nereid_proto::{LoadRequest, ModelIndexEntry};
 
 mod common;
 use common::{data_plane, floats, ort_library, workspace};

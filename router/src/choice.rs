@@ -28,7 +28,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use nereid_proto::types::CorrelationId;
+use nereid_proto::CorrelationId;
 
 use crate::error::{RouterError, RouterResult};
 use crate::table::{Endpoint, RoutingTable};

@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig};
-use nereid_proto::types::{Tensor, format_shape};
+use nereid_proto::{Tensor, format_shape};
 
 use super::{Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext};
 
@@ -178,7 +178,7 @@ mod tests {
     use bytes::Bytes;
     use nereid_proto::DataType;
     use nereid_proto::pb::inference::ModelParameter;
-    use nereid_proto::types::push_bytes_element;
+    use nereid_proto::push_bytes_element;
 
     use super::*;
     use crate::backend::Backends;

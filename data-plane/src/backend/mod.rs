@@ -24,7 +24,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use nereid_proto::InferenceService;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::types::{CorrelationId, Parameters, Tensor};
+use nereid_proto::{CorrelationId, Parameters, Tensor};
 use parking_lot::Mutex;
 
 pub use self::batch_inputs::{BatchInput, BatchInputs};

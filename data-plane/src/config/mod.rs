@@ -10,7 +10,9 @@
 //! ```
 
 /// `config.pbtxt` text parsing lives in `nereid-proto` (the control plane reads configs too).
-pub use nereid_proto::config_text as text;
+pub mod text {
+    pub use nereid_proto::{TextError, parse_model_config};
+}
 mod valid;
 pub mod validate;
 

@@ -20,8 +20,8 @@ use std::future::Future;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use nereid_proto::ServiceError;
-use nereid_proto::error::ServiceResult;
-use nereid_proto::types::{
+use nereid_proto::ServiceResult;
+use nereid_proto::{
     InferRequest, InferResponse, Parameters, RequestOptions, RequestedOutput, Tensor,
 };
 
@@ -219,7 +219,7 @@ mod tests {
 
     use bytes::Bytes;
     use nereid_proto::DataType;
-    use nereid_proto::types::ParamValue;
+    use nereid_proto::ParamValue;
 
     use super::*;
     use crate::ensemble::plan::PlanStep;

@@ -18,9 +18,9 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use nereid_proto::ServiceError;
-use nereid_proto::error::ServiceResult;
-use nereid_proto::service::{ResponseStream, StreamedResponse};
-use nereid_proto::types::{InferRequest, InferResponse};
+use nereid_proto::ServiceResult;
+use nereid_proto::{InferRequest, InferResponse};
+use nereid_proto::{ResponseStream, StreamedResponse};
 use tokio::sync::mpsc;
 
 use super::outcome::{Outcome, backend_error};

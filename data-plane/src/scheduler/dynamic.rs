@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::Tensor;
 
 use super::engine::{Batcher, Entry, Feed, Job, Refused};
 use super::policy::{BatchPolicy, TimeoutAction};

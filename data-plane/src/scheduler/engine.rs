@@ -37,7 +37,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::Tensor;
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 

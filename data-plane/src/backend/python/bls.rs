@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use nereid_proto::InferenceService;
-use nereid_proto::types::{InferRequest, InferResponse};
+use nereid_proto::{InferRequest, InferResponse};
 
 use super::convert;
 use super::link::Link;

@@ -3,7 +3,7 @@
 //! Pure functions; the I/O around them lives in [`super::link`].
 
 use bytes::Bytes;
-use nereid_proto::types::{
+use nereid_proto::{
     CorrelationId, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions,
     RequestedOutput, Tensor,
 };
@@ -224,7 +224,7 @@ pub fn service_error_object(error: ServiceError) -> ErrorObject {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nereid_proto::types::push_bytes_element;
+    use nereid_proto::push_bytes_element;
     use serde_json::json;
 
     fn fp32(name: &str, values: &[f32]) -> Tensor {

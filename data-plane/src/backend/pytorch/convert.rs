@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 use nereid_proto::DataType;
-use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
+use nereid_proto::{Tensor, bytes_elements, push_bytes_element};
 use tch::{Device, Kind};
 
 use crate::backend::BackendError;

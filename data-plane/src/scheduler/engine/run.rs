@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::Tensor;
 
 use super::{Batcher, Entry, Feed, Shared};
 use crate::backend::{BackendError, BackendInstance, BatchInputs, RequestView};

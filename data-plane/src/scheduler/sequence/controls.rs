@@ -15,7 +15,7 @@ use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_sequence_batching::control::Kind;
 use nereid_proto::pb::inference::model_sequence_batching::{Control, StrategyChoice};
-use nereid_proto::types::{CorrelationId, Tensor, element_count};
+use nereid_proto::{CorrelationId, Tensor, element_count};
 use nereid_proto::{DataType, ServiceError};
 
 use crate::request_check::SequenceFlags;
@@ -258,7 +258,7 @@ fn corrid_bytes(datatype: DataType, id: &CorrelationId) -> Vec<u8> {
 
 fn bytes_element(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + s.len());
-    nereid_proto::types::push_bytes_element(&mut out, s);
+    nereid_proto::push_bytes_element(&mut out, s);
     out
 }
 

@@ -14,7 +14,7 @@ use nereid_proto::pb::inference::model_optimization_policy::Graph;
 use nereid_proto::pb::inference::{
     ModelConfig, ModelInput, ModelOptimizationPolicy, ModelOutput, ModelParameter,
 };
-use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
+use nereid_proto::{Tensor, bytes_elements, push_bytes_element};
 
 use super::OnnxRuntimeBackend;
 use crate::backend::{
