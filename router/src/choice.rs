@@ -125,6 +125,7 @@ impl Chooser {
     }
 
     /// Sequences currently pinned to a replica.
+    #[cfg(test)]
     pub fn sequences(&self) -> usize {
         self.affinity.len()
     }

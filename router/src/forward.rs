@@ -22,11 +22,9 @@ use nereid_proto::pb::inference::{
 use tonic::transport::{Channel, Endpoint};
 
 use futures::{Stream, StreamExt};
-use nereid_proto::RequestContext;
-use nereid_proto::StreamedResponse;
 use nereid_proto::pb::inference::InferParameter;
 use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
-use nereid_proto::{TRACEPARENT, TRACESTATE};
+use nereid_proto::{RequestContext, StreamedResponse, TRACEPARENT, TRACESTATE};
 use tonic::metadata::MetadataValue;
 
 use crate::error::{RouterError, RouterResult};
@@ -43,11 +41,6 @@ fn bool_param(v: bool) -> InferParameter {
     InferParameter {
         parameter_choice: Some(ParameterChoice::BoolParam(v)),
     }
-}
-
-/// Whether `context`'s deadline has passed: a request past it is not worth another attempt.
-pub fn deadline_passed(context: &RequestContext) -> bool {
-    context.expired(Instant::now())
 }
 
 /// `message` as a tonic request carrying `context` as metadata; `DeadlineExceeded` (for
@@ -323,8 +316,8 @@ mod tests {
             deadline: Some(Instant::now()),
             ..Default::default()
         };
-        assert!(deadline_passed(&context));
-        assert!(!deadline_passed(&RequestContext::default()));
+        assert!(context.expired(Instant::now()));
+        assert!(!RequestContext::default().expired(Instant::now()));
         assert_eq!(
             with_context((), &context, "m").unwrap_err(),
             RouterError::DeadlineExceeded { model: "m".into() }

@@ -23,20 +23,20 @@
 //! - `metrics`: the router's `nereid_router_*` counters and its `/metrics` collector.
 //! - `serve`: `nereid router`'s life: bind, serve, shut down.
 //!
-//! What the binary and the tests use is re-exported here.
+//! The modules are private; what the binary and the tests use is re-exported here.
 
-pub mod activate;
-pub mod choice;
-pub mod control;
-pub mod error;
-pub mod forward;
-pub mod metrics;
-pub mod serve;
-pub mod service;
-pub mod table;
-pub mod version;
-pub mod watch;
-pub mod wire;
+mod activate;
+mod choice;
+mod control;
+mod error;
+mod forward;
+mod metrics;
+mod serve;
+mod service;
+mod table;
+mod version;
+mod watch;
+mod wire;
 
 pub use choice::SplitMix64;
 pub use control::ControlPlaneConfig;
