@@ -6,8 +6,9 @@
 
 use std::collections::HashSet;
 
-use nereid_proto::ServiceError;
-use nereid_proto::{CorrelationId, InferRequest, Parameters, RequestOptions, Tensor, format_shape};
+use nereid_proto::{
+    CorrelationId, InferRequest, Parameters, RequestOptions, ServiceError, Tensor, format_shape,
+};
 
 use crate::backend::ResponseSink;
 use crate::config::ValidModelConfig;
@@ -254,8 +255,7 @@ pub fn dims_match(config: &[i64], request: &[i64]) -> bool {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use nereid_proto::DataType;
-    use nereid_proto::RequestedOutput;
+    use nereid_proto::{DataType, RequestedOutput};
 
     fn valid(text: &str) -> ValidModelConfig {
         ValidModelConfig::unchecked(crate::config::text::parse_model_config(text).unwrap())

@@ -28,13 +28,11 @@ use tracing::Instrument;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use nereid_proto::ServiceResult;
-use nereid_proto::message_from_json;
 use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
-use nereid_proto::{DataType, InferenceService, ServiceError};
-use nereid_proto::{InferRequest, InferResponse};
 use nereid_proto::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
+    DataType, InferRequest, InferResponse, InferenceService, LoadRequest, ModelIndexEntry,
+    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
+    message_from_json,
 };
 
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};

@@ -18,13 +18,12 @@
 use std::path::{Component, Path};
 
 use bytes::Bytes;
-use nereid_proto::DataType;
 use nereid_proto::pb::inference::model_warmup::Input as WarmupInput;
 use nereid_proto::pb::inference::model_warmup::input::InputDataType;
 use nereid_proto::pb::inference::{
     DataType as ConfigDataType, ModelConfig, ModelInput, ModelWarmup,
 };
-use nereid_proto::{Tensor, count_bytes_elements, element_count, format_shape};
+use nereid_proto::{DataType, Tensor, count_bytes_elements, element_count, format_shape};
 
 use crate::request_check::dims_match;
 

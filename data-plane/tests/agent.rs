@@ -17,15 +17,13 @@ use nereid_data_plane::backend::Backends;
 use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
 use nereid_data_plane::serve::ServeConfig;
 use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
-use nereid_proto::InferRequest;
-use nereid_proto::LoadRequest;
 use nereid_proto::pb::cluster::cluster_server::{Cluster, ClusterServer};
 use nereid_proto::pb::cluster::{
     HeartbeatRequest, HeartbeatResponse, Model, RegisterNodeRequest, RegisterNodeResponse, Replica,
     ReplicaState, ReportReplicaRequest, ReportReplicaResponse, StateDelta, StateSnapshot,
     WatchEvent, WatchRequest, watch_event,
 };
-use nereid_proto::{InferenceService, ServiceError};
+use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError};
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;

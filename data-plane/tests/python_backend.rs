@@ -15,8 +15,10 @@ use nereid_data_plane::backend::{
 };
 use nereid_data_plane::manager::ControlMode;
 use nereid_data_plane::server::DataPlane;
-use nereid_proto::{DataType, InferenceService, ServiceError};
-use nereid_proto::{InferRequest, ParamValue, Parameters, Tensor, push_bytes_element};
+use nereid_proto::{
+    DataType, InferRequest, InferenceService, ParamValue, Parameters, ServiceError, Tensor,
+    push_bytes_element,
+};
 
 mod common;
 use common::{data_plane, floats, workspace};

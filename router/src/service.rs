@@ -31,17 +31,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use nereid_proto::InferenceService;
-use nereid_proto::ServiceError;
-use nereid_proto::ServiceResult;
 use nereid_proto::pb::inference::{
     ModelConfig, ModelConfigRequest, ModelMetadataRequest, ModelStatistics, ModelStatisticsRequest,
 };
-use nereid_proto::{InferRequest, InferResponse};
 use nereid_proto::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
+    InferRequest, InferResponse, InferenceService, LoadRequest, LogSettings, ModelIndexEntry,
+    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
+    TraceSettings, TraceSettingsUpdate,
 };
-use nereid_proto::{LogSettings, TraceSettings, TraceSettingsUpdate};
 use nereid_telemetry::logging::LogControl;
 use nereid_telemetry::span::{AttrValue, SpanKind};
 use nereid_telemetry::tracer::{RequestTrace, Tracer};

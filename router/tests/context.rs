@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use nereid_proto::TraceContext;
 use nereid_proto::pb::cluster::{
     Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
     watch_event,
@@ -18,8 +17,9 @@ use nereid_proto::pb::inference::ModelInferRequest;
 use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use nereid_proto::pb::inference::model_infer_request::InferInputTensor;
 use nereid_proto::testing::{Answer, FakeModel, FakeService};
-use nereid_proto::{DataType, InferenceService, ServiceError};
-use nereid_proto::{InferRequest, RequestContext, Tensor};
+use nereid_proto::{
+    DataType, InferRequest, InferenceService, RequestContext, ServiceError, Tensor, TraceContext,
+};
 use nereid_router::SharedTable;
 use nereid_router::SplitMix64;
 use nereid_router::{RouterService, RouterServiceConfig};

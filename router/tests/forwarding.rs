@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use nereid_proto::StreamedResponse;
-use nereid_proto::{CorrelationId, RequestOptions};
-use nereid_proto::{InferenceService, ServiceError};
+use nereid_proto::{
+    CorrelationId, InferenceService, RequestOptions, ServiceError, StreamedResponse,
+};
 use nereid_router::RouterService;
 
 mod echo_cluster;

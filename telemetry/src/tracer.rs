@@ -15,8 +15,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nereid_proto::TraceContext;
-use nereid_proto::{OpenSpan, RequestContext};
+use nereid_proto::{OpenSpan, RequestContext, TraceContext};
 
 use crate::span::{
     AttrValue, SpanId, SpanKind, SpanRecord, TraceId, context_for, hex, new_span_id, new_trace_id,

@@ -176,9 +176,8 @@ mod tests {
     use std::time::Instant;
 
     use bytes::Bytes;
-    use nereid_proto::DataType;
     use nereid_proto::pb::inference::ModelParameter;
-    use nereid_proto::push_bytes_element;
+    use nereid_proto::{DataType, push_bytes_element};
 
     use super::*;
     use crate::backend::Backends;

@@ -22,9 +22,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
 
-use nereid_proto::InferenceService;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::{CorrelationId, Parameters, Tensor};
+use nereid_proto::{CorrelationId, InferenceService, Parameters, Tensor};
 use parking_lot::Mutex;
 
 pub use self::batch_inputs::{BatchInput, BatchInputs};

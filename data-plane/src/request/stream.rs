@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use nereid_proto::ServiceError;
-use nereid_proto::ServiceResult;
-use nereid_proto::{InferRequest, InferResponse};
-use nereid_proto::{ResponseStream, StreamedResponse};
+use nereid_proto::{
+    InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult, StreamedResponse,
+};
 use tokio::sync::mpsc;
 
 use super::outcome::{Outcome, backend_error};

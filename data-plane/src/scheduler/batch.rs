@@ -70,8 +70,7 @@ fn bytes_row_offsets(data: &Bytes, row_elements: usize, rows: usize) -> Vec<usiz
 mod tests {
     use super::*;
     use crate::backend::BatchInputs;
-    use nereid_proto::DataType;
-    use nereid_proto::push_bytes_element;
+    use nereid_proto::{DataType, push_bytes_element};
 
     fn i32s(name: &str, shape: Vec<i64>, v: &[i32]) -> Tensor {
         Tensor::new(

@@ -23,8 +23,7 @@ mod slots;
 
 use std::time::Instant;
 
-use nereid_proto::ServiceError;
-use nereid_proto::Tensor;
+use nereid_proto::{ServiceError, Tensor};
 
 use self::controls::id_text;
 pub use self::controls::{SequencePolicy, Strategy};

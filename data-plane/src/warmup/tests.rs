@@ -2,9 +2,8 @@
 
 use std::path::Path;
 
-use nereid_proto::DataType;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::{Tensor, bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 use super::*;
 use crate::config::text::parse_model_config;

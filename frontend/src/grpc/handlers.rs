@@ -15,8 +15,6 @@ use tonic::{Request, Response, Status};
 use crate::grpc::error::unimplemented_rpc;
 use crate::grpc::stream::{self, ErrorMode};
 use crate::grpc::{GrpcConfig, infer, repository, settings};
-use nereid_proto::InferenceService;
-use nereid_proto::codec;
 use nereid_proto::pb::health::health_check_response::ServingStatus;
 use nereid_proto::pb::health::health_server::Health;
 use nereid_proto::pb::health::{HealthCheckRequest, HealthCheckResponse};
@@ -24,6 +22,7 @@ use nereid_proto::pb::inference::grpc_inference_service_server::GrpcInferenceSer
 use nereid_proto::pb::inference::model_metadata_response::TensorMetadata;
 use nereid_proto::pb::inference::repository_index_response::ModelIndex;
 use nereid_proto::pb::inference::*;
+use nereid_proto::{InferenceService, codec};
 
 /// Serves both generated services over one shared [`InferenceService`].
 pub(crate) struct GrpcFrontend {

@@ -14,10 +14,9 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use nereid_proto::LoadRequest;
 use nereid_proto::pb::inference::ModelRepositoryParameter;
 use nereid_proto::pb::inference::model_repository_parameter::ParameterChoice;
-use nereid_proto::{ServiceError, ServiceResult};
+use nereid_proto::{LoadRequest, ServiceError, ServiceResult};
 
 /// The message Triton answers a non-empty `repository_name` with.
 pub(crate) const REPOSITORY_NAME_UNSUPPORTED: &str =

@@ -10,8 +10,9 @@ use nereid_proto::pb::inference::{
     LogSettingsRequest, LogSettingsResponse, TraceSettingRequest, TraceSettingResponse,
     log_settings_response, trace_setting_response,
 };
-use nereid_proto::{LogSettings, LogValue, TraceSettings, TraceSettingsUpdate};
-use nereid_proto::{ServiceError, ServiceResult};
+use nereid_proto::{
+    LogSettings, LogValue, ServiceError, ServiceResult, TraceSettings, TraceSettingsUpdate,
+};
 
 /// The model the call names (`None`: global) and its update (`None`: read only).
 pub(crate) fn trace_request(

@@ -49,9 +49,9 @@ use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
 use nereid_proto::pb::inference::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
-use nereid_proto::{InferRequest, RequestContext};
-use nereid_proto::{InferenceService, StreamedResponse};
-use nereid_proto::{ServiceError, ServiceResult};
+use nereid_proto::{
+    InferRequest, InferenceService, RequestContext, ServiceError, ServiceResult, StreamedResponse,
+};
 
 /// Response parameter marking a request's last response.
 pub(crate) const FINAL_RESPONSE_KEY: &str = "triton_final_response";

@@ -51,13 +51,11 @@ use super::error::HttpError;
 use super::infer_request::{bad_parameter, param_value, request_context};
 use super::json_body::{MAX_REQUEST_DEPTH, parse_json};
 use super::tensor_json::{JsonData, bytes_are_utf8, decode_data, describe};
-use nereid_proto::DataType;
 use nereid_proto::{
-    InferRequest, InferResponse, ParamValue, Parameters, RequestOptions, Tensor, element_count,
+    DataType, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions, ResponseStream,
+    ServiceError, ServiceResult, StreamedResponse, Tensor, TensorMetadata, element_count,
     format_shape, parse_version,
 };
-use nereid_proto::{ResponseStream, StreamedResponse, TensorMetadata};
-use nereid_proto::{ServiceError, ServiceResult};
 
 /// The key whose object holds more keys, mapped like top-level ones.
 const NESTED_KEY: &str = "parameters";

@@ -23,13 +23,11 @@ use serde_json::{Map, Value};
 
 use super::json_body::{MAX_REQUEST_DEPTH, parse_json};
 use super::tensor_json::{decode_data, describe};
-use nereid_proto::DataType;
 use nereid_proto::{
-    InferRequest, ParamValue, Parameters, RequestContext, RequestOptions, RequestedOutput, Tensor,
+    DataType, InferRequest, ParamValue, Parameters, RequestContext, RequestOptions,
+    RequestedOutput, ServiceError, ServiceResult, TRACEPARENT, TRACESTATE, Tensor, TraceContext,
     element_count, format_shape,
 };
-use nereid_proto::{ServiceError, ServiceResult};
-use nereid_proto::{TRACEPARENT, TRACESTATE, TraceContext};
 
 /// Length of the JSON header when binary tensor data follows it.
 pub const INFER_HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";

@@ -22,9 +22,9 @@ use super::body::ChunkBody;
 use super::compression::{Encoding, compress};
 use super::infer_request::{INFER_HEADER_CONTENT_LENGTH, OutputFormat};
 use super::tensor_json::{JsonData, bytes_are_utf8};
-use nereid_proto::DataType;
-use nereid_proto::{InferResponse, ParamValue, Parameters, Tensor};
-use nereid_proto::{ServiceError, ServiceResult};
+use nereid_proto::{
+    DataType, InferResponse, ParamValue, Parameters, ServiceError, ServiceResult, Tensor,
+};
 
 /// Builds the HTTP response for a successful inference.
 pub fn build_response(

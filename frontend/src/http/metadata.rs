@@ -8,10 +8,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::error::HttpError;
-use nereid_proto::ServiceError;
-use nereid_proto::message_to_json;
-use nereid_proto::parse_version;
-use nereid_proto::{InferenceService, TensorMetadata};
+use nereid_proto::{
+    InferenceService, ServiceError, TensorMetadata, message_to_json, parse_version,
+};
 
 /// A 200 response with a JSON body.
 pub fn json_response(body: Vec<u8>) -> Response {

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use bytes::Bytes;
 
 use super::infer_request::{DecodedRequest, OutputFormat};
-use nereid_proto::DataType;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::{InferRequest, Tensor, push_bytes_element};
-use nereid_proto::{ServiceError, ServiceResult};
+use nereid_proto::{
+    DataType, InferRequest, ServiceError, ServiceResult, Tensor, push_bytes_element,
+};
 
 /// Decodes a raw binary request (`Inference-Header-Content-Length: 0`): the whole body is the
 /// model's only input. The shape comes from the config: batch dimension 1 for a batching model,

@@ -18,8 +18,7 @@ use super::error::HttpError;
 use super::json_body::{MAX_DATA_DEPTH, parse_json};
 use super::metadata::json_response;
 use super::tensor_json::describe;
-use nereid_proto::LoadRequest;
-use nereid_proto::{ServiceError, ServiceResult};
+use nereid_proto::{LoadRequest, ServiceError, ServiceResult};
 
 /// Standard alphabet, padding optional (clients differ).
 const BASE64: GeneralPurpose = GeneralPurpose::new(

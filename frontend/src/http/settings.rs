@@ -16,8 +16,9 @@ use super::error::HttpError;
 use super::metadata::json_response;
 use super::repository::optional_body;
 use super::tensor_json::describe;
-use nereid_proto::{LogSettings, LogValue, TraceSettings, TraceSettingsUpdate};
-use nereid_proto::{ServiceError, ServiceResult};
+use nereid_proto::{
+    LogSettings, LogValue, ServiceError, ServiceResult, TraceSettings, TraceSettingsUpdate,
+};
 
 /// Keys whose value is always an array in responses, like Triton's.
 const LIST_KEYS: [&str; 1] = ["trace_level"];

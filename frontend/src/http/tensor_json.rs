@@ -22,9 +22,7 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::json_body::{MAX_DATA_DEPTH, depth_error};
-use nereid_proto::DataType;
-use nereid_proto::{ServiceError, ServiceResult};
-use nereid_proto::{bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, ServiceError, ServiceResult, bytes_elements, push_bytes_element};
 
 /// Converts an input's JSON `data` to tensor bytes. `element_count` is the shape's product;
 /// `max_bytes` bounds the decoded size (`--http-max-input-size`).

@@ -14,8 +14,9 @@ use nereid_proto::pb::cluster::{
     watch_event,
 };
 use nereid_proto::testing::{FakeModel, FakeService, Step};
-use nereid_proto::{DataType, InferenceService};
-use nereid_proto::{InferRequest, InferResponse, ParamValue, RequestOptions, Tensor};
+use nereid_proto::{
+    DataType, InferRequest, InferResponse, InferenceService, ParamValue, RequestOptions, Tensor,
+};
 use nereid_router::SharedTable;
 use nereid_router::SplitMix64;
 use nereid_router::{RouterService, RouterServiceConfig};

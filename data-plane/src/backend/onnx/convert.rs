@@ -13,8 +13,7 @@
 
 use bytemuck::{NoUninit, Pod};
 use bytes::Bytes;
-use nereid_proto::DataType;
-use nereid_proto::{bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, bytes_elements, push_bytes_element};
 use ort::value::{DynValue, PrimitiveTensorElementType, Tensor as OrtTensor, ValueType};
 
 use super::types::datatype_of;

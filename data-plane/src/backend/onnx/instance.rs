@@ -10,9 +10,8 @@
 
 use std::collections::HashMap;
 
-use nereid_proto::DataType;
-use nereid_proto::Tensor;
 use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::{DataType, Tensor};
 use ort::session::{OutputSelector, RunOptions, Session};
 use ort::value::DynValue;
 

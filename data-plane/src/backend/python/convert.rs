@@ -4,10 +4,9 @@
 
 use bytes::Bytes;
 use nereid_proto::{
-    CorrelationId, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions,
-    RequestedOutput, Tensor,
+    CorrelationId, DataType, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions,
+    RequestedOutput, ServiceError, Tensor,
 };
-use nereid_proto::{DataType, ServiceError};
 use serde_json::{Map, Number, Value};
 
 use super::message::{CorrelationValue, ErrorCode, ErrorObject, RequestObject, TensorRef};

@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nereid_proto::DataType;
-use nereid_proto::Tensor;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::pb::inference::{ModelConfig, ModelParameter};
+use nereid_proto::{DataType, Tensor};
 use serde_json::Value;
 
 use super::PyTorchBackend;

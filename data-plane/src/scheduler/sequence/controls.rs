@@ -15,8 +15,7 @@ use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_sequence_batching::control::Kind;
 use nereid_proto::pb::inference::model_sequence_batching::{Control, StrategyChoice};
-use nereid_proto::{CorrelationId, Tensor, element_count};
-use nereid_proto::{DataType, ServiceError};
+use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor, element_count};
 
 use crate::request_check::SequenceFlags;
 

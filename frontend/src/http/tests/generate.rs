@@ -8,8 +8,7 @@ use serde_json::json;
 
 use super::*;
 use crate::http::generate::NOT_ONE_RESPONSE;
-use nereid_proto::DataType;
-use nereid_proto::{ParamValue, Parameters, bytes_elements};
+use nereid_proto::{DataType, ParamValue, Parameters, bytes_elements};
 
 const LIMIT: Duration = Duration::from_secs(10);
 

@@ -4,8 +4,7 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use super::*;
-use nereid_proto::DataType;
-use nereid_proto::{CorrelationId, ParamValue};
+use nereid_proto::{CorrelationId, DataType, ParamValue};
 
 const URI: &str = "/v2/models/echo/infer";
 

@@ -19,10 +19,8 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 use super::{HttpConfig, router};
-use nereid_proto::InferRequest;
-use nereid_proto::ServiceError;
 use nereid_proto::testing::{Answer, FakeEvent, FakeModel, FakeService, Step, tensor};
-use nereid_proto::{ModelIndexEntry, TensorMetadata};
+use nereid_proto::{InferRequest, ModelIndexEntry, ServiceError, TensorMetadata};
 
 /// A service that echoes inputs back as outputs and fails on cue.
 ///
