@@ -12,7 +12,7 @@ BENCH_OUT   ?= target/bench
 FEATURES    := --features nereid/torch
 TORCH_ENV    = LIBTORCH="$$(cat $(VENV)/libtorch-path)"
 
-.PHONY: all setup build examples run cluster cluster-down test test-rust test-python test-deploy bench lint clean
+.PHONY: all setup triton-ref build examples run cluster cluster-down test test-rust test-python test-deploy bench lint clean
 
 all: build
 
@@ -22,6 +22,14 @@ setup: $(VENV)/ort-lib-path
 
 $(VENV)/ort-lib-path: scripts/setup.sh
 	bash scripts/setup.sh
+
+## triton-ref: the real Triton server (2.51.0, CPU, Python backend) in .venv-triton/, the oracle of
+## the differential tests (tests/python/test_triton_diff.py) and the peer of `make bench`'s
+## "versus Triton" section. Installed from the nvidia-pytriton wheel; idempotent.
+triton-ref: .venv-triton/tritonserver
+
+.venv-triton/tritonserver: scripts/triton_ref.sh
+	bash scripts/triton_ref.sh
 
 ## build: target/release/nereid with the ONNX Runtime, PyTorch and Python backends, runnable as is
 ## (ONNX Runtime and libtorch are found without env vars).
@@ -60,7 +68,7 @@ test: test-rust test-python test-deploy
 test-rust: build
 	$(TORCH_ENV) cargo test --release $(CARGO_FLAGS) $(FEATURES) --workspace
 
-test-python: build
+test-python: build triton-ref
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q
 
 ## test-deploy: helm lint, helm template + Kubernetes schemas, deploy/manifests/nereid.yaml up to
@@ -75,8 +83,10 @@ test-deploy: build
 ## in-process through tch vs served, c=1 and c=32): $(BENCH_OUT)/torch.json. Then the server's CPU
 ## time per inference (scripts/bench_cpu.sh; NEREID_BASELINE=<binary> compares two builds):
 ## $(BENCH_OUT)/cpu.json. Then the placement simulator (1,000 nodes × 10,000 models):
-## $(BENCH_OUT)/placement-sim.json.
-bench: build
+## $(BENCH_OUT)/placement-sim.json. Last, Nereid versus the real Triton server (make triton-ref)
+## on the same Python-backend models under perf_analyzer, with CPU per inference
+## (scripts/bench_triton.py): $(BENCH_OUT)/triton.json.
+bench: build triton-ref
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) --features torch -p nereid-data-plane --example inprocess_ort --example inprocess_torch
 	bash scripts/bench.sh $(BENCH_OUT)
@@ -86,6 +96,7 @@ bench: build
 	mkdir -p $(BENCH_OUT)
 	target/release/nereid-loadtest placement-sim
 	target/release/nereid-loadtest placement-sim --json > $(BENCH_OUT)/placement-sim.json
+	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_triton.py $(BENCH_OUT)
 
 lint: setup
 	$(TORCH_ENV) cargo clippy --workspace --all-targets $(FEATURES) -- -D warnings

@@ -161,8 +161,10 @@ pub struct FrontendArgs {
     /// Log line format.
     #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// Server name reported in server metadata.
-    #[arg(long, env = "NEREID_ID", default_value = "nereid")]
+    /// Server identifier reported as `name` in server metadata, as Triton's `--id`. The default
+    /// is Triton's (`triton`) so clients that check the name (Triton's own examples do) work
+    /// unchanged; the version field still says which Nereid answers.
+    #[arg(long, env = "NEREID_ID", default_value = "triton")]
     pub id: String,
 }
 

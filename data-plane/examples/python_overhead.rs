@@ -56,6 +56,8 @@ fn main() -> Result<()> {
     let mut config =
         nereid_data_plane::config::parse_config_text(&dir, CONFIG).map_err(|e| e.to_string())?;
     config.name = "identity".into();
+    nereid_data_plane::config::fill_defaults(&mut config);
+    let config = nereid_data_plane::config::ValidModelConfig::try_from(config)?;
     let ctx = InstanceContext {
         model_name: "identity".into(),
         version: 1,

@@ -41,6 +41,7 @@ Choices where the protocol document leaves room
 """
 
 import asyncio
+import collections
 import concurrent.futures
 import importlib.util
 import inspect
@@ -106,12 +107,16 @@ class Connection:
         self._reader = sock.makefile("rb")
         self._write_lock = threading.Lock()
 
-    def send(self, message):
-        payload = json.dumps(message, separators=(",", ":")).encode("utf-8")
-        frame = _HEADER.pack(len(payload)) + payload
+    def send(self, message, before=()):
+        """Sends `message`, preceded by the messages in `before`, in one write."""
+        frames = []
+        for m in (*before, message):
+            payload = json.dumps(m, separators=(",", ":")).encode("utf-8")
+            frames.append(_HEADER.pack(len(payload)))
+            frames.append(payload)
         with self._write_lock:
             try:
-                self._sock.sendall(frame)
+                self._sock.sendall(b"".join(frames))
             except OSError as e:
                 raise ParentGone(str(e)) from None
 
@@ -514,7 +519,13 @@ class Stub:
     def __init__(self, connection):
         self._conn = connection
         self._jobs = queue.SimpleQueue()
-        self._releases = queue.SimpleQueue()
+        # Parent segments whose arrays are garbage, not yet released. Finalizers append (deque
+        # appends are atomic and safe inside the GC); every frame the stub sends takes them
+        # along. While an execute reply is being sent (`_replying`) no wake-up is signalled:
+        # the reply carries them. Otherwise `_release_wake` wakes the release thread.
+        self._released = collections.deque()
+        self._release_wake = queue.SimpleQueue()
+        self._replying = False
         self._requests = weakref.WeakValueDictionary()
         self._bls_calls = {}
         self._bls_lock = threading.Lock()
@@ -581,13 +592,33 @@ class Stub:
 
     def _send(self, message):
         try:
-            self._conn.send(message)
+            self._conn.send(message, self._take_releases())
         except ParentGone:
             self.exit(0)
 
+    def _take_releases(self):
+        releases = []
+        while True:
+            try:
+                releases.append({"op": "release", "segment": self._released.popleft()})
+            except IndexError:
+                return releases
+
+    def _release(self, segment):
+        """Queues the release of parent segment `segment` (any thread, also inside the GC)."""
+        self._released.append(segment)
+        if not self._replying:
+            self._release_wake.put(None)
+
     def _release_loop(self):
         while True:
-            self._send({"op": "release", "segment": self._releases.get()})
+            self._release_wake.get()
+            releases = self._take_releases()
+            if releases:
+                try:
+                    self._conn.send(releases[-1], releases[:-1])
+                except ParentGone:
+                    self.exit(0)
 
     def _segments_for_writing(self):
         if self._stub_segments is None:
@@ -653,7 +684,7 @@ class Stub:
         prefix = message.get("shm_prefix")
         if isinstance(prefix, str) and prefix and self._stub_segments is None:
             self._stub_segments = StubSegments(prefix)
-            self._parent_segments = ParentSegments(prefix, self._releases.put)
+            self._parent_segments = ParentSegments(prefix, self._release)
         if message["op"] == "init":
             self._decoupled = bool(message.get("decoupled", False))
 
@@ -689,7 +720,7 @@ class Stub:
         if sink is None:
             _warn("ignoring bls_response for unknown call id {!r}".format(call_id))
             if segment is not None:
-                self._releases.put(segment)
+                self._release(segment)
             return
         try:
             response = self._decode_response(message.get("response"), segment)
@@ -701,7 +732,7 @@ class Stub:
     def _decode_response(self, obj, segment):
         if obj is None:
             if segment is not None:
-                self._releases.put(segment)
+                self._release(segment)
             return None
         if not isinstance(obj, dict):
             raise ProtocolError("response is not an object: {!r}".format(obj))
@@ -794,8 +825,16 @@ class Stub:
             for state in job.states:
                 with state.lock:
                     state.closed = True
-        job.requests = None
-        self._send(reply)
+        # Dropping the requests usually frees their input arrays: their segments' releases go
+        # out with the reply, in one write, without waking the release thread.
+        self._replying = True
+        try:
+            job.requests = None
+            self._send(reply)
+        finally:
+            self._replying = False
+            if self._released:  # freed by another thread meanwhile: nobody was woken for it
+                self._release_wake.put(None)
 
     def _run_execute(self, job):
         if job.error is not None:

@@ -60,7 +60,76 @@ pub fn check(
             request.id.as_str()
         }
     );
+    // Triton names an unknown requested output without the request-id prefix.
+    if let Some(out) = request
+        .outputs
+        .iter()
+        .find(|o| config.output(&o.name).is_none() && !is_state_output(config, &o.name))
+    {
+        return Err(ServiceError::invalid(format!(
+            "unexpected inference output '{}' for model '{}'",
+            out.name, config.name
+        )));
+    }
     check_inner(config, request).map_err(|e| e.prefixed(&prefix))
+}
+
+/// A sequence model's state output, which a request may ask for by name.
+fn is_state_output(config: &ValidModelConfig, name: &str) -> bool {
+    config
+        .sequence()
+        .is_some_and(|io| io.states.iter().any(|s| s.output_name == name))
+}
+
+/// Triton's message for a request whose inputs do not cover the model's required ones: a
+/// count outside [required, declared], checked before any name, or a required input missing.
+/// `names` are the request's distinct input names in order; Triton lists them last first (the
+/// order of its hash map).
+fn inputs_message(
+    config: &ValidModelConfig,
+    names: &[&str],
+    server_fed: impl Fn(&str) -> bool,
+) -> String {
+    let declared: Vec<_> = config
+        .inputs
+        .iter()
+        .filter(|i| !server_fed(&i.name))
+        .collect();
+    let required = declared.iter().filter(|i| !i.optional).count();
+    let quoted = |n: &str| format!("'{n}'");
+    let got: Vec<String> = names.iter().rev().map(|n| quoted(n)).collect();
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|i| !i.optional && !names.contains(&i.name.as_str()))
+        .map(|i| quoted(&i.name))
+        .collect();
+    // Triton drops the last character of "[a,b," to close the list, so an empty list reads "]".
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "]".to_string()
+        } else {
+            format!("[{}]", items.join(","))
+        }
+    };
+    let got = if names.is_empty() {
+        "[]".to_string()
+    } else {
+        list(&got)
+    };
+    let expected = if required == declared.len() {
+        format!("expected {required} inputs")
+    } else {
+        format!(
+            "expected number of inputs between {required} and {}",
+            declared.len()
+        )
+    };
+    format!(
+        "{expected} but got {} inputs for model '{}'. Got input(s) {got}, but missing required input(s) {}. Please provide all required input(s).",
+        names.len(),
+        config.name,
+        list(&missing)
+    )
 }
 
 fn check_inner(
@@ -79,43 +148,38 @@ fn check_inner(
     };
 
     let mut seen = HashSet::new();
+    let mut names = Vec::with_capacity(request.inputs.len());
     for input in &request.inputs {
-        if config.input(input.name()).is_none() {
-            return Err(ServiceError::invalid(format!(
-                "unexpected inference input '{}' for model '{m}'",
-                input.name()
-            )));
-        }
         if !seen.insert(input.name().to_string()) {
             return Err(ServiceError::invalid(format!(
                 "input '{}' already exists in request",
                 input.name()
             )));
         }
+        names.push(input.name());
     }
-    let missing: Vec<&str> = config
+    let declared = config.inputs.iter().filter(|i| !server_fed(&i.name));
+    let required = declared.clone().filter(|i| !i.optional).count();
+    if names.len() < required || names.len() > declared.count() {
+        return Err(ServiceError::invalid(inputs_message(
+            config, &names, server_fed,
+        )));
+    }
+    for name in &names {
+        if config.input(name).is_none() {
+            return Err(ServiceError::invalid(format!(
+                "unexpected inference input '{name}' for model '{m}'"
+            )));
+        }
+    }
+    // The count was right, but a required input may have been swapped for an optional one.
+    if config
         .inputs
         .iter()
-        .filter(|i| !i.optional && !seen.contains(&i.name) && !server_fed(&i.name))
-        .map(|i| i.name.as_str())
-        .collect();
-    if !missing.is_empty() {
-        let got: Vec<String> = request
-            .inputs
-            .iter()
-            .map(|t| format!("'{}'", t.name()))
-            .collect();
-        let missing: Vec<String> = missing.iter().map(|n| format!("'{n}'")).collect();
-        let required = config
-            .inputs
-            .iter()
-            .filter(|i| !i.optional && !server_fed(&i.name))
-            .count();
-        return Err(ServiceError::invalid(format!(
-            "expected {required} inputs but got {} inputs for model '{m}'. Got input(s) [{}], but missing required input(s) [{}]. Please provide all required input(s).",
-            request.inputs.len(),
-            got.join(","),
-            missing.join(",")
+        .any(|i| !i.optional && !seen.contains(&i.name) && !server_fed(&i.name))
+    {
+        return Err(ServiceError::invalid(inputs_message(
+            config, &names, server_fed,
         )));
     }
 
@@ -167,8 +231,14 @@ fn check_inner(
             if batching {
                 expected.insert(0, -1);
             }
+            // Triton adds its note on the batch dimension only for models that batch.
+            let note = if batching {
+                "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended to each input shape. If you want to specify the full shape including the batch dim in your input dims config, try setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size."
+            } else {
+                ""
+            };
             return Err(ServiceError::invalid(format!(
-                "unexpected shape for input '{}' for model '{m}'. Expected {}, got {}. NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended to each input shape. If you want to specify the full shape including the batch dim in your input dims config, try setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size.",
+                "unexpected shape for input '{}' for model '{m}'. Expected {}, got {}. {note}",
                 tensor.name(),
                 format_shape(&expected),
                 format_shape(shape)
@@ -181,15 +251,8 @@ fn check_inner(
         config.outputs.iter().map(|o| o.name.clone()).collect()
     } else {
         let mut names = Vec::with_capacity(request.outputs.len());
+        // Unknown names were refused by `check`.
         for out in &request.outputs {
-            let state_output = sequence_batching
-                .is_some_and(|io| io.states.iter().any(|s| s.output_name == out.name));
-            if config.output(&out.name).is_none() && !state_output {
-                return Err(ServiceError::invalid(format!(
-                    "unexpected inference output '{}' for model '{m}'",
-                    out.name
-                )));
-            }
             if names.contains(&out.name) {
                 return Err(ServiceError::invalid(format!(
                     "output '{}' already exists in request",
@@ -320,12 +383,39 @@ mod tests {
             "[request id: r1] inference input 'b' data-type is 'FP32', but model 'm' expects 'INT32'"
         );
         let e = check(&config(), request(vec![])).unwrap_err();
-        assert!(
-            e.message()
-                .contains("expected 1 inputs but got 0 inputs for model 'm'"),
-            "{}",
-            e.message()
+        // 'b' is optional: Triton states the range (checked against Triton 2.51).
+        assert_eq!(
+            e.message(),
+            "[request id: r1] expected number of inputs between 1 and 2 but got 0 inputs for model 'm'. Got input(s) [], but missing required input(s) ['a']. Please provide all required input(s)."
         );
+        // Too many inputs: counted before any name is looked at; listed last first, as Triton.
+        let e = check(
+            &config(),
+            request(vec![
+                fp32("a", vec![1, 2]),
+                fp32("zz", vec![1, 2]),
+                fp32("b", vec![1, 2]),
+            ]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message(),
+            "[request id: r1] expected number of inputs between 1 and 2 but got 3 inputs for model 'm'. Got input(s) ['b','zz','a'], but missing required input(s) ]. Please provide all required input(s)."
+        );
+        // No batch-dimension note for a model that does not batch.
+        let e = check(&unbatched(), request(vec![fp32("a", vec![3])])).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "[request id: r1] unexpected shape for input 'a' for model 'u'. Expected [2], got [3]. "
+        );
+    }
+
+    fn unbatched() -> ValidModelConfig {
+        valid(
+            r#"name: "u" max_batch_size: 0
+               input [{name: "a" data_type: TYPE_FP32 dims: [2]}]
+               output [{name: "y" data_type: TYPE_FP32 dims: [2]}]"#,
+        )
     }
 
     fn sequence_config() -> ValidModelConfig {
@@ -383,9 +473,10 @@ mod tests {
             ..Default::default()
         }];
         let e = check(&config(), r).unwrap_err();
+        // Triton 2.51 names an unknown output without the request-id prefix.
         assert_eq!(
             e.message(),
-            "[request id: <id_unknown>] unexpected inference output 'nope' for model 'm'"
+            "unexpected inference output 'nope' for model 'm'"
         );
     }
 }

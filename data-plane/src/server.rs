@@ -40,8 +40,10 @@ use crate::request::RunContext;
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
+    "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
@@ -117,8 +119,13 @@ impl InferenceService for DataPlane {
         }
     }
 
+    /// An unknown model or version is simply not ready (Triton: HTTP 400 "Model version not
+    /// ready", gRPC `ready: false`).
     async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool> {
-        self.manager.readiness(name, version)
+        match self.manager.readiness(name, version) {
+            Err(ServiceError::NotFound(_)) => Ok(false),
+            other => other,
+        }
     }
 
     async fn model_metadata(
@@ -182,18 +189,25 @@ impl InferenceService for DataPlane {
                 .map(|v| v.stats.snapshot(&v.name, v.version))
                 .collect());
         }
+        // Triton's words and code (400) for a model or version it does not serve.
+        let unknown_model =
+            || ServiceError::invalid(format!("requested model '{name}' is not available"));
         match version {
             Some(_) => {
-                let v = self.manager.get(name, version)?;
+                if self.manager.readiness(name, None).is_err() {
+                    return Err(unknown_model());
+                }
+                let v = self.manager.get(name, version).map_err(|_| {
+                    ServiceError::invalid(format!(
+                        "requested model version is not available for model '{name}'"
+                    ))
+                })?;
                 Ok(vec![v.stats.snapshot(&v.name, v.version)])
             }
             None => {
-                self.manager.readiness(name, None)?;
                 let versions = self.manager.versions(name);
                 if versions.is_empty() {
-                    return Err(ServiceError::not_found(format!(
-                        "Request for unknown model: '{name}' has no available versions"
-                    )));
+                    return Err(unknown_model());
                 }
                 versions
                     .into_iter()

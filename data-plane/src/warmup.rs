@@ -18,13 +18,9 @@
 use std::path::{Component, Path};
 
 use bytes::Bytes;
-use nereid_proto::pb::inference::model_warmup::Input as WarmupInput;
-use nereid_proto::pb::inference::model_warmup::input::InputDataType;
-use nereid_proto::pb::inference::{
-    DataType as ConfigDataType, ModelConfig, ModelInput, ModelWarmup,
-};
 use nereid_proto::{DataType, Tensor, count_bytes_elements, element_count, format_shape};
 
+use crate::config::{InputSpec, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting};
 use crate::request_check::dims_match;
 
 /// The folder under the model directory that holds warmup data files (Triton's `warmup/`).
@@ -43,12 +39,15 @@ pub struct WarmupSample {
     pub count: u32,
 }
 
-/// Builds the samples of `config.model_warmup`. `model_dir` is `<repo>/<model>`: input_data_file
+/// Builds the samples of the config's `model_warmup`. `model_dir` is `<repo>/<model>`: input_data_file
 /// names a file under `<model_dir>/warmup/`. Errors are full sentences naming the model, the
 /// sample and the input: they become the model's load failure reason.
-pub fn warmup_samples(config: &ModelConfig, model_dir: &Path) -> Result<Vec<WarmupSample>, String> {
-    let mut samples = Vec::with_capacity(config.model_warmup.len());
-    for (index, setting) in config.model_warmup.iter().enumerate() {
+pub fn warmup_samples(
+    config: &ValidModelConfig,
+    model_dir: &Path,
+) -> Result<Vec<WarmupSample>, String> {
+    let mut samples = Vec::with_capacity(config.warmup.len());
+    for (index, setting) in config.warmup.iter().enumerate() {
         if setting.batch_size == 0 {
             tracing::debug!(model = %config.name, sample = %setting.name, "skipping batch 0 warmup sample");
             continue;
@@ -64,38 +63,36 @@ pub fn warmup_samples(config: &ModelConfig, model_dir: &Path) -> Result<Vec<Warm
 }
 
 fn sample(
-    config: &ModelConfig,
+    config: &ValidModelConfig,
     model_dir: &Path,
-    setting: &ModelWarmup,
+    setting: &WarmupSetting,
     label: &str,
 ) -> Result<WarmupSample, String> {
     let batch = setting.batch_size;
-    if config.max_batch_size <= 0 && batch > 1 {
+    if !config.batching() && batch > 1 {
         return Err(format!(
             "{label}: batch_size {batch} is not allowed because the model does not batch (max_batch_size 0); use batch_size 1"
         ));
     }
-    if config.max_batch_size > 0 && i64::from(batch) > i64::from(config.max_batch_size) {
+    if config.batching() && batch > config.max_batch_size {
         return Err(format!(
             "{label}: batch_size {batch} exceeds the model's max_batch_size {}",
             config.max_batch_size
         ));
     }
-    let mut unknown: Vec<&str> = setting
+    // The inputs are sorted by name, so the first unknown one is the same on every load.
+    let mut unknown = setting
         .inputs
         .keys()
-        .filter(|name| !config.input.iter().any(|i| &i.name == *name))
-        .map(String::as_str)
-        .collect();
-    unknown.sort_unstable();
-    if let Some(name) = unknown.first() {
+        .filter(|name| config.input(name).is_none());
+    if let Some(name) = unknown.next() {
         return Err(format!(
             "{label}: input '{name}' is not an input of the model"
         ));
     }
-    let batch_dim = (config.max_batch_size > 0).then_some(batch);
+    let batch_dim = config.batching().then_some(batch);
     let mut inputs = Vec::with_capacity(setting.inputs.len());
-    for spec in &config.input {
+    for spec in &config.inputs {
         match setting.inputs.get(&spec.name) {
             Some(warmup) => {
                 let label = format!("{label} input '{}'", spec.name);
@@ -113,27 +110,27 @@ fn sample(
     Ok(WarmupSample {
         name: setting.name.clone(),
         inputs,
-        outputs: config.output.iter().map(|o| o.name.clone()).collect(),
+        outputs: config.outputs.iter().map(|o| o.name.clone()).collect(),
         count: setting.count.max(1),
     })
 }
 
 /// The tensor for one input of a sample; `batch` is the batch dimension to prepend, if any.
 fn input_tensor(
-    spec: &ModelInput,
+    spec: &InputSpec,
     warmup: &WarmupInput,
     batch: Option<u32>,
     model_dir: &Path,
     label: &str,
 ) -> Result<Tensor, String> {
-    let Some(datatype) = DataType::from_config_i32(warmup.data_type) else {
+    let Some(datatype) = warmup.datatype else {
         return Err(format!("{label}: data_type must be set"));
     };
-    if warmup.data_type != spec.data_type {
+    if datatype != spec.datatype {
         return Err(format!(
             "{label}: data_type {} does not match the model input's {}",
-            type_name(warmup.data_type),
-            type_name(spec.data_type)
+            datatype.to_config().as_str_name(),
+            spec.datatype.to_config().as_str_name()
         ));
     }
     if warmup.dims.iter().any(|&d| d < 0) {
@@ -151,17 +148,15 @@ fn input_tensor(
     }
     let count =
         element_count(&warmup.dims).ok_or_else(|| format!("{label}: dims are too large"))?;
-    let item = match &warmup.input_data_type {
+    let item = match &warmup.data {
         None => {
             return Err(format!(
                 "{label}: set one of zero_data, random_data or input_data_file"
             ));
         }
-        Some(InputDataType::ZeroData(_)) => zero_item(datatype, count),
-        Some(InputDataType::RandomData(_)) => random_item(datatype, count, label),
-        Some(InputDataType::InputDataFile(file)) => {
-            file_item(datatype, count, model_dir, file, label)?
-        }
+        Some(WarmupData::Zero) => zero_item(datatype, count),
+        Some(WarmupData::Random) => random_item(datatype, count, label),
+        Some(WarmupData::File(file)) => file_item(datatype, count, model_dir, file, label)?,
     };
     let mut shape = Vec::with_capacity(warmup.dims.len() + 1);
     let data = match batch {
@@ -174,10 +169,6 @@ fn input_tensor(
     shape.extend_from_slice(&warmup.dims);
     Tensor::new(spec.name.as_str(), datatype, shape, Bytes::from(data))
         .map_err(|e| format!("{label}: {}", e.message()))
-}
-
-fn type_name(data_type: i32) -> &'static str {
-    ConfigDataType::try_from(data_type).map_or("TYPE_INVALID", |t| t.as_str_name())
 }
 
 /// Zeros; for `BYTES`, empty elements (a zero length prefix each).

@@ -76,6 +76,8 @@ fn context(repo: &Path, model: &str, instance: &str, health: &Arc<Health>) -> In
     let dir = repo.join(model);
     let mut config = nereid_data_plane::config::read_config_file(&dir).unwrap();
     config.name = model.to_string();
+    nereid_data_plane::config::fill_defaults(&mut config);
+    let config = nereid_data_plane::config::ValidModelConfig::try_from(config).unwrap();
     InstanceContext {
         model_name: model.to_string(),
         version: 1,

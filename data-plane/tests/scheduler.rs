@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use nereid_data_plane::backend::{BackendError, BackendInstance, BatchInputs};
 use nereid_data_plane::config::text::parse_model_config;
+use nereid_data_plane::config::{ValidModelConfig, fill_defaults};
 use nereid_data_plane::request_check::ValidRequest;
 use nereid_data_plane::scheduler::Scheduler;
 use nereid_data_plane::scheduler::policy::BatchPolicy;
@@ -32,8 +33,21 @@ impl BackendInstance for Sleepy {
     }
 }
 
-fn scheduler(config: &str, instances: usize) -> (Scheduler, Arc<VersionStats>) {
-    let config = parse_model_config(config).unwrap();
+/// A valid config of model "m" (input "x", output "y", both UINT32 [1]) with `batching`.
+fn config(batching: &str) -> ValidModelConfig {
+    let mut wire = parse_model_config(&format!(
+        r#"name: "m" backend: "identity"
+           input [{{name: "x" data_type: TYPE_UINT32 dims: [1]}}]
+           output [{{name: "y" data_type: TYPE_UINT32 dims: [1]}}]
+           {batching}"#
+    ))
+    .unwrap();
+    fill_defaults(&mut wire);
+    ValidModelConfig::try_from(wire).unwrap()
+}
+
+fn scheduler(batching: &str, instances: usize) -> (Scheduler, Arc<VersionStats>) {
+    let config = config(batching);
     let stats = Arc::new(VersionStats::default());
     let instances = (0..instances)
         .map(|i| {

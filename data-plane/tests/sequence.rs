@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use nereid_data_plane::backend::{BackendError, BackendInstance, BatchInputs};
 use nereid_data_plane::config::text::parse_model_config;
+use nereid_data_plane::config::{ValidModelConfig, fill_defaults};
 use nereid_data_plane::request_check::{SequenceFlags, ValidRequest};
 use nereid_data_plane::scheduler::policy::BatchPolicy;
 use nereid_data_plane::scheduler::{JobResult, Scheduler};
@@ -114,10 +115,17 @@ fn scheduler(
     instances: usize,
     delay_ms: u64,
 ) -> (Arc<Scheduler>, Log) {
-    let config = parse_model_config(&format!(
-        "max_batch_size: {max_batch} sequence_batching {{ {strategy} {CONTROLS} }}"
+    let mut wire = parse_model_config(&format!(
+        r#"name: "m" backend: "identity" max_batch_size: {max_batch}
+           input [{{name: "INPUT" data_type: TYPE_INT32 dims: [1]}}]
+           output [{{name: "OUTPUT" data_type: TYPE_INT32 dims: [1]}},
+                   {{name: "START_OUT" data_type: TYPE_INT32 dims: [1]}},
+                   {{name: "END_OUT" data_type: TYPE_INT32 dims: [1]}}]
+           sequence_batching {{ {strategy} {CONTROLS} }}"#
     ))
     .unwrap();
+    fill_defaults(&mut wire);
+    let config = ValidModelConfig::try_from(wire).unwrap();
     let log = Log::default();
     let instances = (0..instances)
         .map(|i| {

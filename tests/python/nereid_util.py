@@ -89,13 +89,18 @@ class Server:
     def grpc_url(self):
         return f"127.0.0.1:{self.grpc_port}"
 
-    def start(self):
-        if not os.access(NEREID_BIN, os.X_OK):
-            raise AssertionError(f"server binary {NEREID_BIN} missing (set NEREID_BIN or build it)")
-        self._log = open(self.log_path, "wb")
-        # Python models run on the interpreter of the test run (the venv: it has numpy).
+    def environment(self):
+        """The child's environment: Python models run on the interpreter of the test run (the
+        venv: it has numpy)."""
         env = dict(os.environ)
         env.setdefault("NEREID_PYTHON", sys.executable)
+        return env
+
+    def start(self):
+        if not os.access(self.args[0], os.X_OK):
+            raise AssertionError(f"server binary {self.args[0]} missing (set NEREID_BIN or build it)")
+        self._log = open(self.log_path, "wb")
+        env = self.environment()
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                                      env=env)

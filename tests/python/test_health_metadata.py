@@ -1,6 +1,7 @@
 """Health, readiness and metadata over HTTP, gRPC and both asyncio clients."""
 
 import asyncio
+import json
 
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http.aio as httpaio
@@ -99,10 +100,10 @@ def grpc_ready(client, name, version=""):
 
 
 def test_model_ready_unknown(server):
-    status, _, body = http_raw(server.http_url, "GET", "/v2/models/no_such_model/ready")
-    assert status == 404, body
-    status, _, body = http_raw(server.http_url, "GET", "/v2/models/simple/versions/42/ready")
-    assert status in (400, 404), body
+    """An unknown model or version is simply not ready, as in Triton 2.51 (test_triton_diff)."""
+    for path in ("/v2/models/no_such_model/ready", "/v2/models/simple/versions/42/ready"):
+        status, _, body = http_raw(server.http_url, "GET", path)
+        assert (status, json.loads(body)) == (400, {"error": "Model version not ready"}), body
 
 
 def test_aio_clients(server):

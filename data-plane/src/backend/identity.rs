@@ -19,13 +19,13 @@
 //! | `instance_wise_delay_multiplier` | `> 0`: multiply the delay by the instance's GPU id   |
 //! | `creation_delay_sec`             | sleep this long while loading each instance          |
 
-use std::path::Path;
 use std::time::Duration;
 
-use nereid_proto::pb::inference::{DataType as ConfigDataType, ModelConfig};
 use nereid_proto::{Tensor, format_shape};
 
+use super::params::non_negative;
 use super::{Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext};
+use crate::config::ValidModelConfig;
 
 /// The identity backend. Stateless: everything it needs is in the config.
 #[derive(Debug, Default)]
@@ -41,30 +41,25 @@ impl Backend for IdentityBackend {
         ""
     }
 
-    /// Nothing to read a signature from; the config must name inputs and outputs.
-    fn auto_complete(
-        &self,
-        _config: &mut ModelConfig,
-        _model_path: &Path,
-    ) -> Result<(), BackendError> {
-        Ok(())
-    }
-
     fn load_instance(
         &self,
         ctx: &InstanceContext,
     ) -> Result<Box<dyn BackendInstance>, BackendError> {
         let config = &ctx.config;
         let pairs = pair_outputs(config).map_err(BackendError::Load)?;
-        let mut delay = Duration::from_millis(parameter(config, "execute_delay_ms")?.unwrap_or(0));
-        if let (Some(multiplier), DeviceKind::Gpu { device_id }) = (
-            parameter(config, "instance_wise_delay_multiplier")?,
-            ctx.device,
-        ) && multiplier > 0
+        let parameter = |key| {
+            non_negative(&config.parameters, key)
+                .map(|v| v.map(|n| n as u64))
+                .map_err(|e| BackendError::Load(format!("model '{}': {e}", config.name)))
+        };
+        let mut delay = Duration::from_millis(parameter("execute_delay_ms")?.unwrap_or(0));
+        if let (Some(multiplier), DeviceKind::Gpu { device_id }) =
+            (parameter("instance_wise_delay_multiplier")?, ctx.device)
+            && multiplier > 0
         {
             delay *= u32::try_from(device_id.max(1)).unwrap_or(1);
         }
-        if let Some(secs) = parameter(config, "creation_delay_sec")? {
+        if let Some(secs) = parameter("creation_delay_sec")? {
             std::thread::sleep(Duration::from_secs(secs));
         }
         Ok(Box::new(IdentityInstance { pairs, delay }))
@@ -109,34 +104,34 @@ impl BackendInstance for IdentityInstance {
 
 /// Pairs every config output with the input it copies and checks that the two agree in
 /// data_type and shape (`reshape` if set, else `dims`), as Triton's identity backend does.
-fn pair_outputs(config: &ModelConfig) -> Result<Vec<(String, String)>, String> {
+fn pair_outputs(config: &ValidModelConfig) -> Result<Vec<(String, String)>, String> {
     let m = &config.name;
-    let mut pairs = Vec::with_capacity(config.output.len());
-    for (position, output) in config.output.iter().enumerate() {
+    let mut pairs = Vec::with_capacity(config.outputs.len());
+    for (position, output) in config.outputs.iter().enumerate() {
         let by_suffix = output.name.strip_prefix("OUTPUT").and_then(|suffix| {
             config
-                .input
+                .inputs
                 .iter()
                 .find(|i| i.name.strip_prefix("INPUT") == Some(suffix))
         });
-        let Some(input) = by_suffix.or_else(|| config.input.get(position)) else {
+        let Some(input) = by_suffix.or_else(|| config.inputs.get(position)) else {
             return Err(format!(
                 "model '{m}': identity output '{}' has no input to copy: output {position} copies input {position} (or OUTPUT<i> copies INPUT<i>), but the config has {} input(s)",
                 output.name,
-                config.input.len()
+                config.inputs.len()
             ));
         };
-        if input.data_type != output.data_type {
+        if input.datatype != output.datatype {
             return Err(format!(
                 "model '{m}': identity output '{}' has data_type {} but its input '{}' has {}; they must match",
                 output.name,
-                type_name(output.data_type),
+                output.datatype.to_config().as_str_name(),
                 input.name,
-                type_name(input.data_type)
+                input.datatype.to_config().as_str_name()
             ));
         }
-        let input_shape = input.reshape.as_ref().map_or(&input.dims, |r| &r.shape);
-        let output_shape = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
+        let input_shape = input.reshape.as_ref().unwrap_or(&input.dims);
+        let output_shape = output.reshape.as_ref().unwrap_or(&output.dims);
         if input_shape != output_shape {
             return Err(format!(
                 "model '{m}': identity output '{}' has shape {} but its input '{}' has {}; they must match",
@@ -151,24 +146,6 @@ fn pair_outputs(config: &ModelConfig) -> Result<Vec<(String, String)>, String> {
     Ok(pairs)
 }
 
-fn type_name(data_type: i32) -> &'static str {
-    ConfigDataType::try_from(data_type).map_or("TYPE_INVALID", |t| t.as_str_name())
-}
-
-/// A non-negative integer config parameter; `None` when absent.
-fn parameter(config: &ModelConfig, key: &str) -> Result<Option<u64>, BackendError> {
-    let Some(p) = config.parameters.get(key) else {
-        return Ok(None);
-    };
-    let text = p.string_value.trim();
-    text.parse::<u64>().map(Some).map_err(|_| {
-        BackendError::Load(format!(
-            "model '{}': parameter '{key}' must be a non-negative integer, got '{text}'",
-            config.name
-        ))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -176,7 +153,6 @@ mod tests {
     use std::time::Instant;
 
     use bytes::Bytes;
-    use nereid_proto::pb::inference::ModelParameter;
     use nereid_proto::{DataType, push_bytes_element};
 
     use super::*;
@@ -198,7 +174,7 @@ mod tests {
           { name: "OUTPUT3" data_type: TYPE_STRING dims: [ -1 ] }
         ]"#;
 
-    fn ctx(config: ModelConfig) -> InstanceContext {
+    fn ctx(config: ValidModelConfig) -> InstanceContext {
         InstanceContext {
             model_name: config.name.clone(),
             version: 1,
@@ -212,18 +188,35 @@ mod tests {
         }
     }
 
-    fn load(text: &str) -> Result<Box<dyn BackendInstance>, BackendError> {
-        IdentityBackend.load_instance(&ctx(parse_model_config(text).unwrap()))
+    fn typed(text: &str) -> ValidModelConfig {
+        ValidModelConfig::unchecked(parse_model_config(text).unwrap())
     }
 
-    fn with_param(text: &str, key: &str, value: &str) -> ModelConfig {
-        let mut c = parse_model_config(text).unwrap();
-        c.parameters.insert(
-            key.into(),
-            ModelParameter {
-                string_value: value.into(),
-            },
+    fn load(text: &str) -> Result<Box<dyn BackendInstance>, BackendError> {
+        IdentityBackend.load_instance(&ctx(typed(text)))
+    }
+
+    /// The load failure of a model with one FP32 input of dims [2] and `outputs`.
+    fn load_error(outputs: &str) -> String {
+        let text = format!(
+            r#"name: "m" backend: "identity"
+            input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [2] }}]
+            output [{outputs}]"#
         );
+        match load(&text) {
+            Err(BackendError::Load(m)) => m,
+            Err(e) => panic!("outputs {outputs}: {e:?}"),
+            Ok(_) => panic!("outputs {outputs} loaded"),
+        }
+    }
+
+    fn pairs(text: &str) -> Vec<(String, String)> {
+        pair_outputs(&typed(text)).unwrap()
+    }
+
+    fn with_param(text: &str, key: &str, value: &str) -> ValidModelConfig {
+        let mut c = typed(text);
+        c.parameters.insert(key.into(), value.into());
         c
     }
 
@@ -306,18 +299,15 @@ mod tests {
         let positional = r#"name: "p" backend: "identity"
             input [{ name: "a" data_type: TYPE_INT32 dims: [1] }, { name: "b" data_type: TYPE_FP32 dims: [1] }]
             output [{ name: "x" data_type: TYPE_INT32 dims: [1] }, { name: "y" data_type: TYPE_FP32 dims: [1] }]"#;
-        let c = parse_model_config(positional).unwrap();
         assert_eq!(
-            pair_outputs(&c).unwrap(),
+            pairs(positional),
             [("x".into(), "a".into()), ("y".into(), "b".into())]
         );
         let swapped = r#"name: "s" backend: "identity"
             input [{ name: "INPUT1" data_type: TYPE_INT32 dims: [1] }, { name: "INPUT0" data_type: TYPE_FP32 dims: [1] }]
             output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [1] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [1] }]"#;
-        let c = parse_model_config(swapped).unwrap();
-        let pairs = pair_outputs(&c).unwrap();
         assert_eq!(
-            pairs,
+            pairs(swapped),
             [
                 ("OUTPUT0".into(), "INPUT0".into()),
                 ("OUTPUT1".into(), "INPUT1".into())
@@ -327,32 +317,15 @@ mod tests {
 
     #[test]
     fn load_refuses_outputs_that_do_not_match_an_input() {
-        let Err(BackendError::Load(m)) = load(
-            r#"name: "m" backend: "identity"
-            input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [2] }]
-            output [{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [2] }]"#,
-        ) else {
-            panic!("dtype mismatch loaded")
-        };
         assert_eq!(
-            m,
+            load_error(r#"{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [2] }"#),
             "model 'm': identity output 'OUTPUT0' has data_type TYPE_INT32 but its input 'INPUT0' has TYPE_FP32; they must match"
         );
-        let Err(BackendError::Load(m)) = load(
-            r#"name: "m" backend: "identity"
-            input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [2] }]
-            output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [2] }, { name: "extra" data_type: TYPE_FP32 dims: [2] }]"#,
-        ) else {
-            panic!("output without input loaded")
-        };
+        let m = load_error(
+            r#"{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [2] }, { name: "extra" data_type: TYPE_FP32 dims: [2] }"#,
+        );
         assert!(m.contains("'extra' has no input to copy"), "{m}");
-        let Err(BackendError::Load(m)) = load(
-            r#"name: "m" backend: "identity"
-            input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [2] }]
-            output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [3] }]"#,
-        ) else {
-            panic!("shape mismatch loaded")
-        };
+        let m = load_error(r#"{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [3] }"#);
         assert!(
             m.contains("shape [3] but its input 'INPUT0' has [2]"),
             "{m}"
@@ -407,7 +380,7 @@ mod tests {
         assert_eq!(complete.backend, "identity");
         assert_eq!(complete.default_model_filename, "");
         let backend = backends.get(&complete.backend).unwrap();
-        let mut c = ctx(complete.wire().clone());
+        let mut c = ctx(complete);
         c.model_path = version.join(&c.config.default_model_filename);
         let mut instance = backend.load_instance(&c).unwrap();
         assert_eq!(

@@ -1,10 +1,16 @@
 //! Backends: the code that loads a model version's files and executes requests on them.
 //!
 //! ```text
-//!  ModelConfig + version dir ──► Backend::auto_complete (fill inputs/outputs/batching from file)
-//!                            ──► Backend::load_instance ×N (one per instance_group instance)
+//!  ModelConfig (wire) + version dir ──► Backend::auto_complete (fill inputs/outputs/batching
+//!                                       from the file; before validation)
+//!  ValidModelConfig + version dir   ──► Backend::load_instance ×N (one per instance)
 //!  instance thread:  BackendInstance::execute(&BatchInputs) -> outputs   (blocking, never on tokio)
 //! ```
+//!
+//! Backends load from the typed [`ValidModelConfig`]. The wire config stays only where the
+//! repository loader hands it over: `auto_complete` runs on the wire config before it is
+//! validated and typed (it completes what validation then checks). The Python backend also
+//! renders the validated config's wire form as Triton's JSON for the model's `initialize`.
 //!
 //! A backend is chosen by the config's `backend` / `platform` ([`crate::config`] normalizes
 //! them). Instances are synchronous: each runs on its own OS thread owned by the model's
@@ -22,8 +28,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, Weak};
 
+use nereid_proto::InferenceService;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::{CorrelationId, InferenceService, Parameters, Tensor};
+
+use crate::config::ValidModelConfig;
+use nereid_proto::{CorrelationId, Parameters, Tensor};
 use parking_lot::Mutex;
 
 pub use self::batch_inputs::{BatchInput, BatchInputs};
@@ -62,8 +71,8 @@ pub struct InstanceContext {
     pub model_dir: PathBuf,
     /// The model file or directory inside the version directory (e.g. `<repo>/<model>/1/model.onnx`).
     pub model_path: PathBuf,
-    /// The complete, validated config.
-    pub config: Arc<ModelConfig>,
+    /// The complete, validated config, shared by the version's instances.
+    pub config: Arc<ValidModelConfig>,
     /// Instance name as Triton forms it: `<group name>_<index in group>`.
     pub instance_name: String,
     pub device: DeviceKind,
@@ -198,6 +207,13 @@ pub trait BackendInstance: Send {
     }
 }
 
+impl BackendError {
+    /// An auto-complete failure of `model`, with Triton's wording.
+    fn auto_complete(model: &str, reason: impl std::fmt::Display) -> BackendError {
+        BackendError::Load(format!("unable to auto-complete model '{model}': {reason}"))
+    }
+}
+
 /// A kind of model (ONNX Runtime, PyTorch, Python...).
 pub trait Backend: Send + Sync {
     /// Triton's backend name (`onnxruntime`).
@@ -205,12 +221,16 @@ pub trait Backend: Send + Sync {
     /// Default model file name inside a version directory (`model.onnx`).
     fn default_model_filename(&self) -> &'static str;
     /// Fills what the config leaves out (inputs, outputs, `max_batch_size`) from the model file,
-    /// the way Triton's backend does. Called only when auto-complete is enabled.
+    /// the way Triton's backend does. Called only when auto-complete is enabled. The default
+    /// keeps the config as it is: for backends with no file to read a signature from.
     fn auto_complete(
         &self,
         config: &mut ModelConfig,
         model_path: &std::path::Path,
-    ) -> Result<(), BackendError>;
+    ) -> Result<(), BackendError> {
+        let _ = (config, model_path);
+        Ok(())
+    }
     /// Loads one instance. Fails with [`BackendError::Load`] and a reason the user can act on.
     fn load_instance(
         &self,

@@ -1,15 +1,18 @@
 //! Reading a model config's `parameters` (string values, as Triton's backends read them), with
 //! errors that name the parameter and what its value must be.
 
-use nereid_proto::pb::inference::ModelConfig;
+use std::collections::BTreeMap;
+
+/// A config's `parameters`, by key ([`crate::config::ValidModelConfig::parameters`]).
+pub(crate) type Params = BTreeMap<String, String>;
 
 /// The trimmed value of parameter `key`, if set.
-pub(crate) fn param<'c>(config: &'c ModelConfig, key: &str) -> Option<&'c str> {
-    config.parameters.get(key).map(|p| p.string_value.trim())
+pub(crate) fn param<'c>(params: &'c Params, key: &str) -> Option<&'c str> {
+    params.get(key).map(|v| v.trim())
 }
 
-pub(crate) fn non_negative(config: &ModelConfig, key: &str) -> Result<Option<usize>, String> {
-    match param(config, key) {
+pub(crate) fn non_negative(params: &Params, key: &str) -> Result<Option<usize>, String> {
+    match param(params, key) {
         None => Ok(None),
         Some(v) => v
             .parse::<usize>()
@@ -19,8 +22,8 @@ pub(crate) fn non_negative(config: &ModelConfig, key: &str) -> Result<Option<usi
 }
 
 /// Triton's `ParseBoolValue`: true/on/1 and false/off/0, any case.
-pub(crate) fn boolean(config: &ModelConfig, key: &str) -> Result<Option<bool>, String> {
-    match param(config, key) {
+pub(crate) fn boolean(params: &Params, key: &str) -> Result<Option<bool>, String> {
+    match param(params, key) {
         None => Ok(None),
         Some(v) => match v.to_ascii_lowercase().as_str() {
             "true" | "on" | "1" => Ok(Some(true)),
@@ -34,15 +37,10 @@ pub(crate) fn boolean(config: &ModelConfig, key: &str) -> Result<Option<bool>, S
 
 /// A config with only these `parameters`, for tests of the readers above and their users.
 #[cfg(test)]
-pub(crate) fn config_with(params: &[(&str, &str)]) -> ModelConfig {
-    let mut c = ModelConfig::default();
+pub(crate) fn config_with(params: &[(&str, &str)]) -> crate::config::ValidModelConfig {
+    let mut c = crate::config::ValidModelConfig::unchecked(Default::default());
     for (k, v) in params {
-        c.parameters.insert(
-            k.to_string(),
-            nereid_proto::pb::inference::ModelParameter {
-                string_value: v.to_string(),
-            },
-        );
+        c.parameters.insert(k.to_string(), v.to_string());
     }
     c
 }

@@ -17,15 +17,20 @@ mod valid;
 pub mod validate;
 
 pub use valid::{
-    EnsembleStep, GroupKind, InputSpec, InstanceGroup, OutputSpec, Scheduling, SequenceIo, StateIo,
-    ValidModelConfig, composing_models, ensemble_steps,
+    ControlKind, DynamicBatching, EnsembleStep, GroupKind, InputSpec, InstanceGroup, OutputSpec,
+    QueuePolicy, Scheduling, SequenceBatching, SequenceControl, SequenceStrategy, StateIo,
+    TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting, composing_models,
+    ensemble_steps, parameters,
 };
 
 use std::path::{Path, PathBuf};
 
 use nereid_proto::pb::inference::model_instance_group::Kind;
+use nereid_proto::pb::inference::model_optimization_policy::PinnedMemoryBuffer;
 use nereid_proto::pb::inference::model_version_policy::{Latest, PolicyChoice};
-use nereid_proto::pb::inference::{ModelConfig, ModelInstanceGroup, ModelVersionPolicy};
+use nereid_proto::pb::inference::{
+    ModelConfig, ModelInstanceGroup, ModelOptimizationPolicy, ModelVersionPolicy,
+};
 
 use crate::backend::Backends;
 
@@ -209,9 +214,11 @@ pub fn fill_platform_and_backend(
     Ok(())
 }
 
-/// Defaults Triton fills in every config: version policy (latest 1) and instance groups (one
-/// CPU group; two instances for ONNX Runtime on CPU, one otherwise; named `<model>_<index>`).
-/// `KIND_AUTO` resolves to `KIND_CPU` (GPU instances need an explicit `KIND_GPU` here).
+/// Defaults Triton fills in every config: version policy (latest 1), the optimization policy's
+/// pinned-memory switches (on) and instance groups (one CPU group named after the model when
+/// none is declared; two instances for ONNX Runtime on CPU, one otherwise; an unnamed declared
+/// group is named `<model>_<index>`). `KIND_AUTO` resolves to `KIND_CPU` (GPU instances need an
+/// explicit `KIND_GPU` here).
 pub fn fill_defaults(config: &mut ModelConfig) {
     if config
         .version_policy
@@ -226,8 +233,20 @@ pub fn fill_defaults(config: &mut ModelConfig) {
     if config.platform == "ensemble" {
         return;
     }
+    let optimization = config
+        .optimization
+        .get_or_insert_with(ModelOptimizationPolicy::default);
+    for pinned in [
+        &mut optimization.input_pinned_memory,
+        &mut optimization.output_pinned_memory,
+    ] {
+        pinned.get_or_insert(PinnedMemoryBuffer { enable: true });
+    }
     if config.instance_group.is_empty() {
-        config.instance_group.push(ModelInstanceGroup::default());
+        config.instance_group.push(ModelInstanceGroup {
+            name: config.name.clone(),
+            ..Default::default()
+        });
     }
     let default_count = if config.backend == "onnxruntime" {
         2
@@ -315,13 +334,30 @@ mod tests {
         };
         fill_defaults(&mut c);
         assert_eq!(c.instance_group.len(), 1);
-        assert_eq!(c.instance_group[0].name, "m_0");
+        assert_eq!(c.instance_group[0].name, "m");
         assert_eq!(c.instance_group[0].count, 2);
         assert_eq!(c.instance_group[0].kind, Kind::Cpu as i32);
         assert!(matches!(
             c.version_policy.unwrap().policy_choice,
             Some(PolicyChoice::Latest(Latest { num_versions: 1 }))
         ));
+        let optimization = c.optimization.unwrap();
+        assert_eq!(
+            optimization.input_pinned_memory,
+            Some(PinnedMemoryBuffer { enable: true })
+        );
+        assert_eq!(
+            optimization.output_pinned_memory,
+            Some(PinnedMemoryBuffer { enable: true })
+        );
+        // A declared group without a name is named by its index.
+        let mut c = ModelConfig {
+            name: "m".into(),
+            instance_group: vec![ModelInstanceGroup::default(); 2],
+            ..Default::default()
+        };
+        fill_defaults(&mut c);
+        assert_eq!(c.instance_group[1].name, "m_1");
     }
 
     #[test]

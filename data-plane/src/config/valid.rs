@@ -2,15 +2,17 @@
 //!
 //! ```text
 //! ModelConfig (wire, after complete/defaults) ──TryFrom──► validate::validate (every problem)
-//!                                                        ──► typed I/O, batching, scheduling,
-//!                                                            instance groups, parameters
+//!                                                        ──► typed I/O, batching policies
+//!                                                            (batching.rs), warm-up
+//!                                                            (warmup.rs), instance groups,
+//!                                                            parameters, optimization
 //! ```
 //!
-//! The request path, the manager and the ensemble planner read the typed fields; nothing
-//! after a load re-matches the wire config's scheduling choice or converts its data types.
-//! The wire form stays available through [`ValidModelConfig::wire`] for the places that speak
-//! the wire: the model-config API (JSON rendering), the backends' own option readers, and the
-//! scheduler's policy builders, which are the next to move onto typed fields.
+//! The request path, the manager, the scheduler, the backends and the ensemble planner read the
+//! typed fields; nothing after a load re-matches the wire config's scheduling choice or converts
+//! its data types. The wire form stays available through [`ValidModelConfig::wire`] for the
+//! places that speak the wire: the model-config API (JSON rendering) and the Python backend,
+//! which hands Triton's JSON form of the config to the model's `initialize`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +24,15 @@ use nereid_proto::pb::inference::model_instance_group::Kind;
 
 use super::ConfigError;
 use super::validate;
+
+mod batching;
+mod warmup;
+
+pub use self::batching::{
+    ControlKind, DynamicBatching, QueuePolicy, SequenceBatching, SequenceControl, SequenceStrategy,
+    StateIo, TimeoutAction,
+};
+pub use self::warmup::{WarmupData, WarmupInput, WarmupSetting};
 
 /// A model config that passed every load-time check.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,6 +57,14 @@ pub struct ValidModelConfig {
     pub decoupled: bool,
     /// The model file or directory inside a version directory.
     pub default_model_filename: String,
+    /// `model_warmup`: the samples every instance runs before the version is READY.
+    pub warmup: Vec<WarmupSetting>,
+    /// `optimization.graph.level` (0 when absent); backends map it to their own levels.
+    pub graph_level: i32,
+    /// The inputs `batch_input` entries feed (the server computes them, clients do not send them).
+    pub batch_input_targets: Vec<String>,
+    /// The outputs `batch_output` entries produce.
+    pub batch_output_targets: Vec<String>,
     wire: Arc<ModelConfig>,
 }
 
@@ -60,6 +79,8 @@ pub struct InputSpec {
     pub reshape: Option<Vec<i64>>,
     /// A request may leave it out.
     pub optional: bool,
+    /// `allow_ragged_batch`: requests of a batch may differ in shape.
+    pub allow_ragged_batch: bool,
 }
 
 /// One declared output.
@@ -79,9 +100,9 @@ pub enum Scheduling {
     /// No choice: requests run as they come, one per instance execution.
     Direct,
     /// `dynamic_batching`: requests join batches.
-    Dynamic,
+    Dynamic(DynamicBatching),
     /// `sequence_batching`: requests of one correlation id run in order on one slot.
-    Sequence(SequenceIo),
+    Sequence(SequenceBatching),
     /// `ensemble_scheduling`: steps over composing models.
     Ensemble(Vec<EnsembleStep>),
 }
@@ -140,22 +161,6 @@ fn step_models(steps: &[EnsembleStep]) -> Vec<String> {
     names
 }
 
-/// The tensors a sequence batcher feeds or keeps itself, which requests therefore do not
-/// send (inputs) and may ask for (state outputs).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SequenceIo {
-    /// Control inputs (start, end, ready, correlation id).
-    pub control_inputs: Vec<String>,
-    /// Implicit state: the input the state is fed through, the output it is read from.
-    pub states: Vec<StateIo>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StateIo {
-    pub input_name: String,
-    pub output_name: String,
-}
-
 /// One `instance_group`, with `KIND_AUTO` already resolved by the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceGroup {
@@ -182,11 +187,6 @@ impl ValidModelConfig {
         &self.wire
     }
 
-    /// The wire form as a shared handle, for the instances of a version (no copy).
-    pub fn wire_shared(&self) -> Arc<ModelConfig> {
-        self.wire.clone()
-    }
-
     /// Types a config without validating it: for tests of code that reads configs.
     #[cfg(test)]
     pub(crate) fn unchecked(wire: ModelConfig) -> ValidModelConfig {
@@ -209,11 +209,19 @@ impl ValidModelConfig {
         self.outputs.iter().find(|o| o.name == name)
     }
 
-    /// The sequence batcher's own tensors, for `sequence_batching` models.
-    pub fn sequence(&self) -> Option<&SequenceIo> {
+    /// The sequence batching policy, for `sequence_batching` models.
+    pub fn sequence(&self) -> Option<&SequenceBatching> {
         match &self.scheduling {
-            Scheduling::Sequence(io) => Some(io),
-            Scheduling::Direct | Scheduling::Dynamic | Scheduling::Ensemble(_) => None,
+            Scheduling::Sequence(sb) => Some(sb),
+            Scheduling::Direct | Scheduling::Dynamic(_) | Scheduling::Ensemble(_) => None,
+        }
+    }
+
+    /// The dynamic batching policy, for `dynamic_batching` models.
+    pub fn dynamic(&self) -> Option<&DynamicBatching> {
+        match &self.scheduling {
+            Scheduling::Dynamic(db) => Some(db),
+            Scheduling::Direct | Scheduling::Sequence(_) | Scheduling::Ensemble(_) => None,
         }
     }
 
@@ -221,7 +229,7 @@ impl ValidModelConfig {
     pub fn ensemble_steps(&self) -> &[EnsembleStep] {
         match &self.scheduling {
             Scheduling::Ensemble(steps) => steps,
-            Scheduling::Direct | Scheduling::Dynamic | Scheduling::Sequence(_) => &[],
+            Scheduling::Direct | Scheduling::Dynamic(_) | Scheduling::Sequence(_) => &[],
         }
     }
 
@@ -248,6 +256,15 @@ impl TryFrom<ModelConfig> for ValidModelConfig {
     }
 }
 
+/// A wire config's `parameters` by key, with their string values (what Triton's backends
+/// read). Also used on the wire config before validation, by backends that auto-complete.
+pub fn parameters(wire: &ModelConfig) -> BTreeMap<String, String> {
+    wire.parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.string_value.clone()))
+        .collect()
+}
+
 /// The typed view of a config that passed validation. The checks here are the ones the
 /// conversion itself needs (data types the server knows).
 fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
@@ -271,6 +288,7 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
                 dims: i.dims.clone(),
                 reshape: reshape(i.reshape.as_ref()),
                 optional: i.optional,
+                allow_ragged_batch: i.allow_ragged_batch,
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -288,21 +306,15 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
         .collect::<Result<Vec<_>, String>>()?;
     let scheduling = match &wire.scheduling_choice {
         None => Scheduling::Direct,
-        Some(SchedulingChoice::DynamicBatching(_)) => Scheduling::Dynamic,
+        Some(SchedulingChoice::DynamicBatching(db)) => {
+            Scheduling::Dynamic(DynamicBatching::from_wire(db))
+        }
         Some(SchedulingChoice::EnsembleScheduling(_)) => {
             Scheduling::Ensemble(ensemble_steps(&wire))
         }
-        Some(SchedulingChoice::SequenceBatching(sb)) => Scheduling::Sequence(SequenceIo {
-            control_inputs: sb.control_input.iter().map(|c| c.name.clone()).collect(),
-            states: sb
-                .state
-                .iter()
-                .map(|s| StateIo {
-                    input_name: s.input_name.clone(),
-                    output_name: s.output_name.clone(),
-                })
-                .collect(),
-        }),
+        Some(SchedulingChoice::SequenceBatching(sb)) => {
+            Scheduling::Sequence(SequenceBatching::from_wire(sb))
+        }
     };
     let instance_groups = wire
         .instance_group
@@ -323,11 +335,6 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
             },
         })
         .collect();
-    let parameters = wire
-        .parameters
-        .iter()
-        .map(|(k, v)| (k.clone(), v.string_value.clone()))
-        .collect();
     Ok(ValidModelConfig {
         name: wire.name.clone(),
         platform: wire.platform.clone(),
@@ -337,12 +344,32 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
         outputs,
         scheduling,
         instance_groups,
-        parameters,
+        parameters: parameters(&wire),
         decoupled: wire
             .model_transaction_policy
             .as_ref()
             .is_some_and(|p| p.decoupled),
         default_model_filename: wire.default_model_filename.clone(),
+        warmup: wire
+            .model_warmup
+            .iter()
+            .map(WarmupSetting::from_wire)
+            .collect(),
+        graph_level: wire
+            .optimization
+            .as_ref()
+            .and_then(|o| o.graph.as_ref())
+            .map_or(0, |g| g.level),
+        batch_input_targets: wire
+            .batch_input
+            .iter()
+            .flat_map(|b| b.target_name.iter().cloned())
+            .collect(),
+        batch_output_targets: wire
+            .batch_output
+            .iter()
+            .flat_map(|b| b.target_name.iter().cloned())
+            .collect(),
         wire: Arc::new(wire),
     })
 }
@@ -385,12 +412,66 @@ mod tests {
         let io = c.sequence().unwrap();
         assert_eq!(io.control_inputs, vec!["START"]);
         assert_eq!(io.states[0].output_name, "so");
+        assert_eq!(
+            (io.states[0].datatype, io.states[0].initial_dims.clone()),
+            (DataType::Fp32, vec![1])
+        );
+        assert_eq!(io.controls[0].kind, ControlKind::Start);
+        assert_eq!(io.controls[0].values[1], 1f32.to_le_bytes().to_vec());
         assert_eq!(c.instance_groups[0].kind, GroupKind::Gpu { gpus: vec![0] });
         assert_eq!(c.instance_groups[0].count, 2);
         assert_eq!(c.instance_groups[1].kind, GroupKind::Cpu);
         assert_eq!(c.parameters["k"], "v");
         assert!(!c.decoupled);
         assert_eq!(c.wire().name, "s");
+    }
+
+    #[test]
+    fn types_dynamic_batching_optimization_and_batch_tensors() {
+        let c = ValidModelConfig::try_from(parse(
+            r#"name: "b" backend: "onnxruntime" max_batch_size: 8
+               input [{name: "a" data_type: TYPE_FP32 dims: [-1] allow_ragged_batch: true}]
+               output [{name: "y" data_type: TYPE_FP32 dims: [1]}]
+               batch_input [{kind: BATCH_ELEMENT_COUNT target_name: ["n"] data_type: TYPE_FP32 source_input: ["a"]}]
+               batch_output [{kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: ["y"] source_input: ["a"]}]
+               optimization { graph { level: 1 } }
+               dynamic_batching { preferred_batch_size: [4, 2, 4] priority_levels: 2 default_priority_level: 2 }"#,
+        ))
+        .unwrap();
+        let db = c.dynamic().unwrap();
+        assert_eq!(db.preferred_batch_sizes, vec![2, 4]);
+        assert_eq!((db.priority_levels, db.default_priority_level), (2, 2));
+        assert_eq!(db.queue_policies, vec![QueuePolicy::default(); 2]);
+        assert!(c.sequence().is_none());
+        assert_eq!(c.graph_level, 1);
+        assert!(c.input("a").unwrap().allow_ragged_batch);
+        assert_eq!(c.batch_input_targets, vec!["n"]);
+        assert_eq!(c.batch_output_targets, vec!["y"]);
+    }
+
+    #[test]
+    fn types_warmup_samples() {
+        let c = ValidModelConfig::unchecked(parse(
+            r#"name: "w" backend: "identity"
+               model_warmup [{ name: "s" batch_size: 1 count: 2 inputs [
+                 { key: "b" value: { data_type: TYPE_INT32 dims: [1] input_data_file: "f" } },
+                 { key: "a" value: { dims: [2] random_data: true } }
+               ] }]"#,
+        ));
+        let w = &c.warmup[0];
+        assert_eq!((w.name.as_str(), w.batch_size, w.count), ("s", 1, 2));
+        let names: Vec<&str> = w.inputs.keys().map(String::as_str).collect();
+        assert_eq!(names, ["a", "b"], "sorted by name");
+        assert_eq!(
+            w.inputs["a"],
+            WarmupInput {
+                datatype: None,
+                dims: vec![2],
+                data: Some(WarmupData::Random)
+            }
+        );
+        assert_eq!(w.inputs["b"].datatype, Some(DataType::Int32));
+        assert_eq!(w.inputs["b"].data, Some(WarmupData::File("f".into())));
     }
 
     #[test]

@@ -15,8 +15,8 @@ use nereid_proto::pb::inference::ModelConfig;
 
 use super::dependencies::ModelsView;
 use crate::backend::{
-    BackendError, BackendInstance, Backends, BatchInputs, DeviceKind, Health, InstanceContext,
-    RequestView, ServerHandle,
+    Backend, BackendError, BackendInstance, Backends, BatchInputs, DeviceKind, Health,
+    InstanceContext, RequestView, ServerHandle,
 };
 use crate::config::{self, CompleteOptions, GroupKind, ValidModelConfig};
 use crate::ensemble::{self, EnsemblePlan};
@@ -134,76 +134,92 @@ pub fn build(
     if config.platform == ensemble::PLATFORM {
         let plan = ensemble::plan(&config, |model, version| models.config(model, version))
             .map_err(|e| fail(e, &selected))?;
-        return Ok(build_ensemble(
-            input, &config, plan, &selected, &dirs, running,
-        ));
+        let plan = Arc::new(plan);
+        // No instances of its own: a running version is kept while its plan is unchanged too.
+        return build_versions(
+            input,
+            &config,
+            (&selected, &dirs),
+            running,
+            |old| old.plan().is_some_and(|p| **p == *plan),
+            |_, _| Ok(VersionParts::new(Runner::Ensemble(plan.clone()))),
+        );
     }
     let backend = backends
         .get(&config.backend)
         .map_err(|e| fail(e, &selected))?;
+    build_versions(
+        input,
+        &config,
+        (&selected, &dirs),
+        running,
+        |_| true,
+        |version, dir| {
+            load_version(
+                input,
+                backend.as_ref(),
+                &config,
+                (version, dir),
+                backends.server(),
+            )
+            .map_err(|e| fail(e, &selected))
+        },
+    )
+}
 
+/// What a built version runs on: its runner, and the statistics and health board the runner
+/// shares with the version.
+struct VersionParts {
+    runner: Runner,
+    stats: Arc<VersionStats>,
+    health: Arc<Health>,
+}
+
+impl VersionParts {
+    /// A runner that shares nothing with the version yet.
+    fn new(runner: Runner) -> VersionParts {
+        VersionParts {
+            runner,
+            stats: Arc::new(VersionStats::default()),
+            health: Arc::new(Health::default()),
+        }
+    }
+}
+
+/// The served versions (`selected`, in `dirs`) of a model. A running version whose directory
+/// and config are unchanged, and that `still_fits`, is kept (with its statistics); every other
+/// is built by `build_version`.
+fn build_versions(
+    input: &BuildInput,
+    config: &Arc<ValidModelConfig>,
+    (selected, dirs): (&[i64], &[PathBuf]),
+    running: &BTreeMap<i64, Arc<LoadedVersion>>,
+    still_fits: impl Fn(&LoadedVersion) -> bool,
+    mut build_version: impl FnMut(i64, &Path) -> Result<VersionParts, BuildError>,
+) -> Result<Built, BuildError> {
     let mut versions = BTreeMap::new();
-    for (&version, dir) in selected.iter().zip(&dirs) {
+    for (&version, dir) in selected.iter().zip(dirs) {
         let fingerprint = Fingerprint::of(dir);
         if let Some(old) = running.get(&version)
             && old.fingerprint == fingerprint
-            && *old.config == *config
+            && old.config == *config
+            && still_fits(old)
         {
             versions.insert(version, old.clone());
             continue;
         }
-        let model_path = dir.join(&config.default_model_filename);
-        let health = Arc::new(Health::default());
-        let contexts = instance_contexts(
-            &input.name,
-            version,
-            &input.dir,
-            &model_path,
-            &config,
-            (&health, backends.server()),
-        );
-        let load_error = |e: BackendError| {
-            fail(
-                format!("failed to load '{}' version {version}: {e}", input.name),
-                &selected,
-            )
-        };
-        let samples = warmup_samples(config.wire(), &input.dir).map_err(|e| fail(e, &selected))?;
-        let load_started = std::time::Instant::now();
-        let rss_before = crate::probe::host::process_rss();
-        let mut instances = Vec::with_capacity(contexts.len());
-        for ctx in &contexts {
-            let mut instance = backend.load_instance(ctx).map_err(load_error)?;
-            warm_up(instance.as_mut(), &samples, &ctx.instance_name)
-                .map_err(|e| fail(e, &selected))?;
-            instances.push((ctx.instance_name.clone(), instance));
-        }
-        let stats = Arc::new(VersionStats::default());
-        let scheduler = Scheduler::start(
-            &input.name,
-            BatchPolicy::from_config(config.wire()),
-            instances,
-            stats.clone(),
-            input.queue_capacity,
-        )
-        .map_err(load_error)?;
-        stats.set_load(LoadReport {
-            duration: load_started.elapsed(),
-            memory_bytes: crate::probe::host::process_rss()
-                .zip(rss_before)
-                .map_or(0, |(after, before)| after.saturating_sub(before)),
-        });
+        let VersionParts {
+            runner,
+            stats,
+            health,
+        } = build_version(version, dir)?;
         versions.insert(
             version,
             Arc::new(LoadedVersion {
                 name: input.name.clone(),
                 version,
                 config: config.clone(),
-                runner: if config.decoupled {
-                    Runner::Decoupled(scheduler)
-                } else {
-                    Runner::Batched(scheduler)
-                },
+                runner,
                 stats,
                 fingerprint,
                 health,
@@ -213,42 +229,60 @@ pub fn build(
     Ok(Built { versions })
 }
 
-/// The versions of an ensemble: its plan, no instances. A running version is kept (with its
-/// statistics) while its directory, config and plan are unchanged.
-fn build_ensemble(
+/// Loads the instances of one version from `dir`, warms each up and starts the scheduler.
+/// `Err` is the version's load failure reason.
+fn load_version(
     input: &BuildInput,
+    backend: &dyn Backend,
     config: &Arc<ValidModelConfig>,
-    plan: EnsemblePlan,
-    selected: &[i64],
-    dirs: &[PathBuf],
-    running: &BTreeMap<i64, Arc<LoadedVersion>>,
-) -> Built {
-    let plan = Arc::new(plan);
-    let mut versions = BTreeMap::new();
-    for (&version, dir) in selected.iter().zip(dirs) {
-        let fingerprint = Fingerprint::of(dir);
-        if let Some(old) = running.get(&version)
-            && old.fingerprint == fingerprint
-            && *old.config == **config
-            && old.plan().is_some_and(|p| **p == *plan)
-        {
-            versions.insert(version, old.clone());
-            continue;
-        }
-        versions.insert(
-            version,
-            Arc::new(LoadedVersion {
-                name: input.name.clone(),
-                version,
-                config: config.clone(),
-                runner: Runner::Ensemble(plan.clone()),
-                stats: Arc::new(VersionStats::default()),
-                fingerprint,
-                health: Arc::new(Health::default()),
-            }),
-        );
+    (version, dir): (i64, &Path),
+    server: &Arc<ServerHandle>,
+) -> Result<VersionParts, String> {
+    let model_path = dir.join(&config.default_model_filename);
+    let health = Arc::new(Health::default());
+    let contexts = instance_contexts(
+        &input.name,
+        version,
+        &input.dir,
+        &model_path,
+        config,
+        (&health, server),
+    );
+    let load_error =
+        |e: BackendError| format!("failed to load '{}' version {version}: {e}", input.name);
+    let samples = warmup_samples(config, &input.dir)?;
+    let load_started = std::time::Instant::now();
+    let rss_before = crate::probe::host::process_rss();
+    let mut instances = Vec::with_capacity(contexts.len());
+    for ctx in &contexts {
+        let mut instance = backend.load_instance(ctx).map_err(load_error)?;
+        warm_up(instance.as_mut(), &samples, &ctx.instance_name)?;
+        instances.push((ctx.instance_name.clone(), instance));
     }
-    Built { versions }
+    let stats = Arc::new(VersionStats::default());
+    let scheduler = Scheduler::start(
+        &input.name,
+        BatchPolicy::from_config(config),
+        instances,
+        stats.clone(),
+        input.queue_capacity,
+    )
+    .map_err(load_error)?;
+    stats.set_load(LoadReport {
+        duration: load_started.elapsed(),
+        memory_bytes: crate::probe::host::process_rss()
+            .zip(rss_before)
+            .map_or(0, |(after, before)| after.saturating_sub(before)),
+    });
+    Ok(VersionParts {
+        runner: if config.decoupled {
+            Runner::Decoupled(scheduler)
+        } else {
+            Runner::Batched(scheduler)
+        },
+        stats,
+        health,
+    })
 }
 
 /// One context per instance of every instance group (`KIND_GPU` groups: `count` per listed GPU).
@@ -260,8 +294,6 @@ fn instance_contexts(
     config: &Arc<ValidModelConfig>,
     (health, server): (&Arc<Health>, &Arc<ServerHandle>),
 ) -> Vec<InstanceContext> {
-    // Backends still read the wire form, shared by the version's instances.
-    let wire = config.wire_shared();
     let mut contexts = Vec::new();
     for group in &config.instance_groups {
         let devices: Vec<DeviceKind> = match &group.kind {
@@ -279,7 +311,7 @@ fn instance_contexts(
                     version,
                     model_dir: model_dir.to_path_buf(),
                     model_path: model_path.to_path_buf(),
-                    config: wire.clone(),
+                    config: config.clone(),
                     instance_name: format!("{}_{index}", group.name),
                     device,
                     health: health.clone(),

@@ -91,7 +91,8 @@ struct ModelEntry {
     state: ModelState,
     reason: String,
     versions: BTreeMap<i64, Arc<LoadedVersion>>,
-    /// Versions that failed to load, shown as UNAVAILABLE in the index.
+    /// Versions listed as UNAVAILABLE in the index although not served: those that failed to
+    /// load, or were unloaded (Triton keeps an unloaded version's row).
     failed_versions: Vec<i64>,
     /// The model's directory fingerprint at the last load (poll mode compares it).
     fingerprint: Option<Fingerprint>,
@@ -271,7 +272,9 @@ impl ModelManager {
                     )));
                 }
                 let Some(model_dir) = scan.models.get(name) else {
-                    return Err(ServiceError::invalid(format!(
+                    // Triton answers a load of a model no repository has with HTTP 500 / gRPC
+                    // INTERNAL.
+                    return Err(ServiceError::internal(format!(
                         "failed to load '{name}', failed to poll from model repository"
                     )));
                 };
@@ -452,8 +455,10 @@ impl ModelManager {
                 "failed to unload '{name}', model is not loaded"
             )));
         };
+        if !entry.versions.is_empty() {
+            entry.failed_versions = entry.versions.keys().copied().collect();
+        }
         entry.versions.clear();
-        entry.failed_versions.clear();
         entry.state = ModelState::Unavailable;
         entry.reason = "unloaded".to_string();
         entry.overridden = None;

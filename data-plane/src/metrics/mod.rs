@@ -311,7 +311,7 @@ mod tests {
         let stats = Arc::new(VersionStats::default());
         let scheduler = Scheduler::start(
             name,
-            BatchPolicy::from_config(config.wire()),
+            BatchPolicy::from_config(&config),
             Vec::new(),
             stats.clone(),
             4,

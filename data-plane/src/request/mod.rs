@@ -66,7 +66,7 @@ impl LoadedVersion {
             return Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)));
         }
         let valid = request_check::check(&self.config, request)
-            .map_err(|e| outcome.failed(FailureReason::Other, e))?;
+            .map_err(|e| outcome.refused_unchecked(e))?;
         let id = valid.id.clone();
         let outputs = self.run(valid, &id, &mut outcome, ctx).await?;
         Ok(self.response(id, outputs))

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! Outcome::start ── in flight +1
-//!   ├─ failed(reason, error)  ── fail count, duration      ┐
+//!   ├─ refused_unchecked      ── nothing (input checks)    ┐
+//!   ├─ failed(reason, error)  ── fail count, duration      │
 //!   ├─ succeeded(timings)     ── success, phase durations  ├─ in flight -1 on drop
 //!   └─ dropped unresolved     ── counted as CANCELED       ┘
 //! ```
@@ -51,6 +52,13 @@ impl Outcome {
         self.loaded
             .stats
             .record_failure(self.started.elapsed(), reason);
+        error
+    }
+
+    /// A request the input checks refused: counted nowhere (neither the statistics' `fail` nor
+    /// `nv_inference_request_failure`), as Triton does; only the in-flight count saw it.
+    pub(crate) fn refused_unchecked(&mut self, error: ServiceError) -> ServiceError {
+        self.recorded = true;
         error
     }
 

@@ -60,8 +60,8 @@ pub(super) fn run(
         )));
     }
     let mut outcome = Outcome::start(loaded.clone(), started);
-    let mut valid = request_check::check(&loaded.config, request)
-        .map_err(|e| outcome.failed(FailureReason::Other, e))?;
+    let mut valid =
+        request_check::check(&loaded.config, request).map_err(|e| outcome.refused_unchecked(e))?;
     let id = valid.id.clone();
     let (sink, events) = mpsc::unbounded_channel();
     let failures = sink.clone();

@@ -13,8 +13,9 @@ use std::time::Instant;
 use nereid_proto::{ServiceError, Tensor};
 
 use super::engine::{Batcher, Entry, Feed, Job, Refused};
-use super::policy::{BatchPolicy, TimeoutAction};
+use super::policy::BatchPolicy;
 use super::queue::{Decision, Pending, RequestQueue, ShapeKey};
+use crate::config::TimeoutAction;
 use crate::request_check::ValidRequest;
 
 /// The queue of a version without `sequence_batching`.
@@ -137,7 +138,8 @@ impl Feed for DynamicFeed {
     fn ticket(&self, request: &ValidRequest, now: Instant) -> Result<Filing, ServiceError> {
         let policy = &self.policy;
         let level = policy.level_index(request.options.priority);
-        let queue_policy = &policy.queue_policies[level.min(policy.queue_policies.len() - 1)];
+        let policies = &policy.batching.queue_policies;
+        let queue_policy = &policies[level.min(policies.len() - 1)];
         Ok(Filing {
             level,
             shape: shape_key(&request.inputs, policy.max_batch_size > 0),

@@ -103,7 +103,7 @@ impl Scheduler {
                 )?)
             }
             None => {
-                let preserve_ordering = policy.preserve_ordering;
+                let preserve_ordering = policy.batching.preserve_ordering;
                 let batcher = DynamicBatcher::new(model, policy.clone(), queue_capacity);
                 let feed = DynamicFeed::new(policy);
                 Kind::Queue(Engine::start(

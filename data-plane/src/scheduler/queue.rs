@@ -18,7 +18,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::policy::{BatchPolicy, TimeoutAction};
+use super::policy::BatchPolicy;
+use crate::config::TimeoutAction;
 
 /// What must be equal for two requests to share a batch: input names, datatypes and non-batch
 /// dimensions.
@@ -63,11 +64,12 @@ impl<T> RequestQueue<T> {
     /// on top of the per-level `max_queue_size`.
     pub fn with_capacity(policy: &BatchPolicy, capacity: usize) -> RequestQueue<T> {
         RequestQueue {
-            levels: (0..policy.priority_levels)
+            levels: (0..policy.batching.priority_levels)
                 .map(|_| VecDeque::new())
                 .collect(),
             delayed: VecDeque::new(),
             max_sizes: policy
+                .batching
                 .queue_policies
                 .iter()
                 .map(|p| p.max_queue_size)
@@ -203,20 +205,21 @@ impl<T> RequestQueue<T> {
             // The head alone is larger than max_batch_size (validation prevents this); run it.
             return Decision::Dispatch(self.take(1));
         }
-        let largest_preferred = policy.preferred_batch_sizes.last().copied();
+        let largest_preferred = policy.batching.preferred_batch_sizes.last().copied();
         let ready = blocked
             || total >= max
             || largest_preferred.is_some_and(|p| total >= p)
-            || policy.max_queue_delay == Duration::ZERO;
+            || policy.batching.max_queue_delay == Duration::ZERO;
         if ready {
             return Decision::Dispatch(self.take(sizes.len()));
         }
-        let due = head_arrived + policy.max_queue_delay;
+        let due = head_arrived + policy.batching.max_queue_delay;
         if now < due {
             return Decision::WaitUntil(due);
         }
         // Delay spent: the largest preferred size the queue can make, else everything.
         let count = policy
+            .batching
             .preferred_batch_sizes
             .iter()
             .rev()
@@ -229,18 +232,20 @@ impl<T> RequestQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::policy::QueuePolicy;
+    use crate::config::{DynamicBatching, QueuePolicy};
 
     fn policy(max: usize, preferred: &[usize], delay_us: u64, levels: usize) -> BatchPolicy {
         BatchPolicy {
             dynamic: true,
             max_batch_size: max,
-            preferred_batch_sizes: preferred.to_vec(),
-            max_queue_delay: Duration::from_micros(delay_us),
-            preserve_ordering: false,
-            priority_levels: levels,
-            default_priority_level: 1,
-            queue_policies: vec![QueuePolicy::default(); levels],
+            batching: DynamicBatching {
+                preferred_batch_sizes: preferred.to_vec(),
+                max_queue_delay: Duration::from_micros(delay_us),
+                preserve_ordering: false,
+                priority_levels: levels,
+                default_priority_level: 1,
+                queue_policies: vec![QueuePolicy::default(); levels],
+            },
             sequence: None,
         }
     }
@@ -350,7 +355,7 @@ mod tests {
     fn priorities_come_first_and_queues_are_bounded() {
         let t = Instant::now();
         let mut p = policy(8, &[], 0, 2);
-        p.queue_policies[1].max_queue_size = 1;
+        p.batching.queue_policies[1].max_queue_size = 1;
         let mut q = RequestQueue::new(&p);
         q.push(1, req(0, t, 1, 3)).unwrap();
         assert!(
@@ -439,9 +444,9 @@ mod tests {
                 .map(|_| 1 + rng.next(max as u64) as usize)
                 .collect();
             let mut p = policy(max, &[], rng.next(3) * 50, levels);
-            p.preferred_batch_sizes = preferred;
-            p.preferred_batch_sizes.sort_unstable();
-            p.preferred_batch_sizes.dedup();
+            p.batching.preferred_batch_sizes = preferred;
+            p.batching.preferred_batch_sizes.sort_unstable();
+            p.batching.preferred_batch_sizes.dedup();
             let mut q = RequestQueue::new(&p);
             let t0 = Instant::now();
             let mut now = t0;

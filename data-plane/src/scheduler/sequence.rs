@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use nereid_proto::{ServiceError, Tensor};
 
+pub use self::controls::SequencePolicy;
 use self::controls::id_text;
-pub use self::controls::{SequencePolicy, Strategy};
 use self::slots::{Arrival, Refusal, Slots};
 use super::engine::{Batcher, Entry, Feed, Job, Refused};
 use super::queue::{Decision, ShapeKey};
@@ -169,7 +169,11 @@ impl SequenceFeed {
     pub(super) fn new(model: &str, policy: SequencePolicy) -> SequenceFeed {
         SequenceFeed {
             model: model.to_string(),
-            state_outputs: policy.states.iter().map(|s| s.output.clone()).collect(),
+            state_outputs: policy
+                .states
+                .iter()
+                .map(|s| s.output_name.clone())
+                .collect(),
             policy,
         }
     }
@@ -232,8 +236,10 @@ impl Feed for SequenceFeed {
                 .states
                 .iter()
                 .map(|s| {
-                    let k = names.iter().position(|n| *n == s.output)?;
-                    produced.get(k).map(|t| t.clone().renamed(s.input.clone()))
+                    let k = names.iter().position(|n| *n == s.output_name)?;
+                    produced
+                        .get(k)
+                        .map(|t| t.clone().renamed(s.input_name.clone()))
                 })
                 .collect()
         });

@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 use super::*;
@@ -19,11 +18,11 @@ const INPUTS: &str = r#"
     output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "z" data_type: TYPE_INT32 dims: [ 1 ] } ]"#;
 
 /// The model of [`INPUTS`] with `max_batch_size` and the `model_warmup` text `warmup`.
-fn config(max_batch_size: i32, warmup: &str) -> ModelConfig {
+fn config(max_batch_size: i32, warmup: &str) -> ValidModelConfig {
     let text = format!(
         "name: \"m\" backend: \"identity\" max_batch_size: {max_batch_size} {INPUTS}\n{warmup}"
     );
-    parse_model_config(&text).unwrap()
+    ValidModelConfig::unchecked(parse_model_config(&text).unwrap())
 }
 
 /// One sample "w" (count 3) setting the four required inputs, each with its data source text.
@@ -42,7 +41,7 @@ fn by_name<'a>(sample: &'a WarmupSample, name: &str) -> &'a Tensor {
     sample.inputs.iter().find(|t| t.name() == name).unwrap()
 }
 
-fn error(config: &ModelConfig, dir: &Path) -> String {
+fn error(config: &ValidModelConfig, dir: &Path) -> String {
     warmup_samples(config, dir).unwrap_err()
 }
 
@@ -78,7 +77,7 @@ fn zero_data_with_batch_dimension() {
 fn non_batching_model_has_no_batch_dimension_and_count_zero_runs_once() {
     let z = "zero_data: true";
     let mut c = config(0, &all_inputs(1, z, z, z, z));
-    c.model_warmup[0].count = 0;
+    c.warmup[0].count = 0;
     let s = &warmup_samples(&c, Path::new("/nonexistent")).unwrap()[0];
     assert_eq!(s.count, 1);
     assert_eq!(by_name(s, "f").shape(), [2, 3]);
@@ -289,7 +288,7 @@ fn batch_zero_samples_are_skipped_and_unnamed_samples_get_an_index() {
     let z = "zero_data: true";
     let mut c = config(4, &all_inputs(0, z, z, z, z));
     assert!(warmup_samples(&c, Path::new("/x")).unwrap().is_empty());
-    c.model_warmup[0].batch_size = 9;
-    c.model_warmup[0].name.clear();
+    c.warmup[0].batch_size = 9;
+    c.warmup[0].name.clear();
     assert!(error(&c, Path::new("/x")).starts_with("model 'm' warmup sample #0: batch_size 9"));
 }

@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 
-use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::{DataType, Tensor};
 use ort::session::{OutputSelector, RunOptions, Session};
 use ort::value::DynValue;
@@ -19,6 +18,7 @@ use super::convert::{from_value, to_value};
 use super::signature::ModelSignature;
 use crate::backend::shape::resolve_shape;
 use crate::backend::{BackendError, BackendInstance, BatchInput, BatchInputs};
+use crate::config::ValidModelConfig;
 
 /// How one model input is fed.
 struct InputPlan {
@@ -46,17 +46,12 @@ pub(crate) struct OnnxInstance {
 }
 
 impl OnnxInstance {
-    pub fn new(session: Session, sig: &ModelSignature, config: &ModelConfig) -> OnnxInstance {
+    pub fn new(session: Session, sig: &ModelSignature, config: &ValidModelConfig) -> OnnxInstance {
         let inputs = sig
             .inputs
             .iter()
             .map(|t| {
-                let reshape = config
-                    .input
-                    .iter()
-                    .find(|i| i.name == t.name)
-                    .and_then(|i| i.reshape.as_ref())
-                    .map(|r| r.shape.clone());
+                let reshape = config.input(&t.name).and_then(|i| i.reshape.clone());
                 (
                     t.name.clone(),
                     InputPlan {
@@ -70,22 +65,22 @@ impl OnnxInstance {
             .outputs
             .iter()
             .map(|t| {
-                let config_output = config.output.iter().find(|o| o.name == t.name);
-                let reshape_to = config_output
+                let reshape_to = config
+                    .output(&t.name)
                     .filter(|o| o.reshape.is_some())
                     .map(|o| o.dims.clone());
                 (t.name.clone(), OutputPlan { reshape_to })
             })
             .collect();
-        let default_outputs = if config.output.is_empty() {
+        let default_outputs = if config.outputs.is_empty() {
             sig.outputs.iter().map(|t| t.name.clone()).collect()
         } else {
-            config.output.iter().map(|o| o.name.clone()).collect()
+            config.outputs.iter().map(|o| o.name.clone()).collect()
         };
         OnnxInstance {
             session,
             model_name: config.name.clone(),
-            batching: config.max_batch_size > 0,
+            batching: config.batching(),
             inputs,
             outputs,
             default_outputs,

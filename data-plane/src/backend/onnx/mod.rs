@@ -137,12 +137,7 @@ impl Backend for OnnxRuntimeBackend {
         config: &mut ModelConfig,
         model_path: &Path,
     ) -> Result<(), BackendError> {
-        let fail = |e: String| {
-            BackendError::Load(format!(
-                "unable to auto-complete model '{}': {e}",
-                config.name
-            ))
-        };
+        let fail = |e| BackendError::auto_complete(&config.name, e);
         // Reading the signature needs no optimisation and no thread pool.
         let settings = SessionSettings {
             intra_threads: Some(1),

@@ -15,10 +15,10 @@
 //! `max(1, cores / instances of the model)` threads; set `intra_op_thread_count` to override
 //! (`0` restores ORT's choice).
 
-use nereid_proto::pb::inference::ModelConfig;
 use ort::session::builder::GraphOptimizationLevel;
 
 use crate::backend::params::{boolean, non_negative, param};
+use crate::config::ValidModelConfig;
 
 /// The session options one model's instances use.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,16 +37,17 @@ pub(crate) struct SessionSettings {
 
 /// Reads the settings; `Err` names the parameter and what it must be.
 pub(crate) fn session_settings(
-    config: &ModelConfig,
+    config: &ValidModelConfig,
     cores: usize,
 ) -> Result<SessionSettings, String> {
-    let intra_threads = match non_negative(config, "intra_op_thread_count")? {
+    let params = &config.parameters;
+    let intra_threads = match non_negative(params, "intra_op_thread_count")? {
         None => Some(default_intra_threads(config, cores)),
         Some(0) => None,
         Some(n) => Some(n),
     };
-    let inter_threads = non_negative(config, "inter_op_thread_count")?.filter(|&n| n > 0);
-    let parallel = match param(config, "execution_mode") {
+    let inter_threads = non_negative(params, "inter_op_thread_count")?.filter(|&n| n > 0);
+    let parallel = match param(params, "execution_mode") {
         None => false,
         Some("0") => false,
         Some("1") => true,
@@ -56,25 +57,18 @@ pub(crate) fn session_settings(
             ));
         }
     };
-    let level = graph_level(
-        config
-            .optimization
-            .as_ref()
-            .and_then(|o| o.graph.as_ref())
-            .map_or(0, |g| g.level),
-    )?;
+    let level = graph_level(config.graph_level)?;
     Ok(SessionSettings {
         intra_threads,
         inter_threads,
         parallel,
         level,
-        mem_arena: boolean(config, "enable_mem_arena")?,
-        mem_pattern: boolean(config, "enable_mem_pattern")?,
-        config_entries: config
-            .parameters
+        mem_arena: boolean(params, "enable_mem_arena")?,
+        mem_pattern: boolean(params, "enable_mem_pattern")?,
+        config_entries: params
             .iter()
             .filter(|(k, _)| k.starts_with("session."))
-            .map(|(k, v)| (k.clone(), v.string_value.clone()))
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     })
 }
@@ -96,21 +90,19 @@ pub(crate) fn graph_level(level: i32) -> Result<GraphOptimizationLevel, String> 
 }
 
 /// Total instances of the model, to share the cores between their sessions.
-fn default_intra_threads(config: &ModelConfig, cores: usize) -> usize {
+fn default_intra_threads(config: &ValidModelConfig, cores: usize) -> usize {
     let instances: usize = config
-        .instance_group
+        .instance_groups
         .iter()
-        .map(|g| usize::try_from(g.count).unwrap_or(0).max(1))
+        .map(|g| g.count as usize)
         .sum();
     (cores / instances.max(1)).max(1)
 }
 
 #[cfg(test)]
 mod tests {
-    use nereid_proto::pb::inference::model_optimization_policy::Graph;
-    use nereid_proto::pb::inference::{ModelInstanceGroup, ModelOptimizationPolicy};
-
     use super::*;
+    use crate::config::{GroupKind, InstanceGroup};
 
     use crate::backend::params::config_with as with;
 
@@ -123,15 +115,14 @@ mod tests {
             (s.inter_threads, s.parallel, s.level),
             (None, false, GraphOptimizationLevel::All)
         );
-        c.instance_group.push(ModelInstanceGroup {
-            count: 2,
-            ..Default::default()
-        });
+        let group = |count| InstanceGroup {
+            name: "g".into(),
+            count,
+            kind: GroupKind::Cpu,
+        };
+        c.instance_groups.push(group(2));
         assert_eq!(session_settings(&c, 2).unwrap().intra_threads, Some(1));
-        c.instance_group.push(ModelInstanceGroup {
-            count: 3,
-            ..Default::default()
-        });
+        c.instance_groups.push(group(3));
         assert_eq!(session_settings(&c, 2).unwrap().intra_threads, Some(1));
     }
 
@@ -191,10 +182,7 @@ mod tests {
     fn graph_levels_follow_triton() {
         let level = |l| {
             let mut c = with(&[]);
-            c.optimization = Some(ModelOptimizationPolicy {
-                graph: Some(Graph { level: l }),
-                ..Default::default()
-            });
+            c.graph_level = l;
             session_settings(&c, 1).map(|s| s.level)
         };
         assert_eq!(level(0), Ok(GraphOptimizationLevel::All));

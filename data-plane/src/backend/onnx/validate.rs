@@ -9,19 +9,18 @@
 //! shape must match. A -1 on either side matches any size. A scalar model tensor accepts config
 //! dims that are all 1 (Triton's rule). Messages start with `unable to load model '<name>'`.
 
-use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::{DataType, format_shape};
 
 use super::signature::{ModelSignature, TensorSig};
 use super::types::config_name;
+use crate::config::ValidModelConfig;
 
 /// Checks `config` against `sig`; `Err` is the reason the model cannot load.
-pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(), String> {
+pub(crate) fn validate(config: &ValidModelConfig, sig: &ModelSignature) -> Result<(), String> {
     let prefix = format!("unable to load model '{}'", config.name);
     check_input_coverage(config, sig).map_err(|e| format!("{prefix}, {e}"))?;
-    let batching = config.max_batch_size > 0;
-    for input in &config.input {
+    let batching = config.batching();
+    for input in &config.inputs {
         if input.optional && batching {
             return Err(format!(
                 "{prefix}, optional input '{}' is not supported for models that support batching",
@@ -39,8 +38,8 @@ pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(),
                 sig.input_names()
             ));
         };
-        check_datatype(input.data_type, model, "input").map_err(|e| format!("{prefix}, {e}"))?;
-        let dims = input.reshape.as_ref().map_or(&input.dims, |r| &r.shape);
+        check_datatype(input.datatype, model, "input").map_err(|e| format!("{prefix}, {e}"))?;
+        let dims = input.reshape.as_ref().unwrap_or(&input.dims);
         if input.allow_ragged_batch {
             if model.dims != [-1] {
                 return Err(format!(
@@ -51,9 +50,9 @@ pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(),
             }
             continue;
         }
-        check_dims(model, dims, config.max_batch_size).map_err(|e| format!("{prefix}, {e}"))?;
+        check_dims(model, dims, batching).map_err(|e| format!("{prefix}, {e}"))?;
     }
-    for output in &config.output {
+    for output in &config.outputs {
         let Some(model) = sig.output(&output.name) else {
             return Err(format!(
                 "{prefix}, configuration output '{}' is not an output of the model; model outputs are: {}",
@@ -61,32 +60,23 @@ pub(crate) fn validate(config: &ModelConfig, sig: &ModelSignature) -> Result<(),
                 sig.output_names()
             ));
         };
-        check_datatype(output.data_type, model, "output").map_err(|e| format!("{prefix}, {e}"))?;
-        if config
-            .batch_output
-            .iter()
-            .any(|b| b.target_name.contains(&output.name))
-        {
+        check_datatype(output.datatype, model, "output").map_err(|e| format!("{prefix}, {e}"))?;
+        if config.batch_output_targets.contains(&output.name) {
             continue; // a batch output's shape need not match the model's
         }
-        let dims = output.reshape.as_ref().map_or(&output.dims, |r| &r.shape);
-        check_dims(model, dims, config.max_batch_size).map_err(|e| format!("{prefix}, {e}"))?;
+        let dims = output.reshape.as_ref().unwrap_or(&output.dims);
+        check_dims(model, dims, batching).map_err(|e| format!("{prefix}, {e}"))?;
     }
     Ok(())
 }
 
 /// Every model input must be fed by something the config declares, or the model could never run.
-fn check_input_coverage(config: &ModelConfig, sig: &ModelSignature) -> Result<(), String> {
-    let mut declared: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
-    declared.extend(
-        config
-            .batch_input
-            .iter()
-            .flat_map(|b| b.target_name.iter().map(String::as_str)),
-    );
-    if let Some(SchedulingChoice::SequenceBatching(seq)) = &config.scheduling_choice {
-        declared.extend(seq.control_input.iter().map(|c| c.name.as_str()));
-        declared.extend(seq.state.iter().map(|s| s.input_name.as_str()));
+fn check_input_coverage(config: &ValidModelConfig, sig: &ModelSignature) -> Result<(), String> {
+    let mut declared: Vec<&str> = config.inputs.iter().map(|i| i.name.as_str()).collect();
+    declared.extend(config.batch_input_targets.iter().map(String::as_str));
+    if let Some(seq) = config.sequence() {
+        declared.extend(seq.control_inputs.iter().map(String::as_str));
+        declared.extend(seq.states.iter().map(|s| s.input_name.as_str()));
     }
     let missing: Vec<&TensorSig> = sig
         .inputs
@@ -104,7 +94,7 @@ fn check_input_coverage(config: &ModelConfig, sig: &ModelSignature) -> Result<()
     Ok(())
 }
 
-fn check_datatype(config_type: i32, model: &TensorSig, kind: &str) -> Result<(), String> {
+fn check_datatype(config_type: DataType, model: &TensorSig, kind: &str) -> Result<(), String> {
     let model_type = match &model.datatype {
         Ok(dt) => *dt,
         Err(what) => {
@@ -113,12 +103,6 @@ fn check_datatype(config_type: i32, model: &TensorSig, kind: &str) -> Result<(),
                 model.name
             ));
         }
-    };
-    let Some(config_type) = DataType::from_config_i32(config_type) else {
-        return Err(format!(
-            "configuration {kind} '{}' has no valid data_type",
-            model.name
-        ));
     };
     if config_type != model_type {
         return Err(format!(
@@ -132,9 +116,9 @@ fn check_datatype(config_type: i32, model: &TensorSig, kind: &str) -> Result<(),
 }
 
 /// Triton's `CompareDimsSupported`, with -1 matching on either side.
-fn check_dims(model: &TensorSig, dims: &[i64], max_batch_size: i32) -> Result<(), String> {
+fn check_dims(model: &TensorSig, dims: &[i64], batching: bool) -> Result<(), String> {
     let name = &model.name;
-    if model.dims.is_empty() && max_batch_size == 0 {
+    if model.dims.is_empty() && !batching {
         if dims.iter().any(|&d| d != 1) {
             return Err(format!(
                 "scalar tensor '{name}', should only provide 1 in the model configuration when the model doesn't support batching. Model configuration provided: {}.",
@@ -143,7 +127,7 @@ fn check_dims(model: &TensorSig, dims: &[i64], max_batch_size: i32) -> Result<()
         }
         return Ok(());
     }
-    let full: Vec<i64> = if max_batch_size > 0 {
+    let full: Vec<i64> = if batching {
         if !model.batchable() {
             return Err(format!(
                 "tensor '{name}': for the model to support batching the shape should have at least 1 dimension and the first dimension must be -1; but shape expected by the model is {}",
@@ -160,7 +144,7 @@ fn check_dims(model: &TensorSig, dims: &[i64], max_batch_size: i32) -> Result<()
             .zip(&model.dims)
             .all(|(&c, &m)| c == -1 || m == -1 || c == m);
     if !compatible {
-        let how = if max_batch_size > 0 {
+        let how = if batching {
             "(with the batch dimension first because max_batch_size > 0) "
         } else {
             ""
@@ -178,10 +162,9 @@ fn check_dims(model: &TensorSig, dims: &[i64], max_batch_size: i32) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use nereid_proto::pb::inference::{ModelInput, ModelOutput};
-
     use super::*;
     use crate::backend::onnx::signature::sig;
+    use crate::config::{InputSpec, OutputSpec};
 
     fn add_sub() -> ModelSignature {
         ModelSignature {
@@ -193,44 +176,35 @@ mod tests {
         }
     }
 
-    fn io(dt: DataType, dims: &[i64]) -> (i32, Vec<i64>) {
-        (dt.to_config() as i32, dims.to_vec())
-    }
-
     fn config(
-        mbs: i32,
+        mbs: u32,
         inputs: &[(&str, DataType, &[i64])],
         outputs: &[(&str, DataType, &[i64])],
-    ) -> ModelConfig {
-        ModelConfig {
-            name: "m".into(),
-            max_batch_size: mbs,
-            input: inputs
-                .iter()
-                .map(|(n, dt, d)| {
-                    let (data_type, dims) = io(*dt, d);
-                    ModelInput {
-                        name: n.to_string(),
-                        data_type,
-                        dims,
-                        ..Default::default()
-                    }
-                })
-                .collect(),
-            output: outputs
-                .iter()
-                .map(|(n, dt, d)| {
-                    let (data_type, dims) = io(*dt, d);
-                    ModelOutput {
-                        name: n.to_string(),
-                        data_type,
-                        dims,
-                        ..Default::default()
-                    }
-                })
-                .collect(),
-            ..Default::default()
-        }
+    ) -> ValidModelConfig {
+        let mut c = ValidModelConfig::unchecked(Default::default());
+        c.name = "m".into();
+        c.max_batch_size = mbs;
+        c.inputs = inputs
+            .iter()
+            .map(|(n, dt, d)| InputSpec {
+                name: n.to_string(),
+                datatype: *dt,
+                dims: d.to_vec(),
+                reshape: None,
+                optional: false,
+                allow_ragged_batch: false,
+            })
+            .collect();
+        c.outputs = outputs
+            .iter()
+            .map(|(n, dt, d)| OutputSpec {
+                name: n.to_string(),
+                datatype: *dt,
+                dims: d.to_vec(),
+                reshape: None,
+            })
+            .collect();
+        c
     }
 
     const F: DataType = DataType::Fp32;
@@ -343,8 +317,8 @@ mod tests {
         };
         let mut cfg = config(4, &[("x", F, &[1])], &[("y", F, &[1])]);
         assert!(validate(&cfg, &batched).is_err());
-        cfg.input[0].reshape = Some(Default::default());
-        cfg.output[0].reshape = Some(Default::default());
+        cfg.inputs[0].reshape = Some(Vec::new());
+        cfg.outputs[0].reshape = Some(Vec::new());
         assert_eq!(validate(&cfg, &batched), Ok(()));
     }
 

@@ -115,7 +115,7 @@ fn finish_default(
     } = done;
     let refs: Vec<&TensorRef> = responses.iter().flat_map(|r| &r.outputs).collect();
     // Copy everything out (and release the segment) before looking at the answer.
-    let data = stub.link().take_bytes(segment.as_deref(), &refs);
+    let data = stub.link().take_bytes_deferred(segment.as_deref(), &refs);
     if let Some(error) = error {
         return Err(convert::backend_error(error));
     }

@@ -44,7 +44,7 @@ impl PythonInstance {
             },
             model_file: model_file.to_string_lossy().into_owned(),
             args: init_args(ctx),
-            decoupled: decoupled(ctx),
+            decoupled: ctx.config.decoupled,
         };
         let stub = launcher
             .start(None)
@@ -55,7 +55,7 @@ impl PythonInstance {
             model: ModelInfo {
                 name: ctx.model_name.clone(),
                 version: ctx.version,
-                decoupled: decoupled(ctx),
+                decoupled: ctx.config.decoupled,
             },
             stubs,
         })
@@ -84,13 +84,6 @@ impl BackendInstance for PythonInstance {
     }
 }
 
-fn decoupled(ctx: &InstanceContext) -> bool {
-    ctx.config
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled)
-}
-
 /// The stub runs in the version directory (`model.py`'s directory).
 fn version_dir(ctx: &InstanceContext) -> std::path::PathBuf {
     ctx.model_path.parent().map_or_else(
@@ -106,7 +99,8 @@ fn init_args(ctx: &InstanceContext) -> InitArgs {
         DeviceKind::Gpu { device_id } => ("GPU", device_id),
     };
     InitArgs {
-        model_config: message_to_json(ctx.config.as_ref()).to_string(),
+        // Triton hands `initialize` the config's JSON form: rendered from the wire config.
+        model_config: message_to_json(ctx.config.wire()).to_string(),
         model_instance_kind: kind.to_string(),
         model_instance_name: ctx.instance_name.clone(),
         model_instance_device_id: device_id.to_string(),

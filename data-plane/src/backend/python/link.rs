@@ -65,6 +65,9 @@ pub struct Link {
     parent_segments: Mutex<ParentSegments>,
     stub_segments: Mutex<StubSegments>,
     streams: Mutex<HashMap<u64, OpenStream>>,
+    /// Encoded `release` frames for stub segments, written ahead of the next frame (see
+    /// [`Self::take_bytes_deferred`]).
+    deferred_releases: Mutex<Vec<u8>>,
     state: Mutex<LinkState>,
 }
 
@@ -84,6 +87,7 @@ impl Link {
             parent_segments: Mutex::new(ParentSegments::new(shm_prefix)),
             stub_segments: Mutex::new(StubSegments::new(shm_prefix)),
             streams: Mutex::new(HashMap::new()),
+            deferred_releases: Mutex::new(Vec::new()),
             state: Mutex::new(LinkState::default()),
         }
     }
@@ -93,10 +97,18 @@ impl Link {
         self.write(&frame::encode(message)?)
     }
 
-    /// Writes one encoded frame; frames from several threads never interleave.
+    /// Writes one encoded frame, after any deferred releases (in the same write); frames from
+    /// several threads never interleave.
     fn write(&self, frame: &[u8]) -> Result<(), FrameError> {
         let mut writer = self.writer.lock();
-        std::io::Write::write_all(&mut *writer, frame)?;
+        let deferred = std::mem::take(&mut *self.deferred_releases.lock());
+        if deferred.is_empty() {
+            std::io::Write::write_all(&mut *writer, frame)?;
+        } else {
+            let mut both = deferred;
+            both.extend_from_slice(frame);
+            std::io::Write::write_all(&mut *writer, &both)?;
+        }
         Ok(())
     }
 
@@ -148,6 +160,30 @@ impl Link {
             })
         {
             tracing::debug!(instance = %self.instance, error = %e, "cannot release a stub segment");
+        }
+        result
+    }
+
+    /// [`Self::take_bytes`] for an `execute` reply: the segment's release goes out with the next
+    /// frame to the stub (the next `execute`, usually) instead of on its own, so the stub's
+    /// reader wakes once per request rather than twice. Replies come one per `execute`, so at
+    /// most one segment per instance waits this way; the stub's other messages (decoupled
+    /// responses, BLS requests) still release at once, since they may come many in a row.
+    pub fn take_bytes_deferred(
+        &self,
+        segment: Option<&str>,
+        refs: &[&TensorRef],
+    ) -> Result<Vec<Bytes>, String> {
+        let result = self.read_bytes(segment, refs);
+        if let Some(id) = segment {
+            match frame::encode(&ToStub::Release {
+                segment: id.to_string(),
+            }) {
+                Ok(bytes) => self.deferred_releases.lock().extend_from_slice(&bytes),
+                Err(e) => {
+                    tracing::debug!(instance = %self.instance, error = %e, "cannot release a stub segment")
+                }
+            }
         }
         result
     }
@@ -474,5 +510,16 @@ mod tests {
             next_message(&mut stub),
             serde_json::json!({"op": "release", "segment": "s0"})
         );
+
+        // An execute reply's segment is released with the next frame, ahead of it.
+        let refs: Vec<_> = refs.iter().collect();
+        let data = link.take_bytes_deferred(Some("s0"), &refs).unwrap();
+        assert_eq!(data[0].as_ref(), &7i32.to_le_bytes());
+        link.send(&ToStub::Finalize).unwrap();
+        assert_eq!(
+            next_message(&mut stub),
+            serde_json::json!({"op": "release", "segment": "s0"})
+        );
+        assert_eq!(next_message(&mut stub)["op"], "finalize");
     }
 }

@@ -40,7 +40,9 @@ pub use self::instance::PythonInstance;
 use self::runtime::RuntimeDir;
 use self::settings::StubSettings;
 use self::stub::{Stub, StubSpec};
+use super::params::Params;
 use super::{Backend, BackendError, BackendInstance, InstanceContext, ServerHandle};
+use crate::config::parameters;
 
 /// The Python backend.
 pub struct PythonBackend {
@@ -82,8 +84,13 @@ impl PythonBackend {
         }
     }
 
-    fn settings(&self, config: &ModelConfig, model_dir: &Path) -> Result<StubSettings, String> {
-        StubSettings::from_config(config, model_dir, self.default_python.as_deref())
+    fn settings(
+        &self,
+        model: &str,
+        parameters: &Params,
+        model_dir: &Path,
+    ) -> Result<StubSettings, String> {
+        StubSettings::new(model, parameters, model_dir, self.default_python.as_deref())
     }
 }
 
@@ -108,16 +115,13 @@ impl Backend for PythonBackend {
         config: &mut ModelConfig,
         model_path: &Path,
     ) -> Result<(), BackendError> {
-        let fail = |e: String| {
-            BackendError::Load(format!(
-                "unable to auto-complete model '{}': {e}",
-                config.name
-            ))
-        };
+        let fail = |e: String| BackendError::auto_complete(&config.name, e);
         let model_file = model_file(model_path).map_err(fail)?;
         let version_dir = model_file.parent().unwrap_or(Path::new("/")).to_path_buf();
         let model_dir = version_dir.parent().unwrap_or(Path::new("/"));
-        let settings = self.settings(config, model_dir).map_err(fail)?;
+        let settings = self
+            .settings(&config.name, &parameters(config), model_dir)
+            .map_err(fail)?;
         let spec = StubSpec {
             model: config.name.clone(),
             instance: "auto_complete".into(),
@@ -158,7 +162,7 @@ impl Backend for PythonBackend {
         };
         model_file(&ctx.model_path).map_err(fail)?;
         let settings = self
-            .settings(&ctx.config, &ctx.model_dir)
+            .settings(&ctx.config.name, &ctx.config.parameters, &ctx.model_dir)
             .map_err(BackendError::Load)?;
         let runtime = self.runtime().map_err(fail)?;
         let instance = PythonInstance::load(ctx, settings, runtime)?;

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use nereid_proto::pb::inference::ModelConfig;
+use crate::backend::params::{Params, param};
 
 pub const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
 pub const STUB_TIMEOUT_SECONDS: &str = "STUB_TIMEOUT_SECONDS";
@@ -34,15 +34,15 @@ pub struct StubSettings {
 }
 
 impl StubSettings {
-    /// Reads the parameters of `config` for the model in `model_dir`. `default_python` is the
+    /// Reads the `parameters` of model `m` in `model_dir`. `default_python` is the
     /// server-wide default (`--python` / `NEREID_PYTHON`).
-    pub fn from_config(
-        config: &ModelConfig,
+    pub fn new(
+        m: &str,
+        parameters: &Params,
         model_dir: &Path,
         default_python: Option<&Path>,
     ) -> Result<Self, String> {
-        let m = &config.name;
-        let parameter = |key: &str| config.parameters.get(key).map(|p| p.string_value.trim());
+        let parameter = |key: &str| param(parameters, key);
         let python = resolve_interpreter(parameter(EXECUTION_ENV_PATH), model_dir, default_python)
             .map_err(|e| format!("model '{m}': {e}"))?;
         let seconds = |key: &str, default: Duration| -> Result<Duration, String> {
@@ -119,24 +119,12 @@ fn parse_seconds(text: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nereid_proto::pb::inference::ModelParameter;
 
-    fn config(params: &[(&str, &str)]) -> ModelConfig {
-        ModelConfig {
-            name: "m".into(),
-            parameters: params
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        ModelParameter {
-                            string_value: v.to_string(),
-                        },
-                    )
-                })
-                .collect(),
-            ..Default::default()
-        }
+    fn config(params: &[(&str, &str)]) -> Params {
+        params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     /// A model directory holding `env/bin/python3` and `interp`.
@@ -218,10 +206,11 @@ mod tests {
     #[test]
     fn timeouts_are_parameters() {
         let dir = model_dir();
-        let s = StubSettings::from_config(&config(&[]), dir.path(), None).unwrap();
+        let s = StubSettings::new("m", &config(&[]), dir.path(), None).unwrap();
         assert_eq!(s.start_timeout, Duration::from_secs(30));
         assert_eq!(s.initialize_timeout, Duration::from_secs(600));
-        let s = StubSettings::from_config(
+        let s = StubSettings::new(
+            "m",
             &config(&[
                 (STUB_TIMEOUT_SECONDS, "2.5"),
                 (INITIALIZE_TIMEOUT_SECONDS, "7"),
@@ -233,7 +222,8 @@ mod tests {
         assert_eq!(s.start_timeout, Duration::from_millis(2500));
         assert_eq!(s.initialize_timeout, Duration::from_secs(7));
         for bad in ["0", "-1", "abc", "inf"] {
-            let err = StubSettings::from_config(
+            let err = StubSettings::new(
+                "m",
                 &config(&[(STUB_TIMEOUT_SECONDS, bad)]),
                 dir.path(),
                 None,

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::{DataType, Tensor};
 use tch::{CModule, Device, IValue};
 
@@ -19,6 +18,7 @@ use super::convert::{from_strings, from_torch, to_strings, to_torch};
 use super::settings::TorchSettings;
 use crate::backend::shape::resolve_shape;
 use crate::backend::{BackendError, BackendInstance, BatchInputs};
+use crate::config::ValidModelConfig;
 
 /// How one config output is returned.
 struct OutputPlan {
@@ -48,7 +48,7 @@ impl TorchInstance {
     pub fn new(
         module: Arc<CModule>,
         device: Device,
-        config: &ModelConfig,
+        config: &ValidModelConfig,
         settings: TorchSettings,
         binding: InputBinding,
         output_indices: Vec<usize>,
@@ -58,15 +58,15 @@ impl TorchInstance {
             model_name: config.name.clone(),
             device,
             settings,
-            batching: config.max_batch_size > 0,
+            batching: config.batching(),
             binding,
             input_reshape: config
-                .input
+                .inputs
                 .iter()
-                .filter_map(|i| Some((i.name.clone(), i.reshape.as_ref()?.shape.clone())))
+                .filter_map(|i| Some((i.name.clone(), i.reshape.clone()?)))
                 .collect(),
             outputs: config
-                .output
+                .outputs
                 .iter()
                 .zip(output_indices)
                 .map(|(o, index)| {
@@ -78,7 +78,7 @@ impl TorchInstance {
                     (o.name.clone(), plan)
                 })
                 .collect(),
-            default_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
+            default_outputs: config.outputs.iter().map(|o| o.name.clone()).collect(),
         }
     }
 

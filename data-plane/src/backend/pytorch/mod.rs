@@ -29,10 +29,6 @@ mod runtime;
 #[cfg(all(test, feature = "torch"))]
 mod tests;
 
-use std::path::Path;
-
-use nereid_proto::pb::inference::ModelConfig;
-
 use super::{Backend, BackendError, BackendInstance, InstanceContext};
 
 /// The PyTorch backend. Cheap to create; libtorch is linked in (feature `torch`) or absent.
@@ -49,14 +45,6 @@ impl Backend for PyTorchBackend {
 
     fn default_model_filename(&self) -> &'static str {
         "model.pt"
-    }
-
-    fn auto_complete(
-        &self,
-        _config: &mut ModelConfig,
-        _model_path: &Path,
-    ) -> Result<(), BackendError> {
-        Ok(())
     }
 
     fn load_instance(

@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 use nereid_proto::DataType;
-use nereid_proto::pb::inference::ModelConfig;
 use parking_lot::Mutex;
 use tch::{CModule, Device};
 
@@ -23,6 +22,7 @@ use super::instance::TorchInstance;
 use super::settings::TorchSettings;
 use super::signature;
 use crate::backend::{BackendError, BackendInstance, DeviceKind, InstanceContext};
+use crate::config::ValidModelConfig;
 
 /// Modules loaded with `ENABLE_WEIGHT_SHARING`, by file and device, while an instance holds them.
 #[derive(Default)]
@@ -58,7 +58,7 @@ pub(crate) fn load(
     }
     let settings = TorchSettings::from_config(config).map_err(unable)?;
     check_datatypes(config).map_err(unable)?;
-    if config.output.is_empty() {
+    if config.outputs.is_empty() {
         return Err(unable(
             "config.pbtxt lists no outputs; the PyTorch backend needs them listed (a TorchScript file does not name its outputs)".into(),
         ));
@@ -80,8 +80,8 @@ pub(crate) fn load(
             None
         }
     };
-    let inputs: Vec<String> = config.input.iter().map(|i| i.name.clone()).collect();
-    let outputs: Vec<String> = config.output.iter().map(|o| o.name.clone()).collect();
+    let inputs: Vec<String> = config.inputs.iter().map(|i| i.name.clone()).collect();
+    let outputs: Vec<String> = config.outputs.iter().map(|o| o.name.clone()).collect();
     let binding = bind_inputs(&inputs, signature.as_ref()).map_err(unable)?;
     let output_indices = bind_outputs(&outputs).map_err(unable)?;
 
@@ -109,27 +109,23 @@ pub(crate) fn load(
 
 /// Every configured input and output must have a libtorch element type, or be `BYTES`
 /// (a `List[str]`).
-fn check_datatypes(config: &ModelConfig) -> Result<(), String> {
+fn check_datatypes(config: &ValidModelConfig) -> Result<(), String> {
     let ios = config
-        .input
+        .inputs
         .iter()
-        .map(|i| ("input", &i.name, i.data_type))
+        .map(|i| ("input", &i.name, i.datatype))
         .chain(
             config
-                .output
+                .outputs
                 .iter()
-                .map(|o| ("output", &o.name, o.data_type)),
+                .map(|o| ("output", &o.name, o.datatype)),
         );
-    for (kind, name, data_type) in ios {
-        match DataType::from_config_i32(data_type) {
-            Some(d) if d == DataType::Bytes || kind_of(d).is_some() => {}
-            Some(d) => {
-                return Err(format!(
-                    "{kind} '{name}': data type {} is not supported by the PyTorch backend (libtorch has no tensor of that type)",
-                    d.to_config().as_str_name()
-                ));
-            }
-            None => return Err(format!("{kind} '{name}': data type is not set")),
+    for (kind, name, d) in ios {
+        if d != DataType::Bytes && kind_of(d).is_none() {
+            return Err(format!(
+                "{kind} '{name}': data type {} is not supported by the PyTorch backend (libtorch has no tensor of that type)",
+                d.to_config().as_str_name()
+            ));
         }
     }
     Ok(())

@@ -17,9 +17,8 @@
 //! Booleans take Triton's spellings (`true`/`false`, `1`/`0`, `on`/`off`); anything else, or a
 //! thread count that is not a positive integer, fails the load with a message naming the key.
 
-use nereid_proto::pb::inference::ModelConfig;
-
-use crate::backend::params::{boolean, param};
+use crate::backend::params::{Params, boolean, param};
+use crate::config::ValidModelConfig;
 
 /// One model's PyTorch settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,25 +41,26 @@ pub(crate) struct TorchSettings {
 
 impl TorchSettings {
     /// Reads the settings; `Err` names the parameter and what it must be.
-    pub fn from_config(config: &ModelConfig) -> Result<TorchSettings, String> {
+    pub fn from_config(config: &ValidModelConfig) -> Result<TorchSettings, String> {
+        let params = &config.parameters;
         Ok(TorchSettings {
-            optimized_execution: !boolean(config, "DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
-            inference_mode: boolean(config, "INFERENCE_MODE")?.unwrap_or(true),
-            cudnn: !boolean(config, "DISABLE_CUDNN")?.unwrap_or(false),
-            weight_sharing: boolean(config, "ENABLE_WEIGHT_SHARING")?.unwrap_or(false),
-            cache_cleaning: boolean(config, "ENABLE_CACHE_CLEANING")?.unwrap_or(false),
-            intra_op_threads: thread_count(config, "INTRA_OP_THREAD_COUNT")?,
-            inter_op_threads: thread_count(config, "INTER_OP_THREAD_COUNT")?,
-            jit_profiling: boolean(config, "ENABLE_JIT_PROFILING")?,
-            tensor_fuser: boolean(config, "ENABLE_TENSOR_FUSER")?,
-            jit_executor: boolean(config, "ENABLE_JIT_EXECUTOR")?,
+            optimized_execution: !boolean(params, "DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
+            inference_mode: boolean(params, "INFERENCE_MODE")?.unwrap_or(true),
+            cudnn: !boolean(params, "DISABLE_CUDNN")?.unwrap_or(false),
+            weight_sharing: boolean(params, "ENABLE_WEIGHT_SHARING")?.unwrap_or(false),
+            cache_cleaning: boolean(params, "ENABLE_CACHE_CLEANING")?.unwrap_or(false),
+            intra_op_threads: thread_count(params, "INTRA_OP_THREAD_COUNT")?,
+            inter_op_threads: thread_count(params, "INTER_OP_THREAD_COUNT")?,
+            jit_profiling: boolean(params, "ENABLE_JIT_PROFILING")?,
+            tensor_fuser: boolean(params, "ENABLE_TENSOR_FUSER")?,
+            jit_executor: boolean(params, "ENABLE_JIT_EXECUTOR")?,
         })
     }
 }
 
 /// A positive thread count (`0` is refused, as Triton does: libtorch would reject it).
-fn thread_count(config: &ModelConfig, key: &str) -> Result<Option<i32>, String> {
-    match param(config, key) {
+fn thread_count(params: &Params, key: &str) -> Result<Option<i32>, String> {
+    match param(params, key) {
         None => Ok(None),
         Some(v) => match v.parse::<i32>() {
             Ok(n) if n > 0 => Ok(Some(n)),
@@ -78,7 +78,7 @@ mod tests {
 
     #[test]
     fn defaults_match_triton() {
-        let s = TorchSettings::from_config(&ModelConfig::default()).unwrap();
+        let s = TorchSettings::from_config(&with(&[])).unwrap();
         assert!(s.optimized_execution && s.inference_mode && s.cudnn);
         assert!(!s.weight_sharing && !s.cache_cleaning);
         assert_eq!((s.intra_op_threads, s.inter_op_threads), (None, None));

@@ -14,6 +14,7 @@ use super::PyTorchBackend;
 use crate::backend::{
     Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext,
 };
+use crate::config::ValidModelConfig;
 
 fn model_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -32,7 +33,7 @@ fn context(config: ModelConfig, device: DeviceKind) -> InstanceContext {
         version: 1,
         model_path: dir.join("1/model.pt"),
         model_dir: dir,
-        config: Arc::new(config),
+        config: Arc::new(ValidModelConfig::unchecked(config)),
         instance_name: "group_0".into(),
         device,
         health: Default::default(),

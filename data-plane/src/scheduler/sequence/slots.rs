@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use nereid_proto::CorrelationId;
 
-use super::controls::Strategy;
+use crate::config::SequenceStrategy;
 use crate::request_check::SequenceFlags;
 use crate::scheduler::queue::Decision;
 
@@ -84,7 +84,7 @@ struct Sequence<T, S> {
 /// The live sequences of a model version, their slots and their queued requests.
 #[derive(Debug)]
 pub(crate) struct Slots<T, S> {
-    strategy: Strategy,
+    strategy: SequenceStrategy,
     /// Largest batch: `max(1, max_batch_size)`.
     max_batch: usize,
     max_idle: Duration,
@@ -105,7 +105,7 @@ pub(crate) struct Slots<T, S> {
 impl<T, S: Clone> Slots<T, S> {
     /// Slots for `instances` instances of a model with `max_batch_size`.
     pub(crate) fn new(
-        strategy: Strategy,
+        strategy: SequenceStrategy,
         max_batch_size: usize,
         max_idle: Duration,
         instances: usize,
@@ -113,7 +113,7 @@ impl<T, S: Clone> Slots<T, S> {
     ) -> Slots<T, S> {
         let per_instance = max_batch_size.max(1);
         let (slots, slot_instance) = match &strategy {
-            Strategy::Direct => (
+            SequenceStrategy::Direct => (
                 instances * per_instance,
                 Some(
                     (0..instances * per_instance)
@@ -121,10 +121,10 @@ impl<T, S: Clone> Slots<T, S> {
                         .collect(),
                 ),
             ),
-            Strategy::Oldest {
+            SequenceStrategy::Oldest {
                 max_candidates: 0, ..
             } => (instances * per_instance, None),
-            Strategy::Oldest { max_candidates, .. } => (*max_candidates, None),
+            SequenceStrategy::Oldest { max_candidates, .. } => (*max_candidates, None),
         };
         Slots {
             strategy,
@@ -246,8 +246,8 @@ impl<T, S: Clone> Slots<T, S> {
         }
         ready.sort_by_key(|(arrived, _)| *arrived);
         let take = match &self.strategy {
-            Strategy::Direct => ready.len(),
-            Strategy::Oldest {
+            SequenceStrategy::Direct => ready.len(),
+            SequenceStrategy::Oldest {
                 preferred_batch_sizes,
                 max_queue_delay,
                 ..

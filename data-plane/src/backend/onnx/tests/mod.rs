@@ -19,6 +19,7 @@ use super::OnnxRuntimeBackend;
 use crate::backend::{
     Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext,
 };
+use crate::config::ValidModelConfig;
 
 pub(super) fn library() -> PathBuf {
     if let Some(path) = std::env::var_os("NEREID_ORT_LIBRARY") {
@@ -86,7 +87,7 @@ fn context(config: ModelConfig, model: &str, device: DeviceKind) -> InstanceCont
         version: 1,
         model_dir: model_path.parent().map(PathBuf::from).unwrap_or_default(),
         model_path,
-        config: Arc::new(config),
+        config: Arc::new(ValidModelConfig::unchecked(config)),
         instance_name: format!("{}_0", "group"),
         device,
         health: Default::default(),

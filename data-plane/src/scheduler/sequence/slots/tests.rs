@@ -14,7 +14,7 @@ fn flags(id: u64, start: bool, end: bool) -> SequenceFlags {
 }
 
 fn direct(max_batch: usize, instances: usize) -> Slots<u32, i64> {
-    Slots::new(Strategy::Direct, max_batch, IDLE, instances, 64)
+    Slots::new(SequenceStrategy::Direct, max_batch, IDLE, instances, 64)
 }
 
 fn oldest(
@@ -23,7 +23,7 @@ fn oldest(
     preferred: &[usize],
     delay_us: u64,
 ) -> Slots<u32, i64> {
-    let strategy = Strategy::Oldest {
+    let strategy = SequenceStrategy::Oldest {
         max_candidates,
         preferred_batch_sizes: preferred.to_vec(),
         max_queue_delay: Duration::from_micros(delay_us),
@@ -253,7 +253,7 @@ fn an_idle_sequence_is_released() {
 #[test]
 fn the_queue_is_bounded_and_cancelled_requests_leave_it() {
     let t = Instant::now();
-    let mut s: Slots<u32, i64> = Slots::new(Strategy::Direct, 4, IDLE, 1, 2);
+    let mut s: Slots<u32, i64> = Slots::new(SequenceStrategy::Direct, 4, IDLE, 1, 2);
     s.arrive(flags(1, true, false), 1, t).unwrap();
     s.arrive(flags(2, true, false), 2, t).unwrap();
     assert_eq!(
@@ -289,15 +289,15 @@ fn randomized_events_keep_the_sequence_invariants() {
         let instances = 1 + rng.next(2) as usize;
         let max_batch = 1 + rng.next(3) as usize;
         let strategy = if rng.next(2) == 0 {
-            Strategy::Direct
+            SequenceStrategy::Direct
         } else {
-            Strategy::Oldest {
+            SequenceStrategy::Oldest {
                 max_candidates: rng.next(4) as usize,
                 preferred_batch_sizes: vec![],
                 max_queue_delay: Duration::from_micros(rng.next(3) * 50),
             }
         };
-        let direct = strategy == Strategy::Direct;
+        let direct = strategy == SequenceStrategy::Direct;
         let mut s: Slots<u32, i64> = Slots::new(strategy, max_batch, IDLE, instances, 1_000);
         let t0 = Instant::now();
         let mut now = t0;

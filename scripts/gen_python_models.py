@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Writes a model repository of Triton Python-backend models, servable unchanged by Nereid and by
+the real Triton server: the differential tests (tests/python/test_triton_diff.py) and the
+"versus Triton" benchmark (scripts/bench_triton.sh) run both servers on it.
+
+Models:
+- add_sub            INT32 [4] x2 -> OUTPUT0 = a + b, OUTPUT1 = a - b; no batching; one
+                     instance group without a name (Triton names it `add_sub_0`).
+- identity_fp32      FP32 [16], batching up to 8; no instance_group (the group takes the model's
+                     name).
+- identity_fp16 / identity_bytes / identity_bool: the same for FP16 [-1], BYTES [-1], BOOL [-1].
+- identity_large     FP32 [-1], no batching: the 1 MiB tensor of the benchmark.
+- sequence_acc       INT32 [1], sequence batching (direct, START/END control inputs, the running
+                     sum kept per correlation id in the model): OUTPUT = running sum.
+- repeat_decoupled   decoupled: IN INT32 [-1] -> one response per element, then the final flag.
+"""
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+HEADER = "import numpy as np\nimport triton_python_backend_utils as pb_utils\n\n"
+
+ADD_SUB = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT0", (a + b).astype(np.int32)),
+                    pb_utils.Tensor("OUTPUT1", (a - b).astype(np.int32)),
+                ]))
+            return responses
+""")
+
+IDENTITY = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests
+            ]
+""")
+
+SEQUENCE = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.sums = {}
+
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+                start = pb_utils.get_input_tensor_by_name(r, "START").as_numpy()
+                end = pb_utils.get_input_tensor_by_name(r, "END").as_numpy()
+                cid = r.correlation_id()
+                total = (0 if start.any() else self.sums.get(cid, 0)) + int(x.sum())
+                self.sums[cid] = total
+                if end.any():
+                    self.sums.pop(cid, None)
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT", np.full(x.shape, total, dtype=np.int32))]))
+            return responses
+""")
+
+DECOUPLED = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def execute(self, requests):
+            for r in requests:
+                sender = r.get_response_sender()
+                values = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                for v in values:
+                    sender.send(pb_utils.InferenceResponse([
+                        pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+""")
+
+
+def io(kind, name, dtype, dims):
+    return f'{kind} [ {{ name: "{name}" data_type: {dtype} dims: [ {dims} ] }} ]'
+
+
+def identity(dtype, dims, max_batch):
+    return "\n".join([
+        'backend: "python"',
+        f"max_batch_size: {max_batch}",
+        io("input", "INPUT0", dtype, dims),
+        io("output", "OUTPUT0", dtype, dims),
+    ])
+
+
+MODELS = {
+    "add_sub": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 0",
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] },'
+        ' { name: "INPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]',
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] },'
+        ' { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]',
+        "instance_group [ { count: 1 kind: KIND_CPU } ]",
+    ]), ADD_SUB),
+    "identity_fp32": (identity("TYPE_FP32", "16", 8), IDENTITY),
+    "identity_fp16": (identity("TYPE_FP16", "-1", 8), IDENTITY),
+    "identity_bytes": (identity("TYPE_STRING", "-1", 8), IDENTITY),
+    "identity_bool": (identity("TYPE_BOOL", "-1", 8), IDENTITY),
+    "identity_large": (identity("TYPE_FP32", "-1", 0), IDENTITY),
+    "sequence_acc": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 8",
+        io("input", "INPUT", "TYPE_INT32", "1"),
+        io("output", "OUTPUT", "TYPE_INT32", "1"),
+        "sequence_batching {",
+        "  max_sequence_idle_microseconds: 5000000",
+        "  control_input [",
+        '    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },',
+        '    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] }',
+        "  ]",
+        "}",
+    ]), SEQUENCE),
+    "repeat_decoupled": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 0",
+        io("input", "IN", "TYPE_INT32", "-1"),
+        io("output", "OUT", "TYPE_INT32", "1"),
+        "model_transaction_policy { decoupled: true }",
+    ]), DECOUPLED),
+}
+
+
+def write_repository(out_dir, names=None):
+    out = Path(out_dir)
+    for name, (config, source) in MODELS.items():
+        if names is not None and name not in names:
+            continue
+        (out / name / "1").mkdir(parents=True, exist_ok=True)
+        (out / name / "config.pbtxt").write_text(config + "\n")
+        (out / name / "1" / "model.py").write_text(source)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out_dir")
+    p.add_argument("models", nargs="*", help="only these models (default: all)")
+    args = p.parse_args(argv)
+    write_repository(args.out_dir, args.models or None)
+    print(f"wrote {args.models or sorted(MODELS)} to {args.out_dir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
