@@ -427,9 +427,10 @@ async fn explicit_load_brings_composing_models_and_unload_dependents_takes_them_
     let dp = plane(repo.path(), ControlMode::Explicit, &[]);
     dp.manager().load_startup_models().await.unwrap();
     assert!(
-        dp.model_ready("copy", None).await.is_err(),
-        "nothing loaded yet"
+        dp.manager().readiness("copy", None).is_err(),
+        "nothing loaded yet: the model is not known at all"
     );
+    assert!(!dp.model_ready("copy", None).await.unwrap());
 
     dp.load_model("pipeline", LoadRequest::default())
         .await
