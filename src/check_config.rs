@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use nereid_data_plane::backend::Backends;
 use nereid_data_plane::config::{self, CONFIG_FILE, ConfigError, validate};
 use nereid_data_plane::repository;
-use nereid_proto::json::message_to_json;
+use nereid_proto::message_to_json;
 use nereid_proto::pb::inference::ModelConfig;
 
 use crate::cli::CheckConfigArgs;

@@ -68,9 +68,9 @@ fn main() -> ExitCode {
             init_logging(args.frontend.log_verbose, &args.frontend.log_format);
             let threads = args.threads;
             match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
-                Ok(config) => run_async_on(threads, || {
-                    nereid_router::serve::run(config, shutdown_signal())
-                }),
+                Ok(config) => {
+                    run_async_on(threads, || nereid_router::run(config, shutdown_signal()))
+                }
                 Err(e) => usage_error(e),
             }
         }

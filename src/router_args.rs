@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use clap::Args;
+use nereid_router::ControlPlaneConfig;
+use nereid_router::ForwardConfig;
+use nereid_router::RouterConfig;
 use nereid_router::RouterServiceConfig;
-use nereid_router::control::ControlPlaneConfig;
-use nereid_router::forward::ForwardConfig;
-use nereid_router::serve::RouterConfig;
 
 use crate::common_args::{AuthTokenArgs, FrontendArgs, ListenArgs, control_plane_addrs};
 use crate::telemetry_args::TelemetryArgs;
@@ -91,7 +91,7 @@ mod tests {
 
     use crate::cli::{Cli, Command};
 
-    fn parse(args: &[&str]) -> Result<nereid_router::serve::RouterConfig, String> {
+    fn parse(args: &[&str]) -> Result<nereid_router::RouterConfig, String> {
         let mut all = vec!["nereid", "router"];
         all.extend_from_slice(args);
         match Cli::try_parse_from(all).map_err(|e| e.to_string())?.command {

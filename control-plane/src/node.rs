@@ -19,12 +19,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nereid_frontend::stopped;
 use nereid_proto::pb::cluster as pb;
 use nereid_proto::pb::cluster::cluster_server::ClusterServer;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::management_server::ManagementServer;
 use nereid_proto::pb::cluster::raft_server::RaftServer;
-use nereid_proto::serve::stopped;
 use nereid_telemetry::metrics::prometheus_router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -109,7 +109,7 @@ impl Listeners {
     /// Binds the gRPC, REST and metrics addresses of `config` (the last two when enabled).
     pub async fn bind(config: &NodeConfig) -> Result<Listeners, NodeError> {
         let bind = |what, addr| async move {
-            nereid_proto::serve::bind(what, addr)
+            nereid_frontend::bind(what, addr)
                 .await
                 .map_err(|e| NodeError::Bind {
                     what: e.what,

@@ -85,7 +85,7 @@ pub fn inspect(dir: &Path) -> Result<SourceInfo, String> {
 
 /// A `config.pbtxt`, if it parses (Triton's list syntax included).
 fn parse_config(text: &str) -> Option<ModelConfig> {
-    nereid_proto::config_text::parse_model_config(text).ok()
+    nereid_proto::parse_model_config(text).ok()
 }
 
 /// The version policy a config names, if any.

@@ -18,8 +18,7 @@ use nereid_data_plane::backend::python::PythonBackend;
 use nereid_data_plane::backend::{
     Backend, BackendInstance, DeviceKind, Health, InstanceContext, RequestView, ServerHandle,
 };
-use nereid_proto::DataType;
-use nereid_proto::types::{Parameters, Tensor};
+use nereid_proto::{DataType, Parameters, Tensor};
 
 const CONFIG: &str = r#"
 backend: "python"

@@ -6,9 +6,8 @@
 
 use std::collections::HashSet;
 
-use nereid_proto::ServiceError;
-use nereid_proto::types::{
-    CorrelationId, InferRequest, Parameters, RequestOptions, Tensor, format_shape,
+use nereid_proto::{
+    CorrelationId, InferRequest, Parameters, RequestOptions, ServiceError, Tensor, format_shape,
 };
 
 use crate::backend::ResponseSink;
@@ -91,7 +90,11 @@ fn inputs_message(
     names: &[&str],
     server_fed: impl Fn(&str) -> bool,
 ) -> String {
-    let declared: Vec<_> = config.inputs.iter().filter(|i| !server_fed(&i.name)).collect();
+    let declared: Vec<_> = config
+        .inputs
+        .iter()
+        .filter(|i| !server_fed(&i.name))
+        .collect();
     let required = declared.iter().filter(|i| !i.optional).count();
     let quoted = |n: &str| format!("'{n}'");
     let got: Vec<String> = names.iter().rev().map(|n| quoted(n)).collect();
@@ -108,7 +111,11 @@ fn inputs_message(
             format!("[{}]", items.join(","))
         }
     };
-    let got = if names.is_empty() { "[]".to_string() } else { list(&got) };
+    let got = if names.is_empty() {
+        "[]".to_string()
+    } else {
+        list(&got)
+    };
     let expected = if required == declared.len() {
         format!("expected {required} inputs")
     } else {
@@ -154,7 +161,9 @@ fn check_inner(
     let declared = config.inputs.iter().filter(|i| !server_fed(&i.name));
     let required = declared.clone().filter(|i| !i.optional).count();
     if names.len() < required || names.len() > declared.count() {
-        return Err(ServiceError::invalid(inputs_message(config, &names, server_fed)));
+        return Err(ServiceError::invalid(inputs_message(
+            config, &names, server_fed,
+        )));
     }
     for name in &names {
         if config.input(name).is_none() {
@@ -169,7 +178,9 @@ fn check_inner(
         .iter()
         .any(|i| !i.optional && !seen.contains(&i.name) && !server_fed(&i.name))
     {
-        return Err(ServiceError::invalid(inputs_message(config, &names, server_fed)));
+        return Err(ServiceError::invalid(inputs_message(
+            config, &names, server_fed,
+        )));
     }
 
     let mut batch_size: Option<i64> = None;
@@ -307,8 +318,7 @@ pub fn dims_match(config: &[i64], request: &[i64]) -> bool {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use nereid_proto::DataType;
-    use nereid_proto::types::RequestedOutput;
+    use nereid_proto::{DataType, RequestedOutput};
 
     fn valid(text: &str) -> ValidModelConfig {
         ValidModelConfig::unchecked(crate::config::text::parse_model_config(text).unwrap())

@@ -8,8 +8,8 @@
 //!      (bounded by the exit timeout) ─► return
 //! ```
 
-use nereid_proto::serve::Frontends;
-use nereid_proto::serve::bind;
+use nereid_frontend::Frontends;
+use nereid_frontend::bind;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,7 +59,7 @@ pub struct ServeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
-    Bind(#[from] nereid_proto::serve::BindError),
+    Bind(#[from] nereid_frontend::BindError),
     #[error("{0}")]
     Startup(String),
 }
@@ -154,17 +154,17 @@ pub async fn run_with(
         ));
     }
 
-    nereid_proto::serve::spawn(
+    nereid_frontend::spawn(
         &mut servers,
         service.clone(),
         Frontends {
             http,
             grpc,
             metrics: metrics_listener.map(|l| (l, metrics.clone().router())),
-            http_config: nereid_proto::http::HttpConfig {
+            http_config: nereid_frontend::HttpConfig {
                 max_input_size: config.http_max_input_size,
             },
-            grpc_config: nereid_proto::grpc::GrpcConfig::default(),
+            grpc_config: nereid_frontend::GrpcConfig::default(),
         },
         &stop_rx,
     );

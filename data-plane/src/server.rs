@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use nereid_proto::settings::{LogSettings, TraceSettings, TraceSettingsUpdate};
+use nereid_proto::{LogSettings, TraceSettings, TraceSettingsUpdate};
 use nereid_telemetry::logging::LogControl;
 use nereid_telemetry::span::{AttrValue, SpanKind};
 use nereid_telemetry::tracer::{RequestTrace, Tracer};
@@ -28,14 +28,12 @@ use tracing::Instrument;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use nereid_proto::error::ServiceResult;
-use nereid_proto::json::message_from_json;
 use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
-use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
+use nereid_proto::{
+    DataType, InferRequest, InferResponse, InferenceService, LoadRequest, ModelIndexEntry,
+    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
+    message_from_json,
 };
-use nereid_proto::types::{InferRequest, InferResponse};
-use nereid_proto::{DataType, InferenceService, ServiceError};
 
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
 use crate::request::RunContext;

@@ -18,8 +18,7 @@
 use std::path::{Component, Path};
 
 use bytes::Bytes;
-use nereid_proto::DataType;
-use nereid_proto::types::{Tensor, count_bytes_elements, element_count, format_shape};
+use nereid_proto::{DataType, Tensor, count_bytes_elements, element_count, format_shape};
 
 use crate::config::{InputSpec, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting};
 use crate::request_check::dims_match;

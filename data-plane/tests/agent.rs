@@ -23,9 +23,7 @@ use nereid_proto::pb::cluster::{
     ReplicaState, ReportReplicaRequest, ReportReplicaResponse, StateDelta, StateSnapshot,
     WatchEvent, WatchRequest, watch_event,
 };
-use nereid_proto::service::LoadRequest;
-use nereid_proto::types::InferRequest;
-use nereid_proto::{InferenceService, ServiceError};
+use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError};
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;

@@ -10,9 +10,7 @@ use bytes::Bytes;
 use nereid_data_plane::backend::Backends;
 use nereid_data_plane::manager::ControlMode;
 use nereid_data_plane::server::DataPlane;
-use nereid_proto::service::LoadRequest;
-use nereid_proto::types::InferRequest;
-use nereid_proto::{InferenceService, ServiceError};
+use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError};
 
 mod common;
 use common::{data_plane, floats, fp32, ort_library, workspace};

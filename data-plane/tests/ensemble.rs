@@ -10,9 +10,10 @@ use std::sync::Arc;
 use nereid_data_plane::backend::Backends;
 use nereid_data_plane::manager::ControlMode;
 use nereid_data_plane::server::DataPlane;
-use nereid_proto::service::{LoadRequest, ModelIndexEntry};
-use nereid_proto::types::{InferRequest, ParamValue, RequestedOutput, Tensor};
-use nereid_proto::{InferenceService, ServiceError};
+use nereid_proto::{
+    InferRequest, InferenceService, LoadRequest, ModelIndexEntry, ParamValue, RequestedOutput,
+    ServiceError, Tensor,
+};
 
 mod common;
 use common::{data_plane, floats, ort_library, workspace};

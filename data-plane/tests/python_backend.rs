@@ -15,8 +15,10 @@ use nereid_data_plane::backend::{
 };
 use nereid_data_plane::manager::ControlMode;
 use nereid_data_plane::server::DataPlane;
-use nereid_proto::types::{InferRequest, ParamValue, Parameters, Tensor, push_bytes_element};
-use nereid_proto::{DataType, InferenceService, ServiceError};
+use nereid_proto::{
+    DataType, InferRequest, InferenceService, ParamValue, Parameters, ServiceError, Tensor,
+    push_bytes_element,
+};
 
 mod common;
 use common::{data_plane, floats, workspace};
@@ -138,7 +140,7 @@ async fn serves_fp32_and_bytes_models() {
         .unwrap();
     let out = &response.outputs[0];
     assert_eq!((out.name(), out.datatype()), ("OUT", DataType::Bytes));
-    let elements: Vec<&[u8]> = nereid_proto::types::bytes_elements(out.data()).collect();
+    let elements: Vec<&[u8]> = nereid_proto::bytes_elements(out.data()).collect();
     assert_eq!(elements, vec![&b"cba"[..], b"", b"z\xff\x00"]);
 }
 

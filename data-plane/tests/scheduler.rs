@@ -13,8 +13,7 @@ use nereid_data_plane::request_check::ValidRequest;
 use nereid_data_plane::scheduler::Scheduler;
 use nereid_data_plane::scheduler::policy::BatchPolicy;
 use nereid_data_plane::stats::VersionStats;
-use nereid_proto::types::Tensor;
-use nereid_proto::{DataType, ServiceError};
+use nereid_proto::{DataType, ServiceError, Tensor};
 
 struct Sleepy;
 

@@ -16,8 +16,7 @@ use nereid_data_plane::request_check::{SequenceFlags, ValidRequest};
 use nereid_data_plane::scheduler::policy::BatchPolicy;
 use nereid_data_plane::scheduler::{JobResult, Scheduler};
 use nereid_data_plane::stats::VersionStats;
-use nereid_proto::types::{CorrelationId, Tensor};
-use nereid_proto::{DataType, ServiceError};
+use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor};
 use parking_lot::Mutex;
 
 type Log = Arc<Mutex<Vec<Vec<u64>>>>;

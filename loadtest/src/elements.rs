@@ -3,8 +3,7 @@
 //!
 //! `BYTES` elements use Triton's layout: a 4-byte little-endian length, then the bytes.
 
-use nereid_proto::DataType;
-use nereid_proto::types::{bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, bytes_elements, push_bytes_element};
 use serde_json::Value;
 
 use crate::rng::SplitMix64;

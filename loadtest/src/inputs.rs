@@ -15,8 +15,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use bytes::Bytes;
-use nereid_proto::DataType;
-use nereid_proto::types::format_shape;
+use nereid_proto::{DataType, format_shape};
 use serde_json::Value;
 
 use crate::elements;

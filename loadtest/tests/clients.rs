@@ -41,9 +41,9 @@ async fn start() -> (String, String, Arc<FakeService>) {
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (http_addr, grpc_addr) = (http.local_addr().unwrap(), grpc.local_addr().unwrap());
-    let router = nereid_proto::http::router(mock.clone(), Default::default());
+    let router = nereid_frontend::router(mock.clone(), Default::default());
     tokio::spawn(async move { axum::serve(http, router).await });
-    let routes = nereid_proto::grpc::routes(mock.clone(), Default::default());
+    let routes = nereid_frontend::routes(mock.clone(), Default::default());
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_routes(routes)

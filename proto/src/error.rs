@@ -1,8 +1,8 @@
 //! [`ServiceError`]: the one error type that crosses the [`crate::InferenceService`] boundary.
 //!
 //! Errors are classified once, where they arise, by what the client should do about them. Each
-//! transport maps the class exhaustively: HTTP in [`crate::http::error`], gRPC in
-//! [`crate::grpc::error`]. Messages are shown to the client verbatim, so they name the model,
+//! transport maps the class exhaustively: HTTP in `nereid_frontend`'s `http::error`, gRPC in
+//! the codec (`codec::status`, both ways). Messages are shown to the client verbatim, so they name the model,
 //! tensor and field and say what is wrong.
 
 /// A failed call, classified like Triton's `TRITONSERVER_Error` codes.

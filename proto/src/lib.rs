@@ -1,33 +1,57 @@
-//! `nereid-proto`: the wire contract and the protocol frontends, written once.
+//! `nereid-proto`: the wire contract and the domain API every Nereid process shares, with the
+//! gRPC codec between them. No server lives here: the HTTP and gRPC frontends are
+//! `nereid-frontend`, written once over [`InferenceService`].
 //!
 //! ```text
-//!  HTTP body (JSON / binary tensor extension) ──► http::  ─┐
-//!                                                          ├─► types::InferRequest ──► InferenceService
-//!  gRPC ModelInferRequest ──────────────────────► grpc::  ─┘            (data plane or router)
+//!  pb (generated wire types) ◄── codec (both directions) ──► InferRequest / InferResponse
+//!                                     ▲          ▲                 │
+//!                  gRPC frontend ─────┘          └── router forwarder
+//!                                                                  ▼
+//!                              InferenceService (data plane or router) ─► ServiceError
 //! ```
 //!
-//! - [`pb`]: prost/tonic types generated from Triton's `.proto` files (package `inference`).
-//! - [`types`]: the internal request/response/tensor types every frontend converts into.
-//! - [`error`]: [`ServiceError`], classified by meaning; each transport maps it exhaustively.
-//! - [`service`]: the [`InferenceService`] trait the frontends call.
-//! - [`trace_context`]: W3C trace context and `grpc-timeout`, read from clients and passed on.
-//! - [`http`] and [`grpc`]: the two frontends.
+//! - [`pb`]: prost/tonic types generated from Triton's `.proto` files (package `inference`),
+//!   public as they are: they are the contract.
+//! - the domain API, re-exported here: the request/response/tensor types ([`InferRequest`],
+//!   [`InferResponse`], [`Tensor`], ...), the [`InferenceService`] trait and the types it
+//!   answers with, [`ServiceError`] classified by meaning, [`DataType`], trace and log settings,
+//!   W3C trace context and `grpc-timeout` ([`TraceContext`]).
+//! - [`codec`]: `ModelInferRequest` ⇄ [`InferRequest`], [`InferResponse`] ⇄
+//!   `ModelInferResponse`, [`ServiceError`] ⇄ `tonic::Status`; the gRPC frontend decodes with it,
+//!   the router's forwarder encodes with it.
+//! - protobuf JSON and config text: [`message_to_json`], [`message_from_json`],
+//!   [`parse_model_config`].
+//! - `testing` (cargo feature `testing`): `testing::FakeService`, the fake service of other
+//!   crates' tests.
 
-pub mod config_text;
-pub mod datatype;
-pub mod error;
-pub mod grpc;
-pub mod http;
-pub mod json;
+pub mod codec;
+mod config_text;
+mod datatype;
+mod error;
+mod json;
 pub mod pb;
-pub mod serve;
-pub mod service;
-pub mod settings;
+mod service;
+mod settings;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod trace_context;
-pub mod types;
+mod trace_context;
+mod types;
 
+pub use config_text::{TextError, parse_model_config};
 pub use datatype::DataType;
-pub use error::ServiceError;
-pub use service::InferenceService;
+pub use error::{ServiceError, ServiceResult};
+pub use json::{message_from_json, message_to_json, to_dynamic};
+pub use service::{
+    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata,
+    StreamedResponse, TensorMetadata,
+};
+pub use settings::{LogSettings, LogValue, TraceSettings, TraceSettingsUpdate};
+pub use trace_context::{
+    GRPC_TIMEOUT, MAX_TRACESTATE_LEN, TRACEPARENT, TRACESTATE, TraceContext, parse_grpc_timeout,
+};
+pub use types::{
+    CorrelationId, InferRequest, InferResponse, OpenSpan, ParamValue, Parameters,
+    RESERVED_PARAMETER_KEYS, RequestContext, RequestOptions, RequestedOutput, ResponseHook, Tensor,
+    bytes_elements, count_bytes_elements, element_count, format_shape, parse_version,
+    push_bytes_element,
+};

@@ -22,17 +22,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nereid_proto::LoadRequest;
 use nereid_proto::pb::cluster::cluster_client::ClusterClient;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::{
     ActivateRequest, DeployModelRequest, ModelRef, ReplicaState, ScaleModelRequest,
 };
-use nereid_proto::service::LoadRequest;
 
 use crate::control::ControlPlane;
 use crate::error::{RouterError, RouterResult};
 use crate::table::{RoutingTable, SharedTable};
-use crate::wire::service_error;
 
 /// Renewal interval used until the control plane has told one.
 const DEFAULT_RENEW_AFTER: Duration = Duration::from_secs(30);
@@ -255,7 +254,7 @@ fn failure_reason(table: &RoutingTable, model: &str) -> Option<String> {
 
 fn control_plane_error(status: tonic::Status) -> RouterError {
     RouterError::ControlPlane {
-        error: service_error(status.code(), status.message().to_string()),
+        error: nereid_proto::ServiceError::from(status),
     }
 }
 

@@ -28,7 +28,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use nereid_proto::types::CorrelationId;
+use nereid_proto::CorrelationId;
 
 use crate::error::{RouterError, RouterResult};
 use crate::table::{Endpoint, RoutingTable};
@@ -125,6 +125,7 @@ impl Chooser {
     }
 
     /// Sequences currently pinned to a replica.
+    #[cfg(test)]
     pub fn sequences(&self) -> usize {
         self.affinity.len()
     }

@@ -5,8 +5,7 @@
 //! [`RouterError::Worker`] and reaches the client verbatim, so the router answers with the same
 //! errors as a worker would.
 
-use nereid_proto::ServiceError;
-use nereid_proto::types::CorrelationId;
+use nereid_proto::{CorrelationId, ServiceError};
 
 /// A routing or forwarding failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Forwarding to workers: one pooled tonic `Channel` (one HTTP/2 connection, many concurrent
 //! streams) per worker address, opened lazily and reused by every request to that worker.
 //!
-//! Calls return [`RouterError`]s classified by [`crate::wire::classify_status`], so the service
+//! Calls return [`RouterError`]s classified by [`crate::wire::classify_status`] (over the shared codec's status mapping), so the service
 //! decides retries on the class, not on message text.
 //!
 //! An infer call carries the client's [`RequestContext`] as metadata: `traceparent` and
@@ -24,9 +24,7 @@ use tonic::transport::{Channel, Endpoint};
 use futures::{Stream, StreamExt};
 use nereid_proto::pb::inference::InferParameter;
 use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
-use nereid_proto::service::StreamedResponse;
-use nereid_proto::trace_context::{TRACEPARENT, TRACESTATE};
-use nereid_proto::types::RequestContext;
+use nereid_proto::{RequestContext, StreamedResponse, TRACEPARENT, TRACESTATE};
 use tonic::metadata::MetadataValue;
 
 use crate::error::{RouterError, RouterResult};
@@ -43,11 +41,6 @@ fn bool_param(v: bool) -> InferParameter {
     InferParameter {
         parameter_choice: Some(ParameterChoice::BoolParam(v)),
     }
-}
-
-/// Whether `context`'s deadline has passed: a request past it is not worth another attempt.
-pub fn deadline_passed(context: &RequestContext) -> bool {
-    context.expired(Instant::now())
 }
 
 /// `message` as a tonic request carrying `context` as metadata; `DeadlineExceeded` (for
@@ -292,7 +285,7 @@ impl Workers {
 
 #[cfg(test)]
 mod tests {
-    use nereid_proto::trace_context::TraceContext;
+    use nereid_proto::TraceContext;
 
     use super::*;
 
@@ -310,7 +303,7 @@ mod tests {
         assert_eq!(metadata.get("traceparent").unwrap(), TRACEPARENT);
         assert_eq!(metadata.get("tracestate").unwrap(), "a=1");
         let timeout = metadata.get("grpc-timeout").unwrap().to_str().unwrap();
-        let left = nereid_proto::trace_context::parse_grpc_timeout(timeout).unwrap();
+        let left = nereid_proto::parse_grpc_timeout(timeout).unwrap();
         assert!(left <= Duration::from_secs(2) && left > Duration::from_secs(1));
 
         let bare = with_context((), &RequestContext::default(), "m").unwrap();
@@ -323,8 +316,8 @@ mod tests {
             deadline: Some(Instant::now()),
             ..Default::default()
         };
-        assert!(deadline_passed(&context));
-        assert!(!deadline_passed(&RequestContext::default()));
+        assert!(context.expired(Instant::now()));
+        assert!(!RequestContext::default().expired(Instant::now()));
         assert_eq!(
             with_context((), &context, "m").unwrap_err(),
             RouterError::DeadlineExceeded { model: "m".into() }

@@ -4,36 +4,46 @@
 //! ```text
 //! control plane ──Watch──► watch::watch_task ──► table::SharedTable (routing table)
 //!                                                        │
-//! client ──► nereid_proto http / grpc ──► service::RouterService ─┤ choice::Chooser (p2c,
+//! client ──► nereid_frontend http / grpc ► service::RouterService ─┤ choice::Chooser (p2c,
 //!                                          (admission limit)      │ affinity, version)
 //!                                                                 ▼
 //!                                          forward::Workers ──gRPC (pooled HTTP/2)──► worker
 //! ```
 //!
-//! - [`table`]: the routing table built from watch events.
-//! - [`choice`]: pure replica choice.
-//! - [`version`]: pure version resolution (traffic split, served versions).
-//! - [`wire`]: internal request/response ⇄ KServe protobuf, on the client side.
-//! - [`forward`]: one pooled channel per worker, calls and error classification.
-//! - [`service`]: [`service::RouterService`], the `InferenceService` of cluster mode.
-//! - [`watch`]: follows the control plane's watch with failover and resume.
-//! - [`control`]: the control-plane connection (addresses, token, unary calls with failover).
-//! - [`activate`]: scale from zero and repository load/unload through the control plane.
-//! - [`metrics`]: the router's `nereid_router_*` counters and its `/metrics` collector.
-//! - [`serve`]: `nereid router`'s life: bind, serve, shut down.
+//! - `table`: the routing table built from watch events.
+//! - `choice`: pure replica choice.
+//! - `version`: pure version resolution (traffic split, served versions).
+//! - `wire`: the shared codec (`nereid_proto::codec`) on the client side, its errors as
+//!   [`RouterError`]s naming the worker.
+//! - `forward`: one pooled channel per worker, calls and error classification.
+//! - `service`: [`RouterService`], the `InferenceService` of cluster mode.
+//! - `watch`: follows the control plane's watch with failover and resume.
+//! - `control`: the control-plane connection (addresses, token, unary calls with failover).
+//! - `activate`: scale from zero and repository load/unload through the control plane.
+//! - `metrics`: the router's `nereid_router_*` counters and its `/metrics` collector.
+//! - `serve`: `nereid router`'s life: bind, serve, shut down.
+//!
+//! The modules are private; what the binary and the tests use is re-exported here.
 
-pub mod activate;
-pub mod choice;
-pub mod control;
-pub mod error;
-pub mod forward;
-pub mod metrics;
-pub mod serve;
-pub mod service;
-pub mod table;
-pub mod version;
-pub mod watch;
-pub mod wire;
+mod activate;
+mod choice;
+mod control;
+mod error;
+mod forward;
+mod metrics;
+mod serve;
+mod service;
+mod table;
+mod version;
+mod watch;
+mod wire;
 
-pub use error::RouterError;
+pub use choice::SplitMix64;
+pub use control::ControlPlaneConfig;
+pub use error::{RouterError, RouterResult};
+pub use forward::{ForwardConfig, Workers};
+pub use metrics::RouterCollector;
+pub use serve::{RouterConfig, RouterServeError, run};
 pub use service::{RouterService, RouterServiceConfig};
+pub use table::{RoutingTable, SharedTable};
+pub use wire::{WorkerRequest, encode_request};

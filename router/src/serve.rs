@@ -8,14 +8,14 @@
 //!      timeout), stop the watch ─► return
 //! ```
 
-use nereid_proto::serve::bind;
+use nereid_frontend::bind;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nereid_frontend::Frontends;
 use nereid_proto::InferenceService;
-use nereid_proto::serve::Frontends;
 use nereid_telemetry::metrics::prometheus_router;
 use tokio::sync::watch;
 
@@ -46,7 +46,7 @@ pub struct RouterConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum RouterServeError {
     #[error(transparent)]
-    Bind(#[from] nereid_proto::serve::BindError),
+    Bind(#[from] nereid_frontend::BindError),
     #[error("{0}")]
     Config(String),
 }
@@ -98,17 +98,17 @@ pub async fn run(
     ));
 
     let mut servers = tokio::task::JoinSet::new();
-    nereid_proto::serve::spawn(
+    nereid_frontend::spawn(
         &mut servers,
         service,
         Frontends {
             http,
             grpc,
             metrics: metrics_listener.map(|l| (l, prometheus_router(collector))),
-            http_config: nereid_proto::http::HttpConfig {
+            http_config: nereid_frontend::HttpConfig {
                 max_input_size: config.http_max_input_size,
             },
-            grpc_config: nereid_proto::grpc::GrpcConfig::default(),
+            grpc_config: nereid_frontend::GrpcConfig::default(),
         },
         &stop_rx,
     );

@@ -31,17 +31,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use nereid_proto::InferenceService;
-use nereid_proto::ServiceError;
-use nereid_proto::error::ServiceResult;
 use nereid_proto::pb::inference::{
     ModelConfig, ModelConfigRequest, ModelMetadataRequest, ModelStatistics, ModelStatisticsRequest,
 };
-use nereid_proto::service::{
-    LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata, TensorMetadata,
+use nereid_proto::{
+    InferRequest, InferResponse, InferenceService, LoadRequest, LogSettings, ModelIndexEntry,
+    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
+    TraceSettings, TraceSettingsUpdate,
 };
-use nereid_proto::settings::{LogSettings, TraceSettings, TraceSettingsUpdate};
-use nereid_proto::types::{InferRequest, InferResponse};
 use nereid_telemetry::logging::LogControl;
 use nereid_telemetry::span::{AttrValue, SpanKind};
 use nereid_telemetry::tracer::{RequestTrace, Tracer};
@@ -54,7 +51,8 @@ use crate::error::{RouterError, RouterResult};
 use crate::forward::{ForwardConfig, Workers};
 use crate::metrics::{ModelCounters, RouterMetrics};
 use crate::table::{Endpoint, SharedTable};
-use crate::wire::{decode_response, encode_request, version_text};
+use crate::wire::{decode_response, encode_request};
+use nereid_proto::codec::version_text;
 
 /// Server extensions the router serves.
 pub const EXTENSIONS: &[&str] = &[

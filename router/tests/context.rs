@@ -17,11 +17,11 @@ use nereid_proto::pb::inference::ModelInferRequest;
 use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use nereid_proto::pb::inference::model_infer_request::InferInputTensor;
 use nereid_proto::testing::{Answer, FakeModel, FakeService};
-use nereid_proto::trace_context::TraceContext;
-use nereid_proto::types::{InferRequest, RequestContext, Tensor};
-use nereid_proto::{DataType, InferenceService, ServiceError};
-use nereid_router::choice::SplitMix64;
-use nereid_router::table::SharedTable;
+use nereid_proto::{
+    DataType, InferRequest, InferenceService, RequestContext, ServiceError, Tensor, TraceContext,
+};
+use nereid_router::SharedTable;
+use nereid_router::SplitMix64;
 use nereid_router::{RouterService, RouterServiceConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
@@ -45,7 +45,7 @@ fn recording_worker() -> FakeService {
 async fn serve_grpc(service: Arc<dyn InferenceService>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let routes = nereid_proto::grpc::routes(service, Default::default());
+    let routes = nereid_frontend::routes(service, Default::default());
     tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         tonic::transport::Server::builder()
@@ -61,7 +61,7 @@ async fn serve_grpc(service: Arc<dyn InferenceService>) -> SocketAddr {
 async fn serve_http(service: Arc<dyn InferenceService>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = nereid_proto::http::router(service, Default::default());
+    let app = nereid_frontend::router(service, Default::default());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
 }

@@ -1,14 +1,14 @@
 //! The router against two in-process fake workers (tonic servers on 127.0.0.1:0 serving
-//! `nereid_proto::grpc::routes` over an echo service), with the routing table fed directly.
+//! `nereid_frontend::routes` over an echo service), with the routing table fed directly.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use nereid_proto::service::StreamedResponse;
-use nereid_proto::types::{CorrelationId, RequestOptions};
-use nereid_proto::{InferenceService, ServiceError};
+use nereid_proto::{
+    CorrelationId, InferenceService, RequestOptions, ServiceError, StreamedResponse,
+};
 use nereid_router::RouterService;
 
 mod echo_cluster;
@@ -43,7 +43,7 @@ async fn a_killed_worker_is_retried_around() {
         // A call to the dead worker is classified as unreachable (retried and ejected), not
         // as the worker's own answer.
         let dead = workers[0].addr.to_string();
-        let wire = nereid_router::wire::encode_request(&request(Default::default())).unwrap();
+        let wire = nereid_router::encode_request(&request(Default::default())).unwrap();
         let err = router.workers().infer(&dead, wire).await.unwrap_err();
         assert!(
             matches!(err, nereid_router::RouterError::Unreachable { .. }),
@@ -192,7 +192,7 @@ impl FakeWorker {
     async fn start_over(service: Arc<RouterService>) -> FakeWorker {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let routes = nereid_proto::grpc::routes(service, Default::default());
+        let routes = nereid_frontend::routes(service, Default::default());
         let task = tokio::spawn(async move {
             let incoming = tonic::transport::server::TcpIncoming::from(listener);
             let _ = tonic::transport::Server::builder()

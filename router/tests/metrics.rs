@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use nereid_proto::InferenceService;
+use nereid_router::RouterCollector;
 use nereid_router::RouterService;
-use nereid_router::metrics::RouterCollector;
-use nereid_router::table::SharedTable;
+use nereid_router::SharedTable;
 use nereid_telemetry::metrics::prometheus_router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

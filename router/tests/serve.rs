@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use nereid_router::ControlPlaneConfig;
 use nereid_router::RouterServiceConfig;
-use nereid_router::control::ControlPlaneConfig;
-use nereid_router::serve::{RouterConfig, run};
+use nereid_router::{RouterConfig, run};
 
 #[tokio::test]
 async fn starts_without_a_control_plane_and_shuts_down_on_signal() {

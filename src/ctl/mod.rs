@@ -74,7 +74,7 @@ fn emit<M: prost::Message + prost::Name>(
 ) -> Result<(), CtlError> {
     match format {
         OutputFormat::Json => {
-            let json = nereid_proto::json::message_to_json(message);
+            let json = nereid_proto::message_to_json(message);
             let text = serde_json::to_string_pretty(&json)
                 .map_err(|e| CtlError::Output(format!("cannot print JSON: {e}")))?;
             writeln!(out, "{text}")?;

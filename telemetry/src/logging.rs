@@ -14,8 +14,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use nereid_proto::error::{ServiceError, ServiceResult};
-use nereid_proto::settings::{LogSettings, LogValue};
+use nereid_proto::{LogSettings, LogValue, ServiceError, ServiceResult};
 use parking_lot::Mutex;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use nereid_proto::trace_context::TraceContext;
+use nereid_proto::TraceContext;
 
 pub type TraceId = [u8; 16];
 pub type SpanId = [u8; 8];

@@ -22,8 +22,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
-use nereid_proto::error::{ServiceError, ServiceResult};
-use nereid_proto::settings::{TraceSettings, TraceSettingsUpdate};
+use nereid_proto::{ServiceError, ServiceResult, TraceSettings, TraceSettingsUpdate};
 use parking_lot::RwLock;
 
 /// What a trace records. Nereid's spans carry timestamps; TENSORS is accepted for Triton

@@ -15,8 +15,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nereid_proto::trace_context::TraceContext;
-use nereid_proto::types::{OpenSpan, RequestContext};
+use nereid_proto::{OpenSpan, RequestContext, TraceContext};
 
 use crate::span::{
     AttrValue, SpanId, SpanKind, SpanRecord, TraceId, context_for, hex, new_span_id, new_trace_id,
@@ -308,7 +307,7 @@ pub(crate) mod tests {
         let context = RequestContext {
             trace: TraceContext::parse(parent, None),
             received: Some(t0),
-            response_hook: nereid_proto::types::ResponseHook::new(),
+            response_hook: nereid_proto::ResponseHook::new(),
             ..Default::default()
         };
         let mut trace = tracer

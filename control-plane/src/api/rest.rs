@@ -30,8 +30,8 @@ use axum::http::{Method, Uri};
 use axum::routing::{get, post, put};
 use axum::{Json, Router, middleware};
 use bytes::Bytes;
-use nereid_proto::json::{message_from_json, message_to_json};
 use nereid_proto::pb::cluster as pb;
+use nereid_proto::{message_from_json, message_to_json};
 use prost::{Message, Name};
 
 use super::auth::{AuthToken, require_token};

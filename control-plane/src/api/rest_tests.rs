@@ -75,7 +75,7 @@ fn error_of(json: &serde_json::Value) -> &str {
 
 fn model_json(name: &str, dir: &Path) -> String {
     let m = model(name, dir, VersionPolicy::Latest { n: 1 });
-    nereid_proto::json::message_to_json(&m).to_string()
+    nereid_proto::message_to_json(&m).to_string()
 }
 
 #[tokio::test]
@@ -124,7 +124,7 @@ async fn rest_models() {
         .call(
             "PUT",
             "/api/v1/models/m",
-            &nereid_proto::json::message_to_json(&bad).to_string(),
+            &nereid_proto::message_to_json(&bad).to_string(),
         )
         .await;
     assert_eq!(code, StatusCode::BAD_REQUEST);
@@ -335,7 +335,7 @@ async fn rest_traffic_split() {
         .call(
             "POST",
             "/api/v1/models",
-            &nereid_proto::json::message_to_json(&m).to_string(),
+            &nereid_proto::message_to_json(&m).to_string(),
         )
         .await;
     assert_eq!(code, StatusCode::OK, "{json}");

@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use nereid_proto::json::{message_from_json, to_dynamic};
 use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::{message_from_json, to_dynamic};
 use prost_reflect::SerializeOptions;
 
 use crate::config;
@@ -160,7 +160,7 @@ mod tests {
         let c = load_config(dir.path(), r#"{"max_batch_size": 2}"#, &[1, 3].into()).unwrap();
         assert_eq!(c.platform, "onnxruntime_onnx");
         assert_eq!(c.max_batch_size, 2);
-        let json = nereid_proto::json::message_to_json(&c);
+        let json = nereid_proto::message_to_json(&c);
         assert_eq!(
             json["version_policy"]["specific"]["versions"],
             serde_json::json!([1, 3])

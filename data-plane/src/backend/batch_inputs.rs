@@ -15,8 +15,7 @@
 use std::borrow::Cow;
 
 use bytes::BytesMut;
-use nereid_proto::DataType;
-use nereid_proto::types::{Tensor, element_count};
+use nereid_proto::{DataType, Tensor, element_count};
 
 use super::BackendError;
 

@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use nereid_proto::types::{Tensor, format_shape};
+use nereid_proto::{Tensor, format_shape};
 
 use super::params::non_negative;
 use super::{Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext};
@@ -153,8 +153,7 @@ mod tests {
     use std::time::Instant;
 
     use bytes::Bytes;
-    use nereid_proto::DataType;
-    use nereid_proto::types::push_bytes_element;
+    use nereid_proto::{DataType, push_bytes_element};
 
     use super::*;
     use crate::backend::Backends;

@@ -32,7 +32,7 @@ use nereid_proto::InferenceService;
 use nereid_proto::pb::inference::ModelConfig;
 
 use crate::config::ValidModelConfig;
-use nereid_proto::types::{CorrelationId, Parameters, Tensor};
+use nereid_proto::{CorrelationId, Parameters, Tensor};
 use parking_lot::Mutex;
 
 pub use self::batch_inputs::{BatchInput, BatchInputs};

@@ -10,7 +10,9 @@
 //! ```
 
 /// `config.pbtxt` text parsing lives in `nereid-proto` (the control plane reads configs too).
-pub use nereid_proto::config_text as text;
+pub mod text {
+    pub use nereid_proto::{TextError, parse_model_config};
+}
 mod valid;
 pub mod validate;
 
@@ -24,8 +26,8 @@ pub use valid::{
 use std::path::{Path, PathBuf};
 
 use nereid_proto::pb::inference::model_instance_group::Kind;
-use nereid_proto::pb::inference::model_version_policy::{Latest, PolicyChoice};
 use nereid_proto::pb::inference::model_optimization_policy::PinnedMemoryBuffer;
+use nereid_proto::pb::inference::model_version_policy::{Latest, PolicyChoice};
 use nereid_proto::pb::inference::{
     ModelConfig, ModelInstanceGroup, ModelOptimizationPolicy, ModelVersionPolicy,
 };

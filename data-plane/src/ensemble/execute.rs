@@ -19,10 +19,9 @@ use std::future::Future;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use nereid_proto::ServiceError;
-use nereid_proto::error::ServiceResult;
-use nereid_proto::types::{
-    InferRequest, InferResponse, Parameters, RequestOptions, RequestedOutput, Tensor,
+use nereid_proto::{
+    InferRequest, InferResponse, Parameters, RequestOptions, RequestedOutput, ServiceError,
+    ServiceResult, Tensor,
 };
 
 use super::plan::EnsemblePlan;
@@ -218,8 +217,7 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use nereid_proto::DataType;
-    use nereid_proto::types::ParamValue;
+    use nereid_proto::{DataType, ParamValue};
 
     use super::*;
     use crate::ensemble::plan::PlanStep;

@@ -15,8 +15,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use nereid_proto::DataType;
-use nereid_proto::types::format_shape;
+use nereid_proto::{DataType, format_shape};
 
 use super::graph::{self, StepNode};
 use super::step_label;

@@ -28,9 +28,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::BoxFuture;
-use nereid_proto::ServiceError;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::service::ModelIndexEntry;
+use nereid_proto::{ModelIndexEntry, ServiceError};
 use parking_lot::{Mutex, RwLock};
 
 use build::{BuildInput, build};

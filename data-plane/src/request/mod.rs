@@ -27,10 +27,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use nereid_proto::ServiceError;
-use nereid_proto::error::ServiceResult;
-use nereid_proto::service::ResponseStream;
-use nereid_proto::types::{InferRequest, InferResponse, Tensor};
+use nereid_proto::{
+    InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult, Tensor,
+};
 use nereid_telemetry::tracer::RequestTrace;
 
 use self::outcome::{Outcome, backend_error, record_phases};

@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use nereid_proto::ServiceError;
-use nereid_proto::error::ServiceResult;
-use nereid_proto::service::{ResponseStream, StreamedResponse};
-use nereid_proto::types::{InferRequest, InferResponse};
+use nereid_proto::{
+    InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult, StreamedResponse,
+};
 use tokio::sync::mpsc;
 
 use super::outcome::{Outcome, backend_error};
@@ -61,8 +60,8 @@ pub(super) fn run(
         )));
     }
     let mut outcome = Outcome::start(loaded.clone(), started);
-    let mut valid = request_check::check(&loaded.config, request)
-        .map_err(|e| outcome.refused_unchecked(e))?;
+    let mut valid =
+        request_check::check(&loaded.config, request).map_err(|e| outcome.refused_unchecked(e))?;
     let id = valid.id.clone();
     let (sink, events) = mpsc::unbounded_channel();
     let failures = sink.clone();

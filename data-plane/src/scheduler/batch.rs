@@ -6,7 +6,7 @@
 //! request's output is a `Bytes` slice of the batch output.
 
 use bytes::Bytes;
-use nereid_proto::types::{Tensor, bytes_elements, element_count};
+use nereid_proto::{Tensor, bytes_elements, element_count};
 
 use crate::backend::BackendError;
 
@@ -70,8 +70,7 @@ fn bytes_row_offsets(data: &Bytes, row_elements: usize, rows: usize) -> Vec<usiz
 mod tests {
     use super::*;
     use crate::backend::BatchInputs;
-    use nereid_proto::DataType;
-    use nereid_proto::types::push_bytes_element;
+    use nereid_proto::{DataType, push_bytes_element};
 
     fn i32s(name: &str, shape: Vec<i64>, v: &[i32]) -> Tensor {
         Tensor::new(

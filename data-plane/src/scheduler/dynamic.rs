@@ -10,8 +10,7 @@
 
 use std::time::Instant;
 
-use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::{ServiceError, Tensor};
 
 use super::engine::{Batcher, Entry, Feed, Job, Refused};
 use super::policy::BatchPolicy;

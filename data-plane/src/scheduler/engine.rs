@@ -36,8 +36,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
-use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::{ServiceError, Tensor};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 

@@ -29,8 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::{ServiceError, Tensor};
 
 use self::dynamic::{DynamicBatcher, DynamicFeed};
 use self::engine::{Engine, EngineConfig};

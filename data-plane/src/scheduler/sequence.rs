@@ -23,8 +23,7 @@ mod slots;
 
 use std::time::Instant;
 
-use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::{ServiceError, Tensor};
 
 pub use self::controls::SequencePolicy;
 use self::controls::id_text;

@@ -2,8 +2,7 @@
 
 use std::path::Path;
 
-use nereid_proto::DataType;
-use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 use super::*;
 use crate::config::text::parse_model_config;

@@ -11,8 +11,7 @@ use bytes::Bytes;
 use nereid_data_plane::backend::Backends;
 use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
 use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
-use nereid_proto::DataType;
-use nereid_proto::types::Tensor;
+use nereid_proto::{DataType, Tensor};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {

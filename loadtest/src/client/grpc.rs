@@ -253,7 +253,7 @@ impl Client for GrpcClient {
             url: self.base.clone(),
             detail: "ModelConfig answered without a config".into(),
         })?;
-        Ok(nereid_proto::json::message_to_json(&config))
+        Ok(nereid_proto::message_to_json(&config))
     }
 
     async fn load_model(&self, config: Option<&Value>) -> Result<(), LoadtestError> {

@@ -1,5 +1,5 @@
 //! What the router's integration tests share: in-process echo workers (tonic servers on
-//! 127.0.0.1:0 serving `nereid_proto::grpc::routes`), a routing table over two of them, and
+//! 127.0.0.1:0 serving `nereid_frontend::routes`), a routing table over two of them, and
 //! request helpers.
 
 #![allow(dead_code)]
@@ -14,10 +14,11 @@ use nereid_proto::pb::cluster::{
     watch_event,
 };
 use nereid_proto::testing::{FakeModel, FakeService, Step};
-use nereid_proto::types::{InferRequest, InferResponse, ParamValue, RequestOptions, Tensor};
-use nereid_proto::{DataType, InferenceService};
-use nereid_router::choice::SplitMix64;
-use nereid_router::table::SharedTable;
+use nereid_proto::{
+    DataType, InferRequest, InferResponse, InferenceService, ParamValue, RequestOptions, Tensor,
+};
+use nereid_router::SharedTable;
+use nereid_router::SplitMix64;
 use nereid_router::{RouterService, RouterServiceConfig};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -49,7 +50,7 @@ impl FakeWorker {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let service: Arc<dyn InferenceService> = Arc::new(echo_worker(name));
-        let routes = nereid_proto::grpc::routes(service, Default::default());
+        let routes = nereid_frontend::routes(service, Default::default());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let incoming = tonic::transport::server::TcpIncoming::from(listener);

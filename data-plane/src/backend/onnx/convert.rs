@@ -13,8 +13,7 @@
 
 use bytemuck::{NoUninit, Pod};
 use bytes::Bytes;
-use nereid_proto::DataType;
-use nereid_proto::types::{bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, bytes_elements, push_bytes_element};
 use ort::value::{DynValue, PrimitiveTensorElementType, Tensor as OrtTensor, ValueType};
 
 use super::types::datatype_of;
@@ -31,8 +30,8 @@ impl<T: PrimitiveTensorElementType + Pod + std::fmt::Debug> Element for T {}
 
 /// The batch copied into a new tensor of `shape` (the shape the model sees).
 fn primitive<T: Element>(input: &BatchInput<'_>, shape: Vec<i64>) -> Result<DynValue, String> {
-    let elements = nereid_proto::types::element_count(&shape)
-        .ok_or_else(|| format!("shape {shape:?} is invalid"))?;
+    let elements =
+        nereid_proto::element_count(&shape).ok_or_else(|| format!("shape {shape:?} is invalid"))?;
     let mut values: Vec<T> = bytemuck::zeroed_vec(elements);
     input
         .copy_into(bytemuck::cast_slice_mut(&mut values))
@@ -174,7 +173,7 @@ pub(crate) fn from_value(
 
 #[cfg(test)]
 mod tests {
-    use nereid_proto::types::Tensor;
+    use nereid_proto::Tensor;
 
     use super::*;
     use crate::backend::BatchInputs;

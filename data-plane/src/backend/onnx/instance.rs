@@ -10,8 +10,7 @@
 
 use std::collections::HashMap;
 
-use nereid_proto::DataType;
-use nereid_proto::types::Tensor;
+use nereid_proto::{DataType, Tensor};
 use ort::session::{OutputSelector, RunOptions, Session};
 use ort::value::DynValue;
 

@@ -9,8 +9,7 @@
 //! shape must match. A -1 on either side matches any size. A scalar model tensor accepts config
 //! dims that are all 1 (Triton's rule). Messages start with `unable to load model '<name>'`.
 
-use nereid_proto::DataType;
-use nereid_proto::types::format_shape;
+use nereid_proto::{DataType, format_shape};
 
 use super::signature::{ModelSignature, TensorSig};
 use super::types::config_name;

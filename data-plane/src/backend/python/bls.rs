@@ -16,8 +16,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use nereid_proto::InferenceService;
-use nereid_proto::types::{InferRequest, InferResponse};
+use nereid_proto::{InferRequest, InferResponse, InferenceService};
 
 use super::convert;
 use super::link::Link;

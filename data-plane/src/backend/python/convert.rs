@@ -3,11 +3,10 @@
 //! Pure functions; the I/O around them lives in [`super::link`].
 
 use bytes::Bytes;
-use nereid_proto::types::{
-    CorrelationId, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions,
-    RequestedOutput, Tensor,
+use nereid_proto::{
+    CorrelationId, DataType, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions,
+    RequestedOutput, ServiceError, Tensor,
 };
-use nereid_proto::{DataType, ServiceError};
 use serde_json::{Map, Number, Value};
 
 use super::message::{CorrelationValue, ErrorCode, ErrorObject, RequestObject, TensorRef};
@@ -224,7 +223,7 @@ pub fn service_error_object(error: ServiceError) -> ErrorObject {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nereid_proto::types::push_bytes_element;
+    use nereid_proto::push_bytes_element;
     use serde_json::json;
 
     fn fp32(name: &str, values: &[f32]) -> Tensor {

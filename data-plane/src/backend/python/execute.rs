@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
-use nereid_proto::types::Tensor;
+use nereid_proto::Tensor;
 
 use super::convert::{self, ModelInfo};
 use super::link::StreamTarget;

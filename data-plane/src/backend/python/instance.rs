@@ -2,8 +2,7 @@
 
 use std::sync::Arc;
 
-use nereid_proto::json::message_to_json;
-use nereid_proto::types::Tensor;
+use nereid_proto::{Tensor, message_to_json};
 
 use super::convert::ModelInfo;
 use super::execute::{self, BatchResult};

@@ -18,7 +18,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nereid_proto::types::Tensor;
+use nereid_proto::Tensor;
 use parking_lot::Mutex;
 
 use super::convert;

@@ -32,8 +32,8 @@ mod supervisor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nereid_proto::json::{message_from_json, message_to_json};
 use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::{message_from_json, message_to_json};
 use parking_lot::Mutex;
 
 pub use self::instance::PythonInstance;

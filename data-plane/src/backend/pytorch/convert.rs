@@ -9,8 +9,7 @@
 //! target this builds for (checked at compile time below).
 
 use bytes::Bytes;
-use nereid_proto::DataType;
-use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, Tensor, bytes_elements, push_bytes_element};
 use tch::{Device, Kind};
 
 use crate::backend::BackendError;

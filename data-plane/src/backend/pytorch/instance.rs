@@ -10,8 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use nereid_proto::DataType;
-use nereid_proto::types::Tensor;
+use nereid_proto::{DataType, Tensor};
 use tch::{CModule, Device, IValue};
 
 use super::binding::InputBinding;

@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nereid_proto::DataType;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::pb::inference::{ModelConfig, ModelParameter};
-use nereid_proto::types::Tensor;
+use nereid_proto::{DataType, Tensor};
 use serde_json::Value;
 
 use super::PyTorchBackend;
@@ -80,7 +79,7 @@ fn tensor(name: &str, json: &Value) -> Tensor {
             DataType::Fp32 => data.extend((f.unwrap() as f32).to_le_bytes()),
             DataType::Fp64 => data.extend(f.unwrap().to_le_bytes()),
             DataType::Bytes => {
-                nereid_proto::types::push_bytes_element(&mut data, v.as_str().unwrap().as_bytes())
+                nereid_proto::push_bytes_element(&mut data, v.as_str().unwrap().as_bytes())
             }
             other => panic!("no fixture uses {other}"),
         }

@@ -11,8 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use nereid_proto::ServiceError;
-use nereid_proto::types::Tensor;
+use nereid_proto::{ServiceError, Tensor};
 
 use super::{Batcher, Entry, Feed, Shared};
 use crate::backend::{BackendError, BackendInstance, BatchInputs, RequestView};

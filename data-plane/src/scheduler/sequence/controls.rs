@@ -11,8 +11,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use nereid_proto::types::{CorrelationId, Tensor, element_count};
-use nereid_proto::{DataType, ServiceError};
+use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor, element_count};
 
 use crate::config::{ControlKind, SequenceControl, SequenceStrategy, StateIo, ValidModelConfig};
 use crate::request_check::SequenceFlags;
@@ -125,7 +124,7 @@ fn corrid_bytes(datatype: DataType, id: &CorrelationId) -> Vec<u8> {
 
 fn bytes_element(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + s.len());
-    nereid_proto::types::push_bytes_element(&mut out, s);
+    nereid_proto::push_bytes_element(&mut out, s);
     out
 }
 

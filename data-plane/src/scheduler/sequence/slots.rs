@@ -26,7 +26,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use nereid_proto::types::CorrelationId;
+use nereid_proto::CorrelationId;
 
 use crate::config::SequenceStrategy;
 use crate::request_check::SequenceFlags;

@@ -8,13 +8,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nereid_proto::DataType;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_optimization_policy::Graph;
 use nereid_proto::pb::inference::{
     ModelConfig, ModelInput, ModelOptimizationPolicy, ModelOutput, ModelParameter,
 };
-use nereid_proto::types::{Tensor, bytes_elements, push_bytes_element};
+use nereid_proto::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 use super::OnnxRuntimeBackend;
 use crate::backend::{

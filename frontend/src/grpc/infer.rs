@@ -1,0 +1,85 @@
+//! A unary `ModelInfer` call ─► [`InferRequest`]: the message through the shared codec
+//! ([`nereid_proto::codec::decode_request`]), the call's metadata into its [`RequestContext`].
+//!
+//! ```text
+//! tonic::Request<ModelInferRequest>
+//!   ├─ metadata: traceparent / tracestate (W3C, ignored when invalid), grpc-timeout (deadline,
+//!   │            counted from arrival) ──► RequestContext
+//!   └─ message ──► codec::decode_request ──► InferRequest
+//! ```
+
+use std::time::Instant;
+
+use nereid_proto::codec::decode_request;
+use nereid_proto::pb::inference::ModelInferRequest;
+use nereid_proto::{
+    GRPC_TIMEOUT, InferRequest, RequestContext, ServiceResult, TRACEPARENT, TRACESTATE,
+    TraceContext, parse_grpc_timeout,
+};
+use tonic::metadata::MetadataMap;
+
+/// Validates and converts a unary `ModelInfer` call, its metadata included.
+pub(crate) fn decode_call(call: tonic::Request<ModelInferRequest>) -> ServiceResult<InferRequest> {
+    let context = request_context(call.metadata(), Instant::now());
+    let mut request = decode_request(call.into_inner())?;
+    request.context = context;
+    Ok(request)
+}
+
+/// The trace context and deadline a call's metadata carries; `now` is when the call arrived.
+/// A malformed `grpc-timeout` is ignored, as tonic's server does.
+pub(crate) fn request_context(metadata: &MetadataMap, now: Instant) -> RequestContext {
+    let text = |key: &'static str| {
+        metadata
+            .get_all(key)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+    };
+    let deadline = metadata
+        .get(GRPC_TIMEOUT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .and_then(|timeout| now.checked_add(timeout));
+    RequestContext {
+        trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
+        deadline,
+        received: Some(now),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_gives_the_trace_context_and_deadline() {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut metadata = MetadataMap::new();
+        metadata.insert("traceparent", traceparent.parse().unwrap());
+        metadata.insert("tracestate", "a=1".parse().unwrap());
+        metadata.insert("grpc-timeout", "1500m".parse().unwrap());
+        let now = Instant::now();
+        let context = request_context(&metadata, now);
+        let trace = context.trace.unwrap();
+        assert_eq!(trace.traceparent(), traceparent);
+        assert_eq!(trace.tracestate(), Some("a=1"));
+        assert_eq!(
+            context.deadline,
+            Some(now + std::time::Duration::from_millis(1500))
+        );
+
+        let mut bad = MetadataMap::new();
+        bad.insert("traceparent", traceparent.to_uppercase().parse().unwrap());
+        bad.insert("tracestate", "a=1".parse().unwrap());
+        bad.insert("grpc-timeout", "1.5S".parse().unwrap());
+        let context = request_context(&bad, now);
+        assert_eq!((context.trace, context.deadline), (None, None));
+        assert_eq!(context.received, Some(now));
+        // The largest timeout the format allows does not overflow.
+        let mut huge = MetadataMap::new();
+        huge.insert("grpc-timeout", "99999999H".parse().unwrap());
+        let _ = request_context(&huge, now);
+    }
+}

@@ -1,0 +1,78 @@
+//! gRPC frontend: Triton's `inference.GRPCInferenceService` and `grpc.health.v1.Health`.
+//!
+//! ```text
+//! tonic server (HTTP/2, prost decoding, message size limits from GrpcConfig)
+//!   └─► handlers::GrpcFrontend ── one method per rpc, a thin translation
+//!         ├─ infer::decode_call       metadata ─► RequestContext; message ─► InferRequest
+//!         │    └─ nereid_proto::codec::decode_request  (the codec the router's forwarder shares)
+//!         ├─ repository               load/unload parameters ─► LoadRequest / flag
+//!         ├─ InferenceService         the one shared implementation (data plane or router)
+//!         ├─ codec::encode_response   InferResponse ─► ModelInferResponse (raw outputs)
+//!         ├─ stream                   ModelStreamInfer: concurrent requests, streamed answers
+//!         │    └─ stream_order        sequences start in order; non-decoupled answers in order
+//!         └─ codec (status)           ServiceError ─► tonic::Status (one exhaustive match)
+//! ```
+//!
+//! [`routes`] is the whole public surface: the caller adds the routes to a
+//! `tonic::transport::Server` and owns the listener and shutdown. Tensor bytes are `Bytes` from
+//! prost decoding to the service and back, never copied. A cancelled rpc drops its handler
+//! future, which drops the in-flight `InferenceService::infer` future and so cancels the request;
+//! a closed `ModelStreamInfer` stream cancels every request still running on it. Shared memory,
+//! trace and log settings answer UNIMPLEMENTED for now.
+
+mod error;
+mod handlers;
+mod infer;
+mod repository;
+mod settings;
+mod stream;
+mod stream_order;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use nereid_proto::InferenceService;
+use nereid_proto::pb::health::health_server::HealthServer;
+use nereid_proto::pb::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
+
+/// Settings of the gRPC frontend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcConfig {
+    /// Largest message, in bytes, accepted from or sent to a client. Triton uses `INT32_MAX`
+    /// both ways so large tensors fit in one `ModelInfer`; lower it to bound per-request memory.
+    pub max_message_size: usize,
+    /// Responses one `ModelStreamInfer` stream holds for a client that reads slower than its
+    /// models answer. When full, the stream's requests wait (back-pressure) instead of buffering
+    /// without bound; raise it for many small responses (token streaming) on a slow link.
+    pub stream_response_buffer: usize,
+}
+
+impl GrpcConfig {
+    /// Default of [`GrpcConfig::stream_response_buffer`].
+    pub const DEFAULT_STREAM_RESPONSE_BUFFER: usize = 32;
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig {
+            max_message_size: i32::MAX as usize,
+            stream_response_buffer: Self::DEFAULT_STREAM_RESPONSE_BUFFER,
+        }
+    }
+}
+
+/// tonic routes serving `inference.GRPCInferenceService` and `grpc.health.v1.Health` over
+/// `service`, ready for
+/// `tonic::transport::Server::builder().add_routes(routes).serve_with_incoming_shutdown(..)`.
+pub fn routes(service: Arc<dyn InferenceService>, config: GrpcConfig) -> tonic::service::Routes {
+    let frontend = Arc::new(handlers::GrpcFrontend::new(service, config.clone()));
+    let inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let health = HealthServer::from_arc(frontend)
+        .max_decoding_message_size(config.max_message_size)
+        .max_encoding_message_size(config.max_message_size);
+    tonic::service::Routes::new(inference).add_service(health)
+}

@@ -1,0 +1,299 @@
+//! In-process round trips: a real tonic server on 127.0.0.1:0 serving [`routes`] over a
+//! [`FakeService`], called with the generated clients. No sleeps; every wait is bounded.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use super::{GrpcConfig, routes};
+use nereid_proto::InferenceService;
+use nereid_proto::pb::health::HealthCheckRequest;
+use nereid_proto::pb::health::health_check_response::ServingStatus;
+use nereid_proto::pb::health::health_client::HealthClient;
+use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use nereid_proto::pb::inference::model_infer_request::InferInputTensor;
+use nereid_proto::pb::inference::*;
+use nereid_proto::testing::{Answer, FakeEvent, FakeModel, FakeService};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// Echoes inputs back as outputs. Model `missing` is unknown, `loading` is not ready, `hang`
+/// never answers.
+fn fake() -> FakeService {
+    FakeService::new("nereid")
+        .fallback(FakeModel::echo())
+        .unknown("missing")
+        .model("loading", FakeModel::echo().not_ready())
+        .model("hang", FakeModel::echo().answer(Answer::Hang))
+}
+
+/// A running server and a channel to it; the server stops when the harness is dropped.
+struct Harness {
+    channel: Channel,
+    fake: Arc<FakeService>,
+    events: mpsc::UnboundedReceiver<FakeEvent>,
+    _shutdown: oneshot::Sender<()>,
+}
+
+impl Harness {
+    async fn start(config: GrpcConfig) -> Harness {
+        let fake = Arc::new(fake());
+        let events = fake.events();
+        let (channel, shutdown) = serve(fake.clone(), config).await;
+        Harness {
+            channel,
+            fake,
+            events,
+            _shutdown: shutdown,
+        }
+    }
+
+    fn client(&self) -> GrpcInferenceServiceClient<Channel> {
+        GrpcInferenceServiceClient::new(self.channel.clone())
+    }
+}
+
+/// Serves [`routes`] over `service` on 127.0.0.1:0 and connects to it; the server stops when the
+/// returned sender is dropped.
+pub(super) async fn serve(
+    service: Arc<dyn InferenceService>,
+    config: GrpcConfig,
+) -> (Channel, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let routes = routes(service, config);
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stop.await;
+            })
+            .await
+    });
+    // The listener is already bound, so the connection is accepted as soon as the server task
+    // polls it: no readiness wait needed.
+    let channel = bounded(
+        Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_timeout(LIMIT)
+            .connect(),
+    )
+    .await
+    .unwrap();
+    (channel, shutdown)
+}
+
+/// Awaits `future`, failing the test if it takes longer than [`LIMIT`].
+pub(super) async fn bounded<F: Future>(future: F) -> F::Output {
+    tokio::time::timeout(LIMIT, future)
+        .await
+        .expect("the call finished within the time limit")
+}
+
+fn raw_input(name: &str, datatype: &str, shape: Vec<i64>) -> InferInputTensor {
+    InferInputTensor {
+        name: name.into(),
+        datatype: datatype.into(),
+        shape,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn model_infer_round_trips_raw_and_typed_inputs() {
+    let h = Harness::start(GrpcConfig::default()).await;
+    let a: Vec<u8> = [7i32, -3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut request = ModelInferRequest {
+        model_name: "echo".into(),
+        id: "r1".into(),
+        inputs: vec![raw_input("a", "INT32", vec![1, 2])],
+        raw_input_contents: vec![Bytes::from(a.clone())],
+        ..Default::default()
+    };
+    request.parameters.insert(
+        "note".into(),
+        InferParameter {
+            parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("x".into())),
+        },
+    );
+    let response = bounded(h.client().model_infer(request))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (response.model_name.as_str(), response.id.as_str()),
+        ("echo", "r1")
+    );
+    assert_eq!(response.outputs.len(), 1);
+    assert_eq!(response.outputs[0].name, "a");
+    assert_eq!(response.outputs[0].datatype, "INT32");
+    assert_eq!(response.outputs[0].shape, vec![1, 2]);
+    assert_eq!(response.raw_output_contents, vec![Bytes::from(a)]);
+    assert_eq!(
+        response.parameters["note"].parameter_choice,
+        Some(infer_parameter::ParameterChoice::StringParam("x".into()))
+    );
+
+    // Typed contents come back raw, like Triton.
+    let mut typed = raw_input("b", "FP32", vec![2]);
+    typed.contents = Some(InferTensorContents {
+        fp32_contents: vec![1.5, 2.5],
+        ..Default::default()
+    });
+    let request = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![typed],
+        ..Default::default()
+    };
+    let response = bounded(h.client().model_infer(request))
+        .await
+        .unwrap()
+        .into_inner();
+    let expected: Vec<u8> = [1.5f32, 2.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(response.raw_output_contents, vec![Bytes::from(expected)]);
+    assert!(response.outputs[0].contents.is_none());
+
+    // A decode error arrives as INVALID_ARGUMENT with its message.
+    let mut mixed = raw_input("b", "FP32", vec![1]);
+    mixed.contents = Some(InferTensorContents {
+        fp32_contents: vec![1.0],
+        ..Default::default()
+    });
+    let request = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![mixed],
+        raw_input_contents: vec![Bytes::from(vec![0u8; 4])],
+        ..Default::default()
+    };
+    let status = bounded(h.client().model_infer(request)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "contents field must not be specified when using raw_input_contents for 'b' for model 'echo'"
+    );
+}
+
+#[tokio::test]
+async fn health_readiness_and_unimplemented_rpcs() {
+    let h = Harness::start(GrpcConfig::default()).await;
+    let mut health = HealthClient::new(h.channel.clone());
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    let status = bounded(health.check(check()))
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, i32::from(ServingStatus::Serving));
+    h.fake.set_live(false);
+    let status = bounded(health.check(check()))
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, i32::from(ServingStatus::NotServing));
+
+    let mut client = h.client();
+    let ready = |name: &str| ModelReadyRequest {
+        name: name.into(),
+        version: String::new(),
+    };
+    assert!(
+        bounded(client.model_ready(ready("m")))
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    assert!(
+        !bounded(client.model_ready(ready("loading")))
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    let status = bounded(client.model_ready(ready("missing")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(
+        status.message(),
+        "Request for unknown model: 'missing' is not found"
+    );
+
+    let status =
+        bounded(client.system_shared_memory_status(SystemSharedMemoryStatusRequest::default()))
+            .await
+            .unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented);
+    assert!(
+        status.message().contains("SystemSharedMemoryStatus"),
+        "{}",
+        status.message()
+    );
+    let index = RepositoryIndexRequest {
+        repository_name: "other".into(),
+        ready: false,
+    };
+    let status = bounded(client.repository_index(index)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented);
+    assert_eq!(
+        status.message(),
+        "'repository_name' specification is not supported"
+    );
+}
+
+#[tokio::test]
+async fn cancelled_call_drops_the_infer_future() {
+    let mut h = Harness::start(GrpcConfig::default()).await;
+    let mut client = h.client();
+    let call = tokio::spawn(async move {
+        client
+            .model_infer(ModelInferRequest {
+                model_name: "hang".into(),
+                ..Default::default()
+            })
+            .await
+    });
+    let received = bounded(h.events.recv())
+        .await
+        .expect("the hang request reached the service");
+    assert!(
+        matches!(received, FakeEvent::Received { .. }),
+        "{received:?}"
+    );
+    call.abort();
+    let cancelled = bounded(h.events.recv())
+        .await
+        .expect("the infer future was dropped, not leaked");
+    assert!(
+        matches!(cancelled, FakeEvent::Cancelled { .. }),
+        "{cancelled:?}"
+    );
+}
+
+#[tokio::test]
+async fn message_size_limit_applies() {
+    let h = Harness::start(GrpcConfig {
+        max_message_size: 1024,
+        ..GrpcConfig::default()
+    })
+    .await;
+    let request = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![raw_input("a", "UINT8", vec![4096])],
+        raw_input_contents: vec![Bytes::from(vec![0u8; 4096])],
+        ..Default::default()
+    };
+    let status = bounded(h.client().model_infer(request)).await.unwrap_err();
+    // tonic reports an oversized message as OUT_OF_RANGE (gRPC C++ says RESOURCE_EXHAUSTED).
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+}

@@ -1,0 +1,195 @@
+//! Request bodies in, under `--http-max-input-size`; response bodies out, as chunks.
+//!
+//! The limit is applied three times: to a declared `Content-Length` before anything is read, to
+//! the bytes actually streamed (so a chunked upload never buffers past the limit), and to the
+//! decompressed size. A body that arrives in one frame is returned as that frame's `Bytes`, so
+//! binary tensors sliced from it share the connection's buffer. Responses are a list of `Bytes`
+//! chunks (JSON header, then each binary output) sent without concatenation, with an exact
+//! size hint so hyper still sets `Content-Length`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::http::header::CONTENT_LENGTH;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Frame, SizeHint};
+
+use super::compression::{self, Encoding};
+use super::error::HttpError;
+use nereid_proto::ServiceError;
+
+/// The size-limit message (Triton's wording, with the flag to raise it).
+pub fn too_large_message(limit: usize) -> String {
+    format!(
+        "request body size exceeds the maximum allowed input size of {limit} bytes. Use --http-max-input-size to increase the limit."
+    )
+}
+
+fn too_large(limit: usize) -> HttpError {
+    ServiceError::invalid(too_large_message(limit)).into()
+}
+
+/// Reads a whole request body, decompressing it per `Content-Encoding`, never holding more than
+/// `limit` bytes of either form.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, HttpError> {
+    let encoding = compression::request_encoding(headers)?;
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large(limit));
+    }
+    let raw = read_limited(body, limit, declared).await?;
+    if encoding == Encoding::Identity || raw.is_empty() {
+        return Ok(raw);
+    }
+    // Inflating up to the limit is CPU work; keep it off the async workers.
+    tokio::task::spawn_blocking(move || compression::decompress(encoding, &raw, limit))
+        .await
+        .map_err(|e| ServiceError::internal(format!("request decompression task failed: {e}")))?
+        .map_err(HttpError::from)
+}
+
+async fn read_limited(
+    mut body: Body,
+    limit: usize,
+    declared: Option<u64>,
+) -> Result<Bytes, HttpError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            HttpError::from(ServiceError::invalid(format!(
+                "failed to read the request body: {e}"
+            )))
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry no body bytes
+        };
+        if data.is_empty() {
+            continue;
+        }
+        total = total.saturating_add(data.len());
+        if total > limit {
+            return Err(too_large(limit));
+        }
+        match (&mut joined, first.take()) {
+            (Some(buf), _) => buf.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(previous)) => {
+                // A second frame: from here on, copy into one buffer sized from Content-Length.
+                let hint = declared.map_or(0, |d| d.min(limit as u64) as usize);
+                let mut buf = BytesMut::with_capacity(hint.max(total));
+                buf.extend_from_slice(&previous);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+        }
+    }
+    Ok(match joined {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}
+
+/// A response body sent as a sequence of shared chunks.
+pub struct ChunkBody {
+    chunks: VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl ChunkBody {
+    pub fn new(chunks: Vec<Bytes>) -> ChunkBody {
+        let chunks: VecDeque<Bytes> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
+        let remaining = chunks.iter().map(|c| c.len() as u64).sum();
+        ChunkBody { chunks, remaining }
+    }
+}
+
+impl hyper::body::Body for ChunkBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        Poll::Ready(this.chunks.pop_front().map(|chunk| {
+            this.remaining -= chunk.len() as u64;
+            Ok(Frame::data(chunk))
+        }))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn stream_body(chunks: Vec<&'static [u8]>) -> Body {
+        let stream = futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Bytes::from_static(c))),
+        );
+        Body::from_stream(stream)
+    }
+
+    #[tokio::test]
+    async fn single_frame_body_is_not_copied() {
+        let data = Bytes::from(vec![1u8; 100]);
+        let read = read_body(&HeaderMap::new(), Body::from(data.clone()), 100)
+            .await
+            .unwrap();
+        assert_eq!(read.as_ptr(), data.as_ptr());
+    }
+
+    #[tokio::test]
+    async fn streamed_body_is_joined_and_limited() {
+        let read = read_body(&HeaderMap::new(), stream_body(vec![b"ab", b"", b"cd"]), 4)
+            .await
+            .unwrap();
+        assert_eq!(&read[..], b"abcd");
+        let err = read_body(&HeaderMap::new(), stream_body(vec![b"ab", b"cd", b"e"]), 4)
+            .await
+            .unwrap_err();
+        assert_eq!(err.message(), too_large_message(4));
+    }
+
+    #[tokio::test]
+    async fn declared_length_is_checked_before_reading() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("5"));
+        // The body itself is never polled: an empty body with a large declared length fails.
+        let err = read_body(&headers, Body::empty(), 4).await.unwrap_err();
+        assert_eq!(err.status().as_u16(), 400);
+    }
+
+    #[tokio::test]
+    async fn chunk_body_reports_exact_size() {
+        let body = ChunkBody::new(vec![
+            Bytes::from_static(b"abc"),
+            Bytes::new(),
+            Bytes::from_static(b"de"),
+        ]);
+        assert_eq!(hyper::body::Body::size_hint(&body).exact(), Some(5));
+        let collected = Body::new(body).collect().await.unwrap().to_bytes();
+        assert_eq!(&collected[..], b"abcde");
+    }
+}

@@ -1,0 +1,82 @@
+//! `POST /v2/models/{m}[/versions/{v}]/infer`: body → [`InferRequest`] → service → response.
+//!
+//! Decoding and encoding large bodies (JSON parsing, compression) is CPU work; above
+//! [`OFFLOAD_BYTES`] it runs on tokio's blocking pool so it never stalls the async workers.
+//!
+//! [`InferRequest`]: nereid_proto::InferRequest
+
+use axum::extract::Request;
+use axum::response::Response;
+
+use super::HttpState;
+use super::body::read_body;
+use super::compression::response_encoding;
+use super::error::HttpError;
+use super::infer_request::{decode_json, header_length, request_context};
+use super::infer_response::build_response;
+use super::raw_request::decode_raw;
+use nereid_proto::{ServiceError, ServiceResult};
+use std::time::Instant;
+
+use nereid_proto::{ResponseHook, parse_version};
+
+/// Bodies (and outputs) larger than this are decoded (encoded) on the blocking pool.
+const OFFLOAD_BYTES: usize = 256 * 1024;
+
+/// Runs `work` inline when small, else on the blocking pool.
+async fn offload<T: Send + 'static>(
+    size: usize,
+    work: impl FnOnce() -> ServiceResult<T> + Send + 'static,
+) -> ServiceResult<T> {
+    if size < OFFLOAD_BYTES {
+        return work();
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ServiceError::internal(format!("HTTP codec task failed: {e}")))?
+}
+
+pub async fn infer(
+    state: &HttpState,
+    model: &str,
+    version: &str,
+    request: Request,
+) -> Result<Response, HttpError> {
+    let received = Instant::now();
+    let version = parse_version(model, version)?;
+    let (parts, body) = request.into_parts();
+    let limit = state.config.max_input_size;
+    let body = read_body(&parts.headers, body, limit).await?;
+    let header_len = header_length(&parts.headers, body.len())?;
+    let decoded = if header_len == Some(0) {
+        let config = state.service.model_config(model, version).await?;
+        decode_raw(model, version, body, &config)?
+    } else {
+        let name = model.to_string();
+        let decoded = offload(body.len(), move || {
+            decode_json(&name, version, body, header_len, limit)
+        })
+        .await;
+        match decoded {
+            Ok(d) => d,
+            // Like Triton, an unknown model is reported as such even when the body is bad too;
+            // the lookup happens only on this error path, so good requests pay nothing for it.
+            Err(e) => {
+                state.service.model_ready(model, version).await?;
+                return Err(e.into());
+            }
+        }
+    };
+    let mut request = decoded.request;
+    request.context = request_context(&parts.headers);
+    request.context.received = Some(received);
+    let hook = ResponseHook::new();
+    request.context.response_hook = hook.clone();
+    let response = state.service.infer(request).await?;
+    let encoding = response_encoding(&parts.headers);
+    let format = decoded.format;
+    let size = response.outputs.iter().map(|t| t.data().len()).sum();
+    let encoded = offload(size, move || build_response(&response, &format, encoding)).await?;
+    hook.finish(Instant::now());
+    Ok(encoded)
+}

@@ -1,0 +1,86 @@
+//! HTTP frontend: the KServe v2 REST API with Triton's extensions (binary tensor data,
+//! compression, model repository, statistics, model configuration).
+//!
+//! ```text
+//! axum::Router (one fallback handler, no global state)
+//!   └─► routes::dispatch ── path ─► Route (Triton's regexes, raw segments), method check (405)
+//!         ├─ body            Content-Length / streamed size limit, then compression::decompress
+//!         ├─ metadata        health, server/model metadata, ready, config, statistics
+//!         ├─ repository      index, load (config + file overrides), unload
+//!         ├─ settings        trace settings (global, per model), logging: JSON ↔ settings maps
+//!         ├─ generate        POST .../generate, .../generate_stream: flat JSON keys ─► inputs
+//!         │                  or parameters (by model metadata) ─► InferenceService::infer_stream
+//!         │                  ─► one JSON response, or server-sent events as they arrive
+//!         └─ infer           POST .../infer
+//!              ├─ infer_request   JSON header + binary section (zero-copy slices)
+//!              │    └─ tensor_json     JSON `data` ─► raw little-endian bytes
+//!              ├─ raw_request     or the whole body as the single input (shape from config)
+//!              ├─ InferenceService::infer   the one shared implementation
+//!              └─ infer_response  JSON header + binary outputs as separate chunks,
+//!                                 optionally compressed per Accept-Encoding
+//! every error ─► error::HttpError ─► {"error":"<message>"} (one exhaustive status match)
+//! ```
+//!
+//! [`router`] is the whole public surface: the caller owns the listener and graceful shutdown
+//! (`axum::serve(listener, router).with_graceful_shutdown(..)`). A client that disconnects drops
+//! the handler future (or, for `generate_stream`, the response body), which drops the in-flight
+//! `InferenceService` future or stream and so cancels the request. Endpoints this server does
+//! not implement yet (shared memory) answer 501 naming the endpoint.
+
+mod body;
+mod compression;
+mod error;
+mod generate;
+mod infer;
+mod infer_request;
+mod infer_response;
+mod json_body;
+mod metadata;
+mod raw_request;
+mod repository;
+mod routes;
+mod settings;
+mod tensor_json;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use nereid_proto::InferenceService;
+
+/// Settings of the HTTP frontend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Largest request body accepted, in bytes (`--http-max-input-size`), both as received and
+    /// after decompression; also bounds each JSON-decoded input tensor. Triton's default is
+    /// 64 MiB.
+    pub max_input_size: usize,
+}
+
+impl HttpConfig {
+    /// Triton's default `--http-max-input-size`: 2^26 bytes.
+    pub const DEFAULT_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_input_size: Self::DEFAULT_MAX_INPUT_SIZE,
+        }
+    }
+}
+
+/// What every handler shares: the service it translates to, and the settings.
+pub(crate) struct HttpState {
+    pub service: Arc<dyn InferenceService>,
+    pub config: HttpConfig,
+}
+
+/// An axum router serving the KServe v2 / Triton HTTP API over `service`, ready for
+/// `axum::serve(listener, router).with_graceful_shutdown(..)`.
+pub fn router(service: Arc<dyn InferenceService>, config: HttpConfig) -> axum::Router {
+    let state = Arc::new(HttpState { service, config });
+    axum::Router::new()
+        .fallback(routes::dispatch)
+        .with_state(state)
+}

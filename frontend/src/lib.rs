@@ -1,0 +1,30 @@
+//! `nereid-frontend`: the KServe v2 / Triton HTTP and gRPC servers over any
+//! [`InferenceService`](nereid_proto::InferenceService), written once. `nereid serve` and
+//! `nereid worker` run them over the data plane, `nereid router` over its `RouterService`.
+//!
+//! ```text
+//!  HTTP body (JSON / binary tensor extension) ──► http ─┐
+//!                                                       ├─► InferRequest ──► InferenceService
+//!  gRPC ModelInferRequest ──► grpc (nereid_proto::codec)┘        (data plane or router)
+//!
+//!  spawn(Frontends { http, grpc, metrics listeners }, service, stop) ─► one task per listener
+//! ```
+//!
+//! Entry points, all re-exported here:
+//! - [`router`] and [`HttpConfig`]: the axum router of the HTTP frontend (JSON, binary tensor
+//!   extension, compression, generate, repository and settings endpoints).
+//! - [`routes`] and [`GrpcConfig`]: the tonic routes of `inference.GRPCInferenceService` and
+//!   `grpc.health.v1.Health`.
+//! - [`spawn`], [`Frontends`], [`bind`], [`BindError`], [`stopped`]: running them on listeners
+//!   with graceful shutdown.
+//!
+//! The domain types, the `InferenceService` trait and the gRPC codec live in `nereid-proto`, so a
+//! crate that only implements or calls the service does not depend on this one.
+
+mod grpc;
+mod http;
+mod serve;
+
+pub use grpc::{GrpcConfig, routes};
+pub use http::{HttpConfig, router};
+pub use serve::{BindError, Frontends, bind, spawn, stopped};
