@@ -56,8 +56,14 @@ pub fn parse_json(text: &[u8], max_depth: usize, what: &str) -> ServiceResult<Va
     if exceeds_depth(text, max_depth) {
         return Err(depth_error());
     }
-    serde_json::from_slice(text)
-        .map_err(|e| ServiceError::invalid(format!("failed to parse the {what} JSON: {e}")))
+    serde_json::from_slice(text).map_err(|e| {
+        if what == "request" {
+            // Triton's prefix and code (500) for an inference request that is not JSON.
+            ServiceError::internal(format!("failed to parse the request JSON buffer: {e}"))
+        } else {
+            ServiceError::invalid(format!("failed to parse the {what} JSON: {e}"))
+        }
+    })
 }
 
 #[cfg(test)]
@@ -99,7 +105,7 @@ mod tests {
         let err = parse_json(br#"{"inputs": [}"#, 10, "request").unwrap_err();
         assert!(
             err.message()
-                .starts_with("failed to parse the request JSON: "),
+                .starts_with("failed to parse the request JSON buffer: "),
             "{}",
             err.message()
         );

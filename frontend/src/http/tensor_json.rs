@@ -46,9 +46,11 @@ pub fn decode_data(
     let mut string_bytes = 0usize;
     count_leaves(data, 0, &mut found, &mut string_bytes)?;
     if found != element_count {
-        return Err(ServiceError::invalid(format!(
-            "input '{input}': the shape holds {element_count} elements, but 'data' has {found}"
-        )));
+        // Triton's words and code (500) for a data/shape mismatch; the request's own numbers
+        // would help more, but clients match on Triton's text.
+        return Err(ServiceError::internal(
+            "Unable to parse 'data': Shape does not match true shape of 'data' field",
+        ));
     }
     let byte_size = match datatype.element_size() {
         Some(size) => found.saturating_mul(size),
@@ -97,7 +99,7 @@ pub fn decode_data(
 /// Triton's refusal of half-precision JSON data.
 fn half_refused(input: &str, datatype: DataType) -> ServiceError {
     ServiceError::invalid(format!(
-        "receiving {datatype} data via JSON is not supported. Please use the binary data format for input '{input}'"
+        "receiving {datatype} data via JSON is not supported. Please use the binary data format for input {input}"
     ))
 }
 

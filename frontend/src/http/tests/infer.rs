@@ -126,12 +126,8 @@ async fn malformed_requests_name_what_is_wrong() {
             "input 'x': value 300 is out of range for UINT8",
         ),
         (
-            json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1]}]}),
-            "input 'x': the shape holds 2 elements, but 'data' has 1",
-        ),
-        (
             json!({"inputs": [{"name": "x", "datatype": "FP16", "shape": [1], "data": [1]}]}),
-            "receiving FP16 data via JSON is not supported. Please use the binary data format for input 'x'",
+            "receiving FP16 data via JSON is not supported. Please use the binary data format for input x",
         ),
         (
             json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2], "data": [1, 2]}]}),
@@ -166,18 +162,36 @@ async fn malformed_requests_name_what_is_wrong() {
 }
 
 #[tokio::test]
-async fn syntax_errors_and_deep_nesting_are_clear_400s() {
+async fn syntax_errors_are_500s_as_triton_and_deep_nesting_a_clear_400() {
     let (_, app) = app();
+    // Triton 2.51 answers a request body that is not JSON with 500 and this prefix.
     let reply = send(&app, post(URI, r#"{"inputs": [}"#)).await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
     let message = reply.error();
     assert!(
-        message.starts_with("failed to parse the request JSON: ") && message.contains("column"),
+        message.starts_with("failed to parse the request JSON buffer: ")
+            && message.contains("column"),
         "{message}"
     );
 
+    // An empty body is refused as such (see infer_request.rs).
     let reply = send(&app, post(URI, "")).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+
+    // Data that does not fill the shape: Triton's words and code.
+    let reply = send(
+        &app,
+        post(
+            URI,
+            r#"{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1]}]}"#,
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        reply.error(),
+        "Unable to parse 'data': Shape does not match true shape of 'data' field"
+    );
 
     // Deeper than serde_json's own recursion limit: still our message, no crash.
     let deep = format!(
