@@ -291,13 +291,16 @@ impl WorkerArgs {
 
 #[derive(Args, Debug)]
 pub struct CheckConfigArgs {
-    /// config.pbtxt files or model directories.
+    /// config.pbtxt files, model directories or model repositories.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
     /// Fill inputs/outputs from model files where a directory has them (needs ONNX Runtime).
     #[arg(long)]
     pub auto_complete: bool,
-    /// ONNX Runtime shared library (for --auto-complete).
+    /// Do not load model files to check their signatures against the configs.
+    #[arg(long)]
+    pub no_load: bool,
+    /// ONNX Runtime shared library (for model files and --auto-complete).
     #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
     pub onnxruntime_library: Option<PathBuf>,
     #[command(flatten)]

@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod backend;
+pub mod check;
 pub mod config;
 pub mod ensemble;
 pub mod manager;

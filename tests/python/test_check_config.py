@@ -57,3 +57,42 @@ def test_auto_complete_fills_from_the_model(test_repo):
     rc, out, err = run("--auto-complete", test_repo / "simple")
     assert rc == 0, err
     assert json.loads(out)["output"][1]["name"] == "OUTPUT1"
+
+
+def test_model_files_are_checked_against_the_config_as_loading_does(test_repo, tmp_path):
+    """A config whose dims disagree with model.onnx passes the text checks but fails the load
+    check, with the loader's message; --no-load skips the model file."""
+    import shutil
+
+    model = tmp_path / "simple"
+    shutil.copytree(test_repo / "simple", model)
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 16 ]", "dims: [ 17 ]", 1))
+    rc, out, err = run(model)
+    assert rc == 1, out
+    assert f"{model}: failed to load 'simple' version 1:" in err, err
+    assert "INPUT0" in err, err
+    rc, out, err = run("--no-load", model)
+    assert rc == 0, err
+
+
+def test_a_repository_is_checked_with_its_ensembles(tmp_path):
+    """A repository path expands to its models; an ensemble whose step names a model that is
+    not there fails, the other models pass."""
+    repo = tmp_path / "repo"
+    (repo / "copy" / "1").mkdir(parents=True)
+    (repo / "copy" / "config.pbtxt").write_text(
+        'backend: "identity"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
+    (repo / "ens" / "1").mkdir(parents=True)
+    (repo / "ens" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 4\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "gone" model_version: -1 '
+        'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }\n')
+    rc, out, err = run(repo)
+    assert rc == 1
+    assert '"name": "copy"' in out, out
+    assert "composing model 'gone' is not available: it is not in the model repository" in err, err

@@ -281,6 +281,12 @@ impl Backends {
 
     /// The backend for a config's `backend` field; a message naming it when this build has none.
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>, String> {
+        // A backend name is a directory name under the backend directory, never a path.
+        if name == ".." || name.contains(['/', '\\']) {
+            return Err(format!(
+                "backend name '{name}' must not leave the backend directory: name a backend, not a path"
+            ));
+        }
         match name {
             "onnxruntime" => Ok(self.onnxruntime.clone()),
             "identity" => Ok(self.identity.clone()),
