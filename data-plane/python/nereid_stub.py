@@ -697,9 +697,11 @@ class Stub:
                     message = self._receive_or_exit()
                     if message["op"] in self._MAIN_OPS:
                         job = self._main_job(message)
+                        # Under the lock, so the main thread sees the hand-over whole: either
+                        # still reading here, or done with the job already queued.
                         with self._role_lock:
                             self._helper_reading = False
-                        self._jobs.put(job)
+                            self._jobs.put(job)
                         break
                     self._dispatch(message)
         except Exception:  # a bug in the stub: say so and stop rather than hang the parent
@@ -786,22 +788,24 @@ class Stub:
     # -- main thread ------------------------------------------------------------------------------
 
     def _main_loop(self):
-        reading = True
+        job = None
         while True:
-            if reading:
+            if job is None:
                 message = self._receive_or_exit()
                 if message["op"] not in self._MAIN_OPS:
                     self._dispatch(message)
                     continue
-                op, payload = self._main_job(message)
-            else:
-                op, payload = self._jobs.get()  # the helper hands the reading back with it
+                job = self._main_job(message)
             with self._role_lock:
                 self._main_busy = True
-            self._run_main_job(op, payload)
+            self._run_main_job(*job)
             with self._role_lock:
                 self._main_busy = False
-                reading = not self._helper_reading
+                helper_reading = self._helper_reading
+                handed = None if helper_reading or self._jobs.empty() else self._jobs.get()
+            # The helper reads until it hands the next main-thread frame over with the reading
+            # role; it may have done so while this job ran.
+            job = self._jobs.get() if helper_reading else handed
 
     def _run_main_job(self, op, payload):
         if op == "init":

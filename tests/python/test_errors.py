@@ -78,8 +78,10 @@ def test_wrong_datatype(server):
 
 
 def test_wrong_element_count_json(server):
+    """Data that does not fill the shape: Triton 2.51's code and words (test_triton_diff)."""
     body = simple_json(in0=[1] * 15)
-    assert_http_error(post_infer(server, "simple", body), 400, "INPUT0")
+    assert_http_error(post_infer(server, "simple", body), 500,
+                      "Unable to parse 'data': Shape does not match true shape of 'data' field")
 
 
 def test_missing_and_unknown_input(server):
