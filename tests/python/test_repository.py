@@ -197,7 +197,8 @@ def test_file_override_requires_config(explicit_server):
 def test_load_unknown_and_broken(explicit_server, ex_http):
     with pytest.raises(InferenceServerException) as e:
         ex_http.load_model("no_such_model")
-    assert e.value.status() in ("400", "404") and "no_such_model" in e.value.message()
+    # Triton 2.51 answers 500 here (test_triton_diff.py).
+    assert e.value.status() == "500" and "no_such_model" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         ex_http.load_model("broken_config")
     assert e.value.status() == "400" and "broken_config" in e.value.message(), e.value

@@ -62,7 +62,7 @@ pub async fn infer(
             // Like Triton, an unknown model is reported as such even when the body is bad too;
             // the lookup happens only on this error path, so good requests pay nothing for it.
             Err(e) => {
-                state.service.model_ready(model, version).await?;
+                state.service.model_metadata(model, version).await?;
                 return Err(e.into());
             }
         }
