@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from nereid_util import (NEREID_BIN, SERVERS, _die_with_parent, free_port, http_json, http_raw,
-                         wait_until)
+                         loopback_listen_args, wait_until)
 
 TOKEN = "cluster-test-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -148,12 +148,7 @@ class WorkerProcess(KServeProcess):
                 "--auth-token-file", str(token_file),
                 "--heartbeat-interval-ms", str(HEARTBEAT_MS),
                 "--work-dir", str(Path(workdir) / f"{node_id}-work"),
-                "--http-port", str(self.http_port),
-                "--grpc-port", str(self.grpc_port),
-                "--metrics-port", str(self.metrics_port),
-                "--http-address", "127.0.0.1",
-                "--grpc-address", "127.0.0.1",
-                "--metrics-address", "127.0.0.1",
+                *loopback_listen_args(self.http_port, self.grpc_port, self.metrics_port),
                 "--log-verbose", "1"]
         super().__init__(node_id, workdir, args)
 
@@ -216,12 +211,7 @@ class RouterProcess(KServeProcess):
         args = ["router",
                 "--control-plane", ",".join(control_planes),
                 "--auth-token-file", str(token_file),
-                "--http-port", str(self.http_port),
-                "--grpc-port", str(self.grpc_port),
-                "--metrics-port", str(self.metrics_port),
-                "--http-address", "127.0.0.1",
-                "--grpc-address", "127.0.0.1",
-                "--metrics-address", "127.0.0.1",
+                *loopback_listen_args(self.http_port, self.grpc_port, self.metrics_port),
                 "--log-verbose", "1"]
         super().__init__(name, workdir, args)
 

@@ -58,6 +58,18 @@ def _die_with_parent():
         pass
 
 
+def loopback_listen_args(http_port, grpc_port, metrics_port):
+    """The flags (Nereid's and Triton's alike) that put the three listeners on 127.0.0.1."""
+    return [
+        "--http-port", str(http_port),
+        "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+        "--http-address", "127.0.0.1",
+        "--grpc-address", "127.0.0.1",
+        "--metrics-address", "127.0.0.1",
+    ]
+
+
 class Server:
     """One `nereid serve` process on free localhost ports, logging to a file."""
 
@@ -69,12 +81,7 @@ class Server:
         self.args = [
             NEREID_BIN, "serve",
             "--model-repository", str(self.repo),
-            "--http-port", str(self.http_port),
-            "--grpc-port", str(self.grpc_port),
-            "--metrics-port", str(self.metrics_port),
-            "--http-address", "127.0.0.1",
-            "--grpc-address", "127.0.0.1",
-            "--metrics-address", "127.0.0.1",
+            *loopback_listen_args(self.http_port, self.grpc_port, self.metrics_port),
             "--strict-readiness", "false",
             "--log-verbose", "1",
             *extra_args,

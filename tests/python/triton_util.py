@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from nereid_util import ROOT, Server, http_raw, wait_until
+from nereid_util import ROOT, Server, http_raw, loopback_listen_args, wait_until
 
 TRITON_BIN = os.environ.get("NEREID_TRITON", str(ROOT / ".venv-triton/tritonserver"))
 READY_DEADLINE_S = 90.0
@@ -23,12 +23,7 @@ class TritonServer(Server):
         self.args = [
             TRITON_BIN,
             "--model-repository", str(self.repo),
-            "--http-port", str(self.http_port),
-            "--grpc-port", str(self.grpc_port),
-            "--metrics-port", str(self.metrics_port),
-            "--http-address", "127.0.0.1",
-            "--grpc-address", "127.0.0.1",
-            "--metrics-address", "127.0.0.1",
+            *loopback_listen_args(self.http_port, self.grpc_port, self.metrics_port),
             "--exit-timeout-secs", "10",
             *extra_args,
         ]
