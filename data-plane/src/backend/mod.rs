@@ -252,8 +252,9 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// `onnxruntime_library`: the ONNX Runtime shared library to load (see
-    /// [`onnx::OnnxRuntimeBackend::new`]).
+    /// `onnxruntime_library`: the ONNX Runtime shared library to load; `None` lets the system
+    /// loader search for `libonnxruntime.so`. A missing or broken library becomes a
+    /// [`BackendError::Load`] for the model that needs it.
     pub fn new(onnxruntime_library: Option<PathBuf>) -> Self {
         Backends {
             onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)),
