@@ -23,7 +23,9 @@
 //!   `python_overhead` example drive directly ([`PythonBackend`](backend::PythonBackend));
 //!   [`Backends`] is the registry of the built-in ones.
 //! - [`config`]: the typed [`ValidModelConfig`](config::ValidModelConfig) every backend reads
-//!   from its `InstanceContext`, and the parse / complete / validate steps that build it.
+//!   from its `InstanceContext`, and what builds one from a `config.pbtxt` outside a load
+//!   (`read_config_file` / `parse_config_text`, `fill_defaults`, then `try_from`, which
+//!   validates); completion by a backend and the lint stay inside the crate.
 
 mod agent;
 pub mod backend;
