@@ -5,10 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use nereid_data_plane::agent::AgentConfig;
-use nereid_data_plane::manager::{ControlMode, ManagerConfig};
-use nereid_data_plane::serve::ServeConfig;
-use nereid_data_plane::server::DataPlaneConfig;
+use nereid_data_plane::{AgentConfig, ControlMode, DataPlaneConfig, ManagerConfig, ServeConfig};
 
 use crate::common_args::{
     AuthTokenArgs, FrontendArgs, ListenArgs, MetricsArgs, ModelArgs, PythonArgs,
@@ -226,7 +223,7 @@ impl WorkerArgs {
         let node_id = self.node_id.unwrap_or_else(|| {
             format!(
                 "{}-{}",
-                nereid_data_plane::probe::host::hostname(),
+                nereid_data_plane::hostname(),
                 self.listen.grpc_port
             )
         });
@@ -309,7 +306,7 @@ pub struct CheckConfigArgs {
 
 #[cfg(test)]
 mod tests {
-    use nereid_data_plane::metrics::MetricsConfig;
+    use nereid_data_plane::MetricsConfig;
 
     use super::*;
 

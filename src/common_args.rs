@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use nereid_data_plane::metrics::MetricsConfig;
+use nereid_data_plane::MetricsConfig;
 
 /// Parses Triton-style booleans: true/false/1/0 (also yes/no, on/off).
 pub fn parse_bool(s: &str) -> Result<bool, String> {

@@ -35,9 +35,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => {
             init_logging(args.frontend.log_verbose, &args.frontend.log_format);
             match args.into_config() {
-                Ok(config) => {
-                    run_async(|| nereid_data_plane::serve::run(config, shutdown_signal()))
-                }
+                Ok(config) => run_async(|| nereid_data_plane::serve(config, shutdown_signal())),
                 Err(e) => usage_error(e),
             }
         }
@@ -45,7 +43,7 @@ fn main() -> ExitCode {
             init_logging(args.frontend.log_verbose, &args.frontend.log_format);
             match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
                 Ok(config) => run_async(|| {
-                    nereid_data_plane::agent::worker::run(
+                    nereid_data_plane::run_worker(
                         config.serve,
                         config.agent,
                         config.advertise_host,

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use nereid_data_plane::backend::python::PythonBackend;
 use nereid_data_plane::backend::{
-    Backend, BackendInstance, DeviceKind, Health, InstanceContext, RequestView, ServerHandle,
+    Backend, BackendInstance, DeviceKind, Health, InstanceContext, PythonBackend, RequestView,
+    ServerHandle,
 };
 use nereid_proto::{DataType, Parameters, Tensor};
 

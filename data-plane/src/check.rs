@@ -322,7 +322,11 @@ output [ {{ name: "OUT" data_type: {dtype} dims: [ 4 ] }} ]
 ensemble_scheduling {{ step ["#
         );
         for (i, (model, version)) in steps.iter().enumerate() {
-            let from = if i == 0 { "IN".to_string() } else { format!("T{i}") };
+            let from = if i == 0 {
+                "IN".to_string()
+            } else {
+                format!("T{i}")
+            };
             let to = if i + 1 == steps.len() {
                 "OUT".to_string()
             } else {
@@ -355,7 +359,10 @@ ensemble_scheduling {{ step ["#
             .into_iter()
             .map(|c| {
                 let name = c.path.file_name().unwrap().to_string_lossy().to_string();
-                (name, c.result.err().map(|e| e.join("\n")).unwrap_or_default())
+                (
+                    name,
+                    c.result.err().map(|e| e.join("\n")).unwrap_or_default(),
+                )
             })
             .collect()
     }
@@ -365,15 +372,30 @@ ensemble_scheduling {{ step ["#
         let repo = tempfile::tempdir().unwrap();
         let r = repo.path();
         write(r, "copy", IDENTITY, &[1]);
-        write(r, "good", &chain(&[("copy", -1), ("copy", 1)], "TYPE_FP32"), &[1]);
+        write(
+            r,
+            "good",
+            &chain(&[("copy", -1), ("copy", 1)], "TYPE_FP32"),
+            &[1],
+        );
         write(r, "self", &chain(&[("self", -1)], "TYPE_FP32"), &[1]);
         write(r, "loop_a", &chain(&[("loop_b", -1)], "TYPE_FP32"), &[1]);
         write(r, "loop_b", &chain(&[("loop_a", -1)], "TYPE_FP32"), &[1]);
         write(r, "ghost", &chain(&[("nowhere", -1)], "TYPE_FP32"), &[1]);
         write(r, "old", &chain(&[("copy", 3)], "TYPE_FP32"), &[1]);
         write(r, "ints", &chain(&[("copy", -1)], "TYPE_INT32"), &[1]);
-        write(r, "escape", &IDENTITY.replace("identity", "../identity"), &[1]);
-        write(r, "custom", &IDENTITY.replace("identity", "tensorrt_llm"), &[1]);
+        write(
+            r,
+            "escape",
+            &IDENTITY.replace("identity", "../identity"),
+            &[1],
+        );
+        write(
+            r,
+            "custom",
+            &IDENTITY.replace("identity", "tensorrt_llm"),
+            &[1],
+        );
         write(r, "no_py", &IDENTITY.replace("identity", "python"), &[1]);
         let found = errors(&[r.to_path_buf()]);
         assert_eq!(found["copy"], "");
@@ -381,15 +403,25 @@ ensemble_scheduling {{ step ["#
         for (model, needle) in [
             ("self", "circular dependency"),
             ("loop_a", "circular dependency"),
-            ("ghost", "composing model 'nowhere' is not available: it is not in the model repository"),
+            (
+                "ghost",
+                "composing model 'nowhere' is not available: it is not in the model repository",
+            ),
             ("old", "version 3 is not served"),
             ("ints", "TYPE_INT32"),
-            ("escape", "backend name '../identity' must not leave the backend directory"),
+            (
+                "escape",
+                "backend name '../identity' must not leave the backend directory",
+            ),
             ("custom", "unknown backend 'tensorrt_llm'"),
             ("no_py", "model.py does not exist"),
         ] {
             assert!(found[model].contains(needle), "{model}: {}", found[model]);
-            assert!(found[model].starts_with(&r.join(model).display().to_string()), "{}", found[model]);
+            assert!(
+                found[model].starts_with(&r.join(model).display().to_string()),
+                "{}",
+                found[model]
+            );
         }
     }
 

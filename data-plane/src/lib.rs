@@ -6,22 +6,52 @@
 //! InferenceService (server) ─► request_check ─► instances (threads) ─► backend (ONNX Runtime)
 //!                                           └─► ensemble: steps ─► InferenceService (each step)
 //! ```
+//!
+//! Entry points (re-exported here; the modules behind them are private):
+//! - [`serve`] with [`ServeConfig`]: `nereid serve`, until a shutdown future resolves;
+//!   [`run_worker`] with [`AgentConfig`]: `nereid worker` (the same, plus the agent);
+//!   [`run_agent`]: the agent alone, over a [`ModelManager`] the caller built.
+//! - [`DataPlane`] ([`DataPlaneConfig`]): the `InferenceService` over a [`ModelManager`]
+//!   ([`ManagerConfig`], [`ControlMode`]), for callers that bring their own frontends.
+//! - [`check_paths`] ([`CheckOptions`]): `nereid check-config`, a lint as strict as loading.
+//! - [`MetricsConfig`]: what the metrics endpoint reports; [`hostname`]: the default node id.
+//!
+//! Two modules stay public because other code is written against them:
+//! - [`backend`]: the `Backend` / `BackendInstance` traits and the
+//!   [`InstanceContext`](backend::InstanceContext) a backend loads from: what a backend built
+//!   outside this crate would implement, and what the Python backend's tests and the
+//!   `python_overhead` example drive directly ([`PythonBackend`](backend::PythonBackend));
+//!   [`Backends`] is the registry of the built-in ones.
+//! - [`config`]: the typed [`ValidModelConfig`](config::ValidModelConfig) every backend reads
+//!   from its `InstanceContext`, and what builds one from a `config.pbtxt` outside a load
+//!   (`read_config_file` / `parse_config_text`, `fill_defaults`, then `try_from`, which
+//!   validates); completion by a backend and the lint stay inside the crate.
 
-pub mod agent;
+mod agent;
 pub mod backend;
-pub mod check;
+mod check;
 pub mod config;
-pub mod ensemble;
-pub mod manager;
-pub mod metrics;
-pub mod probe;
-pub mod repository;
-pub(crate) mod request;
-pub mod request_check;
-pub mod scheduler;
-pub mod serve;
-pub mod server;
-pub mod stats;
-pub mod system_metrics;
+mod ensemble;
+mod manager;
+mod metrics;
+mod probe;
+mod repository;
+mod request;
+mod request_check;
+mod scheduler;
+mod serve;
+mod server;
+mod stats;
+mod system_metrics;
 mod ticker;
-pub mod warmup;
+mod warmup;
+
+pub use agent::worker::run as run_worker;
+pub use agent::{AgentConfig, AgentError, run as run_agent};
+pub use backend::Backends;
+pub use check::{CheckOptions, Checked, check_paths};
+pub use manager::{ControlMode, ManagerConfig, ModelManager};
+pub use metrics::{LatencyMetrics, MetricsConfig, MetricsConfigError};
+pub use probe::host::hostname;
+pub use serve::{ServeConfig, ServeError, run as serve};
+pub use server::{DataPlane, DataPlaneConfig};

@@ -70,8 +70,6 @@ pub struct Started {
     pub manager: Arc<ModelManager>,
     pub http_addr: Option<SocketAddr>,
     pub grpc_addr: Option<SocketAddr>,
-    /// The data plane's metric families (what `/metrics` serves), for other exporters.
-    pub metrics: Arc<DataPlaneMetrics>,
     pub stop: watch::Receiver<bool>,
 }
 
@@ -186,7 +184,6 @@ pub async fn run_with(
             manager: manager.clone(),
             http_addr: http_bound,
             grpc_addr: grpc_bound,
-            metrics: metrics.clone(),
             stop: stop_rx.clone(),
         }));
     }

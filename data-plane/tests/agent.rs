@@ -12,11 +12,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nereid_data_plane::agent::{self, AgentConfig};
-use nereid_data_plane::backend::Backends;
-use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
-use nereid_data_plane::serve::ServeConfig;
-use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
+use nereid_data_plane::{
+    AgentConfig, Backends, ControlMode, DataPlane, DataPlaneConfig, ManagerConfig, ModelManager,
+    ServeConfig, run_agent, run_worker,
+};
 use nereid_proto::pb::cluster::cluster_server::{Cluster, ClusterServer};
 use nereid_proto::pb::cluster::{
     HeartbeatRequest, HeartbeatResponse, Model, RegisterNodeRequest, RegisterNodeResponse, Replica,
@@ -300,7 +299,7 @@ async fn the_agent_follows_its_assignments() {
         manager.clone(),
     );
     let (stop_tx, stop_rx) = watch::channel(false);
-    let agent = tokio::spawn(agent::run(
+    let agent = tokio::spawn(run_agent(
         AgentConfig {
             // An unreachable node first: the agent fails over to the live one.
             control_plane: vec!["127.0.0.1:1".into(), cp_addr.to_string()],
@@ -494,7 +493,7 @@ async fn the_agent_follows_its_assignments() {
         Backends::new(Some(ort_library())),
     ));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let agent = tokio::spawn(agent::run(
+    let agent = tokio::spawn(run_agent(
         AgentConfig {
             control_plane: vec![cp_addr.to_string()],
             node_id: NODE.into(),
@@ -579,14 +578,9 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         auth_token: Some(TOKEN.into()),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let worker = tokio::spawn(agent::worker::run(
-        serve,
-        agent,
-        "10.1.2.3".into(),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let worker = tokio::spawn(run_worker(serve, agent, "10.1.2.3".into(), async move {
+        let _ = stop_rx.await;
+    }));
     let reg = eventually("registration", 30, || {
         fake.registrations.lock().first().cloned()
     })

@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nereid_data_plane::backend::Backends;
-use nereid_data_plane::manager::ControlMode;
-use nereid_data_plane::server::DataPlane;
+use nereid_data_plane::{Backends, ControlMode, DataPlane};
 use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError};
 
 mod common;

@@ -8,13 +8,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use nereid_data_plane::backend::python::PythonBackend;
 use nereid_data_plane::backend::{
-    Backend, BackendError, Backends, DeviceKind, Health, InstanceContext, RequestView,
+    Backend, BackendError, DeviceKind, Health, InstanceContext, PythonBackend, RequestView,
     ServerHandle, StreamEvent,
 };
-use nereid_data_plane::manager::ControlMode;
-use nereid_data_plane::server::DataPlane;
+use nereid_data_plane::{Backends, ControlMode, DataPlane};
 use nereid_proto::{
     DataType, InferRequest, InferenceService, ParamValue, Parameters, ServiceError, Tensor,
     push_bytes_element,

@@ -17,11 +17,11 @@
 //! instance pool, so a slow model never blocks the async runtime.
 
 mod batch_inputs;
-pub mod identity;
-pub mod onnx;
+mod identity;
+mod onnx;
 mod params;
-pub mod python;
-pub mod pytorch;
+mod python;
+mod pytorch;
 mod shape;
 
 use std::collections::BTreeMap;
@@ -36,6 +36,9 @@ use nereid_proto::{CorrelationId, Parameters, Tensor};
 use parking_lot::Mutex;
 
 pub use self::batch_inputs::{BatchInput, BatchInputs};
+/// Public for callers that drive the Python backend through the [`Backend`] API directly
+/// (its tests, the `python_overhead` example); the others load only through [`Backends`].
+pub use self::python::PythonBackend;
 
 /// What can go wrong inside a backend, by meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -249,8 +252,9 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// `onnxruntime_library`: the ONNX Runtime shared library to load (see
-    /// [`onnx::OnnxRuntimeBackend::new`]).
+    /// `onnxruntime_library`: the ONNX Runtime shared library to load; `None` lets the system
+    /// loader search for `libonnxruntime.so`. A missing or broken library becomes a
+    /// [`BackendError::Load`] for the model that needs it.
     pub fn new(onnxruntime_library: Option<PathBuf>) -> Self {
         Backends {
             onnxruntime: Arc::new(onnx::OnnxRuntimeBackend::new(onnxruntime_library)),

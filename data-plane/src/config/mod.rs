@@ -14,14 +14,14 @@ pub mod text {
     pub use nereid_proto::{TextError, parse_model_config};
 }
 mod valid;
-pub mod validate;
+pub(crate) mod validate;
 
 pub use valid::{
     ControlKind, DynamicBatching, EnsembleStep, GroupKind, InputSpec, InstanceGroup, OutputSpec,
     QueuePolicy, Scheduling, SequenceBatching, SequenceControl, SequenceStrategy, StateIo,
-    TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting, composing_models,
-    ensemble_steps, parameters,
+    TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting,
 };
+pub(crate) use valid::{composing_models, ensemble_steps, parameters};
 
 use std::path::{Path, PathBuf};
 
@@ -51,7 +51,7 @@ pub enum ConfigError {
 
 /// Options that shape how a config is completed.
 #[derive(Clone, Copy, Debug)]
-pub struct CompleteOptions {
+pub(crate) struct CompleteOptions {
     /// Let the backend fill inputs, outputs and batching from the model file.
     pub auto_complete: bool,
 }
@@ -108,7 +108,7 @@ const BACKEND_FILES: &[(&str, &str)] = &[("python", "model.py"), ("openvino", "m
 /// Completes a parsed config for the model `name` in `model_dir` whose served version
 /// directories are `versions`: fills platform/backend and defaults, runs the backend's
 /// auto-complete, and validates. Errors are full sentences naming the model.
-pub fn complete(
+pub(crate) fn complete(
     name: &str,
     mut config: ModelConfig,
     versions: &[PathBuf],
@@ -149,7 +149,7 @@ pub fn complete(
 
 /// Fills `platform` from `backend` or vice versa, or both from the model file found in the
 /// version directories.
-pub fn fill_platform_and_backend(
+pub(crate) fn fill_platform_and_backend(
     config: &mut ModelConfig,
     versions: &[PathBuf],
 ) -> Result<(), ConfigError> {

@@ -21,7 +21,7 @@ pub mod graph;
 pub mod plan;
 
 pub use execute::{EnsembleRequest, execute};
-pub use plan::{EnsemblePlan, PlanStep, plan};
+pub use plan::{EnsemblePlan, plan};
 
 /// The `platform` of ensemble configs.
 pub const PLATFORM: &str = "ensemble";

@@ -73,7 +73,6 @@ pub enum ModelState {
     Loading,
     Ready,
     Unavailable,
-    Unloading,
 }
 
 impl ModelState {
@@ -82,7 +81,6 @@ impl ModelState {
             ModelState::Loading => "LOADING",
             ModelState::Ready => "READY",
             ModelState::Unavailable => "UNAVAILABLE",
-            ModelState::Unloading => "UNLOADING",
         }
     }
 }
@@ -410,7 +408,6 @@ impl ModelManager {
                 let served = if entry.versions.is_empty() {
                     Err(match entry.state {
                         ModelState::Loading => "it is still loading".to_string(),
-                        ModelState::Unloading => "it is unloading".to_string(),
                         _ if entry.reason == "unloaded" => {
                             "it is not loaded (it was unloaded)".to_string()
                         }

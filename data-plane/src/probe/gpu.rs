@@ -54,6 +54,7 @@ impl Gpus {
     }
 
     /// Why NVML is not available; `None` when it is.
+    #[cfg(test)]
     pub fn unavailable(&self) -> Option<&str> {
         self.nvml.as_ref().err().map(String::as_str)
     }

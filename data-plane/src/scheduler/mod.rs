@@ -25,6 +25,9 @@ pub mod queue;
 pub mod sequence;
 mod timer;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

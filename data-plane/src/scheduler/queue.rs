@@ -56,6 +56,7 @@ pub struct RequestQueue<T> {
 }
 
 impl<T> RequestQueue<T> {
+    #[cfg(test)]
     pub fn new(policy: &BatchPolicy) -> RequestQueue<T> {
         Self::with_capacity(policy, 0)
     }
@@ -82,6 +83,7 @@ impl<T> RequestQueue<T> {
         self.levels.iter().map(VecDeque::len).sum::<usize>() + self.delayed.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -59,9 +59,9 @@ impl SequenceBatcher {
         SequenceBatcher {
             model: model.to_string(),
             slots: Slots::new(
-                policy.strategy.clone(),
+                policy.batching.strategy.clone(),
                 max_batch_size,
-                policy.max_idle,
+                policy.batching.max_idle,
                 instances,
                 queue_capacity,
             ),
@@ -170,6 +170,7 @@ impl SequenceFeed {
         SequenceFeed {
             model: model.to_string(),
             state_outputs: policy
+                .batching
                 .states
                 .iter()
                 .map(|s| s.output_name.clone())
@@ -233,6 +234,7 @@ impl Feed for SequenceFeed {
     fn produced(&self, tag: &mut SequenceTag, outputs: Option<(&[String], &[Tensor])>) {
         tag.new_state = outputs.and_then(|(names, produced)| {
             self.policy
+                .batching
                 .states
                 .iter()
                 .map(|s| {

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nereid_data_plane::backend::Backends;
-use nereid_data_plane::manager::{ControlMode, ManagerConfig, ModelManager};
-use nereid_data_plane::server::{DataPlane, DataPlaneConfig};
+use nereid_data_plane::{
+    Backends, ControlMode, DataPlane, DataPlaneConfig, ManagerConfig, ModelManager,
+};
 use nereid_proto::{DataType, Tensor};
 
 /// The workspace root.

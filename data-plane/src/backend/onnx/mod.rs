@@ -53,13 +53,6 @@ impl OnnxRuntimeBackend {
         }
     }
 
-    /// The `max_batch_size` auto-complete gives a model that can batch (Triton's
-    /// `--backend-config=onnxruntime,default-max-batch-size`, default 4; 0 turns it off).
-    pub fn with_default_max_batch_size(mut self, max_batch_size: i32) -> Self {
-        self.default_max_batch_size = max_batch_size.max(0);
-        self
-    }
-
     /// Opens `model_path` (a `model.onnx` file, or a directory holding one and its external
     /// data) with `settings`.
     fn session(&self, model_path: &Path, settings: &SessionSettings) -> Result<Session, String> {

@@ -8,24 +8,19 @@
 //!  state (START: initial, else the previous state output) ─┘
 //! ```
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor, element_count};
 
-use crate::config::{ControlKind, SequenceControl, SequenceStrategy, StateIo, ValidModelConfig};
+use crate::config::{ControlKind, SequenceBatching, ValidModelConfig};
 use crate::request_check::SequenceFlags;
 
 /// The config's `sequence_batching`, ready for the scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SequencePolicy {
-    pub strategy: SequenceStrategy,
-    /// A sequence without a request for this long is released.
-    pub max_idle: Duration,
-    controls: Vec<SequenceControl>,
-    pub states: Vec<StateIo>,
+    /// The config's `sequence_batching`: strategy, idle release, controls and states.
+    pub batching: SequenceBatching,
     /// `max_batch_size > 0`: generated tensors carry a batch dimension of 1.
-    batching: bool,
+    batch_dim: bool,
 }
 
 impl SequencePolicy {
@@ -33,17 +28,15 @@ impl SequencePolicy {
     pub fn from_config(config: &ValidModelConfig) -> Option<SequencePolicy> {
         let sb = config.sequence()?;
         Some(SequencePolicy {
-            strategy: sb.strategy.clone(),
-            max_idle: sb.max_idle,
-            controls: sb.controls.clone(),
-            states: sb.states.clone(),
-            batching: config.batching(),
+            batching: sb.clone(),
+            batch_dim: config.batching(),
         })
     }
 
     /// Refuses a correlation id the model's CORRID control cannot carry.
     pub fn check_id(&self, model: &str, id: &CorrelationId) -> Result<(), ServiceError> {
         for c in self
+            .batching
             .controls
             .iter()
             .filter(|c| c.kind == ControlKind::CorrId)
@@ -60,7 +53,8 @@ impl SequencePolicy {
 
     /// The control tensors of one request (READY is always true: only present requests run).
     pub fn control_inputs(&self, flags: &SequenceFlags) -> Vec<Tensor> {
-        self.controls
+        self.batching
+            .controls
             .iter()
             .filter_map(|c| {
                 let data = match c.kind {
@@ -82,7 +76,8 @@ impl SequencePolicy {
 
     /// The state inputs a START request begins with: zeros (empty strings for STRING).
     pub fn initial_states(&self) -> Vec<Tensor> {
-        self.states
+        self.batching
+            .states
             .iter()
             .filter_map(|s| {
                 let shape = self.with_batch(s.initial_dims.clone());
@@ -101,7 +96,7 @@ impl SequencePolicy {
     }
 
     fn with_batch(&self, mut dims: Vec<i64>) -> Vec<i64> {
-        if self.batching {
+        if self.batch_dim {
             dims.insert(0, 1);
         }
         dims
@@ -138,7 +133,10 @@ pub fn id_text(id: &CorrelationId) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::config::SequenceStrategy;
     use crate::config::text::parse_model_config;
 
     fn policy(batch: i32) -> SequencePolicy {
@@ -161,8 +159,8 @@ mod tests {
     #[test]
     fn builds_controls_with_the_configured_values() {
         let p = policy(4);
-        assert_eq!(p.max_idle, Duration::from_micros(5000));
-        assert_eq!(p.strategy, SequenceStrategy::Direct);
+        assert_eq!(p.batching.max_idle, Duration::from_micros(5000));
+        assert_eq!(p.batching.strategy, SequenceStrategy::Direct);
         let flags = SequenceFlags {
             id: CorrelationId::Uint(9),
             start: true,

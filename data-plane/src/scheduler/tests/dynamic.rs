@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use nereid_data_plane::backend::{BackendError, BackendInstance, BatchInputs};
-use nereid_data_plane::config::text::parse_model_config;
-use nereid_data_plane::config::{ValidModelConfig, fill_defaults};
-use nereid_data_plane::request_check::ValidRequest;
-use nereid_data_plane::scheduler::Scheduler;
-use nereid_data_plane::scheduler::policy::BatchPolicy;
-use nereid_data_plane::stats::VersionStats;
 use nereid_proto::{DataType, ServiceError, Tensor};
+
+use crate::backend::{BackendError, BackendInstance, BatchInputs};
+use crate::config::text::parse_model_config;
+use crate::config::{ValidModelConfig, fill_defaults};
+use crate::request_check::ValidRequest;
+use crate::scheduler::Scheduler;
+use crate::scheduler::policy::BatchPolicy;
+use crate::stats::VersionStats;
 
 struct Sleepy;
 

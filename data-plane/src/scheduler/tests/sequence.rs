@@ -3,21 +3,22 @@
 //! Every execution logs its rows' correlation ids, so tests see how batches were formed.
 //! These are end-to-end: state, controls and messages through the engine's threads. The batching
 //! decisions themselves (slots, backlog, oldest batches, idle release) are tested without threads
-//! or sleeps beside the code, in `scheduler/sequence/slots/tests.rs`.
+//! or sleeps beside the code, in `sequence/slots/tests.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use nereid_data_plane::backend::{BackendError, BackendInstance, BatchInputs};
-use nereid_data_plane::config::text::parse_model_config;
-use nereid_data_plane::config::{ValidModelConfig, fill_defaults};
-use nereid_data_plane::request_check::{SequenceFlags, ValidRequest};
-use nereid_data_plane::scheduler::policy::BatchPolicy;
-use nereid_data_plane::scheduler::{JobResult, Scheduler};
-use nereid_data_plane::stats::VersionStats;
 use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor};
 use parking_lot::Mutex;
+
+use crate::backend::{BackendError, BackendInstance, BatchInputs};
+use crate::config::text::parse_model_config;
+use crate::config::{ValidModelConfig, fill_defaults};
+use crate::request_check::{SequenceFlags, ValidRequest};
+use crate::scheduler::policy::BatchPolicy;
+use crate::scheduler::{JobResult, Scheduler};
+use crate::stats::VersionStats;
 
 type Log = Arc<Mutex<Vec<Vec<u64>>>>;
 

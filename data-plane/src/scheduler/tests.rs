@@ -1,0 +1,6 @@
+//! The scheduler end to end with mock backend instances, on its engine's real threads: the
+//! dynamic batcher ([`dynamic`]) and the sequence batcher ([`sequence`]). The pure decisions
+//! under them are tested beside their code (`queue.rs`, `sequence/slots/tests.rs`).
+
+mod dynamic;
+mod sequence;
