@@ -161,9 +161,14 @@ async fn explicit_mode_loads_unloads_and_overrides() {
     let index = dp.repository_index(false).await.unwrap();
     let b = index.iter().find(|r| r.name == "b").unwrap();
     assert_eq!(
-        (b.state.as_str(), b.reason.as_str()),
-        ("UNAVAILABLE", "unloaded")
+        (b.state.as_str(), b.reason.as_str(), b.version.as_str()),
+        ("UNAVAILABLE", "unloaded", "1"),
+        "an unloaded model keeps its version row, as Triton"
     );
+    // Unloading a model that was never loaded succeeds and lists nothing new, as Triton.
+    dp.unload_model("never_loaded", false).await.unwrap();
+    let index = dp.repository_index(false).await.unwrap();
+    assert!(!index.iter().any(|r| r.name == "never_loaded"));
 
     // Config override: serve every version of 'a'.
     let config = r#"{"platform":"onnxruntime_onnx","max_batch_size":8,"version_policy":{"all":{}},

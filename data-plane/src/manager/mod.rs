@@ -443,14 +443,14 @@ impl ModelManager {
     }
 
     /// Unloads a model: it stops taking requests at once; requests already running finish.
+    /// Unloading a model that was never loaded succeeds and changes nothing, as in Triton.
     pub async fn unload(&self, name: &str) -> Result<(), ServiceError> {
         let lock = self.model_lock(name);
         let _guard = lock.lock().await;
         let mut models = self.models.write();
         let Some(entry) = models.get_mut(name) else {
-            return Err(ServiceError::invalid(format!(
-                "failed to unload '{name}', model is not loaded"
-            )));
+            tracing::debug!(model = %name, "unload of a model that is not loaded: nothing to do");
+            return Ok(());
         };
         if !entry.versions.is_empty() {
             entry.failed_versions = entry.versions.keys().copied().collect();
