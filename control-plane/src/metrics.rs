@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use nereid_telemetry::metrics::{Collect, Family, Labels};
+use nereid_telemetry::{Collect, Family, Labels};
 
 use crate::consensus::{Consensus, RaftStatus};
 use crate::state::{ClusterState, Command, NodeStatus, ReplicaState};
@@ -212,7 +212,7 @@ impl Collect for ControlPlaneCollector {
 
 #[cfg(test)]
 mod tests {
-    use nereid_telemetry::metrics::render_prometheus;
+    use nereid_telemetry::render_prometheus;
 
     use super::*;
     use crate::testing::{model, node};
