@@ -6,7 +6,7 @@
 //!                   ├─ Consensus::status()      ─► raft_families   (term, leader, log indexes)
 //!                   ├─ Consensus::local_state() ─► cluster_families (nodes, replicas, models)
 //!                   └─ PlacementDecisions        ─► nereid_placement_decisions_total{action}
-//! leader::task::round ─► each committed placement command ─► PlacementDecisions::count
+//! leader::task::round ─► each committed placement command ─► PlacementDecisions::add
 //! ```
 //!
 //! Every node, leader or follower, reports the state it has applied, so the cluster families of
@@ -91,7 +91,8 @@ pub struct PlacementDecisions {
 }
 
 impl PlacementDecisions {
-    /// Counts `cmd` if it is a placement command (call once it is committed).
+    /// Counts `cmd` if it is a placement command (the tests' shorthand for [`Self::add`]).
+    #[cfg(test)]
     pub fn count(&self, cmd: &Command) {
         self.add(placement_action(cmd));
     }
