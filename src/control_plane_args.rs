@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use nereid_control_plane::api::auth::AuthToken;
-use nereid_control_plane::node::NodeConfig;
+use nereid_control_plane::AuthToken;
+use nereid_control_plane::NodeConfig;
 
 use crate::common_args::LogFormat;
 
@@ -222,7 +222,7 @@ mod tests {
 
     use crate::cli::{Cli, Command};
 
-    fn parse(args: &[&str]) -> Result<nereid_control_plane::node::NodeConfig, String> {
+    fn parse(args: &[&str]) -> Result<nereid_control_plane::NodeConfig, String> {
         let mut argv = vec!["nereid", "control-plane", "--insecure-no-auth"];
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;

@@ -56,9 +56,7 @@ fn main() -> ExitCode {
         Command::ControlPlane(args) => {
             init_logging(args.log_verbose, &args.log_format);
             match args.into_config() {
-                Ok(config) => {
-                    run_async(|| nereid_control_plane::node::run(config, shutdown_signal()))
-                }
+                Ok(config) => run_async(|| nereid_control_plane::run(config, shutdown_signal())),
                 Err(e) => usage_error(e),
             }
         }

@@ -1,9 +1,9 @@
 //! Telemetry flags shared by `serve`, `worker` and `router`: Triton's `--trace-config` and the
 //! OTLP metric export. The `OTEL_*` environment variables fill what the flags leave; parsing
-//! and validation live in `nereid_telemetry::startup`.
+//! and validation live in `nereid_telemetry::TelemetryConfig`.
 
 use clap::Args;
-use nereid_telemetry::startup::{MetricsExportFlags, TelemetryConfig};
+use nereid_telemetry::{MetricsExportFlags, TelemetryConfig};
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct TelemetryArgs {

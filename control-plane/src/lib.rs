@@ -9,25 +9,39 @@
 //!                                                  └► commands that move replicas + explanations
 //! ```
 //!
-//! The two decision cores are pure and tested without sockets: [`state`] applies commands to the
-//! registry and bumps one global revision; [`placement`] computes the desired placement from
+//! The two decision cores are pure and tested without sockets: `state` applies commands to the
+//! registry and bumps one global revision; `placement` computes the desired placement from
 //! views of nodes, models, the current placement and load. Networking, consensus and storage
 //! wrap around them.
+//!
+//! The modules are private; what other crates use is re-exported here:
+//!
+//! - [`NodeConfig`], [`run`] (and [`serve`] on listeners already bound, [`Listeners`]):
+//!   `nereid control-plane`'s life; [`NodeError`] when it cannot start.
+//! - [`AuthToken`]: the management API's bearer token, part of [`NodeConfig`].
+//! - [`plan`] over [`NodeView`], [`ModelView`], [`CurrentReplica`] and [`Load`], giving a
+//!   [`Plan`]: the pure placement core, which `nereid-loadtest placement-sim` times.
+//! - [`parse_bytes`]: byte sizes as the flags write them (`512Mi`, `16Gi`).
 
-pub mod api;
-pub mod cluster;
-pub mod consensus;
-pub mod convert;
-pub mod forward;
-pub mod leader;
-pub mod metrics;
-pub mod node;
-pub mod placement;
-pub mod raft;
-pub mod source;
-pub mod state;
+mod api;
+mod cluster;
+mod consensus;
+mod convert;
+mod forward;
+mod leader;
+mod metrics;
+mod node;
+mod placement;
+mod raft;
+mod source;
+mod state;
 #[cfg(test)]
-pub(crate) mod testing;
-pub mod units;
-pub mod views;
-pub mod watch;
+mod testing;
+mod units;
+mod views;
+mod watch;
+
+pub use api::AuthToken;
+pub use node::{Listeners, NodeConfig, NodeError, run, serve};
+pub use placement::{CurrentReplica, Load, ModelView, NodeView, Plan, plan};
+pub use units::parse_bytes;

@@ -6,7 +6,7 @@
 //!                   ├─ Consensus::status()      ─► raft_families   (term, leader, log indexes)
 //!                   ├─ Consensus::local_state() ─► cluster_families (nodes, replicas, models)
 //!                   └─ PlacementDecisions        ─► nereid_placement_decisions_total{action}
-//! leader::task::round ─► each committed placement command ─► PlacementDecisions::count
+//! leader::task::round ─► each committed placement command ─► PlacementDecisions::add
 //! ```
 //!
 //! Every node, leader or follower, reports the state it has applied, so the cluster families of
@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use nereid_telemetry::metrics::{Collect, Family, Labels};
+use nereid_telemetry::{Collect, Family, Labels};
 
 use crate::consensus::{Consensus, RaftStatus};
 use crate::state::{ClusterState, Command, NodeStatus, ReplicaState};
@@ -91,7 +91,8 @@ pub struct PlacementDecisions {
 }
 
 impl PlacementDecisions {
-    /// Counts `cmd` if it is a placement command (call once it is committed).
+    /// Counts `cmd` if it is a placement command (the tests' shorthand for [`Self::add`]).
+    #[cfg(test)]
     pub fn count(&self, cmd: &Command) {
         self.add(placement_action(cmd));
     }
@@ -212,7 +213,7 @@ impl Collect for ControlPlaneCollector {
 
 #[cfg(test)]
 mod tests {
-    use nereid_telemetry::metrics::render_prometheus;
+    use nereid_telemetry::render_prometheus;
 
     use super::*;
     use crate::testing::{model, node};

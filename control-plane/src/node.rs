@@ -25,7 +25,7 @@ use nereid_proto::pb::cluster::cluster_server::ClusterServer;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::management_server::ManagementServer;
 use nereid_proto::pb::cluster::raft_server::RaftServer;
-use nereid_telemetry::metrics::prometheus_router;
+use nereid_telemetry::prometheus_router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;

@@ -7,7 +7,7 @@
 //! needs, so a `config.pbtxt` it cannot parse falls back to Triton's default policy (latest 1).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
@@ -32,8 +32,9 @@ pub struct SourceInfo {
 }
 
 /// The local path of a `file://` URI; `None` for other schemes.
-pub fn local_path(uri: &str) -> Option<PathBuf> {
-    uri.strip_prefix("file://").map(PathBuf::from)
+#[cfg(test)]
+pub fn local_path(uri: &str) -> Option<std::path::PathBuf> {
+    uri.strip_prefix("file://").map(std::path::PathBuf::from)
 }
 
 /// The positive numeric sub-directories of `dir` (its version folders), sorted.
@@ -175,6 +176,8 @@ pub fn repository_models(repository: &Path, replicas: u32) -> Result<Vec<ModelSp
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn model_dir(root: &Path, name: &str, versions: &[i64], config: &str) {

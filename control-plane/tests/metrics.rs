@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use nereid_control_plane::api::auth::AuthToken;
-use nereid_control_plane::node::{Listeners, NodeConfig, serve};
+use nereid_control_plane::AuthToken;
+use nereid_control_plane::{Listeners, NodeConfig, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config(data_dir: &std::path::Path) -> NodeConfig {

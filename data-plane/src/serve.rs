@@ -52,7 +52,7 @@ pub struct ServeConfig {
     /// `PATH`.
     pub python: Option<PathBuf>,
     /// Trace settings and OTLP export (spans; metrics when configured).
-    pub telemetry: nereid_telemetry::startup::TelemetryConfig,
+    pub telemetry: nereid_telemetry::TelemetryConfig,
 }
 
 /// Why the server could not start.
@@ -128,7 +128,7 @@ pub async fn run_with(
         config.metrics.latencies.clone(),
         system,
     ));
-    let telemetry = nereid_telemetry::startup::Telemetry::start(
+    let telemetry = nereid_telemetry::Telemetry::start(
         &config.telemetry,
         nereid_telemetry::logging::control(),
         Some(metrics.clone()),

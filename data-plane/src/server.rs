@@ -22,8 +22,7 @@ use std::time::Instant;
 
 use nereid_proto::{LogSettings, TraceSettings, TraceSettingsUpdate};
 use nereid_telemetry::logging::LogControl;
-use nereid_telemetry::span::{AttrValue, SpanKind};
-use nereid_telemetry::tracer::{RequestTrace, Tracer};
+use nereid_telemetry::{AttrValue, RequestTrace, SpanKind, Tracer};
 use tracing::Instrument;
 
 use async_trait::async_trait;

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nereid_telemetry::metrics::{Family, Labels};
+use nereid_telemetry::{Family, Labels};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -227,7 +227,7 @@ pub fn families(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nereid_telemetry::metrics::render_prometheus;
+    use nereid_telemetry::render_prometheus;
 
     const STAT_1: &str = "cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 50 0 50 350 50 0 0 0 0 0\n";
     const STAT_2: &str = "cpu  250 0 150 900 100 0 0 0 0 0\ncpu0 1 1 1 1 1 0 0 0 0 0\n";

@@ -8,30 +8,39 @@
 //!                              └─► stats::Recorder ◄── measure (warm-up, windows, stability)
 //!        report (table, CSV, JSON)      sweep: reload the model per grid point, then run_levels
 //!
-//! placement-sim: synthetic views ─► nereid_control_plane::placement::plan, timed per round
+//! placement-sim: synthetic views ─► nereid_control_plane::plan, timed per round
 //! ```
 //!
 //! The pure parts (range parsing, input JSON, stability, schedules, report formatting, sweep
 //! configs) are unit-tested beside their code; `tests/` drives both clients against an
 //! in-process server built from `nereid-proto`'s frontends.
+//!
+//! The modules are private; the binary and the tests use what is re-exported here: the flags
+//! ([`Cli`], [`Command`]), the three runs ([`run`], [`sweep`], [`run_placement_sim`]), their
+//! results ([`Level`], [`GridPoint`]) and [`LoadtestError`].
 
 #![forbid(unsafe_code)]
 
-pub mod cli;
-pub mod client;
-pub mod closed_loop;
-pub mod cpu;
-pub mod elements;
-pub mod error;
-pub mod inputs;
-pub mod measure;
-pub mod open_loop;
-pub mod placement_sim;
-pub mod progress;
-pub mod report;
-pub mod rng;
-pub mod run;
-pub mod stats;
-pub mod sweep;
+mod cli;
+mod client;
+mod closed_loop;
+mod cpu;
+mod elements;
+mod error;
+mod inputs;
+mod measure;
+mod open_loop;
+mod placement_sim;
+mod progress;
+mod report;
+mod rng;
+mod run;
+mod stats;
+mod sweep;
 
+pub use cli::{Cli, Command};
 pub use error::LoadtestError;
+pub use placement_sim::run as run_placement_sim;
+pub use report::{GridPoint, Level};
+pub use run::run;
+pub use sweep::sweep;

@@ -1,13 +1,12 @@
-//! The `nereid-loadtest` binary: parses flags and calls [`nereid_loadtest::run::run`],
-//! [`nereid_loadtest::sweep::sweep`] or [`nereid_loadtest::placement_sim::run`] (offline).
+//! The `nereid-loadtest` binary: parses flags and calls [`nereid_loadtest::run`],
+//! [`nereid_loadtest::sweep`] or [`nereid_loadtest::run_placement_sim`] (offline).
 //! Exit status 0 on success, 1 on any error (including failed requests with
 //! `--fail-on-errors`, and flags clap rejects).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use nereid_loadtest::cli::{Cli, Command};
-use nereid_loadtest::{placement_sim, run, sweep};
+use nereid_loadtest::{Cli, Command, run, run_placement_sim, sweep};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -25,7 +24,7 @@ fn main() -> ExitCode {
     let threads = match &cli.command {
         Some(Command::PlacementSim(args)) => {
             // Pure computation: no runtime, no server.
-            return match placement_sim::run(args, &mut std::io::stdout().lock()) {
+            return match run_placement_sim(args, &mut std::io::stdout().lock()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -53,9 +52,9 @@ fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         match &cli.command {
-            Some(Command::Sweep(args)) => sweep::sweep(args).await.map(|_| ()),
+            Some(Command::Sweep(args)) => sweep(args).await.map(|_| ()),
             Some(Command::PlacementSim(_)) => Ok(()),
-            None => run::run(&cli.run).await.map(|_| ()),
+            None => run(&cli.run).await.map(|_| ()),
         }
     });
     match outcome {

@@ -28,19 +28,8 @@ impl Progress {
         Progress { bar }
     }
 
-    pub fn hidden() -> Progress {
-        Progress {
-            bar: ProgressBar::hidden(),
-        }
-    }
-
     pub fn set(&self, message: String) {
         self.bar.set_message(message);
-    }
-
-    /// Prints a line above the spinner (or nowhere when hidden).
-    pub fn note(&self, line: &str) {
-        self.bar.println(line);
     }
 
     /// Runs `f` (typically printing to stdout) with the spinner cleared, so lines do not mix.

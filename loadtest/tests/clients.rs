@@ -8,9 +8,7 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use nereid_loadtest::LoadtestError;
-use nereid_loadtest::cli::{Cli, Command};
-use nereid_loadtest::report::{GridPoint, Level};
+use nereid_loadtest::{Cli, Command, GridPoint, Level, LoadtestError};
 use nereid_proto::ServiceError;
 use nereid_proto::testing::{FakeModel, FakeService, tensor};
 use tokio_stream::wrappers::TcpListenerStream;
@@ -107,7 +105,7 @@ async fn closed_loop_over_every_encoding() {
     ];
     for args in cases {
         let cli = parse(args);
-        let results = nereid_loadtest::run::run(&cli.run).await.unwrap();
+        let results = nereid_loadtest::run(&cli.run).await.unwrap();
         assert!(!results.is_empty(), "{args:?}");
         for r in &results {
             assert_eq!(r.summary.errors, 0, "{args:?}: {:?}", r.summary.first_error);
@@ -136,7 +134,7 @@ async fn open_loop_sends_at_the_asked_rate() {
         "--csv",
         csv_arg,
     ]);
-    let results = nereid_loadtest::run::run(&cli.run).await.unwrap();
+    let results = nereid_loadtest::run(&cli.run).await.unwrap();
     let s = &results[0].summary;
     assert_eq!(results[0].level, Level::RequestRate(200.0));
     assert!(
@@ -155,7 +153,7 @@ async fn failures_are_reported_and_classified() {
     // Request errors are counted; --fail-on-errors turns them into an error.
     for (proto, addr) in [("http", &http), ("grpc", &grpc)] {
         let cli = parse(&["-i", proto, "-u", addr, "-m", "broken", "--fail-on-errors"]);
-        match nereid_loadtest::run::run(&cli.run).await {
+        match nereid_loadtest::run(&cli.run).await {
             Err(LoadtestError::RequestsFailed {
                 failed,
                 total,
@@ -167,7 +165,7 @@ async fn failures_are_reported_and_classified() {
             other => panic!("{proto}: expected RequestsFailed, got {other:?}"),
         }
         let cli = parse(&["-i", proto, "-u", addr, "-m", "nope"]);
-        let err = nereid_loadtest::run::run(&cli.run).await.unwrap_err();
+        let err = nereid_loadtest::run(&cli.run).await.unwrap_err();
         assert!(
             matches!(err, LoadtestError::ModelNotFound { .. }),
             "{proto}: {err}"
@@ -178,7 +176,7 @@ async fn failures_are_reported_and_classified() {
     drop(closed);
     for proto in ["http", "grpc"] {
         let cli = parse(&["-i", proto, "-u", &dead, "-m", "add"]);
-        let err = nereid_loadtest::run::run(&cli.run).await.unwrap_err();
+        let err = nereid_loadtest::run(&cli.run).await.unwrap_err();
         assert!(
             matches!(err, LoadtestError::Unreachable { .. }),
             "{proto}: {err}"
@@ -248,7 +246,7 @@ async fn totals_count_every_request_the_server_received() {
     for (base, args) in cases {
         let cli = Cli::try_parse_from([&["nereid-loadtest"][..], base, args].concat()).unwrap();
         let before = mock.requests().len() as u64;
-        let results = nereid_loadtest::run::run(&cli.run).await.unwrap();
+        let results = nereid_loadtest::run(&cli.run).await.unwrap();
         let received = mock.requests().len() as u64 - before;
         let sent: u64 = results.iter().map(|r| r.totals.requests_total).sum();
         assert_eq!(sent, received, "{args:?}");
@@ -309,7 +307,7 @@ async fn sweep_reloads_each_point_and_restores_the_config() {
     let Some(Command::Sweep(args)) = Cli::try_parse_from(argv).unwrap().command else {
         panic!("expected sweep");
     };
-    let results = nereid_loadtest::sweep::sweep(&args).await.unwrap();
+    let results = nereid_loadtest::sweep(&args).await.unwrap();
     let grids: Vec<GridPoint> = results.iter().filter_map(|r| r.grid).collect();
     assert_eq!(grids.len(), 2);
     let loads = mock.loads();

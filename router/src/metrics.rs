@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use nereid_telemetry::metrics::{Collect, Family, Kind, Labels, Value};
+use nereid_telemetry::{Collect, Family, Kind, Labels, Value};
 
 use crate::service::RouterService;
 use crate::table::{RoutingTable, SharedTable};
@@ -267,7 +267,7 @@ mod tests {
         Model, Node, NodeAddresses, NodeStatus, Replica, ReplicaState, StateSnapshot, WatchEvent,
         watch_event,
     };
-    use nereid_telemetry::metrics::render_prometheus;
+    use nereid_telemetry::render_prometheus;
 
     use super::*;
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use nereid_frontend::Frontends;
 use nereid_proto::InferenceService;
-use nereid_telemetry::metrics::prometheus_router;
+use nereid_telemetry::prometheus_router;
 use tokio::sync::watch;
 
 use crate::activate::Activator;
@@ -39,7 +39,7 @@ pub struct RouterConfig {
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub exit_timeout: Duration,
     /// Trace settings and OTLP export.
-    pub telemetry: nereid_telemetry::startup::TelemetryConfig,
+    pub telemetry: nereid_telemetry::TelemetryConfig,
 }
 
 /// Why the router could not start.
@@ -68,7 +68,7 @@ pub async fn run(
         table.clone(),
         config.service.scale_from_zero_wait,
     ));
-    let mut telemetry = nereid_telemetry::startup::Telemetry::start(
+    let mut telemetry = nereid_telemetry::Telemetry::start(
         &config.telemetry,
         nereid_telemetry::logging::control(),
         None,

@@ -40,8 +40,7 @@ use nereid_proto::{
     TraceSettings, TraceSettingsUpdate,
 };
 use nereid_telemetry::logging::LogControl;
-use nereid_telemetry::span::{AttrValue, SpanKind};
-use nereid_telemetry::tracer::{RequestTrace, Tracer};
+use nereid_telemetry::{AttrValue, RequestTrace, SpanKind, Tracer};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 

@@ -10,7 +10,7 @@ use nereid_proto::InferenceService;
 use nereid_router::RouterCollector;
 use nereid_router::RouterService;
 use nereid_router::SharedTable;
-use nereid_telemetry::metrics::prometheus_router;
+use nereid_telemetry::prometheus_router;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod echo_cluster;

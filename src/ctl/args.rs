@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use nereid_proto::pb::cluster::VersionPolicy;
 
-use nereid_control_plane::units::parse_bytes;
+use nereid_control_plane::parse_bytes;
 
 use super::request::{parse_label, parse_version_policy};
 

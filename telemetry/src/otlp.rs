@@ -247,11 +247,6 @@ impl SpanExporter {
     pub fn shutdown(&self) {
         self.stop.notify_one();
     }
-
-    /// Spans dropped because the queue was full.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
 }
 
 async fn batch_spans(

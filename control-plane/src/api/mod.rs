@@ -26,7 +26,4 @@ mod rest_tests;
 #[cfg(test)]
 mod tests;
 
-pub use auth::{AuthToken, AuthTokenError, require_token};
-pub use error::{ApiError, LEADER_HEADER};
-pub use rest::router;
-pub use service::ManagementService;
+pub use auth::AuthToken;

@@ -9,6 +9,7 @@ use http::{Request as HttpRequest, StatusCode};
 use nereid_proto::pb::cluster as pb;
 use tower::ServiceExt;
 
+use super::rest::router;
 use super::tests::{TOKEN, model, repo, setup};
 use super::*;
 use crate::consensus::Consensus;

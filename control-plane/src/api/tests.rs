@@ -8,6 +8,7 @@ use nereid_proto::pb::cluster as pb;
 use pb::management_server::Management;
 use tonic::service::Interceptor;
 
+use super::service::ManagementService;
 use super::*;
 use crate::consensus::Consensus;
 use crate::consensus::memory::MemoryConsensus;

@@ -51,10 +51,6 @@ impl MemoryConsensus {
 
 #[async_trait]
 impl Consensus for MemoryConsensus {
-    fn node_id(&self) -> u64 {
-        self.node_id
-    }
-
     async fn write(&self, cmd: Command) -> Result<Applied, ConsensusError> {
         let leadership = *self.leadership_tx.borrow();
         if !leadership.is_self {

@@ -12,6 +12,7 @@
 //! No openraft type crosses this boundary: commands and state are [`crate::state`]'s, errors are
 //! [`ConsensusError`]. Unit tests of the layers above use an in-memory implementation.
 
+#[cfg(test)]
 pub mod memory;
 
 use std::sync::Arc;
@@ -97,8 +98,6 @@ pub struct Leadership {
 /// The replicated log and state machine behind the control plane.
 #[async_trait]
 pub trait Consensus: Send + Sync + 'static {
-    fn node_id(&self) -> u64;
-
     /// Commits `cmd` (through the leader: a follower forwards it) and returns what applying it
     /// did once it is durable on a quorum and applied on the node that answers. A refused
     /// command comes back as `Rejected` and changed nothing.

@@ -33,10 +33,6 @@ impl Liveness {
         }
     }
 
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     pub fn heartbeat(&mut self, node: &str, now: Instant) {
         match self.last_seen.get_mut(node) {
             Some(seen) => *seen = (*seen).max(now),
@@ -51,11 +47,6 @@ impl Liveness {
         self.last_seen
             .get(node)
             .map(|seen| now.saturating_duration_since(*seen))
-    }
-
-    /// Forgets nodes that left the state.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.last_seen.retain(|node, _| keep(node));
     }
 
     /// The status changes to write for `nodes` (id, status in the state), in input order.

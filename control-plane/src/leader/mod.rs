@@ -32,9 +32,11 @@ pub trait Observations: Send + Sync + 'static {
     fn load(&self) -> Load;
 }
 
-/// Observations of a node that is not the leader (or in tests): knows nothing.
+/// Observations that know nothing, for tests of the API without a leader.
+#[cfg(test)]
 pub struct NoObservations;
 
+#[cfg(test)]
 impl Observations for NoObservations {
     fn node_utilization(&self, _node: &str) -> Option<pb::NodeUtilization> {
         None

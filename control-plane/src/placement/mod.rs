@@ -82,7 +82,7 @@ pub struct CurrentReplica {
 
 /// Soft state the leader observed: per-node utilization in `0.0..=1.0` from heartbeats, used
 /// only to break ties (nodes without an entry count as idle), and the models routers asked to
-/// activate recently (scale from zero; see [`crate::views::model_views`]).
+/// activate recently (scale from zero; see `views::model_views`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Load {
     pub node_utilization: BTreeMap<String, f64>,

@@ -35,6 +35,4 @@ mod types;
 mod tests;
 
 pub use config::RaftConfig;
-pub use error::RaftError;
 pub use node::RaftNode;
-pub use service::RaftService;

@@ -299,10 +299,6 @@ fn membership_error(
 
 #[async_trait]
 impl Consensus for RaftNode {
-    fn node_id(&self) -> u64 {
-        self.id
-    }
-
     async fn write(&self, cmd: Command) -> Result<Applied, ConsensusError> {
         let deadline = Instant::now() + self.leader_wait;
         let data = serde_json::to_vec(&cmd)

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use command::{Applied, Command};
 pub use error::{EntityKind, StateError};
-pub use model::{MAX_TRAFFIC_WEIGHT, ModelSpec, Resources, VersionPolicy};
+pub use model::{ModelSpec, Resources, VersionPolicy};
 pub use node::{Gpu, Node, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus};
 pub use replica::{Replica, ReplicaState};
 
@@ -146,6 +146,7 @@ impl ClusterState {
     }
 
     /// The replicas of `model` the router may send requests to.
+    #[cfg(test)]
     pub fn ready_replicas<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a Replica> + 'a {
         self.replicas_of(model)
             .filter(|r| r.state == ReplicaState::Ready)

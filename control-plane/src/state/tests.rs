@@ -1,6 +1,7 @@
 //! One test per command and per refusal; the invariants over random sequences are in
 //! `prop_tests`.
 
+use super::model::MAX_TRAFFIC_WEIGHT;
 use super::*;
 use crate::testing::{model, node};
 

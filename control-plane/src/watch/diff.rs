@@ -26,6 +26,7 @@ pub fn diff(old: &ClusterState, new: &ClusterState) -> pb::StateDelta {
 }
 
 /// Whether a delta changes nothing.
+#[cfg(test)]
 pub fn is_empty(delta: &pb::StateDelta) -> bool {
     delta.upserted_models.is_empty()
         && delta.deleted_models.is_empty()

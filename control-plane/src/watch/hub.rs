@@ -125,6 +125,7 @@ impl WatchHub {
     }
 
     /// The revision of the latest state the hub has seen.
+    #[cfg(test)]
     pub fn revision(&self) -> u64 {
         self.shared.current().revision()
     }

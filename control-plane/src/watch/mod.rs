@@ -19,5 +19,4 @@ pub mod hub;
 #[cfg(test)]
 mod tests;
 
-pub use diff::diff;
-pub use hub::{DEFAULT_RING, WatchHub};
+pub use hub::WatchHub;

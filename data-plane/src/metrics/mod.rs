@@ -17,7 +17,7 @@ pub mod window;
 use std::sync::Arc;
 
 use nereid_proto::pb::inference::{InferStatistics, ModelStatistics, StatisticDuration};
-use nereid_telemetry::metrics::{Collect, Family, Kind, Labels, Value};
+use nereid_telemetry::{Collect, Family, Kind, Labels, Value};
 
 pub use self::config::{LatencyMetrics, MetricsConfig, MetricsConfigError};
 use crate::manager::{LoadedVersion, ModelManager};
@@ -47,7 +47,7 @@ impl DataPlaneMetrics {
 
     /// `GET /metrics` (and `/metrics/`) serving these metrics in Prometheus text.
     pub fn router(self: Arc<Self>) -> axum::Router {
-        nereid_telemetry::metrics::prometheus_router(self)
+        nereid_telemetry::prometheus_router(self)
     }
 }
 
@@ -294,7 +294,7 @@ mod tests {
     use std::time::Duration;
 
     use nereid_proto::pb::inference::ModelConfig;
-    use nereid_telemetry::metrics::render_prometheus;
+    use nereid_telemetry::render_prometheus;
 
     use super::*;
     use crate::backend::Health;

@@ -30,7 +30,7 @@ use futures::future::BoxFuture;
 use nereid_proto::{
     InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult, Tensor,
 };
-use nereid_telemetry::tracer::RequestTrace;
+use nereid_telemetry::RequestTrace;
 
 use self::outcome::{Outcome, backend_error, record_phases};
 use crate::ensemble::{self, EnsembleRequest};

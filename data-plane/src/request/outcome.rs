@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nereid_proto::ServiceError;
-use nereid_telemetry::tracer::RequestTrace;
+use nereid_telemetry::RequestTrace;
 
 use crate::backend::BackendError;
 use crate::manager::LoadedVersion;
