@@ -13,6 +13,10 @@ Models:
 - sequence_acc       INT32 [1], sequence batching (direct, START/END control inputs, the running
                      sum kept per correlation id in the model): OUTPUT = running sum.
 - repeat_decoupled   decoupled: IN INT32 [-1] -> one response per element, then the final flag.
+- cfg_*              identity models whose configs use the features the Python backend accepts
+                     (dynamic batching with preferred sizes, priorities and queue policies,
+                     named instance groups, parameters, version policy, the oldest sequence
+                     strategy, optional inputs, warm-up): the model-config answers are compared.
 """
 
 import argparse
@@ -94,6 +98,16 @@ def identity(dtype, dims, max_batch):
     ])
 
 
+FIRST_INPUT = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [
+                pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())])
+                for r in requests
+            ]
+""")
+
 MODELS = {
     "add_sub": ("\n".join([
         'backend: "python"',
@@ -129,6 +143,35 @@ MODELS = {
         io("output", "OUT", "TYPE_INT32", "1"),
         "model_transaction_policy { decoupled: true }",
     ]), DECOUPLED),
+    "cfg_dynamic": ("\n".join([
+        identity("TYPE_FP32", "-1", 4),
+        'instance_group [ { name: "pool" count: 2 kind: KIND_CPU } ]',
+        "dynamic_batching { preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 100 }",
+        'parameters { key: "note" value: { string_value: "x" } }',
+        "version_policy { all { } }",
+    ]), IDENTITY),
+    "cfg_priority": ("\n".join([
+        identity("TYPE_FP32", "2", 4),
+        "dynamic_batching { priority_levels: 2 default_priority_level: 1 default_queue_policy {"
+        " timeout_action: REJECT default_timeout_microseconds: 1000 max_queue_size: 8 } }",
+    ]), IDENTITY),
+    "cfg_seq_oldest": ("\n".join([
+        identity("TYPE_INT32", "1", 2),
+        "sequence_batching { oldest { max_candidate_sequences: 4 }",
+        "  max_sequence_idle_microseconds: 1000000 control_input [",
+        '    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },',
+        '    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }',
+        "  ] }",
+    ]), IDENTITY),
+    "cfg_optional": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 0",
+        'input [ { name: "A" data_type: TYPE_FP32 dims: [ 2 ] },'
+        ' { name: "B" data_type: TYPE_FP32 dims: [ 2 ] optional: true } ]',
+        io("output", "OUTPUT0", "TYPE_FP32", "2"),
+        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "A" value: {'
+        " data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } } } ]",
+    ]), FIRST_INPUT),
 }
 
 

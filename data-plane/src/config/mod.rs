@@ -25,8 +25,10 @@ pub(crate) use valid::{composing_models, ensemble_steps, parameters};
 
 use std::path::{Path, PathBuf};
 
+use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::pb::inference::model_optimization_policy::PinnedMemoryBuffer;
+use nereid_proto::pb::inference::model_sequence_batching::StrategyChoice;
 use nereid_proto::pb::inference::model_version_policy::{Latest, PolicyChoice};
 use nereid_proto::pb::inference::{
     ModelConfig, ModelInstanceGroup, ModelOptimizationPolicy, ModelVersionPolicy,
@@ -214,8 +216,9 @@ pub(crate) fn fill_platform_and_backend(
     Ok(())
 }
 
-/// Defaults Triton fills in every config: version policy (latest 1), the optimization policy's
-/// pinned-memory switches (on) and instance groups (one CPU group named after the model when
+/// Defaults Triton fills in every config: version policy (latest 1), the preferred batch size
+/// of a dynamic or oldest-sequence batcher that names none (`max_batch_size`), the optimization
+/// policy's pinned-memory switches (on) and instance groups (one CPU group named after the model when
 /// none is declared; two instances for ONNX Runtime on CPU, one otherwise; an unnamed declared
 /// group is named `<model>_<index>`). `KIND_AUTO` resolves to `KIND_CPU` (GPU instances need an
 /// explicit `KIND_GPU` here).
@@ -232,6 +235,22 @@ pub fn fill_defaults(config: &mut ModelConfig) {
     }
     if config.platform == "ensemble" {
         return;
+    }
+    // A batching policy without preferred sizes prefers the largest batch (Triton writes it in).
+    let max_batch = config.max_batch_size;
+    let preferred = match &mut config.scheduling_choice {
+        Some(SchedulingChoice::DynamicBatching(d)) => Some(&mut d.preferred_batch_size),
+        Some(SchedulingChoice::SequenceBatching(s)) => match &mut s.strategy_choice {
+            Some(StrategyChoice::Oldest(o)) => Some(&mut o.preferred_batch_size),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some(sizes) = preferred
+        && sizes.is_empty()
+        && max_batch > 0
+    {
+        sizes.push(max_batch);
     }
     let optimization = config
         .optimization
@@ -350,6 +369,18 @@ mod tests {
             optimization.output_pinned_memory,
             Some(PinnedMemoryBuffer { enable: true })
         );
+        // A dynamic batcher without preferred sizes prefers the largest batch, as Triton.
+        let mut c = ModelConfig {
+            name: "m".into(),
+            max_batch_size: 8,
+            scheduling_choice: Some(SchedulingChoice::DynamicBatching(Default::default())),
+            ..Default::default()
+        };
+        fill_defaults(&mut c);
+        let Some(SchedulingChoice::DynamicBatching(d)) = &c.scheduling_choice else {
+            unreachable!()
+        };
+        assert_eq!(d.preferred_batch_size, vec![8]);
         // A declared group without a name is named by its index.
         let mut c = ModelConfig {
             name: "m".into(),
