@@ -195,15 +195,16 @@ async fn explicit_mode_loads_unloads_and_overrides() {
         "file:3/model.onnx".to_string(),
         Bytes::from(std::fs::read(fixture("add_sub.onnx")).unwrap()),
     );
-    dp.load_model(
-        "uploaded",
-        LoadRequest {
-            config: Some(config.into()),
-            files: files.clone(),
-        },
-    )
-    .await
-    .unwrap();
+    let upload = || {
+        dp.load_model(
+            "uploaded",
+            LoadRequest {
+                config: Some(config.into()),
+                files: files.clone(),
+            },
+        )
+    };
+    upload().await.unwrap();
     assert_eq!(
         dp.infer(add_sub_request("uploaded", None))
             .await
@@ -213,15 +214,7 @@ async fn explicit_mode_loads_unloads_and_overrides() {
     );
     // The same override again is a fresh load, never the running version kept: its files may
     // have the same names and sizes as the last ones within one mtime tick.
-    dp.load_model(
-        "uploaded",
-        LoadRequest {
-            config: Some(config.into()),
-            files: files.clone(),
-        },
-    )
-    .await
-    .unwrap();
+    upload().await.unwrap();
     let stats = dp.model_statistics("uploaded", None).await.unwrap();
     assert_eq!(stats[0].inference_count, 0, "a file override reloads");
 
