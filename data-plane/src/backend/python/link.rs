@@ -153,15 +153,7 @@ impl Link {
         segment: Option<&str>,
         refs: &[&TensorRef],
     ) -> Result<Vec<Bytes>, String> {
-        let result = self.read_bytes(segment, refs);
-        if let Some(id) = segment
-            && let Err(e) = self.send(&ToStub::Release {
-                segment: id.to_string(),
-            })
-        {
-            tracing::debug!(instance = %self.instance, error = %e, "cannot release a stub segment");
-        }
-        result
+        self.take(segment, refs, false)
     }
 
     /// [`Self::take_bytes`] for an `execute` reply: the segment's release goes out with the next
@@ -174,15 +166,30 @@ impl Link {
         segment: Option<&str>,
         refs: &[&TensorRef],
     ) -> Result<Vec<Bytes>, String> {
+        self.take(segment, refs, true)
+    }
+
+    fn take(
+        &self,
+        segment: Option<&str>,
+        refs: &[&TensorRef],
+        defer_release: bool,
+    ) -> Result<Vec<Bytes>, String> {
         let result = self.read_bytes(segment, refs);
         if let Some(id) = segment {
-            match frame::encode(&ToStub::Release {
+            let release = frame::encode(&ToStub::Release {
                 segment: id.to_string(),
-            }) {
-                Ok(bytes) => self.deferred_releases.lock().extend_from_slice(&bytes),
-                Err(e) => {
-                    tracing::debug!(instance = %self.instance, error = %e, "cannot release a stub segment")
+            })
+            .and_then(|bytes| {
+                if defer_release {
+                    self.deferred_releases.lock().extend_from_slice(&bytes);
+                    Ok(())
+                } else {
+                    self.write(&bytes)
                 }
+            });
+            if let Err(e) = release {
+                tracing::debug!(instance = %self.instance, error = %e, "cannot release a stub segment");
             }
         }
         result
