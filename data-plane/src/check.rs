@@ -15,12 +15,13 @@
 //! Python models are not started (their `initialize` may do anything); their `model.py` must
 //! exist in each served version.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use nereid_proto::pb::inference::ModelConfig;
-use parking_lot::Mutex;
 
 use crate::backend::{Backends, DeviceKind, Health, InstanceContext};
 use crate::config::{self, CONFIG_FILE, CompleteOptions, ConfigError, ValidModelConfig};
@@ -75,7 +76,7 @@ pub fn check_paths(paths: &[PathBuf], backends: &Backends, options: CheckOptions
     let siblings = Siblings {
         backends,
         options,
-        read: Mutex::new(BTreeMap::new()),
+        read: RefCell::new(BTreeMap::new()),
     };
     models
         .iter()
@@ -192,20 +193,20 @@ fn dir_name(dir: &Path) -> String {
 struct Siblings<'a> {
     backends: &'a Backends,
     options: CheckOptions,
-    read: Mutex<BTreeMap<PathBuf, Arc<Model>>>,
+    read: RefCell<BTreeMap<PathBuf, Rc<Model>>>,
 }
 
 impl Siblings<'_> {
-    fn get(&self, dir: PathBuf) -> Arc<Model> {
-        if let Some(model) = self.read.lock().get(&dir) {
+    fn get(&self, dir: PathBuf) -> Rc<Model> {
+        if let Some(model) = self.read.borrow().get(&dir) {
             return model.clone();
         }
         let options = CheckOptions {
             load_models: false,
             ..self.options
         };
-        let model = Arc::new(read_model(&dir, self.backends, options));
-        self.read.lock().insert(dir, model.clone());
+        let model = Rc::new(read_model(&dir, self.backends, options));
+        self.read.borrow_mut().insert(dir, model.clone());
         model
     }
 }
