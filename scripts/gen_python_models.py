@@ -40,15 +40,20 @@ ADD_SUB = HEADER + textwrap.dedent("""
             return responses
 """)
 
-IDENTITY = HEADER + textwrap.dedent("""
-    class TritonPythonModel:
-        def execute(self, requests):
-            return [
-                pb_utils.InferenceResponse([pb_utils.Tensor(
-                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-                for r in requests
-            ]
-""")
+def identity_source(input_name="INPUT0"):
+    """A model.py answering OUTPUT0 = the input `input_name`, one response per request."""
+    return HEADER + textwrap.dedent(f"""
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [
+                    pb_utils.InferenceResponse([pb_utils.Tensor(
+                        "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "{input_name}").as_numpy())])
+                    for r in requests
+                ]
+    """)
+
+
+IDENTITY = identity_source()
 
 SEQUENCE = HEADER + textwrap.dedent("""
     class TritonPythonModel:
@@ -97,16 +102,6 @@ def identity(dtype, dims, max_batch):
         io("output", "OUTPUT0", dtype, dims),
     ])
 
-
-FIRST_INPUT = HEADER + textwrap.dedent("""
-    class TritonPythonModel:
-        def execute(self, requests):
-            return [
-                pb_utils.InferenceResponse([pb_utils.Tensor(
-                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())])
-                for r in requests
-            ]
-""")
 
 MODELS = {
     "add_sub": ("\n".join([
@@ -171,7 +166,7 @@ MODELS = {
         io("output", "OUTPUT0", "TYPE_FP32", "2"),
         'model_warmup [ { name: "w" batch_size: 1 inputs { key: "A" value: {'
         " data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } } } ]",
-    ]), FIRST_INPUT),
+    ]), identity_source("A")),
 }
 
 

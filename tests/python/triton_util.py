@@ -35,10 +35,7 @@ class TritonServer(Server):
 def nereid_like_triton(repo, workdir, extra_args=(), name="nereid"):
     """A Nereid server started with exactly the flags given (no test-suite defaults), as a
     Triton user would start it."""
-    server = Server(repo, workdir, (), name=name)
-    flags = server.args.index("--strict-readiness")
-    server.args = server.args[:flags] + list(extra_args)
-    return server
+    return Server(repo, workdir, extra_args, name=name, suite_defaults=False)
 
 
 def start_pair(repo, workdir, extra_args=()):
