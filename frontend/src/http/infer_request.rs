@@ -21,7 +21,7 @@ use axum::http::HeaderMap;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::json_body::{MAX_REQUEST_DEPTH, parse_json};
+use super::json_body::{MAX_REQUEST_DEPTH, parse_request_json};
 use super::tensor_json::{decode_data, describe};
 use nereid_proto::{
     DataType, InferRequest, ParamValue, Parameters, RequestContext, RequestOptions,
@@ -124,7 +124,7 @@ pub fn decode_json(
             "the request body is empty; expected an inference request JSON object",
         ));
     }
-    let Value::Object(doc) = parse_json(&header, MAX_REQUEST_DEPTH, "request")? else {
+    let Value::Object(doc) = parse_request_json(&header, MAX_REQUEST_DEPTH)? else {
         return Err(ServiceError::invalid("the request JSON must be an object"));
     };
     let id = match doc.get("id") {

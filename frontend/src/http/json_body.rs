@@ -53,17 +53,28 @@ fn exceeds_depth(text: &[u8], max: usize) -> bool {
 
 /// Parses `text` as JSON no deeper than `max_depth`; `what` names the document in errors.
 pub fn parse_json(text: &[u8], max_depth: usize, what: &str) -> ServiceResult<Value> {
+    parse_with(text, max_depth, |e| {
+        ServiceError::invalid(format!("failed to parse the {what} JSON: {e}"))
+    })
+}
+
+/// [`parse_json`] for an inference request's JSON: a syntax error is Triton's 500 with its
+/// prefix (too deep a document stays the 400 of [`depth_error`]).
+pub fn parse_request_json(text: &[u8], max_depth: usize) -> ServiceResult<Value> {
+    parse_with(text, max_depth, |e| {
+        ServiceError::internal(format!("failed to parse the request JSON buffer: {e}"))
+    })
+}
+
+fn parse_with(
+    text: &[u8],
+    max_depth: usize,
+    syntax_error: impl FnOnce(serde_json::Error) -> ServiceError,
+) -> ServiceResult<Value> {
     if exceeds_depth(text, max_depth) {
         return Err(depth_error());
     }
-    serde_json::from_slice(text).map_err(|e| {
-        if what == "request" {
-            // Triton's prefix and code (500) for an inference request that is not JSON.
-            ServiceError::internal(format!("failed to parse the request JSON buffer: {e}"))
-        } else {
-            ServiceError::invalid(format!("failed to parse the {what} JSON: {e}"))
-        }
-    })
+    serde_json::from_slice(text).map_err(syntax_error)
 }
 
 #[cfg(test)]
@@ -102,7 +113,7 @@ mod tests {
 
     #[test]
     fn syntax_errors_say_where() {
-        let err = parse_json(br#"{"inputs": [}"#, 10, "request").unwrap_err();
+        let err = parse_request_json(br#"{"inputs": [}"#, 10).unwrap_err();
         assert!(
             err.message()
                 .starts_with("failed to parse the request JSON buffer: "),
