@@ -27,10 +27,20 @@ _spec.loader.exec_module(gen_models)
 SERVERS = []
 
 
+# Ports free_port has handed out in this run. The kernel may offer a port again once the probe
+# socket is closed, and two servers of one test (a node's Raft port and another's HTTP port)
+# must never share one: HTTP/1 sent to a gRPC listener is reset.
+_GIVEN_PORTS = set()
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 def wait_until(predicate, deadline_s, what, interval_s=0.2):
