@@ -129,6 +129,7 @@ impl ServeArgs {
         if models.model_queue_size == 0 {
             return Err("--model-queue-size must be at least 1".into());
         }
+        let rate_limit = models.rate_limit()?;
         let addrs = self.listen.addrs()?;
         let metrics = self.metrics.into_config()?;
         let auto_complete =
@@ -141,6 +142,7 @@ impl ServeArgs {
                 auto_complete,
                 queue_capacity: models.model_queue_size,
                 cluster_managed: false,
+                rate_limit,
             },
             data_plane: DataPlaneConfig {
                 server_name: frontend.id,

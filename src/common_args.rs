@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use nereid_data_plane::MetricsConfig;
+use nereid_data_plane::{MetricsConfig, RateLimitConfig};
 
 /// Parses Triton-style booleans: true/false/1/0 (also yes/no, on/off).
 pub fn parse_bool(s: &str) -> Result<bool, String> {
@@ -183,6 +183,38 @@ pub struct ModelArgs {
     pub onnxruntime_library: Option<PathBuf>,
     #[command(flatten)]
     pub python: PythonArgs,
+    /// `execution_count`: a model instance executes only when the resources its instance
+    /// group's `rate_limiter` lists are free, in priority order across models (Triton's
+    /// `--rate-limit`); `off`: instances run as soon as they have work.
+    #[arg(long, env = "NEREID_RATE_LIMIT", value_enum, default_value = "off")]
+    pub rate_limit: RateLimitMode,
+    /// Size of a rate-limiter resource pool, `<name>:<count>[:<device>]` (without a device:
+    /// every device's pool); repeat for several. Unlisted resources get the largest count any
+    /// loaded instance needs.
+    #[arg(long, env = "NEREID_RATE_LIMIT_RESOURCE", value_delimiter = ',')]
+    pub rate_limit_resource: Vec<String>,
+}
+
+/// `--rate-limit`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RateLimitMode {
+    Off,
+    #[value(name = "execution_count")]
+    ExecutionCount,
+}
+
+impl ModelArgs {
+    /// The rate limiter's config, or the first bad `--rate-limit-resource`.
+    pub fn rate_limit(&self) -> Result<RateLimitConfig, String> {
+        let mut config = RateLimitConfig {
+            enabled: self.rate_limit == RateLimitMode::ExecutionCount,
+            ..Default::default()
+        };
+        for spec in &self.rate_limit_resource {
+            config.add_resource(spec)?;
+        }
+        Ok(config)
+    }
 }
 
 /// The interpreter of Python models: shared by `serve`, `worker` and `check-config`.

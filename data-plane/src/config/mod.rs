@@ -17,9 +17,9 @@ mod valid;
 pub(crate) mod validate;
 
 pub use valid::{
-    ControlKind, DynamicBatching, EnsembleStep, GroupKind, InputSpec, InstanceGroup, OutputSpec,
-    QueuePolicy, Scheduling, SequenceBatching, SequenceControl, SequenceStrategy, StateIo,
-    TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting,
+    ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec, InstanceGroup,
+    OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl, SequenceStrategy,
+    StateIo, TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting,
 };
 pub(crate) use valid::{composing_models, ensemble_steps, parameters};
 

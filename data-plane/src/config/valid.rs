@@ -168,6 +168,20 @@ pub struct InstanceGroup {
     /// Instances per device (per listed GPU for `KIND_GPU`).
     pub count: u32,
     pub kind: GroupKind,
+    /// `rate_limiter.resources`: what each instance needs to run under `--rate-limit
+    /// execution_count`.
+    pub resources: Vec<GroupResource>,
+    /// `rate_limiter.priority` (0 when unset, which counts as 1).
+    pub priority: u32,
+}
+
+/// One `rate_limiter.resources` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupResource {
+    pub name: String,
+    /// One pool for the server instead of one per device.
+    pub global: bool,
+    pub count: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -333,6 +347,17 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
                 Kind::Model => GroupKind::Model,
                 Kind::Cpu | Kind::Auto => GroupKind::Cpu,
             },
+            resources: g
+                .rate_limiter
+                .iter()
+                .flat_map(|r| &r.resources)
+                .map(|r| GroupResource {
+                    name: r.name.clone(),
+                    global: r.global,
+                    count: r.count,
+                })
+                .collect(),
+            priority: g.rate_limiter.as_ref().map_or(0, |r| r.priority),
         })
         .collect();
     Ok(ValidModelConfig {

@@ -97,6 +97,20 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
                 "instance group '{name}' of model '{m}' has kind KIND_CPU but specifies 'gpus'"
             ));
         }
+        let resources = group.rate_limiter.iter().flat_map(|r| &r.resources);
+        let mut seen = HashSet::new();
+        for resource in resources {
+            if resource.name.is_empty() {
+                errors.push(format!(
+                    "instance group '{name}' of model '{m}' has a rate_limiter resource without a name"
+                ));
+            } else if !seen.insert(resource.name.as_str()) {
+                errors.push(format!(
+                    "instance group '{name}' of model '{m}' lists rate_limiter resource '{}' more than once",
+                    resource.name
+                ));
+            }
+        }
     }
     if is_ensemble {
         check_ensemble(&mut errors, config);

@@ -18,8 +18,9 @@ use crate::backend::{
     Backend, BackendError, BackendInstance, Backends, BatchInputs, DeviceKind, Health,
     InstanceContext, RequestView, ServerHandle,
 };
-use crate::config::{self, CompleteOptions, GroupKind, ValidModelConfig};
+use crate::config::{self, CompleteOptions, GroupKind, InstanceGroup, ValidModelConfig};
 use crate::ensemble::{self, EnsemblePlan};
+use crate::rate_limit::{InstanceNeeds, RateLimiter, ResourceKey};
 use crate::repository::{self, Fingerprint};
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
@@ -78,6 +79,8 @@ pub struct BuildInput {
     pub config_override: Option<ModelConfig>,
     pub options: CompleteOptions,
     pub queue_capacity: usize,
+    /// The server's rate limiter, which every instance registers with.
+    pub rate_limiter: Arc<RateLimiter>,
 }
 
 /// A built model, or why it failed (with the versions that were attempted).
@@ -254,16 +257,25 @@ fn load_version(
     let load_started = std::time::Instant::now();
     let rss_before = crate::probe::host::process_rss();
     let mut instances = Vec::with_capacity(contexts.len());
-    for ctx in &contexts {
+    let mut limits = Vec::with_capacity(contexts.len());
+    for (ctx, needs) in &contexts {
+        let limit = input.rate_limiter.register(needs.clone()).map_err(|e| {
+            format!(
+                "failed to load '{}' version {version}: instance '{}' {e}",
+                input.name, ctx.instance_name
+            )
+        })?;
         let mut instance = backend.load_instance(ctx).map_err(load_error)?;
         warm_up(instance.as_mut(), &samples, &ctx.instance_name)?;
         instances.push((ctx.instance_name.clone(), instance));
+        limits.push(limit);
     }
     let stats = Arc::new(VersionStats::default());
     let scheduler = Scheduler::start(
         &input.name,
         BatchPolicy::from_config(config),
         instances,
+        limits,
         stats.clone(),
         input.queue_capacity,
     )
@@ -285,7 +297,8 @@ fn load_version(
     })
 }
 
-/// One context per instance of every instance group (`KIND_GPU` groups: `count` per listed GPU).
+/// One context per instance of every instance group (`KIND_GPU` groups: `count` per listed GPU),
+/// with what the instance needs from the rate limiter.
 fn instance_contexts(
     name: &str,
     version: i64,
@@ -293,7 +306,7 @@ fn instance_contexts(
     model_path: &Path,
     config: &Arc<ValidModelConfig>,
     (health, server): (&Arc<Health>, &Arc<ServerHandle>),
-) -> Vec<InstanceContext> {
+) -> Vec<(InstanceContext, InstanceNeeds)> {
     let mut contexts = Vec::new();
     for group in &config.instance_groups {
         let devices: Vec<DeviceKind> = match &group.kind {
@@ -306,7 +319,7 @@ fn instance_contexts(
         let mut index = 0;
         for device in devices {
             for _ in 0..group.count {
-                contexts.push(InstanceContext {
+                let context = InstanceContext {
                     model_name: name.to_string(),
                     version,
                     model_dir: model_dir.to_path_buf(),
@@ -316,12 +329,36 @@ fn instance_contexts(
                     device,
                     health: health.clone(),
                     server: server.clone(),
-                });
+                };
+                contexts.push((context, rate_limit_needs(group, device)));
                 index += 1;
             }
         }
     }
     contexts
+}
+
+/// What an instance of `group` on `device` needs from the rate limiter: per-device resources
+/// on its GPU (CPU instances: device 0), global ones once for the server.
+fn rate_limit_needs(group: &InstanceGroup, device: DeviceKind) -> InstanceNeeds {
+    let device_id = match device {
+        DeviceKind::Gpu { device_id } => device_id,
+        DeviceKind::Cpu => 0,
+    };
+    InstanceNeeds {
+        resources: group
+            .resources
+            .iter()
+            .map(|r| {
+                let key = ResourceKey {
+                    name: r.name.clone(),
+                    device: (!r.global).then_some(device_id),
+                };
+                (key, r.count)
+            })
+            .collect(),
+        priority: group.priority,
+    }
 }
 
 /// Runs every warmup sample `count` times on a freshly loaded instance; the first failure

@@ -32,6 +32,8 @@ use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::{ModelIndexEntry, ServiceError};
 use parking_lot::{Mutex, RwLock};
 
+use crate::rate_limit::{RateLimitConfig, RateLimiter};
+
 use build::{BuildInput, build};
 pub use build::{LoadedVersion, Runner};
 use dependencies::{ModelsView, ensemble_plans, load_order, unavailable_reason};
@@ -65,6 +67,8 @@ pub struct ManagerConfig {
     /// The models are assigned by a control plane (`nereid worker`): the repository API refuses
     /// client loads and unloads; only the worker's agent calls [`ModelManager::load`].
     pub cluster_managed: bool,
+    /// `--rate-limit` / `--rate-limit-resource`: one limiter across every model.
+    pub rate_limit: RateLimitConfig,
 }
 
 /// A model's lifecycle state as the repository index shows it.
@@ -131,11 +135,13 @@ pub struct ModelManager {
     models: RwLock<BTreeMap<String, ModelEntry>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     startup_done: AtomicBool,
+    rate_limiter: Arc<RateLimiter>,
 }
 
 impl ModelManager {
     pub fn new(config: ManagerConfig, backends: Backends) -> ModelManager {
         ModelManager {
+            rate_limiter: RateLimiter::new(&config.rate_limit),
             config,
             backends,
             models: RwLock::new(BTreeMap::new()),
@@ -306,6 +312,7 @@ impl ModelManager {
                 auto_complete: self.config.auto_complete,
             },
             queue_capacity: self.config.queue_capacity,
+            rate_limiter: self.rate_limiter.clone(),
         };
         let backends = self.backends.clone();
         let view = self.models_view(chain);

@@ -313,6 +313,7 @@ mod tests {
             name,
             BatchPolicy::from_config(&config),
             Vec::new(),
+            Vec::new(),
             stats.clone(),
             4,
         )

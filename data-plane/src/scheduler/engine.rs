@@ -14,6 +14,7 @@
 //! timer thread: wake-up passed ─► the same sweep and form_batch under the lock
 //!
 //! instance thread (no lock):
+//!   rate limiter (when on): wait until the instance's resources are granted
 //!   Feed::executions ─► run_joined (join + execute) | execute_requests (Python)
 //!   ─► split ─► Feed::produced ─► reply per request (preserve_ordering: arrival order)
 //!   ─► lock: Batcher::finished, sweep, form_batch(self) ─► run it (no hop under load)
@@ -43,6 +44,7 @@ use tokio::sync::oneshot;
 use super::queue::Decision;
 use super::{JobResult, timer};
 use crate::backend::{BackendError, BackendInstance};
+use crate::rate_limit::{Grant, InstanceLimit};
 use crate::request_check::ValidRequest;
 use crate::stats::{PendingMark, VersionStats};
 
@@ -155,6 +157,8 @@ struct Shared<B: Batcher> {
     reorder: Option<Mutex<Reorder>>,
     /// The version's statistics (pending requests are counted from submission).
     stats: Arc<VersionStats>,
+    /// Rate-limiter registrations by instance index (see [`EngineConfig::limits`]).
+    limits: Vec<Option<InstanceLimit>>,
 }
 
 /// Handle to a running engine; dropping it stops the engine.
@@ -169,6 +173,8 @@ pub(super) struct EngineConfig {
     pub(super) timer: &'static str,
     pub(super) preserve_ordering: bool,
     pub(super) stats: Arc<VersionStats>,
+    /// Per instance (by index; missing: not limited): the rate limiter's hold on it.
+    pub(super) limits: Vec<Option<InstanceLimit>>,
 }
 
 impl<B: Batcher> Engine<B> {
@@ -199,6 +205,7 @@ impl<B: Batcher> Engine<B> {
                 .preserve_ordering
                 .then(|| Mutex::new(Reorder::default())),
             stats: config.stats,
+            limits: config.limits,
         });
         // Built first: if a thread cannot start, dropping it stops those already started.
         let engine = Engine {
@@ -395,11 +402,20 @@ impl<B: Batcher> Shared<B> {
         mut instance: Box<dyn BackendInstance>,
         batches: Receiver<Option<Batch<B::Tag>>>,
     ) {
+        let limit = self.limits.get(index).and_then(Option::as_ref);
         while let Ok(Some(mut batch)) = batches.recv() {
+            // Under `--rate-limit execution_count` the formed batch waits here, with its
+            // instance, until the instance's resources are granted; they are given back when
+            // the instance parks, or renewed (competing with the other waiters) before each
+            // batch it forms itself.
+            let mut grant = limit.map(InstanceLimit::acquire);
             loop {
                 let done = self.run_batch(instance.as_mut(), batch);
                 match self.next_for(index, done) {
-                    Next::Run(next) => batch = next,
+                    Next::Run(next) => {
+                        batch = next;
+                        grant = grant.map(Grant::renew);
+                    }
                     Next::Park => break,
                     Next::Stop => return,
                 }

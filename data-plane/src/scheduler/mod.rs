@@ -39,6 +39,7 @@ use self::engine::{Engine, EngineConfig};
 use self::policy::BatchPolicy;
 use self::sequence::{SequenceBatcher, SequenceFeed};
 use crate::backend::{BackendError, BackendInstance, RequestView};
+use crate::rate_limit::InstanceLimit;
 use crate::request_check::ValidRequest;
 use crate::stats::VersionStats;
 
@@ -73,11 +74,13 @@ enum Kind {
 impl Scheduler {
     /// Starts one thread per instance and the timer thread. `queue_capacity` bounds the
     /// requests waiting in the queue across all priority levels, on top of any
-    /// `max_queue_size` of the config.
+    /// `max_queue_size` of the config. `limits[i]`, when present, is what instance `i` must
+    /// acquire from the rate limiter before each execution.
     pub fn start(
         model: &str,
         policy: BatchPolicy,
         instances: Vec<(String, Box<dyn BackendInstance>)>,
+        limits: Vec<Option<InstanceLimit>>,
         stats: Arc<VersionStats>,
         queue_capacity: usize,
     ) -> Result<Scheduler, BackendError> {
@@ -87,6 +90,7 @@ impl Scheduler {
             timer,
             preserve_ordering,
             stats,
+            limits,
         };
         let kind = match policy.sequence.clone() {
             Some(sequence_policy) => {

@@ -56,6 +56,7 @@ pub fn data_plane(
             auto_complete: true,
             queue_capacity,
             cluster_managed: false,
+            rate_limit: Default::default(),
         },
         backends,
     ));

@@ -119,6 +119,8 @@ mod tests {
             name: "g".into(),
             count,
             kind: GroupKind::Cpu,
+            resources: Vec::new(),
+            priority: 0,
         };
         c.instance_groups.push(group(2));
         assert_eq!(session_settings(&c, 2).unwrap().intra_threads, Some(1));

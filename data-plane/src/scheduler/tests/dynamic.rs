@@ -62,6 +62,7 @@ fn scheduler(batching: &str, instances: usize) -> (Scheduler, Arc<VersionStats>)
         "m",
         BatchPolicy::from_config(&config),
         instances,
+        Vec::new(),
         stats.clone(),
         64,
     )

@@ -144,6 +144,7 @@ fn scheduler(
         "m",
         BatchPolicy::from_config(&config),
         instances,
+        Vec::new(),
         Arc::new(VersionStats::default()),
         64,
     )
