@@ -129,6 +129,8 @@ impl ServeArgs {
         if models.model_queue_size == 0 {
             return Err("--model-queue-size must be at least 1".into());
         }
+        let response_cache_bytes = nereid_data_plane::parse_cache_config(&models.cache_config)
+            .map_err(|e| e.to_string())?;
         let addrs = self.listen.addrs()?;
         let metrics = self.metrics.into_config()?;
         let auto_complete =
@@ -141,6 +143,7 @@ impl ServeArgs {
                 auto_complete,
                 queue_capacity: models.model_queue_size,
                 cluster_managed: false,
+                response_cache_bytes,
             },
             data_plane: DataPlaneConfig {
                 server_name: frontend.id,

@@ -53,5 +53,6 @@ pub use check::{CheckOptions, Checked, check_paths};
 pub use manager::{ControlMode, ManagerConfig, ModelManager};
 pub use metrics::{LatencyMetrics, MetricsConfig, MetricsConfigError};
 pub use probe::host::hostname;
+pub use request::cache::{CacheConfigError, parse_cache_config};
 pub use serve::{ServeConfig, ServeError, run as serve};
 pub use server::{DataPlane, DataPlaneConfig};

@@ -288,6 +288,7 @@ async fn the_agent_follows_its_assignments() {
             auto_complete: true,
             queue_capacity: 16,
             cluster_managed: true,
+            response_cache_bytes: None,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -489,6 +490,7 @@ async fn the_agent_follows_its_assignments() {
             auto_complete: true,
             queue_capacity: 16,
             cluster_managed: true,
+            response_cache_bytes: None,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -550,6 +552,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
             auto_complete: true,
             queue_capacity: 16,
             cluster_managed: false,
+            response_cache_bytes: None,
         },
         data_plane: DataPlaneConfig {
             server_name: "nereid".into(),

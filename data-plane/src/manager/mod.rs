@@ -40,6 +40,7 @@ use overrides::OverrideDir;
 use crate::backend::Backends;
 use crate::config::{self, CompleteOptions};
 use crate::repository::{self, Fingerprint};
+use crate::request::cache::ResponseCache;
 
 /// How models are loaded, like Triton's `--model-control-mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +66,9 @@ pub struct ManagerConfig {
     /// The models are assigned by a control plane (`nereid worker`): the repository API refuses
     /// client loads and unloads; only the worker's agent calls [`ModelManager::load`].
     pub cluster_managed: bool,
+    /// Bytes of the response cache (`--cache-config local,size=N`); `None`: no cache, and
+    /// `response_cache { enable: true }` in a config is ignored, as in Triton.
+    pub response_cache_bytes: Option<usize>,
 }
 
 /// A model's lifecycle state as the repository index shows it.
@@ -131,17 +135,26 @@ pub struct ModelManager {
     models: RwLock<BTreeMap<String, ModelEntry>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     startup_done: AtomicBool,
+    cache: Option<Arc<ResponseCache>>,
 }
 
 impl ModelManager {
     pub fn new(config: ManagerConfig, backends: Backends) -> ModelManager {
         ModelManager {
+            cache: config
+                .response_cache_bytes
+                .map(|bytes| Arc::new(ResponseCache::new(bytes))),
             config,
             backends,
             models: RwLock::new(BTreeMap::new()),
             locks: Mutex::new(HashMap::new()),
             startup_done: AtomicBool::new(false),
         }
+    }
+
+    /// The server's response cache, if it runs one.
+    pub fn response_cache(&self) -> Option<&Arc<ResponseCache>> {
+        self.cache.as_ref()
     }
 
     pub fn control_mode(&self) -> ControlMode {
@@ -306,6 +319,7 @@ impl ModelManager {
                 auto_complete: self.config.auto_complete,
             },
             queue_capacity: self.config.queue_capacity,
+            cache: self.cache.clone(),
         };
         let backends = self.backends.clone();
         let view = self.models_view(chain);

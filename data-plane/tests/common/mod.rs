@@ -56,6 +56,7 @@ pub fn data_plane(
             auto_complete: true,
             queue_capacity,
             cluster_managed: false,
+            response_cache_bytes: None,
         },
         backends,
     ));
