@@ -326,6 +326,19 @@ mod tests {
     }
 
     #[test]
+    fn cache_config_in_tritons_form() {
+        assert_eq!(parse(&[]).unwrap().manager.response_cache_bytes, None);
+        let c = parse(&["--cache-config=local,size=1048576"]).unwrap();
+        assert_eq!(c.manager.response_cache_bytes, Some(1_048_576));
+        let c = parse(&["--cache-config", "local,size=2048"]).unwrap();
+        assert_eq!(c.manager.response_cache_bytes, Some(2048));
+        let e = parse(&["--cache-config", "redis,host=localhost"]).unwrap_err();
+        assert!(e.contains("the 'redis' cache is not supported"), "{e}");
+        let e = parse(&["--cache-config", "local,size=lots"]).unwrap_err();
+        assert!(e.contains("expected a size in bytes"), "{e}");
+    }
+
+    #[test]
     fn triton_style_flags_parse() {
         let c = parse(&[
             "--strict-readiness",
