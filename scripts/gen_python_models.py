@@ -13,6 +13,9 @@ Models:
 - sequence_acc       INT32 [1], sequence batching (direct, START/END control inputs, the running
                      sum kept per correlation id in the model): OUTPUT = running sum.
 - repeat_decoupled   decoupled: IN INT32 [-1] -> one response per element, then the final flag.
+- classify_fp32 / classify_int32: identity FP32 [5] (batching up to 8) and INT32 [4] (no
+                     batching) whose outputs name a label file (labels.txt), for the
+                     classification extension.
 - cfg_*              identity models whose configs use the features the Python backend accepts
                      (dynamic batching with preferred sizes, priorities and queue policies,
                      named instance groups, parameters, version policy, the oldest sequence
@@ -138,6 +141,18 @@ MODELS = {
         io("output", "OUT", "TYPE_INT32", "1"),
         "model_transaction_policy { decoupled: true }",
     ]), DECOUPLED),
+    "classify_fp32": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 8",
+        io("input", "INPUT0", "TYPE_FP32", "5"),
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 5 ] label_filename: "labels.txt" } ]',
+    ]), IDENTITY),
+    "classify_int32": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 0",
+        io("input", "INPUT0", "TYPE_INT32", "4"),
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] label_filename: "labels.txt" } ]',
+    ]), IDENTITY),
     "cfg_dynamic": ("\n".join([
         identity("TYPE_FP32", "-1", 4),
         'instance_group [ { name: "pool" count: 2 kind: KIND_CPU } ]',
@@ -170,6 +185,13 @@ MODELS = {
 }
 
 
+# Files a model directory holds besides config.pbtxt and its version folder.
+MODEL_FILES = {
+    "classify_fp32": {"labels.txt": "cat\ndog\n\nfish\nbird\n"},
+    "classify_int32": {"labels.txt": "zero\none\n"},
+}
+
+
 def write_repository(out_dir, names=None):
     out = Path(out_dir)
     for name, (config, source) in MODELS.items():
@@ -178,6 +200,8 @@ def write_repository(out_dir, names=None):
         (out / name / "1").mkdir(parents=True, exist_ok=True)
         (out / name / "config.pbtxt").write_text(config + "\n")
         (out / name / "1" / "model.py").write_text(source)
+        for file, text in MODEL_FILES.get(name, {}).items():
+            (out / name / file).write_text(text)
     return out
 
 

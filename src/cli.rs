@@ -130,6 +130,8 @@ impl ServeArgs {
             return Err("--model-queue-size must be at least 1".into());
         }
         let rate_limit = models.rate_limit()?;
+        let response_cache_bytes = nereid_data_plane::parse_cache_config(&models.cache_config)
+            .map_err(|e| e.to_string())?;
         let addrs = self.listen.addrs()?;
         let metrics = self.metrics.into_config()?;
         let auto_complete =
@@ -143,6 +145,7 @@ impl ServeArgs {
                 queue_capacity: models.model_queue_size,
                 cluster_managed: false,
                 rate_limit,
+                response_cache_bytes,
             },
             data_plane: DataPlaneConfig {
                 server_name: frontend.id,
@@ -322,6 +325,19 @@ mod tests {
             unreachable!()
         };
         a.into_config()
+    }
+
+    #[test]
+    fn cache_config_in_tritons_form() {
+        assert_eq!(parse(&[]).unwrap().manager.response_cache_bytes, None);
+        let c = parse(&["--cache-config=local,size=1048576"]).unwrap();
+        assert_eq!(c.manager.response_cache_bytes, Some(1_048_576));
+        let c = parse(&["--cache-config", "local,size=2048"]).unwrap();
+        assert_eq!(c.manager.response_cache_bytes, Some(2048));
+        let e = parse(&["--cache-config", "redis,host=localhost"]).unwrap_err();
+        assert!(e.contains("the 'redis' cache is not supported"), "{e}");
+        let e = parse(&["--cache-config", "local,size=lots"]).unwrap_err();
+        assert!(e.contains("expected a size in bytes"), "{e}");
     }
 
     #[test]

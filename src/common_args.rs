@@ -181,6 +181,13 @@ pub struct ModelArgs {
     /// the executable, then the one found at build time).
     #[arg(long, env = "NEREID_ONNXRUNTIME_LIBRARY")]
     pub onnxruntime_library: Option<PathBuf>,
+    /// The response cache, Triton's form: `local,size=<bytes>` (repeatable). One in-memory
+    /// cache for every model whose config sets `response_cache { enable: true }`, bounded in
+    /// bytes with least-recently-used eviction; without this flag no model is cached. Size it
+    /// to the answers you expect to repeat (each entry counts its outputs' bytes plus about
+    /// 128 bytes).
+    #[arg(long, env = "NEREID_CACHE_CONFIG", value_delimiter = ';')]
+    pub cache_config: Vec<String>,
     #[command(flatten)]
     pub python: PythonArgs,
     /// `execution_count`: a model instance executes only when the resources its instance

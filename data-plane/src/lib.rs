@@ -55,5 +55,6 @@ pub use manager::{ControlMode, ManagerConfig, ModelManager};
 pub use metrics::{LatencyMetrics, MetricsConfig, MetricsConfigError};
 pub use probe::host::hostname;
 pub use rate_limit::RateLimitConfig;
+pub use request::cache::{CacheConfigError, parse_cache_config};
 pub use serve::{ServeConfig, ServeError, run as serve};
 pub use server::{DataPlane, DataPlaneConfig};

@@ -12,6 +12,7 @@ use nereid_proto::{
 
 use crate::backend::ResponseSink;
 use crate::config::ValidModelConfig;
+use crate::request::classification::{self, Classify};
 
 /// A request that fits its model.
 #[derive(Debug, Default)]
@@ -24,6 +25,9 @@ pub struct ValidRequest {
     pub inputs: Vec<Tensor>,
     /// Output names to produce, in response order.
     pub outputs: Vec<String>,
+    /// The outputs asked for with the classification extension, and their top-k counts;
+    /// applied to the answer by the request path, never seen by a backend.
+    pub classify: Classify,
     /// The batch size (1 for models without batching).
     pub batch_size: usize,
     /// The client's options as sent: the scheduler reads the priority (0 = the model's default
@@ -71,7 +75,16 @@ pub fn check(
             out.name, config.name
         )));
     }
-    check_inner(config, request).map_err(|e| e.prefixed(&prefix))
+    // Triton refuses a bad classification parameter while it parses the request, unprefixed.
+    let mut classify = Classify::new();
+    for out in &request.outputs {
+        if let Some(k) = classification::requested_count(&out.parameters)? {
+            classify.insert(out.name.clone(), k);
+        }
+    }
+    let mut valid = check_inner(config, request).map_err(|e| e.prefixed(&prefix))?;
+    valid.classify = classify;
+    Ok(valid)
 }
 
 /// A sequence model's state output, which a request may ask for by name.
@@ -259,17 +272,6 @@ fn check_inner(
                     out.name
                 )));
             }
-            if !out.parameters.is_empty()
-                && let Some(key) = out
-                    .parameters
-                    .keys()
-                    .find(|k| k.as_str() == "classification")
-            {
-                return Err(ServiceError::unsupported(format!(
-                    "output '{}' of model '{m}': the '{key}' extension is not supported by this version of Nereid yet",
-                    out.name
-                )));
-            }
             names.push(out.name.clone());
         }
         names
@@ -303,6 +305,7 @@ fn check_inner(
         stream: None,
         inputs,
         outputs,
+        classify: Classify::new(),
         batch_size,
         options: request.options,
         sequence,

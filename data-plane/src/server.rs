@@ -39,6 +39,7 @@ use crate::request::RunContext;
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
+    "classification",
     "sequence",
     "model_repository",
     "model_repository(unload_dependents)",

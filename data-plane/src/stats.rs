@@ -99,6 +99,8 @@ struct Inner {
     compute_input: Counter,
     compute_infer: Counter,
     compute_output: Counter,
+    cache_hit: Counter,
+    cache_miss: Counter,
     batches: BTreeMap<u64, [Counter; 3]>,
     /// Failures by [`FailureReason`], in `FailureReason::ALL` order.
     failures_by_reason: [u64; 4],
@@ -310,6 +312,28 @@ impl VersionStats {
         s.success.add(total);
     }
 
+    /// Records a request answered from the response cache, as Triton counts it: a success
+    /// (end to end `total`, no queue time) and a cache hit taking `lookup`; no inference,
+    /// execution or compute time, and no latency-window observation.
+    pub fn record_cache_hit(&self, total: Duration, lookup: Duration) {
+        let mut s = self.inner.lock();
+        s.last_inference_ms = now_ms();
+        s.success.add(total);
+        s.queue.add(Duration::ZERO);
+        s.cache_hit.add(lookup);
+    }
+
+    /// Records a request that missed the response cache and was executed: `took` is the lookup
+    /// plus the insertion of its answer, added to the request's duration as Triton does.
+    pub fn record_cache_miss(&self, took: Duration) {
+        let mut s = self.inner.lock();
+        s.cache_miss.add(took);
+        s.success.ns = s
+            .success
+            .ns
+            .saturating_add(took.as_nanos().min(u128::from(u64::MAX)) as u64);
+    }
+
     /// Records a request for this version that failed.
     pub fn record_failure(&self, total: Duration, reason: FailureReason) {
         let mut s = self.inner.lock();
@@ -343,8 +367,8 @@ impl VersionStats {
                 compute_input: s.compute_input.to_proto(),
                 compute_infer: s.compute_infer.to_proto(),
                 compute_output: s.compute_output.to_proto(),
-                cache_hit: Counter::default().to_proto(),
-                cache_miss: Counter::default().to_proto(),
+                cache_hit: s.cache_hit.to_proto(),
+                cache_miss: s.cache_miss.to_proto(),
             }),
             batch_stats: s
                 .batches
@@ -417,6 +441,38 @@ mod tests {
         assert_eq!(h.count, 2);
         assert_eq!(h.buckets[0], (100.0, 2));
         assert_eq!(h.buckets[3], (5000.0, 2));
+    }
+
+    #[test]
+    fn cache_hits_count_as_successes_without_compute() {
+        let s = VersionStats::default();
+        s.record_execution(1, Duration::ZERO, Duration::from_micros(4), Duration::ZERO);
+        s.record_success(RequestTimings {
+            total: Duration::from_micros(10),
+            compute_infer: Duration::from_micros(4),
+            ..Default::default()
+        });
+        s.record_cache_miss(Duration::from_micros(2));
+        s.record_cache_hit(Duration::from_micros(3), Duration::from_micros(1));
+        let m = s.snapshot("m", 1);
+        assert_eq!((m.inference_count, m.execution_count), (1, 1));
+        let i = m.inference_stats.unwrap();
+        let d = |count: u64, us: u64| {
+            Some(StatisticDuration {
+                count,
+                ns: us * 1000,
+            })
+        };
+        assert_eq!(i.success, d(2, 15));
+        assert_eq!(i.queue, d(2, 0));
+        assert_eq!(i.compute_infer, d(1, 4));
+        assert_eq!(i.cache_hit, d(1, 1));
+        assert_eq!(i.cache_miss, d(1, 2));
+        assert_eq!(
+            s.recent(Latency::Request),
+            vec![10],
+            "a hit is not observed"
+        );
     }
 
     #[test]

@@ -289,6 +289,7 @@ async fn the_agent_follows_its_assignments() {
             queue_capacity: 16,
             cluster_managed: true,
             rate_limit: Default::default(),
+            response_cache_bytes: None,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -491,6 +492,7 @@ async fn the_agent_follows_its_assignments() {
             queue_capacity: 16,
             cluster_managed: true,
             rate_limit: Default::default(),
+            response_cache_bytes: None,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -553,6 +555,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
             queue_capacity: 16,
             cluster_managed: false,
             rate_limit: Default::default(),
+            response_cache_bytes: None,
         },
         data_plane: DataPlaneConfig {
             server_name: "nereid".into(),

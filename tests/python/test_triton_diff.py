@@ -27,7 +27,7 @@ _spec.loader.exec_module(gen_python_models)
 # Case name -> why Nereid answers differently on purpose (also in docs/compatibility.md).
 KNOWN_DIFFERENCES = {
     "server_metadata": "the version is Nereid's own; extensions list only what Nereid implements "
-                       "(no classification, system/CUDA shared memory yet)",
+                       "(no system/CUDA shared memory yet)",
     "grpc_server_metadata": "as server_metadata",
     "malformed_json": "the parser's own words after Triton's prefix: Nereid's JSON parser is not "
                       "RapidJSON",
@@ -161,6 +161,20 @@ INFER = {
     "batch_too_large": ("identity_fp32", {"inputs": [t("INPUT0", "FP32", [9, 16], [0.0] * 144)]}),
     "fp16_in_json": ("identity_fp16", {"inputs": [t("INPUT0", "FP16", [1, 2], [1, 2])]}),
     "malformed_json": ("identity_fp32", "{not json"),
+    "classification_fp32_batched": ("classify_fp32", {
+        "inputs": [t("INPUT0", "FP32", [2, 5], [0.1, 0.7, 0.5, 0.25, 0.05,
+                                                -1.5, 2.125, 3.0, -0.75, 1.0])],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 3}}]}),
+    "classification_clamped": ("classify_fp32", {
+        "inputs": [t("INPUT0", "FP32", [1, 5], [0.5, 0.25, 0.125, 1.0, 2.0])],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 9}}]}),
+    "classification_int32": ("classify_int32", {
+        "inputs": [t("INPUT0", "INT32", [4], [7, -3, 12, 0])],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]}),
+    "classification_binary": ("classify_int32", {
+        "inputs": [t("INPUT0", "INT32", [4], [7, -3, 12, 0])],
+        "outputs": [{"name": "OUTPUT0",
+                     "parameters": {"classification": 4, "binary_data": False}}]}),
     "unknown_model_infer": ("nope", ADD_SUB_OK),
     "unknown_version_infer": ("add_sub/versions/3", ADD_SUB_OK),
 }
@@ -204,7 +218,9 @@ def grpc_infer(model, inputs, outputs=None, **kwargs):
             i = grpcclient.InferInput(name, list(arr.shape), dtype)
             i.set_data_from_numpy(arr)
             ins.append(i)
-        outs = [grpcclient.InferRequestedOutput(o) for o in outputs] if outputs else None
+        outs = ([grpcclient.InferRequestedOutput(o) if isinstance(o, str)
+                 else grpcclient.InferRequestedOutput(o[0], class_count=o[1]) for o in outputs]
+                if outputs else None)
         return c.infer(model, ins, outputs=outs, **kwargs)
     return call
 
@@ -237,6 +253,14 @@ GRPC = {
     "grpc_batch_too_large": grpc_infer("identity_fp32",
                                        [("INPUT0", "FP32", np.zeros((9, 16), np.float32))]),
     "grpc_unknown_model_infer": grpc_infer("nope", [("INPUT0", "INT32", A)]),
+    "grpc_classification_batched": grpc_infer(
+        "classify_fp32",
+        [("INPUT0", "FP32", np.array([[0.1, 0.7, 0.5, 0.25, 0.05],
+                                      [3.0, -1.5, 2.125, 0.0, 1.0]], np.float32))],
+        [("OUTPUT0", 2)]),
+    "grpc_classification_int32": grpc_infer(
+        "classify_int32", [("INPUT0", "INT32", np.array([7, -3, 12, 0], np.int32))],
+        [("OUTPUT0", 6)]),
 }
 
 

@@ -65,6 +65,9 @@ pub struct ValidModelConfig {
     pub batch_input_targets: Vec<String>,
     /// The outputs `batch_output` entries produce.
     pub batch_output_targets: Vec<String>,
+    /// `response_cache { enable: true }`: answers may come from the server's response cache
+    /// (only when the server runs one, `--cache-config`).
+    pub response_cache: bool,
     wire: Arc<ModelConfig>,
 }
 
@@ -92,6 +95,9 @@ pub struct OutputSpec {
     pub dims: Vec<i64>,
     /// The shape the model produces (`reshape`), when it differs from `dims`.
     pub reshape: Option<Vec<i64>>,
+    /// `label_filename`: the file in the model directory whose lines name the classes of this
+    /// output (the classification extension); read when the model loads.
+    pub label_filename: Option<String>,
 }
 
 /// Which scheduler serves the model (the config's one `scheduling_choice`).
@@ -315,6 +321,7 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
                 datatype: datatype("output", &o.name, o.data_type)?,
                 dims: o.dims.clone(),
                 reshape: reshape(o.reshape.as_ref()),
+                label_filename: Some(o.label_filename.clone()).filter(|f| !f.is_empty()),
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -395,6 +402,7 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
             .iter()
             .flat_map(|b| b.target_name.iter().cloned())
             .collect(),
+        response_cache: wire.response_cache.as_ref().is_some_and(|c| c.enable),
         wire: Arc::new(wire),
     })
 }

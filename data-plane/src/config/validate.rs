@@ -165,7 +165,32 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
         }
         check_sequence_batching(&mut errors, m, sb);
     }
+    check_response_cache(&mut errors, config);
     errors
+}
+
+/// Triton's refusals of `response_cache { enable: true }` where a response cannot be reused:
+/// sequence models (a request's answer depends on the sequence's state) and decoupled models
+/// (any number of responses). Checked whether or not the server runs a cache, as Triton does.
+fn check_response_cache(errors: &mut Vec<String>, config: &ModelConfig) {
+    if !config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        return;
+    }
+    let m = &config.name;
+    if let Some(SchedulingChoice::SequenceBatching(_)) = &config.scheduling_choice {
+        errors.push(format!(
+            "Response Cache does not currently support model {m} with sequence batching scheduler. Please disable the response cache."
+        ));
+    }
+    if config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
+    {
+        errors.push(format!(
+            "Response Cache does not currently support model {m} with 'decoupled' transaction policy. Please disable the response cache."
+        ));
+    }
 }
 
 /// What an ensemble may not have (it runs no instances of its own), and its data flow as far as
@@ -430,6 +455,26 @@ mod tests {
                 "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for m",
                 "sequence batching control 'fp32_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_READY for m",
                 "sequence batching must specify 'data_type' TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING for CONTROL_SEQUENCE_CORRID for m",
+            ]
+        );
+    }
+
+    #[test]
+    fn response_cache_refused_for_sequence_and_decoupled_models() {
+        assert!(errors_of("response_cache { enable: true }").is_empty());
+        assert!(errors_of("sequence_batching {} response_cache { enable: false }").is_empty());
+        assert_eq!(
+            errors_of("sequence_batching {} response_cache { enable: true }"),
+            vec![
+                "Response Cache does not currently support model m with sequence batching scheduler. Please disable the response cache."
+            ]
+        );
+        assert_eq!(
+            errors_of(
+                "model_transaction_policy { decoupled: true } response_cache { enable: true }"
+            ),
+            vec![
+                "Response Cache does not currently support model m with 'decoupled' transaction policy. Please disable the response cache."
             ]
         );
     }

@@ -22,6 +22,8 @@ use crate::config::{self, CompleteOptions, GroupKind, InstanceGroup, ValidModelC
 use crate::ensemble::{self, EnsemblePlan};
 use crate::rate_limit::{InstanceNeeds, RateLimiter, ResourceKey};
 use crate::repository::{self, Fingerprint};
+use crate::request::cache::ResponseCache;
+use crate::request::classification::Labels;
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
 use crate::stats::{LoadReport, VersionStats};
@@ -38,6 +40,29 @@ pub struct LoadedVersion {
     pub fingerprint: Fingerprint,
     /// Instances that lost their worker process (Python stubs) and are recovering.
     pub health: Arc<Health>,
+    /// The outputs' class labels (`label_filename`), for the classification extension.
+    pub labels: Arc<Labels>,
+    /// The server's response cache, when the server runs one and the config enables it.
+    pub cache: Option<Arc<ResponseCache>>,
+    /// Unique to this build of the version: part of its response-cache keys, so answers of an
+    /// earlier load are never reused.
+    pub generation: u64,
+}
+
+impl Drop for LoadedVersion {
+    /// The version is gone (unloaded or replaced, its last request answered): its cached
+    /// answers can never be asked for again.
+    fn drop(&mut self) {
+        if let Some(cache) = &self.cache {
+            cache.purge(self.generation);
+        }
+    }
+}
+
+/// The next [`LoadedVersion::generation`].
+pub fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What runs a version's requests (see [`crate::request`], which matches on it).
@@ -81,6 +106,8 @@ pub struct BuildInput {
     pub queue_capacity: usize,
     /// The server's rate limiter, which every instance registers with.
     pub rate_limiter: Arc<RateLimiter>,
+    /// The server's response cache (`--cache-config`), for versions whose config enables it.
+    pub cache: Option<Arc<ResponseCache>>,
 }
 
 /// A built model, or why it failed (with the versions that were attempted).
@@ -134,6 +161,13 @@ pub fn build(
     let complete = config::complete(&input.name, raw, &dirs, backends, input.options)
         .map_err(|e| fail(e.to_string(), &selected))?;
     let config = Arc::new(complete);
+    let labels = Arc::new(Labels::load(&config, &input.dir).map_err(|e| fail(e, &selected))?);
+    let versions = VersionsInput {
+        config: &config,
+        labels: &labels,
+        selected: &selected,
+        dirs: &dirs,
+    };
     if config.platform == ensemble::PLATFORM {
         let plan = ensemble::plan(&config, |model, version| models.config(model, version))
             .map_err(|e| fail(e, &selected))?;
@@ -141,8 +175,7 @@ pub fn build(
         // No instances of its own: a running version is kept while its plan is unchanged too.
         return build_versions(
             input,
-            &config,
-            (&selected, &dirs),
+            versions,
             running,
             |old| old.plan().is_some_and(|p| **p == *plan),
             |_, _| Ok(VersionParts::new(Runner::Ensemble(plan.clone()))),
@@ -153,8 +186,7 @@ pub fn build(
         .map_err(|e| fail(e, &selected))?;
     build_versions(
         input,
-        &config,
-        (&selected, &dirs),
+        versions,
         running,
         |_| true,
         |version, dir| {
@@ -189,13 +221,27 @@ impl VersionParts {
     }
 }
 
-/// The served versions (`selected`, in `dirs`) of a model. A running version whose directory
-/// and config are unchanged, and that `still_fits`, is kept (with its statistics); every other
-/// is built by `build_version`.
+/// What every version of a model shares: its config, its labels, and the versions to serve
+/// (`selected`, in `dirs`).
+#[derive(Clone, Copy)]
+struct VersionsInput<'a> {
+    config: &'a Arc<ValidModelConfig>,
+    labels: &'a Arc<Labels>,
+    selected: &'a [i64],
+    dirs: &'a [PathBuf],
+}
+
+/// The served versions of a model. A running version whose directory, config and labels are
+/// unchanged, and that `still_fits`, is kept (with its statistics); every other is built by
+/// `build_version`.
 fn build_versions(
     input: &BuildInput,
-    config: &Arc<ValidModelConfig>,
-    (selected, dirs): (&[i64], &[PathBuf]),
+    VersionsInput {
+        config,
+        labels,
+        selected,
+        dirs,
+    }: VersionsInput<'_>,
     running: &BTreeMap<i64, Arc<LoadedVersion>>,
     still_fits: impl Fn(&LoadedVersion) -> bool,
     mut build_version: impl FnMut(i64, &Path) -> Result<VersionParts, BuildError>,
@@ -206,6 +252,7 @@ fn build_versions(
         if let Some(old) = running.get(&version)
             && old.fingerprint == fingerprint
             && old.config == *config
+            && old.labels == *labels
             && still_fits(old)
         {
             versions.insert(version, old.clone());
@@ -226,6 +273,9 @@ fn build_versions(
                 stats,
                 fingerprint,
                 health,
+                labels: labels.clone(),
+                cache: input.cache.clone().filter(|_| config.response_cache),
+                generation: next_generation(),
             }),
         );
     }

@@ -42,6 +42,7 @@ use overrides::OverrideDir;
 use crate::backend::Backends;
 use crate::config::{self, CompleteOptions};
 use crate::repository::{self, Fingerprint};
+use crate::request::cache::ResponseCache;
 
 /// How models are loaded, like Triton's `--model-control-mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +70,9 @@ pub struct ManagerConfig {
     pub cluster_managed: bool,
     /// `--rate-limit` / `--rate-limit-resource`: one limiter across every model.
     pub rate_limit: RateLimitConfig,
+    /// Bytes of the response cache (`--cache-config local,size=N`); `None`: no cache, and
+    /// `response_cache { enable: true }` in a config is ignored, as in Triton.
+    pub response_cache_bytes: Option<usize>,
 }
 
 /// A model's lifecycle state as the repository index shows it.
@@ -136,18 +140,27 @@ pub struct ModelManager {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     startup_done: AtomicBool,
     rate_limiter: Arc<RateLimiter>,
+    cache: Option<Arc<ResponseCache>>,
 }
 
 impl ModelManager {
     pub fn new(config: ManagerConfig, backends: Backends) -> ModelManager {
         ModelManager {
             rate_limiter: RateLimiter::new(&config.rate_limit),
+            cache: config
+                .response_cache_bytes
+                .map(|bytes| Arc::new(ResponseCache::new(bytes))),
             config,
             backends,
             models: RwLock::new(BTreeMap::new()),
             locks: Mutex::new(HashMap::new()),
             startup_done: AtomicBool::new(false),
         }
+    }
+
+    /// The server's response cache, if it runs one.
+    pub fn response_cache(&self) -> Option<&Arc<ResponseCache>> {
+        self.cache.as_ref()
     }
 
     pub fn control_mode(&self) -> ControlMode {
@@ -313,6 +326,7 @@ impl ModelManager {
             },
             queue_capacity: self.config.queue_capacity,
             rate_limiter: self.rate_limiter.clone(),
+            cache: self.cache.clone(),
         };
         let backends = self.backends.clone();
         let view = self.models_view(chain);

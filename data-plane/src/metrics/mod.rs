@@ -9,7 +9,9 @@
 //!                                              └─► OTLP export (the lead's exporter)
 //! ```
 //!
-//! Every per-model series carries `model` and `version` labels; failures add `reason`.
+//! Every per-model series carries `model` and `version` labels; failures add `reason`. With a
+//! response cache (`--cache-config`), Triton's `nv_cache_*` families: per model for versions
+//! that use it, and the cache's own gauges.
 
 pub mod config;
 pub mod window;
@@ -21,6 +23,7 @@ use nereid_telemetry::{Collect, Family, Kind, Labels, Value};
 
 pub use self::config::{LatencyMetrics, MetricsConfig, MetricsConfigError};
 use crate::manager::{LoadedVersion, ModelManager};
+use crate::request::cache::ResponseCache;
 use crate::stats::{FailureReason, Latency};
 use crate::system_metrics::SystemMetrics;
 
@@ -54,6 +57,9 @@ impl DataPlaneMetrics {
 impl Collect for DataPlaneMetrics {
     fn collect(&self) -> Vec<Family> {
         let mut families = model_families(&self.manager.all_versions(), &self.latencies);
+        if let Some(cache) = self.manager.response_cache() {
+            families.extend(cache_families(cache));
+        }
         if let Some(system) = &self.system {
             families.extend(system.families());
         }
@@ -150,7 +156,99 @@ pub fn model_families(versions: &[Arc<LoadedVersion>], latencies: &LatencyMetric
         out.push(h);
     }
     push(&mut out, &rows, &LOAD_GAUGES);
+    push(&mut out, &rows, &CACHE_COUNTERS);
     out
+}
+
+/// Triton's per-model response cache counters, for versions that use the cache.
+const CACHE_COUNTERS: [(&str, &str, Kind, Pick); 4] = [
+    (
+        "nv_cache_num_hits_per_model",
+        "Number of cache hits per model",
+        Kind::Counter,
+        |r| cached(r, |i| &i.cache_hit).map(|d| d.count as f64),
+    ),
+    (
+        "nv_cache_num_misses_per_model",
+        "Number of cache misses per model",
+        Kind::Counter,
+        |r| cached(r, |i| &i.cache_miss).map(|d| d.count as f64),
+    ),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        Kind::Counter,
+        |r| cached(r, |i| &i.cache_hit).map(micros),
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert + lookup) duration per model, in microseconds",
+        Kind::Counter,
+        |r| cached(r, |i| &i.cache_miss).map(micros),
+    ),
+];
+
+/// A cache statistic of a version that uses the response cache.
+fn cached(
+    r: &Row<'_>,
+    f: fn(&InferStatistics) -> &Option<StatisticDuration>,
+) -> Option<StatisticDuration> {
+    r.version.cache.as_ref().map(|_| duration(&r.stats, f))
+}
+
+/// The response cache's own gauges (Triton's local cache reports these, without labels).
+pub fn cache_families(cache: &ResponseCache) -> Vec<Family> {
+    let c = cache.counters();
+    let gauges: [(&str, &str, f64); 8] = [
+        (
+            "nv_cache_num_entries",
+            "Number of responses stored in response cache",
+            c.entries as f64,
+        ),
+        (
+            "nv_cache_num_lookups",
+            "Number of cache lookups in response cache",
+            c.lookups as f64,
+        ),
+        (
+            "nv_cache_num_hits",
+            "Number of cache hits in response cache",
+            c.hits as f64,
+        ),
+        (
+            "nv_cache_num_misses",
+            "Number of cache misses in response cache",
+            c.misses as f64,
+        ),
+        (
+            "nv_cache_num_evictions",
+            "Number of cache evictions in response cache",
+            c.evictions as f64,
+        ),
+        (
+            "nv_cache_util",
+            "Cache utilization [0.0 - 1.0]",
+            c.utilization,
+        ),
+        (
+            "nv_cache_lookup_duration",
+            "Total cache lookup duration (hit and miss), in microseconds",
+            c.lookup_time.as_micros() as f64,
+        ),
+        (
+            "nv_cache_insertion_duration",
+            "Total cache insertion duration, in microseconds",
+            c.insertion_time.as_micros() as f64,
+        ),
+    ];
+    gauges
+        .into_iter()
+        .map(|(name, help, value)| {
+            let mut family = Family::new(name, help, Kind::Gauge);
+            family.number(Labels::default(), value);
+            family
+        })
+        .collect()
 }
 
 /// The cumulative latency counters (`counter_latencies`), in microseconds.
@@ -326,6 +424,9 @@ mod tests {
             stats,
             fingerprint: Fingerprint::of(Path::new("/nonexistent")),
             health: Arc::new(Health::default()),
+            labels: Default::default(),
+            cache: None,
+            generation: 0,
         })
     }
 

@@ -5,19 +5,24 @@
 //! LoadedVersion::infer(InferRequest)            LoadedVersion::infer_stream (decoupled only)
 //!   Outcome::start (in flight; one outcome)       Outcome::start
 //!   request_check::check ─► ValidRequest          request_check::check ─► ValidRequest
-//!   ┄┄ cross-cutting steps go here ┄┄             stream::run (responses as they come)
+//!   response cache lookup (hit: answer now)       stream::run (responses as they come)
+//!   ┄┄ cross-cutting steps go here ┄┄
 //!   LoadedVersion::run(ValidRequest) ─ match runner:
 //!     Batched(scheduler)  ─► submit ─► queue, batch, instance ─► outputs
 //!     Decoupled(_)        ─► refused (UNSUPPORTED): only the streaming path serves it
 //!     Ensemble(plan)      ─► ensemble::execute, each step back through `RunContext::step`
-//!   ─► InferResponse
+//!   ─► classification::apply ─► response cache insert (on a miss) ─► InferResponse
 //! ```
 //!
 //! The outcome (statistics, failure class) is recorded in one place, [`outcome::Outcome`].
-//! A step that every request needs before it runs (a response cache lookup, reading inputs
+//! A step that every request needs before it runs (the response cache lookup, reading inputs
 //! from shared memory) goes between the check and [`LoadedVersion::run`], where the request is
-//! already valid and no runner has seen it.
+//! already valid and no runner has seen it. After `run`, the classification extension
+//! ([`classification`]) turns outputs asked for with `classification: k` into their top k
+//! classes, and a cache miss stores the final answer ([`cache`]).
 
+pub(crate) mod cache;
+pub(crate) mod classification;
 pub(crate) mod outcome;
 mod stream;
 
@@ -32,6 +37,7 @@ use nereid_proto::{
 };
 use nereid_telemetry::RequestTrace;
 
+use self::cache::CacheKey;
 use self::outcome::{Outcome, backend_error, record_phases};
 use crate::ensemble::{self, EnsembleRequest};
 use crate::manager::{LoadedVersion, ModelManager, Runner};
@@ -65,10 +71,36 @@ impl LoadedVersion {
         if let Runner::Decoupled(_) = self.runner {
             return Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)));
         }
-        let valid = request_check::check(&self.config, request)
+        let mut valid = request_check::check(&self.config, request)
             .map_err(|e| outcome.refused_unchecked(e))?;
         let id = valid.id.clone();
+        let classify = std::mem::take(&mut valid.classify);
+        // The response cache: a hit skips the queue and the backend.
+        let miss = match &self.cache {
+            Some(cache) => {
+                let lookup_started = Instant::now();
+                let key =
+                    CacheKey::of(&self.name, self.version, self.generation, &valid, &classify);
+                let found = cache.lookup(&key);
+                let lookup = lookup_started.elapsed();
+                cache.record_lookup_time(lookup);
+                if let Some(outputs) = found {
+                    outcome.cache_hit(lookup);
+                    return Ok(self.response(id, outputs.as_ref().clone()));
+                }
+                Some((cache, key, lookup))
+            }
+            None => None,
+        };
         let outputs = self.run(valid, &id, &mut outcome, ctx).await?;
+        let outputs =
+            classification::apply(outputs, &classify, &self.labels, self.config.batching())?;
+        if let Some((cache, key, lookup)) = miss {
+            let insert_started = Instant::now();
+            cache.insert(key, outputs.clone(), insert_started.elapsed());
+            self.stats
+                .record_cache_miss(lookup + insert_started.elapsed());
+        }
         Ok(self.response(id, outputs))
     }
 

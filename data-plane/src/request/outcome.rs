@@ -6,6 +6,7 @@
 //!   ├─ refused_unchecked      ── nothing (input checks)    ┐
 //!   ├─ failed(reason, error)  ── fail count, duration      │
 //!   ├─ succeeded(timings)     ── success, phase durations  ├─ in flight -1 on drop
+//!   ├─ cache_hit(lookup)      ── success, cache hit        │
 //!   └─ dropped unresolved     ── counted as CANCELED       ┘
 //! ```
 //!
@@ -78,6 +79,14 @@ impl Outcome {
             compute_infer: t.compute_infer,
             compute_output: t.compute_output,
         });
+    }
+
+    /// Counts a request answered from the response cache (`lookup`: the time the lookup took).
+    pub(crate) fn cache_hit(&mut self, lookup: std::time::Duration) {
+        self.recorded = true;
+        self.loaded
+            .stats
+            .record_cache_hit(self.started.elapsed(), lookup);
     }
 
     /// Counts an ensemble request that finished (its steps count on their own models).

@@ -22,6 +22,7 @@ use nereid_proto::{
 };
 use tokio::sync::mpsc;
 
+use super::classification::{self, Classify};
 use super::outcome::{Outcome, backend_error};
 use crate::backend::StreamEvent;
 use crate::manager::{LoadedVersion, Runner};
@@ -63,6 +64,7 @@ pub(super) fn run(
     let mut valid =
         request_check::check(&loaded.config, request).map_err(|e| outcome.refused_unchecked(e))?;
     let id = valid.id.clone();
+    let classify = std::mem::take(&mut valid.classify);
     let (sink, events) = mpsc::unbounded_channel();
     let failures = sink.clone();
     valid.stream = Some(sink);
@@ -89,7 +91,7 @@ pub(super) fn run(
             let _ = failures.send(StreamEvent::Failed(e));
         }
     });
-    Ok(responses(loaded, id, events))
+    Ok(responses(loaded, id, classify, events))
 }
 
 /// Turns the backend's events into stream items, holding one response back so the response
@@ -97,12 +99,14 @@ pub(super) fn run(
 fn responses(
     loaded: Arc<LoadedVersion>,
     id: String,
+    classify: Classify,
     events: mpsc::UnboundedReceiver<StreamEvent>,
 ) -> ResponseStream {
     let state = (events, None::<ServiceResult<InferResponse>>, false);
     let stream = futures::stream::unfold(state, move |(mut events, mut held, done)| {
         let loaded = loaded.clone();
         let id = id.clone();
+        let classify = classify.clone();
         async move {
             if done {
                 return None;
@@ -111,8 +115,12 @@ fn responses(
                 match events.recv().await {
                     Some(StreamEvent::Response(r)) => {
                         let next = r
-                            .map(|outputs| loaded.response(id.clone(), outputs))
-                            .map_err(|e| backend_error(&loaded.name, &id, e));
+                            .map_err(|e| backend_error(&loaded.name, &id, e))
+                            .and_then(|outputs| {
+                                let batching = loaded.config.batching();
+                                classification::apply(outputs, &classify, &loaded.labels, batching)
+                            })
+                            .map(|outputs| loaded.response(id.clone(), outputs));
                         if let Some(previous) = held.replace(next) {
                             return Some((item(previous, false), (events, held, false)));
                         }

@@ -57,6 +57,7 @@ pub fn data_plane(
             queue_capacity,
             cluster_managed: false,
             rate_limit: Default::default(),
+            response_cache_bytes: None,
         },
         backends,
     ));

@@ -202,6 +202,7 @@ mod tests {
                 datatype: *dt,
                 dims: d.to_vec(),
                 reshape: None,
+                label_filename: None,
             })
             .collect();
         c
