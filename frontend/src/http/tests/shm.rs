@@ -50,10 +50,10 @@ async fn register_status_and_unregister() {
     let one = send(&app, get("/v2/systemsharedmemory/region/out/status")).await;
     assert_eq!(one.json().as_array().map(Vec::len), Some(1));
 
-    let again = format!("/v2/systemsharedmemory/region/in/register");
+    let again = "/v2/systemsharedmemory/region/in/register";
     let dup = send(
         &app,
-        post_json(&again, &json!({"key": obj.key, "byte_size": 8})),
+        post_json(again, &json!({"key": obj.key, "byte_size": 8})),
     )
     .await;
     assert_eq!(dup.status, StatusCode::BAD_REQUEST);
