@@ -52,10 +52,11 @@ pub async fn resolve_inputs(
     let total = inputs.iter().map(|i| i.at.byte_size).sum();
     let shm = shm.clone();
     let model = request.model_name.clone();
+    let id = request.id.clone();
     let tensors = offload(total, move || {
         inputs
             .into_iter()
-            .map(|input| Ok((input.position, read_input(&shm, &model, input)?)))
+            .map(|input| Ok((input.position, read_input(&shm, &model, &id, input)?)))
             .collect::<ServiceResult<Vec<_>>>()
     })
     .await?;
@@ -67,7 +68,7 @@ pub async fn resolve_inputs(
     Ok(())
 }
 
-fn read_input(shm: &SharedMemory, model: &str, input: ShmInput) -> ServiceResult<Tensor> {
+fn read_input(shm: &SharedMemory, model: &str, id: &str, input: ShmInput) -> ServiceResult<Tensor> {
     let ShmInput {
         name,
         datatype,
@@ -76,11 +77,12 @@ fn read_input(shm: &SharedMemory, model: &str, input: ShmInput) -> ServiceResult
         ..
     } = input;
     if let Some(size) = datatype.element_size() {
-        // Triton's words (without its request-id prefix).
+        // Triton's words, request-id prefix included.
         let expected = element_count(&shape).and_then(|n| n.checked_mul(size));
         if expected.map(|e| e as u64) != Some(at.byte_size) {
+            let id = if id.is_empty() { "<id_unknown>" } else { id };
             return Err(ServiceError::invalid(format!(
-                "input byte size mismatch for input '{name}' for model '{model}'. Expected {}, got {}",
+                "[request id: {id}] input byte size mismatch for input '{name}' for model '{model}'. Expected {}, got {}",
                 expected.map_or_else(|| format!("more than {}", usize::MAX), |e| e.to_string()),
                 at.byte_size,
             )));
@@ -216,7 +218,7 @@ mod tests {
         let cases = [
             (
                 at("r", 0, 4),
-                "input byte size mismatch for input 'a' for model 'm'. Expected 8, got 4",
+                "[request id: <id_unknown>] input byte size mismatch for input 'a' for model 'm'. Expected 8, got 4",
             ),
             (
                 at("nope", 0, 8),

@@ -179,7 +179,7 @@ async fn shared_memory_errors_are_400s_and_the_server_keeps_serving() {
         (
             input(json!({"shared_memory_region": "r", "shared_memory_byte_size": 4})),
             StatusCode::BAD_REQUEST,
-            "input byte size mismatch for input 'x' for model 'echo'. Expected 8, got 4",
+            "[request id: <id_unknown>] input byte size mismatch for input 'x' for model 'echo'. Expected 8, got 4",
         ),
         (
             json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2],
