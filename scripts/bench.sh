@@ -132,6 +132,22 @@ if [[ ${BENCH_SKIP_PA:-0} != 1 && -x $PA ]]; then
     fi
 fi
 
+# 4 MiB tensors in and out: client system shared memory against the tensors on the wire, both
+# with perf_analyzer (nereid-loadtest has no shared-memory mode), gRPC, concurrency 1.
+if [[ ${BENCH_SKIP_PA:-0} != 1 && -x $PA ]]; then
+    for mode in none system; do
+        say "perf_analyzer identity_large, 4 MiB FP32 tensor, gRPC, --shared-memory $mode"
+        if ! run "$PA" -m identity_large -i grpc -u "$GRPC" --shape INPUT0:1048576 \
+            --shared-memory "$mode" --output-shared-memory-size 4194304 --concurrency-range 1 \
+            --measurement-interval 2000 --stability-percentage 50 \
+            -f "$RAW/perf_analyzer_shm_$mode.csv" >"$RAW/perf_analyzer_shm_$mode.txt" 2>&1; then
+            echo "warning: perf_analyzer --shared-memory $mode failed:" >&2
+            tail -n 5 "$RAW/perf_analyzer_shm_$mode.txt" >&2
+            FAILED+=("perf_analyzer_shm_$mode")
+        fi
+    done
+fi
+
 stop_serve
 say "server stopped; writing $OUT/results.json"
 
@@ -203,13 +219,21 @@ for path in sorted(raw.glob("*.stats_before.json")):
         "windows": level.get("windows"), "server": batch_delta(name),
     }
 
-pa = []
-if (raw / "perf_analyzer.csv").exists():
-    with open(raw / "perf_analyzer.csv") as f:
-        for row in csv.DictReader(f):
-            pa.append({"concurrency": int(row["Concurrency"]),
-                       "throughput": float(row["Inferences/Second"]),
-                       "p50_us": int(row["p50 latency"]), "p99_us": int(row["p99 latency"])})
+def pa_csv(path):
+    rows = []
+    if path.exists():
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                rows.append({"concurrency": int(row["Concurrency"]),
+                             "throughput": float(row["Inferences/Second"]),
+                             "p50_us": int(row["p50 latency"]), "p99_us": int(row["p99 latency"])})
+    return rows
+
+
+pa = pa_csv(raw / "perf_analyzer.csv")
+# 4 MiB identity, gRPC c=1: tensors on the wire ("none") vs in client system shared memory.
+pa_shm = {mode: (pa_csv(raw / f"perf_analyzer_shm_{mode}.csv") or [None])[0]
+          for mode in ("none", "system")}
 
 
 def tput(name):
@@ -283,6 +307,10 @@ for p in pa:
     add_ratio(f"nereid-loadtest / perf_analyzer, MLP gRPC c={p['concurrency']}",
               tput(f"mlp_large_grpc_c{p['concurrency']}"), p["throughput"])
 
+if pa_shm["none"] and pa_shm["system"]:
+    add_ratio("4 MiB identity gRPC c=1: system shared memory / tensors on the wire (perf_analyzer)",
+              pa_shm["system"]["throughput"], pa_shm["none"]["throughput"])
+
 rtt = {r["what"]: r for r in jsonl(raw / "rtt_floor.jsonl")}
 
 headline = {
@@ -301,7 +329,7 @@ machine = {"cpu": cpu, "cores": cores, "kernel": platform.release(),
 commands = (out / "commands.txt").read_text().splitlines()
 results = {"machine": machine, "settings": {"measurement_interval_ms": interval_ms, "max_trials": max_trials},
            "commands": commands, "inprocess": {m: list(v.values()) for m, v in inproc.items()},
-           "loadtest": runs, "perf_analyzer": pa, "latency_floor": rtt, "ratios": ratios, "headline": headline,
+           "loadtest": runs, "perf_analyzer": pa, "perf_analyzer_shared_memory": pa_shm, "latency_floor": rtt, "ratios": ratios, "headline": headline,
            "failed": failed}
 (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
@@ -340,6 +368,16 @@ if pa:
     print("|---:|---:|---:|---:|")
     for p in pa:
         print(f"| {p['concurrency']} | {fmt(p['throughput'], 1)} | {fmt(p['p50_us'])} | {fmt(p['p99_us'])} |")
+if pa_shm["none"] or pa_shm["system"]:
+    print("\n## 4 MiB tensors: system shared memory vs the wire (perf_analyzer, identity_large, gRPC, c=1)\n")
+    print("| tensors | infer/s | p50 µs | p99 µs |")
+    print("|---|---:|---:|---:|")
+    for mode, label in (("none", "in the request and response"), ("system", "in client system shared memory")):
+        p = pa_shm[mode]
+        if p:
+            print(f"| {label} | {fmt(p['throughput'], 1)} | {fmt(p['p50_us'])} | {fmt(p['p99_us'])} |")
+        else:
+            print(f"| {label} | FAILED (see raw/perf_analyzer_shm_{mode}.txt) | | |")
 if rtt:
     print("\n## Latency floor of this machine (one request outstanding)\n")
     print("| path | p50 µs | p90 µs | p99 µs |")

@@ -7,6 +7,8 @@
                       threads stop spinning when a run ends instead of burning the shared cores)
   resnet50            the onnx package's light_resnet50 made batchable, dynamic batching
   identity            identity backend, FP32 INPUT0[-1,16] -> OUTPUT0, dynamic batching
+  identity_large      identity backend, FP32 INPUT0[-1] -> OUTPUT0, no batching: large tensors
+                      (4 MiB in the shared-memory vs network comparison)
 
 The `.onnx` files of mlp_large are also written to OUT/_files/ for the in-process benchmark.
 usage: gen_bench_models.py OUT_DIR
@@ -113,6 +115,11 @@ def main(argv):
           'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
           'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
           'instance_group [ { count: 1 kind: KIND_CPU } ]\n' + BATCHER)
+    write(repo, "identity_large",
+          'backend: "identity"\nmax_batch_size: 0\n'
+          'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+          'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+          'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
     print(f"wrote benchmark models to {repo}")
 
 

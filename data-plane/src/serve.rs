@@ -152,6 +152,9 @@ pub async fn run_with(
         ));
     }
 
+    // One registry of client shared-memory regions for both protocols: a region registered over
+    // HTTP serves gRPC requests too.
+    let shared_memory = nereid_frontend::SharedMemory::enabled();
     nereid_frontend::spawn(
         &mut servers,
         service.clone(),
@@ -161,8 +164,12 @@ pub async fn run_with(
             metrics: metrics_listener.map(|l| (l, metrics.clone().router())),
             http_config: nereid_frontend::HttpConfig {
                 max_input_size: config.http_max_input_size,
+                shared_memory: shared_memory.clone(),
             },
-            grpc_config: nereid_frontend::GrpcConfig::default(),
+            grpc_config: nereid_frontend::GrpcConfig {
+                shared_memory,
+                ..Default::default()
+            },
         },
         &stop_rx,
     );

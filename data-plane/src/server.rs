@@ -45,6 +45,7 @@ pub const EXTENSIONS: &[&str] = &[
     "model_repository(unload_dependents)",
     "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",

@@ -17,6 +17,10 @@
 //!   `grpc.health.v1.Health`.
 //! - [`spawn`], [`Frontends`], [`bind`], [`BindError`], [`stopped`]: running them on listeners
 //!   with graceful shutdown.
+//! - [`SharedMemory`]: the registry of client system shared-memory regions (`shm`), one per
+//!   process, put in both [`HttpConfig`] and [`GrpcConfig`] so a region registered over one
+//!   protocol serves the other; shared-memory inputs are read before the service runs and
+//!   outputs written after it answers.
 //!
 //! The domain types, the `InferenceService` trait and the gRPC codec live in `nereid-proto`, so a
 //! crate that only implements or calls the service does not depend on this one.
@@ -24,7 +28,9 @@
 mod grpc;
 mod http;
 mod serve;
+mod shm;
 
 pub use grpc::{GrpcConfig, routes};
 pub use http::{HttpConfig, router};
 pub use serve::{BindError, Frontends, bind, spawn, stopped};
+pub use shm::{RegionStatus, SharedMemory};

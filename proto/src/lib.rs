@@ -15,7 +15,8 @@
 //! - the domain API, re-exported here: the request/response/tensor types ([`InferRequest`],
 //!   [`InferResponse`], [`Tensor`], ...), the [`InferenceService`] trait and the types it
 //!   answers with, [`ServiceError`] classified by meaning, [`DataType`], trace and log settings,
-//!   W3C trace context and `grpc-timeout` ([`TraceContext`]).
+//!   W3C trace context and `grpc-timeout` ([`TraceContext`]), the client shared-memory
+//!   references a request may carry ([`ShmPlan`], read and written by the frontends).
 //! - [`codec`]: `ModelInferRequest` ⇄ [`InferRequest`], [`InferResponse`] ⇄
 //!   `ModelInferResponse`, [`ServiceError`] ⇄ `tonic::Status`; the gRPC frontend decodes with it,
 //!   the router's forwarder encodes with it.
@@ -32,6 +33,7 @@ mod json;
 pub mod pb;
 mod service;
 mod settings;
+mod shm_ref;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod trace_context;
@@ -46,6 +48,7 @@ pub use service::{
     StreamedResponse, TensorMetadata,
 };
 pub use settings::{LogSettings, LogValue, TraceSettings, TraceSettingsUpdate};
+pub use shm_ref::{SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION, ShmInput, ShmOutput, ShmPlan, ShmRef};
 pub use trace_context::{
     GRPC_TIMEOUT, MAX_TRACESTATE_LEN, TRACEPARENT, TRACESTATE, TraceContext, parse_grpc_timeout,
 };

@@ -26,6 +26,9 @@ use crate::service::{RouterService, RouterServiceConfig};
 use crate::table::{RoutingTable, SharedTable};
 use crate::watch::watch_task;
 
+/// Why the router refuses client shared memory (register, and tensors in requests).
+const SHARED_MEMORY_OFF: &str = "the router forwards requests to workers on other hosts, which cannot read a client's memory; send the tensors in the request instead";
+
 /// Everything `nereid router` needs, validated by the binary.
 #[derive(Clone, Debug)]
 pub struct RouterConfig {
@@ -98,6 +101,7 @@ pub async fn run(
     ));
 
     let mut servers = tokio::task::JoinSet::new();
+    let shared_memory = nereid_frontend::SharedMemory::disabled(SHARED_MEMORY_OFF);
     nereid_frontend::spawn(
         &mut servers,
         service,
@@ -107,8 +111,12 @@ pub async fn run(
             metrics: metrics_listener.map(|l| (l, prometheus_router(collector))),
             http_config: nereid_frontend::HttpConfig {
                 max_input_size: config.http_max_input_size,
+                shared_memory: shared_memory.clone(),
             },
-            grpc_config: nereid_frontend::GrpcConfig::default(),
+            grpc_config: nereid_frontend::GrpcConfig {
+                shared_memory,
+                ..Default::default()
+            },
         },
         &stop_rx,
     );

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from nereid_util import ROOT
+from nereid_util import ROOT, http_json
 
 PERF_ANALYZER = os.environ.get("PERF_ANALYZER", str(ROOT / ".venv/perf_analyzer"))
 
@@ -38,3 +38,15 @@ def test_perf_analyzer_http(server):
 @pytest.mark.timeout(150)
 def test_perf_analyzer_grpc(server):
     run_perf(["-i", "grpc", "-u", server.grpc_url])
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_system_shared_memory(server, protocol):
+    """perf_analyzer registers its own regions, sends every tensor through them and unregisters
+    them at the end."""
+    url = server.http_url if protocol == "http" else server.grpc_url
+    run_perf(["-i", protocol, "-u", url, "--shared-memory", "system",
+              "--output-shared-memory-size", "1024"])
+    # It cleaned up after itself through the unregister endpoint.
+    assert http_json(server.http_url, "GET", "/v2/systemsharedmemory/status") == (200, [])

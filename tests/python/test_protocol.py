@@ -155,10 +155,14 @@ def test_grpc_stream_infer_serves_plain_models(server):
     assert grpcclient.InferenceServerClient(server.grpc_url).is_server_live()
 
 
-def test_client_shared_memory_disabled(server, grpc_client):
+def test_client_shared_memory_register_of_a_missing_key(server, grpc_client):
+    """System shared memory is served (test_shared_memory.py); a key that names no shared memory
+    object is the client's mistake. CUDA shared memory is not served."""
     r = http_json(server.http_url, "POST", "/v2/systemsharedmemory/region/r0/register",
-                  {"key": "/nereid_test", "offset": 0, "byte_size": 64})
-    assert_http_error(r, 501, "shared memory")
+                  {"key": "/nereid_test_missing", "offset": 0, "byte_size": 64})
+    assert_http_error(r, 400, "Unable to open shared memory region: '/nereid_test_missing'")
     with pytest.raises(InferenceServerException) as e:
-        grpc_client.register_system_shared_memory("r0", "/nereid_test", 64)
-    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+        grpc_client.register_system_shared_memory("r0", "/nereid_test_missing", 64)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    r = http_json(server.http_url, "GET", "/v2/cudasharedmemory/status")
+    assert_http_error(r, 501, "CUDA shared memory")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body, wait_replicas
 from nereid_util import gen_models
@@ -63,6 +64,15 @@ def test_router_answers_like_a_worker_and_survives_a_worker_kill(tmp_path, examp
         for _ in range(20):
             both_ways()
         assert via_grpc.get_model_metadata("simple").name == "simple"
+
+        # Client shared memory cannot cross hosts: the router refuses it, saying why, and does
+        # not claim the extension.
+        for client in (via_http, via_grpc):
+            with pytest.raises(InferenceServerException) as e:
+                client.register_system_shared_memory("r", "/nereid_router_shm", 16)
+            assert "the router forwards requests to workers" in e.value.message()
+            assert str(e.value.status()) in ("501", "StatusCode.UNIMPLEMENTED")
+        assert "system_shared_memory" not in via_http.get_server_metadata()["extensions"]
 
         workers[0].kill()
         for _ in range(50):

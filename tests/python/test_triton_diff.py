@@ -27,7 +27,7 @@ _spec.loader.exec_module(gen_python_models)
 # Case name -> why Nereid answers differently on purpose (also in docs/compatibility.md).
 KNOWN_DIFFERENCES = {
     "server_metadata": "the version is Nereid's own; extensions list only what Nereid implements "
-                       "(no system/CUDA shared memory yet)",
+                       "(no CUDA shared memory yet)",
     "grpc_server_metadata": "as server_metadata",
     "malformed_json": "the parser's own words after Triton's prefix: Nereid's JSON parser is not "
                       "RapidJSON",
@@ -359,6 +359,49 @@ def test_repository_control(pair):
     both_http(pair, "reload", "POST", "/v2/repository/models/identity_bool/load", {})
     both_http(pair, "infer_reloaded", "POST", "/v2/models/identity_bool/infer",
               INFER["infer_bool"][1])
+
+
+def test_system_shared_memory(pair):
+    """One region (a POSIX shared memory object on this host) registered with both servers under
+    the same name: registration answers, status, and inference reading from and writing to it."""
+    import uuid
+    import tritonclient.utils.shared_memory as shm
+    key = f"/nereid_diff_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region("diff", key, 256)
+    try:
+        x = np.arange(16, dtype=np.float32).reshape(1, 16)
+        shm.set_shared_memory_region(handle, [x])
+        region = "/v2/systemsharedmemory/region/diff"
+        both_http(pair, "shm_register", "POST", f"{region}/register",
+                  {"key": key, "offset": 0, "byte_size": 256})
+        both_http(pair, "shm_register_again", "POST", f"{region}/register",
+                  {"key": key, "offset": 0, "byte_size": 256})
+        both_http(pair, "shm_register_no_key", "POST", "/v2/systemsharedmemory/region/x/register",
+                  {"byte_size": 16})
+        both_http(pair, "shm_status", "GET", "/v2/systemsharedmemory/status")
+        both_http(pair, "shm_status_unknown", "GET", "/v2/systemsharedmemory/region/nope/status")
+
+        def infer(name, in_params, out_params=None):
+            body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
+                                "parameters": in_params}]}
+            if out_params is not None:
+                body["outputs"] = [{"name": "OUTPUT0", "parameters": out_params}]
+            both_http(pair, name, "POST", "/v2/models/identity_fp32/infer", body)
+
+        at = {"shared_memory_region": "diff", "shared_memory_byte_size": 64}
+        infer("shm_infer", at, {"shared_memory_region": "diff", "shared_memory_byte_size": 64,
+                                "shared_memory_offset": 128})
+        np.testing.assert_array_equal(
+            shm.get_contents_as_numpy(handle, np.float32, [1, 16], offset=128), x)
+        infer("shm_infer_unknown_region", {**at, "shared_memory_region": "nope"})
+        infer("shm_infer_offset_past_end", {**at, "shared_memory_offset": 224})
+        infer("shm_infer_byte_size_mismatch", {**at, "shared_memory_byte_size": 60})
+        both_http(pair, "shm_unregister", "POST", "/v2/systemsharedmemory/unregister")
+        both_http(pair, "shm_status_after_unregister", "GET", "/v2/systemsharedmemory/status")
+    finally:
+        for server in pair:
+            http_raw(server.http_url, "POST", "/v2/systemsharedmemory/unregister")
+        shm.destroy_shared_memory_region(handle)
 
 
 def test_known_differences_are_documented():

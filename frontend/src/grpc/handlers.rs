@@ -14,7 +14,8 @@ use tonic::{Request, Response, Status};
 
 use crate::grpc::error::unimplemented_rpc;
 use crate::grpc::stream::{self, ErrorMode};
-use crate::grpc::{GrpcConfig, infer, repository, settings};
+use crate::grpc::{GrpcConfig, infer, repository, settings, shm};
+use crate::shm::{resolve_inputs, write_outputs};
 use nereid_proto::pb::health::health_check_response::ServingStatus;
 use nereid_proto::pb::health::health_server::Health;
 use nereid_proto::pb::health::{HealthCheckRequest, HealthCheckResponse};
@@ -102,11 +103,15 @@ impl GrpcInferenceService for GrpcFrontend {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
-        let mut request = infer::decode_call(request)?;
+        let (mut request, shm_plan) = infer::decode_call(request)?;
+        let shm = &self.config.shared_memory;
+        resolve_inputs(shm, &mut request, shm_plan.inputs).await?;
         let hook = nereid_proto::ResponseHook::new();
         request.context.response_hook = hook.clone();
         let response = self.service.infer(request).await?;
-        let encoded = codec::encode_response(response);
+        let written = write_outputs(shm, shm_plan.outputs, &response).await?;
+        let mut encoded = codec::encode_response(response);
+        infer::drop_written_contents(&mut encoded, &written);
         hook.finish(std::time::Instant::now());
         Ok(Response::new(encoded))
     }
@@ -193,23 +198,34 @@ impl GrpcInferenceService for GrpcFrontend {
 
     async fn system_shared_memory_status(
         &self,
-        _: Request<SystemSharedMemoryStatusRequest>,
+        request: Request<SystemSharedMemoryStatusRequest>,
     ) -> RpcResult<SystemSharedMemoryStatusResponse> {
-        Err(unimplemented_rpc("SystemSharedMemoryStatus"))
+        let name = request.into_inner().name;
+        let name = (!name.is_empty()).then_some(name.as_str());
+        let regions = self.config.shared_memory.status(name)?;
+        Ok(Response::new(shm::status_response(regions)))
     }
 
     async fn system_shared_memory_register(
         &self,
-        _: Request<SystemSharedMemoryRegisterRequest>,
+        request: Request<SystemSharedMemoryRegisterRequest>,
     ) -> RpcResult<SystemSharedMemoryRegisterResponse> {
-        Err(unimplemented_rpc("SystemSharedMemoryRegister"))
+        let r = request.into_inner();
+        shm::check_name(&r.name)?;
+        self.config
+            .shared_memory
+            .register(&r.name, &r.key, r.offset, r.byte_size)?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
     }
 
     async fn system_shared_memory_unregister(
         &self,
-        _: Request<SystemSharedMemoryUnregisterRequest>,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> RpcResult<SystemSharedMemoryUnregisterResponse> {
-        Err(unimplemented_rpc("SystemSharedMemoryUnregister"))
+        let name = request.into_inner().name;
+        let name = (!name.is_empty()).then_some(name.as_str());
+        self.config.shared_memory.unregister(name)?;
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(

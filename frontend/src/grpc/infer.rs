@@ -1,29 +1,53 @@
 //! A unary `ModelInfer` call ─► [`InferRequest`]: the message through the shared codec
-//! ([`nereid_proto::codec::decode_request`]), the call's metadata into its [`RequestContext`].
+//! ([`nereid_proto::codec::decode_stream_request`]), the call's metadata into its
+//! [`RequestContext`]; and back, outputs written to shared memory sent without data.
 //!
 //! ```text
 //! tonic::Request<ModelInferRequest>
 //!   ├─ metadata: traceparent / tracestate (W3C, ignored when invalid), grpc-timeout (deadline,
 //!   │            counted from arrival) ──► RequestContext
-//!   └─ message ──► codec::decode_request ──► InferRequest
+//!   └─ message ──► codec::decode_stream_request ──► InferRequest + ShmPlan (crate::shm)
 //! ```
 
 use std::time::Instant;
 
-use nereid_proto::codec::decode_request;
-use nereid_proto::pb::inference::ModelInferRequest;
+use crate::shm::Written;
+use nereid_proto::codec::decode_stream_request;
+use nereid_proto::pb::inference::{ModelInferRequest, ModelInferResponse};
 use nereid_proto::{
-    GRPC_TIMEOUT, InferRequest, RequestContext, ServiceResult, TRACEPARENT, TRACESTATE,
+    GRPC_TIMEOUT, InferRequest, RequestContext, ServiceResult, ShmPlan, TRACEPARENT, TRACESTATE,
     TraceContext, parse_grpc_timeout,
 };
 use tonic::metadata::MetadataMap;
 
-/// Validates and converts a unary `ModelInfer` call, its metadata included.
-pub(crate) fn decode_call(call: tonic::Request<ModelInferRequest>) -> ServiceResult<InferRequest> {
+/// Validates and converts a unary `ModelInfer` call, its metadata included; its shared-memory
+/// tensors come back beside it, still to be read and written.
+pub(crate) fn decode_call(
+    call: tonic::Request<ModelInferRequest>,
+) -> ServiceResult<(InferRequest, ShmPlan)> {
     let context = request_context(call.metadata(), Instant::now());
-    let mut request = decode_request(call.into_inner())?;
+    // A unary call ignores `triton_enable_empty_final_response`.
+    let decoded = decode_stream_request(call.into_inner())?;
+    let mut request = decoded.request;
     request.context = context;
-    Ok(request)
+    Ok((request, decoded.shm))
+}
+
+/// Empties the raw contents of the outputs written to shared memory: like Triton, the response
+/// keeps one (empty) entry per output so positions still pair with `outputs`.
+pub(crate) fn drop_written_contents(response: &mut ModelInferResponse, written: &Written) {
+    if written.is_empty() {
+        return;
+    }
+    for (output, raw) in response
+        .outputs
+        .iter()
+        .zip(response.raw_output_contents.iter_mut())
+    {
+        if written.contains_key(&output.name) {
+            *raw = bytes::Bytes::new();
+        }
+    }
 }
 
 /// The trace context and deadline a call's metadata carries; `now` is when the call arrived.

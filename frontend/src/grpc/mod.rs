@@ -17,14 +17,16 @@
 //! `tonic::transport::Server` and owns the listener and shutdown. Tensor bytes are `Bytes` from
 //! prost decoding to the service and back, never copied. A cancelled rpc drops its handler
 //! future, which drops the in-flight `InferenceService::infer` future and so cancels the request;
-//! a closed `ModelStreamInfer` stream cancels every request still running on it. Shared memory,
-//! trace and log settings answer UNIMPLEMENTED for now.
+//! a closed `ModelStreamInfer` stream cancels every request still running on it. System shared
+//! memory is served through `crate::shm` (its rpcs in `shm`, tensors in unary `ModelInfer`);
+//! CUDA shared memory answers UNIMPLEMENTED.
 
 mod error;
 mod handlers;
 mod infer;
 mod repository;
 mod settings;
+mod shm;
 mod stream;
 mod stream_order;
 #[cfg(test)]
@@ -32,6 +34,7 @@ mod tests;
 
 use std::sync::Arc;
 
+use crate::shm::SharedMemory;
 use nereid_proto::InferenceService;
 use nereid_proto::pb::health::health_server::HealthServer;
 use nereid_proto::pb::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -46,6 +49,8 @@ pub struct GrpcConfig {
     /// models answer. When full, the stream's requests wait (back-pressure) instead of buffering
     /// without bound; raise it for many small responses (token streaming) on a slow link.
     pub stream_response_buffer: usize,
+    /// The process's shared-memory registry (the same handle as the HTTP frontend's).
+    pub shared_memory: SharedMemory,
 }
 
 impl GrpcConfig {
@@ -58,6 +63,7 @@ impl Default for GrpcConfig {
         GrpcConfig {
             max_message_size: i32::MAX as usize,
             stream_response_buffer: Self::DEFAULT_STREAM_RESPONSE_BUFFER,
+            shared_memory: SharedMemory::default(),
         }
     }
 }

@@ -314,10 +314,17 @@ async fn request_task(
     let StreamRequest {
         request,
         empty_final_response,
+        shm,
     } = match decoded {
         Ok(decoded) => decoded,
         Err(err) => return outbox.error(&origin, err).await,
     };
+    if !shm.is_empty() {
+        let err = ServiceError::unsupported(
+            "client shared memory is not supported on ModelStreamInfer yet; use ModelInfer or HTTP infer, or send the tensors in the message",
+        );
+        return outbox.error(&origin, err).await;
+    }
     start.wait().await;
     let mut responses = match service.infer_stream(request).await {
         Ok(responses) => responses,

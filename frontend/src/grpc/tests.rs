@@ -230,12 +230,12 @@ async fn health_readiness_and_unimplemented_rpcs() {
     );
 
     let status =
-        bounded(client.system_shared_memory_status(SystemSharedMemoryStatusRequest::default()))
+        bounded(client.cuda_shared_memory_status(CudaSharedMemoryStatusRequest::default()))
             .await
             .unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented);
     assert!(
-        status.message().contains("SystemSharedMemoryStatus"),
+        status.message().contains("CudaSharedMemoryStatus"),
         "{}",
         status.message()
     );
@@ -296,4 +296,130 @@ async fn message_size_limit_applies() {
     let status = bounded(h.client().model_infer(request)).await.unwrap_err();
     // tonic reports an oversized message as OUT_OF_RANGE (gRPC C++ says RESOURCE_EXHAUSTED).
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+}
+
+/// A shm-typed gRPC input: region, offset and byte size as tritonclient sends them (int64).
+fn shm_params(
+    region: &str,
+    offset: i64,
+    byte_size: i64,
+) -> std::collections::HashMap<String, InferParameter> {
+    use infer_parameter::ParameterChoice::{Int64Param, StringParam};
+    let param = |choice| InferParameter {
+        parameter_choice: Some(choice),
+    };
+    [
+        ("shared_memory_region", param(StringParam(region.into()))),
+        ("shared_memory_offset", param(Int64Param(offset))),
+        ("shared_memory_byte_size", param(Int64Param(byte_size))),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+#[tokio::test]
+async fn a_region_registered_over_http_serves_grpc() {
+    use crate::shm::SharedMemory;
+    use crate::shm::test_object::TestObject;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    let obj = TestObject::new(64);
+    let a: Vec<u8> = [7i32, -3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    obj.fill(4, &a);
+    let shm = SharedMemory::enabled();
+    let fake = Arc::new(fake());
+    let http = crate::http::router(
+        fake.clone(),
+        crate::http::HttpConfig {
+            shared_memory: shm.clone(),
+            ..Default::default()
+        },
+    );
+    let register = serde_json::json!({"key": obj.key, "byte_size": 64}).to_string();
+    let reply = http
+        .oneshot(
+            axum::http::Request::post("/v2/systemsharedmemory/region/r/register")
+                .body(Body::from(register))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+
+    let config = GrpcConfig {
+        shared_memory: shm,
+        ..Default::default()
+    };
+    let (channel, _shutdown) = serve(fake, config).await;
+    let mut client = GrpcInferenceServiceClient::new(channel);
+    let status = bounded(
+        client.system_shared_memory_status(SystemSharedMemoryStatusRequest { name: "r".into() }),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    assert_eq!(status.regions["r"].key, obj.key);
+    assert_eq!(status.regions["r"].byte_size, 64);
+
+    // Input "a" from the region, plain input "b" from raw contents; "a" echoed into the region.
+    let mut input = raw_input("a", "INT32", vec![1, 2]);
+    input.parameters = shm_params("r", 4, 8);
+    let b = Bytes::from(vec![1, 0, 0, 0]);
+    let request = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![input, raw_input("b", "INT32", vec![1])],
+        outputs: vec![
+            model_infer_request::InferRequestedOutputTensor {
+                name: "a".into(),
+                parameters: shm_params("r", 32, 32),
+            },
+            model_infer_request::InferRequestedOutputTensor {
+                name: "b".into(),
+                ..Default::default()
+            },
+        ],
+        raw_input_contents: vec![b.clone()],
+        ..Default::default()
+    };
+    let response = bounded(client.model_infer(request))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.outputs[0].name, "a");
+    assert_eq!(response.outputs[0].shape, vec![1, 2]);
+    assert_eq!(response.raw_output_contents, vec![Bytes::new(), b]);
+    assert_eq!(&obj.contents()[32..40], &a[..]);
+
+    let too_far = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![InferInputTensor {
+            parameters: shm_params("r", 60, 8),
+            ..raw_input("a", "INT32", vec![1, 2])
+        }],
+        ..Default::default()
+    };
+    let status = bounded(client.model_infer(too_far)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "Invalid offset + byte size for shared memory region: 'r'"
+    );
+    bounded(
+        client.system_shared_memory_unregister(SystemSharedMemoryUnregisterRequest {
+            name: String::new(),
+        }),
+    )
+    .await
+    .unwrap();
+    let status = bounded(
+        client.system_shared_memory_status(SystemSharedMemoryStatusRequest {
+            name: String::new(),
+        }),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    assert!(status.regions.is_empty());
 }

@@ -15,6 +15,7 @@ use super::error::HttpError;
 use super::infer_request::{decode_json, header_length, request_context};
 use super::infer_response::build_response;
 use super::raw_request::decode_raw;
+use crate::shm::{resolve_inputs, write_outputs};
 use nereid_proto::{ServiceError, ServiceResult};
 use std::time::Instant;
 
@@ -68,15 +69,21 @@ pub async fn infer(
         }
     };
     let mut request = decoded.request;
+    let shm = &state.config.shared_memory;
+    resolve_inputs(shm, &mut request, decoded.shm.inputs).await?;
     request.context = request_context(&parts.headers);
     request.context.received = Some(received);
     let hook = ResponseHook::new();
     request.context.response_hook = hook.clone();
     let response = state.service.infer(request).await?;
+    let written = write_outputs(shm, decoded.shm.outputs, &response).await?;
     let encoding = response_encoding(&parts.headers);
     let format = decoded.format;
     let size = response.outputs.iter().map(|t| t.data().len()).sum();
-    let encoded = offload(size, move || build_response(&response, &format, encoding)).await?;
+    let encoded = offload(size, move || {
+        build_response(&response, &format, &written, encoding)
+    })
+    .await?;
     hook.finish(Instant::now());
     Ok(encoded)
 }

@@ -5,6 +5,8 @@
 //!        inputs[i].data                  ─► tensor_json::decode_data (copied once, typed)
 //!        inputs[i].parameters.binary_data_size = N ─► next N bytes of the binary section
 //!                                                   (a zero-copy slice of the body)
+//!        inputs[i].parameters.shared_memory_region ─► ShmPlan (read by crate::shm later)
+//!        outputs[i].parameters.shared_memory_region ─► ShmPlan (written by crate::shm later)
 //! body = one input's raw bytes                     Inference-Header-Content-Length: 0
 //!        see raw_request
 //! ```
@@ -25,8 +27,8 @@ use super::json_body::{MAX_REQUEST_DEPTH, parse_request_json};
 use super::tensor_json::{decode_data, describe};
 use nereid_proto::{
     DataType, InferRequest, ParamValue, Parameters, RequestContext, RequestOptions,
-    RequestedOutput, ServiceError, ServiceResult, TRACEPARENT, TRACESTATE, Tensor, TraceContext,
-    element_count, format_shape,
+    RequestedOutput, ServiceError, ServiceResult, ShmInput, ShmOutput, ShmPlan, ShmRef,
+    TRACEPARENT, TRACESTATE, Tensor, TraceContext, element_count, format_shape,
 };
 
 /// Length of the JSON header when binary tensor data follows it.
@@ -49,11 +51,13 @@ impl OutputFormat {
     }
 }
 
-/// A decoded request and its output format.
+/// A decoded request, its output format, and its tensors in client shared memory (inputs
+/// missing from `request` until they are read).
 #[derive(Debug)]
 pub struct DecodedRequest {
     pub request: InferRequest,
     pub format: OutputFormat,
+    pub shm: ShmPlan,
 }
 
 /// The context an HTTP request's headers give it: the W3C `traceparent` / `tracestate`
@@ -167,15 +171,22 @@ pub fn decode_json(
     };
     let mut seen = HashSet::new();
     let mut tensors = Vec::with_capacity(inputs.len());
+    let mut shm = ShmPlan::default();
     for (index, input) in inputs.iter().enumerate() {
-        let tensor = decode_input(index, input, &mut section, max_input_size)?;
-        if !seen.insert(tensor.name().to_string()) {
+        let input = decode_input(index, input, &mut section, max_input_size)?;
+        let name = match &input {
+            Input::Tensor(t) => t.name(),
+            Input::Shm(i) => &i.name,
+        };
+        if !seen.insert(name.to_string()) {
             return Err(ServiceError::invalid(format!(
-                "input '{}' already exists in request",
-                tensor.name()
+                "input '{name}' already exists in request"
             )));
         }
-        tensors.push(tensor);
+        match input {
+            Input::Tensor(t) => tensors.push(t),
+            Input::Shm(i) => shm.inputs.push(i),
+        }
     }
     if !section.data.is_empty() {
         return Err(ServiceError::invalid(format!(
@@ -186,7 +197,7 @@ pub fn decode_json(
         default_binary,
         per_output: HashMap::new(),
     };
-    let outputs = decode_outputs(doc.get("outputs"), &mut format)?;
+    let outputs = decode_outputs(doc.get("outputs"), &mut format, &mut shm.outputs)?;
     let request = InferRequest {
         model_name: model.to_string(),
         model_version: version,
@@ -197,7 +208,17 @@ pub fn decode_json(
         outputs,
         context: RequestContext::default(),
     };
-    Ok(DecodedRequest { request, format })
+    Ok(DecodedRequest {
+        request,
+        format,
+        shm,
+    })
+}
+
+/// An input as decoded: a tensor, or a reference to one in shared memory.
+enum Input {
+    Tensor(Tensor),
+    Shm(ShmInput),
 }
 
 /// The bytes after the JSON header, handed out to binary inputs in order.
@@ -234,7 +255,7 @@ fn decode_input(
     input: &Value,
     section: &mut BinarySection<'_>,
     max_input_size: usize,
-) -> ServiceResult<Tensor> {
+) -> ServiceResult<Input> {
     let Value::Object(input) = input else {
         return Err(ServiceError::invalid(format!(
             "inputs[{index}] must be an object, got {}",
@@ -313,12 +334,20 @@ fn decode_input(
             section.take(name, size)?
         }
         (None, None) => {
-            return Err(ServiceError::unsupported(format!(
-                "input '{name}': shared memory inputs are not supported by this server yet"
-            )));
+            let owner = format!("input '{name}'");
+            let mut typed = parameters(input.get("parameters"), &format!("{owner}: "))?;
+            let at = ShmRef::take(&mut typed, &owner)?
+                .ok_or_else(|| ServiceError::invalid(format!("{owner}: no data source is set")))?;
+            return Ok(Input::Shm(ShmInput {
+                position: index,
+                name: name.to_string(),
+                datatype,
+                shape,
+                at,
+            }));
         }
     };
-    Tensor::new(name, datatype, shape, bytes)
+    Tensor::new(name, datatype, shape, bytes).map(Input::Tensor)
 }
 
 /// An input's `shape`: non-negative integers. Triton answers a negative dimension with a 500
@@ -344,6 +373,7 @@ fn shape(name: &str, value: Option<&Value>) -> ServiceResult<Vec<i64>> {
 fn decode_outputs(
     value: Option<&Value>,
     format: &mut OutputFormat,
+    shm: &mut Vec<ShmOutput>,
 ) -> ServiceResult<Vec<RequestedOutput>> {
     let outputs = match value {
         None => return Ok(Vec::new()),
@@ -372,10 +402,11 @@ fn decode_outputs(
             )));
         }
         let mut parameters = parameters(output.get("parameters"), &format!("output '{name}': "))?;
-        if parameters.contains_key("shared_memory_region") {
-            return Err(ServiceError::unsupported(format!(
-                "output '{name}': shared memory outputs are not supported by this server yet"
-            )));
+        if let Some(at) = ShmRef::take(&mut parameters, &format!("output '{name}'"))? {
+            shm.push(ShmOutput {
+                name: name.clone(),
+                at,
+            });
         }
         match parameters.remove("binary_data") {
             None => {}
@@ -388,8 +419,6 @@ fn decode_outputs(
                 )));
             }
         }
-        parameters.remove("shared_memory_byte_size");
-        parameters.remove("shared_memory_offset");
         requested.push(RequestedOutput { name, parameters });
     }
     Ok(requested)

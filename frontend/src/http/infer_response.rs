@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! {"id"?, "model_name", "model_version", "parameters"?, "outputs":[{name, datatype, shape,
-//!    data: [...flat...]  |  parameters: {binary_data_size: N}}]}  [output bytes, in order]
+//!    data: [...flat...]  |  parameters: {binary_data_size: N}  |  nothing}]}
+//!  [output bytes, in order]
 //! ```
+//! An output written to client shared memory is listed with neither data nor parameters, as
+//! Triton 2.51 sends it (Triton's C++ client, perf_analyzer's, reads any output `parameters` as
+//! binary data).
 //! With any binary output the body is `application/octet-stream`, the JSON length goes in
 //! `Inference-Header-Content-Length`, and the body is sent as chunks (JSON, then each output's
 //! own `Bytes`) without concatenating. Otherwise it is `application/json`. If the client's
@@ -22,6 +26,7 @@ use super::body::ChunkBody;
 use super::compression::{Encoding, compress};
 use super::infer_request::{INFER_HEADER_CONTENT_LENGTH, OutputFormat};
 use super::tensor_json::{JsonData, bytes_are_utf8};
+use crate::shm::Written;
 use nereid_proto::{
     DataType, InferResponse, ParamValue, Parameters, ServiceError, ServiceResult, Tensor,
 };
@@ -30,21 +35,29 @@ use nereid_proto::{
 pub fn build_response(
     response: &InferResponse,
     format: &OutputFormat,
+    written: &Written,
     encoding: Encoding,
 ) -> ServiceResult<Response> {
     // A BYTES output that is not UTF-8 cannot be a JSON string; sending it binary keeps it intact
     // and clients read either form (`tritonclient` checks for `binary_data_size`).
-    let binary: Vec<bool> = response
+    let forms: Vec<Form> = response
         .outputs
         .iter()
-        .map(|t| {
-            format.is_binary(t.name())
-                || (t.datatype() == DataType::Bytes && !bytes_are_utf8(t.data()))
+        .map(|t| match written.contains_key(t.name()) {
+            true => Form::Shm,
+            false
+                if format.is_binary(t.name())
+                    || (t.datatype() == DataType::Bytes && !bytes_are_utf8(t.data())) =>
+            {
+                Form::Binary
+            }
+            false => Form::Json,
         })
         .collect();
+    let binary: Vec<bool> = forms.iter().map(|f| matches!(f, Form::Binary)).collect();
     let header = serde_json::to_vec(&ResponseJson {
         response,
-        binary: &binary,
+        forms: &forms,
     })
     .map_err(|e| {
         ServiceError::internal(format!("failed to serialize the inference response: {e}"))
@@ -88,10 +101,20 @@ pub fn build_response(
     Ok(http)
 }
 
-/// The response JSON header; `binary[i]` says whether output `i` is sent as binary data.
+/// How one output goes back.
+enum Form {
+    /// `data` in the JSON.
+    Json,
+    /// In the binary section after the JSON.
+    Binary,
+    /// Already written to client shared memory: name, datatype and shape only.
+    Shm,
+}
+
+/// The response JSON header; `forms[i]` says how output `i` is sent.
 struct ResponseJson<'a> {
     response: &'a InferResponse,
-    binary: &'a [bool],
+    forms: &'a [Form],
 }
 
 impl Serialize for ResponseJson<'_> {
@@ -110,7 +133,7 @@ impl Serialize for ResponseJson<'_> {
             "outputs",
             &OutputsJson {
                 outputs: &r.outputs,
-                binary: self.binary,
+                forms: self.forms,
             },
         )?;
         map.end()
@@ -138,17 +161,14 @@ impl Serialize for ParametersJson<'_> {
 
 struct OutputsJson<'a> {
     outputs: &'a [Tensor],
-    binary: &'a [bool],
+    forms: &'a [Form],
 }
 
 impl Serialize for OutputsJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.outputs.len()))?;
-        for (tensor, binary) in self.outputs.iter().zip(self.binary) {
-            seq.serialize_element(&OutputJson {
-                tensor,
-                binary: *binary,
-            })?;
+        for (tensor, form) in self.outputs.iter().zip(self.forms) {
+            seq.serialize_element(&OutputJson { tensor, form })?;
         }
         seq.end()
     }
@@ -156,7 +176,7 @@ impl Serialize for OutputsJson<'_> {
 
 struct OutputJson<'a> {
     tensor: &'a Tensor,
-    binary: bool,
+    form: &'a Form,
 }
 
 #[derive(Serialize)]
@@ -171,21 +191,21 @@ impl Serialize for OutputJson<'_> {
         map.serialize_entry("name", t.name())?;
         map.serialize_entry("datatype", t.datatype().as_wire())?;
         map.serialize_entry("shape", t.shape())?;
-        if self.binary {
-            map.serialize_entry(
+        match self.form {
+            Form::Binary => map.serialize_entry(
                 "parameters",
                 &BinaryParameters {
                     binary_data_size: t.data().len(),
                 },
-            )?;
-        } else {
-            map.serialize_entry(
+            )?,
+            Form::Json => map.serialize_entry(
                 "data",
                 &JsonData {
                     datatype: t.datatype(),
                     data: t.data(),
                 },
-            )?;
+            )?,
+            Form::Shm => {}
         }
         map.end()
     }
@@ -225,7 +245,13 @@ mod tests {
     async fn json_only_response() {
         let mut r = response(vec![fp32("y", &[1.0, 2.5])]);
         r.parameters.insert("p".into(), ParamValue::Uint(u64::MAX));
-        let http = build_response(&r, &OutputFormat::default(), Encoding::Identity).unwrap();
+        let http = build_response(
+            &r,
+            &OutputFormat::default(),
+            &Written::new(),
+            Encoding::Identity,
+        )
+        .unwrap();
         assert_eq!(http.headers()[CONTENT_TYPE], "application/json");
         assert!(http.headers().get(INFER_HEADER_CONTENT_LENGTH).is_none());
         let body: Value = serde_json::from_slice(&body_of(http).await).unwrap();
@@ -247,7 +273,7 @@ mod tests {
             default_binary: true,
             per_output: [("c".to_string(), false)].into(),
         };
-        let http = build_response(&r, &format, Encoding::Identity).unwrap();
+        let http = build_response(&r, &format, &Written::new(), Encoding::Identity).unwrap();
         assert_eq!(http.headers()[CONTENT_TYPE], "application/octet-stream");
         let header_len: usize = http.headers()[INFER_HEADER_CONTENT_LENGTH]
             .to_str()
@@ -271,6 +297,7 @@ mod tests {
         let http = build_response(
             &response(vec![t]),
             &OutputFormat::default(),
+            &Written::new(),
             Encoding::Identity,
         )
         .unwrap();

@@ -8,6 +8,7 @@
 //!         ├─ metadata        health, server/model metadata, ready, config, statistics
 //!         ├─ repository      index, load (config + file overrides), unload
 //!         ├─ settings        trace settings (global, per model), logging: JSON ↔ settings maps
+//!         ├─ shm             system shared memory: status, register, unregister (crate::shm)
 //!         ├─ generate        POST .../generate, .../generate_stream: flat JSON keys ─► inputs
 //!         │                  or parameters (by model metadata) ─► InferenceService::infer_stream
 //!         │                  ─► one JSON response, or server-sent events as they arrive
@@ -15,6 +16,7 @@
 //!              ├─ infer_request   JSON header + binary section (zero-copy slices)
 //!              │    └─ tensor_json     JSON `data` ─► raw little-endian bytes
 //!              ├─ raw_request     or the whole body as the single input (shape from config)
+//!              ├─ crate::shm      shared-memory inputs read in, outputs written out
 //!              ├─ InferenceService::infer   the one shared implementation
 //!              └─ infer_response  JSON header + binary outputs as separate chunks,
 //!                                 optionally compressed per Accept-Encoding
@@ -25,7 +27,7 @@
 //! (`axum::serve(listener, router).with_graceful_shutdown(..)`). A client that disconnects drops
 //! the handler future (or, for `generate_stream`, the response body), which drops the in-flight
 //! `InferenceService` future or stream and so cancels the request. Endpoints this server does
-//! not implement yet (shared memory) answer 501 naming the endpoint.
+//! not implement yet (CUDA shared memory) answer 501 naming the endpoint.
 
 mod body;
 mod compression;
@@ -40,12 +42,14 @@ mod raw_request;
 mod repository;
 mod routes;
 mod settings;
+mod shm;
 mod tensor_json;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
+use crate::shm::SharedMemory;
 use nereid_proto::InferenceService;
 
 /// Settings of the HTTP frontend.
@@ -55,6 +59,8 @@ pub struct HttpConfig {
     /// after decompression; also bounds each JSON-decoded input tensor. Triton's default is
     /// 64 MiB.
     pub max_input_size: usize,
+    /// The process's shared-memory registry (the same handle as the gRPC frontend's).
+    pub shared_memory: SharedMemory,
 }
 
 impl HttpConfig {
@@ -66,6 +72,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             max_input_size: Self::DEFAULT_MAX_INPUT_SIZE,
+            shared_memory: SharedMemory::default(),
         }
     }
 }

@@ -83,5 +83,9 @@ pub fn decode_raw(
         default_binary: true,
         per_output: HashMap::new(),
     };
-    Ok(DecodedRequest { request, format })
+    Ok(DecodedRequest {
+        request,
+        format,
+        shm: Default::default(),
+    })
 }

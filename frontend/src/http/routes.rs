@@ -13,7 +13,7 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{HttpError, not_supported_yet};
-use super::{HttpState, generate, infer, metadata, repository, settings};
+use super::{HttpState, generate, infer, metadata, repository, settings, shm};
 
 /// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +61,11 @@ pub enum Route {
         repository: Option<String>,
         model: String,
     },
-    SystemSharedMemory(ShmAction),
+    SystemSharedMemory {
+        /// The `/region/{name}` segment, raw; `None` for every region.
+        region: Option<String>,
+        action: ShmAction,
+    },
     CudaSharedMemory(ShmAction),
     TraceSetting,
     Logging,
@@ -83,10 +87,12 @@ impl Route {
             Route::RepositoryIndex { .. }
             | Route::RepositoryLoad { .. }
             | Route::RepositoryUnload { .. } => "POST",
-            Route::SystemSharedMemory(action) | Route::CudaSharedMemory(action) => match action {
-                ShmAction::Status => "GET",
-                ShmAction::Register | ShmAction::Unregister => "POST",
-            },
+            Route::SystemSharedMemory { action, .. } | Route::CudaSharedMemory(action) => {
+                match action {
+                    ShmAction::Status => "GET",
+                    ShmAction::Register | ShmAction::Unregister => "POST",
+                }
+            }
             Route::TraceSetting | Route::Logging => "GET, POST",
         }
     }
@@ -112,8 +118,15 @@ pub fn parse_route(path: &str) -> Option<Route> {
         ["models", "stats"] => Some(Route::AllModelStats),
         ["models", name, tail @ ..] => parse_model_route(name, tail),
         ["repository", tail @ ..] => parse_repository_route(tail),
-        ["systemsharedmemory", tail @ ..] => parse_shm_action(tail).map(Route::SystemSharedMemory),
-        ["cudasharedmemory", tail @ ..] => parse_shm_action(tail).map(Route::CudaSharedMemory),
+        ["systemsharedmemory", tail @ ..] => {
+            parse_shm_action(tail).map(|(region, action)| Route::SystemSharedMemory {
+                region: region.map(str::to_string),
+                action,
+            })
+        }
+        ["cudasharedmemory", tail @ ..] => {
+            parse_shm_action(tail).map(|(_, action)| Route::CudaSharedMemory(action))
+        }
         ["trace", "setting"] => Some(Route::TraceSetting),
         ["logging"] => Some(Route::Logging),
         _ => None,
@@ -169,17 +182,20 @@ fn parse_repository_route(tail: &[&str]) -> Option<Route> {
     }
 }
 
-fn parse_shm_action(tail: &[&str]) -> Option<ShmAction> {
-    let action = match tail {
-        [action] | ["region", _, action] => *action,
+/// `[/region/{name}]/{action}`: the region's raw name, if any, and the action.
+fn parse_shm_action<'a>(tail: &[&'a str]) -> Option<(Option<&'a str>, ShmAction)> {
+    let (region, action) = match tail {
+        [action] => (None, *action),
+        ["region", name, action] => (Some(*name), *action),
         _ => return None,
     };
-    match action {
-        "status" => Some(ShmAction::Status),
-        "register" => Some(ShmAction::Register),
-        "unregister" => Some(ShmAction::Unregister),
-        _ => None,
-    }
+    let action = match action {
+        "status" => ShmAction::Status,
+        "register" => ShmAction::Register,
+        "unregister" => ShmAction::Unregister,
+        _ => return None,
+    };
+    Some((region, action))
 }
 
 /// The router's only handler: match the path, check the method, run the endpoint.
@@ -226,7 +242,9 @@ pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> 
             Some(_) => Err(repository::named_repository()),
             None => repository::unload(&state, &model, request).await,
         },
-        Route::SystemSharedMemory(_) => Err(not_supported_yet("system shared memory")),
+        Route::SystemSharedMemory { region, action } => {
+            shm::endpoint(&state, region.as_deref(), action, request).await
+        }
         Route::CudaSharedMemory(_) => Err(not_supported_yet("CUDA shared memory")),
         Route::TraceSetting => settings::trace(&state, None, request).await,
         Route::Logging => settings::logging(&state, request).await,
@@ -352,7 +370,17 @@ mod tests {
     fn other_extension_paths() {
         assert_eq!(
             parse_route("/v2/systemsharedmemory/status"),
-            Some(Route::SystemSharedMemory(ShmAction::Status))
+            Some(Route::SystemSharedMemory {
+                region: None,
+                action: ShmAction::Status
+            })
+        );
+        assert_eq!(
+            parse_route("/v2/systemsharedmemory/region/in%20put/unregister"),
+            Some(Route::SystemSharedMemory {
+                region: Some("in%20put".into()),
+                action: ShmAction::Unregister
+            })
         );
         assert_eq!(
             parse_route("/v2/cudasharedmemory/region/r/register"),

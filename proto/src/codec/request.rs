@@ -14,8 +14,11 @@
 //!   inputs[i] ──► inputs[i] (name, datatype, shape) + raw_input_contents[i] (shared Bytes)
 //! ```
 //!
-//! An input carries its data either raw or typed, never both; once any raw contents are present
-//! every input must have exactly one. Encoding always sends raw contents. The request's context
+//! An input carries its data raw, typed, or in client shared memory (`shared_memory_region`
+//! parameters), exactly one of them; once any raw contents are present every input not in shared
+//! memory has exactly one entry, in order (Triton's pairing). Shared-memory inputs and outputs
+//! are not read here: they come back as a [`ShmPlan`] beside the request, for the frontend to
+//! resolve. Encoding always sends raw contents. The request's context
 //! (trace context, deadline) travels as call metadata, which is the transport's business: the
 //! frontend reads it, the router's forwarder writes it.
 
@@ -28,6 +31,7 @@ use crate::error::{ServiceError, ServiceResult};
 use crate::pb::inference::InferParameter;
 use crate::pb::inference::ModelInferRequest;
 use crate::pb::inference::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use crate::shm_ref::{SHM_REGION, ShmInput, ShmOutput, ShmPlan, ShmRef};
 use crate::types::{
     self, CorrelationId, InferRequest, ParamValue, Parameters, RESERVED_PARAMETER_KEYS,
     RequestContext, RequestOptions, RequestedOutput, Tensor, format_shape,
@@ -38,28 +42,41 @@ use crate::types::{
 /// a unary request ignores it.
 const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
 
-/// Tensor parameters that point at client shared memory, which this server does not serve.
-const SHARED_MEMORY_KEYS: [&str; 3] = [
-    "shared_memory_region",
-    "shared_memory_offset",
-    "shared_memory_byte_size",
-];
-
-/// Validates and converts a gRPC infer request into the internal request.
+/// Validates and converts a gRPC infer request into the internal request. A request with
+/// tensors in client shared memory is refused: only a frontend with a registry of regions can
+/// serve it, through [`decode_stream_request`] and its [`ShmPlan`].
 pub fn decode_request(request: ModelInferRequest) -> ServiceResult<InferRequest> {
-    decode_stream_request(request).map(|decoded| decoded.request)
+    let decoded = decode_stream_request(request)?;
+    if let Some(input) = decoded.shm.inputs.first() {
+        return Err(no_shared_memory("input", &input.name));
+    }
+    if let Some(output) = decoded.shm.outputs.first() {
+        return Err(no_shared_memory("output", &output.name));
+    }
+    Ok(decoded.request)
 }
 
-/// A request read from a `ModelStreamInfer` stream, with the stream-only flag it carried.
+fn no_shared_memory(kind: &str, name: &str) -> ServiceError {
+    ServiceError::unsupported(format!(
+        "{kind} '{name}': client shared memory is not available here"
+    ))
+}
+
+/// A decoded request with what travels beside it: the stream-only flag it carried and its
+/// shared-memory tensors, still to be read or written.
 #[derive(Debug)]
 pub struct StreamRequest {
+    /// The request; inputs in shared memory are missing until the frontend resolves `shm`.
     pub request: InferRequest,
     /// `triton_enable_empty_final_response`: send an empty response marked final when the model
     /// ends the request without one.
     pub empty_final_response: bool,
+    /// Inputs to read from and outputs to write to client shared memory.
+    pub shm: ShmPlan,
 }
 
-/// [`decode_request`], keeping `triton_enable_empty_final_response`.
+/// [`decode_request`], keeping `triton_enable_empty_final_response` and the shared-memory
+/// tensors.
 pub fn decode_stream_request(request: ModelInferRequest) -> ServiceResult<StreamRequest> {
     let ModelInferRequest {
         model_name,
@@ -74,17 +91,35 @@ pub fn decode_stream_request(request: ModelInferRequest) -> ServiceResult<Stream
     let (parameters, empty_final_response) = request_parameters(parameters)?;
     let (options, parameters) = RequestOptions::split(parameters)?;
 
+    let mut shm = ShmPlan::default();
+    let mut located = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let at = match input.parameters.contains_key(SHM_REGION) {
+            false => None,
+            true => {
+                let mut parameters = Parameters::new();
+                for (key, value) in &input.parameters {
+                    parameters.insert(key.clone(), param_from_wire(key, value.clone())?);
+                }
+                ShmRef::take(&mut parameters, &format!("input '{}'", input.name))?
+            }
+        };
+        located.push((input, at));
+    }
+    let wire_inputs = located.iter().filter(|(_, at)| at.is_none()).count();
     if !raw_input_contents.is_empty() {
-        if let Some(typed) = inputs.iter().find(|i| i.contents.is_some()) {
+        if let Some((typed, _)) = located
+            .iter()
+            .find(|(i, at)| at.is_none() && i.contents.is_some())
+        {
             return Err(ServiceError::invalid(format!(
                 "contents field must not be specified when using raw_input_contents for '{}' for model '{model_name}'",
                 typed.name
             )));
         }
-        if raw_input_contents.len() != inputs.len() {
+        if raw_input_contents.len() != wire_inputs {
             return Err(ServiceError::invalid(format!(
-                "model '{model_name}': the request has {} inputs but {} raw_input_contents entries; send one entry per input, in input order",
-                inputs.len(),
+                "model '{model_name}': the request has {wire_inputs} inputs not in shared memory but {} raw_input_contents entries; send one entry per such input, in input order",
                 raw_input_contents.len()
             )));
         }
@@ -92,16 +127,23 @@ pub fn decode_stream_request(request: ModelInferRequest) -> ServiceResult<Stream
 
     let mut raw = raw_input_contents.into_iter();
     let mut seen = HashSet::new();
-    let mut tensors = Vec::with_capacity(inputs.len());
-    for input in inputs {
+    let mut tensors = Vec::with_capacity(located.len());
+    for (position, (input, at)) in located.into_iter().enumerate() {
         if !seen.insert(input.name.clone()) {
             return Err(ServiceError::invalid(format!(
                 "input '{}' already exists in request",
                 input.name
             )));
         }
-        let data = raw.next();
-        tensors.push(decode_input(&model_name, input, data)?);
+        match at {
+            Some(at) => shm
+                .inputs
+                .push(shm_input(&model_name, position, input, at)?),
+            None => {
+                let data = raw.next();
+                tensors.push(decode_input(&model_name, input, data)?);
+            }
+        }
     }
 
     let mut seen = HashSet::new();
@@ -113,7 +155,15 @@ pub fn decode_stream_request(request: ModelInferRequest) -> ServiceResult<Stream
                 output.name
             )));
         }
-        requested.push(decode_output(&model_name, output)?);
+        let mut output = decode_output(output)?;
+        let owner = format!("output '{}'", output.name);
+        if let Some(at) = ShmRef::take(&mut output.parameters, &owner)? {
+            shm.outputs.push(ShmOutput {
+                name: output.name.clone(),
+                at,
+            });
+        }
+        requested.push(output);
     }
 
     let request = InferRequest {
@@ -129,6 +179,7 @@ pub fn decode_stream_request(request: ModelInferRequest) -> ServiceResult<Stream
     Ok(StreamRequest {
         request,
         empty_final_response,
+        shm,
     })
 }
 
@@ -142,8 +193,8 @@ fn decode_input(
         name,
         datatype,
         shape,
-        parameters,
         contents,
+        ..
     } = input;
     let at = InputRef {
         model,
@@ -160,7 +211,6 @@ fn decode_input(
             format_shape(&shape)
         )));
     };
-    refuse_shared_memory(&parameters, "input", &name, model)?;
     let data = match (raw, contents) {
         (Some(raw), _) => raw,
         (None, Some(contents)) => contents_to_bytes(at, dtype, &shape, element_count, contents)?,
@@ -173,11 +223,7 @@ fn decode_input(
     Tensor::new(name, dtype, shape, data)
 }
 
-fn decode_output(
-    model: &str,
-    output: InferRequestedOutputTensor,
-) -> ServiceResult<RequestedOutput> {
-    refuse_shared_memory(&output.parameters, "output", &output.name, model)?;
+fn decode_output(output: InferRequestedOutputTensor) -> ServiceResult<RequestedOutput> {
     let mut parameters = Parameters::new();
     for (key, value) in output.parameters {
         let value = param_from_wire(&key, value)?;
@@ -189,21 +235,44 @@ fn decode_output(
     })
 }
 
-fn refuse_shared_memory(
-    parameters: &HashMap<String, InferParameter>,
-    kind: &str,
-    name: &str,
+/// An input whose bytes are in shared memory: checked like any input, its data left to the
+/// frontend. Triton refuses typed contents beside a region.
+fn shm_input(
     model: &str,
-) -> ServiceResult<()> {
-    match SHARED_MEMORY_KEYS
-        .iter()
-        .find(|k| parameters.contains_key(**k))
-    {
-        Some(key) => Err(ServiceError::unsupported(format!(
-            "{kind} '{name}' for model '{model}': parameter '{key}' asks for client shared memory, which this server does not support yet"
-        ))),
-        None => Ok(()),
+    position: usize,
+    input: InferInputTensor,
+    at: ShmRef,
+) -> ServiceResult<ShmInput> {
+    let InferInputTensor {
+        name,
+        datatype,
+        shape,
+        contents,
+        ..
+    } = input;
+    if contents.is_some() {
+        return Err(ServiceError::invalid(format!(
+            "unexpected 'content' provided when using shared memory for input tensor '{name}' for model '{model}'"
+        )));
     }
+    let Some(datatype) = DataType::from_wire(&datatype) else {
+        return Err(ServiceError::invalid(format!(
+            "input '{name}' for model '{model}': unknown datatype '{datatype}'"
+        )));
+    };
+    if types::element_count(&shape).is_none() {
+        return Err(ServiceError::invalid(format!(
+            "input '{name}' for model '{model}': shape {} is invalid; dimensions must be non-negative",
+            format_shape(&shape)
+        )));
+    }
+    Ok(ShmInput {
+        position,
+        name,
+        datatype,
+        shape,
+        at,
+    })
 }
 
 /// Converts request-level parameters, applying Triton's gRPC type rules: custom keys take

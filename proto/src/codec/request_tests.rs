@@ -114,7 +114,8 @@ fn raw_count_must_match_input_count() {
     ];
     let err = decode_request(request(inputs, vec![Bytes::from(vec![0u8; 4])])).unwrap_err();
     assert!(
-        err.message().contains("2 inputs but 1 raw_input_contents"),
+        err.message()
+            .contains("2 inputs not in shared memory but 1 raw_input_contents"),
         "{}",
         err.message()
     );
@@ -216,15 +217,90 @@ fn requested_outputs_keep_order_and_parameters() {
     assert_eq!(r.outputs[1].name, "y");
 }
 
-#[test]
-fn shared_memory_tensors_are_unsupported() {
-    let mut i = input("a", "INT32", vec![1], None);
-    i.parameters.insert(
+fn in_region(mut i: InferInputTensor, region: &str, offset: i64, size: i64) -> InferInputTensor {
+    let p = &mut i.parameters;
+    p.insert(
         "shared_memory_region".into(),
-        param(ParameterChoice::StringParam("r".into())),
+        param(ParameterChoice::StringParam(region.into())),
     );
+    p.insert(
+        "shared_memory_offset".into(),
+        param(ParameterChoice::Int64Param(offset)),
+    );
+    p.insert(
+        "shared_memory_byte_size".into(),
+        param(ParameterChoice::Int64Param(size)),
+    );
+    i
+}
+
+#[test]
+fn shared_memory_tensors_need_a_frontend_with_a_registry() {
+    let i = in_region(input("a", "INT32", vec![1], None), "r", 0, 4);
     let err = decode_request(request(vec![i], vec![])).unwrap_err();
-    assert!(matches!(err, ServiceError::Unsupported(_)), "{err:?}");
+    assert_eq!(
+        err,
+        ServiceError::unsupported("input 'a': client shared memory is not available here")
+    );
+}
+
+#[test]
+fn shared_memory_inputs_and_outputs_come_back_as_a_plan() {
+    // Raw contents pair with the inputs not in shared memory, in order (Triton's rule).
+    let inputs = vec![
+        in_region(input("a", "INT32", vec![2], None), "r", 8, 8),
+        input("b", "INT32", vec![1], None),
+    ];
+    let mut req = request(inputs, vec![Bytes::from(vec![7, 0, 0, 0])]);
+    let mut out = InferRequestedOutputTensor {
+        name: "y".into(),
+        ..Default::default()
+    };
+    out.parameters.insert(
+        "shared_memory_region".into(),
+        param(ParameterChoice::StringParam("o".into())),
+    );
+    out.parameters.insert(
+        "shared_memory_byte_size".into(),
+        param(ParameterChoice::Uint64Param(64)),
+    );
+    req.outputs.push(out);
+    let decoded = decode_stream_request(req).unwrap();
+    assert_eq!(decoded.request.inputs.len(), 1);
+    assert_eq!(decoded.request.inputs[0].name(), "b");
+    let shm = decoded.shm;
+    assert_eq!(
+        shm.inputs,
+        vec![ShmInput {
+            position: 0,
+            name: "a".into(),
+            datatype: DataType::Int32,
+            shape: vec![2],
+            at: ShmRef {
+                region: "r".into(),
+                offset: 8,
+                byte_size: 8
+            },
+        }]
+    );
+    assert_eq!(shm.outputs.len(), 1);
+    assert_eq!(shm.outputs[0].at.byte_size, 64);
+    // The output's shared-memory keys are not passed on as parameters.
+    assert!(decoded.request.outputs[0].parameters.is_empty());
+}
+
+#[test]
+fn shared_memory_input_with_typed_contents_is_refused() {
+    let contents = InferTensorContents {
+        int_contents: vec![1],
+        ..Default::default()
+    };
+    let i = in_region(input("a", "INT32", vec![1], Some(contents)), "r", 0, 4);
+    let err = decode_stream_request(request(vec![i], vec![])).unwrap_err();
+    assert_eq!(
+        err.message(),
+        "unexpected 'content' provided when using shared memory for input tensor 'a' for model 'm'"
+    );
 }
 
 #[test]

@@ -208,11 +208,14 @@ async fn syntax_errors_are_500s_as_triton_and_deep_nesting_a_clear_400() {
 }
 
 #[tokio::test]
-async fn shared_memory_is_not_supported_yet() {
+async fn shared_memory_needs_a_registry() {
     let body = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]});
     let (status, message) = error_of(body).await;
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
-    assert!(message.contains("shared memory"));
+    assert!(
+        message.starts_with("system shared memory is not available"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

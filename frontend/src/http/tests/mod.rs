@@ -7,6 +7,7 @@ mod infer;
 mod limits;
 mod routes;
 mod serve;
+mod shm;
 
 use std::sync::Arc;
 
@@ -172,7 +173,11 @@ pub async fn next_cancelled(events: &mut mpsc::UnboundedReceiver<FakeEvent>) {
 /// A router over `fake` with the given input limit.
 pub fn app_with(fake: FakeService, max_input_size: usize) -> (Arc<FakeService>, axum::Router) {
     let fake = Arc::new(fake);
-    let router = router(fake.clone(), HttpConfig { max_input_size });
+    let config = HttpConfig {
+        max_input_size,
+        ..Default::default()
+    };
+    let router = router(fake.clone(), config);
     (fake, router)
 }
 

@@ -143,7 +143,7 @@ async fn config_and_statistics() {
 async fn not_yet_supported_endpoints_are_501_naming_the_endpoint() {
     let (_, app) = app();
     let cases = [
-        (get("/v2/systemsharedmemory/status"), "system shared memory"),
+        (get("/v2/cudasharedmemory/status"), "CUDA shared memory"),
         (
             post("/v2/cudasharedmemory/region/r/unregister", ""),
             "CUDA shared memory",

@@ -1,0 +1,440 @@
+//! The registry of system shared-memory regions a server process serves, and the one way bytes
+//! move in and out of a region.
+//!
+//! A region is a span `[offset, offset + byte_size)` of a POSIX shared-memory object that a
+//! client created (`shm_open` + `ftruncate`). On Linux such an object is the file
+//! `/dev/shm/<key without its leading '/'>`; registering opens that file and keeps the `File`
+//! until the region is unregistered (and until the last request using it finishes). Bytes move
+//! with `read_exact_at` / `write_all_at`, never through a mapping: a client that shrinks or
+//! removes the object behind the server's back gets a clear error for the next request that
+//! touches it, never a `SIGBUS`, and the crate stays free of `unsafe`.
+//!
+//! ```text
+//! register(name, key, offset, byte_size) ─► open /dev/shm/<key> (read-write, else read-only)
+//!                                           check offset + byte_size ≤ object size
+//! region(name) ─► Arc<Region> (lock held only for the lookup)
+//! Region::read(span) / Region::write(span, bytes): span checked against the registered size,
+//!                                                  then against the object's size now
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use nereid_proto::{ServiceError, ServiceResult};
+
+/// Where POSIX shared-memory objects live on Linux.
+const SHM_DIR: &str = "/dev/shm";
+
+/// What a status request reports for one region (Triton's `RegionStatus`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionStatus {
+    pub name: String,
+    pub key: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+/// One registered region, open until the last holder drops it.
+#[derive(Debug)]
+pub struct Region {
+    status: RegionStatus,
+    file: File,
+    /// Opened read-write; a read-only region cannot take outputs.
+    writable: bool,
+}
+
+impl Region {
+    pub fn name(&self) -> &str {
+        &self.status.name
+    }
+
+    /// Checks `[offset, offset + len)` of the region, with Triton's messages, and returns the
+    /// span's start in the object.
+    fn span(&self, offset: u64, len: u64) -> ServiceResult<u64> {
+        let name = self.name();
+        let size = self.status.byte_size;
+        if offset >= size && !(offset == 0 && len == 0) {
+            return Err(ServiceError::invalid(format!(
+                "Invalid offset for shared memory region: '{name}'"
+            )));
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= size => {}
+            _ => {
+                return Err(ServiceError::invalid(format!(
+                    "Invalid offset + byte size for shared memory region: '{name}'"
+                )));
+            }
+        }
+        let start = self.status.offset + offset;
+        // The object may have been truncated since it was registered.
+        let now = self
+            .file
+            .metadata()
+            .map_err(|e| self.io_error("cannot read the size of", e))?
+            .len();
+        if start + len > now {
+            return Err(ServiceError::invalid(format!(
+                "shared memory region '{name}': its shared memory object '{}' is now {now} bytes, too small for bytes {start}..{}; was it shrunk or removed after registration?",
+                self.status.key,
+                start + len
+            )));
+        }
+        Ok(start)
+    }
+
+    /// Copies `len` bytes at `offset` (relative to the region) out of the region.
+    pub fn read(&self, offset: u64, len: u64) -> ServiceResult<Vec<u8>> {
+        let start = self.span(offset, len)?;
+        let len = usize::try_from(len).map_err(|_| {
+            ServiceError::invalid(format!(
+                "shared memory region '{}': {len} bytes do not fit in memory",
+                self.name()
+            ))
+        })?;
+        let mut data = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut data, start)
+            .map_err(|e| self.io_error("cannot read from", e))?;
+        Ok(data)
+    }
+
+    /// Copies `data` into the region at `offset` (relative to the region).
+    pub fn write(&self, offset: u64, data: &[u8]) -> ServiceResult<()> {
+        if !self.writable {
+            return Err(ServiceError::invalid(format!(
+                "shared memory region '{}' is read-only to the server (its shared memory object '{}' could only be opened for reading), so it cannot hold outputs",
+                self.name(),
+                self.status.key
+            )));
+        }
+        let start = self.span(offset, data.len() as u64)?;
+        self.file
+            .write_all_at(data, start)
+            .map_err(|e| self.io_error("cannot write to", e))
+    }
+
+    fn io_error(&self, what: &str, e: std::io::Error) -> ServiceError {
+        ServiceError::invalid(format!(
+            "shared memory region '{}': {what} its shared memory object '{}': {e}",
+            self.name(),
+            self.status.key
+        ))
+    }
+}
+
+/// The regions of one server process, shared by its HTTP and gRPC frontends (a cheap handle:
+/// clones share the same regions). A disabled registry (the router's) answers every use with the
+/// reason it is off.
+#[derive(Clone)]
+pub struct SharedMemory(Arc<Inner>);
+
+enum Inner {
+    Enabled(Mutex<BTreeMap<String, Arc<Region>>>),
+    Disabled(String),
+}
+
+impl std::fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_ref() {
+            Inner::Enabled(_) => f.write_str("SharedMemory(enabled)"),
+            Inner::Disabled(reason) => write!(f, "SharedMemory(disabled: {reason})"),
+        }
+    }
+}
+
+/// Two handles are equal when they share the same regions.
+impl PartialEq for SharedMemory {
+    fn eq(&self, other: &SharedMemory) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedMemory {}
+
+/// Off, with a generic reason: a frontend built without a registry of its own.
+impl Default for SharedMemory {
+    fn default() -> Self {
+        SharedMemory::disabled("this server was started without a shared-memory registry")
+    }
+}
+
+impl SharedMemory {
+    /// An empty registry that serves regions.
+    pub fn enabled() -> SharedMemory {
+        SharedMemory(Arc::new(Inner::Enabled(Mutex::default())))
+    }
+
+    /// A registry that refuses every region; `reason` tells the client why.
+    pub fn disabled(reason: impl Into<String>) -> SharedMemory {
+        SharedMemory(Arc::new(Inner::Disabled(reason.into())))
+    }
+
+    fn regions(&self) -> ServiceResult<std::sync::MutexGuard<'_, BTreeMap<String, Arc<Region>>>> {
+        match self.0.as_ref() {
+            Inner::Enabled(regions) => regions
+                .lock()
+                .map_err(|_| ServiceError::internal("the shared memory registry is poisoned")),
+            Inner::Disabled(reason) => Err(ServiceError::unsupported(format!(
+                "system shared memory is not available: {reason}"
+            ))),
+        }
+    }
+
+    /// Registers `name` as `[offset, offset + byte_size)` of the object `key`.
+    pub fn register(
+        &self,
+        name: &str,
+        key: &str,
+        offset: u64,
+        byte_size: u64,
+    ) -> ServiceResult<()> {
+        if self.regions()?.contains_key(name) {
+            return Err(already_registered(name));
+        }
+        let (file, writable) = open_object(key)?;
+        let size = file
+            .metadata()
+            .map_err(|_| ServiceError::invalid(format!("Invalid shared memory region: '{key}'")))?
+            .len();
+        if offset.checked_add(byte_size).is_none_or(|end| end > size) {
+            return Err(ServiceError::invalid(format!(
+                "failed to register shared memory region '{name}': invalid args"
+            )));
+        }
+        let region = Region {
+            status: RegionStatus {
+                name: name.to_string(),
+                key: key.to_string(),
+                offset,
+                byte_size,
+            },
+            file,
+            writable,
+        };
+        // Opened outside the lock; a concurrent registration of the same name may have won.
+        let mut regions = self.regions()?;
+        if regions.contains_key(name) {
+            return Err(already_registered(name));
+        }
+        regions.insert(name.to_string(), Arc::new(region));
+        Ok(())
+    }
+
+    /// The region to read or write, held by the caller for as long as it uses it.
+    pub fn region(&self, name: &str) -> ServiceResult<Arc<Region>> {
+        self.regions()?.get(name).cloned().ok_or_else(|| {
+            ServiceError::not_found(format!("Unable to find shared memory region: '{name}'"))
+        })
+    }
+
+    /// Every region (`None`) or the one named, by name.
+    pub fn status(&self, name: Option<&str>) -> ServiceResult<Vec<RegionStatus>> {
+        let regions = match self.regions() {
+            Ok(regions) => regions,
+            // Nothing can be registered here, so nothing is.
+            Err(ServiceError::Unsupported(_)) if name.is_none() => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        match name {
+            None => Ok(regions.values().map(|r| r.status.clone()).collect()),
+            Some(name) => match regions.get(name) {
+                Some(r) => Ok(vec![r.status.clone()]),
+                None => Err(ServiceError::not_found(format!(
+                    "Unable to find system shared memory region: '{name}'"
+                ))),
+            },
+        }
+    }
+
+    /// Unregisters one region, or every region (`None`). An unknown name is not an error, as in
+    /// Triton. Requests already using a region finish with it; its file closes after them.
+    pub fn unregister(&self, name: Option<&str>) -> ServiceResult<()> {
+        let mut regions = self.regions()?;
+        match name {
+            None => regions.clear(),
+            Some(name) => {
+                regions.remove(name);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn already_registered(name: &str) -> ServiceError {
+    ServiceError::AlreadyExists(format!("shared memory region '{name}' already in manager"))
+}
+
+/// The file behind a POSIX shared-memory key, opened read-write, else read-only; the flag says
+/// which. Keys are single names (`/name` or `name`), as `shm_open` takes them.
+fn open_object(key: &str) -> ServiceResult<(File, bool)> {
+    let unable = || ServiceError::invalid(format!("Unable to open shared memory region: '{key}'"));
+    let name = key.trim_start_matches('/');
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(unable());
+    }
+    let path = PathBuf::from(SHM_DIR).join(name);
+    let opened = OpenOptions::new().read(true).write(true).open(&path);
+    let (file, writable) = match opened {
+        Ok(file) => (file, true),
+        Err(e) if e.kind() == ErrorKind::PermissionDenied || e.raw_os_error() == Some(30) => {
+            // EROFS or no write permission: inputs can still be read.
+            match File::open(&path) {
+                Ok(file) => (file, false),
+                Err(_) => return Err(unable()),
+            }
+        }
+        Err(_) => return Err(unable()),
+    };
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => Ok((file, writable)),
+        _ => Err(unable()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::test_object::TestObject;
+
+    #[test]
+    fn register_status_unregister() {
+        let obj = TestObject::new(64);
+        let shm = SharedMemory::enabled();
+        shm.register("a", &obj.key, 0, 64).unwrap();
+        shm.register("b", &obj.key, 16, 32).unwrap();
+        let all = shm.status(None).unwrap();
+        assert_eq!(
+            all.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(
+            shm.status(Some("b")).unwrap(),
+            vec![RegionStatus {
+                name: "b".into(),
+                key: obj.key.clone(),
+                offset: 16,
+                byte_size: 32
+            }]
+        );
+        shm.unregister(Some("a")).unwrap();
+        shm.unregister(Some("never")).unwrap();
+        assert_eq!(shm.status(None).unwrap().len(), 1);
+        shm.unregister(None).unwrap();
+        assert!(shm.status(None).unwrap().is_empty());
+        assert_eq!(
+            shm.status(Some("b")).unwrap_err(),
+            ServiceError::not_found("Unable to find system shared memory region: 'b'")
+        );
+    }
+
+    #[test]
+    fn registration_errors_use_tritons_words() {
+        let obj = TestObject::new(64);
+        let shm = SharedMemory::enabled();
+        shm.register("a", &obj.key, 0, 8).unwrap();
+        assert_eq!(
+            shm.register("a", &obj.key, 0, 8).unwrap_err(),
+            ServiceError::AlreadyExists("shared memory region 'a' already in manager".into())
+        );
+        assert_eq!(
+            shm.register("b", &obj.key, 60, 8).unwrap_err(),
+            ServiceError::invalid("failed to register shared memory region 'b': invalid args")
+        );
+        assert!(shm.register("c", &obj.key, u64::MAX, 2).is_err());
+        for key in ["/nereid_no_such_object", "/a/b", "/..", "", "/"] {
+            assert_eq!(
+                shm.register("d", key, 0, 1).unwrap_err(),
+                ServiceError::invalid(format!("Unable to open shared memory region: '{key}'"))
+            );
+        }
+        // A key without the leading '/' names the same object, as with shm_open.
+        shm.register("e", obj.key.trim_start_matches('/'), 0, 8)
+            .unwrap();
+    }
+
+    #[test]
+    fn reads_and_writes_stay_inside_the_region() {
+        let obj = TestObject::new(32);
+        obj.fill(8, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        let shm = SharedMemory::enabled();
+        shm.register("r", &obj.key, 8, 16).unwrap();
+        let r = shm.region("r").unwrap();
+        assert_eq!(r.read(2, 4).unwrap(), vec![3, 4, 5, 6]);
+        r.write(12, &[9, 9, 9, 9]).unwrap();
+        assert_eq!(&obj.contents()[20..24], &[9, 9, 9, 9]);
+        assert_eq!(
+            r.read(16, 1).unwrap_err(),
+            ServiceError::invalid("Invalid offset for shared memory region: 'r'")
+        );
+        assert_eq!(
+            r.read(8, 9).unwrap_err(),
+            ServiceError::invalid("Invalid offset + byte size for shared memory region: 'r'")
+        );
+        assert!(r.read(1, u64::MAX).is_err());
+        assert!(r.write(13, &[0; 4]).is_err());
+        assert_eq!(r.read(0, 0).unwrap(), Vec::<u8>::new());
+        assert_eq!(
+            shm.region("nope").unwrap_err(),
+            ServiceError::not_found("Unable to find shared memory region: 'nope'")
+        );
+    }
+
+    #[test]
+    fn a_shrunk_object_is_an_error_not_a_crash() {
+        let obj = TestObject::new(32);
+        let shm = SharedMemory::enabled();
+        shm.register("r", &obj.key, 0, 32).unwrap();
+        let r = shm.region("r").unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&obj.path)
+            .unwrap()
+            .set_len(8)
+            .unwrap();
+        let err = r.read(0, 16).unwrap_err();
+        assert!(
+            err.message().contains("is now 8 bytes") && err.message().contains("'r'"),
+            "{err:?}"
+        );
+        assert!(r.write(4, &[0; 8]).is_err());
+        assert_eq!(r.read(0, 8).unwrap(), vec![0; 8]);
+        // Removed: the open file still holds the memory; the region keeps working.
+        drop(obj);
+        assert_eq!(r.read(0, 8).unwrap(), vec![0; 8]);
+    }
+
+    #[test]
+    fn an_unregistered_region_stays_usable_by_its_holders() {
+        let obj = TestObject::new(8);
+        obj.fill(0, &[5; 8]);
+        let shm = SharedMemory::enabled();
+        shm.register("r", &obj.key, 0, 8).unwrap();
+        let held = shm.region("r").unwrap();
+        shm.unregister(None).unwrap();
+        assert_eq!(held.read(0, 8).unwrap(), vec![5; 8]);
+        assert!(shm.region("r").is_err());
+    }
+
+    #[test]
+    fn a_disabled_registry_says_why() {
+        let shm = SharedMemory::disabled("the router cannot read a client's memory");
+        let err = shm.register("r", "/k", 0, 1).unwrap_err();
+        assert_eq!(
+            err,
+            ServiceError::unsupported(
+                "system shared memory is not available: the router cannot read a client's memory"
+            )
+        );
+        assert!(shm.status(None).unwrap().is_empty());
+        assert!(shm.status(Some("r")).is_err());
+        assert!(shm.unregister(None).is_err());
+        assert!(shm.region("r").is_err());
+        assert_eq!(shm.clone(), shm);
+        assert_ne!(shm, SharedMemory::enabled());
+    }
+}
