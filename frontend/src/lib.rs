@@ -27,6 +27,7 @@
 
 mod grpc;
 mod http;
+mod offload;
 mod serve;
 mod shm;
 

@@ -12,6 +12,8 @@
 //!                         a future or stream dropped before it finished ─► FakeEvent::Cancelled
 //! ```
 //!
+//! Also [`fp32_tensor`] and [`int32_tensor`], the 1-D tensors tests build most.
+//!
 //! Unknown models are `NotFound` with Triton's message. Nothing sleeps except a model given a
 //! [`FakeModel::delay`].
 
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::{Notify, mpsc};
 
+use crate::datatype::DataType;
 use crate::error::{ServiceError, ServiceResult};
 use crate::pb::inference::{ModelConfig, ModelInput, ModelStatistics, ModelTransactionPolicy};
 use crate::service::{
@@ -32,6 +35,25 @@ use crate::service::{
     StreamedResponse, TensorMetadata,
 };
 use crate::types::{InferRequest, InferResponse, ParamValue, Tensor};
+
+/// A 1-D `FP32` tensor of `values`.
+pub fn fp32_tensor(name: &str, values: &[f32]) -> Tensor {
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    shaped(name, DataType::Fp32, values.len(), data)
+}
+
+/// A 1-D `INT32` tensor of `values`.
+pub fn int32_tensor(name: &str, values: &[i32]) -> Tensor {
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    shaped(name, DataType::Int32, values.len(), data)
+}
+
+fn shaped(name: &str, datatype: DataType, count: usize, data: Vec<u8>) -> Tensor {
+    match Tensor::new(name, datatype, vec![count as i64], bytes::Bytes::from(data)) {
+        Ok(t) => t,
+        Err(e) => panic!("test tensor '{name}': {e}"),
+    }
+}
 
 /// What a model answers to `infer` (and what each response of its stream carries).
 #[derive(Clone, Debug)]

@@ -310,17 +310,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use nereid_proto::DataType;
-
-    fn fp32(name: &str, values: &[f32]) -> Tensor {
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new(
-            name,
-            DataType::Fp32,
-            vec![values.len() as i64],
-            Bytes::from(data),
-        )
-        .unwrap()
-    }
+    use nereid_proto::testing::fp32_tensor as fp32;
 
     fn request(inputs: Vec<Tensor>, outputs: &[&str]) -> ValidRequest {
         ValidRequest {

@@ -1,7 +1,7 @@
 //! `POST /v2/models/{m}[/versions/{v}]/infer`: body → [`InferRequest`] → service → response.
 //!
 //! Decoding and encoding large bodies (JSON parsing, compression) is CPU work; above
-//! [`OFFLOAD_BYTES`] it runs on tokio's blocking pool so it never stalls the async workers.
+//! [`OFFLOAD_BYTES`](crate::offload::OFFLOAD_BYTES) it runs on tokio's blocking pool so it never stalls the async workers.
 //!
 //! [`InferRequest`]: nereid_proto::InferRequest
 
@@ -15,27 +15,11 @@ use super::error::HttpError;
 use super::infer_request::{decode_json, header_length, request_context};
 use super::infer_response::build_response;
 use super::raw_request::decode_raw;
+use crate::offload::offload;
 use crate::shm::{resolve_inputs, write_outputs};
-use nereid_proto::{ServiceError, ServiceResult};
 use std::time::Instant;
 
 use nereid_proto::{ResponseHook, parse_version};
-
-/// Bodies (and outputs) larger than this are decoded (encoded) on the blocking pool.
-const OFFLOAD_BYTES: usize = 256 * 1024;
-
-/// Runs `work` inline when small, else on the blocking pool.
-async fn offload<T: Send + 'static>(
-    size: usize,
-    work: impl FnOnce() -> ServiceResult<T> + Send + 'static,
-) -> ServiceResult<T> {
-    if size < OFFLOAD_BYTES {
-        return work();
-    }
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ServiceError::internal(format!("HTTP codec task failed: {e}")))?
-}
 
 pub async fn infer(
     state: &HttpState,
@@ -54,7 +38,7 @@ pub async fn infer(
         decode_raw(model, version, body, &config)?
     } else {
         let name = model.to_string();
-        let decoded = offload(body.len(), move || {
+        let decoded = offload(body.len() as u64, "HTTP codec", move || {
             decode_json(&name, version, body, header_len, limit)
         })
         .await;
@@ -79,8 +63,8 @@ pub async fn infer(
     let written = write_outputs(shm, decoded.shm.outputs, &response).await?;
     let encoding = response_encoding(&parts.headers);
     let format = decoded.format;
-    let size = response.outputs.iter().map(|t| t.data().len()).sum();
-    let encoded = offload(size, move || {
+    let size: usize = response.outputs.iter().map(|t| t.data().len()).sum();
+    let encoded = offload(size as u64, "HTTP codec", move || {
         build_response(&response, &format, &written, encoding)
     })
     .await?;

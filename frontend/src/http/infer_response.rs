@@ -215,6 +215,7 @@ impl Serialize for OutputJson<'_> {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+    use nereid_proto::testing::fp32_tensor as fp32;
     use serde_json::{Value, json};
 
     fn response(outputs: Vec<Tensor>) -> InferResponse {
@@ -228,17 +229,6 @@ mod tests {
 
     async fn body_of(http: Response) -> Bytes {
         http.into_body().collect().await.unwrap().to_bytes()
-    }
-
-    fn fp32(name: &str, values: &[f32]) -> Tensor {
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new(
-            name,
-            DataType::Fp32,
-            vec![values.len() as i64],
-            Bytes::from(data),
-        )
-        .unwrap()
     }
 
     #[tokio::test]

@@ -10,35 +10,21 @@
 //!                 ─► Written: what went where, for the response (no data for those outputs)
 //! ```
 //!
-//! Copies of more than [`OFFLOAD_BYTES`] in all run on tokio's blocking pool.
+//! Copies of more than [`OFFLOAD_BYTES`](crate::offload::OFFLOAD_BYTES) in all run on tokio's blocking pool.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
 
 use super::registry::SharedMemory;
+use crate::offload::offload;
 use nereid_proto::{
     InferRequest, InferResponse, ServiceError, ServiceResult, ShmInput, ShmOutput, ShmRef, Tensor,
     element_count,
 };
 
-/// Copies larger than this (in all, per request) run on the blocking pool.
-const OFFLOAD_BYTES: u64 = 256 * 1024;
-
 /// The outputs written to shared memory, by name: region, offset and the bytes written.
 pub type Written = HashMap<String, ShmRef>;
-
-async fn offload<T: Send + 'static>(
-    size: u64,
-    work: impl FnOnce() -> ServiceResult<T> + Send + 'static,
-) -> ServiceResult<T> {
-    if size < OFFLOAD_BYTES {
-        return work();
-    }
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ServiceError::internal(format!("shared memory copy task failed: {e}")))?
-}
 
 /// Reads `inputs` from their regions and puts each tensor at its place in `request.inputs`.
 pub async fn resolve_inputs(
@@ -53,7 +39,7 @@ pub async fn resolve_inputs(
     let shm = shm.clone();
     let model = request.model_name.clone();
     let id = request.id.clone();
-    let tensors = offload(total, move || {
+    let tensors = offload(total, "shared memory copy", move || {
         inputs
             .into_iter()
             .map(|input| Ok((input.position, read_input(&shm, &model, &id, input)?)))
@@ -120,7 +106,7 @@ pub async fn write_outputs(
     }
     let total = jobs.iter().map(|(_, d)| d.len() as u64).sum();
     let shm = shm.clone();
-    offload(total, move || {
+    offload(total, "shared memory copy", move || {
         let mut written = Written::new();
         for (planned, data) in jobs {
             let region = shm.region(&planned.at.region)?;
@@ -143,6 +129,7 @@ mod tests {
     use super::*;
     use crate::shm::test_object::TestObject;
     use nereid_proto::DataType;
+    use nereid_proto::testing::int32_tensor as int32;
 
     fn at(region: &str, offset: u64, byte_size: u64) -> ShmRef {
         ShmRef {
@@ -150,17 +137,6 @@ mod tests {
             offset,
             byte_size,
         }
-    }
-
-    fn int32(name: &str, values: &[i32]) -> Tensor {
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new(
-            name,
-            DataType::Int32,
-            vec![values.len() as i64],
-            Bytes::from(data),
-        )
-        .unwrap()
     }
 
     #[tokio::test]

@@ -224,18 +224,8 @@ pub fn service_error_object(error: ServiceError) -> ErrorObject {
 mod tests {
     use super::*;
     use nereid_proto::push_bytes_element;
+    use nereid_proto::testing::fp32_tensor as fp32;
     use serde_json::json;
-
-    fn fp32(name: &str, values: &[f32]) -> Tensor {
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new(
-            name,
-            DataType::Fp32,
-            vec![values.len() as i64],
-            Bytes::from(data),
-        )
-        .unwrap()
-    }
 
     #[test]
     fn request_objects_place_tensors_and_carry_the_request() {
