@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from nereid_util import NEREID_BIN, Server, http_json
+from nereid_util import NEREID_BIN, Server, http_json, http_raw, wait_until
 
 WORK_MS = 15
 REQUESTS_PER_MODEL = 12
@@ -112,7 +112,11 @@ def flood(server, models, per_model):
 
 
 def start(repo, tmp_path, name, *flags):
-    return Server(repo, tmp_path, ["--rate-limit", *flags] if flags else [], name=name).start()
+    """A server whose startup loads have finished (the suite's lenient readiness: ready then)."""
+    server = Server(repo, tmp_path, ["--rate-limit", *flags] if flags else [], name=name).start()
+    wait_until(lambda: http_raw(server.http_url, "GET", "/v2/health/ready")[0] == 200, 60,
+               f"{name}: startup loads finished")
+    return server
 
 
 @pytest.fixture
@@ -123,27 +127,26 @@ def shared_resource_repo(tmp_path):
     return repo, log
 
 
-def test_instances_sharing_one_resource_never_execute_at_once(shared_resource_repo, tmp_path):
-    repo, log = shared_resource_repo
-    server = start(repo, tmp_path, "limited", "execution_count")
+def shared_load(repo_and_log, tmp_path, name, *flags):
+    """Floods both models of the shared-resource repository; their executions, in time order."""
+    repo, log = repo_and_log
+    server = start(repo, tmp_path, name, *flags)
     try:
         flood(server, ["rl_a", "rl_b"], REQUESTS_PER_MODEL)
     finally:
         assert server.stop() == 0
     rows = executions(log)
     assert len(rows) == 2 * REQUESTS_PER_MODEL
+    return rows
+
+
+def test_instances_sharing_one_resource_never_execute_at_once(shared_resource_repo, tmp_path):
+    rows = shared_load(shared_resource_repo, tmp_path, "limited", "execution_count")
     assert overlaps(rows) == [], "executions overlapped under the rate limiter"
 
 
 def test_without_the_rate_limiter_the_same_load_overlaps(shared_resource_repo, tmp_path):
-    repo, log = shared_resource_repo
-    server = start(repo, tmp_path, "unlimited")  # --rate-limit off, the default
-    try:
-        flood(server, ["rl_a", "rl_b"], REQUESTS_PER_MODEL)
-    finally:
-        assert server.stop() == 0
-    rows = executions(log)
-    assert len(rows) == 2 * REQUESTS_PER_MODEL
+    rows = shared_load(shared_resource_repo, tmp_path, "unlimited")  # --rate-limit off
     assert overlaps(rows), "four instances under load never overlapped: the check above proves nothing"
 
 

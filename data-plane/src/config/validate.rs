@@ -182,15 +182,18 @@ fn check_response_cache(errors: &mut Vec<String>, config: &ModelConfig) {
             "Response Cache does not currently support model {m} with sequence batching scheduler. Please disable the response cache."
         ));
     }
-    if config
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled)
-    {
+    if decoupled(config) {
         errors.push(format!(
             "Response Cache does not currently support model {m} with 'decoupled' transaction policy. Please disable the response cache."
         ));
     }
+}
+
+fn decoupled(config: &ModelConfig) -> bool {
+    config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
 }
 
 /// What an ensemble may not have (it runs no instances of its own), and its data flow as far as
@@ -212,11 +215,7 @@ fn check_ensemble(errors: &mut Vec<String>, config: &ModelConfig) {
             "model_warmup can not be specified for ensemble '{m}' (warm up its composing models instead)"
         ));
     }
-    if config
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled)
-    {
+    if decoupled(config) {
         errors.push(format!(
             "ensemble '{m}': decoupled ensembles (model_transaction_policy {{ decoupled: true }}) are not supported by Nereid yet"
         ));
