@@ -171,12 +171,16 @@ impl ResponseCache {
         self.inner.lock().counters.lookup_time += took;
     }
 
+    /// Adds the time one [`ResponseCache::insert`] took (measured by the caller around it).
+    pub(crate) fn record_insertion_time(&self, took: Duration) {
+        self.inner.lock().counters.insertion_time += took;
+    }
+
     /// Stores `outputs` under `key`, evicting the least recently used entries to make room.
     /// An answer larger than the whole cache is not stored. Returns whether it was stored.
-    pub(crate) fn insert(&self, key: CacheKey, outputs: Vec<Tensor>, took: Duration) -> bool {
+    pub(crate) fn insert(&self, key: CacheKey, outputs: Vec<Tensor>) -> bool {
         let size = entry_size(&outputs);
         let mut lru = self.inner.lock();
-        lru.counters.insertion_time += took;
         if size > self.capacity {
             return false;
         }
@@ -387,7 +391,8 @@ mod tests {
     fn hits_misses_and_counters() {
         let cache = ResponseCache::new(10_000);
         assert!(cache.lookup(&k(1)).is_none());
-        assert!(cache.insert(k(1), vec![fp32("y", &[1.0, 2.0])], Duration::from_micros(3)));
+        assert!(cache.insert(k(1), vec![fp32("y", &[1.0, 2.0])]));
+        cache.record_insertion_time(Duration::from_micros(3));
         assert_eq!(*cache.lookup(&k(1)).unwrap(), vec![fp32("y", &[1.0, 2.0])]);
         cache.record_lookup_time(Duration::from_micros(5));
         let c = cache.counters();
@@ -407,11 +412,11 @@ mod tests {
         let one = entry_size(&[fp32("y", &[0.0; 4])]);
         let cache = ResponseCache::new(3 * one);
         for n in 1..=3 {
-            cache.insert(k(n), vec![fp32("y", &[n as f32; 4])], Duration::ZERO);
+            cache.insert(k(n), vec![fp32("y", &[n as f32; 4])]);
         }
         // Using 1 makes 2 the least recently used.
         assert!(cache.lookup(&k(1)).is_some());
-        cache.insert(k(4), vec![fp32("y", &[4.0; 4])], Duration::ZERO);
+        cache.insert(k(4), vec![fp32("y", &[4.0; 4])]);
         assert!(cache.lookup(&k(2)).is_none(), "2 was least recently used");
         for n in [1, 3, 4] {
             assert!(cache.lookup(&k(n)).is_some(), "{n} stays");
@@ -421,7 +426,7 @@ mod tests {
         // A bigger entry evicts as many as it needs.
         let big = vec![fp32("y", &[0.0; 40])];
         assert!(entry_size(&big) <= 3 * one);
-        cache.insert(k(5), big, Duration::ZERO);
+        cache.insert(k(5), big);
         assert!(cache.used() <= 3 * one);
         assert!(cache.lookup(&k(5)).is_some());
     }
@@ -429,7 +434,7 @@ mod tests {
     #[test]
     fn an_answer_larger_than_the_cache_is_not_stored() {
         let cache = ResponseCache::new(ENTRY_OVERHEAD + 8);
-        assert!(!cache.insert(k(1), vec![fp32("y", &[0.0; 64])], Duration::ZERO));
+        assert!(!cache.insert(k(1), vec![fp32("y", &[0.0; 64])]));
         assert_eq!(cache.counters().entries, 0);
         assert_eq!(cache.used(), 0);
     }
@@ -437,8 +442,8 @@ mod tests {
     #[test]
     fn reinserting_a_key_replaces_it() {
         let cache = ResponseCache::new(10_000);
-        cache.insert(k(1), vec![fp32("y", &[1.0])], Duration::ZERO);
-        cache.insert(k(1), vec![fp32("y", &[2.0])], Duration::ZERO);
+        cache.insert(k(1), vec![fp32("y", &[1.0])]);
+        cache.insert(k(1), vec![fp32("y", &[2.0])]);
         assert_eq!(cache.counters().entries, 1);
         assert_eq!(cache.used(), entry_size(&[fp32("y", &[2.0])]));
         assert_eq!(*cache.lookup(&k(1)).unwrap(), vec![fp32("y", &[2.0])]);
@@ -449,8 +454,8 @@ mod tests {
         let cache = ResponseCache::new(10_000);
         let mut old = k(1);
         old.generation = 3;
-        cache.insert(old, vec![fp32("y", &[1.0])], Duration::ZERO);
-        cache.insert(k(2), vec![fp32("y", &[2.0])], Duration::ZERO);
+        cache.insert(old, vec![fp32("y", &[1.0])]);
+        cache.insert(k(2), vec![fp32("y", &[2.0])]);
         cache.purge(3);
         assert!(cache.lookup(&old).is_none());
         assert!(cache.lookup(&k(2)).is_some());

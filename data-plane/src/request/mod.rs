@@ -97,9 +97,10 @@ impl LoadedVersion {
             classification::apply(outputs, &classify, &self.labels, self.config.batching())?;
         if let Some((cache, key, lookup)) = miss {
             let insert_started = Instant::now();
-            cache.insert(key, outputs.clone(), insert_started.elapsed());
-            self.stats
-                .record_cache_miss(lookup + insert_started.elapsed());
+            cache.insert(key, outputs.clone());
+            let insertion = insert_started.elapsed();
+            cache.record_insertion_time(insertion);
+            self.stats.record_cache_miss(lookup + insertion);
         }
         Ok(self.response(id, outputs))
     }
