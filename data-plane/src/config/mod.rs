@@ -17,9 +17,10 @@ mod valid;
 pub(crate) mod validate;
 
 pub use valid::{
-    ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec, InstanceGroup,
-    OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl, SequenceStrategy,
-    StateIo, TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting,
+    Accelerator, ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec,
+    InstanceGroup, OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl,
+    SequenceStrategy, StateIo, TimeoutAction, ValidModelConfig, WarmupData, WarmupInput,
+    WarmupSetting,
 };
 pub(crate) use valid::{composing_models, ensemble_steps, parameters};
 
