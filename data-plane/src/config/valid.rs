@@ -203,7 +203,7 @@ pub struct GroupResource {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GroupKind {
     Cpu,
-    /// On the listed GPUs (GPU 0 when the config lists none).
+    /// On the listed GPUs (the defaults list every visible GPU, or GPU 0 when there is none).
     Gpu {
         gpus: Vec<i32>,
     },
