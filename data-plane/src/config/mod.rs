@@ -148,7 +148,38 @@ pub(crate) fn complete(
     }
     let gpus = gpu_defaults(&config, backends);
     fill_defaults_with_gpus(&mut config, &gpus);
+    unknown_gpus(&config, &gpus.visible)?;
     ValidModelConfig::try_from(config)
+}
+
+/// On a host where NVML sees GPUs, a `KIND_GPU` group may list only those (Triton's check).
+/// Without any visible GPU the backends say what is missing instead (a Python model may still
+/// take a `KIND_GPU` instance).
+fn unknown_gpus(config: &ModelConfig, visible: &[i32]) -> Result<(), ConfigError> {
+    if visible.is_empty() {
+        return Ok(());
+    }
+    let errors: Vec<String> = config
+        .instance_group
+        .iter()
+        .filter(|g| g.kind == Kind::Gpu as i32)
+        .flat_map(|g| g.gpus.iter().map(move |id| (g, id)))
+        .filter(|(_, id)| !visible.contains(id))
+        .map(|(g, id)| {
+            let seen: Vec<String> = visible.iter().map(i32::to_string).collect();
+            format!(
+                "instance group '{}' of model '{}' specifies invalid or unsupported gpu id {id}; the GPUs this server sees are: {}",
+                g.name,
+                config.name,
+                seen.join(" ")
+            )
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(errors))
+    }
 }
 
 /// What [`fill_defaults_with_gpus`] places instance groups on: the GPUs the host has, and
@@ -483,6 +514,24 @@ mod tests {
         identity.backend = "identity".into();
         let c = complete("m", identity, &v, &two, options).unwrap();
         assert_eq!(c.instance_groups[0].kind, GroupKind::Cpu);
+        // KIND_GPU may list only GPUs the server sees, when it sees any.
+        let on = |gpus: Vec<i32>| {
+            let mut c = raw();
+            c.instance_group = vec![ModelInstanceGroup {
+                kind: Kind::Gpu as i32,
+                gpus,
+                ..Default::default()
+            }];
+            c
+        };
+        assert_eq!(
+            complete("m", on(vec![1, 2]), &v, &two, options)
+                .unwrap_err()
+                .to_string(),
+            "instance group 'm_0' of model 'm' specifies invalid or unsupported gpu id 2; the GPUs this server sees are: 0 1"
+        );
+        let c = complete("m", on(vec![2]), &v, &none, options).unwrap();
+        assert_eq!(c.instance_groups[0].kind, GroupKind::Gpu { gpus: vec![2] });
     }
 
     #[test]
