@@ -234,6 +234,12 @@ pub trait Backend: Send + Sync {
         let _ = (config, model_path);
         Ok(())
     }
+    /// Whether this backend can run instances on a GPU in this process; `Err` says what is
+    /// missing. Decides what `KIND_AUTO` becomes on a host with GPUs (asked only there). The
+    /// default: CPU only.
+    fn gpu_support(&self) -> Result<(), String> {
+        Err(format!("the {} backend runs on the CPU only", self.name()))
+    }
     /// Loads one instance. Fails with [`BackendError::Load`] and a reason the user can act on.
     fn load_instance(
         &self,
@@ -249,6 +255,9 @@ pub struct Backends {
     python: Arc<python::PythonBackend>,
     pytorch: Arc<pytorch::PyTorchBackend>,
     server: Arc<ServerHandle>,
+    /// How many GPUs the server sees: NVML's device count, probed on first use (0 without
+    /// NVML), or set by [`Backends::with_gpu_count`].
+    gpu_count: Arc<OnceLock<u32>>,
 }
 
 impl Backends {
@@ -262,7 +271,23 @@ impl Backends {
             python: Arc::new(python::PythonBackend::default()),
             pytorch: Arc::new(pytorch::PyTorchBackend::default()),
             server: Arc::new(ServerHandle::default()),
+            gpu_count: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Pretends the host has `count` GPUs (ids `0..count`) instead of asking NVML: for tests,
+    /// and for hosts where NVML must not be asked.
+    pub fn with_gpu_count(mut self, count: u32) -> Self {
+        self.gpu_count = Arc::new(OnceLock::from(count));
+        self
+    }
+
+    /// How many GPUs the server sees (NVML's count, asked once; 0 without NVML). `KIND_AUTO`
+    /// instance groups go on these GPUs when the model's backend can use them.
+    pub fn visible_gpus(&self) -> u32 {
+        *self
+            .gpu_count
+            .get_or_init(|| crate::probe::gpu::Gpus::probe().count())
     }
 
     /// Python models that name no `EXECUTION_ENV_PATH` run on `default_python` (`--python`);

@@ -17,9 +17,10 @@ mod valid;
 pub(crate) mod validate;
 
 pub use valid::{
-    ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec, InstanceGroup,
-    OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl, SequenceStrategy,
-    StateIo, TimeoutAction, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting,
+    Accelerator, ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec,
+    InstanceGroup, OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl,
+    SequenceStrategy, StateIo, TimeoutAction, ValidModelConfig, WarmupData, WarmupInput,
+    WarmupSetting,
 };
 pub(crate) use valid::{composing_models, ensemble_steps, parameters};
 
@@ -145,8 +146,78 @@ pub(crate) fn complete(
             }
         }
     }
-    fill_defaults(&mut config);
+    let gpus = gpu_defaults(&config, backends);
+    fill_defaults_with_gpus(&mut config, &gpus);
+    unknown_gpus(&config, &gpus.visible)?;
     ValidModelConfig::try_from(config)
+}
+
+/// On a host where NVML sees GPUs, a `KIND_GPU` group may list only those (Triton's check).
+/// Without any visible GPU the backends say what is missing instead (a Python model may still
+/// take a `KIND_GPU` instance).
+fn unknown_gpus(config: &ModelConfig, visible: &[i32]) -> Result<(), ConfigError> {
+    if visible.is_empty() {
+        return Ok(());
+    }
+    let errors: Vec<String> = config
+        .instance_group
+        .iter()
+        .filter(|g| g.kind == Kind::Gpu as i32)
+        .flat_map(|g| g.gpus.iter().map(move |id| (g, id)))
+        .filter(|(_, id)| !visible.contains(id))
+        .map(|(g, id)| {
+            let seen: Vec<String> = visible.iter().map(i32::to_string).collect();
+            format!(
+                "instance group '{}' of model '{}' specifies invalid or unsupported gpu id {id}; the GPUs this server sees are: {}",
+                g.name,
+                config.name,
+                seen.join(" ")
+            )
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(errors))
+    }
+}
+
+/// What [`fill_defaults_with_gpus`] places instance groups on: the GPUs the host has, and
+/// whether `KIND_AUTO` may become `KIND_GPU` for this model.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuDefaults {
+    /// The GPU ids the server sees (NVML's numbering); `KIND_GPU` groups that list none are
+    /// placed on all of them.
+    pub visible: Vec<i32>,
+    /// `KIND_AUTO` groups become `KIND_GPU` (there are GPUs and the model's backend can use
+    /// them); otherwise `KIND_CPU`.
+    pub auto_gpu: bool,
+}
+
+/// The GPU defaults for `config`: the GPUs [`Backends`] sees, and whether the model's backend
+/// can use them (asked only when there are GPUs, so a GPU-less host never touches a GPU
+/// runtime here).
+fn gpu_defaults(config: &ModelConfig, backends: &Backends) -> GpuDefaults {
+    let count = backends.visible_gpus();
+    if count == 0 || config.platform == crate::ensemble::PLATFORM {
+        return GpuDefaults::default();
+    }
+    let visible: Vec<i32> = (0..count).map(|i| i as i32).collect();
+    let auto_gpu = match backends.get(&config.backend) {
+        Ok(backend) => match backend.gpu_support() {
+            Ok(()) => true,
+            Err(reason) => {
+                tracing::info!(
+                    model = %config.name,
+                    %reason,
+                    "KIND_AUTO instance groups stay on the CPU"
+                );
+                false
+            }
+        },
+        Err(_) => false,
+    };
+    GpuDefaults { visible, auto_gpu }
 }
 
 /// Fills `platform` from `backend` or vice versa, or both from the model file found in the
@@ -220,9 +291,18 @@ pub(crate) fn fill_platform_and_backend(
 /// of a dynamic or oldest-sequence batcher that names none (`max_batch_size`), the optimization
 /// policy's pinned-memory switches (on) and instance groups (one CPU group named after the model when
 /// none is declared; two instances for ONNX Runtime on CPU, one otherwise; an unnamed declared
-/// group is named `<model>_<index>`). `KIND_AUTO` resolves to `KIND_CPU` (GPU instances need an
-/// explicit `KIND_GPU` here).
+/// group is named `<model>_<index>`), as on a host without GPUs: `KIND_AUTO` resolves to
+/// `KIND_CPU`. [`fill_defaults_with_gpus`] is the same on a host with GPUs.
 pub fn fill_defaults(config: &mut ModelConfig) {
+    fill_defaults_with_gpus(config, &GpuDefaults::default());
+}
+
+/// [`fill_defaults`] on a host with `gpus`, as Triton's `NormalizeInstanceGroup`: `KIND_AUTO`
+/// becomes `KIND_GPU` when `gpus.auto_gpu` and every GPU the group lists is visible, else
+/// `KIND_CPU`; a `KIND_GPU` group that lists no GPUs is placed on every visible GPU (GPU 0
+/// when none is visible: the backend then says what is missing). The default count is 1, or 2
+/// for ONNX Runtime on the CPU (Triton's `SetDefaultInstanceCount`).
+pub fn fill_defaults_with_gpus(config: &mut ModelConfig, gpus: &GpuDefaults) {
     if config
         .version_policy
         .as_ref()
@@ -267,21 +347,29 @@ pub fn fill_defaults(config: &mut ModelConfig) {
             ..Default::default()
         });
     }
-    let default_count = if config.backend == "onnxruntime" {
-        2
-    } else {
-        1
-    };
     let name = config.name.clone();
+    let onnxruntime = config.backend == "onnxruntime";
     for (index, group) in config.instance_group.iter_mut().enumerate() {
         if group.name.is_empty() {
             group.name = format!("{name}_{index}");
         }
         if group.kind == Kind::Auto as i32 {
-            group.kind = Kind::Cpu as i32;
+            let on_gpus = gpus.auto_gpu && group.gpus.iter().all(|g| gpus.visible.contains(g));
+            group.kind = if on_gpus { Kind::Gpu } else { Kind::Cpu } as i32;
+        }
+        if group.kind == Kind::Gpu as i32 && group.gpus.is_empty() {
+            group.gpus = if gpus.visible.is_empty() {
+                vec![0]
+            } else {
+                gpus.visible.clone()
+            };
         }
         if group.count == 0 {
-            group.count = default_count;
+            group.count = if onnxruntime && group.kind == Kind::Cpu as i32 {
+                2
+            } else {
+                1
+            };
         }
     }
 }
@@ -389,6 +477,124 @@ mod tests {
         };
         fill_defaults(&mut c);
         assert_eq!(c.instance_group[1].name, "m_1");
+    }
+
+    #[test]
+    fn kind_auto_goes_on_every_gpu_when_the_backend_can_use_them() {
+        let (_d, v) = versions_with("model.py");
+        let options = CompleteOptions {
+            auto_complete: false,
+        };
+        let raw = || {
+            text::parse_model_config(
+                r#"input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]
+                   output [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]"#,
+            )
+            .unwrap()
+        };
+        // Two GPUs and a backend that can use them (Python): one GPU group on both, as Triton.
+        let two = Backends::new(None).with_gpu_count(2);
+        let c = complete("m", raw(), &v, &two, options).unwrap();
+        assert_eq!(
+            c.instance_groups[0].kind,
+            GroupKind::Gpu { gpus: vec![0, 1] }
+        );
+        let group = &c.wire().instance_group[0];
+        assert_eq!(
+            (group.kind, group.gpus.clone(), group.count),
+            (Kind::Gpu as i32, vec![0, 1], 1)
+        );
+        // No GPU: the CPU, exactly as before.
+        let none = Backends::new(None).with_gpu_count(0);
+        let c = complete("m", raw(), &v, &none, options).unwrap();
+        assert_eq!(c.instance_groups[0].kind, GroupKind::Cpu);
+        assert!(c.wire().instance_group[0].gpus.is_empty());
+        // GPUs, but a backend that runs on the CPU only (identity): the CPU.
+        let mut identity = raw();
+        identity.backend = "identity".into();
+        let c = complete("m", identity, &v, &two, options).unwrap();
+        assert_eq!(c.instance_groups[0].kind, GroupKind::Cpu);
+        // KIND_GPU may list only GPUs the server sees, when it sees any.
+        let on = |gpus: Vec<i32>| {
+            let mut c = raw();
+            c.instance_group = vec![ModelInstanceGroup {
+                kind: Kind::Gpu as i32,
+                gpus,
+                ..Default::default()
+            }];
+            c
+        };
+        assert_eq!(
+            complete("m", on(vec![1, 2]), &v, &two, options)
+                .unwrap_err()
+                .to_string(),
+            "instance group 'm_0' of model 'm' specifies invalid or unsupported gpu id 2; the GPUs this server sees are: 0 1"
+        );
+        let c = complete("m", on(vec![2]), &v, &none, options).unwrap();
+        assert_eq!(c.instance_groups[0].kind, GroupKind::Gpu { gpus: vec![2] });
+    }
+
+    #[test]
+    fn gpu_defaults_resolve_groups_as_triton() {
+        let group = |kind: Kind, gpus: Vec<i32>| ModelInstanceGroup {
+            kind: kind as i32,
+            gpus,
+            ..Default::default()
+        };
+        let filled = |backend: &str, groups: Vec<ModelInstanceGroup>, gpus: &GpuDefaults| {
+            let mut c = ModelConfig {
+                name: "m".into(),
+                backend: backend.into(),
+                instance_group: groups,
+                ..Default::default()
+            };
+            fill_defaults_with_gpus(&mut c, gpus);
+            c.instance_group
+                .into_iter()
+                .map(|g| (Kind::try_from(g.kind).unwrap(), g.gpus, g.count))
+                .collect::<Vec<_>>()
+        };
+        let two = GpuDefaults {
+            visible: vec![0, 1],
+            auto_gpu: true,
+        };
+        // KIND_AUTO listing GPUs the host has stays on them; listing one it lacks: the CPU
+        // (with the GPUs kept, which validation then refuses, as Triton does).
+        assert_eq!(
+            filled(
+                "python",
+                vec![group(Kind::Auto, vec![1]), group(Kind::Auto, vec![1, 3])],
+                &two
+            ),
+            vec![(Kind::Gpu, vec![1], 1), (Kind::Cpu, vec![1, 3], 1)]
+        );
+        // ONNX Runtime's default of two instances is for the CPU only.
+        assert_eq!(
+            filled("onnxruntime", vec![group(Kind::Auto, vec![])], &two),
+            vec![(Kind::Gpu, vec![0, 1], 1)]
+        );
+        let cpu_only = GpuDefaults {
+            auto_gpu: false,
+            ..two.clone()
+        };
+        assert_eq!(
+            filled("onnxruntime", vec![group(Kind::Auto, vec![])], &cpu_only),
+            vec![(Kind::Cpu, vec![], 2)]
+        );
+        // KIND_GPU listing none: every visible GPU, or GPU 0 on a host without any (the
+        // backend then says what is missing).
+        assert_eq!(
+            filled("pytorch", vec![group(Kind::Gpu, vec![])], &cpu_only),
+            vec![(Kind::Gpu, vec![0, 1], 1)]
+        );
+        assert_eq!(
+            filled(
+                "pytorch",
+                vec![group(Kind::Gpu, vec![])],
+                &GpuDefaults::default()
+            ),
+            vec![(Kind::Gpu, vec![0], 1)]
+        );
     }
 
     #[test]

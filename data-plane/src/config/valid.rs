@@ -61,6 +61,9 @@ pub struct ValidModelConfig {
     pub warmup: Vec<WarmupSetting>,
     /// `optimization.graph.level` (0 when absent); backends map it to their own levels.
     pub graph_level: i32,
+    /// `optimization.execution_accelerators.gpu_execution_accelerator`, in config order: what a
+    /// backend adds for its GPU instances (ONNX Runtime: `tensorrt`, `cuda`).
+    pub gpu_accelerators: Vec<Accelerator>,
     /// The inputs `batch_input` entries feed (the server computes them, clients do not send them).
     pub batch_input_targets: Vec<String>,
     /// The outputs `batch_output` entries produce.
@@ -181,6 +184,13 @@ pub struct InstanceGroup {
     pub priority: u32,
 }
 
+/// One execution accelerator of `optimization.execution_accelerators`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accelerator {
+    pub name: String,
+    pub parameters: BTreeMap<String, String>,
+}
+
 /// One `rate_limiter.resources` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupResource {
@@ -193,7 +203,7 @@ pub struct GroupResource {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GroupKind {
     Cpu,
-    /// On the listed GPUs (GPU 0 when the config lists none).
+    /// On the listed GPUs (the defaults list every visible GPU, or GPU 0 when there is none).
     Gpu {
         gpus: Vec<i32>,
     },
@@ -392,6 +402,20 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
             .as_ref()
             .and_then(|o| o.graph.as_ref())
             .map_or(0, |g| g.level),
+        gpu_accelerators: wire
+            .optimization
+            .iter()
+            .flat_map(|o| &o.execution_accelerators)
+            .flat_map(|a| &a.gpu_execution_accelerator)
+            .map(|a| Accelerator {
+                name: a.name.clone(),
+                parameters: a
+                    .parameters
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            })
+            .collect(),
         batch_input_targets: wire
             .batch_input
             .iter()

@@ -459,3 +459,56 @@ fn run_sample(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With two GPUs (injected), a `KIND_AUTO` Python group of count 2 has two instances on
+    /// each GPU, named across the group as Triton names them; without GPUs, two CPU instances.
+    #[test]
+    fn kind_auto_groups_get_count_instances_per_visible_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let version = dir.path().join("1");
+        std::fs::create_dir_all(&version).unwrap();
+        std::fs::write(version.join("model.py"), "").unwrap();
+        let devices = |gpus: u32| {
+            let raw = config::text::parse_model_config(
+                r#"backend: "python"
+                   input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]
+                   output [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]
+                   instance_group [{ count: 2 }]"#,
+            )
+            .unwrap();
+            let backends = Backends::new(None).with_gpu_count(gpus);
+            let options = CompleteOptions {
+                auto_complete: false,
+            };
+            let valid =
+                config::complete("m", raw, std::slice::from_ref(&version), &backends, options)
+                    .unwrap();
+            let handles = (&Arc::new(Health::default()), backends.server());
+            instance_contexts("m", 1, dir.path(), &version, &Arc::new(valid), handles)
+                .into_iter()
+                .map(|(c, _)| (c.instance_name, c.device))
+                .collect::<Vec<_>>()
+        };
+        let gpu = |device_id| DeviceKind::Gpu { device_id };
+        assert_eq!(
+            devices(2),
+            vec![
+                ("m_0_0".to_string(), gpu(0)),
+                ("m_0_1".to_string(), gpu(0)),
+                ("m_0_2".to_string(), gpu(1)),
+                ("m_0_3".to_string(), gpu(1)),
+            ]
+        );
+        assert_eq!(
+            devices(0),
+            vec![
+                ("m_0_0".to_string(), DeviceKind::Cpu),
+                ("m_0_1".to_string(), DeviceKind::Cpu),
+            ]
+        );
+    }
+}

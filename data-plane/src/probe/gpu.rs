@@ -59,6 +59,11 @@ impl Gpus {
         self.nvml.as_ref().err().map(String::as_str)
     }
 
+    /// How many GPUs NVML sees; 0 without NVML or when the count fails.
+    pub fn count(&self) -> u32 {
+        self.device_count()
+    }
+
     /// NVML's device count; 0 without NVML or when the count fails.
     fn device_count(&self) -> u32 {
         let Ok(nvml) = &self.nvml else { return 0 };

@@ -4,18 +4,21 @@
 //!  OnnxRuntimeBackend::new(library)        nothing loaded yet
 //!  auto_complete(config, model.onnx)  ──► runtime::environment (dlopen once) ─► Session
 //!                                     ──► signature ─► autocomplete::complete
-//!  load_instance(ctx)                 ──► device check ─► options ─► Session ─► validate
+//!  load_instance(ctx)                 ──► providers (KIND_GPU: TensorRT/CUDA on its GPU)
+//!                                     ──► options ─► Session ─► validate
 //!                                     ──► OnnxInstance (owns its Session; Session::run is &mut)
 //! ```
 //! Behaviour follows Triton's ONNX Runtime backend: the same session parameters
-//! (`options.rs`), config checks (`validate.rs`) and auto-complete rules (`autocomplete.rs`).
-//! CPU only: `KIND_GPU` instances are refused, because this build has no CUDA execution
-//! provider (enabling one needs `ort`'s `cuda` feature and a CUDA build of ONNX Runtime).
+//! (`options.rs`), execution providers and accelerators (`providers.rs`), config checks
+//! (`validate.rs`) and auto-complete rules (`autocomplete.rs`). `KIND_GPU` needs a GPU build of
+//! ONNX Runtime (the `onnxruntime-gpu` wheel's library); with a CPU-only library the load fails
+//! naming the missing provider. GPU sessions have never run in Nereid's tests (no GPU there).
 
 mod autocomplete;
 mod convert;
 mod instance;
 mod options;
+mod providers;
 mod runtime;
 mod signature;
 mod types;
@@ -32,6 +35,7 @@ use ort::session::builder::GraphOptimizationLevel;
 
 use self::instance::OnnxInstance;
 use self::options::SessionSettings;
+use self::providers::GpuPlan;
 use self::signature::ModelSignature;
 use super::{Backend, BackendError, BackendInstance, DeviceKind, InstanceContext};
 
@@ -54,10 +58,19 @@ impl OnnxRuntimeBackend {
     }
 
     /// Opens `model_path` (a `model.onnx` file, or a directory holding one and its external
-    /// data) with `settings`.
-    fn session(&self, model_path: &Path, settings: &SessionSettings) -> Result<Session, String> {
+    /// data) with `settings`, on the GPU of `gpu` when given (on the CPU otherwise).
+    fn session(
+        &self,
+        model_path: &Path,
+        settings: &SessionSettings,
+        gpu: Option<&GpuPlan>,
+    ) -> Result<Session, String> {
         let file = model_file(model_path)?;
         let environment = runtime::environment(self.library.as_deref())?;
+        let mut providers = match gpu {
+            Some(plan) => providers::gpu_providers(plan)?,
+            None => Vec::new(),
+        };
         let mut builder = Session::builder(&environment)
             .and_then(|b| {
                 b.with_optimization_level(settings.level)
@@ -84,10 +97,12 @@ impl OnnxRuntimeBackend {
                 .map_err(|e| format!("enable_mem_pattern: {e}"))?;
         }
         if let Some(on) = settings.mem_arena {
-            let cpu = ort::ep::CPU::default().with_arena_allocator(on).build();
+            providers.push(ort::ep::CPU::default().with_arena_allocator(on).build());
+        }
+        if !providers.is_empty() {
             builder = builder
-                .with_execution_providers([cpu])
-                .map_err(|e| format!("enable_mem_arena: {e}"))?;
+                .with_execution_providers(providers)
+                .map_err(|e| format!("cannot register ONNX Runtime's execution providers: {e}"))?;
         }
         for (key, value) in &settings.config_entries {
             builder = builder
@@ -123,6 +138,12 @@ impl Backend for OnnxRuntimeBackend {
         "model.onnx"
     }
 
+    /// The loaded library must have the CUDA execution provider (`onnxruntime-gpu`).
+    fn gpu_support(&self) -> Result<(), String> {
+        runtime::environment(self.library.as_deref())?;
+        providers::cuda_available()
+    }
+
     /// Fills inputs, outputs, `max_batch_size` and `dynamic_batching` from the model, with the
     /// rules documented in `autocomplete.rs`.
     fn auto_complete(
@@ -141,7 +162,7 @@ impl Backend for OnnxRuntimeBackend {
             mem_pattern: None,
             config_entries: Vec::new(),
         };
-        let session = self.session(model_path, &settings).map_err(fail)?;
+        let session = self.session(model_path, &settings, None).map_err(fail)?;
         let sig = ModelSignature::from_session(&session);
         let mut completed = config.clone();
         autocomplete::complete(&mut completed, &sig, self.default_max_batch_size).map_err(fail)?;
@@ -157,18 +178,20 @@ impl Backend for OnnxRuntimeBackend {
             "model '{}' instance '{}'",
             ctx.model_name, ctx.instance_name
         );
-        if let DeviceKind::Gpu { device_id } = ctx.device {
-            return Err(BackendError::Load(format!(
-                "{label}: KIND_GPU (GPU {device_id}) requested but no CUDA execution provider/GPU is available in this build; use KIND_CPU"
-            )));
-        }
         let config = &ctx.config;
+        let gpu = match ctx.device {
+            DeviceKind::Cpu => None,
+            DeviceKind::Gpu { device_id } => Some(
+                providers::gpu_plan(&config.gpu_accelerators, device_id)
+                    .map_err(|e| BackendError::Load(format!("{label}: {e}")))?,
+            ),
+        };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let settings = options::session_settings(config, cores).map_err(|e| {
             BackendError::Load(format!("unable to load model '{}': {e}", ctx.model_name))
         })?;
         let session = self
-            .session(&ctx.model_path, &settings)
+            .session(&ctx.model_path, &settings, gpu.as_ref())
             .map_err(|e| BackendError::Load(format!("{label}: {e}")))?;
         let sig = ModelSignature::from_session(&session);
         validate::validate(config, &sig).map_err(BackendError::Load)?;
@@ -176,6 +199,7 @@ impl Backend for OnnxRuntimeBackend {
             model = %ctx.model_name,
             version = ctx.version,
             instance = %ctx.instance_name,
+            device = ?ctx.device,
             intra_threads = ?settings.intra_threads,
             level = ?settings.level,
             "loaded ONNX Runtime session"

@@ -109,6 +109,13 @@ impl Backend for PythonBackend {
         "model.py"
     }
 
+    /// A Python model decides itself whether it uses the GPU it is given (Triton passes
+    /// `model_instance_kind: "GPU"` and the device id to `initialize`), so GPU instances are
+    /// always allowed.
+    fn gpu_support(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Runs the model's `auto_complete_config` (if it has one) in a throw-away stub.
     fn auto_complete(
         &self,

@@ -47,6 +47,21 @@ impl Backend for PyTorchBackend {
         "model.pt"
     }
 
+    /// libtorch must see a CUDA device (a CUDA build of libtorch, a driver and a GPU).
+    fn gpu_support(&self) -> Result<(), String> {
+        #[cfg(feature = "torch")]
+        {
+            runtime::cuda_support()
+        }
+        #[cfg(not(feature = "torch"))]
+        {
+            Err(
+                "this nereid binary was built without the PyTorch backend (cargo feature 'torch')"
+                    .into(),
+            )
+        }
+    }
+
     fn load_instance(
         &self,
         ctx: &InstanceContext,

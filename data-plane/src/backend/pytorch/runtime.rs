@@ -131,6 +131,15 @@ fn check_datatypes(config: &ValidModelConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether libtorch can run on a GPU here; `Err` says what is missing.
+pub(super) fn cuda_support() -> Result<(), String> {
+    if tch::Cuda::is_available() {
+        Ok(())
+    } else {
+        Err("libtorch sees no CUDA device (no GPU or driver here, or a CPU-only libtorch)".into())
+    }
+}
+
 /// The libtorch device of an instance. `KIND_GPU` needs libtorch to see that GPU.
 fn device(kind: DeviceKind) -> Result<Device, String> {
     match kind {

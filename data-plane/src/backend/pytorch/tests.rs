@@ -230,6 +230,11 @@ fn kind_gpu_fails_to_load_without_a_cuda_libtorch() {
         .err()
         .unwrap();
     if !tch::Cuda::is_available() {
+        // KIND_AUTO stays on the CPU for PyTorch models here, for this reason.
+        assert_eq!(
+            PyTorchBackend::default().gpu_support().unwrap_err(),
+            "libtorch sees no CUDA device (no GPU or driver here, or a CPU-only libtorch)"
+        );
         assert_eq!(
             e.to_string(),
             "model 'mlp_script' instance 'group_0': KIND_GPU (GPU 0) requested, but libtorch sees no CUDA device (no GPU or driver here, or a CPU-only libtorch); use KIND_CPU to run this model on the CPU"

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
-use nereid_proto::pb::inference::model_optimization_policy::Graph;
+use nereid_proto::pb::inference::model_optimization_policy::execution_accelerators::Accelerator;
+use nereid_proto::pb::inference::model_optimization_policy::{ExecutionAccelerators, Graph};
 use nereid_proto::pb::inference::{
     ModelConfig, ModelInput, ModelOptimizationPolicy, ModelOutput, ModelParameter,
 };
@@ -588,22 +589,69 @@ fn config_mismatches_fail_to_load() {
     assert!(load_err(add_sub_config(), "missing.onnx").contains("missing.onnx' does not exist"));
 }
 
+/// With the CPU-only ONNX Runtime of the test setup (the `onnxruntime` wheel), GPU instances
+/// fail to load naming the missing provider; a GPU build would load them instead (never run).
 #[test]
-fn kind_gpu_is_refused() {
-    let err = backend()
-        .load_instance(&context(
-            add_sub_config(),
-            "add_sub.onnx",
-            DeviceKind::Gpu { device_id: 0 },
-        ))
-        .err()
-        .unwrap();
+fn kind_gpu_without_a_gpu_build_of_onnx_runtime_is_refused() {
+    let gpu_err = |config: ModelConfig, device_id: i32| match backend().load_instance(&context(
+        config,
+        "add_sub.onnx",
+        DeviceKind::Gpu { device_id },
+    )) {
+        Ok(_) => None,
+        Err(BackendError::Load(msg)) => Some(msg),
+        Err(other) => panic!("expected a Load error, got {other:?}"),
+    };
+    let with_accelerator = |name: &str| {
+        let mut c = add_sub_config();
+        c.optimization = Some(ModelOptimizationPolicy {
+            execution_accelerators: Some(ExecutionAccelerators {
+                gpu_execution_accelerator: vec![Accelerator {
+                    name: name.into(),
+                    parameters: Default::default(),
+                }],
+                cpu_execution_accelerator: vec![],
+            }),
+            ..Default::default()
+        });
+        c
+    };
+    // Unknown accelerator names are refused before any library is asked, as Triton.
     assert_eq!(
-        err,
-        BackendError::Load(
-            "model 'add_sub' instance 'group_0': KIND_GPU (GPU 0) requested but no CUDA execution provider/GPU is available in this build; use KIND_CPU".into()
-        )
+        gpu_err(with_accelerator("tensorrt_llm"), 0).unwrap(),
+        "model 'add_sub' instance 'group_0': unknown Execution Accelerator 'tensorrt_llm' is requested"
     );
+    // A GPU instance loads on the CPU only when ORT was never asked for one: KIND_CPU ignores
+    // gpu accelerators, as Triton does.
+    assert!(
+        backend()
+            .load_instance(&context(
+                with_accelerator("tensorrt_llm"),
+                "add_sub.onnx",
+                DeviceKind::Cpu
+            ))
+            .is_ok()
+    );
+    if backend().gpu_support().is_ok() {
+        return; // A GPU build of ONNX Runtime: the refusals below do not apply.
+    }
+    assert_eq!(
+        backend().gpu_support().unwrap_err(),
+        "a GPU instance needs ONNX Runtime's CUDAExecutionProvider, which the loaded ONNX Runtime library does not have (it is a CPU-only build): install the onnxruntime-gpu wheel and point --onnxruntime-library at its libonnxruntime.so, or use KIND_CPU"
+    );
+    assert_eq!(
+        gpu_err(add_sub_config(), 1).unwrap(),
+        "model 'add_sub' instance 'group_0': KIND_GPU (GPU 1) needs ONNX Runtime's CUDAExecutionProvider, which the loaded ONNX Runtime library does not have (it is a CPU-only build): install the onnxruntime-gpu wheel and point --onnxruntime-library at its libonnxruntime.so, or use KIND_CPU"
+    );
+    for name in ["cuda", "tensorrt"] {
+        let provider = if name == "cuda" {
+            "KIND_GPU (GPU 0) needs ONNX Runtime's CUDAExecutionProvider"
+        } else {
+            "execution accelerator 'tensorrt' needs ONNX Runtime's TensorrtExecutionProvider"
+        };
+        let e = gpu_err(with_accelerator(name), 0).unwrap();
+        assert!(e.contains(provider) && e.contains("onnxruntime-gpu"), "{e}");
+    }
 }
 
 #[test]
