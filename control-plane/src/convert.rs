@@ -256,6 +256,8 @@ pub fn replica_to_pb(replica: &Replica) -> pb::Replica {
         failure_reason,
         measured_memory_bytes: replica.measured_memory_bytes.unwrap_or(0),
         placement_reason: replica.placement_reason.clone(),
+        gpus: replica.gpus.clone(),
+        measured_gpu_memory_bytes: replica.measured_gpu_memory_bytes.unwrap_or(0),
     }
 }
 
@@ -280,7 +282,8 @@ pub fn plan_to_decisions(plan: &Plan, state: &ClusterState) -> Vec<pb::Placement
         version: a.version,
         node: a.node.clone(),
         rule: a.reason.rule().into(),
-        explanation: a.reason.to_string(),
+        explanation: a.explanation(),
+        gpus: a.gpus.clone(),
         ..Default::default()
     });
     let removes = plan.remove.iter().map(|r| {
@@ -510,6 +513,7 @@ mod tests {
             version: 1,
             node: "n2".into(),
             reason: "new model".into(),
+            gpus: vec![0],
         })
         .unwrap();
         s.apply(Command::SetReplicaState {
@@ -518,6 +522,7 @@ mod tests {
                 reason: "boom".into(),
             },
             measured_memory_bytes: Some(7),
+            measured_gpu_memory_bytes: Some(5),
         })
         .unwrap();
         let snap = snapshot_to_pb(&s);
@@ -529,5 +534,7 @@ mod tests {
         assert_eq!(r.failure_reason, "boom");
         assert_eq!(r.measured_memory_bytes, 7);
         assert_eq!(r.placement_reason, "new model");
+        assert_eq!(r.gpus, [0]);
+        assert_eq!(r.measured_gpu_memory_bytes, 5);
     }
 }

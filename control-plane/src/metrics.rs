@@ -266,6 +266,7 @@ mod tests {
                 version: 2,
                 node: "a".into(),
                 reason: String::new(),
+                gpus: Vec::new(),
             },
         ] {
             state.apply(cmd).unwrap();
@@ -291,16 +292,19 @@ mod tests {
             version: 1,
             node: "a".into(),
             reason: String::new(),
+            gpus: Vec::new(),
         });
         d.count(&Command::SetReplicaState {
             id: 1,
             state: ReplicaState::Unloading,
             measured_memory_bytes: None,
+            measured_gpu_memory_bytes: None,
         });
         d.count(&Command::SetReplicaState {
             id: 1,
             state: ReplicaState::Ready,
             measured_memory_bytes: None,
+            measured_gpu_memory_bytes: None,
         });
         d.count(&Command::RemoveReplica { id: 1 });
         d.count(&Command::RemoveReplica { id: 2 });

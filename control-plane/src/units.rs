@@ -1,5 +1,6 @@
 //! Byte sizes as operators write them (`512Mi`, `2Gi`, `1.5Gi`, `1G`): one parser for every
-//! command line that takes a memory size (`nereid ctl`, the placement simulator).
+//! command line that takes a memory size (`nereid ctl`, the placement simulator), and one
+//! formatter for explanations (`2.0 GiB`).
 
 /// Parses a byte count: plain digits, or a number with a binary (`Ki`, `Mi`, `Gi`, `Ti`) or
 /// decimal (`K`, `M`, `G`, `T`) suffix; a trailing `B` is accepted (`2GiB`, `512MB`).
@@ -44,6 +45,21 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// A byte count for people: binary units with one decimal (`512 B`, `1.5 KiB`, `2.0 GiB`).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +77,13 @@ mod tests {
         assert!(parse_bytes("Gi").is_err());
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("99999999999Ti").is_err());
+    }
+
+    #[test]
+    fn bytes_format_in_binary_units() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(1536), "1.5 KiB");
+        assert_eq!(format_bytes(2 << 30), "2.0 GiB");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
     }
 }

@@ -2,8 +2,8 @@
 //! how models, nodes and replicas look to [`crate::placement::plan`]. The management API uses
 //! it to explain placement; the leader's placement loop uses it to decide.
 //!
-//! - [`NodeView`]: memory capacity from the node's registration, `up` when its status is `Up`,
-//!   `drained` as the operator set it.
+//! - [`NodeView`]: memory capacity and GPUs (index, total memory) from the node's registration,
+//!   `up` when its status is `Up`, `drained` as the operator set it.
 //! - [`ModelView`]: one per (model, served version) ([`crate::state::ModelSpec::served_versions`]);
 //!   `replicas_wanted` is `min_replicas` — the floor placement maintains — raised to 1 for a
 //!   model with `min_replicas` 0 that routers activated recently ([`Load::demanded`]: scale
@@ -11,12 +11,13 @@
 //!   `max_replicas` caps that (0 turns scale from zero off) and is otherwise a ceiling for
 //!   future load-driven scaling, not used to add replicas. The memory
 //!   estimate is `resources.memory_bytes`; the measured memory is the largest any replica of
-//!   that version reported.
+//!   that version reported. Likewise for GPUs: `resources.gpus` GPUs per replica, each needing
+//!   `resources.gpu_memory_bytes` until a replica reported its measured GPU memory.
 //! - [`CurrentReplica`]: every replica not `Unloading` (those are already leaving), `ready`
-//!   when `Ready`. A `Failed` replica still counts (not ready) and keeps its slot: whoever
+//!   when `Ready`, with its assigned GPUs. A `Failed` replica still counts (not ready) and keeps its slot: whoever
 //!   retires failed replicas marks them `Unloading`, and the next plan replaces them.
 
-use crate::placement::{self, CurrentReplica, Load, ModelView, NodeView, Plan};
+use crate::placement::{self, CurrentReplica, GpuView, Load, ModelView, NodeView, Plan};
 use crate::state::{ClusterState, ModelSpec, NodeStatus, ReplicaState};
 
 /// Every registered node, in id order.
@@ -30,6 +31,16 @@ pub fn node_views(state: &ClusterState) -> Vec<NodeView> {
             cpu_millis_capacity: n.spec.capacity.cpu_millis,
             up: n.status == NodeStatus::Up,
             drained: n.spec.drained,
+            gpus: n
+                .spec
+                .capacity
+                .gpus
+                .iter()
+                .map(|g| GpuView {
+                    index: g.index,
+                    memory_bytes: g.memory_bytes,
+                })
+                .collect(),
         })
         .collect()
 }
@@ -44,12 +55,20 @@ pub fn model_views(state: &ClusterState, load: &Load) -> Vec<ModelView> {
                 .filter(|r| r.version == version)
                 .filter_map(|r| r.measured_memory_bytes)
                 .max();
+            let measured_gpu = state
+                .replicas_of(&spec.name)
+                .filter(|r| r.version == version)
+                .filter_map(|r| r.measured_gpu_memory_bytes)
+                .max();
             views.push(ModelView {
                 name: spec.name.clone(),
                 version,
                 replicas_wanted: replicas_wanted(spec, load),
                 memory_estimate_bytes: spec.resources.memory_bytes,
                 measured_memory_bytes: measured,
+                gpus: spec.resources.gpus,
+                gpu_memory_estimate_bytes: spec.resources.gpu_memory_bytes,
+                measured_gpu_memory_bytes: measured_gpu,
             });
         }
     }
@@ -78,6 +97,8 @@ pub fn current_replicas(state: &ClusterState) -> Vec<CurrentReplica> {
             node: r.node.clone(),
             ready: r.state == ReplicaState::Ready,
             memory_bytes: r.measured_memory_bytes,
+            gpus: r.gpus.clone(),
+            gpu_memory_bytes: r.measured_gpu_memory_bytes,
         })
         .collect()
 }
@@ -135,12 +156,14 @@ mod tests {
             version: 3,
             node: "a".into(),
             reason: String::new(),
+            gpus: Vec::new(),
         })
         .unwrap();
         s.apply(Command::SetReplicaState {
             id: 1,
             state: ReplicaState::Loading,
             measured_memory_bytes: Some(150),
+            measured_gpu_memory_bytes: None,
         })
         .unwrap();
 
@@ -149,6 +172,13 @@ mod tests {
         assert!(nodes[0].up && !nodes[0].drained);
         assert!(nodes[1].drained);
         assert_eq!(nodes[0].memory_capacity_bytes, 1000);
+        assert_eq!(
+            nodes[0].gpus,
+            [GpuView {
+                index: 0,
+                memory_bytes: 80 << 30
+            }]
+        );
 
         let models = model_views(&s, &Load::default());
         let versions: Vec<_> = models.iter().map(|m| m.version).collect();

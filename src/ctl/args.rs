@@ -117,6 +117,12 @@ pub struct DeployArgs {
     /// CPU per replica in millicores.
     #[arg(long)]
     pub cpu_millis: Option<u64>,
+    /// GPUs per replica, all on one node; placement assigns the GPU indices.
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// Memory per replica on each of its GPUs until measured: bytes or 512Mi, 2Gi, 1G...
+    #[arg(long, value_parser = parse_bytes)]
+    pub gpu_memory: Option<u64>,
     /// JSON object merged over config.pbtxt, inline or `@file`.
     #[arg(long)]
     pub config_override: Option<String>,

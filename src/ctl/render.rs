@@ -74,9 +74,24 @@ fn replicas_wanted(min: u32, max: u32) -> String {
     }
 }
 
+/// A replica's GPU indices and, once measured, the GPU memory it took on each: `0,1 (3.0 GiB)`;
+/// `-` for a CPU replica.
+fn replica_gpus(r: &Replica) -> String {
+    if r.gpus.is_empty() {
+        return "-".into();
+    }
+    let list: Vec<String> = r.gpus.iter().map(u32::to_string).collect();
+    match r.measured_gpu_memory_bytes {
+        0 => list.join(","),
+        m => format!("{} ({} each)", list.join(","), bytes(m)),
+    }
+}
+
 /// Replicas with the columns `models get`, `nodes get` and `placements` share.
 fn replica_table(replicas: &[Replica], with_reason: bool) -> String {
-    let mut header = vec!["REPLICA", "MODEL", "VERSION", "NODE", "STATE", "MEMORY"];
+    let mut header = vec![
+        "REPLICA", "MODEL", "VERSION", "NODE", "STATE", "MEMORY", "GPUS",
+    ];
     if with_reason {
         header.push("REASON");
     }
@@ -94,6 +109,7 @@ fn replica_table(replicas: &[Replica], with_reason: bool) -> String {
             r.node.clone(),
             replica_state(r.state),
             bytes(r.measured_memory_bytes),
+            replica_gpus(r),
             detail,
         ]);
     }
@@ -142,6 +158,13 @@ pub fn model(status: &ModelStatus) -> String {
                     "-".into()
                 } else {
                     format!("{}m", resources.cpu_millis)
+                },
+            ),
+            (
+                "gpus",
+                match resources.gpus {
+                    0 => "-".into(),
+                    n => format!("{n} x {}", bytes(resources.gpu_memory_bytes)),
                 },
             ),
             ("labels", labels(&m.labels)),
@@ -358,6 +381,24 @@ mod tests {
             "NAME      READY  WANTED  VERSIONS  MEMORY  SOURCE\n\
              resnet50  1/2    2       latest:1  -       file:///models/resnet50\n"
         );
+    }
+
+    #[test]
+    fn replicas_show_their_gpus() {
+        let gpu = Replica {
+            id: 4,
+            model: "llm".into(),
+            version: 1,
+            node: "gpu-a".into(),
+            gpus: vec![0, 2],
+            measured_gpu_memory_bytes: 3 << 30,
+            ..Default::default()
+        };
+        let table = replica_table(&[gpu, Replica::default()], false);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].contains("GPUS"), "{table}");
+        assert!(lines[1].contains("0,2 (3.0 GiB each)"), "{table}");
+        assert!(lines[2].contains(" - "), "{table}");
     }
 
     #[test]

@@ -96,10 +96,15 @@ pub fn deploy_request(args: &DeployArgs) -> Result<DeployModelRequest, String> {
         Some(v) => config_override(v)?,
         None => String::new(),
     };
-    let resources = (args.memory.is_some() || args.cpu_millis.is_some()).then(|| Resources {
+    let resources = (args.memory.is_some()
+        || args.cpu_millis.is_some()
+        || args.gpus.is_some()
+        || args.gpu_memory.is_some())
+    .then(|| Resources {
         cpu_millis: args.cpu_millis.unwrap_or(0),
         memory_bytes: args.memory.unwrap_or(0),
-        ..Default::default()
+        gpus: args.gpus.unwrap_or(0),
+        gpu_memory_bytes: args.gpu_memory.unwrap_or(0),
     });
     let labels: HashMap<String, String> = args.labels.iter().cloned().collect();
     Ok(DeployModelRequest {
@@ -214,6 +219,8 @@ mod tests {
             versions: Some(parse_version_policy("latest:2").unwrap()),
             memory: Some(2 << 30),
             cpu_millis: Some(500),
+            gpus: Some(2),
+            gpu_memory: Some(3 << 30),
             config_override: Some(r#"{"max_batch_size": 8}"#.into()),
             labels: vec![("team".into(), "vision".into())],
         };
@@ -223,6 +230,7 @@ mod tests {
         let resources = model.resources.unwrap();
         assert_eq!(resources.memory_bytes, 2 << 30);
         assert_eq!(resources.cpu_millis, 500);
+        assert_eq!((resources.gpus, resources.gpu_memory_bytes), (2, 3 << 30));
         assert_eq!(model.labels["team"], "vision");
         assert_eq!(model.config_override, r#"{"max_batch_size": 8}"#);
 
@@ -231,6 +239,8 @@ mod tests {
             versions: None,
             memory: None,
             cpu_millis: None,
+            gpus: None,
+            gpu_memory: None,
             config_override: None,
             labels: vec![],
             ..args

@@ -318,6 +318,7 @@ async fn explain_shows_replicas_and_pending_decisions() {
             version: 1,
             node: "a".into(),
             reason: "new model version".into(),
+            gpus: Vec::new(),
         })
         .await
         .unwrap();
@@ -396,6 +397,7 @@ async fn nodes_drain_undrain_and_placements() {
             version: 1,
             node: "b".into(),
             reason: String::new(),
+            gpus: Vec::new(),
         })
         .await
         .unwrap();

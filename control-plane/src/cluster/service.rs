@@ -177,6 +177,8 @@ impl Cluster for ClusterService {
                     .map_err(ApiError::from)?,
                 measured_memory_bytes: (report.measured_memory_bytes > 0)
                     .then_some(report.measured_memory_bytes),
+                measured_gpu_memory_bytes: (report.measured_gpu_memory_bytes > 0)
+                    .then_some(report.measured_gpu_memory_bytes),
             }
         };
         let applied = self.consensus.write(cmd).await.map_err(ApiError::from)?;

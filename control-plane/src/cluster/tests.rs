@@ -106,6 +106,7 @@ async fn register_heartbeat_and_report_a_replica_through_its_life() {
             version: 1,
             node: "w1".into(),
             reason: "test".into(),
+            gpus: Vec::new(),
         })
         .await
         .unwrap()
@@ -119,6 +120,7 @@ async fn register_heartbeat_and_report_a_replica_through_its_life() {
         failure_reason: String::new(),
         measured_memory_bytes: 123,
         unloaded,
+        measured_gpu_memory_bytes: 0,
     };
     let err = svc
         .report_replica(Request::new(report("w2", pb::ReplicaState::Loading, false)))
@@ -151,6 +153,7 @@ async fn register_heartbeat_and_report_a_replica_through_its_life() {
             id,
             state: ReplicaState::Unloading,
             measured_memory_bytes: None,
+            measured_gpu_memory_bytes: None,
         })
         .await
         .unwrap();

@@ -2,8 +2,10 @@
 
 use crate::placement::{Load, NodeView};
 use crate::state::ClusterState;
+use crate::units::format_bytes;
 
-/// One line per node placement considered: status, memory used of capacity, load.
+/// One line per node placement considered: status, memory used of capacity, load, and per GPU
+/// the memory its replicas hold of its total.
 pub fn describe_inputs(state: &ClusterState, nodes: &[NodeView], load: &Load) -> Vec<String> {
     nodes
         .iter()
@@ -25,8 +27,32 @@ pub fn describe_inputs(state: &ClusterState, nodes: &[NodeView], load: &Load) ->
                 (true, false) => "up",
             };
             let util = load.node_utilization.get(&n.id).copied().unwrap_or(0.0);
+            let gpus: String = n
+                .gpus
+                .iter()
+                .map(|g| {
+                    let held: u64 = state
+                        .replicas_on(&n.id)
+                        .filter(|r| r.gpus.contains(&g.index))
+                        .map(|r| {
+                            r.measured_gpu_memory_bytes.unwrap_or_else(|| {
+                                state
+                                    .model(&r.model)
+                                    .map(|m| m.resources.gpu_memory_bytes)
+                                    .unwrap_or(0)
+                            })
+                        })
+                        .sum();
+                    format!(
+                        "; GPU {} {} of {} placed",
+                        g.index,
+                        format_bytes(held),
+                        format_bytes(g.memory_bytes)
+                    )
+                })
+                .collect();
             format!(
-                "node {}: {status}; memory {used} of {} bytes used; cpu utilization {:.2}",
+                "node {}: {status}; memory {used} of {} bytes used; cpu utilization {:.2}{gpus}",
                 n.id, n.memory_capacity_bytes, util
             )
         })

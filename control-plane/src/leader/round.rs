@@ -2,7 +2,7 @@
 //! clean-up of replicas whose worker can no longer report.
 //!
 //! ```text
-//!  add                         ─► AddReplica { reason }
+//!  add                         ─► AddReplica { reason, gpus }
 //!  remove Pending              ─► RemoveReplica                (never loaded)
 //!  remove on a down node       ─► SetReplicaState(Unloading), RemoveReplica   (nobody will report)
 //!  remove Loading/Ready/Failed ─► SetReplicaState(Unloading)   (the worker unloads, then reports)
@@ -27,7 +27,8 @@ pub fn commands_for(state: &ClusterState, plan: &Plan) -> Vec<Command> {
             model: add.model.clone(),
             version: add.version,
             node: add.node.clone(),
-            reason: add.reason.to_string(),
+            reason: add.explanation(),
+            gpus: add.gpus.clone(),
         });
     }
     for removal in &plan.remove {
@@ -81,6 +82,7 @@ fn unloading(id: u64) -> Command {
         id,
         state: ReplicaState::Unloading,
         measured_memory_bytes: None,
+        measured_gpu_memory_bytes: None,
     }
 }
 
@@ -93,12 +95,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_addition_carries_its_gpus_and_their_explanation_into_the_log() {
+        use crate::placement::{Addition, Reason};
+        let plan = Plan {
+            add: vec![Addition {
+                model: "llm".into(),
+                version: 1,
+                node: "b".into(),
+                reason: Reason::NewModel,
+                gpus: vec![0, 2],
+                skipped: vec!["node a: no GPU".into()],
+            }],
+            ..Default::default()
+        };
+        let cmds = commands_for(&ClusterState::new(), &plan);
+        let [Command::AddReplica { gpus, reason, .. }] = cmds.as_slice() else {
+            panic!("{cmds:?}")
+        };
+        assert_eq!(gpus, &[0, 2]);
+        assert!(reason.starts_with("new model version"), "{reason}");
+        assert!(reason.contains("GPU(s) 0, 2"), "{reason}");
+        assert!(reason.contains("skipped node a: no GPU"), "{reason}");
+    }
+
+    #[test]
     fn commands_for_one_replica_stay_in_order_in_one_chain() {
         let add = |model: &str| Command::AddReplica {
             model: model.into(),
             version: 1,
             node: "a".into(),
             reason: String::new(),
+            gpus: Vec::new(),
         };
         let got = chains(vec![
             add("m"),

@@ -60,6 +60,7 @@ async fn set_ready(c: &MemoryConsensus, model: &str) {
                     id,
                     state,
                     measured_memory_bytes: Some(512 << 20),
+                    measured_gpu_memory_bytes: None,
                 },
             )
             .await;

@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use super::{Plan, Reason};
+use super::{Addition, Plan, Reason};
+use crate::units::format_bytes;
 
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -39,6 +40,16 @@ impl fmt::Display for Reason {
                 "not enough nodes: all {eligible_nodes} up, undrained nodes already hold a \
                  replica of this model version"
             ),
+            Reason::NoGpuCapacity {
+                gpus,
+                needed_per_gpu,
+                skipped,
+            } => write!(
+                f,
+                "no GPU capacity: a replica needs {gpus} GPU(s) with {} free each; {}",
+                format_bytes(*needed_per_gpu),
+                skipped.join("; ")
+            ),
         }
     }
 }
@@ -56,6 +67,37 @@ impl Reason {
             Reason::SpreadConflict => "SpreadConflict",
             Reason::NoCapacity { .. } => "NoCapacity",
             Reason::NotEnoughNodes { .. } => "NotEnoughNodes",
+            Reason::NoGpuCapacity { .. } => "NoGpuCapacity",
+        }
+    }
+}
+
+impl Addition {
+    /// For a GPU replica: which GPUs it gets and why the nodes tried before were skipped, as
+    /// `GPU(s) 0, 1 (most free GPU memory); skipped node a: no GPU`. Empty for a CPU replica.
+    pub fn gpu_note(&self) -> String {
+        if self.gpus.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
+        let mut note = format!(
+            "GPU(s) {} (most free GPU memory on the node)",
+            list.join(", ")
+        );
+        if !self.skipped.is_empty() {
+            note.push_str("; skipped ");
+            note.push_str(&self.skipped.join("; "));
+        }
+        note
+    }
+
+    /// The reason in words, with the GPU note when there is one.
+    pub fn explanation(&self) -> String {
+        let note = self.gpu_note();
+        if note.is_empty() {
+            self.reason.to_string()
+        } else {
+            format!("{}; {note}", self.reason)
         }
     }
 }
@@ -86,12 +128,18 @@ impl Plan {
         }
     }
 
-    /// One line per decision, e.g. `add resnet50 v1 on node-b: new model version: ...`.
+    /// One line per decision, e.g. `add resnet50 v1 on node-b: new model version: ...` (a GPU
+    /// replica's line ends with its GPUs and the nodes skipped: [`Addition::gpu_note`]).
     pub fn explain(&self) -> Vec<String> {
-        let adds = self
-            .add
-            .iter()
-            .map(|a| format!("add {} v{} on {}: {}", a.model, a.version, a.node, a.reason));
+        let adds = self.add.iter().map(|a| {
+            format!(
+                "add {} v{} on {}: {}",
+                a.model,
+                a.version,
+                a.node,
+                a.explanation()
+            )
+        });
         let removes = self
             .remove
             .iter()

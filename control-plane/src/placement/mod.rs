@@ -18,11 +18,21 @@
 //! before the old one unloads), so applying a plan in any order never over-commits a node. The
 //! next round sees the freed memory. Drain is make-before-break over rounds: the first plan adds
 //! the replacement, a later plan (once the replacement is `ready`) removes the drained replica.
+//!
+//! GPUs: a model version that wants GPUs (`gpus > 0`) also needs, on its node, that many
+//! distinct GPUs each with `gpu_memory` free (the GPU's reported total minus what the replicas
+//! assigned to it take: their measured GPU memory, else the model's, else its estimate). Among
+//! the eligible nodes, in the usual order, the first that has them wins and the replica is
+//! assigned the GPUs with the most free memory there ([`Addition::gpus`]); the nodes passed over
+//! are explained ([`Addition::skipped`], [`Reason::NoGpuCapacity`]). GPU memory is counted as
+//! conservatively as host memory, so applying a plan never over-commits a GPU either.
 
 mod explain;
 mod plan;
 mod pool;
 
+#[cfg(test)]
+mod gpu_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -45,6 +55,15 @@ pub struct NodeView {
     /// An operator asked to empty the node: nothing new lands here, replicas move away
     /// make-before-break.
     pub drained: bool,
+    /// The GPUs the worker registered; empty for a node without GPUs.
+    pub gpus: Vec<GpuView>,
+}
+
+/// One GPU of a node: its device index on the worker and its total memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuView {
+    pub index: u32,
+    pub memory_bytes: u64,
 }
 
 /// One version of a model and how many replicas it wants.
@@ -57,6 +76,12 @@ pub struct ModelView {
     pub memory_estimate_bytes: u64,
     /// Measured memory of a loaded replica; preferred over the estimate once known.
     pub measured_memory_bytes: Option<u64>,
+    /// GPUs one replica needs, all on its node; 0 for a CPU-only model.
+    pub gpus: u32,
+    /// Memory a replica needs on each of its GPUs until a worker has measured one.
+    pub gpu_memory_estimate_bytes: u64,
+    /// Measured GPU memory (per GPU) of a loaded replica; preferred over the estimate.
+    pub measured_gpu_memory_bytes: Option<u64>,
 }
 
 impl ModelView {
@@ -64,6 +89,12 @@ impl ModelView {
     pub fn replica_memory_bytes(&self) -> u64 {
         self.measured_memory_bytes
             .unwrap_or(self.memory_estimate_bytes)
+    }
+
+    /// GPU memory a new replica of this model is expected to take on each of its GPUs.
+    pub fn replica_gpu_memory_bytes(&self) -> u64 {
+        self.measured_gpu_memory_bytes
+            .unwrap_or(self.gpu_memory_estimate_bytes)
     }
 }
 
@@ -78,6 +109,10 @@ pub struct CurrentReplica {
     pub ready: bool,
     /// Memory the worker measured for this very replica, when it has.
     pub memory_bytes: Option<u64>,
+    /// The GPU indices of its node the replica was assigned; empty for a CPU replica.
+    pub gpus: Vec<u32>,
+    /// GPU memory (per GPU) the worker measured for this very replica, when it has.
+    pub gpu_memory_bytes: Option<u64>,
 }
 
 /// Soft state the leader observed: per-node utilization in `0.0..=1.0` from heartbeats, used
@@ -123,6 +158,13 @@ pub enum Reason {
     NoCapacity { needed: u64, best_free: u64 },
     /// Unplaced: every up, undrained node already holds a replica of this model version.
     NotEnoughNodes { eligible_nodes: usize },
+    /// Unplaced: nodes with enough host memory exist, but none has `gpus` GPUs with
+    /// `needed_per_gpu` bytes free each; `skipped` says why, node by node (bounded).
+    NoGpuCapacity {
+        gpus: u32,
+        needed_per_gpu: u64,
+        skipped: Vec<String>,
+    },
 }
 
 /// A replica to create.
@@ -132,6 +174,11 @@ pub struct Addition {
     pub version: i64,
     pub node: String,
     pub reason: Reason,
+    /// The GPU indices of `node` the replica is assigned, ascending; empty for a CPU model.
+    pub gpus: Vec<u32>,
+    /// For a GPU model: the nodes tried before `node` and why each could not take it
+    /// (bounded; empty when the first node fit).
+    pub skipped: Vec<String>,
 }
 
 /// A replica to unload.

@@ -8,13 +8,16 @@
 //!    free node (`ScaleDown`); healthy replicas are never removed otherwise;
 //! 5. drained replicas stay until enough ready replicas run elsewhere, then go (`Drain`);
 //! 6. missing replicas are added on the eligible node with the most free memory that does not
-//!    hold the model version yet, ties broken by load then node id; when none fits the rest is
-//!    reported `unplaced`.
+//!    hold the model version yet, ties broken by load then node id; a GPU model takes the first
+//!    such node that also has enough GPUs with room, and its GPUs with the most free memory;
+//!    when none fits the rest is reported `unplaced`.
+//!
+//! GPU models are planned first (most GPU memory first), then the rest by host memory.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::pool::NodePool;
+use super::pool::{Charge, NodePool};
 use super::{Addition, CurrentReplica, Load, ModelView, NodeView, Plan, Reason, Removal, Unplaced};
 
 type ModelKey<'a> = (&'a str, i64);
@@ -40,7 +43,7 @@ pub fn plan(
     }
     let charged = replicas.iter().map(|r| {
         let model = by_key.get(&(r.model.as_str(), r.version)).copied();
-        (r.node.as_str(), replica_memory(r, model))
+        (r.node.as_str(), replica_charge(r, model))
     });
     let mut pool = NodePool::new(nodes, load, charged);
     let mut out = Plan::default();
@@ -57,6 +60,8 @@ pub fn plan(
     let mut order: Vec<&ModelView> = by_key.values().copied().collect();
     order.sort_by_key(|m| {
         (
+            Reverse(u64::from(m.gpus).saturating_mul(m.replica_gpu_memory_bytes())),
+            Reverse(m.gpus),
             Reverse(m.replica_memory_bytes()),
             m.name.as_str(),
             m.version,
@@ -83,12 +88,20 @@ pub fn plan(
     out
 }
 
-/// Memory a replica holds: its own measurement, else the model's, else the model's estimate.
-fn replica_memory(replica: &CurrentReplica, model: Option<&ModelView>) -> u64 {
-    replica
-        .memory_bytes
-        .or_else(|| model.map(ModelView::replica_memory_bytes))
-        .unwrap_or(0)
+/// What a replica holds, host memory and on each of its GPUs: its own measurement, else the
+/// model's, else the model's estimate.
+fn replica_charge<'a>(replica: &'a CurrentReplica, model: Option<&ModelView>) -> Charge<'a> {
+    Charge {
+        memory: replica
+            .memory_bytes
+            .or_else(|| model.map(ModelView::replica_memory_bytes))
+            .unwrap_or(0),
+        gpus: &replica.gpus,
+        gpu_memory: replica
+            .gpu_memory_bytes
+            .or_else(|| model.map(ModelView::replica_gpu_memory_bytes))
+            .unwrap_or(0),
+    }
 }
 
 fn plan_model(model: &ModelView, group: &[&CurrentReplica], pool: &mut NodePool, out: &mut Plan) {
@@ -161,16 +174,33 @@ fn plan_model(model: &ModelView, group: &[&CurrentReplica], pool: &mut NodePool,
         .chain(std::iter::repeat(fresh))
         .take(need);
     let bytes = model.replica_memory_bytes();
+    let gpu_bytes = model.replica_gpu_memory_bytes();
     for (placed, reason) in reasons.enumerate() {
-        match pool.pick(bytes, &hosting) {
-            Ok(i) => {
-                pool.charge(i, bytes);
+        let picked = if model.gpus == 0 {
+            pool.pick(bytes, &hosting)
+                .map(|i| (i, Vec::new(), Vec::new()))
+        } else {
+            pool.pick_gpus(bytes, model.gpus, gpu_bytes, &hosting)
+                .map(|p| (p.node, p.gpus, p.skipped))
+        };
+        match picked {
+            Ok((i, gpus, skipped)) => {
+                pool.charge(
+                    i,
+                    &Charge {
+                        memory: bytes,
+                        gpus: &gpus,
+                        gpu_memory: gpu_bytes,
+                    },
+                );
                 hosting.insert(i);
                 out.add.push(Addition {
                     model: model.name.clone(),
                     version: model.version,
                     node: pool.node(i).view.id.clone(),
                     reason,
+                    gpus,
+                    skipped,
                 });
             }
             Err(why) => {

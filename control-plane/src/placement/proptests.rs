@@ -1,5 +1,6 @@
 //! Property tests over many random clusters (a tiny xorshift RNG, fixed seeds, so failures
-//! reproduce), and an ignored timing harness at 1,000 nodes × 10,000 models.
+//! reproduce), and an ignored timing harness at 1,000 nodes × 10,000 models. Some nodes have
+//! GPUs and some models need one or two of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -80,6 +81,31 @@ impl Cluster {
         used
     }
 
+    /// Written independently of the planner, per GPU: own measurement, else the model's, else
+    /// its estimate.
+    fn gpu_memory(&self, r: &CurrentReplica) -> u64 {
+        let model = self.model(&r.model, r.version);
+        r.gpu_memory_bytes
+            .or_else(|| {
+                model.map(|m| {
+                    m.measured_gpu_memory_bytes
+                        .unwrap_or(m.gpu_memory_estimate_bytes)
+                })
+            })
+            .unwrap_or(0)
+    }
+
+    /// GPU memory held per (node, GPU index).
+    fn gpu_used(&self, replicas: &[CurrentReplica]) -> BTreeMap<(String, u32), u64> {
+        let mut used = BTreeMap::new();
+        for r in replicas {
+            for g in &r.gpus {
+                *used.entry((r.node.clone(), *g)).or_insert(0) += self.gpu_memory(r);
+            }
+        }
+        used
+    }
+
     fn healthy_node(&self, id: &str) -> bool {
         self.node(id).is_some_and(|n| n.up && !n.drained)
     }
@@ -96,6 +122,8 @@ impl Cluster {
                 node: a.node.clone(),
                 ready: false,
                 memory_bytes: None,
+                gpus: a.gpus.clone(),
+                gpu_memory_bytes: None,
             });
         }
         all
@@ -117,6 +145,12 @@ fn random_cluster(rng: &mut Rng) -> Cluster {
             cpu_millis_capacity: 4000,
             up: !rng.chance(15),
             drained: rng.chance(15),
+            gpus: (0..if rng.chance(50) { rng.below(4) } else { 0 })
+                .map(|g| GpuView {
+                    index: g as u32,
+                    memory_bytes: rng.below(9) * HALF_GIB,
+                })
+                .collect(),
         })
         .collect();
     let models: Vec<ModelView> = (0..rng.below(12))
@@ -126,12 +160,19 @@ fn random_cluster(rng: &mut Rng) -> Cluster {
             replicas_wanted: rng.below(5) as u32,
             memory_estimate_bytes: (1 + rng.below(3)) * HALF_GIB,
             measured_memory_bytes: rng.chance(30).then(|| (1 + rng.below(4)) * HALF_GIB),
+            gpus: if rng.chance(40) {
+                1 + rng.below(2) as u32
+            } else {
+                0
+            },
+            gpu_memory_estimate_bytes: rng.below(4) * HALF_GIB,
+            measured_gpu_memory_bytes: rng.chance(30).then(|| (1 + rng.below(4)) * HALF_GIB),
         })
         .collect();
     let mut used: BTreeMap<String, u64> = BTreeMap::new();
     let mut replicas = Vec::new();
     let mut next_id = 100;
-    let mut place = |rng: &mut Rng, model: &str, version: i64, estimate: u64| {
+    let mut place = |rng: &mut Rng, model: &str, version: i64, estimate: u64, gpus: u32| {
         let node = if rng.chance(5) {
             "ghost".to_string()
         } else {
@@ -149,6 +190,21 @@ fn random_cluster(rng: &mut Rng) -> Cluster {
             return;
         }
         *on_node += bytes;
+        // GPU replicas get random GPUs of their node (GPU memory may start over-committed: the
+        // planner must then add nothing more there); a node without enough GPUs gives none.
+        let node_gpus = nodes
+            .iter()
+            .find(|n| n.id == node)
+            .map_or(0, |n| n.gpus.len() as u32);
+        let assigned: Vec<u32> = if gpus > 0 && node_gpus >= gpus {
+            let mut all: Vec<u32> = (0..node_gpus).collect();
+            rng.shuffle(&mut all);
+            let mut some = all[..gpus as usize].to_vec();
+            some.sort_unstable();
+            some
+        } else {
+            Vec::new()
+        };
         next_id += 1;
         replicas.push(CurrentReplica {
             id: next_id,
@@ -157,16 +213,18 @@ fn random_cluster(rng: &mut Rng) -> Cluster {
             node,
             ready: rng.chance(70),
             memory_bytes,
+            gpus: assigned,
+            gpu_memory_bytes: rng.chance(20).then(|| rng.below(4) * HALF_GIB),
         });
     };
     for m in &models {
         let estimate = m.measured_memory_bytes.unwrap_or(m.memory_estimate_bytes);
         for _ in 0..rng.below(m.replicas_wanted as u64 + 2) {
-            place(rng, &m.name, m.version, estimate);
+            place(rng, &m.name, m.version, estimate, m.gpus);
         }
     }
     if rng.chance(20) {
-        place(rng, "retired", 1, HALF_GIB);
+        place(rng, "retired", 1, HALF_GIB, 0);
     }
     let mut load = Load::default();
     for n in &nodes {
@@ -212,6 +270,50 @@ fn applying_a_plan_never_overcommits_a_node() {
             }
         }
     });
+}
+
+#[test]
+fn applying_a_plan_never_overcommits_a_gpu() {
+    let mut gpu_adds = 0;
+    for_each_cluster(|seed, c| {
+        let p = c.plan();
+        let before = c.gpu_used(&c.replicas);
+        let during = c.gpu_used(&c.with_adds(&p, &mut 1_000_000));
+        for n in &c.nodes {
+            for g in &n.gpus {
+                let key = (n.id.clone(), g.index);
+                let was = before.get(&key).copied().unwrap_or(0);
+                let now = during.get(&key).copied().unwrap_or(0);
+                if now > was {
+                    assert!(
+                        now <= g.memory_bytes,
+                        "seed {seed}: node {} GPU {} holds {now} > total {}",
+                        n.id,
+                        g.index,
+                        g.memory_bytes
+                    );
+                }
+            }
+        }
+        for a in &p.add {
+            let m = c.model(&a.model, a.version).unwrap();
+            let node = c.node(&a.node).unwrap();
+            let distinct: BTreeSet<u32> = a.gpus.iter().copied().collect();
+            assert_eq!(distinct.len(), m.gpus as usize, "seed {seed}: {a:?}");
+            assert!(a.gpus.is_sorted(), "seed {seed}: {a:?}");
+            assert!(
+                a.gpus
+                    .iter()
+                    .all(|i| node.gpus.iter().any(|g| g.index == *i)),
+                "seed {seed}: {a:?} names a GPU the node lacks"
+            );
+            gpu_adds += usize::from(m.gpus > 0);
+        }
+    });
+    assert!(
+        gpu_adds > 100,
+        "too few GPU placements exercised: {gpu_adds}"
+    );
 }
 
 #[test]
@@ -344,6 +446,21 @@ fn replanning_converges_to_wanted_or_explained_shortfall() {
         };
         assert_eq!(c.plan(), last, "seed {seed}: settled plan not stable");
         let used = c.used(&c.replicas);
+        let gpu_used = c.gpu_used(&c.replicas);
+        let gpus_fit = |n: &NodeView, m: &ModelView| {
+            let need = m
+                .measured_gpu_memory_bytes
+                .unwrap_or(m.gpu_memory_estimate_bytes);
+            let roomy = n
+                .gpus
+                .iter()
+                .filter(|g| {
+                    let held = gpu_used.get(&(n.id.clone(), g.index)).copied().unwrap_or(0);
+                    g.memory_bytes.saturating_sub(held) >= need
+                })
+                .count();
+            roomy >= m.gpus as usize
+        };
         for m in &c.models {
             let hosts: BTreeSet<&str> = c
                 .replicas
@@ -374,6 +491,7 @@ fn replanning_converges_to_wanted_or_explained_shortfall() {
                                 .unwrap_or(0)
                                 .min(n.memory_capacity_bytes)
                             >= bytes
+                        && gpus_fit(n, m)
                 });
                 assert!(
                     fits.is_none(),
@@ -401,6 +519,7 @@ fn large_cluster() -> Cluster {
             cpu_millis_capacity: 32_000,
             up: true,
             drained: false,
+            gpus: Vec::new(),
         })
         .collect();
     let models = (0..10_000)
@@ -410,6 +529,9 @@ fn large_cluster() -> Cluster {
             replicas_wanted: 1 + rng.below(3) as u32,
             memory_estimate_bytes: (1 + rng.below(8)) * HALF_GIB,
             measured_memory_bytes: None,
+            gpus: 0,
+            gpu_memory_estimate_bytes: 0,
+            measured_gpu_memory_bytes: None,
         })
         .collect();
     Cluster {

@@ -11,6 +11,7 @@ pub(super) fn node(id: &str, gib: u64) -> NodeView {
         cpu_millis_capacity: 8000,
         up: true,
         drained: false,
+        gpus: Vec::new(),
     }
 }
 
@@ -21,6 +22,9 @@ pub(super) fn model(name: &str, wanted: u32, gib: u64) -> ModelView {
         replicas_wanted: wanted,
         memory_estimate_bytes: gib * GIB,
         measured_memory_bytes: None,
+        gpus: 0,
+        gpu_memory_estimate_bytes: 0,
+        measured_gpu_memory_bytes: None,
     }
 }
 
@@ -32,6 +36,8 @@ pub(super) fn replica(id: u64, model: &str, node: &str, ready: bool) -> CurrentR
         node: node.to_string(),
         ready,
         memory_bytes: None,
+        gpus: Vec::new(),
+        gpu_memory_bytes: None,
     }
 }
 
@@ -41,6 +47,8 @@ fn add(model: &str, node: &str, reason: Reason) -> Addition {
         version: 1,
         node: node.to_string(),
         reason,
+        gpus: Vec::new(),
+        skipped: Vec::new(),
     }
 }
 
@@ -317,6 +325,14 @@ fn every_reason_explains_itself_in_a_sentence() {
         (
             Reason::NotEnoughNodes { eligible_nodes: 4 },
             "all 4 up, undrained nodes",
+        ),
+        (
+            Reason::NoGpuCapacity {
+                gpus: 1,
+                needed_per_gpu: 3 * GIB,
+                skipped: vec!["node a: no GPU".into()],
+            },
+            "needs 1 GPU(s) with 3.0 GiB free each; node a: no GPU",
         ),
     ];
     for (reason, words) in reasons {

@@ -52,12 +52,19 @@ pub enum Command {
         /// The placement rule that fired, in words; kept on the replica for explanations.
         #[serde(default)]
         reason: String,
+        /// The GPU indices of `node` the replica is assigned (as many as the model's
+        /// `resources.gpus`, each one the node registered); empty for a CPU model.
+        #[serde(default)]
+        gpus: Vec<u32>,
     },
-    /// A worker's report; `measured_memory_bytes: None` keeps the previous value.
+    /// A worker's report; a measurement of `None` keeps the previous value.
     SetReplicaState {
         id: u64,
         state: ReplicaState,
         measured_memory_bytes: Option<u64>,
+        /// Per GPU: the device memory the replica took on its GPUs.
+        #[serde(default)]
+        measured_gpu_memory_bytes: Option<u64>,
     },
     RemoveReplica {
         id: u64,

@@ -85,15 +85,19 @@ impl ClusterState {
                 version,
                 node,
                 reason,
+                gpus,
             } => {
-                replica_id = Some(self.add_replica(&model, version, &node, reason)?);
+                replica_id = Some(self.add_replica(&model, version, &node, reason, gpus)?);
                 true
             }
             Command::SetReplicaState {
                 id,
                 state,
                 measured_memory_bytes,
-            } => self.set_replica_state(id, state, measured_memory_bytes)?,
+                measured_gpu_memory_bytes,
+            } => {
+                self.set_replica_state(id, state, measured_memory_bytes, measured_gpu_memory_bytes)?
+            }
             Command::RemoveReplica { id } => self.remove_replica(id)?,
         };
         if changed {

@@ -133,6 +133,12 @@ fn random_command(rng: &mut Rng, state: &ClusterState) -> Command {
             },
             node: node_id,
             reason: "random".into(),
+            // Mostly none; sometimes a GPU the node may lack or the model may not want.
+            gpus: if rng.chance(10) {
+                vec![rng.below(2) as u32]
+            } else {
+                Vec::new()
+            },
         },
         16..=21 => Command::SetReplicaState {
             id: replica_id,
@@ -142,6 +148,7 @@ fn random_command(rng: &mut Rng, state: &ClusterState) -> Command {
             } else {
                 None
             },
+            measured_gpu_memory_bytes: None,
         },
         _ => Command::RemoveReplica { id: replica_id },
     }

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ClusterState;
 use super::error::{EntityKind, StateError};
+use super::node::Gpu;
 
 /// One model version assigned to one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +35,15 @@ pub struct Replica {
     /// Why placement put the replica on this node, in words.
     #[serde(default)]
     pub placement_reason: String,
+    /// The GPU indices of its node the replica was assigned (ascending); the worker loads it on
+    /// those devices. Empty for a CPU model.
+    #[serde(default)]
+    pub gpus: Vec<u32>,
+    /// Per GPU: the device memory the worker measured across the load (growth of used GPU
+    /// memory on the replica's GPUs, divided by their number); placement prefers it to the
+    /// model's `gpu_memory_bytes`.
+    #[serde(default)]
+    pub measured_gpu_memory_bytes: Option<u64>,
 }
 
 /// Where a replica is in its life; see the module docs for the legal transitions.
@@ -87,6 +97,7 @@ impl ClusterState {
         version: i64,
         node: &str,
         reason: String,
+        mut gpus: Vec<u32>,
     ) -> Result<u64, StateError> {
         let Some(spec) = self.models.get(model) else {
             return Err(StateError::not_found(EntityKind::Model, model));
@@ -117,6 +128,14 @@ impl ClusterState {
                 "node '{node}' is down; cannot place model '{model}' v{version} on it"
             )));
         }
+        gpus.sort_unstable();
+        validate_gpus(
+            model,
+            spec.resources.gpus,
+            node,
+            &target.spec.capacity.gpus,
+            &gpus,
+        )?;
         if let Some(existing) = self.replicas.values().find(|r| {
             r.model == model
                 && r.version == version
@@ -140,17 +159,20 @@ impl ClusterState {
                 state: ReplicaState::Pending,
                 measured_memory_bytes: None,
                 placement_reason: reason,
+                gpus,
+                measured_gpu_memory_bytes: None,
             },
         );
         Ok(id)
     }
 
-    /// Records a worker's report. `measured_memory_bytes: None` keeps the previous value.
+    /// Records a worker's report. A measurement of `None` keeps the previous value.
     pub(super) fn set_replica_state(
         &mut self,
         id: u64,
         state: ReplicaState,
         measured_memory_bytes: Option<u64>,
+        measured_gpu_memory_bytes: Option<u64>,
     ) -> Result<bool, StateError> {
         let Some(replica) = self.replicas.get_mut(&id) else {
             return Err(StateError::not_found(EntityKind::Replica, id));
@@ -169,9 +191,13 @@ impl ClusterState {
             )));
         }
         let memory = measured_memory_bytes.or(replica.measured_memory_bytes);
-        let changed = replica.state != state || replica.measured_memory_bytes != memory;
+        let gpu_memory = measured_gpu_memory_bytes.or(replica.measured_gpu_memory_bytes);
+        let changed = replica.state != state
+            || replica.measured_memory_bytes != memory
+            || replica.measured_gpu_memory_bytes != gpu_memory;
         replica.state = state;
         replica.measured_memory_bytes = memory;
+        replica.measured_gpu_memory_bytes = gpu_memory;
         Ok(changed)
     }
 
@@ -189,4 +215,37 @@ impl ClusterState {
         self.replicas.remove(&id);
         Ok(true)
     }
+}
+
+/// A replica's GPU assignment: exactly the model's `gpus` count, distinct (`gpus` is sorted),
+/// each one a GPU the node registered.
+fn validate_gpus(
+    model: &str,
+    wanted: u32,
+    node: &str,
+    node_gpus: &[Gpu],
+    gpus: &[u32],
+) -> Result<(), StateError> {
+    let subject = format!("replica of model '{model}' on node '{node}'");
+    if gpus.len() != wanted as usize {
+        return Err(StateError::invalid(
+            subject,
+            "gpus",
+            format!("assigns {} GPU(s) but the model needs {wanted}", gpus.len()),
+        ));
+    }
+    if gpus.windows(2).any(|w| w[0] == w[1]) {
+        return Err(StateError::invalid(subject, "gpus", "lists a GPU twice"));
+    }
+    if let Some(missing) = gpus
+        .iter()
+        .find(|i| !node_gpus.iter().any(|g| g.index == **i))
+    {
+        return Err(StateError::invalid(
+            subject,
+            "gpus",
+            format!("GPU {missing} is not one the node registered"),
+        ));
+    }
+    Ok(())
 }

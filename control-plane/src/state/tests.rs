@@ -50,6 +50,7 @@ fn set(id: u64, state: ReplicaState) -> Command {
         id,
         state,
         measured_memory_bytes: None,
+        measured_gpu_memory_bytes: None,
     }
 }
 
@@ -72,6 +73,7 @@ fn with_replica() -> (ClusterState, u64) {
             version: 1,
             node: "n1".into(),
             reason: String::new(),
+            gpus: Vec::new(),
         },
     )
     .replica_id
@@ -85,6 +87,7 @@ fn add(model: &str, version: i64, node: &str) -> Command {
         version,
         node: node.into(),
         reason: "test".into(),
+        gpus: Vec::new(),
     }
 }
 
@@ -539,6 +542,7 @@ fn replica_lifecycle_happy_path_with_measured_memory() {
             id,
             state: ReplicaState::Ready,
             measured_memory_bytes: Some(123),
+            measured_gpu_memory_bytes: None,
         },
     );
     assert!(a.changed);
@@ -556,6 +560,7 @@ fn replica_lifecycle_happy_path_with_measured_memory() {
             id,
             state: ReplicaState::Ready,
             measured_memory_bytes: Some(456),
+            measured_gpu_memory_bytes: None,
         },
     );
     assert!(a.changed);
@@ -664,6 +669,7 @@ fn state_and_commands_round_trip_through_json() {
             id,
             state: failed("CUDA out of memory"),
             measured_memory_bytes: Some(7),
+            measured_gpu_memory_bytes: None,
         },
     );
     let json = serde_json::to_string(&s).expect("serialize");
@@ -672,4 +678,84 @@ fn state_and_commands_round_trip_through_json() {
     let cmd = Command::UpsertModel(model("m"));
     let back: Command = serde_json::from_str(&serde_json::to_string(&cmd).unwrap()).unwrap();
     assert_eq!(back, cmd);
+}
+
+fn add_on_gpus(model: &str, node: &str, gpus: &[u32]) -> Command {
+    Command::AddReplica {
+        model: model.into(),
+        version: 1,
+        node: node.into(),
+        reason: "test".into(),
+        gpus: gpus.to_vec(),
+    }
+}
+
+#[test]
+fn a_replica_records_its_gpus_and_measured_gpu_memory() {
+    let mut s = ClusterState::new();
+    let mut m = model("llm");
+    m.resources.gpus = 2;
+    m.resources.gpu_memory_bytes = 4 << 30;
+    ok(&mut s, Command::UpsertModel(m));
+    let mut n = node("n1");
+    n.capacity.gpus.push(Gpu {
+        index: 3,
+        memory_bytes: 80 << 30,
+    });
+    ok(&mut s, Command::RegisterNode(n));
+
+    let err = refused(&mut s, add_on_gpus("llm", "n1", &[0]));
+    assert!(
+        err.to_string()
+            .contains("assigns 1 GPU(s) but the model needs 2"),
+        "{err}"
+    );
+    let err = refused(&mut s, add_on_gpus("llm", "n1", &[0, 0]));
+    assert!(err.to_string().contains("lists a GPU twice"), "{err}");
+    let err = refused(&mut s, add_on_gpus("llm", "n1", &[0, 1]));
+    assert!(
+        err.to_string()
+            .contains("GPU 1 is not one the node registered"),
+        "{err}"
+    );
+
+    let id = ok(&mut s, add_on_gpus("llm", "n1", &[3, 0]))
+        .replica_id
+        .unwrap();
+    assert_eq!(
+        s.replica(id).unwrap().gpus,
+        [0, 3],
+        "kept in ascending order"
+    );
+
+    ok(&mut s, set(id, ReplicaState::Loading));
+    let applied = ok(
+        &mut s,
+        Command::SetReplicaState {
+            id,
+            state: ReplicaState::Ready,
+            measured_memory_bytes: Some(1 << 30),
+            measured_gpu_memory_bytes: Some(5 << 30),
+        },
+    );
+    assert!(applied.changed);
+    assert_eq!(
+        s.replica(id).unwrap().measured_gpu_memory_bytes,
+        Some(5 << 30)
+    );
+    // A later report without a GPU figure keeps it; the same figure again changes nothing.
+    assert!(!ok(&mut s, set(id, ReplicaState::Ready)).changed);
+    assert_eq!(
+        s.replica(id).unwrap().measured_gpu_memory_bytes,
+        Some(5 << 30)
+    );
+}
+
+#[test]
+fn a_cpu_model_gets_no_gpus() {
+    let mut s = ClusterState::new();
+    ok(&mut s, Command::UpsertModel(model("m")));
+    ok(&mut s, Command::RegisterNode(node("n1")));
+    let err = refused(&mut s, add_on_gpus("m", "n1", &[0]));
+    assert!(err.to_string().contains("the model needs 0"), "{err}");
 }

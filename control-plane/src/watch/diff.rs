@@ -108,6 +108,7 @@ mod tests {
             version: 1,
             node: "n1".into(),
             reason: String::new(),
+            gpus: Vec::new(),
         })
         .unwrap();
 
@@ -126,6 +127,7 @@ mod tests {
                 reason: "oom".into(),
             },
             measured_memory_bytes: None,
+            measured_gpu_memory_bytes: None,
         })
         .unwrap();
         new.apply(Command::RemoveReplica { id: 1 }).unwrap();
@@ -134,6 +136,7 @@ mod tests {
             version: 1,
             node: "n1".into(),
             reason: String::new(),
+            gpus: Vec::new(),
         })
         .unwrap();
 

@@ -297,6 +297,7 @@ fn random_command(rng: &mut Rng, replicas: &[u64]) -> Command {
             version: 1 + rng.below(2) as i64,
             node: n,
             reason: "random".into(),
+            gpus: Vec::new(),
         },
         7 | 8 => Command::SetReplicaState {
             id,
@@ -310,6 +311,7 @@ fn random_command(rng: &mut Rng, replicas: &[u64]) -> Command {
                 _ => ReplicaState::Pending,
             },
             measured_memory_bytes: Some(rng.below(1000)),
+            measured_gpu_memory_bytes: None,
         },
         _ => Command::RemoveReplica { id },
     }

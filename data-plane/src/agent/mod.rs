@@ -16,7 +16,11 @@
 //! sources ([`source`]); the data plane runs in explicit mode and refuses client loads and
 //! unloads ([`crate::manager::ManagerConfig::cluster_managed`]). Memory per replica is the
 //! growth of the process's resident memory across the load that brought its version, split
-//! evenly between the versions that load brought.
+//! evenly between the versions that load brought. GPU memory per replica, likewise, is the
+//! growth of device memory used (NVML) on the GPUs the control plane assigned the model here,
+//! per GPU ([`gpu_growth_per_gpu`]); 0 without NVML or without assigned GPUs. Device memory is
+//! shared with every other process on the GPU, so a concurrent allocation skews the figure;
+//! placement takes the largest figure reported for a version.
 
 pub mod client;
 pub mod companions;
@@ -32,8 +36,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nereid_proto::pb::cluster::{
-    NodeAddresses, NodeCapacity, RegisterNodeRequest, ReplicaState, ReportReplicaRequest,
-    WatchRequest,
+    GpuUtilization, NodeAddresses, NodeCapacity, RegisterNodeRequest, ReplicaState,
+    ReportReplicaRequest, WatchRequest,
 };
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, watch};
@@ -121,6 +125,7 @@ pub async fn run(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, Option<LocalModel>)>();
     let executor = Executor {
         manager,
+        gpus: gpus.clone(),
         repository: config.repository.clone(),
         done: done_tx,
         brought: Arc::default(),
@@ -303,9 +308,13 @@ async fn reporter(
         };
         match &report {
             Report::Loading => request.state = ReplicaState::Loading as i32,
-            Report::Ready { memory_bytes } => {
+            Report::Ready {
+                memory_bytes,
+                gpu_memory_bytes,
+            } => {
                 request.state = ReplicaState::Ready as i32;
                 request.measured_memory_bytes = *memory_bytes;
+                request.measured_gpu_memory_bytes = *gpu_memory_bytes;
             }
             Report::Failed { reason } => {
                 request.state = ReplicaState::Failed as i32;
@@ -332,6 +341,8 @@ async fn reporter(
 /// Runs loads and unloads on the data plane, one task each, and hands back the result.
 struct Executor {
     manager: Arc<ModelManager>,
+    /// NVML, to measure the device memory a load takes.
+    gpus: Arc<gpu::Gpus>,
     repository: PathBuf,
     done: mpsc::UnboundedSender<(String, Option<LocalModel>)>,
     /// Per loaded ensemble, the composing models its load linked ([`companions`]).
@@ -349,14 +360,25 @@ impl Executor {
         assigned: BTreeSet<String>,
     ) {
         let manager = self.manager.clone();
+        let gpus = self.gpus.clone();
         let repository = self.repository.clone();
         let done = self.done.clone();
         let brought = self.brought.clone();
         tokio::spawn(async move {
             let (model, result) = match op {
                 Op::Load { model, spec } => {
-                    let (result, companions) =
-                        load(&manager, &repository, &model, spec, previous, &catalog).await;
+                    let (result, companions) = load(
+                        Loader {
+                            manager: &manager,
+                            gpus: &gpus,
+                            repository: &repository,
+                        },
+                        &model,
+                        spec,
+                        previous,
+                        &catalog,
+                    )
+                    .await;
                     brought.lock().insert(model.clone(), companions);
                     (model, Some(result))
                 }
@@ -387,20 +409,65 @@ impl Executor {
 
 /// Loads `model` with the versions and source of `spec`; what it serves afterwards, and why
 /// requested versions that are not served failed.
+/// What a load runs against: the data plane, NVML and the agent's repository directory.
+struct Loader<'a> {
+    manager: &'a ModelManager,
+    gpus: &'a gpu::Gpus,
+    repository: &'a std::path::Path,
+}
+
+/// Per GPU, the growth of device memory used on the GPUs in `on` between two readings, split
+/// between the `versions` a load brought (0 when `on` is empty or a GPU is missing from a
+/// reading).
+pub fn gpu_growth_per_gpu(
+    before: &[GpuUtilization],
+    after: &[GpuUtilization],
+    on: &BTreeSet<u32>,
+    versions: usize,
+) -> u64 {
+    if on.is_empty() {
+        return 0;
+    }
+    let used = |readings: &[GpuUtilization], index: u32| {
+        readings
+            .iter()
+            .find(|g| g.index == index)
+            .map(|g| g.memory_used_bytes)
+    };
+    let mut growth = 0u64;
+    for &index in on {
+        let (Some(b), Some(a)) = (used(before, index), used(after, index)) else {
+            return 0;
+        };
+        growth = growth.saturating_add(a.saturating_sub(b));
+    }
+    growth / on.len() as u64 / versions.max(1) as u64
+}
+
 async fn load(
-    manager: &ModelManager,
-    repository: &std::path::Path,
+    loader: Loader<'_>,
     model: &str,
     spec: reconcile::LoadSpec,
     previous: LocalModel,
     catalog: &BTreeMap<String, String>,
 ) -> (LocalModel, BTreeSet<String>) {
+    let Loader {
+        manager,
+        gpus,
+        repository,
+    } = loader;
     let before: BTreeSet<i64> = manager.versions(model).into_iter().collect();
     let prepared = source::source_dir(&spec.source).and_then(|dir| {
         source::link_model(repository, model, &dir)?;
         source::load_config(&dir, &spec.config_override, &spec.versions)
     });
+    let load_gpus = spec.gpus.clone();
     let rss_before = host::process_rss().unwrap_or(0);
+    let gpu_before = if load_gpus.is_empty() {
+        Vec::new()
+    } else {
+        gpus.utilization()
+    };
     let mut linked = BTreeSet::new();
     let error = match prepared {
         Err(reason) => Some(reason),
@@ -418,9 +485,26 @@ async fn load(
         }
     };
     let rss_after = host::process_rss().unwrap_or(0);
+    let gpu_after = if load_gpus.is_empty() {
+        Vec::new()
+    } else {
+        gpus.utilization()
+    };
     let served: BTreeSet<i64> = manager.versions(model).into_iter().collect();
     let brought: Vec<i64> = served.difference(&before).copied().collect();
     let share = rss_after.saturating_sub(rss_before) / (brought.len().max(1) as u64);
+    let gpu_share = gpu_growth_per_gpu(&gpu_before, &gpu_after, &load_gpus, brought.len());
+    let gpu_memory: BTreeMap<i64, u64> = served
+        .iter()
+        .map(|v| {
+            let m = if brought.contains(v) {
+                gpu_share
+            } else {
+                previous.gpu_memory.get(v).copied().unwrap_or(0)
+            };
+            (*v, m)
+        })
+        .collect();
     let memory: BTreeMap<i64, u64> = served
         .iter()
         .map(|v| {
@@ -451,6 +535,44 @@ async fn load(
         served,
         failures,
         memory,
+        gpu_memory,
     };
     (local, linked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(index: u32, used_gib: u64) -> GpuUtilization {
+        GpuUtilization {
+            index,
+            utilization: 0.0,
+            memory_used_bytes: used_gib << 30,
+            memory_total_bytes: 80 << 30,
+        }
+    }
+
+    #[test]
+    fn gpu_memory_is_the_growth_on_the_assigned_gpus_per_gpu_and_version() {
+        let before = [reading(0, 1), reading(1, 2), reading(2, 0)];
+        let after = [reading(0, 5), reading(1, 8), reading(2, 9)];
+        // GPU 2 grew too (another process): not counted, it is not assigned.
+        assert_eq!(
+            gpu_growth_per_gpu(&before, &after, &[0, 1].into(), 1),
+            5 << 30
+        );
+        assert_eq!(gpu_growth_per_gpu(&before, &after, &[1].into(), 2), 3 << 30);
+        // Memory freed meanwhile counts as no growth, not as a negative one.
+        assert_eq!(gpu_growth_per_gpu(&after, &before, &[0].into(), 1), 0);
+    }
+
+    #[test]
+    fn without_gpus_or_readings_the_gpu_memory_is_zero() {
+        let before = [reading(0, 1)];
+        let after = [reading(0, 5)];
+        assert_eq!(gpu_growth_per_gpu(&before, &after, &BTreeSet::new(), 1), 0);
+        assert_eq!(gpu_growth_per_gpu(&[], &[], &[0].into(), 1), 0, "no NVML");
+        assert_eq!(gpu_growth_per_gpu(&before, &after, &[0, 7].into(), 1), 0);
+    }
 }

@@ -13,6 +13,14 @@
 //! with a `specific` version policy. A model is never loaded unless a replica of it is placed on
 //! this node. Loads and unloads run one at a time ([`Local::busy`]); reports are deduplicated
 //! against what was sent while the watch has not caught up yet ([`Local::sent`]).
+//!
+//! GPUs: a replica placed on GPU indices of this node ([`Replica::gpus`], decided by the control
+//! plane's placement) adds them to its model's [`LoadSpec::gpus`]; a change of assignment is a
+//! change of the load, so the model is loaded again. The data plane does not place instances on
+//! those devices yet (instance groups' `gpus` are another piece of work); the indices reach the
+//! load here for it.
+//!
+//! [`Replica::gpus`]: nereid_proto::pb::cluster::Replica::gpus
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,6 +36,9 @@ pub struct LoadSpec {
     pub source: String,
     /// JSON object merged over the model's config.pbtxt, or empty.
     pub config_override: String,
+    /// The GPU indices of this node assigned to the model's live replicas here (the union over
+    /// its versions); empty for a model that needs no GPU. Where its instances should run.
+    pub gpus: BTreeSet<u32>,
 }
 
 /// A model as this node last loaded it (successfully or not).
@@ -41,6 +52,9 @@ pub struct LocalModel {
     pub failures: BTreeMap<i64, String>,
     /// Measured memory per served version (RSS growth around the load that brought it).
     pub memory: BTreeMap<i64, u64>,
+    /// Measured GPU memory per served version, per GPU (growth of device memory used on the
+    /// load's GPUs around the load that brought it); 0 without GPUs.
+    pub gpu_memory: BTreeMap<i64, u64>,
 }
 
 /// A report the agent sends for a replica.
@@ -49,6 +63,8 @@ pub enum Report {
     Loading,
     Ready {
         memory_bytes: u64,
+        /// Per GPU; 0 without GPUs.
+        gpu_memory_bytes: u64,
     },
     Failed {
         reason: String,
@@ -133,8 +149,8 @@ pub fn is_live(state: ReplicaState) -> bool {
     )
 }
 
-/// The load each model assigned to `node` needs: the union of its live replicas' versions and
-/// the model's spec. Models whose spec is not known (yet) are left out.
+/// The load each model assigned to `node` needs: the union of its live replicas' versions (and
+/// of their GPUs) and the model's spec. Models whose spec is not known (yet) are left out.
 pub fn desired(mirror: &ClusterMirror, node: &str) -> BTreeMap<String, LoadSpec> {
     let mut out: BTreeMap<String, LoadSpec> = BTreeMap::new();
     for r in mirror.replicas_on(node) {
@@ -144,14 +160,14 @@ pub fn desired(mirror: &ClusterMirror, node: &str) -> BTreeMap<String, LoadSpec>
         let Some(model) = mirror.models.get(&r.model) else {
             continue;
         };
-        out.entry(r.model.clone())
-            .or_insert_with(|| LoadSpec {
-                versions: BTreeSet::new(),
-                source: model.source.clone(),
-                config_override: model.config_override.clone(),
-            })
-            .versions
-            .insert(r.version);
+        let entry = out.entry(r.model.clone()).or_insert_with(|| LoadSpec {
+            versions: BTreeSet::new(),
+            source: model.source.clone(),
+            config_override: model.config_override.clone(),
+            gpus: BTreeSet::new(),
+        });
+        entry.versions.insert(r.version);
+        entry.gpus.extend(r.gpus.iter().copied());
     }
     out
 }
@@ -199,6 +215,7 @@ pub fn plan(mirror: &ClusterMirror, node: &str, local: &Local) -> Plan {
             } else if served {
                 Some(Report::Ready {
                     memory_bytes: here.memory.get(&r.version).copied().unwrap_or(0),
+                    gpu_memory_bytes: here.gpu_memory.get(&r.version).copied().unwrap_or(0),
                 })
             } else {
                 Some(Report::Failed {
@@ -349,7 +366,10 @@ mod tests {
         w.finish(&op, &[1, 2], "");
         let p = w.plan();
         assert_eq!(p.op, None);
-        let ready = Report::Ready { memory_bytes: 100 };
+        let ready = Report::Ready {
+            memory_bytes: 100,
+            gpu_memory_bytes: 0,
+        };
         assert_eq!(p.reports, vec![(1, ready.clone()), (2, ready)]);
         w.send(&p);
         assert!(w.plan().reports.is_empty());
@@ -386,7 +406,13 @@ mod tests {
         assert_eq!(
             p.reports,
             vec![
-                (1, Report::Ready { memory_bytes: 100 }),
+                (
+                    1,
+                    Report::Ready {
+                        memory_bytes: 100,
+                        gpu_memory_bytes: 0,
+                    }
+                ),
                 (
                     2,
                     Report::Failed {
@@ -449,6 +475,7 @@ mod tests {
                     versions: [1, 2].into(),
                     source: "file:///models/a".into(),
                     config_override: String::new(),
+                    gpus: BTreeSet::new(),
                 }),
                 served: [1, 2].into(),
                 ..Default::default()
@@ -474,7 +501,16 @@ mod tests {
         // The watch still says Ready (the Loading report is not reflected yet): the Ready
         // report follows it at once, and once only.
         let p = w.plan();
-        assert_eq!(p.reports, vec![(1, Report::Ready { memory_bytes: 100 })]);
+        assert_eq!(
+            p.reports,
+            vec![(
+                1,
+                Report::Ready {
+                    memory_bytes: 100,
+                    gpu_memory_bytes: 0,
+                }
+            )]
+        );
         assert_eq!(p.op, None, "a failed replica is not loaded again");
         w.send(&p);
         assert!(w.plan().reports.is_empty());
@@ -515,6 +551,7 @@ mod tests {
                     versions: [1].into(),
                     source: "file:///models/a".into(),
                     config_override: String::new(),
+                    gpus: BTreeSet::new(),
                 }),
                 served: [1].into(),
                 ..Default::default()
@@ -540,7 +577,39 @@ mod tests {
         w.set_state(1, ReplicaState::Pending);
         assert_eq!(
             w.plan().reports,
-            vec![(1, Report::Ready { memory_bytes: 100 })]
+            vec![(
+                1,
+                Report::Ready {
+                    memory_bytes: 100,
+                    gpu_memory_bytes: 0,
+                }
+            )]
         );
+    }
+
+    #[test]
+    fn assigned_gpus_reach_the_load_and_a_new_assignment_reloads() {
+        let mut w = World::new();
+        w.replica(1, "a", 1, NODE, ReplicaState::Pending);
+        w.replica(2, "a", 2, NODE, ReplicaState::Pending);
+        w.replica(3, "a", 1, "n2", ReplicaState::Pending);
+        w.mirror.replicas.get_mut(&1).unwrap().gpus = vec![1];
+        w.mirror.replicas.get_mut(&2).unwrap().gpus = vec![0, 1];
+        w.mirror.replicas.get_mut(&3).unwrap().gpus = vec![3];
+        let p = w.plan();
+        let Some(Op::Load { spec, .. }) = &p.op else {
+            panic!("{p:?}")
+        };
+        assert_eq!(spec.gpus, [0, 1].into(), "this node's replicas only");
+        let op = p.op.clone().unwrap();
+        w.finish(&op, &[1, 2], "");
+        assert_eq!(w.plan().op, None, "settled");
+
+        // The control plane re-placed version 2 on GPU 2: the model loads again.
+        w.mirror.replicas.get_mut(&2).unwrap().gpus = vec![2];
+        let Some(Op::Load { spec, .. }) = w.plan().op else {
+            panic!("expected a reload")
+        };
+        assert_eq!(spec.gpus, [1, 2].into());
     }
 }

@@ -69,6 +69,7 @@ impl Cluster {
                 cpu_millis_capacity: 32_000,
                 up: true,
                 drained: false,
+                gpus: Vec::new(),
             })
             .collect();
         let models = (0..models)
@@ -78,6 +79,9 @@ impl Cluster {
                 replicas_wanted: replicas,
                 memory_estimate_bytes: model_sizes.pick(rng),
                 measured_memory_bytes: None,
+                gpus: 0,
+                gpu_memory_estimate_bytes: 0,
+                measured_gpu_memory_bytes: None,
             })
             .collect();
         Cluster {
@@ -106,6 +110,8 @@ impl Cluster {
                 node: add.node.clone(),
                 ready: true,
                 memory_bytes: None,
+                gpus: add.gpus.clone(),
+                gpu_memory_bytes: None,
             });
             self.next_replica += 1;
         }
