@@ -4,11 +4,18 @@ NEREID_BIN selects the server binary (default target/release/nereid). Each serve
 under pytest's tmp dir; the tail of every server log is attached to failing test reports.
 """
 
-import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
+import os
 
-from nereid_util import SERVERS, gen_models, managed_server
+# Before grpc is imported: the suite forks servers (subprocess with preexec_fn) while grpcio
+# channels and servers are live, and grpcio's fork handlers (1.81+) can abort the child before
+# it execs ("epoll_wait error: Bad file descriptor", exit -6). Fork-then-exec needs none of them.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import pytest  # noqa: E402
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+
+from nereid_util import SERVERS, gen_models, managed_server  # noqa: E402
 
 
 @pytest.hookimpl(hookwrapper=True)
