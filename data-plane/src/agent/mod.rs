@@ -494,28 +494,22 @@ async fn load(
     let brought: Vec<i64> = served.difference(&before).copied().collect();
     let share = rss_after.saturating_sub(rss_before) / (brought.len().max(1) as u64);
     let gpu_share = gpu_growth_per_gpu(&gpu_before, &gpu_after, &load_gpus, brought.len());
-    let gpu_memory: BTreeMap<i64, u64> = served
-        .iter()
-        .map(|v| {
-            let m = if brought.contains(v) {
-                gpu_share
-            } else {
-                previous.gpu_memory.get(v).copied().unwrap_or(0)
-            };
-            (*v, m)
-        })
-        .collect();
-    let memory: BTreeMap<i64, u64> = served
-        .iter()
-        .map(|v| {
-            let m = if brought.contains(v) {
-                share
-            } else {
-                previous.memory.get(v).copied().unwrap_or(0)
-            };
-            (*v, m)
-        })
-        .collect();
+    // A version this load brought gets its share of the growth; the others keep what they had.
+    let per_version = |fresh: u64, kept: &BTreeMap<i64, u64>| -> BTreeMap<i64, u64> {
+        served
+            .iter()
+            .map(|v| {
+                let m = if brought.contains(v) {
+                    fresh
+                } else {
+                    kept.get(v).copied().unwrap_or(0)
+                };
+                (*v, m)
+            })
+            .collect()
+    };
+    let gpu_memory = per_version(gpu_share, &previous.gpu_memory);
+    let memory = per_version(share, &previous.memory);
     let failures = spec
         .versions
         .iter()
