@@ -294,13 +294,14 @@ class _Payload:
             self.nbytes = len(self.data)
         else:
             self.data = None
-            self.nbytes = tensor._array.nbytes
+            # A GPU tensor (Tensor.from_dlpack of CUDA memory) is copied to the host here, once.
+            self.nbytes = tensor._host_array().nbytes
 
     def write_into(self, mapped, offset):
         if self.data is not None:
             mapped[offset:offset + self.nbytes] = self.data
             return
-        array = self.tensor._array
+        array = self.tensor._host_array()
         target = np.ndarray(array.shape, dtype=array.dtype.newbyteorder("<"), buffer=mapped, offset=offset)
         np.copyto(target, array, casting="equiv")
 

@@ -44,6 +44,8 @@ import threading
 
 import numpy as np
 
+import nereid_dlpack
+
 # The stub sets this to its channel object; see the module docstring for what it provides.
 _channel = None
 
@@ -270,28 +272,31 @@ def deserialize_bytes_tensor(encoded_tensor):
 # Tensor
 # ---------------------------------------------------------------------------------------------
 
-_DLPACK_CPU = 1  # kDLCPU
-
 
 class _CapsuleSource:
-    """Adapts a bare DLPack capsule to the `__dlpack__` protocol that `np.from_dlpack` expects."""
+    """Adapts a bare CPU DLPack capsule to the `__dlpack__` protocol that `np.from_dlpack` expects."""
 
-    def __init__(self, capsule):
+    def __init__(self, capsule, device):
         self._capsule = capsule
+        self._device = device
 
     def __dlpack__(self, *args, **kwargs):
         return self._capsule
 
     def __dlpack_device__(self):
-        return (_DLPACK_CPU, 0)
+        return self._device
 
 
 class Tensor:
     """A named tensor: `Tensor(name, numpy_array)`.
 
     BYTES tensors are NumPy arrays of dtype object holding `bytes` (bytes_/str_ arrays are
-    accepted too). Non C-contiguous arrays are copied into C order.
+    accepted too). Non C-contiguous arrays are copied into C order. `from_dlpack` of GPU memory
+    makes a tensor that stays on its GPU (`_device`, a nereid_dlpack.DeviceMemory; `_array` is
+    its host copy once one was needed).
     """
+
+    _device = None
 
     def __init__(self, name, array):
         if not isinstance(name, str):
@@ -324,6 +329,8 @@ class Tensor:
         return self._name
 
     def shape(self):
+        if self._device is not None:
+            return list(self._device.shape)
         return [int(d) for d in self._array.shape]
 
     def triton_dtype(self):
@@ -331,9 +338,12 @@ class Tensor:
         return _TYPE_CODES[self._datatype]
 
     def is_cpu(self):
-        return True
+        """False for a tensor made by `from_dlpack` from GPU memory (it stays on its GPU)."""
+        return self._device is None
 
     def as_numpy(self):
+        if self._device is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         if self._datatype == "BF16":
             raise TritonModelException(
                 "tensor '{}' has datatype BF16, which has no NumPy type; as_numpy() is not "
@@ -341,15 +351,38 @@ class Tensor:
             )
         return self._array
 
+    def _host_array(self):
+        """The data as a NumPy array in host memory: the array itself for a CPU tensor; for a GPU
+        tensor one copy off the device, made when it first leaves the stub (as an output or a BLS
+        input) and kept."""
+        if self._device is None:
+            return self._array
+        if self._array is None:
+            try:
+                self._array = nereid_dlpack.copy_to_host(self._device)
+            except nereid_dlpack.DLPackError as e:
+                raise TritonModelException(
+                    "cannot copy GPU tensor '{}' to the host: {}".format(self._name, e)
+                ) from None
+        return self._array
+
     def to_dlpack(self):
-        """A DLPack capsule sharing this tensor's memory."""
+        """A DLPack capsule sharing this tensor's memory (host memory, or its GPU memory)."""
         return self.__dlpack__()
 
     def __dlpack__(self, stream=None, **kwargs):
-        if self._datatype in ("BYTES", "BF16"):
+        if self._datatype == "BYTES":
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        if self._device is not None:
+            # As Triton: no work is pending on the memory of a tensor the stub holds.
+            memory = self._device
+            return nereid_dlpack.export(
+                self, memory.ptr, (nereid_dlpack.KDL_CUDA, memory.device_id), memory.shape,
+                memory.datatype)
+        if self._datatype == "BF16":
             raise TritonModelException(
-                "tensor '{}' has datatype {}, which cannot be exported through DLPack with "
-                "NumPy".format(self._name, self._datatype)
+                "tensor '{}' has datatype BF16, which cannot be exported through DLPack with "
+                "NumPy".format(self._name)
             )
         if not hasattr(self._array, "__dlpack__"):
             raise TritonModelException(_dlpack_missing_message())
@@ -363,21 +396,50 @@ class Tensor:
             ) from None
 
     def __dlpack_device__(self):
-        return (_DLPACK_CPU, 0)
+        if self._device is not None:
+            return (nereid_dlpack.KDL_CUDA, self._device.device_id)
+        return (nereid_dlpack.KDL_CPU, 0)
 
     @staticmethod
     def from_dlpack(name, dlpack_object):
-        """A tensor sharing the memory of a CPU DLPack producer or capsule."""
+        """A tensor sharing the memory of a DLPack producer (an object with `__dlpack__` and
+        `__dlpack_device__`: torch tensors, CuPy and NumPy arrays) or of a DLPack capsule. CPU
+        memory becomes a NumPy view; CUDA memory stays on its GPU (`is_cpu()` is False)."""
+        if not isinstance(name, str) or name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        try:
+            if nereid_dlpack.is_capsule(dlpack_object):
+                capsule = dlpack_object
+                device = nereid_dlpack.capsule_device(capsule)
+            elif hasattr(dlpack_object, "__dlpack__") and hasattr(dlpack_object, "__dlpack_device__"):
+                capsule = None
+                device = tuple(int(d) for d in dlpack_object.__dlpack_device__())
+            else:
+                raise TritonModelException(
+                    "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+                    "`__dlpack__` and `__dlpack_device__` attributes"
+                )
+            if device[0] == nereid_dlpack.KDL_CUDA:
+                if capsule is None:
+                    # stream=1: the producer orders its pending work before the legacy default
+                    # stream, which the copy to the host runs on (Array API semantics).
+                    capsule = dlpack_object.__dlpack__(stream=1)
+                memory = nereid_dlpack.DeviceMemory(capsule)
+                tensor = Tensor.__new__(Tensor)
+                tensor._name = name
+                tensor._array = None
+                tensor._datatype = memory.datatype
+                tensor._device = memory
+                return tensor
+            if device[0] not in (nereid_dlpack.KDL_CPU, nereid_dlpack.KDL_CUDA_HOST):
+                raise TritonModelException(
+                    "DLDevice type {} is not support by Python backend.".format(device[0])
+                )
+        except nereid_dlpack.DLPackError as e:
+            raise TritonModelException("cannot import DLPack tensor '{}': {}".format(name, e)) from None
         if not hasattr(np, "from_dlpack"):
             raise TritonModelException(_dlpack_missing_message())
-        source = dlpack_object
-        if not hasattr(dlpack_object, "__dlpack__"):
-            if type(dlpack_object).__name__ != "PyCapsule":
-                raise TritonModelException(
-                    "Tensor.from_dlpack('{}') expects a DLPack capsule or an object with "
-                    "__dlpack__, got {}".format(name, type(dlpack_object).__name__)
-                )
-            source = _CapsuleSource(dlpack_object)
+        source = dlpack_object if capsule is None else _CapsuleSource(capsule, device)
         try:
             array = np.from_dlpack(source)
         except (BufferError, RuntimeError, TypeError, ValueError) as e:
@@ -385,11 +447,17 @@ class Tensor:
                 "cannot import DLPack tensor '{}' (Nereid supports CPU tensors of NumPy "
                 "datatypes only): {}".format(name, e)
             ) from None
+        if not array.flags.c_contiguous:
+            raise TritonModelException(
+                "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored "
+                "in C-Order are supported."
+            )
         return Tensor(name, array)
 
     def __repr__(self):
-        return "Tensor(name={!r}, datatype={}, shape={})".format(
-            self._name, self._datatype, self.shape()
+        return "Tensor(name={!r}, datatype={}, shape={}{})".format(
+            self._name, self._datatype, self.shape(),
+            "" if self._device is None else ", device=GPU {}".format(self._device.device_id)
         )
 
 

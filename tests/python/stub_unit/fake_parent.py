@@ -30,6 +30,9 @@ ALIGNMENT = 64
 
 # Loaded under a private name so suites that put a placeholder `triton_python_backend_utils`
 # into sys.modules and these tests never see each other's module.
+# The utils import nereid_dlpack from their own directory, as in the stub's runtime directory.
+if str(STUB_DIR) not in sys.path:
+    sys.path.insert(0, str(STUB_DIR))
 _spec = importlib.util.spec_from_file_location("nereid_pb_utils_under_test",
                                                STUB_DIR / "triton_python_backend_utils.py")
 pb_utils = importlib.util.module_from_spec(_spec)

@@ -12,6 +12,9 @@ const STUB_SOURCE: &str = include_str!("../../../python/nereid_stub.py");
 /// `import triton_python_backend_utils as pb_utils` in user code finds this.
 const UTILS_FILE: &str = "triton_python_backend_utils.py";
 const UTILS_SOURCE: &str = include_str!("../../../python/triton_python_backend_utils.py");
+/// DLPack capsules and GPU tensors, imported by the utils.
+const DLPACK_FILE: &str = "nereid_dlpack.py";
+const DLPACK_SOURCE: &str = include_str!("../../../python/nereid_dlpack.py");
 
 /// The written files; removed when the last user is gone.
 #[derive(Debug)]
@@ -22,7 +25,11 @@ pub struct RuntimeDir {
 impl RuntimeDir {
     pub fn create() -> io::Result<Self> {
         let dir = private_dir("nereid-python-")?;
-        for (name, source) in [(STUB_FILE, STUB_SOURCE), (UTILS_FILE, UTILS_SOURCE)] {
+        for (name, source) in [
+            (STUB_FILE, STUB_SOURCE),
+            (UTILS_FILE, UTILS_SOURCE),
+            (DLPACK_FILE, DLPACK_SOURCE),
+        ] {
             std::fs::write(dir.path().join(name), source)?;
         }
         Ok(RuntimeDir { dir })
@@ -48,6 +55,8 @@ mod tests {
         assert_eq!(stub, STUB_SOURCE);
         let utils = std::fs::read_to_string(runtime.path().join(UTILS_FILE)).unwrap();
         assert_eq!(utils, UTILS_SOURCE);
+        let dlpack = std::fs::read_to_string(runtime.path().join(DLPACK_FILE)).unwrap();
+        assert_eq!(dlpack, DLPACK_SOURCE);
         let path = runtime.path().to_path_buf();
         drop(runtime);
         assert!(!path.exists(), "removed with its owner");
