@@ -1,0 +1,320 @@
+"""The device half of scripts/gpu_check.sh (issue 19), run on the GPU machine. NEVER RUN YET.
+
+Each step is recorded in OUT/gpu_check.json (ok / error / figures) and summed up in
+OUT/gpu_check.md; a failing step does not stop the others.
+
+  env        nvidia-smi's GPU, torch and CUDA versions
+  models     a TorchScript MLP made here with the device's torch (1024 -> 4096 -> 1024, FP32)
+  py_gpu     the MLP in a Python model on KIND_GPU (torch on cuda:<device id>, outputs returned
+             as CUDA tensors through Tensor.from_dlpack), served by `nereid` (no libtorch)
+  ts_gpu     the same file as a TorchScript model on KIND_GPU, served by `nereid-torch` (the
+             PyTorch backend), if that binary starts against the device's libtorch
+  cuda_shm   tritonclient gRPC with inputs and outputs in CUDA shared memory (CuPy buffers,
+             their IPC handles registered with CudaSharedMemoryRegister)
+  metrics    the nv_gpu_* lines of /metrics
+  bench      in-process torch on the GPU (host input -> GPU -> host output, as served) vs the
+             served models, batch 1..256 at concurrency 1, 8 and 32
+"""
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests/python"))
+from nereid_util import free_port, loopback_listen_args  # noqa: E402
+
+RESULTS = {}
+BATCHES = [1, 8, 32, 128, 256]
+CONCURRENCY = [1, 8, 32]
+SECONDS = 2.0
+WIDTH = 1024
+
+PY_MODEL = """
+import numpy as np
+import torch
+import torch.utils.dlpack
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.device = "cuda:" + args["model_instance_device_id"]
+        self.model = torch.jit.load(args["model_repository"] + "/1/model.pt").to(self.device).eval()
+
+    def execute(self, requests):
+        inputs = [torch.utils.dlpack.from_dlpack(pb_utils.get_input_tensor_by_name(r, "INPUT__0").to_dlpack())
+                  for r in requests]
+        sizes = [t.shape[0] for t in inputs]
+        with torch.inference_mode():
+            y = self.model(torch.cat(inputs).to(self.device, non_blocking=True))
+        out, start = [], 0
+        for n in sizes:
+            part = y[start:start + n].contiguous()
+            start += n
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUTPUT__0", part)]))
+        return out
+"""
+
+
+def config(name, platform_or_backend):
+    return (f'name: "{name}"\n{platform_or_backend}\nmax_batch_size: 256\n'
+            f'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
+            'dynamic_batching { max_queue_delay_microseconds: 200 }\n'
+            'instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n')
+
+
+def step(name):
+    def wrap(fn):
+        def run(*a, **k):
+            started = time.monotonic()
+            try:
+                value = fn(*a, **k)
+                RESULTS[name] = {"ok": True, **(value or {})}
+            except Exception as e:  # noqa: BLE001 - every step is reported, none stops the rest
+                RESULTS[name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                 "trace": traceback.format_exc()[-3000:]}
+            RESULTS[name]["seconds"] = round(time.monotonic() - started, 1)
+            print(f"== {name}: {json.dumps(RESULTS[name])[:1500]}", flush=True)
+            return RESULTS[name]
+        return run
+    return wrap
+
+
+class Nereid:
+    def __init__(self, binary, repo, logs, name):
+        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        self.log = open(Path(logs) / f"{name}.log", "wb")
+        args = [binary, "serve", "--model-repository", str(repo),
+                *loopback_listen_args(self.http, self.grpc, self.metrics)]
+        env = dict(os.environ, NEREID_PYTHON=sys.executable)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def ready(self, model, deadline_s=120):
+        end = time.monotonic() + deadline_s
+        url = f"http://127.0.0.1:{self.http}/v2/models/{model}/ready"
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
+            try:
+                if urllib.request.urlopen(url, timeout=2).status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{model} not ready in {deadline_s}s")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@step("env")
+def env():
+    import torch
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout
+    return {"gpu": smi.strip(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available()}
+
+
+@step("models")
+def make_models(repo):
+    import torch
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.ReLU(),
+                              torch.nn.Linear(4 * WIDTH, WIDTH))
+    scripted = torch.jit.script(mlp.eval())
+    for name, header in [("ts_gpu", 'platform: "pytorch_libtorch"'), ("py_gpu", 'backend: "python"')]:
+        (repo / name / "1").mkdir(parents=True)
+        scripted.save(str(repo / name / "1" / "model.pt"))
+        (repo / name / "config.pbtxt").write_text(config(name, header))
+    (repo / "py_gpu" / "1" / "model.py").write_text(PY_MODEL)
+    return {"repo": str(repo)}
+
+
+def client(server):
+    import tritonclient.grpc as grpcclient
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+
+
+def infer(c, model, x):
+    import tritonclient.grpc as grpcclient
+    inp = grpcclient.InferInput("INPUT__0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return c.infer(model, [inp], client_timeout=60).as_numpy("OUTPUT__0")
+
+
+def reference(repo, x):
+    import torch
+    model = torch.jit.load(str(repo / "py_gpu" / "1" / "model.pt")).cuda().eval()
+    with torch.inference_mode():
+        return model(torch.from_numpy(x).cuda()).cpu().numpy()
+
+
+def served(server, repo, model):
+    server.ready(model)
+    x = np.random.default_rng(1).standard_normal((4, WIDTH), dtype=np.float32)
+    c = client(server)
+    y = infer(c, model, x)
+    np.testing.assert_allclose(y, reference(repo, x), rtol=1e-3, atol=1e-3)
+    cfg = c.get_model_config(model, as_json=True)["config"]["instance_group"]
+    return {"instance_group": cfg}
+
+
+served_python = step("py_gpu")(served)
+served_torch = step("ts_gpu")(served)
+
+
+@step("cuda_shm")
+def cuda_shm(server, model):
+    import cupy as cp
+    import tritonclient.grpc as grpcclient
+    c = client(server)
+    x = np.random.default_rng(2).standard_normal((8, WIDTH), dtype=np.float32)
+    d_in = cp.asarray(x)
+    d_out = cp.zeros_like(d_in)
+    nbytes = x.nbytes
+    for name, buf in [("gpu_in", d_in), ("gpu_out", d_out)]:
+        handle = bytes(cp.cuda.runtime.ipcGetMemHandle(buf.data.ptr))
+        c.register_cuda_shared_memory(name, base64.b64encode(handle), 0, nbytes)
+    status = c.get_cuda_shared_memory_status(as_json=True)
+    inp = grpcclient.InferInput("INPUT__0", list(x.shape), "FP32")
+    inp.set_shared_memory("gpu_in", nbytes)
+    out = grpcclient.InferRequestedOutput("OUTPUT__0")
+    out.set_shared_memory("gpu_out", nbytes)
+    c.infer(model, [inp], outputs=[out], client_timeout=60)
+    cp.cuda.runtime.deviceSynchronize()
+    y = cp.asnumpy(d_out)
+    with_plain = infer(c, model, x)
+    np.testing.assert_allclose(y, with_plain, rtol=1e-4, atol=1e-4)
+    c.unregister_cuda_shared_memory()
+    return {"status": status}
+
+
+@step("metrics")
+def metrics(server):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics}/metrics", timeout=10).read()
+    lines = [l for l in text.decode().splitlines() if l.startswith("nv_gpu")]
+    if not lines:
+        raise RuntimeError("no nv_gpu_* metrics")
+    return {"lines": lines[:40]}
+
+
+def throughput(server, model, batch, concurrency):
+    x = np.random.default_rng(3).standard_normal((batch, WIDTH), dtype=np.float32)
+    counts = [0] * concurrency
+    stop = time.monotonic() + SECONDS
+
+    def work(i):
+        c = client(server)
+        while time.monotonic() < stop:
+            infer(c, model, x)
+            counts[i] += batch
+        c.close()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(concurrency)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - start)
+
+
+@step("bench")
+def bench(repo, servers):
+    import torch
+    model = torch.jit.load(str(repo / "py_gpu" / "1" / "model.pt")).cuda().eval()
+    inproc = {}
+    for batch in BATCHES:
+        x = torch.randn(batch, WIDTH).pin_memory()
+        n, start = 0, time.monotonic()
+        with torch.inference_mode():
+            while time.monotonic() - start < SECONDS:
+                model(x.cuda(non_blocking=True)).cpu()
+                n += batch
+        inproc[batch] = n / (time.monotonic() - start)
+    rows = []
+    for label, (server, name) in servers.items():
+        for conc in CONCURRENCY:
+            for batch in BATCHES:
+                rows.append({"server": label, "concurrency": conc, "batch": batch,
+                             "infer_per_sec": round(throughput(server, name, batch, conc), 1)})
+    best_inproc = max(inproc.values())
+    ratios = {label: max(r["infer_per_sec"] for r in rows if r["server"] == label) / best_inproc
+              for label in servers}
+    return {"inprocess": {str(b): round(v, 1) for b, v in inproc.items()}, "served": rows,
+            "ratio_best_served_to_best_inprocess": {k: round(v, 3) for k, v in ratios.items()}}
+
+
+def markdown(out):
+    lines = ["# GPU check", "", f"device: {RESULTS.get('env', {}).get('gpu', '?')}", ""]
+    for name, r in RESULTS.items():
+        lines.append(f"- {name}: {'ok' if r['ok'] else 'FAILED: ' + r['error']}")
+    b = RESULTS.get("bench", {})
+    if b.get("ok"):
+        lines += ["", "| server | concurrency | " + " | ".join(f"batch {x}" for x in BATCHES) + " |",
+                  "| --- | --- |" + " --- |" * len(BATCHES)]
+        lines.append("| in-process torch | 1 | " + " | ".join(
+            str(b["inprocess"][str(x)]) for x in BATCHES) + " |")
+        for label in sorted({r["server"] for r in b["served"]}):
+            for conc in CONCURRENCY:
+                cells = [str(r["infer_per_sec"]) for r in b["served"]
+                         if r["server"] == label and r["concurrency"] == conc]
+                lines.append(f"| {label} | {conc} | " + " | ".join(cells) + " |")
+        lines += ["", f"best served / best in-process: {b['ratio_best_served_to_best_inprocess']}"]
+    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--nereid", required=True)
+    p.add_argument("--nereid-torch", required=True)
+    p.add_argument("--models", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    out = Path(a.out)
+    work = Path("/tmp/gpu")
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    repo = work / "repo"
+    shutil.rmtree(repo, ignore_errors=True)
+    env()
+    make_models(repo)
+    plain = Nereid(a.nereid, repo, logs, "nereid")
+    torch_server = Nereid(a.nereid_torch, repo, logs, "nereid_torch")
+    servers = {}
+    try:
+        if served_python(plain, repo, "py_gpu")["ok"]:
+            servers["python_backend"] = (plain, "py_gpu")
+            cuda_shm(plain, "py_gpu")
+            metrics(plain)
+        if served_torch(torch_server, repo, "ts_gpu")["ok"]:
+            servers["pytorch_backend"] = (torch_server, "ts_gpu")
+        if servers:
+            bench(repo, servers)
+    finally:
+        plain.stop()
+        torch_server.stop()
+        (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1))
+        markdown(out)
+
+
+if __name__ == "__main__":
+    main()
