@@ -12,7 +12,7 @@ BENCH_OUT   ?= target/bench
 FEATURES    := --features nereid/torch
 TORCH_ENV    = LIBTORCH="$$(cat $(VENV)/libtorch-path)"
 
-.PHONY: all setup triton-ref build examples run cluster cluster-down test test-rust test-python test-deploy bench lint clean
+.PHONY: all setup triton-ref build examples run cluster cluster-down test test-rust test-python test-deploy fuzz fuzz-smoke bench lint clean
 
 all: build
 
@@ -62,8 +62,8 @@ cluster-down:
 	bash scripts/cluster.sh down
 
 ## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer, then the
-## Kubernetes deployment check.
-test: test-rust test-python test-deploy
+## Kubernetes deployment check, then the fuzz smoke run.
+test: test-rust test-python test-deploy fuzz-smoke
 
 test-rust: build
 	$(TORCH_ENV) cargo test --release $(CARGO_FLAGS) $(FEATURES) --workspace
@@ -75,6 +75,21 @@ test-python: build triton-ref
 ## date, and every nereid flag in the chart known to the binary (docs/kubernetes.md).
 test-deploy: build
 	NEREID_BIN=$(CURDIR)/$(NEREID) HELM=$(CURDIR)/$(VENV)/bin/helm $(PYTHON) scripts/check_deploy.py
+
+## fuzz: every fuzz target (fuzz/, docs/fuzzing.md) for FUZZ_SECONDS each, built with libFuzzer's
+## coverage instrumentation on the stable toolchain; one summary line per target (runs, crashes);
+## fails on any crash (the input is kept in fuzz/artifacts/<target>/).
+FUZZ_SECONDS       ?= 600
+FUZZ_SMOKE_SECONDS ?= 5
+fuzz:
+	bash fuzz/fuzz.sh build
+	bash fuzz/fuzz.sh run $(FUZZ_SECONDS)
+
+## fuzz-smoke: the light targets (over nereid-proto and nereid-frontend only, so the instrumented
+## build stays short), each for FUZZ_SMOKE_SECONDS (part of `make test`).
+fuzz-smoke:
+	bash fuzz/fuzz.sh build light
+	bash fuzz/fuzz.sh run $(FUZZ_SMOKE_SECONDS) light
 
 ## bench: in-process ONNX Runtime baseline, then the server under nereid-loadtest and
 ## perf_analyzer; writes $(BENCH_OUT)/results.json and prints a Markdown summary (docs/loadtest.md).

@@ -28,6 +28,8 @@ mod cluster;
 mod consensus;
 mod convert;
 mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 mod leader;
 mod metrics;
 mod node;

@@ -32,6 +32,8 @@ pub mod backend;
 mod check;
 pub mod config;
 mod ensemble;
+#[doc(hidden)]
+pub mod fuzzing;
 mod manager;
 mod metrics;
 mod probe;

@@ -25,6 +25,8 @@
 //! The domain types, the `InferenceService` trait and the gRPC codec live in `nereid-proto`, so a
 //! crate that only implements or calls the service does not depend on this one.
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod grpc;
 mod http;
 mod offload;

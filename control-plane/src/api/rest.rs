@@ -77,7 +77,7 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
 
 /// `?consistency=local|linearizable` as the ReadConsistency enum value; other parameters are
 /// refused so a typo does not silently give a stale read.
-fn consistency(query: Option<String>) -> Result<i32, ApiError> {
+pub(crate) fn consistency(query: Option<String>) -> Result<i32, ApiError> {
     let mut value = pb::ReadConsistency::Local;
     for pair in query
         .as_deref()
@@ -107,7 +107,7 @@ fn consistency(query: Option<String>) -> Result<i32, ApiError> {
 }
 
 /// Parses a proto-JSON request body; the error names what is wrong in it.
-fn body<M: Message + Name + Default>(bytes: &Bytes) -> Result<M, ApiError> {
+pub(crate) fn body<M: Message + Name + Default>(bytes: &Bytes) -> Result<M, ApiError> {
     let what = M::NAME;
     let text = std::str::from_utf8(bytes)
         .map_err(|e| ApiError::invalid("body", format!("is not UTF-8 text: {e}")))?;
@@ -163,7 +163,7 @@ async fn set_traffic(
 }
 
 /// Fills a body's empty `name` from the path; a different name in the body is refused.
-fn name_from_path(body_name: &mut String, path: String) -> Result<(), ApiError> {
+pub(crate) fn name_from_path(body_name: &mut String, path: String) -> Result<(), ApiError> {
     if body_name.is_empty() {
         *body_name = path;
         return Ok(());

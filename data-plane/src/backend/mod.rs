@@ -39,6 +39,8 @@ pub use self::batch_inputs::{BatchInput, BatchInputs};
 /// Public for callers that drive the Python backend through the [`Backend`] API directly
 /// (its tests, the `python_overhead` example); the others load only through [`Backends`].
 pub use self::python::PythonBackend;
+/// The stub protocol's decoder as the fuzz targets drive it ([`crate::fuzzing`]).
+pub(crate) use self::python::fuzzing as python_fuzzing;
 
 /// What can go wrong inside a backend, by meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

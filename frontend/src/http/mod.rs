@@ -47,6 +47,10 @@ mod tensor_json;
 #[cfg(test)]
 mod tests;
 
+/// What the fuzz targets drive ([`crate::fuzzing`]).
+pub(crate) use infer_request::{INFER_HEADER_CONTENT_LENGTH, decode_json, header_length};
+pub(crate) use raw_request::decode_raw;
+
 use std::sync::Arc;
 
 use crate::shm::SharedMemory;

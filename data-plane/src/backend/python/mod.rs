@@ -18,6 +18,7 @@ mod bls;
 mod convert;
 mod execute;
 mod frame;
+pub(crate) mod fuzzing;
 mod instance;
 mod link;
 mod message;
