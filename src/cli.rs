@@ -126,6 +126,7 @@ impl ServeArgs {
             return Err("--repository-poll-secs must be at least 1".into());
         }
         let (frontend, models) = (self.frontend, self.models);
+        let frontend_options = frontend.options()?;
         if models.model_queue_size == 0 {
             return Err("--model-queue-size must be at least 1".into());
         }
@@ -156,6 +157,7 @@ impl ServeArgs {
             metrics_addr: addrs.metrics,
             metrics,
             http_max_input_size: frontend.http_max_input_size,
+            frontend: frontend_options,
             poll_interval: Duration::from_secs(self.repository_poll_secs),
             exit_timeout: Duration::from_secs(frontend.exit_timeout_secs),
             exit_on_error: self.exit_on_error,
@@ -325,6 +327,33 @@ mod tests {
             unreachable!()
         };
         a.into_config()
+    }
+
+    #[test]
+    fn frontend_options_from_flags() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.frontend, nereid_frontend::FrontendOptions::default());
+        let c = parse(&[
+            "--http-restricted-api",
+            "statistics:k=v",
+            "--max-request-outputs",
+            "5",
+            "--max-tensor-elements",
+            "100",
+            "--grpc-stream-buffer",
+            "7",
+        ])
+        .unwrap();
+        let statistics = nereid_frontend::ApiCategory::Statistics;
+        assert!(c.frontend.http_restricted.required(statistics).is_some());
+        assert!(c.frontend.grpc_restricted.is_empty());
+        assert_eq!(c.frontend.limits.max_outputs, 5);
+        assert_eq!(c.frontend.limits.max_tensor_elements, 100);
+        assert_eq!(c.frontend.grpc_stream_buffer, 7);
+        let e = parse(&["--max-request-inputs", "0"]).unwrap_err();
+        assert_eq!(e, "--max-request-inputs must be at least 1");
+        let e = parse(&["--grpc-restricted-protocol", "x:k=v"]).unwrap_err();
+        assert!(e.contains("unknown API 'x'"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! |---|---|---|---|---|
 //! | [`ListenArgs`]: ports, addresses, `--allow-*` | ✓ | ✓ | ✓ | |
 //! | [`MetricsArgs`]: what `/metrics` reports | ✓ | ✓ | | |
-//! | [`FrontendArgs`]: body limit, drain time, logging, server name | ✓ | ✓ | ✓ | |
+//! | [`FrontendArgs`]: request limits, restricted APIs, drain time, logging, server name | ✓ | ✓ | ✓ | |
 //! | [`ModelArgs`]: auto-complete, queue size, ONNX Runtime, Python | ✓ | ✓ | | |
 //! | [`PythonArgs`]: the Python models' interpreter | ✓ | ✓ | | ✓ |
 //! | [`AuthTokenArgs`]: the token sent to the control plane | | ✓ | ✓ | |
@@ -152,6 +152,42 @@ pub struct FrontendArgs {
     /// Largest HTTP request body in bytes, also after decompression.
     #[arg(long, env = "NEREID_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
     pub http_max_input_size: usize,
+    /// Put HTTP endpoint categories behind a header, Triton's form
+    /// `<api>[,<api>...]:<key>=<value>` (repeatable; `;` separates values in the env var): a
+    /// request to them without header <key> set to exactly <value> gets 403. APIs: health,
+    /// metadata, inference, shared-memory, model-config, model-repository, statistics, trace,
+    /// logging; each in one value only.
+    #[arg(long, env = "NEREID_HTTP_RESTRICTED_API", value_delimiter = ';')]
+    pub http_restricted_api: Vec<String>,
+    /// Put gRPC rpc categories behind a metadata header, same form and APIs as
+    /// --http-restricted-api; clients send `triton-grpc-protocol-<key>: <value>`, else the rpc
+    /// fails with UNAVAILABLE.
+    #[arg(
+        long,
+        alias = "grpc-restricted-api",
+        env = "NEREID_GRPC_RESTRICTED_PROTOCOL",
+        value_delimiter = ';'
+    )]
+    pub grpc_restricted_protocol: Vec<String>,
+    /// Inputs one infer request may carry (HTTP and gRPC); more is refused with 400 /
+    /// INVALID_ARGUMENT before any tensor is decoded.
+    #[arg(long, env = "NEREID_MAX_REQUEST_INPUTS", default_value_t = nereid_frontend::RequestLimits::DEFAULT_MAX_TENSORS)]
+    pub max_request_inputs: usize,
+    /// Outputs one infer request may ask for by name (HTTP and gRPC).
+    #[arg(long, env = "NEREID_MAX_REQUEST_OUTPUTS", default_value_t = nereid_frontend::RequestLimits::DEFAULT_MAX_TENSORS)]
+    pub max_request_outputs: usize,
+    /// Elements one input tensor may declare (the product of its shape), checked before its
+    /// data is read; lower it to bound the memory one request can make the server allocate.
+    #[arg(long, env = "NEREID_MAX_TENSOR_ELEMENTS", default_value_t = nereid_frontend::RequestLimits::DEFAULT_MAX_TENSOR_ELEMENTS)]
+    pub max_tensor_elements: u64,
+    /// Largest gRPC message in bytes, received or sent (Triton's is INT32_MAX, 2147483647);
+    /// a larger message fails its rpc with OUT_OF_RANGE naming both sizes.
+    #[arg(long, env = "NEREID_GRPC_MAX_MESSAGE_SIZE", default_value_t = i32::MAX as usize)]
+    pub grpc_max_message_size: usize,
+    /// Responses a ModelStreamInfer stream holds for a client that reads slower than its models
+    /// answer; when full, the stream's requests wait. Raise it for token streaming on a slow link.
+    #[arg(long, env = "NEREID_GRPC_STREAM_BUFFER", default_value_t = nereid_frontend::GrpcConfig::DEFAULT_STREAM_RESPONSE_BUFFER)]
+    pub grpc_stream_buffer: usize,
     /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
     #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
     pub exit_timeout_secs: u64,
@@ -166,6 +202,39 @@ pub struct FrontendArgs {
     /// unchanged; the version field still says which Nereid answers.
     #[arg(long, env = "NEREID_ID", default_value = "triton")]
     pub id: String,
+}
+
+impl FrontendArgs {
+    /// The frontends' restricted APIs, request limits and gRPC sizes, or the first bad flag.
+    pub fn options(&self) -> Result<nereid_frontend::FrontendOptions, String> {
+        let at_least_one = [
+            ("--max-request-inputs", self.max_request_inputs as u64),
+            ("--max-request-outputs", self.max_request_outputs as u64),
+            ("--max-tensor-elements", self.max_tensor_elements),
+            ("--grpc-max-message-size", self.grpc_max_message_size as u64),
+            ("--grpc-stream-buffer", self.grpc_stream_buffer as u64),
+        ];
+        if let Some((flag, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{flag} must be at least 1"));
+        }
+        let restricted =
+            |r: Result<_, nereid_frontend::RestrictError>| r.map_err(|e| e.to_string());
+        Ok(nereid_frontend::FrontendOptions {
+            http_restricted: restricted(nereid_frontend::RestrictedApis::parse_http(
+                &self.http_restricted_api,
+            ))?,
+            grpc_restricted: restricted(nereid_frontend::RestrictedApis::parse_grpc(
+                &self.grpc_restricted_protocol,
+            ))?,
+            limits: nereid_frontend::RequestLimits {
+                max_inputs: self.max_request_inputs,
+                max_outputs: self.max_request_outputs,
+                max_tensor_elements: self.max_tensor_elements,
+            },
+            grpc_max_message_size: self.grpc_max_message_size,
+            grpc_stream_buffer: self.grpc_stream_buffer,
+        })
+    }
 }
 
 /// How the data plane loads and queues models: shared by `serve` and `worker`.

@@ -62,6 +62,7 @@ impl RouterArgs {
         let token = self.auth.token(env_token)?;
         let addrs = self.listen.addrs()?;
         let frontend = self.frontend;
+        let frontend_options = frontend.options()?;
         Ok(RouterConfig {
             service: RouterServiceConfig {
                 server_name: frontend.id,
@@ -79,6 +80,7 @@ impl RouterArgs {
             grpc_addr: addrs.grpc,
             metrics_addr: addrs.metrics,
             http_max_input_size: frontend.http_max_input_size,
+            frontend: frontend_options,
             exit_timeout: Duration::from_secs(frontend.exit_timeout_secs),
             telemetry: self.telemetry.to_config("nereid-router")?,
         })
@@ -149,6 +151,47 @@ mod tests {
             ])
             .unwrap_err()
             .contains("--auth-token-file")
+        );
+    }
+
+    #[test]
+    fn the_router_config_carries_restrictions_and_limits() {
+        let c = parse(&[
+            "--control-plane",
+            "a:1",
+            "--http-restricted-api",
+            "inference,model-repository:k=v",
+            "--grpc-restricted-api",
+            "health:g=1",
+            "--max-request-inputs",
+            "3",
+            "--grpc-max-message-size",
+            "4096",
+        ])
+        .unwrap();
+        let options = &c.frontend;
+        let inference = nereid_frontend::ApiCategory::Inference;
+        assert_eq!(
+            options.http_restricted.required(inference).unwrap().key,
+            "k"
+        );
+        let health = nereid_frontend::ApiCategory::Health;
+        assert_eq!(
+            options.grpc_restricted.required(health).unwrap().key,
+            "triton-grpc-protocol-g"
+        );
+        assert_eq!(options.limits.max_inputs, 3);
+        assert_eq!(options.grpc_max_message_size, 4096);
+        let e = parse(&[
+            "--control-plane",
+            "a:1",
+            "--http-restricted-api",
+            "inference",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("--http-restricted-api 'inference' is malformed"),
+            "{e}"
         );
     }
 }

@@ -42,6 +42,8 @@ pub struct ServeConfig {
     /// Which metrics the metrics port reports and how often system metrics are sampled.
     pub metrics: MetricsConfig,
     pub http_max_input_size: usize,
+    /// Restricted APIs, request limits and gRPC sizes of both frontends.
+    pub frontend: nereid_frontend::FrontendOptions,
     pub poll_interval: Duration,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub exit_timeout: Duration,
@@ -162,14 +164,10 @@ pub async fn run_with(
             http,
             grpc,
             metrics: metrics_listener.map(|l| (l, metrics.clone().router())),
-            http_config: nereid_frontend::HttpConfig {
-                max_input_size: config.http_max_input_size,
-                shared_memory: shared_memory.clone(),
-            },
-            grpc_config: nereid_frontend::GrpcConfig {
-                shared_memory,
-                ..Default::default()
-            },
+            http_config: config
+                .frontend
+                .http_config(config.http_max_input_size, shared_memory.clone()),
+            grpc_config: config.frontend.grpc_config(shared_memory),
         },
         &stop_rx,
     );

@@ -566,6 +566,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         metrics_addr: None,
         metrics: Default::default(),
         http_max_input_size: 1 << 20,
+        frontend: Default::default(),
         poll_interval: Duration::from_secs(15),
         exit_timeout: Duration::from_secs(5),
         exit_on_error: false,

@@ -17,6 +17,10 @@
 //!   `grpc.health.v1.Health`.
 //! - [`spawn`], [`Frontends`], [`bind`], [`BindError`], [`stopped`]: running them on listeners
 //!   with graceful shutdown.
+//! - [`RestrictedApis`] (in [`HttpConfig`] and [`GrpcConfig`]): Triton's restricted APIs,
+//!   endpoint categories put behind a header (`restrict`); [`RequestLimits`]: the request-level
+//!   bounds both frontends check before decoding tensor data; [`FrontendOptions`]: both, with
+//!   the gRPC message and stream buffer sizes, as the binary's flags set them.
 //! - [`SharedMemory`]: the registry of client system shared-memory regions (`shm`), one per
 //!   process, put in both [`HttpConfig`] and [`GrpcConfig`] so a region registered over one
 //!   protocol serves the other; shared-memory inputs are read before the service runs and
@@ -30,10 +34,15 @@ pub mod fuzzing;
 mod grpc;
 mod http;
 mod offload;
+mod options;
+mod restrict;
 mod serve;
 mod shm;
 
 pub use grpc::{GrpcConfig, routes};
 pub use http::{HttpConfig, router};
+pub use nereid_proto::codec::RequestLimits;
+pub use options::FrontendOptions;
+pub use restrict::{ApiCategory, RequiredHeader, RestrictError, RestrictedApis};
 pub use serve::{BindError, Frontends, bind, spawn, stopped};
 pub use shm::{RegionStatus, SharedMemory};

@@ -39,6 +39,8 @@ pub struct RouterConfig {
     pub grpc_addr: Option<SocketAddr>,
     pub metrics_addr: Option<SocketAddr>,
     pub http_max_input_size: usize,
+    /// Restricted APIs, request limits and gRPC sizes of both frontends.
+    pub frontend: nereid_frontend::FrontendOptions,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub exit_timeout: Duration,
     /// Trace settings and OTLP export.
@@ -109,14 +111,10 @@ pub async fn run(
             http,
             grpc,
             metrics: metrics_listener.map(|l| (l, prometheus_router(collector))),
-            http_config: nereid_frontend::HttpConfig {
-                max_input_size: config.http_max_input_size,
-                shared_memory: shared_memory.clone(),
-            },
-            grpc_config: nereid_frontend::GrpcConfig {
-                shared_memory,
-                ..Default::default()
-            },
+            http_config: config
+                .frontend
+                .http_config(config.http_max_input_size, shared_memory.clone()),
+            grpc_config: config.frontend.grpc_config(shared_memory),
         },
         &stop_rx,
     );

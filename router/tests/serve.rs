@@ -20,6 +20,7 @@ async fn starts_without_a_control_plane_and_shuts_down_on_signal() {
         grpc_addr: any,
         metrics_addr: any,
         http_max_input_size: 1 << 20,
+        frontend: Default::default(),
         exit_timeout: Duration::from_secs(5),
         telemetry: Default::default(),
     };
@@ -44,6 +45,7 @@ async fn a_bad_control_plane_address_is_refused_before_binding() {
         grpc_addr: None,
         metrics_addr: None,
         http_max_input_size: 1 << 20,
+        frontend: Default::default(),
         exit_timeout: Duration::from_secs(1),
         telemetry: Default::default(),
     };

@@ -103,7 +103,7 @@ impl GrpcInferenceService for GrpcFrontend {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
-        let (mut request, shm_plan) = infer::decode_call(request)?;
+        let (mut request, shm_plan) = infer::decode_call(request, &self.config.limits)?;
         let shm = &self.config.shared_memory;
         resolve_inputs(shm, &mut request, shm_plan.inputs).await?;
         let hook = nereid_proto::ResponseHook::new();
@@ -130,6 +130,7 @@ impl GrpcInferenceService for GrpcFrontend {
             mode,
             context,
             self.config.stream_response_buffer,
+            self.config.limits,
         )))
     }
 

@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use crate::shm::Written;
-use nereid_proto::codec::decode_stream_request;
+use nereid_proto::codec::{RequestLimits, decode_stream_request};
 use nereid_proto::pb::inference::{ModelInferRequest, ModelInferResponse};
 use nereid_proto::{
     GRPC_TIMEOUT, InferRequest, RequestContext, ServiceResult, ShmPlan, TRACEPARENT, TRACESTATE,
@@ -20,14 +20,15 @@ use nereid_proto::{
 };
 use tonic::metadata::MetadataMap;
 
-/// Validates and converts a unary `ModelInfer` call, its metadata included; its shared-memory
-/// tensors come back beside it, still to be read and written.
+/// Validates and converts a unary `ModelInfer` call within `limits`, its metadata included; its
+/// shared-memory tensors come back beside it, still to be read and written.
 pub(crate) fn decode_call(
     call: tonic::Request<ModelInferRequest>,
+    limits: &RequestLimits,
 ) -> ServiceResult<(InferRequest, ShmPlan)> {
     let context = request_context(call.metadata(), Instant::now());
     // A unary call ignores `triton_enable_empty_final_response`.
-    let decoded = decode_stream_request(call.into_inner())?;
+    let decoded = decode_stream_request(call.into_inner(), limits)?;
     let mut request = decoded.request;
     request.context = context;
     Ok((request, decoded.shm))

@@ -2,9 +2,12 @@
 //!
 //! ```text
 //! tonic server (HTTP/2, prost decoding, message size limits from GrpcConfig)
+//!   └─► restricted-API layer (only when some category is restricted): method path ─► category
+//!       (crate::restrict); metadata lacks the header ─► UNAVAILABLE, handler never runs
 //!   └─► handlers::GrpcFrontend ── one method per rpc, a thin translation
 //!         ├─ infer::decode_call       metadata ─► RequestContext; message ─► InferRequest
-//!         │    └─ nereid_proto::codec::decode_request  (the codec the router's forwarder shares)
+//!         │    └─ nereid_proto::codec::decode_request  (the codec the router's forwarder shares;
+//!         │                                             RequestLimits checked first)
 //!         ├─ repository               load/unload parameters ─► LoadRequest / flag
 //!         ├─ InferenceService         the one shared implementation (data plane or router)
 //!         ├─ codec::encode_response   InferResponse ─► ModelInferResponse (raw outputs)
@@ -34,7 +37,9 @@ mod tests;
 
 use std::sync::Arc;
 
+use crate::restrict::{RestrictedApis, grpc_category, grpc_refusal};
 use crate::shm::SharedMemory;
+use nereid_proto::codec::RequestLimits;
 use nereid_proto::InferenceService;
 use nereid_proto::pb::health::health_server::HealthServer;
 use nereid_proto::pb::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -51,6 +56,12 @@ pub struct GrpcConfig {
     pub stream_response_buffer: usize,
     /// The process's shared-memory registry (the same handle as the HTTP frontend's).
     pub shared_memory: SharedMemory,
+    /// Rpc categories put behind a metadata header (`--grpc-restricted-protocol`); empty: all
+    /// open.
+    pub restricted: RestrictedApis,
+    /// Input / output counts and tensor sizes an infer request may have (the HTTP frontend
+    /// checks the same).
+    pub limits: RequestLimits,
 }
 
 impl GrpcConfig {
@@ -64,6 +75,8 @@ impl Default for GrpcConfig {
             max_message_size: i32::MAX as usize,
             stream_response_buffer: Self::DEFAULT_STREAM_RESPONSE_BUFFER,
             shared_memory: SharedMemory::default(),
+            restricted: RestrictedApis::default(),
+            limits: RequestLimits::default(),
         }
     }
 }
@@ -80,5 +93,31 @@ pub fn routes(service: Arc<dyn InferenceService>, config: GrpcConfig) -> tonic::
     let health = HealthServer::from_arc(frontend)
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);
-    tonic::service::Routes::new(inference).add_service(health)
+    let routes = tonic::service::Routes::new(inference).add_service(health);
+    if config.restricted.is_empty() {
+        return routes;
+    }
+    let restricted = Arc::new(config.restricted);
+    let router = routes
+        .into_axum_router()
+        .layer(axum::middleware::from_fn(move |call, next| {
+            refuse_restricted(restricted.clone(), call, next)
+        }));
+    tonic::service::Routes::from(router)
+}
+
+/// Passes a call on when its rpc's category is open or its metadata carries the header, else
+/// answers Triton's UNAVAILABLE without running the handler (a stream is refused at its start).
+async fn refuse_restricted(
+    restricted: Arc<RestrictedApis>,
+    call: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let Some(category) = grpc_category(call.uri().path()) else {
+        return next.run(call).await;
+    };
+    match restricted.check(category, call.headers()) {
+        Ok(()) => next.run(call).await,
+        Err(missing) => tonic::Status::unavailable(grpc_refusal(missing)).into_http(),
+    }
 }

@@ -44,7 +44,7 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use crate::grpc::stream_order::{StreamOrder, Turn, sequence_key};
-use nereid_proto::codec::{self, StreamRequest};
+use nereid_proto::codec::{self, RequestLimits, StreamRequest};
 use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
 use nereid_proto::pb::inference::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
@@ -95,19 +95,21 @@ enum Flow {
 /// Starts serving one `ModelStreamInfer` rpc and returns its response stream at once; a task
 /// reads `requests` until the client half-closes. At most `buffer` (at least 1) responses wait
 /// unsent. Every request of the stream carries `context`, read from the rpc's metadata: the
-/// stream's trace context and deadline are those of each of its requests.
+/// stream's trace context and deadline are those of each of its requests. Each request is
+/// decoded within `limits`; one beyond them is answered with its error like any bad request.
 pub(crate) fn serve_stream<S>(
     service: Arc<dyn InferenceService>,
     requests: S,
     mode: ErrorMode,
     context: RequestContext,
     buffer: usize,
+    limits: RequestLimits,
 ) -> Responses
 where
     S: Stream<Item = Result<ModelInferRequest, Status>> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(buffer.max(1));
-    tokio::spawn(stream_task(service, requests, mode, context, tx));
+    tokio::spawn(stream_task(service, requests, mode, context, limits, tx));
     ReceiverStream::new(rx)
 }
 
@@ -254,6 +256,7 @@ async fn stream_task<S>(
     requests: S,
     mode: ErrorMode,
     context: RequestContext,
+    limits: RequestLimits,
     tx: mpsc::Sender<ResponseItem>,
 ) where
     S: Stream<Item = Result<ModelInferRequest, Status>> + Send,
@@ -269,7 +272,7 @@ async fn stream_task<S>(
             next = requests.next(), if reading => match next {
                 Some(Ok(message)) => {
                     let origin = Origin::of(&message);
-                    let decoded = codec::decode_stream_request(message).map(|mut r| {
+                    let decoded = codec::decode_stream_request(message, &limits).map(|mut r| {
                         r.request.context = context.clone();
                         r
                     });

@@ -523,6 +523,7 @@ async fn a_slow_reader_holds_back_the_model_and_dropping_it_cancels() {
         ErrorMode::InBand,
         Default::default(),
         buffer,
+        Default::default(),
     );
     settle().await;
     // `buffer` responses wait in the channel and one more in the blocked send; no more are

@@ -423,3 +423,67 @@ async fn a_region_registered_over_http_serves_grpc() {
     .into_inner();
     assert!(status.regions.is_empty());
 }
+
+#[tokio::test]
+async fn restricted_rpcs_need_the_metadata_and_limits_apply() {
+    let values = |v: &str| vec![v.to_string()];
+    let h = Harness::start(GrpcConfig {
+        restricted: crate::restrict::RestrictedApis::parse_grpc(&values("health:k=v")).unwrap(),
+        limits: nereid_proto::codec::RequestLimits {
+            max_inputs: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let refusal = "This protocol is restricted, expecting header 'triton-grpc-protocol-k'";
+    let with = |value: Option<&str>| {
+        let mut request = tonic::Request::new(ServerLiveRequest {});
+        if let Some(value) = value {
+            request
+                .metadata_mut()
+                .insert("triton-grpc-protocol-k", value.parse().unwrap());
+        }
+        request
+    };
+    for value in [None, Some("V")] {
+        let status = bounded(h.client().server_live(with(value)))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(status.message(), refusal);
+    }
+    assert!(
+        bounded(h.client().server_live(with(Some("v"))))
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    // The standard health service is `health` too.
+    let mut health = HealthClient::new(h.channel.clone());
+    let status = bounded(health.check(HealthCheckRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::Unavailable, refusal)
+    );
+    // Open categories pass; an infer request beyond the limits is refused before the service.
+    let request = ModelInferRequest {
+        model_name: "echo".into(),
+        inputs: vec![
+            raw_input("a", "FP32", vec![1]),
+            raw_input("b", "FP32", vec![1]),
+        ],
+        raw_input_contents: vec![Bytes::from(vec![0; 4]), Bytes::from(vec![0; 4])],
+        ..Default::default()
+    };
+    let status = bounded(h.client().model_infer(request)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "request has 2 inputs; the server accepts at most 1 (--max-request-inputs)"
+    );
+    assert!(h.fake.requests().is_empty());
+}

@@ -12,7 +12,7 @@ use super::HttpState;
 use super::body::read_body;
 use super::compression::response_encoding;
 use super::error::HttpError;
-use super::infer_request::{decode_json, header_length, request_context};
+use super::infer_request::{decode_json_within, header_length, request_context};
 use super::infer_response::build_response;
 use super::raw_request::decode_raw;
 use crate::offload::offload;
@@ -38,8 +38,9 @@ pub async fn infer(
         decode_raw(model, version, body, &config)?
     } else {
         let name = model.to_string();
+        let limits = state.config.limits;
         let decoded = offload(body.len() as u64, "HTTP codec", move || {
-            decode_json(&name, version, body, header_len, limit)
+            decode_json_within(&name, version, body, header_len, limit, &limits)
         })
         .await;
         match decoded {

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! body = JSON header [+ binary section]           Inference-Header-Content-Length = JSON length
+//!        input / output counts, declared shapes ─► RequestLimits (before any data is decoded)
 //!        inputs[i].data                  ─► tensor_json::decode_data (copied once, typed)
 //!        inputs[i].parameters.binary_data_size = N ─► next N bytes of the binary section
 //!                                                   (a zero-copy slice of the body)
@@ -25,6 +26,7 @@ use serde_json::{Map, Value};
 
 use super::json_body::{MAX_REQUEST_DEPTH, parse_request_json};
 use super::tensor_json::{decode_data, describe};
+use nereid_proto::codec::RequestLimits;
 use nereid_proto::{
     DataType, InferRequest, ParamValue, Parameters, RequestContext, RequestOptions,
     RequestedOutput, ServiceError, ServiceResult, ShmInput, ShmOutput, ShmPlan, ShmRef,
@@ -110,14 +112,29 @@ fn out_of_int32(name: &str, text: &str) -> ServiceError {
     ))
 }
 
-/// Decodes a JSON (optionally binary-extended) request. `header_len` is the JSON header's length
-/// (`None`: the whole body); `max_input_size` bounds each JSON-decoded input.
+/// [`decode_json_within`] the default [`RequestLimits`].
 pub fn decode_json(
     model: &str,
     version: Option<i64>,
     body: Bytes,
     header_len: Option<usize>,
     max_input_size: usize,
+) -> ServiceResult<DecodedRequest> {
+    let limits = RequestLimits::default();
+    decode_json_within(model, version, body, header_len, max_input_size, &limits)
+}
+
+/// Decodes a JSON (optionally binary-extended) request. `header_len` is the JSON header's length
+/// (`None`: the whole body); `max_input_size` bounds each JSON-decoded input. The request must
+/// stay within `limits`, checked on the input and output counts and on each input's declared
+/// shape before its data is decoded (the checks the gRPC codec makes).
+pub fn decode_json_within(
+    model: &str,
+    version: Option<i64>,
+    body: Bytes,
+    header_len: Option<usize>,
+    max_input_size: usize,
+    limits: &RequestLimits,
 ) -> ServiceResult<DecodedRequest> {
     let (header, binary) = match header_len {
         Some(len) => (body.slice(..len), body.slice(len..)),
@@ -169,11 +186,16 @@ pub fn decode_json(
         }
         None => return Err(ServiceError::invalid("the request JSON has no 'inputs'")),
     };
+    let output_count = match doc.get("outputs") {
+        Some(Value::Array(outputs)) => outputs.len(),
+        _ => 0,
+    };
+    limits.check_counts(inputs.len(), output_count)?;
     let mut seen = HashSet::new();
     let mut tensors = Vec::with_capacity(inputs.len());
     let mut shm = ShmPlan::default();
     for (index, input) in inputs.iter().enumerate() {
-        let input = decode_input(index, input, &mut section, max_input_size)?;
+        let input = decode_input(index, input, &mut section, max_input_size, limits)?;
         let name = match &input {
             Input::Tensor(t) => t.name(),
             Input::Shm(i) => &i.name,
@@ -255,6 +277,7 @@ fn decode_input(
     input: &Value,
     section: &mut BinarySection<'_>,
     max_input_size: usize,
+    limits: &RequestLimits,
 ) -> ServiceResult<Input> {
     let Value::Object(input) = input else {
         return Err(ServiceError::invalid(format!(
@@ -281,6 +304,7 @@ fn decode_input(
         }
     };
     let shape = shape(name, input.get("shape"))?;
+    limits.check_shape(section.model, name, &shape)?;
     let count = element_count(&shape).ok_or_else(|| {
         ServiceError::invalid(format!(
             "input '{name}': shape {} causes the total element count to overflow",

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! axum::Router (one fallback handler, no global state)
-//!   └─► routes::dispatch ── path ─► Route (Triton's regexes, raw segments), method check (405)
+//!   └─► routes::dispatch ── path ─► Route (Triton's regexes, raw segments), restricted-API
+//!         │                  header check (403, crate::restrict), method check (405)
 //!         ├─ body            Content-Length / streamed size limit, then compression::decompress
 //!         ├─ metadata        health, server/model metadata, ready, config, statistics
 //!         ├─ repository      index, load (config + file overrides), unload
@@ -40,7 +41,7 @@ mod json_body;
 mod metadata;
 mod raw_request;
 mod repository;
-mod routes;
+pub(crate) mod routes;
 mod settings;
 mod shm;
 mod tensor_json;
@@ -53,7 +54,9 @@ pub(crate) use raw_request::decode_raw;
 
 use std::sync::Arc;
 
+use crate::restrict::RestrictedApis;
 use crate::shm::SharedMemory;
+use nereid_proto::codec::RequestLimits;
 use nereid_proto::InferenceService;
 
 /// Settings of the HTTP frontend.
@@ -65,6 +68,11 @@ pub struct HttpConfig {
     pub max_input_size: usize,
     /// The process's shared-memory registry (the same handle as the gRPC frontend's).
     pub shared_memory: SharedMemory,
+    /// Endpoint categories put behind a header (`--http-restricted-api`); empty: all open.
+    pub restricted: RestrictedApis,
+    /// Input / output counts and tensor sizes an infer request may have (the gRPC frontend
+    /// checks the same).
+    pub limits: RequestLimits,
 }
 
 impl HttpConfig {
@@ -77,6 +85,8 @@ impl Default for HttpConfig {
         HttpConfig {
             max_input_size: Self::DEFAULT_MAX_INPUT_SIZE,
             shared_memory: SharedMemory::default(),
+            restricted: RestrictedApis::default(),
+            limits: RequestLimits::default(),
         }
     }
 }

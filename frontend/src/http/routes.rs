@@ -4,7 +4,8 @@
 //! cases behave the same: segments are taken raw (no percent-decoding), a version segment must be
 //! all digits, `/v2/models/stats` wins over a model named `stats`, a version is not allowed on a
 //! model's trace setting, and an unknown path is 404 while a known path with the wrong method is
-//! 405. [`parse_route`] is a pure function; [`dispatch`] is the one axum handler.
+//! 405. A known path whose category is restricted (`crate::restrict`) needs its header first
+//! (403). [`parse_route`] is a pure function; [`dispatch`] is the one axum handler.
 
 use std::sync::Arc;
 
@@ -14,6 +15,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::{HttpError, not_supported_yet};
 use super::{HttpState, generate, infer, metadata, repository, settings, shm};
+use crate::restrict::{http_category, http_refusal};
+use nereid_proto::ServiceError;
 
 /// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,11 +201,18 @@ fn parse_shm_action<'a>(tail: &[&'a str]) -> Option<(Option<&'a str>, ShmAction)
     Some((region, action))
 }
 
-/// The router's only handler: match the path, check the method, run the endpoint.
+/// The router's only handler: match the path, check the restricted-API header, check the
+/// method, run the endpoint. Like Triton, a restricted endpoint answers 403 before its method is
+/// looked at, and an unknown path stays 404 whatever is restricted.
 pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> Response {
     let Some(route) = parse_route(request.uri().path()) else {
         return HttpError::not_found().into_response();
     };
+    let restricted = &state.config.restricted;
+    if let Err(missing) = restricted.check(http_category(&route), request.headers()) {
+        return HttpError::from(ServiceError::PermissionDenied(http_refusal(missing)))
+            .into_response();
+    }
     if !route.allows(request.method()) {
         return HttpError::method_not_allowed(route.allowed()).into_response();
     }

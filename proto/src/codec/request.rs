@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! decode_request (server side)
+//!   input / output counts, each input's declared shape ──► RequestLimits (before any data)
 //!   parameters ──► ParamValue (uint64 refused for custom keys) ──► RequestOptions::split
 //!   inputs[i] + raw_input_contents[i] ─┐  (zero-copy Bytes, paired by position)
 //!   inputs[i].contents (typed) ────────┴─► contents::contents_to_bytes ──► Tensor::new
@@ -25,6 +26,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::contents::{InputRef, contents_to_bytes};
+use super::limits::RequestLimits;
 use super::parameters::{param_from_wire, param_to_wire};
 use crate::datatype::DataType;
 use crate::error::{ServiceError, ServiceResult};
@@ -42,11 +44,12 @@ use crate::types::{
 /// a unary request ignores it.
 const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
 
-/// Validates and converts a gRPC infer request into the internal request. A request with
-/// tensors in client shared memory is refused: only a frontend with a registry of regions can
-/// serve it, through [`decode_stream_request`] and its [`ShmPlan`].
+/// Validates and converts a gRPC infer request into the internal request, within the default
+/// [`RequestLimits`]. A request with tensors in client shared memory is refused: only a frontend
+/// with a registry of regions can serve it, through [`decode_stream_request`] and its
+/// [`ShmPlan`].
 pub fn decode_request(request: ModelInferRequest) -> ServiceResult<InferRequest> {
-    let decoded = decode_stream_request(request)?;
+    let decoded = decode_stream_request(request, &RequestLimits::default())?;
     if let Some(input) = decoded.shm.inputs.first() {
         return Err(no_shared_memory("input", &input.name));
     }
@@ -75,9 +78,17 @@ pub struct StreamRequest {
     pub shm: ShmPlan,
 }
 
-/// [`decode_request`], keeping `triton_enable_empty_final_response` and the shared-memory
-/// tensors.
-pub fn decode_stream_request(request: ModelInferRequest) -> ServiceResult<StreamRequest> {
+/// [`decode_request`] within `limits`, keeping `triton_enable_empty_final_response` and the
+/// shared-memory tensors. The limits are checked first, on the declared counts and shapes, so an
+/// oversized request is refused before its typed contents are converted.
+pub fn decode_stream_request(
+    request: ModelInferRequest,
+    limits: &RequestLimits,
+) -> ServiceResult<StreamRequest> {
+    limits.check_counts(request.inputs.len(), request.outputs.len())?;
+    for input in &request.inputs {
+        limits.check_shape(&request.model_name, &input.name, &input.shape)?;
+    }
     let ModelInferRequest {
         model_name,
         model_version,

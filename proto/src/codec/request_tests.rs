@@ -265,7 +265,7 @@ fn shared_memory_inputs_and_outputs_come_back_as_a_plan() {
         param(ParameterChoice::Uint64Param(64)),
     );
     req.outputs.push(out);
-    let decoded = decode_stream_request(req).unwrap();
+    let decoded = decode_stream_request(req, &RequestLimits::default()).unwrap();
     assert_eq!(decoded.request.inputs.len(), 1);
     assert_eq!(decoded.request.inputs[0].name(), "b");
     let shm = decoded.shm;
@@ -296,7 +296,8 @@ fn shared_memory_input_with_typed_contents_is_refused() {
         ..Default::default()
     };
     let i = in_region(input("a", "INT32", vec![1], Some(contents)), "r", 0, 4);
-    let err = decode_stream_request(request(vec![i], vec![])).unwrap_err();
+    let err =
+        decode_stream_request(request(vec![i], vec![]), &RequestLimits::default()).unwrap_err();
     assert_eq!(
         err.message(),
         "unexpected 'content' provided when using shared memory for input tensor 'a' for model 'm'"
@@ -366,7 +367,7 @@ fn empty_final_response_flag_is_read_for_streams_only() {
         req
     };
     for (value, expected) in [(None, false), (Some(false), false), (Some(true), true)] {
-        let decoded = decode_stream_request(with(value)).unwrap();
+        let decoded = decode_stream_request(with(value), &RequestLimits::default()).unwrap();
         assert_eq!(decoded.empty_final_response, expected, "{value:?}");
         assert!(decoded.request.parameters.is_empty());
         // A unary request drops the flag without passing it to the model.
@@ -482,4 +483,48 @@ fn oversized_custom_uint_is_refused_when_encoding() {
         encode_request(&r),
         Err(ServiceError::InvalidArgument(_))
     ));
+}
+
+#[test]
+fn limits_are_checked_on_declared_counts_and_shapes_before_contents() {
+    let limits = RequestLimits {
+        max_inputs: 1,
+        max_outputs: 1,
+        max_tensor_elements: 4,
+    };
+    let ints = |n: usize| InferTensorContents {
+        int_contents: vec![1; n],
+        ..Default::default()
+    };
+    let ok = request(vec![input("a", "INT32", vec![2, 2], Some(ints(4)))], vec![]);
+    assert!(decode_stream_request(ok, &limits).is_ok());
+
+    let two = request(
+        vec![
+            input("a", "INT32", vec![1], Some(ints(1))),
+            input("b", "INT32", vec![1], Some(ints(1))),
+        ],
+        vec![],
+    );
+    let err = decode_stream_request(two, &limits).unwrap_err();
+    assert!(matches!(err, ServiceError::InvalidArgument(_)));
+    assert!(err.message().contains("--max-request-inputs"), "{err}");
+
+    let mut outputs = request(vec![], vec![]);
+    for name in ["x", "y"] {
+        outputs.outputs.push(InferRequestedOutputTensor {
+            name: name.into(),
+            parameters: HashMap::new(),
+        });
+    }
+    let err = decode_stream_request(outputs, &limits).unwrap_err();
+    assert!(err.message().contains("--max-request-outputs"), "{err}");
+
+    // The declared shape is refused even though the contents are short: nothing is converted.
+    let big = request(vec![input("a", "INT32", vec![1, 5], Some(ints(1)))], vec![]);
+    let err = decode_stream_request(big, &limits).unwrap_err();
+    assert_eq!(
+        err.message(),
+        "input 'a' for model 'm' has 5 elements (shape [1,5]); the server accepts at most 4 per tensor (--max-tensor-elements)"
+    );
 }

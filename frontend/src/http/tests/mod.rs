@@ -5,6 +5,7 @@ mod binary;
 mod generate;
 mod infer;
 mod limits;
+mod restricted;
 mod routes;
 mod serve;
 mod shm;
