@@ -92,6 +92,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub frontend: FrontendArgs,
     #[command(flatten)]
+    pub tls: crate::tls_args::PortTlsArgs,
+    #[command(flatten)]
     pub models: ModelArgs,
     /// Deprecated Triton spelling: true disables auto-complete.
     #[arg(long, env = "NEREID_STRICT_MODEL_CONFIG", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
@@ -134,6 +136,7 @@ impl ServeArgs {
         let response_cache_bytes = nereid_data_plane::parse_cache_config(&models.cache_config)
             .map_err(|e| e.to_string())?;
         let addrs = self.listen.addrs()?;
+        let ports = self.tls.ports()?;
         let metrics = self.metrics.into_config()?;
         let auto_complete =
             !models.disable_auto_complete_config && self.strict_model_config != Some(true);
@@ -164,6 +167,7 @@ impl ServeArgs {
             onnxruntime_library: crate::ort_library::resolve(models.onnxruntime_library),
             python: models.python.interpreter(),
             telemetry: self.telemetry.to_config("nereid")?,
+            ports,
         })
     }
 }
@@ -208,6 +212,8 @@ pub struct WorkerArgs {
     pub strict_readiness: bool,
     #[command(flatten)]
     pub frontend: FrontendArgs,
+    #[command(flatten)]
+    pub tls: crate::tls_args::PortTlsArgs,
     #[command(flatten)]
     pub models: ModelArgs,
 }
@@ -269,6 +275,7 @@ impl WorkerArgs {
             strict_readiness: self.strict_readiness,
             exit_on_error: false,
             frontend: self.frontend,
+            tls: self.tls,
             models: self.models,
             strict_model_config: None,
         };

@@ -15,6 +15,7 @@ mod ctl;
 mod ort_library;
 mod router_args;
 mod telemetry_args;
+mod tls_args;
 
 use std::process::ExitCode;
 

@@ -42,6 +42,8 @@ pub struct RouterArgs {
     pub scale_from_zero_wait_secs: u64,
     #[command(flatten)]
     pub frontend: FrontendArgs,
+    #[command(flatten)]
+    pub tls: crate::tls_args::PortTlsArgs,
     /// Async runtime threads (0 = one per CPU core). Fewer threads mean fewer hand-offs
     /// between them per request; lower it when the router shares its cores with workers.
     #[arg(long, env = "NEREID_ROUTER_THREADS", default_value_t = 0)]
@@ -61,6 +63,7 @@ impl RouterArgs {
         }
         let token = self.auth.token(env_token)?;
         let addrs = self.listen.addrs()?;
+        let ports = self.tls.ports()?;
         let frontend = self.frontend;
         let frontend_options = frontend.options()?;
         Ok(RouterConfig {
@@ -83,6 +86,7 @@ impl RouterArgs {
             frontend: frontend_options,
             exit_timeout: Duration::from_secs(frontend.exit_timeout_secs),
             telemetry: self.telemetry.to_config("nereid-router")?,
+            ports,
         })
     }
 }

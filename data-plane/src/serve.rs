@@ -55,6 +55,8 @@ pub struct ServeConfig {
     pub python: Option<PathBuf>,
     /// Trace settings and OTLP export (spans; metrics when configured).
     pub telemetry: nereid_telemetry::TelemetryConfig,
+    /// TLS, connection limits and read deadlines of the HTTP and gRPC ports.
+    pub ports: nereid_frontend::PortsConfig,
 }
 
 /// Why the server could not start.
@@ -168,6 +170,7 @@ pub async fn run_with(
                 .frontend
                 .http_config(config.http_max_input_size, shared_memory.clone()),
             grpc_config: config.frontend.grpc_config(shared_memory),
+            ports: config.ports.clone(),
         },
         &stop_rx,
     );

@@ -573,6 +573,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         onnxruntime_library: Some(ort_library()),
         python: None,
         telemetry: Default::default(),
+        ports: Default::default(),
     };
     let agent = AgentConfig {
         control_plane: vec![cp_addr.to_string()],

@@ -16,7 +16,8 @@
 //! - [`routes`] and [`GrpcConfig`]: the tonic routes of `inference.GRPCInferenceService` and
 //!   `grpc.health.v1.Health`.
 //! - [`spawn`], [`Frontends`], [`bind`], [`BindError`], [`stopped`]: running them on listeners
-//!   with graceful shutdown.
+//!   with graceful shutdown; [`PortsConfig`]: per port TLS, connection limits and the HTTP
+//!   read deadlines (`listener`, `listener_http`).
 //! - [`RestrictedApis`] (in [`HttpConfig`] and [`GrpcConfig`]): Triton's restricted APIs,
 //!   endpoint categories put behind a header (`restrict`); [`RequestLimits`]: the request-level
 //!   bounds both frontends check before decoding tensor data; [`FrontendOptions`]: both, with
@@ -34,6 +35,8 @@ pub mod fuzzing;
 mod grpc;
 mod http;
 mod offload;
+mod listener;
+mod listener_http;
 mod options;
 mod restrict;
 mod serve;
@@ -44,5 +47,7 @@ pub use http::{HttpConfig, router};
 pub use nereid_proto::codec::RequestLimits;
 pub use options::FrontendOptions;
 pub use restrict::{ApiCategory, RequiredHeader, RestrictError, RestrictedApis};
-pub use serve::{BindError, Frontends, bind, spawn, stopped};
+pub use listener::{DEFAULT_MAX_CONNECTIONS, PortConfig};
+pub use listener_http::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, HttpTimeouts};
+pub use serve::{BindError, Frontends, PortsConfig, bind, spawn, stopped};
 pub use shm::{RegionStatus, SharedMemory};

@@ -3,24 +3,26 @@
 //! worker` (the data plane) and `nereid router` start their services through [`spawn`].
 //!
 //! ```text
-//!  spawn(listeners, service, stop) ─► JoinSet: HTTP (axum, NODELAY) │ gRPC (tonic, large
-//!                                              HTTP/2 windows)      │ metrics (axum)
+//!  spawn(listeners, service, stop) ─► JoinSet: HTTP (hyper + axum) │ gRPC (tonic, large
+//!                                              HTTP/2 windows)     │ metrics (axum)
+//!  HTTP and gRPC take connections from listener::accept_task: connection limit, NODELAY, TLS
 //!  stop = true ─► each finishes its in-flight requests, then its task ends
 //! ```
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
 
 use crate::grpc::{GrpcConfig, routes};
 use crate::http::{HttpConfig, router};
+use crate::listener::{PortConfig, accept_task};
+use crate::listener_http::{HttpTimeouts, serve_http};
 use nereid_proto::InferenceService;
 
-/// The listeners of a server (`None`: that service is off) and how its frontends behave.
 /// A listener that could not be bound.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen for {what} on {addr}: {source}")]
@@ -44,6 +46,15 @@ pub async fn bind(
     }
 }
 
+/// How the HTTP and gRPC ports accept connections: TLS, connection limits, read deadlines.
+#[derive(Clone, Debug, Default)]
+pub struct PortsConfig {
+    pub http: PortConfig,
+    pub grpc: PortConfig,
+    pub http_timeouts: HttpTimeouts,
+}
+
+/// The listeners of a server (`None`: that service is off) and how its frontends behave.
 pub struct Frontends {
     pub http: Option<TcpListener>,
     pub grpc: Option<TcpListener>,
@@ -51,6 +62,7 @@ pub struct Frontends {
     pub metrics: Option<(TcpListener, axum::Router)>,
     pub http_config: HttpConfig,
     pub grpc_config: GrpcConfig,
+    pub ports: PortsConfig,
 }
 
 /// Starts every configured frontend on `servers`; each stops gracefully once `stop` is true.
@@ -60,30 +72,28 @@ pub fn spawn(
     frontends: Frontends,
     stop: &watch::Receiver<bool>,
 ) {
+    raise_fd_limit();
     if let Some(listener) = frontends.http {
-        tracing::info!(addr = ?listener.local_addr().ok(), "HTTP service listening");
+        let tls = frontends.ports.http.tls.is_some();
+        tracing::info!(addr = ?listener.local_addr().ok(), tls, "HTTP service listening");
         let app = router(service.clone(), frontends.http_config);
-        // Small responses go out at once instead of waiting on Nagle's algorithm.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let done = stopped(stop.clone());
-        servers.spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(done)
-                .await
-            {
-                tracing::error!(error = %e, "HTTP service failed");
-            }
-        });
+        let conns = accept_task("HTTP", listener, frontends.ports.http, stop.clone());
+        servers.spawn(serve_http(
+            conns,
+            app,
+            frontends.ports.http_timeouts,
+            stop.clone(),
+        ));
     }
     if let Some(listener) = frontends.grpc {
-        tracing::info!(addr = ?listener.local_addr().ok(), "gRPC service listening");
+        let tls = frontends.ports.grpc.tls.is_some();
+        tracing::info!(addr = ?listener.local_addr().ok(), tls, "gRPC service listening");
         let grpc_routes = routes(service, frontends.grpc_config);
         let done = stopped(stop.clone());
+        let conns = accept_task("gRPC", listener, frontends.ports.grpc, stop.clone());
         servers.spawn(async move {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            let incoming = tokio_stream::wrappers::ReceiverStream::new(conns)
+                .map(Ok::<_, std::io::Error>);
             // Large HTTP/2 windows: many concurrent streams share one client connection, and
             // tensors are often bigger than the 64 KiB defaults.
             let result = tonic::transport::Server::builder()
@@ -115,4 +125,13 @@ pub fn spawn(
 /// Resolves once `stop` turns true (or its sender is gone).
 pub async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Raises this process's open-file limit to its hard limit: every connection is a file
+/// descriptor, and the usual soft limit (1024) is far below `--*-max-connections`.
+fn raise_fd_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
 }

@@ -45,6 +45,8 @@ pub struct RouterConfig {
     pub exit_timeout: Duration,
     /// Trace settings and OTLP export.
     pub telemetry: nereid_telemetry::TelemetryConfig,
+    /// TLS, connection limits and read deadlines of the HTTP and gRPC ports.
+    pub ports: nereid_frontend::PortsConfig,
 }
 
 /// Why the router could not start.
@@ -115,6 +117,7 @@ pub async fn run(
                 .frontend
                 .http_config(config.http_max_input_size, shared_memory.clone()),
             grpc_config: config.frontend.grpc_config(shared_memory),
+            ports: config.ports.clone(),
         },
         &stop_rx,
     );

@@ -23,6 +23,7 @@ async fn starts_without_a_control_plane_and_shuts_down_on_signal() {
         frontend: Default::default(),
         exit_timeout: Duration::from_secs(5),
         telemetry: Default::default(),
+        ports: Default::default(),
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(run(config, async {
@@ -48,6 +49,7 @@ async fn a_bad_control_plane_address_is_refused_before_binding() {
         frontend: Default::default(),
         exit_timeout: Duration::from_secs(1),
         telemetry: Default::default(),
+        ports: Default::default(),
     };
     let err = run(config, std::future::pending()).await.unwrap_err();
     assert!(

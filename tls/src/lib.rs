@@ -1,0 +1,51 @@
+//! TLS for Nereid's listeners and its cluster's internal calls: PEM files named by flags
+//! become `rustls` configs (ring provider), and a server's certificate follows its files on
+//! disk without a restart.
+//!
+//! ```text
+//!  ServerTlsFiles {cert, key, client_ca?} ─► server_config(alpn) ─► rustls::ServerConfig
+//!      ReloadingCertResolver: on a handshake, at most once a second, stat cert+key; a newer
+//!      mtime re-reads both (a bad pair keeps the old one and logs why)
+//!  ClientTlsFiles {ca, cert?, key?}      ─► client_config(alpn) ─► rustls::ClientConfig
+//! ```
+//!
+//! Every error names the flag and the file it came from, so a bad set-up stops the server
+//! before any port is bound with a message that says what to fix.
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod pem;
+mod reload;
+#[cfg(test)]
+mod testing;
+
+pub use config::{ClientTlsFiles, ServerTlsFiles, client_config, server_config};
+pub use pem::PemFile;
+pub use reload::ReloadingCertResolver;
+pub use rustls;
+pub use tokio_rustls;
+
+/// Why a TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{flag} '{path}': cannot read the file: {source}")]
+    Read {
+        flag: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{flag} '{path}': {what}")]
+    Invalid {
+        flag: &'static str,
+        path: String,
+        what: String,
+    },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// ALPN protocols of an HTTP port (HTTP/2 preferred, HTTP/1.1 for the rest).
+pub const ALPN_HTTP: &[&[u8]] = &[b"h2", b"http/1.1"];
+/// ALPN protocols of a gRPC port: HTTP/2 only.
+pub const ALPN_GRPC: &[&[u8]] = &[b"h2"];
