@@ -131,7 +131,11 @@ fn port_tls(
 ) -> Result<Option<std::sync::Arc<nereid_tls::rustls::ServerConfig>>, String> {
     let p = f.port;
     if !f.use_ssl && !f.mutual {
-        for (flag, given) in [("server-cert", f.cert), ("server-key", f.key), ("root-cert", f.root)] {
+        for (flag, given) in [
+            ("server-cert", f.cert),
+            ("server-key", f.key),
+            ("root-cert", f.root),
+        ] {
             if given.is_some() {
                 return Err(format!(
                     "--{p}-{flag} is given but TLS is off on that port: add --{p}-use-ssl (or --{p}-use-ssl-mutual)"
@@ -141,20 +145,38 @@ fn port_tls(
         return Ok(None);
     }
     let (cert_flag, key_flag, root_flag) = match p {
-        "http" => ("--http-server-cert", "--http-server-key", "--http-root-cert"),
-        _ => ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert"),
+        "http" => (
+            "--http-server-cert",
+            "--http-server-key",
+            "--http-root-cert",
+        ),
+        _ => (
+            "--grpc-server-cert",
+            "--grpc-server-key",
+            "--grpc-root-cert",
+        ),
     };
-    let switch = if f.mutual { "use-ssl-mutual" } else { "use-ssl" };
+    let switch = if f.mutual {
+        "use-ssl-mutual"
+    } else {
+        "use-ssl"
+    };
     let (Some(cert), Some(key)) = (f.cert, f.key) else {
-        return Err(format!("--{p}-{switch} needs {cert_flag} and {key_flag} (PEM files)"));
+        return Err(format!(
+            "--{p}-{switch} needs {cert_flag} and {key_flag} (PEM files)"
+        ));
     };
     let client_ca = match (f.mutual, f.root) {
         (true, Some(root)) => Some(PemFile::new(root_flag, root)),
         (true, None) => {
-            return Err(format!("--{p}-use-ssl-mutual needs {root_flag}: the CA that client certificates must be signed by"));
+            return Err(format!(
+                "--{p}-use-ssl-mutual needs {root_flag}: the CA that client certificates must be signed by"
+            ));
         }
         (false, Some(_)) => {
-            return Err(format!("{root_flag} is only used with --{p}-use-ssl-mutual (client certificates)"));
+            return Err(format!(
+                "{root_flag} is only used with --{p}-use-ssl-mutual (client certificates)"
+            ));
         }
         (false, None) => None,
     };
@@ -183,7 +205,10 @@ mod tests {
     fn ports(args: &[&str]) -> Result<nereid_frontend::PortsConfig, String> {
         let mut all = vec!["nereid"];
         all.extend_from_slice(args);
-        Flags::try_parse_from(all).map_err(|e| e.to_string())?.tls.ports()
+        Flags::try_parse_from(all)
+            .map_err(|e| e.to_string())?
+            .tls
+            .ports()
     }
 
     #[test]
@@ -192,7 +217,13 @@ mod tests {
         assert!(p.http.tls.is_none() && p.grpc.tls.is_none());
         assert_eq!(p.http.max_connections, 10_000);
         assert_eq!(p.http_timeouts.header_read.as_secs(), 30);
-        let p = ports(&["--grpc-max-connections", "5", "--http-body-read-timeout-secs", "7"]).unwrap();
+        let p = ports(&[
+            "--grpc-max-connections",
+            "5",
+            "--http-body-read-timeout-secs",
+            "7",
+        ])
+        .unwrap();
         assert_eq!(p.grpc.max_connections, 5);
         assert_eq!(p.http_timeouts.body_read.as_secs(), 7);
     }
@@ -200,14 +231,45 @@ mod tests {
     #[test]
     fn incomplete_or_contradictory_tls_flags_are_refused() {
         let err = |args: &[&str]| ports(args).unwrap_err();
-        assert!(err(&["--grpc-use-ssl"]).contains("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"));
-        assert!(err(&["--http-use-ssl-mutual", "--http-server-cert", "c", "--http-server-key", "k"])
-            .contains("needs --http-root-cert"));
+        assert!(
+            err(&["--grpc-use-ssl"])
+                .contains("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        );
+        assert!(
+            err(&[
+                "--http-use-ssl-mutual",
+                "--http-server-cert",
+                "c",
+                "--http-server-key",
+                "k"
+            ])
+            .contains("needs --http-root-cert")
+        );
         assert!(err(&["--grpc-server-cert", "c"]).contains("TLS is off"));
-        assert!(err(&["--http-use-ssl", "--http-server-cert", "c", "--http-server-key", "k", "--http-root-cert", "r"])
-            .contains("only used with --http-use-ssl-mutual"));
+        assert!(
+            err(&[
+                "--http-use-ssl",
+                "--http-server-cert",
+                "c",
+                "--http-server-key",
+                "k",
+                "--http-root-cert",
+                "r"
+            ])
+            .contains("only used with --http-use-ssl-mutual")
+        );
         assert!(err(&["--http-max-connections", "0"]).contains("at least 1"));
-        let missing = err(&["--grpc-use-ssl", "--grpc-server-cert", "/nonexistent/c.pem", "--grpc-server-key", "k"]);
-        assert!(missing.contains("--grpc-server-cert '/nonexistent/c.pem'") && missing.contains("cannot read"), "{missing}");
+        let missing = err(&[
+            "--grpc-use-ssl",
+            "--grpc-server-cert",
+            "/nonexistent/c.pem",
+            "--grpc-server-key",
+            "k",
+        ]);
+        assert!(
+            missing.contains("--grpc-server-cert '/nonexistent/c.pem'")
+                && missing.contains("cannot read"),
+            "{missing}"
+        );
     }
 }

@@ -92,8 +92,8 @@ pub fn spawn(
         let done = stopped(stop.clone());
         let conns = accept_task("gRPC", listener, frontends.ports.grpc, stop.clone());
         servers.spawn(async move {
-            let incoming = tokio_stream::wrappers::ReceiverStream::new(conns)
-                .map(Ok::<_, std::io::Error>);
+            let incoming =
+                tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>);
             // Large HTTP/2 windows: many concurrent streams share one client connection, and
             // tensors are often bigger than the 64 KiB defaults.
             let result = tonic::transport::Server::builder()

@@ -85,7 +85,11 @@ pub fn client_config(
             .map_err(|e| TlsError::Invalid {
                 flag: key.flag,
                 path: key.path.display().to_string(),
-                what: format!("not usable with the certificate in {} '{}': {e}", cert.flag, cert.path.display()),
+                what: format!(
+                    "not usable with the certificate in {} '{}': {e}",
+                    cert.flag,
+                    cert.path.display()
+                ),
             })?,
     };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
@@ -111,21 +115,32 @@ mod tests {
         let err = server_config(&files(dir.path(), false), crate::ALPN_GRPC)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--grpc-server-cert") && err.contains("server.pem") && err.contains("cannot read"), "{err}");
+        assert!(
+            err.contains("--grpc-server-cert")
+                && err.contains("server.pem")
+                && err.contains("cannot read"),
+            "{err}"
+        );
 
         ca_signed(dir.path(), "server", "ca");
         std::fs::write(dir.path().join("server.key"), "not a key").unwrap();
         let err = server_config(&files(dir.path(), false), crate::ALPN_GRPC)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--grpc-server-key") && err.contains("no usable PEM private key"), "{err}");
+        assert!(
+            err.contains("--grpc-server-key") && err.contains("no usable PEM private key"),
+            "{err}"
+        );
 
         ca_signed(dir.path(), "server", "ca");
         std::fs::write(dir.path().join("ca.pem"), "-----BEGIN NOTHING-----\n").unwrap();
         let err = server_config(&files(dir.path(), true), crate::ALPN_GRPC)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--grpc-root-cert") && err.contains("ca.pem"), "{err}");
+        assert!(
+            err.contains("--grpc-root-cert") && err.contains("ca.pem"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -134,7 +149,10 @@ mod tests {
         ca_signed(dir.path(), "server", "ca");
         ca_signed(dir.path(), "client", "ca");
         let server = server_config(&files(dir.path(), true), crate::ALPN_HTTP).unwrap();
-        assert_eq!(server.alpn_protocols, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
+        assert_eq!(
+            server.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
         let client = ClientTlsFiles {
             ca: PemFile::new("--tls-ca", dir.path().join("ca.pem")),
             identity: Some((

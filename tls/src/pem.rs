@@ -72,7 +72,9 @@ impl PemFile {
 
     /// The file's modification time, `None` when it cannot be read.
     pub(crate) fn modified(&self) -> Option<std::time::SystemTime> {
-        std::fs::metadata(&self.path).and_then(|m| m.modified()).ok()
+        std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok()
     }
 }
 

@@ -83,7 +83,9 @@ impl ReloadingCertResolver {
                         current.stamp = stamp;
                     }
                     // Kept unchanged so the next check tries again (a rotation may be half done).
-                    Err(e) => tracing::warn!(error = %e, "TLS certificate not reloaded; keeping the previous one"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS certificate not reloaded; keeping the previous one")
+                    }
                 }
             }
         }
@@ -110,7 +112,11 @@ fn load(
         .map_err(|e| TlsError::Invalid {
             flag: key.flag,
             path: key.path.display().to_string(),
-            what: format!("does not match the certificate in {} '{}': {e}", cert.flag, cert.path.display()),
+            what: format!(
+                "does not match the certificate in {} '{}': {e}",
+                cert.flag,
+                cert.path.display()
+            ),
         })
 }
 
@@ -137,7 +143,11 @@ mod tests {
     fn a_replaced_pair_is_served_after_the_check_interval() {
         let dir = tempfile::tempdir().unwrap();
         let first = self_signed(dir.path(), "first");
-        write_pair(dir.path(), &first, SystemTime::now() - Duration::from_secs(60));
+        write_pair(
+            dir.path(),
+            &first,
+            SystemTime::now() - Duration::from_secs(60),
+        );
         let r = resolver(dir.path(), Duration::ZERO);
         let before = leaf(&r.current());
         assert_eq!(before, first.der);
@@ -151,18 +161,30 @@ mod tests {
     fn files_are_not_looked_at_again_within_the_interval() {
         let dir = tempfile::tempdir().unwrap();
         let first = self_signed(dir.path(), "first");
-        write_pair(dir.path(), &first, SystemTime::now() - Duration::from_secs(60));
+        write_pair(
+            dir.path(),
+            &first,
+            SystemTime::now() - Duration::from_secs(60),
+        );
         let r = resolver(dir.path(), Duration::from_secs(3600));
         let second = self_signed(dir.path(), "second");
         write_pair(dir.path(), &second, SystemTime::now());
-        assert_eq!(leaf(&r.current()), first.der, "no reload before the interval");
+        assert_eq!(
+            leaf(&r.current()),
+            first.der,
+            "no reload before the interval"
+        );
     }
 
     #[test]
     fn a_broken_replacement_keeps_the_old_pair() {
         let dir = tempfile::tempdir().unwrap();
         let first = self_signed(dir.path(), "first");
-        write_pair(dir.path(), &first, SystemTime::now() - Duration::from_secs(60));
+        write_pair(
+            dir.path(),
+            &first,
+            SystemTime::now() - Duration::from_secs(60),
+        );
         let r = resolver(dir.path(), Duration::ZERO);
         // A key that belongs to another certificate: refused, the old pair stays.
         let other = self_signed(dir.path(), "other");
@@ -170,7 +192,11 @@ mod tests {
         assert_eq!(leaf(&r.current()), first.der);
         // Completing the rotation is picked up on the next check.
         let third = self_signed(dir.path(), "third");
-        write_pair(dir.path(), &third, SystemTime::now() + Duration::from_secs(5));
+        write_pair(
+            dir.path(),
+            &third,
+            SystemTime::now() + Duration::from_secs(5),
+        );
         assert_eq!(leaf(&r.current()), third.der);
     }
 
@@ -189,6 +215,9 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("--key") && err.contains("--cert") && err.contains("does not match"), "{err}");
+        assert!(
+            err.contains("--key") && err.contains("--cert") && err.contains("does not match"),
+            "{err}"
+        );
     }
 }
