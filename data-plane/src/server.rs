@@ -46,6 +46,7 @@ pub const EXTENSIONS: &[&str] = &[
     "schedule_policy",
     "model_configuration",
     "system_shared_memory",
+    "cuda_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",

@@ -32,6 +32,7 @@
 
 #[doc(hidden)]
 pub mod fuzzing;
+mod cuda;
 mod grpc;
 mod http;
 mod offload;

@@ -332,4 +332,4 @@ def test_server_metadata_lists_the_extension(client):
     meta = client.get_server_metadata()
     extensions = meta["extensions"] if client.protocol == "http" else list(meta.extensions)
     assert "system_shared_memory" in extensions
-    assert "cuda_shared_memory" not in extensions
+    assert "cuda_shared_memory" in extensions  # as Triton 2.51 lists it, GPU or not

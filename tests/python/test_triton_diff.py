@@ -26,8 +26,8 @@ _spec.loader.exec_module(gen_python_models)
 
 # Case name -> why Nereid answers differently on purpose (also in docs/compatibility.md).
 KNOWN_DIFFERENCES = {
-    "server_metadata": "the version is Nereid's own; extensions list only what Nereid implements "
-                       "(no CUDA shared memory yet)",
+    "server_metadata": "the version is Nereid's own (the extension lists are equal: "
+                       "test_cuda_shared_memory.py checks them)",
     "grpc_server_metadata": "as server_metadata",
     "malformed_json": "the parser's own words after Triton's prefix: Nereid's JSON parser is not "
                       "RapidJSON",

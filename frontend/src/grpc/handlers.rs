@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::grpc::error::unimplemented_rpc;
 use crate::grpc::stream::{self, ErrorMode};
 use crate::grpc::{GrpcConfig, infer, repository, settings, shm};
 use crate::shm::{resolve_inputs, write_outputs};
@@ -231,23 +230,36 @@ impl GrpcInferenceService for GrpcFrontend {
 
     async fn cuda_shared_memory_status(
         &self,
-        _: Request<CudaSharedMemoryStatusRequest>,
+        request: Request<CudaSharedMemoryStatusRequest>,
     ) -> RpcResult<CudaSharedMemoryStatusResponse> {
-        Err(unimplemented_rpc("CudaSharedMemoryStatus"))
+        let name = request.into_inner().name;
+        let name = (!name.is_empty()).then_some(name.as_str());
+        let regions = self.config.shared_memory.cuda_status(name)?;
+        Ok(Response::new(shm::cuda_status_response(regions)))
     }
 
     async fn cuda_shared_memory_register(
         &self,
-        _: Request<CudaSharedMemoryRegisterRequest>,
+        request: Request<CudaSharedMemoryRegisterRequest>,
     ) -> RpcResult<CudaSharedMemoryRegisterResponse> {
-        Err(unimplemented_rpc("CudaSharedMemoryRegister"))
+        let r = request.into_inner();
+        self.config.shared_memory.register_cuda(
+            &r.name,
+            &r.raw_handle,
+            r.device_id,
+            r.byte_size,
+        )?;
+        Ok(Response::new(CudaSharedMemoryRegisterResponse {}))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _: Request<CudaSharedMemoryUnregisterRequest>,
+        request: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> RpcResult<CudaSharedMemoryUnregisterResponse> {
-        Err(unimplemented_rpc("CudaSharedMemoryUnregister"))
+        let name = request.into_inner().name;
+        let name = (!name.is_empty()).then_some(name.as_str());
+        self.config.shared_memory.unregister_cuda(name)?;
+        Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
     async fn trace_setting(

@@ -22,9 +22,8 @@
 //! future, which drops the in-flight `InferenceService::infer` future and so cancels the request;
 //! a closed `ModelStreamInfer` stream cancels every request still running on it. System shared
 //! memory is served through `crate::shm` (its rpcs in `shm`, tensors in unary `ModelInfer`);
-//! CUDA shared memory answers UNIMPLEMENTED.
+//! CUDA shared memory regions live in the same registry as system ones (`crate::shm`).
 
-mod error;
 mod handlers;
 mod infer;
 mod repository;

@@ -1,10 +1,32 @@
-//! The `SystemSharedMemory*` rpcs' messages ⇄ the process's registry (`crate::shm`).
+//! The `SystemSharedMemory*` and `CudaSharedMemory*` rpcs' messages ⇄ the process's registry
+//! (`crate::shm`).
 
-use nereid_proto::pb::inference::SystemSharedMemoryStatusResponse;
+use nereid_proto::pb::inference::cuda_shared_memory_status_response::RegionStatus as CudaWireStatus;
 use nereid_proto::pb::inference::system_shared_memory_status_response::RegionStatus as WireStatus;
+use nereid_proto::pb::inference::{
+    CudaSharedMemoryStatusResponse, SystemSharedMemoryStatusResponse,
+};
 use nereid_proto::{ServiceError, ServiceResult};
 
-use crate::shm::RegionStatus;
+use crate::shm::{CudaRegionStatus, RegionStatus};
+
+/// The CUDA status response: regions keyed by name.
+pub(crate) fn cuda_status_response(
+    regions: Vec<CudaRegionStatus>,
+) -> CudaSharedMemoryStatusResponse {
+    let regions = regions
+        .into_iter()
+        .map(|r| {
+            let wire = CudaWireStatus {
+                name: r.name.clone(),
+                device_id: r.device_id,
+                byte_size: r.byte_size,
+            };
+            (r.name, wire)
+        })
+        .collect();
+    CudaSharedMemoryStatusResponse { regions }
+}
 
 /// The status response: regions keyed by name.
 pub(crate) fn status_response(regions: Vec<RegionStatus>) -> SystemSharedMemoryStatusResponse {

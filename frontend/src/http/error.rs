@@ -98,11 +98,6 @@ impl IntoResponse for HttpError {
     }
 }
 
-/// The answer to an endpoint this server does not implement yet.
-pub fn not_supported_yet(endpoint: &str) -> HttpError {
-    ServiceError::unsupported(format!("{endpoint} is not supported by this server yet")).into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use axum::extract::{Request, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
-use super::error::{HttpError, not_supported_yet};
+use super::error::HttpError;
 use super::{HttpState, generate, infer, metadata, repository, settings, shm};
 use crate::restrict::{http_category, http_refusal};
 use nereid_proto::ServiceError;
@@ -69,7 +69,7 @@ pub enum Route {
         region: Option<String>,
         action: ShmAction,
     },
-    CudaSharedMemory(ShmAction),
+    CudaSharedMemory(Option<String>, ShmAction),
     TraceSetting,
     Logging,
 }
@@ -90,7 +90,7 @@ impl Route {
             Route::RepositoryIndex { .. }
             | Route::RepositoryLoad { .. }
             | Route::RepositoryUnload { .. } => "POST",
-            Route::SystemSharedMemory { action, .. } | Route::CudaSharedMemory(action) => {
+            Route::SystemSharedMemory { action, .. } | Route::CudaSharedMemory(_, action) => {
                 match action {
                     ShmAction::Status => "GET",
                     ShmAction::Register | ShmAction::Unregister => "POST",
@@ -127,9 +127,8 @@ pub fn parse_route(path: &str) -> Option<Route> {
                 action,
             })
         }
-        ["cudasharedmemory", tail @ ..] => {
-            parse_shm_action(tail).map(|(_, action)| Route::CudaSharedMemory(action))
-        }
+        ["cudasharedmemory", tail @ ..] => parse_shm_action(tail)
+            .map(|(r, action)| Route::CudaSharedMemory(r.map(str::to_string), action)),
         ["trace", "setting"] => Some(Route::TraceSetting),
         ["logging"] => Some(Route::Logging),
         _ => None,
@@ -255,7 +254,9 @@ pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> 
         Route::SystemSharedMemory { region, action } => {
             shm::endpoint(&state, region.as_deref(), action, request).await
         }
-        Route::CudaSharedMemory(_) => Err(not_supported_yet("CUDA shared memory")),
+        Route::CudaSharedMemory(region, action) => {
+            shm::cuda_endpoint(&state, region.as_deref(), action, request).await
+        }
         Route::TraceSetting => settings::trace(&state, None, request).await,
         Route::Logging => settings::logging(&state, request).await,
     };
@@ -394,7 +395,10 @@ mod tests {
         );
         assert_eq!(
             parse_route("/v2/cudasharedmemory/region/r/register"),
-            Some(Route::CudaSharedMemory(ShmAction::Register))
+            Some(Route::CudaSharedMemory(
+                Some("r".into()),
+                ShmAction::Register
+            ))
         );
         assert_eq!(parse_route("/v2/systemsharedmemory/region/r"), None);
         assert_eq!(parse_route("/v2/trace/setting"), Some(Route::TraceSetting));

@@ -1,6 +1,7 @@
-//! Triton's system shared memory extension, written once for both frontends of a server
-//! process: the registry of regions a client registered, and the copies between those regions
-//! and a request's tensors.
+//! Triton's system and CUDA shared memory extensions, written once for both frontends of a
+//! server process: the registry of regions a client registered (POSIX shared-memory objects,
+//! and CUDA allocations named by IPC handles: `cuda`), and the copies between those regions and
+//! a request's tensors.
 //!
 //! ```text
 //!  HTTP /v2/systemsharedmemory/...  ─┐                      ┌─ gRPC SystemSharedMemory* rpcs
@@ -14,10 +15,12 @@
 //! process that serves models (`nereid serve`, `nereid worker`); the router's is disabled, since
 //! a client's memory is on another host, and says so to every use.
 
+mod cuda;
 mod registry;
 #[cfg(test)]
 pub(crate) mod test_object;
 mod transfer;
 
+pub use cuda::CudaRegionStatus;
 pub use registry::{RegionStatus, SharedMemory};
 pub(crate) use transfer::{Written, resolve_inputs, write_outputs};

@@ -1,5 +1,6 @@
-//! The registry of system shared-memory regions a server process serves, and the one way bytes
-//! move in and out of a region.
+//! The registry of shared-memory regions a server process serves, and the one way bytes move
+//! in and out of a region. System regions are described here; CUDA regions (a client's device
+//! allocation, same namespace, copies through the CUDA driver) are registered in `super::cuda`.
 //!
 //! A region is a span `[offset, offset + byte_size)` of a POSIX shared-memory object that a
 //! client created (`shm_open` + `ftruncate`). On Linux such an object is the file
@@ -41,22 +42,51 @@ pub struct RegionStatus {
 /// One registered region, open until the last holder drops it.
 #[derive(Debug)]
 pub struct Region {
-    status: RegionStatus,
-    file: File,
-    /// Opened read-write; a read-only region cannot take outputs.
-    writable: bool,
+    name: String,
+    byte_size: u64,
+    pub(super) backing: Backing,
+}
+
+/// Where a region's bytes are.
+#[derive(Debug)]
+pub(super) enum Backing {
+    /// `[offset, offset + byte_size)` of a POSIX shared-memory object.
+    System {
+        status: RegionStatus,
+        file: File,
+        /// Opened read-write; a read-only region cannot take outputs.
+        writable: bool,
+    },
+    /// A client's CUDA allocation, opened through its IPC handle (`super::cuda`).
+    Cuda {
+        device_id: u64,
+        memory: crate::cuda::DeviceRegion,
+    },
 }
 
 impl Region {
+    pub(super) fn new(name: &str, byte_size: u64, backing: Backing) -> Region {
+        Region {
+            name: name.to_string(),
+            byte_size,
+            backing,
+        }
+    }
+
     pub fn name(&self) -> &str {
-        &self.status.name
+        &self.name
+    }
+
+    pub(super) fn byte_size(&self) -> u64 {
+        self.byte_size
     }
 
     /// Checks `[offset, offset + len)` of the region, with Triton's messages, and returns the
-    /// span's start in the object.
+    /// span's start in the region's backing (the object for system memory, the allocation for
+    /// CUDA memory).
     fn span(&self, offset: u64, len: u64) -> ServiceResult<u64> {
         let name = self.name();
-        let size = self.status.byte_size;
+        let size = self.byte_size;
         if offset >= size && !(offset == 0 && len == 0) {
             return Err(ServiceError::invalid(format!(
                 "Invalid offset for shared memory region: '{name}'"
@@ -70,17 +100,19 @@ impl Region {
                 )));
             }
         }
-        let start = self.status.offset + offset;
+        let Backing::System { status, file, .. } = &self.backing else {
+            return Ok(offset);
+        };
+        let start = status.offset + offset;
         // The object may have been truncated since it was registered.
-        let now = self
-            .file
+        let now = file
             .metadata()
             .map_err(|e| self.io_error("cannot read the size of", e))?
             .len();
         if start + len > now {
             return Err(ServiceError::invalid(format!(
                 "shared memory region '{name}': its shared memory object '{}' is now {now} bytes, too small for bytes {start}..{}; was it shrunk or removed after registration?",
-                self.status.key,
+                status.key,
                 start + len
             )));
         }
@@ -97,32 +129,57 @@ impl Region {
             ))
         })?;
         let mut data = vec![0u8; len];
-        self.file
-            .read_exact_at(&mut data, start)
-            .map_err(|e| self.io_error("cannot read from", e))?;
+        match &self.backing {
+            Backing::System { file, .. } => file
+                .read_exact_at(&mut data, start)
+                .map_err(|e| self.io_error("cannot read from", e))?,
+            Backing::Cuda { memory, .. } => memory
+                .read(start, &mut data)
+                .map_err(|e| self.cuda_error("cannot copy from", e))?,
+        }
         Ok(data)
     }
 
     /// Copies `data` into the region at `offset` (relative to the region).
     pub fn write(&self, offset: u64, data: &[u8]) -> ServiceResult<()> {
-        if !self.writable {
+        if let Backing::System {
+            writable: false,
+            status,
+            ..
+        } = &self.backing
+        {
             return Err(ServiceError::invalid(format!(
                 "shared memory region '{}' is read-only to the server (its shared memory object '{}' could only be opened for reading), so it cannot hold outputs",
                 self.name(),
-                self.status.key
+                status.key
             )));
         }
         let start = self.span(offset, data.len() as u64)?;
-        self.file
-            .write_all_at(data, start)
-            .map_err(|e| self.io_error("cannot write to", e))
+        match &self.backing {
+            Backing::System { file, .. } => file
+                .write_all_at(data, start)
+                .map_err(|e| self.io_error("cannot write to", e)),
+            Backing::Cuda { memory, .. } => memory
+                .write(start, data)
+                .map_err(|e| self.cuda_error("cannot copy to", e)),
+        }
     }
 
     fn io_error(&self, what: &str, e: std::io::Error) -> ServiceError {
+        let key = match &self.backing {
+            Backing::System { status, .. } => status.key.as_str(),
+            Backing::Cuda { .. } => "",
+        };
         ServiceError::invalid(format!(
-            "shared memory region '{}': {what} its shared memory object '{}': {e}",
+            "shared memory region '{}': {what} its shared memory object '{key}': {e}",
             self.name(),
-            self.status.key
+        ))
+    }
+
+    fn cuda_error(&self, what: &str, e: crate::cuda::CudaError) -> ServiceError {
+        ServiceError::internal(format!(
+            "CUDA shared memory region '{}': {what} the device: {e}",
+            self.name()
         ))
     }
 }
@@ -175,12 +232,21 @@ impl SharedMemory {
     }
 
     fn regions(&self) -> ServiceResult<std::sync::MutexGuard<'_, BTreeMap<String, Arc<Region>>>> {
+        self.regions_of("system")
+    }
+
+    /// The lock on the regions; `kind` ("system", "CUDA") names what a disabled registry
+    /// refuses.
+    pub(super) fn regions_of(
+        &self,
+        kind: &str,
+    ) -> ServiceResult<std::sync::MutexGuard<'_, BTreeMap<String, Arc<Region>>>> {
         match self.0.as_ref() {
             Inner::Enabled(regions) => regions
                 .lock()
                 .map_err(|_| ServiceError::internal("the shared memory registry is poisoned")),
             Inner::Disabled(reason) => Err(ServiceError::unsupported(format!(
-                "system shared memory is not available: {reason}"
+                "{kind} shared memory is not available: {reason}"
             ))),
         }
     }
@@ -206,16 +272,21 @@ impl SharedMemory {
                 "failed to register shared memory region '{name}': invalid args"
             )));
         }
-        let region = Region {
-            status: RegionStatus {
-                name: name.to_string(),
-                key: key.to_string(),
-                offset,
-                byte_size,
-            },
-            file,
-            writable,
+        let status = RegionStatus {
+            name: name.to_string(),
+            key: key.to_string(),
+            offset,
+            byte_size,
         };
+        let region = Region::new(
+            name,
+            byte_size,
+            Backing::System {
+                status,
+                file,
+                writable,
+            },
+        );
         // Opened outside the lock; a concurrent registration of the same name may have won.
         let mut regions = self.regions()?;
         if regions.contains_key(name) {
@@ -232,7 +303,7 @@ impl SharedMemory {
         })
     }
 
-    /// Every region (`None`) or the one named, by name.
+    /// Every system region (`None`) or the one named, by name.
     pub fn status(&self, name: Option<&str>) -> ServiceResult<Vec<RegionStatus>> {
         let regions = match self.regions() {
             Ok(regions) => regions,
@@ -240,10 +311,18 @@ impl SharedMemory {
             Err(ServiceError::Unsupported(_)) if name.is_none() => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
+        let system = |r: &Region| match &r.backing {
+            Backing::System { status, .. } => Some(status.clone()),
+            Backing::Cuda { .. } => None,
+        };
         match name {
-            None => Ok(regions.values().map(|r| r.status.clone()).collect()),
+            None => Ok(regions.values().filter_map(|r| system(r)).collect()),
             Some(name) => match regions.get(name) {
-                Some(r) => Ok(vec![r.status.clone()]),
+                Some(r) => system(r).map(|s| vec![s]).ok_or_else(|| {
+                    ServiceError::not_found(format!(
+                        "The region named '{name}' is registered as CUDA shared memory, not system shared memory"
+                    ))
+                }),
                 None => Err(ServiceError::not_found(format!(
                     "Unable to find system shared memory region: '{name}'"
                 ))),
@@ -251,21 +330,33 @@ impl SharedMemory {
         }
     }
 
-    /// Unregisters one region, or every region (`None`). An unknown name is not an error, as in
-    /// Triton. Requests already using a region finish with it; its file closes after them.
+    /// Unregisters one system region, or every system region (`None`); CUDA regions stay. An
+    /// unknown name is not an error, as in Triton. Requests already using a region finish with
+    /// it; its file closes after them.
     pub fn unregister(&self, name: Option<&str>) -> ServiceResult<()> {
         let mut regions = self.regions()?;
-        match name {
-            None => regions.clear(),
-            Some(name) => {
-                regions.remove(name);
-            }
-        }
+        remove_where(&mut regions, name, |b| matches!(b, Backing::System { .. }));
         Ok(())
     }
 }
 
-fn already_registered(name: &str) -> ServiceError {
+/// Removes the region `name` (or every region, `None`) whose backing `is_kind`.
+pub(super) fn remove_where(
+    regions: &mut BTreeMap<String, Arc<Region>>,
+    name: Option<&str>,
+    is_kind: impl Fn(&Backing) -> bool,
+) {
+    match name {
+        None => regions.retain(|_, r| !is_kind(&r.backing)),
+        Some(name) => {
+            if regions.get(name).is_some_and(|r| is_kind(&r.backing)) {
+                regions.remove(name);
+            }
+        }
+    }
+}
+
+pub(super) fn already_registered(name: &str) -> ServiceError {
     ServiceError::AlreadyExists(format!("shared memory region '{name}' already in manager"))
 }
 
