@@ -614,3 +614,139 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         .unwrap();
     server.abort();
 }
+
+/// A Python model whose output is its input plus the device id its instance was given.
+const DEVICE_MODEL_PY: &str = r#"
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        assert args["model_instance_kind"] == "GPU", args
+        self.device = int(args["model_instance_device_id"])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            y = (x + self.device).astype(np.float32)
+            out.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", y)]))
+        return out
+"#;
+
+/// Two replicas of a `KIND_GPU` model placed on GPUs 3 and 1 of a node with four (pretend)
+/// GPUs: the model loads with its instance group on exactly those GPUs, not on the GPU its
+/// config lists nor on every visible one, and its instances run with those device ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assigned_gpus_are_the_gpus_the_model_loads_on() {
+    let sources = tempfile::tempdir().unwrap();
+    let dir = sources.path().join("on_gpu");
+    for v in [1, 2] {
+        std::fs::create_dir_all(dir.join(v.to_string())).unwrap();
+        std::fs::write(dir.join(format!("{v}/model.py")), DEVICE_MODEL_PY).unwrap();
+    }
+    let python = workspace().join(".venv/bin/python");
+    std::fs::write(
+        dir.join("config.pbtxt"),
+        format!(
+            r#"backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ name: "gpu" count: 1 kind: KIND_GPU gpus: [ 0 ] }} ]
+parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{}" }} }}
+"#,
+            python.display()
+        ),
+    )
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let repo = work.path().join("models");
+    std::fs::create_dir_all(&repo).unwrap();
+    let on = |id, version, gpu| Replica {
+        gpus: vec![gpu],
+        ..replica(id, "on_gpu", version, NODE, ReplicaState::Pending)
+    };
+    let fake = Arc::new(Fake::default());
+    *fake.snapshot.lock() = Some(WatchEvent {
+        revision: 2,
+        event: Some(watch_event::Event::Snapshot(StateSnapshot {
+            models: vec![model("on_gpu", format!("file://{}", dir.display()))],
+            nodes: vec![],
+            replicas: vec![on(1, 1, 3), on(2, 2, 1)],
+        })),
+    });
+    let (cp_addr, server) = serve_fake(&fake).await;
+    let manager = Arc::new(ModelManager::new(
+        ManagerConfig {
+            repositories: vec![repo.clone()],
+            control_mode: ControlMode::Explicit,
+            startup_models: vec![],
+            auto_complete: true,
+            queue_capacity: 16,
+            cluster_managed: true,
+            rate_limit: Default::default(),
+            response_cache_bytes: None,
+        },
+        Backends::new(None).with_gpu_count(4),
+    ));
+    let dp = DataPlane::new(
+        DataPlaneConfig {
+            server_name: "nereid".into(),
+            strict_readiness: true,
+        },
+        manager.clone(),
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let agent = tokio::spawn(run_agent(
+        AgentConfig {
+            control_plane: vec![cp_addr.to_string()],
+            node_id: NODE.into(),
+            data_http: "127.0.0.1:8000".into(),
+            data_grpc: "127.0.0.1:8001".into(),
+            heartbeat_interval: Duration::from_millis(50),
+            repository: repo.clone(),
+            memory_capacity: Some(1 << 30),
+            auth_token: Some(TOKEN.into()),
+        },
+        manager.clone(),
+        stop_rx,
+    ));
+    for id in [1, 2] {
+        eventually("the replicas ready", 120, || {
+            if let Some(f) = report_of(&fake, id, ReplicaState::Failed) {
+                panic!("replica {id} failed: {}", f.failure_reason);
+            }
+            report_of(&fake, id, ReplicaState::Ready)
+        })
+        .await;
+    }
+    for version in [1, 2] {
+        let config = dp.model_config("on_gpu", Some(version)).await.unwrap();
+        let groups: Vec<_> = config
+            .instance_group
+            .iter()
+            .map(|g| (g.name.as_str(), g.count, g.gpus.clone()))
+            .collect();
+        assert_eq!(groups, [("gpu", 1, vec![1, 3])], "version {version}");
+        // Each request runs on one of the two instances: GPU 1 or GPU 3, never the config's 0.
+        let response = dp
+            .infer(InferRequest {
+                model_name: "on_gpu".into(),
+                model_version: Some(version),
+                inputs: vec![fp32("INPUT0", vec![2], &[10.0, 20.0])],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let out = floats(&response.outputs[0]);
+        assert!(
+            out == [11.0, 21.0] || out == [13.0, 23.0],
+            "version {version}: {out:?}"
+        );
+    }
+    stop_tx.send(true).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(20), agent).await;
+    server.abort();
+}

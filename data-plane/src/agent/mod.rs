@@ -459,7 +459,7 @@ async fn load(
     let before: BTreeSet<i64> = manager.versions(model).into_iter().collect();
     let prepared = source::source_dir(&spec.source).and_then(|dir| {
         source::link_model(repository, model, &dir)?;
-        source::load_config(&dir, &spec.config_override, &spec.versions)
+        source::load_config(&dir, &spec.config_override, &spec.versions, &spec.gpus)
     });
     let load_gpus = spec.gpus.clone();
     let rss_before = host::process_rss().unwrap_or(0);

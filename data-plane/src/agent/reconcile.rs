@@ -16,9 +16,8 @@
 //!
 //! GPUs: a replica placed on GPU indices of this node ([`Replica::gpus`], decided by the control
 //! plane's placement) adds them to its model's [`LoadSpec::gpus`]; a change of assignment is a
-//! change of the load, so the model is loaded again. The data plane does not place instances on
-//! those devices yet (instance groups' `gpus` are another piece of work); the indices reach the
-//! load here for it.
+//! change of the load, so the model is loaded again. The load places the model's `KIND_GPU`
+//! instance groups on exactly those indices (`source::load_config`).
 //!
 //! [`Replica::gpus`]: nereid_proto::pb::cluster::Replica::gpus
 

@@ -4,13 +4,21 @@
 //! ```text
 //! <work-dir>/models/<name> ──symlink──► /abs/path   (from the spec's file:///abs/path)
 //! config = config.pbtxt of the source, the spec's config_override merged over it (top-level
-//!          fields replace), version_policy = specific{versions of this node's replicas}
+//!          fields replace), version_policy = specific{versions of this node's replicas},
+//!          every KIND_GPU instance group's gpus = the GPU indices assigned to the replicas
 //! ```
+//!
+//! The GPU override is what makes two replicas placed on one node use their own GPUs: the
+//! control plane assigns indices per replica, and the load pins the model's `KIND_GPU` groups
+//! to exactly those (with `count` instances on each), whatever GPUs the config listed.
+//! `KIND_AUTO` and `KIND_CPU` groups are left as they are (a `KIND_AUTO` group still goes on
+//! every visible GPU when its backend can use them; declare `KIND_GPU` to be pinned).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use nereid_proto::pb::inference::ModelConfig;
+use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::{message_from_json, to_dynamic};
 use prost_reflect::SerializeOptions;
 
@@ -77,11 +85,13 @@ pub fn unlink_model(repo: &Path, name: &str) {
 
 /// The config a worker loads a model with: the source's config.pbtxt (empty when it has none:
 /// auto-complete fills it), `config_override` (a JSON object, or empty) merged over it, and a
-/// `specific` version policy naming `versions`.
+/// `specific` version policy naming `versions`, and every `KIND_GPU` instance group placed on
+/// `gpus` (the indices assigned to this node's replicas; nothing changes when it is empty).
 pub fn load_config(
     model_dir: &Path,
     config_override: &str,
     versions: &BTreeSet<i64>,
+    gpus: &BTreeSet<u32>,
 ) -> Result<ModelConfig, String> {
     let base = config::read_config_file(model_dir).map_err(|e| e.to_string())?;
     let options = SerializeOptions::new()
@@ -106,8 +116,28 @@ pub fn load_config(
         "version_policy".into(),
         serde_json::json!({ "specific": { "versions": versions } }),
     );
-    message_from_json::<ModelConfig>(&merged.to_string())
-        .map_err(|e| format!("invalid model config after config_override: {e}"))
+    let mut config = message_from_json::<ModelConfig>(&merged.to_string())
+        .map_err(|e| format!("invalid model config after config_override: {e}"))?;
+    pin_gpu_groups(&mut config, gpus)?;
+    Ok(config)
+}
+
+/// Places every `KIND_GPU` instance group of `config` on `gpus`, replacing the GPUs it listed;
+/// nothing changes when `gpus` is empty (a model placed without GPUs).
+fn pin_gpu_groups(config: &mut ModelConfig, gpus: &BTreeSet<u32>) -> Result<(), String> {
+    if gpus.is_empty() {
+        return Ok(());
+    }
+    let indices = gpus
+        .iter()
+        .map(|&g| i32::try_from(g).map_err(|_| format!("assigned GPU index {g} is out of range")))
+        .collect::<Result<Vec<i32>, String>>()?;
+    for group in &mut config.instance_group {
+        if group.kind == Kind::Gpu as i32 {
+            group.gpus = indices.clone();
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -157,7 +187,14 @@ mod tests {
             r#"platform: "onnxruntime_onnx" max_batch_size: 8 version_policy: { all: {} }"#,
         )
         .unwrap();
-        let c = load_config(dir.path(), r#"{"max_batch_size": 2}"#, &[1, 3].into()).unwrap();
+        let none = BTreeSet::new();
+        let c = load_config(
+            dir.path(),
+            r#"{"max_batch_size": 2}"#,
+            &[1, 3].into(),
+            &none,
+        )
+        .unwrap();
         assert_eq!(c.platform, "onnxruntime_onnx");
         assert_eq!(c.max_batch_size, 2);
         let json = nereid_proto::message_to_json(&c);
@@ -165,9 +202,57 @@ mod tests {
             json["version_policy"]["specific"]["versions"],
             serde_json::json!([1, 3])
         );
-        let c = load_config(dir.path(), "", &[2].into()).unwrap();
+        let c = load_config(dir.path(), "", &[2].into(), &none).unwrap();
         assert_eq!(c.max_batch_size, 8);
-        assert!(load_config(dir.path(), "[1]", &[1].into()).is_err());
-        assert!(load_config(dir.path(), r#"{"nope": 1}"#, &[1].into()).is_err());
+        assert!(load_config(dir.path(), "[1]", &[1].into(), &none).is_err());
+        assert!(load_config(dir.path(), r#"{"nope": 1}"#, &[1].into(), &none).is_err());
+    }
+
+    #[test]
+    fn assigned_gpus_replace_the_gpus_of_kind_gpu_groups_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.pbtxt"),
+            r#"backend: "python"
+            instance_group [
+              { name: "g" count: 2 kind: KIND_GPU gpus: [ 0 ] },
+              { name: "all" kind: KIND_GPU },
+              { name: "c" count: 1 kind: KIND_CPU },
+              { name: "a" count: 1 kind: KIND_AUTO }
+            ]"#,
+        )
+        .unwrap();
+        let groups = |gpus: &[u32], over: &str| {
+            load_config(
+                dir.path(),
+                over,
+                &[1].into(),
+                &gpus.iter().copied().collect(),
+            )
+            .unwrap()
+            .instance_group
+            .into_iter()
+            .map(|g| (g.name, g.count, g.gpus))
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            groups(&[3, 1], ""),
+            [
+                ("g".to_string(), 2, vec![1, 3]),
+                ("all".to_string(), 0, vec![1, 3]),
+                ("c".to_string(), 1, vec![]),
+                ("a".to_string(), 1, vec![]),
+            ]
+        );
+        // Without an assignment the config's own GPUs stay.
+        assert_eq!(groups(&[], "")[0].2, vec![0]);
+        // A config_override's instance groups are pinned too.
+        let over = r#"{"instance_group": [{"name": "o", "kind": "KIND_GPU", "gpus": [7]}]}"#;
+        assert_eq!(groups(&[2], over), [("o".to_string(), 0, vec![2])]);
+        assert!(
+            load_config(dir.path(), "", &[1].into(), &[u32::MAX].into())
+                .unwrap_err()
+                .contains("out of range")
+        );
     }
 }
