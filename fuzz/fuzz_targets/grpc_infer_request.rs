@@ -8,9 +8,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use nereid_proto::InferRequest;
 use nereid_proto::codec::{decode_request, encode_request};
 use nereid_proto::pb::inference::ModelInferRequest;
-use nereid_proto::InferRequest;
 use prost::Message;
 
 fuzz_target!(|data: &[u8]| {

@@ -12,8 +12,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nereid_proto::codec::{decode_request, encode_request};
 use nereid_proto::InferRequest;
+use nereid_proto::codec::{decode_request, encode_request};
 use nereid_proto::pb::inference::{DataType, ModelConfig, ModelInput};
 
 /// `--http-max-input-size` for the JSON decoder: small, so the limit is reachable.

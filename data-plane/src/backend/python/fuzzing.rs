@@ -50,7 +50,11 @@ pub fn stub_frames(wire: &[u8]) {
     ));
     // Decoupled request 1 asked for OUT0; request 2 for everything.
     let (events, _received) = crossbeam_channel::unbounded();
-    link.open_stream(1, StreamTarget::Collect(events.clone()), vec!["OUT0".into()]);
+    link.open_stream(
+        1,
+        StreamTarget::Collect(events.clone()),
+        vec!["OUT0".into()],
+    );
     link.open_stream(2, StreamTarget::Collect(events), Vec::new());
     let (replies, answers) = crossbeam_channel::bounded(1);
     let mut input = wire;
