@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use nereid_router::ControlPlaneConfig;
 use nereid_router::ForwardConfig;
+use nereid_router::RepositoryControl;
 use nereid_router::RouterConfig;
 use nereid_router::RouterServiceConfig;
 
@@ -44,10 +45,28 @@ pub struct RouterArgs {
     pub frontend: FrontendArgs,
     #[command(flatten)]
     pub tls: crate::tls_args::PortTlsArgs,
+    /// Repository load/unload (Triton's explicit model control) through the router: `off`
+    /// refuses them (503 / UNAVAILABLE naming this flag), so the public inference port
+    /// administers nothing; `caller-credential` forwards them to the management API with the
+    /// caller's own `Authorization` header (an admin token there), never the router's token.
+    #[arg(
+        long,
+        env = "NEREID_REPOSITORY_CONTROL",
+        value_enum,
+        default_value = "off"
+    )]
+    pub repository_control: RepositoryControlArg,
     /// Async runtime threads (0 = one per CPU core). Fewer threads mean fewer hand-offs
     /// between them per request; lower it when the router shares its cores with workers.
     #[arg(long, env = "NEREID_ROUTER_THREADS", default_value_t = 0)]
     pub threads: usize,
+}
+
+/// `--repository-control`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RepositoryControlArg {
+    Off,
+    CallerCredential,
 }
 
 impl RouterArgs {
@@ -87,6 +106,10 @@ impl RouterArgs {
             exit_timeout: Duration::from_secs(frontend.exit_timeout_secs),
             telemetry: self.telemetry.to_config("nereid-router")?,
             ports,
+            repository_control: match self.repository_control {
+                RepositoryControlArg::Off => RepositoryControl::Off,
+                RepositoryControlArg::CallerCredential => RepositoryControl::CallerCredential,
+            },
         })
     }
 }
@@ -124,6 +147,23 @@ mod tests {
         assert_eq!(c.grpc_addr.unwrap().port(), 9001);
         assert!(c.metrics_addr.is_none());
         assert!(c.control_plane.token.is_none());
+        assert_eq!(
+            c.repository_control,
+            nereid_router::RepositoryControl::Off,
+            "the public port administers nothing unless asked"
+        );
+        let on = parse(&[
+            "--control-plane",
+            "a:1",
+            "--repository-control",
+            "caller-credential",
+        ])
+        .unwrap();
+        assert_eq!(
+            on.repository_control,
+            nereid_router::RepositoryControl::CallerCredential
+        );
+        assert!(parse(&["--control-plane", "a:1", "--repository-control", "yes"]).is_err());
     }
 
     #[test]

@@ -31,7 +31,7 @@ use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
 use nereid_proto::{
     DataType, InferRequest, InferResponse, InferenceService, LoadRequest, ModelIndexEntry,
     ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
-    message_from_json,
+    UnloadRequest, message_from_json,
 };
 
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
@@ -280,9 +280,9 @@ impl InferenceService for DataPlane {
     }
 
     /// With `unload_dependents`, an ensemble's composing models are unloaded too (Triton).
-    async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()> {
+    async fn unload_model(&self, name: &str, request: UnloadRequest) -> ServiceResult<()> {
         self.explicit_only()?;
-        if unload_dependents {
+        if request.unload_dependents {
             self.manager.unload_with_composing(name).await
         } else {
             self.manager.unload(name).await

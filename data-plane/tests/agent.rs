@@ -22,7 +22,7 @@ use nereid_proto::pb::cluster::{
     ReplicaState, ReportReplicaRequest, ReportReplicaResponse, StateDelta, StateSnapshot,
     WatchEvent, WatchRequest, watch_event,
 };
-use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError};
+use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError, UnloadRequest};
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -392,7 +392,7 @@ async fn the_agent_follows_its_assignments() {
     // Clients cannot load or unload: the control plane decides.
     for refused in [
         dp.load_model("other", LoadRequest::default()).await,
-        dp.unload_model("add_sub", false).await,
+        dp.unload_model("add_sub", UnloadRequest::new(false)).await,
     ] {
         match refused {
             Err(ServiceError::Unavailable(m)) => {

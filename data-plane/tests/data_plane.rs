@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use nereid_data_plane::{Backends, ControlMode, DataPlane};
-use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError};
+use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError, UnloadRequest};
 
 mod common;
 use common::{data_plane, floats, fp32, ort_library, workspace};
@@ -156,7 +156,7 @@ async fn explicit_mode_loads_unloads_and_overrides() {
 
     dp.load_model("b", LoadRequest::default()).await.unwrap();
     assert!(dp.infer(add_sub_request("b", None)).await.is_ok());
-    dp.unload_model("b", false).await.unwrap();
+    dp.unload_model("b", UnloadRequest::new(false)).await.unwrap();
     assert!(dp.infer(add_sub_request("b", None)).await.is_err());
     let index = dp.repository_index(false).await.unwrap();
     let b = index.iter().find(|r| r.name == "b").unwrap();
@@ -166,7 +166,7 @@ async fn explicit_mode_loads_unloads_and_overrides() {
         "an unloaded model keeps its version row, as Triton"
     );
     // Unloading a model that was never loaded succeeds and lists nothing new, as Triton.
-    dp.unload_model("never_loaded", false).await.unwrap();
+    dp.unload_model("never_loaded", UnloadRequest::new(false)).await.unwrap();
     let index = dp.repository_index(false).await.unwrap();
     assert!(!index.iter().any(|r| r.name == "never_loaded"));
 
@@ -179,6 +179,7 @@ async fn explicit_mode_loads_unloads_and_overrides() {
         LoadRequest {
             config: Some(config.into()),
             files: BTreeMap::new(),
+            credential: None,
         },
     )
     .await
@@ -201,6 +202,7 @@ async fn explicit_mode_loads_unloads_and_overrides() {
             LoadRequest {
                 config: Some(config.into()),
                 files: files.clone(),
+                credential: None,
             },
         )
     };
@@ -225,6 +227,7 @@ async fn explicit_mode_loads_unloads_and_overrides() {
             LoadRequest {
                 config: Some(config.into()),
                 files,
+                credential: None,
             },
         )
         .await

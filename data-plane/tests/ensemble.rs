@@ -10,7 +10,7 @@ use std::sync::Arc;
 use nereid_data_plane::{Backends, ControlMode, DataPlane};
 use nereid_proto::{
     InferRequest, InferenceService, LoadRequest, ModelIndexEntry, ParamValue, RequestedOutput,
-    ServiceError, Tensor,
+    ServiceError, Tensor, UnloadRequest,
 };
 
 mod common;
@@ -447,18 +447,18 @@ async fn explicit_load_brings_composing_models_and_unload_dependents_takes_them_
         .unwrap();
 
     // Without unload_dependents only the ensemble goes.
-    dp.unload_model("diamond", false).await.unwrap();
+    dp.unload_model("diamond", UnloadRequest::new(false)).await.unwrap();
     assert!(dp.model_ready("left", None).await.unwrap());
     dp.load_model("diamond", LoadRequest::default())
         .await
         .unwrap();
 
     // With it, the composing models go too, except add_sub, which `diamond` still uses.
-    dp.unload_model("pipeline", true).await.unwrap();
+    dp.unload_model("pipeline", UnloadRequest::new(true)).await.unwrap();
     assert_eq!(index_row(&dp, "pipeline").await.reason, "unloaded");
     assert_eq!(index_row(&dp, "copy").await.reason, "unloaded");
     assert!(dp.model_ready("add_sub", None).await.unwrap());
-    dp.unload_model("diamond", true).await.unwrap();
+    dp.unload_model("diamond", UnloadRequest::new(true)).await.unwrap();
     for name in ["diamond", "left", "right", "add_sub"] {
         let row = index_row(&dp, name).await;
         assert_eq!(
@@ -480,7 +480,7 @@ async fn a_missing_composing_model_makes_the_ensemble_unavailable_until_it_is_ba
             .is_ok()
     );
 
-    dp.unload_model("copy", false).await.unwrap();
+    dp.unload_model("copy", UnloadRequest::new(false)).await.unwrap();
     let err = dp
         .infer(request("pipeline", vec![fp32("IN", &X)]))
         .await

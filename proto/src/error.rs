@@ -33,6 +33,14 @@ pub enum ServiceError {
     /// The client's deadline passed before the answer came (HTTP 504, gRPC DEADLINE_EXCEEDED).
     #[error("{0}")]
     DeadlineExceeded(String),
+    /// The caller gave no credential, or one that is not valid, for an operation that needs
+    /// one (HTTP 401, gRPC UNAUTHENTICATED).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller's credential is valid but does not allow the operation (HTTP 403, gRPC
+    /// PERMISSION_DENIED).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A failure inside the server or the backend (HTTP 500, gRPC INTERNAL).
     #[error("{0}")]
     Internal(String),
@@ -70,6 +78,8 @@ impl ServiceError {
             | ServiceError::AlreadyExists(m)
             | ServiceError::Cancelled(m)
             | ServiceError::DeadlineExceeded(m)
+            | ServiceError::Unauthenticated(m)
+            | ServiceError::PermissionDenied(m)
             | ServiceError::Internal(m) => m,
         }
     }
@@ -96,6 +106,8 @@ impl ServiceError {
             ServiceError::AlreadyExists(m) => (ServiceError::AlreadyExists, m),
             ServiceError::Cancelled(m) => (ServiceError::Cancelled, m),
             ServiceError::DeadlineExceeded(m) => (ServiceError::DeadlineExceeded, m),
+            ServiceError::Unauthenticated(m) => (ServiceError::Unauthenticated, m),
+            ServiceError::PermissionDenied(m) => (ServiceError::PermissionDenied, m),
             ServiceError::Internal(m) => (ServiceError::Internal, m),
         }
     }

@@ -52,6 +52,32 @@ pub struct ModelIndexEntry {
     pub reason: String,
 }
 
+/// The caller's own credential, as it came: the value of the HTTP `Authorization` header or
+/// the gRPC `authorization` metadata (`Bearer <token>`). A service that acts elsewhere on the
+/// caller's behalf (the router asking the control plane to load a model) sends this, never its
+/// own credential. `Debug` never shows it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credential(String);
+
+impl Credential {
+    /// The header value; `None` when it is blank.
+    pub fn new(value: impl Into<String>) -> Option<Credential> {
+        let value = value.into();
+        (!value.trim().is_empty()).then_some(Credential(value))
+    }
+
+    /// The header value, to be sent on.
+    pub fn header_value(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential(<redacted>)")
+    }
+}
+
 /// A repository load request's overrides.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoadRequest {
@@ -59,6 +85,27 @@ pub struct LoadRequest {
     pub config: Option<String>,
     /// `file:<version>/<path>` entries: file contents for an override model directory.
     pub files: BTreeMap<String, Bytes>,
+    /// The caller's credential, when the request carried one.
+    pub credential: Option<Credential>,
+}
+
+/// A repository unload request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UnloadRequest {
+    /// Also unload the models an ensemble uses that nothing else uses.
+    pub unload_dependents: bool,
+    /// The caller's credential, when the request carried one.
+    pub credential: Option<Credential>,
+}
+
+impl UnloadRequest {
+    /// An unload without a credential.
+    pub fn new(unload_dependents: bool) -> UnloadRequest {
+        UnloadRequest {
+            unload_dependents,
+            credential: None,
+        }
+    }
 }
 
 /// One item of a streamed request's answer.
@@ -114,7 +161,7 @@ pub trait InferenceService: Send + Sync + 'static {
     }
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>>;
     async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()>;
-    async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()>;
+    async fn unload_model(&self, name: &str, request: UnloadRequest) -> ServiceResult<()>;
     /// The trace settings, global (`model: None`) or of one model, after applying `update`
     /// (when given). An unknown model is `NotFound`; an unknown key or bad value
     /// `InvalidArgument` naming it.

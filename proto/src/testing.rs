@@ -31,7 +31,7 @@ use crate::datatype::DataType;
 use crate::error::{ServiceError, ServiceResult};
 use crate::pb::inference::{ModelConfig, ModelInput, ModelStatistics, ModelTransactionPolicy};
 use crate::service::{
-    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata,
+    InferenceService, LoadRequest, UnloadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata,
     StreamedResponse, TensorMetadata,
 };
 use crate::types::{InferRequest, InferResponse, ParamValue, Tensor};
@@ -736,8 +736,8 @@ impl InferenceService for FakeService {
         self.find(name).map(|_| ())
     }
 
-    async fn unload_model(&self, name: &str, unload_dependents: bool) -> ServiceResult<()> {
-        lock(&self.shared.unloads).push((name.into(), unload_dependents));
+    async fn unload_model(&self, name: &str, request: UnloadRequest) -> ServiceResult<()> {
+        lock(&self.shared.unloads).push((name.into(), request.unload_dependents));
         Ok(())
     }
 }

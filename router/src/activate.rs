@@ -6,10 +6,14 @@
 //!   While requests keep coming the router renews the activation in the background, at most
 //!   once per renewal interval the control plane gave, so the replica stays; when they stop,
 //!   the control plane scales the model back to zero.
-//! - **Repository load/unload** (Triton's explicit model control). Load raises the model's
-//!   replica floor to at least 1 (and, with a `config` override, redeploys it with that
-//!   override), then waits until a replica is ready; unload sets the model's replicas to 0
-//!   (min and max, so requests do not start it again) and waits until none serves.
+//! - **Repository load/unload** (Triton's explicit model control), only with
+//!   [`RepositoryControl::CallerCredential`]: the management calls carry the caller's own
+//!   `authorization`, never the router's token, so the public inference port administers
+//!   nothing by itself; the control plane decides whether that credential may (off, the
+//!   default, refuses them). Load raises the model's replica floor to at least 1 (and, with a
+//!   `config` override, redeploys it with that override), then waits until a replica is ready;
+//!   unload sets the model's replicas to 0 (min and max, so requests do not start it again)
+//!   and waits until none serves.
 //!
 //! ```text
 //! request ─► no ready replica, min_replicas 0 ─► Activate ─► wait for the table ─► route
@@ -22,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nereid_proto::LoadRequest;
+use nereid_proto::{Credential, LoadRequest, UnloadRequest};
 use nereid_proto::pb::cluster::cluster_client::ClusterClient;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::{
@@ -33,6 +37,17 @@ use crate::control::ControlPlane;
 use crate::error::{RouterError, RouterResult};
 use crate::table::{RoutingTable, SharedTable};
 
+/// Whether repository load/unload through the router reach the control plane.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RepositoryControl {
+    /// Refused; models are managed with `nereid ctl` or the management API.
+    #[default]
+    Off,
+    /// Forwarded to the management API with the caller's own credential (its
+    /// `Authorization` header or `authorization` metadata), which the control plane checks.
+    CallerCredential,
+}
+
 /// Renewal interval used until the control plane has told one.
 const DEFAULT_RENEW_AFTER: Duration = Duration::from_secs(30);
 
@@ -42,6 +57,7 @@ pub struct Activator {
     table: Arc<SharedTable>,
     /// How long a request (or a load) may wait for a replica to become ready.
     wait: Duration,
+    repository_control: RepositoryControl,
     state: Mutex<Renewals>,
 }
 
@@ -52,11 +68,17 @@ struct Renewals {
 }
 
 impl Activator {
-    pub fn new(control: Arc<ControlPlane>, table: Arc<SharedTable>, wait: Duration) -> Activator {
+    pub fn new(
+        control: Arc<ControlPlane>,
+        table: Arc<SharedTable>,
+        wait: Duration,
+        repository_control: RepositoryControl,
+    ) -> Activator {
         Activator {
             control,
             table,
             wait,
+            repository_control,
             state: Mutex::new(Renewals {
                 sent: HashMap::new(),
                 renew_after: DEFAULT_RENEW_AFTER,
@@ -141,6 +163,8 @@ impl Activator {
     /// Triton's repository load: the model serves at least one replica (with the request's
     /// config override, if any) and a replica is ready when this returns.
     pub async fn load(&self, name: &str, request: LoadRequest) -> RouterResult<()> {
+        self.repository_control_on(name, "load")?;
+        let caller = request.credential.as_ref();
         if !request.files.is_empty() {
             return Err(RouterError::InvalidRequest(format!(
                 "load of model '{name}' through the router cannot carry model files; put them in the model's source and deploy it with the management API"
@@ -154,7 +178,7 @@ impl Activator {
                     name: name.to_string(),
                     ..Default::default()
                 },
-                |c, r| async move { ManagementClient::new(c).get_model(r).await },
+                |c, r| async move { ManagementClient::new(c).get_model(as_caller(r, caller)).await },
             )
             .await
             .map_err(control_plane_error)?;
@@ -166,22 +190,28 @@ impl Activator {
                     DeployModelRequest {
                         model: Some(model.clone()),
                     },
-                    |c, r| async move { ManagementClient::new(c).deploy_model(r).await },
+                    |c, r| async move {
+                        ManagementClient::new(c)
+                            .deploy_model(as_caller(r, caller))
+                            .await
+                    },
                 )
                 .await
                 .map_err(control_plane_error)?;
         }
         if model.min_replicas == 0 {
-            self.scale(name, 1, model.max_replicas.max(1)).await?;
+            self.scale(name, 1, model.max_replicas.max(1), caller)
+                .await?;
         }
         self.wait_ready(name, started, self.wait).await
     }
 
     /// Triton's repository unload: the model keeps no replica (and requests do not start one)
     /// until it is loaded again; no replica is ready when this returns.
-    pub async fn unload(&self, name: &str) -> RouterResult<()> {
+    pub async fn unload(&self, name: &str, request: UnloadRequest) -> RouterResult<()> {
+        self.repository_control_on(name, "unload")?;
         let started = Instant::now();
-        self.scale(name, 0, 0).await?;
+        self.scale(name, 0, 0, request.credential.as_ref()).await?;
         self.forget(name);
         let remaining = self.wait.saturating_sub(started.elapsed());
         if self
@@ -199,7 +229,24 @@ impl Activator {
         })
     }
 
-    async fn scale(&self, name: &str, min: u32, max: u32) -> RouterResult<()> {
+    /// Refuses a repository call unless repository control is on.
+    fn repository_control_on(&self, model: &str, operation: &'static str) -> RouterResult<()> {
+        match self.repository_control {
+            RepositoryControl::Off => Err(RouterError::RepositoryControlOff {
+                model: model.to_string(),
+                operation,
+            }),
+            RepositoryControl::CallerCredential => Ok(()),
+        }
+    }
+
+    async fn scale(
+        &self,
+        name: &str,
+        min: u32,
+        max: u32,
+        caller: Option<&Credential>,
+    ) -> RouterResult<()> {
         self.control
             .call(
                 ScaleModelRequest {
@@ -207,7 +254,7 @@ impl Activator {
                     min_replicas: min,
                     max_replicas: max,
                 },
-                |c, r| async move { ManagementClient::new(c).scale_model(r).await },
+                |c, r| async move { ManagementClient::new(c).scale_model(as_caller(r, caller)).await },
             )
             .await
             .map(|_| ())
@@ -250,6 +297,17 @@ fn failure_reason(table: &RoutingTable, model: &str) -> Option<String> {
         .filter(|r| r.state == ReplicaState::Failed as i32)
         .map(|r| r.failure_reason.clone())
         .find(|r| !r.is_empty())
+}
+
+/// `request` with the caller's credential in place of the router's token (none when the
+/// caller sent none): a repository call is the caller's, not the router's.
+fn as_caller<M>(mut request: tonic::Request<M>, caller: Option<&Credential>) -> tonic::Request<M> {
+    let metadata = request.metadata_mut();
+    metadata.remove("authorization");
+    if let Some(value) = caller.and_then(|c| c.header_value().parse().ok()) {
+        metadata.insert("authorization", value);
+    }
+    request
 }
 
 fn control_plane_error(status: tonic::Status) -> RouterError {
@@ -307,16 +365,92 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn renewals_are_due_once_per_interval() {
+    /// An activator whose control plane is unreachable, with the router's own token.
+    fn activator(repository_control: RepositoryControl) -> Activator {
         let control = Arc::new(
             ControlPlane::new(&ControlPlaneConfig {
                 control_plane: vec!["127.0.0.1:1".into()],
-                token: None,
+                token: Some("router-secret".into()),
             })
             .unwrap(),
         );
-        let a = Activator::new(control, Arc::default(), Duration::from_secs(1));
+        Activator::new(
+            control,
+            Arc::default(),
+            Duration::from_secs(1),
+            repository_control,
+        )
+    }
+
+    #[tokio::test]
+    async fn repository_calls_are_refused_when_repository_control_is_off() {
+        let a = activator(RepositoryControl::Off);
+        let admin = Credential::new("Bearer admin-secret");
+        let load = a
+            .load(
+                "m",
+                LoadRequest {
+                    credential: admin.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&load, RouterError::RepositoryControlOff { model, operation: "load" } if model == "m"),
+            "{load:?}"
+        );
+        assert!(load.to_string().contains("--repository-control"));
+        let unload = a
+            .unload(
+                "m",
+                UnloadRequest {
+                    unload_dependents: false,
+                    credential: admin,
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            unload,
+            RouterError::RepositoryControlOff {
+                operation: "unload",
+                ..
+            }
+        ));
+        let on = activator(RepositoryControl::CallerCredential);
+        let reached = on.unload("m", UnloadRequest::new(false)).await.unwrap_err();
+        assert!(
+            matches!(reached, RouterError::ControlPlane { .. }),
+            "with repository control on, the call goes to the control plane: {reached:?}"
+        );
+    }
+
+    #[test]
+    fn repository_calls_carry_the_callers_credential_never_the_routers() {
+        let control = ControlPlane::new(&ControlPlaneConfig {
+            control_plane: vec!["127.0.0.1:1".into()],
+            token: Some("router-secret".into()),
+        })
+        .unwrap();
+        let with_router_token = || control.client().request(());
+        assert_eq!(
+            with_router_token().metadata().get("authorization").unwrap(),
+            "Bearer router-secret"
+        );
+        let caller = Credential::new("Bearer caller-secret");
+        let sent = as_caller(with_router_token(), caller.as_ref());
+        assert_eq!(
+            sent.metadata().get("authorization").unwrap(),
+            "Bearer caller-secret"
+        );
+        let anonymous = as_caller(with_router_token(), None);
+        assert!(anonymous.metadata().get("authorization").is_none());
+    }
+
+    #[tokio::test]
+    async fn renewals_are_due_once_per_interval() {
+        let a = activator(RepositoryControl::Off);
         let t0 = Instant::now();
         assert!(a.due("m", t0), "never sent");
         assert!(!a.due("m", t0 + Duration::from_secs(1)));

@@ -69,6 +69,15 @@ pub enum RouterError {
     /// The operation is not served by the router.
     #[error("{0}")]
     Unsupported(String),
+    /// Repository load/unload through the router is off (`--repository-control off`, the
+    /// default): the public inference port does not administer the cluster.
+    #[error(
+        "repository {operation} of model '{model}' through the router is off: manage models with `nereid ctl` or the management API, or start the router with --repository-control caller-credential (the caller's own management token is then required)"
+    )]
+    RepositoryControlOff {
+        model: String,
+        operation: &'static str,
+    },
     /// The client's deadline (`grpc-timeout`) passed before a worker answered, or before the
     /// request could be forwarded. Never retried: the request may have run.
     #[error("model '{model}': the request's deadline passed before a worker answered")]
@@ -115,6 +124,7 @@ impl RouterError {
             | RouterError::BadResponse { .. }
             | RouterError::Unsupported(_)
             | RouterError::ControlPlane { .. }
+            | RouterError::RepositoryControlOff { .. }
             | RouterError::NotReadyInTime { .. }
             | RouterError::DeadlineExceeded { .. } => false,
         }
@@ -130,6 +140,7 @@ impl From<RouterError> for ServiceError {
             }
             RouterError::ControlPlane { error } => error.prefixed("control plane: "),
             RouterError::NoReadyReplica { .. }
+            | RouterError::RepositoryControlOff { .. }
             | RouterError::NotReadyInTime { .. }
             | RouterError::SequenceReplicaGone { .. }
             | RouterError::Unreachable { .. } => ServiceError::Unavailable(message),

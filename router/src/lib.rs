@@ -38,6 +38,7 @@ mod version;
 mod watch;
 mod wire;
 
+pub use activate::RepositoryControl;
 pub use choice::SplitMix64;
 pub use control::ControlPlaneConfig;
 pub use error::{RouterError, RouterResult};

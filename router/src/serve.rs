@@ -19,7 +19,7 @@ use nereid_proto::InferenceService;
 use nereid_telemetry::prometheus_router;
 use tokio::sync::watch;
 
-use crate::activate::Activator;
+use crate::activate::{Activator, RepositoryControl};
 use crate::control::{ControlPlane, ControlPlaneConfig};
 use crate::metrics::RouterCollector;
 use crate::service::{RouterService, RouterServiceConfig};
@@ -47,6 +47,9 @@ pub struct RouterConfig {
     pub telemetry: nereid_telemetry::TelemetryConfig,
     /// TLS, connection limits and read deadlines of the HTTP and gRPC ports.
     pub ports: nereid_frontend::PortsConfig,
+    /// Whether repository load/unload requests reach the control plane (with the caller's own
+    /// credential) or are refused.
+    pub repository_control: RepositoryControl,
 }
 
 /// Why the router could not start.
@@ -74,6 +77,7 @@ pub async fn run(
         control_plane.clone(),
         table.clone(),
         config.service.scale_from_zero_wait,
+        config.repository_control,
     ));
     let mut telemetry = nereid_telemetry::Telemetry::start(
         &config.telemetry,

@@ -37,7 +37,7 @@ use nereid_proto::pb::inference::{
 use nereid_proto::{
     InferRequest, InferResponse, InferenceService, LoadRequest, LogSettings, ModelIndexEntry,
     ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
-    TraceSettings, TraceSettingsUpdate,
+    TraceSettings, TraceSettingsUpdate, UnloadRequest,
 };
 use nereid_telemetry::logging::LogControl;
 use nereid_telemetry::{AttrValue, RequestTrace, SpanKind, Tracer};
@@ -675,9 +675,9 @@ impl InferenceService for RouterService {
 
     /// Maps to the management API: the model keeps no replica until loaded again. Dependents
     /// are not unloaded (each model is scaled on its own).
-    async fn unload_model(&self, name: &str, _unload_dependents: bool) -> ServiceResult<()> {
+    async fn unload_model(&self, name: &str, request: UnloadRequest) -> ServiceResult<()> {
         match &self.activator {
-            Some(a) => Ok(a.unload(name).await?),
+            Some(a) => Ok(a.unload(name, request).await?),
             None => Err(RouterError::Unsupported(format!(
                 "cannot unload model '{name}': this router has no control plane to ask"
             ))

@@ -24,6 +24,7 @@ async fn starts_without_a_control_plane_and_shuts_down_on_signal() {
         exit_timeout: Duration::from_secs(5),
         telemetry: Default::default(),
         ports: Default::default(),
+        repository_control: Default::default(),
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(run(config, async {
@@ -50,6 +51,7 @@ async fn a_bad_control_plane_address_is_refused_before_binding() {
         exit_timeout: Duration::from_secs(1),
         telemetry: Default::default(),
         ports: Default::default(),
+        repository_control: Default::default(),
     };
     let err = run(config, std::future::pending()).await.unwrap_err();
     assert!(

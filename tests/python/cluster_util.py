@@ -206,13 +206,13 @@ def since(t0):
 
 
 class RouterProcess(KServeProcess):
-    def __init__(self, workdir, token_file, control_planes, name="router"):
+    def __init__(self, workdir, token_file, control_planes, name="router", extra=()):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         args = ["router",
                 "--control-plane", ",".join(control_planes),
                 "--auth-token-file", str(token_file),
                 *loopback_listen_args(self.http_port, self.grpc_port, self.metrics_port),
-                "--log-verbose", "1"]
+                "--log-verbose", "1", *extra]
         super().__init__(name, workdir, args)
 
 

@@ -7,7 +7,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body, wait_replicas
+import tritonclient.grpc as grpcclient
+
+from cluster_util import AUTH, RouterProcess, WorkerProcess, leader_of, model_body, wait_replicas
 from nereid_util import gen_models, wait_until
 from test_cluster import start_control_plane, stop_all
 
@@ -43,12 +45,15 @@ def test_traffic_split_scale_from_zero_and_repository_control(tmp_path, repo):
     token, cps = start_control_plane(tmp_path, n=1)
     cp = cps[0]
     worker = WorkerProcess("w1", tmp_path, token, [cp.grpc_addr])
-    router = RouterProcess(tmp_path, token, [cp.grpc_addr])
+    router = RouterProcess(tmp_path, token, [cp.grpc_addr],
+                           extra=["--repository-control", "caller-credential"])
+    # A router as started by default: repository control off.
+    closed = RouterProcess(tmp_path, token, [cp.grpc_addr], name="closed-router")
     try:
         leader_of(cps)
-        for p in (worker, router):
+        for p in (worker, router, closed):
             p.spawn()
-        for p in (worker, router):
+        for p in (worker, router, closed):
             p.wait_live()
         client = httpclient.InferenceServerClient(router.http_url)
 
@@ -98,12 +103,36 @@ def test_traffic_split_scale_from_zero_and_repository_control(tmp_path, repo):
         assert client.is_model_ready("simple")
 
         # --- repository unload / load through the router ---------------------------------
-        client.unload_model("simple")
+        # By default the public port administers nothing, even for a caller with the admin
+        # token: the router refuses naming the flag, and the model keeps serving.
+        closed_http = httpclient.InferenceServerClient(closed.http_url)
+        closed_grpc = grpcclient.InferenceServerClient(closed.grpc_url)
+        for call in (lambda: closed_http.unload_model("simple", headers=AUTH),
+                     lambda: closed_grpc.unload_model("simple", headers=AUTH),
+                     lambda: closed_http.load_model("simple")):
+            with pytest.raises(InferenceServerException) as off:
+                call()
+            assert "--repository-control" in str(off.value), off.value
+            assert off.value.status() in ("503", "StatusCode.UNAVAILABLE"), off.value.status()
+        assert client.is_model_ready("simple")
+        # With caller-credential, the caller's own token is what the control plane checks:
+        # none (the router has its own, but never lends it) is refused as unauthenticated.
+        with pytest.raises(InferenceServerException) as anonymous:
+            client.unload_model("simple")
+        assert anonymous.value.status() == "401", anonymous.value
+        with pytest.raises(InferenceServerException) as anonymous_grpc:
+            grpcclient.InferenceServerClient(router.grpc_url).unload_model("simple")
+        assert anonymous_grpc.value.status() == "StatusCode.UNAUTHENTICATED", anonymous_grpc.value
+        with pytest.raises(InferenceServerException) as wrong:
+            client.unload_model("simple", headers={"authorization": "Bearer not-the-token"})
+        assert wrong.value.status() == "401", wrong.value
+        assert client.is_model_ready("simple"), "refused unloads change nothing"
+        client.unload_model("simple", headers=AUTH)
         assert not client.is_model_ready("simple")
         with pytest.raises(InferenceServerException) as unloaded:
             client.infer("simple", inputs_simple)
         assert "no ready replica" in str(unloaded.value), unloaded.value
-        client.load_model("simple")
+        client.load_model("simple", headers=AUTH)
         assert client.is_model_ready("simple")
         np.testing.assert_array_equal(
             client.infer("simple", inputs_simple).as_numpy("OUTPUT0"), a + a)
@@ -111,7 +140,7 @@ def test_traffic_split_scale_from_zero_and_repository_control(tmp_path, repo):
         assert answer["model"]["min_replicas"] == 1, answer
 
         with pytest.raises(InferenceServerException) as unknown:
-            client.load_model("never_registered")
+            client.load_model("never_registered", headers=AUTH)
         assert "not found" in str(unknown.value), unknown.value
     finally:
-        stop_all([router, worker, *cps])
+        stop_all([closed, router, worker, *cps])

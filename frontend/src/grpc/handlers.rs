@@ -22,7 +22,7 @@ use nereid_proto::pb::inference::grpc_inference_service_server::GrpcInferenceSer
 use nereid_proto::pb::inference::model_metadata_response::TensorMetadata;
 use nereid_proto::pb::inference::repository_index_response::ModelIndex;
 use nereid_proto::pb::inference::*;
-use nereid_proto::{InferenceService, codec};
+use nereid_proto::{InferenceService, UnloadRequest, codec};
 
 /// Serves both generated services over one shared [`InferenceService`].
 pub(crate) struct GrpcFrontend {
@@ -178,9 +178,11 @@ impl GrpcInferenceService for GrpcFrontend {
         &self,
         request: Request<RepositoryModelLoadRequest>,
     ) -> RpcResult<RepositoryModelLoadResponse> {
+        let credential = repository::credential(request.metadata());
         let r = request.into_inner();
         repository::check_repository_name(&r.repository_name)?;
-        let load = repository::load_request(r.parameters)?;
+        let mut load = repository::load_request(r.parameters)?;
+        load.credential = credential;
         self.service.load_model(&r.model_name, load).await?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
     }
@@ -189,10 +191,14 @@ impl GrpcInferenceService for GrpcFrontend {
         &self,
         request: Request<RepositoryModelUnloadRequest>,
     ) -> RpcResult<RepositoryModelUnloadResponse> {
+        let credential = repository::credential(request.metadata());
         let r = request.into_inner();
         repository::check_repository_name(&r.repository_name)?;
-        let dependents = repository::unload_dependents(&r.parameters)?;
-        self.service.unload_model(&r.model_name, dependents).await?;
+        let unload = UnloadRequest {
+            unload_dependents: repository::unload_dependents(&r.parameters)?,
+            credential,
+        };
+        self.service.unload_model(&r.model_name, unload).await?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 

@@ -16,7 +16,13 @@ use bytes::Bytes;
 
 use nereid_proto::pb::inference::ModelRepositoryParameter;
 use nereid_proto::pb::inference::model_repository_parameter::ParameterChoice;
-use nereid_proto::{LoadRequest, ServiceError, ServiceResult};
+use nereid_proto::{Credential, LoadRequest, ServiceError, ServiceResult};
+
+/// The caller's `authorization` metadata, passed on to a service that acts on the caller's
+/// behalf (the router's load and unload).
+pub(crate) fn credential(metadata: &tonic::metadata::MetadataMap) -> Option<Credential> {
+    Credential::new(metadata.get("authorization")?.to_str().ok()?)
+}
 
 /// The message Triton answers a non-empty `repository_name` with.
 pub(crate) const REPOSITORY_NAME_UNSUPPORTED: &str =

@@ -24,6 +24,8 @@ pub fn status_of(err: &ServiceError) -> StatusCode {
         ServiceError::AlreadyExists(_) => StatusCode::BAD_REQUEST,
         ServiceError::Cancelled(_) => StatusCode::BAD_REQUEST,
         ServiceError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
+        ServiceError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        ServiceError::PermissionDenied(_) => StatusCode::FORBIDDEN,
         ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -114,6 +116,8 @@ mod tests {
             (ServiceError::Cancelled("g".into()), 400),
             (ServiceError::DeadlineExceeded("i".into()), 504),
             (ServiceError::Internal("h".into()), 500),
+            (ServiceError::Unauthenticated("j".into()), 401),
+            (ServiceError::PermissionDenied("k".into()), 403),
         ];
         for (err, status) in cases {
             let message = err.message().to_string();

@@ -4,6 +4,7 @@
 
 use axum::extract::Request;
 use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::GeneralPurpose;
@@ -18,7 +19,7 @@ use super::error::HttpError;
 use super::json_body::{MAX_DATA_DEPTH, parse_json};
 use super::metadata::json_response;
 use super::tensor_json::describe;
-use nereid_proto::{LoadRequest, ServiceError, ServiceResult};
+use nereid_proto::{Credential, LoadRequest, ServiceError, ServiceResult, UnloadRequest};
 
 /// Standard alphabet, padding optional (clients differ).
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -99,8 +100,10 @@ pub async fn index(state: &HttpState, request: Request) -> Result<Response, Http
 /// `POST /v2/repository/models/{m}/load`, body
 /// `{"parameters":{"config":"<json>","file:<version>/<path>":"<base64>"}}` optional.
 pub async fn load(state: &HttpState, model: &str, request: Request) -> Result<Response, HttpError> {
+    let credential = credential(&request);
     let body = optional_body(state, request, "load request").await?;
-    let load = load_request(body.as_ref().and_then(|b| b.get("parameters")))?;
+    let mut load = load_request(body.as_ref().and_then(|b| b.get("parameters")))?;
+    load.credential = credential;
     state.service.load_model(model, load).await?;
     Ok(StatusCode::OK.into_response())
 }
@@ -156,6 +159,7 @@ pub async fn unload(
     model: &str,
     request: Request,
 ) -> Result<Response, HttpError> {
+    let credential = credential(&request);
     let body = optional_body(state, request, "unload request").await?;
     let params = body.as_ref().and_then(|b| b.get("parameters"));
     let dependents = match params.and_then(|p| p.get("unload_dependents")) {
@@ -169,8 +173,18 @@ pub async fn unload(
             .into());
         }
     };
-    state.service.unload_model(model, dependents).await?;
+    let unload = UnloadRequest {
+        unload_dependents: dependents,
+        credential,
+    };
+    state.service.unload_model(model, unload).await?;
     Ok(StatusCode::OK.into_response())
+}
+
+/// The caller's `Authorization` header, passed on to a service that acts on the caller's behalf.
+fn credential(request: &Request) -> Option<Credential> {
+    let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
+    Credential::new(value)
 }
 
 #[cfg(test)]

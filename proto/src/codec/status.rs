@@ -28,6 +28,8 @@ impl From<ServiceError> for Status {
             ServiceError::AlreadyExists(m) => (Code::AlreadyExists, m),
             ServiceError::Cancelled(m) => (Code::Cancelled, m),
             ServiceError::DeadlineExceeded(m) => (Code::DeadlineExceeded, m),
+            ServiceError::Unauthenticated(m) => (Code::Unauthenticated, m),
+            ServiceError::PermissionDenied(m) => (Code::PermissionDenied, m),
             ServiceError::Internal(m) => (Code::Internal, m),
         };
         Status::new(code, message)
@@ -50,12 +52,11 @@ impl From<Status> for ServiceError {
             Code::Cancelled => ServiceError::Cancelled(message),
             Code::DeadlineExceeded => ServiceError::DeadlineExceeded(message),
             Code::Aborted => ServiceError::Unavailable(message),
-            Code::Ok
-            | Code::Unknown
-            | Code::Internal
-            | Code::DataLoss
-            | Code::PermissionDenied
-            | Code::Unauthenticated => ServiceError::Internal(message),
+            Code::Unauthenticated => ServiceError::Unauthenticated(message),
+            Code::PermissionDenied => ServiceError::PermissionDenied(message),
+            Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => {
+                ServiceError::Internal(message)
+            }
         }
     }
 }
@@ -82,6 +83,14 @@ mod tests {
                 Code::DeadlineExceeded,
             ),
             (ServiceError::Internal("h".into()), Code::Internal),
+            (
+                ServiceError::Unauthenticated("j".into()),
+                Code::Unauthenticated,
+            ),
+            (
+                ServiceError::PermissionDenied("k".into()),
+                Code::PermissionDenied,
+            ),
         ];
         for (err, code) in cases {
             let message = err.message().to_string();
@@ -102,6 +111,8 @@ mod tests {
             ServiceError::Cancelled("g".into()),
             ServiceError::DeadlineExceeded("i".into()),
             ServiceError::Internal("h".into()),
+            ServiceError::Unauthenticated("j".into()),
+            ServiceError::PermissionDenied("k".into()),
         ] {
             assert_eq!(ServiceError::from(Status::from(err.clone())), err);
         }
@@ -114,7 +125,7 @@ mod tests {
             ServiceError::Overloaded("full".into())
         );
         assert_eq!(
-            ServiceError::from(Status::permission_denied("no")),
+            ServiceError::from(Status::data_loss("no")),
             ServiceError::Internal("no".into())
         );
     }

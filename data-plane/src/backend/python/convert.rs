@@ -215,7 +215,10 @@ pub fn service_error_object(error: ServiceError) -> ErrorObject {
         ServiceError::Unsupported(_) => ErrorCode::Unsupported,
         ServiceError::AlreadyExists(_) => ErrorCode::AlreadyExists,
         ServiceError::Cancelled(_) => ErrorCode::Cancelled,
-        ServiceError::Internal(_) => ErrorCode::Internal,
+        // pb_utils has no authentication codes; a BLS call never carries a credential.
+        ServiceError::Unauthenticated(_)
+        | ServiceError::PermissionDenied(_)
+        | ServiceError::Internal(_) => ErrorCode::Internal,
     };
     ErrorObject::new(code, error.into_message())
 }
