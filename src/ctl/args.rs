@@ -100,6 +100,18 @@ pub struct ReplicaArgs {
     pub max_replicas: Option<u32>,
 }
 
+/// `--wait` and `--timeout` of the commands that change a model's replicas.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct WaitArgs {
+    /// Return only once every served version has its `min_replicas` ready (exit 0), or with
+    /// the failed replicas' reasons (exit 1).
+    #[arg(long)]
+    pub wait: bool,
+    /// Seconds `--wait` waits before giving up (exit 1, saying what is ready).
+    #[arg(long, default_value_t = 300, requires = "wait")]
+    pub timeout: u64,
+}
+
 #[derive(Args, Debug)]
 pub struct DeployArgs {
     pub name: String,
@@ -129,6 +141,8 @@ pub struct DeployArgs {
     /// Label `key=value` (repeat).
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    #[command(flatten)]
+    pub wait: WaitArgs,
 }
 
 #[derive(Args, Debug)]
@@ -136,6 +150,8 @@ pub struct ScaleArgs {
     pub name: String,
     #[command(flatten)]
     pub replicas: ReplicaArgs,
+    #[command(flatten)]
+    pub wait: WaitArgs,
 }
 
 #[derive(Args, Debug)]

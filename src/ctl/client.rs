@@ -38,6 +38,8 @@ pub enum CtlError {
     },
     /// Writing the output failed.
     Output(String),
+    /// `--wait`: the replicas did not become ready (failed, or the timeout passed).
+    Wait(String),
 }
 
 impl CtlError {
@@ -83,7 +85,9 @@ impl CtlError {
 impl std::fmt::Display for CtlError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CtlError::Usage(m) | CtlError::Connect(m) | CtlError::Output(m) => f.write_str(m),
+            CtlError::Usage(m) | CtlError::Connect(m) | CtlError::Output(m) | CtlError::Wait(m) => {
+                f.write_str(m)
+            }
             CtlError::Status {
                 code,
                 message,

@@ -16,6 +16,7 @@ mod client;
 mod render;
 mod request;
 mod table;
+mod wait;
 
 #[cfg(test)]
 mod tests;
@@ -29,7 +30,7 @@ use nereid_proto::pb::cluster::{
 };
 
 pub use args::CtlArgs;
-use args::{ClusterCommand, CtlCommand, ModelsCommand, NodesCommand, OutputFormat};
+use args::{ClusterCommand, CtlCommand, ModelsCommand, NodesCommand, OutputFormat, WaitArgs};
 use client::{Connection, CtlError};
 
 /// Runs one `ctl` command on a fresh single-threaded runtime and prints its result to stdout.
@@ -84,6 +85,26 @@ fn emit<M: prost::Message + prost::Name>(
     Ok(())
 }
 
+/// The model's status once its replicas are ready, with `--wait`; `written` as it is without.
+async fn waited(
+    connection: &Connection,
+    written: nereid_proto::pb::cluster::ModelStatus,
+    wait: WaitArgs,
+    consistency: i32,
+) -> Result<nereid_proto::pb::cluster::ModelStatus, CtlError> {
+    if !wait.wait {
+        return Ok(written);
+    }
+    let name = written.model.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    wait::until_ready(
+        connection,
+        &name,
+        consistency,
+        std::time::Duration::from_secs(wait.timeout),
+    )
+    .await
+}
+
 /// Runs the command in `args` and writes its output to `out`.
 pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
     let connection = Connection::new(args.control_plane.clone(), token(args)?)?;
@@ -96,6 +117,7 @@ pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError
                 let status = connection
                     .call(message, |mut c, r| async move { c.deploy_model(r).await })
                     .await?;
+                let status = waited(&connection, status, deploy.wait, consistency).await?;
                 emit(out, format, &status, render::model)
             }
             ModelsCommand::List => {
@@ -121,6 +143,7 @@ pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError
                 let status = connection
                     .call(message, |mut c, r| async move { c.scale_model(r).await })
                     .await?;
+                let status = waited(&connection, status, scale.wait, consistency).await?;
                 emit(out, format, &status, render::model)
             }
             ModelsCommand::Traffic(traffic) => {

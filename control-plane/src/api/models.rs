@@ -4,7 +4,7 @@ use nereid_proto::pb::cluster as pb;
 
 use super::error::ApiError;
 use super::service::{ManagementService, required};
-use super::source::resolve_versions;
+use super::source::{check_config_name, resolve_versions};
 use crate::convert::{model_from_pb, model_to_pb, plan_to_decisions, replica_to_pb};
 use crate::state::{ClusterState, Command, EntityKind, ModelSpec, ReplicaState, StateError};
 use crate::views;
@@ -41,6 +41,7 @@ impl ManagementService {
             return Err(ApiError::invalid("model", "is missing"));
         };
         let mut spec = model_from_pb(model)?;
+        check_config_name(&spec).await?;
         resolve_versions(&mut spec).await?;
         let applied = self
             .consensus
