@@ -1,6 +1,7 @@
 """Processes of a local cluster for the end-to-end suite: control-plane nodes, workers, and the
 management REST API they serve. Everything binds 127.0.0.1 on free ports and logs to a file."""
 
+import json
 import os
 import signal
 import subprocess
@@ -180,7 +181,10 @@ def leader_of(nodes, deadline_s=30):
 
 
 def model_body(name, source_dir, replicas=1, memory=64 << 20):
-    return {
+    """A DeployModel body; a model served under another name than its directory's (whose
+    config.pbtxt names the directory) is renamed consistently with a config override, as the
+    control plane refuses a config that names another model."""
+    body = {
         "name": name,
         "source": f"file://{source_dir}",
         "version_policy": {"latest": {"num_versions": 1}},
@@ -188,6 +192,9 @@ def model_body(name, source_dir, replicas=1, memory=64 << 20):
         "max_replicas": replicas,
         "resources": {"memory_bytes": memory},
     }
+    if Path(source_dir).name != name:
+        body["config_override"] = json.dumps({"name": name})
+    return body
 
 
 def replicas(node, model):
@@ -220,7 +227,7 @@ class RouterProcess(KServeProcess):
 # ---------------------------------------------------------------------------------------------
 # Load through the router (nereid-loadtest) and what each worker served
 
-import json  # noqa: E402 - appended section (helpers here are append-only)
+
 
 LOADTEST_BIN = os.environ.get("NEREID_LOADTEST_BIN",
                               str(Path(NEREID_BIN).with_name("nereid-loadtest")))

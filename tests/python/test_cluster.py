@@ -262,11 +262,23 @@ def test_management_api_auth_errors_and_ctl(cluster_dir, example_repo):
         listed = json.loads(out.stdout)
         assert sorted(m["model"]["name"] for m in listed["models"]) == [
             "identity_fp32_autocomplete", "mlp", "simple"]
-        out = subprocess.run(ctl + ["models", "deploy", "again", "--source",
-                                    f"file://{example_repo / 'mlp'}", "--replicas", "1"],
+        # A name that differs from the config's is refused before anything is written...
+        deploy_again = ctl + ["models", "deploy", "again", "--source",
+                              f"file://{example_repo / 'mlp'}", "--replicas", "1"]
+        out = subprocess.run(deploy_again, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 1, (out.stdout, out.stderr)
+        assert "names model 'mlp', but it is deployed as 'again'" in out.stderr, out.stderr
+        assert "again" not in model_names(cp)
+        # ...and accepted once renamed consistently.
+        out = subprocess.run(deploy_again + ["--config-override", '{"name": "again"}'],
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         assert "again" in model_names(cp)
+        # --wait with no worker to place on: gives up at its timeout, saying what is ready.
+        out = subprocess.run(ctl + ["models", "scale", "again", "--replicas", "1", "--wait",
+                                    "--timeout", "1"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 1, (out.stdout, out.stderr)
+        assert "0 of 1 replicas ready" in out.stderr, out.stderr
         out = subprocess.run(ctl + ["cluster", "status"], capture_output=True, text=True,
                              timeout=30)
         assert out.returncode == 0 and "leader" in out.stdout.lower(), (out.stdout, out.stderr)

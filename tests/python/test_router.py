@@ -2,14 +2,16 @@
 router what it gets from a worker directly, and a SIGKILLed worker costs no failed request for a
 model with a replica elsewhere."""
 
+import subprocess
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body, wait_replicas
-from nereid_util import gen_models
+from cluster_util import RouterProcess, WorkerProcess, leader_of, replicas
+from nereid_util import NEREID_BIN, gen_models
 from test_cluster import start_control_plane, stop_all
 
 
@@ -37,12 +39,15 @@ def test_router_answers_like_a_worker_and_survives_a_worker_kill(tmp_path, examp
             p.spawn()
         for p in [*workers, router]:
             p.wait_live()
-        code, body = cp.api("POST", "/api/v1/models",
-                            model_body("simple", example_repo / "simple", replicas=2))
-        assert code == 200, (code, body)
-        wait_replicas(cp, "simple",
-                      lambda r: sum(x["state"] == "REPLICA_STATE_READY" for x in r) == 2,
-                      "two ready replicas")
+        # `ctl models deploy --wait` returns once both replicas are ready.
+        out = subprocess.run(
+            [NEREID_BIN, "ctl", "--control-plane", cp.grpc_addr, "--token-file", str(token),
+             "models", "deploy", "simple", "--source", f"file://{example_repo / 'simple'}",
+             "--replicas", "2", "--memory", "64Mi", "--wait", "--timeout", "60"],
+            capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        ready = [x for x in replicas(cp, "simple") if x["state"] == "REPLICA_STATE_READY"]
+        assert len(ready) == 2, ready
 
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
         b = np.full((1, 16), 3, dtype=np.int32)
