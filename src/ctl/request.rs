@@ -223,6 +223,10 @@ mod tests {
             gpu_memory: Some(3 << 30),
             config_override: Some(r#"{"max_batch_size": 8}"#.into()),
             labels: vec![("team".into(), "vision".into())],
+            wait: crate::ctl::args::WaitArgs {
+                wait: false,
+                timeout: 300,
+            },
         };
         let model = deploy_request(&args).unwrap().model.unwrap();
         assert_eq!(model.name, "resnet");
