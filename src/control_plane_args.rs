@@ -57,6 +57,12 @@ pub struct ControlPlaneArgs {
     /// File holding the admin token required on every API call (`authorization: Bearer`).
     #[arg(long, env = "NEREID_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// File of named tokens with roles, one `<role> <name> <secret>` a line (roles: admin,
+    /// read-only, cluster; see docs/security.md). Re-read when it changes, so tokens rotate
+    /// without a restart. Needs an admin token (here or in --auth-token-file): nodes use it
+    /// to call each other.
+    #[arg(long, env = "NEREID_AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<PathBuf>,
     /// Turn authentication off (local development only).
     #[arg(long, env = "NEREID_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -123,36 +129,8 @@ impl ControlPlaneArgs {
                 self.node_id
             ));
         }
-        let (auth, auth_value) = match (&self.auth_token_file, self.insecure_no_auth) {
-            (Some(_), true) => {
-                return Err(
-                    "--auth-token-file and --insecure-no-auth contradict each other".into(),
-                );
-            }
-            (Some(path), false) => {
-                let token =
-                    AuthToken::from_file(path).map_err(|e| format!("--auth-token-file: {e}"))?;
-                let value = std::fs::read_to_string(path)
-                    .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?
-                    .trim()
-                    .to_string();
-                (token, Some(value))
-            }
-            (None, true) => (AuthToken::disabled(), None),
-            (None, false) => match std::env::var("NEREID_AUTH_TOKEN") {
-                Ok(value) if !value.trim().is_empty() => (
-                    AuthToken::from_value(value.trim())
-                        .map_err(|e| format!("NEREID_AUTH_TOKEN: {e}"))?,
-                    Some(value.trim().to_string()),
-                ),
-                _ => {
-                    return Err("the management API needs an admin token: pass \
-                                --auth-token-file (or set NEREID_AUTH_TOKEN), or \
-                                --insecure-no-auth for local development"
-                        .into());
-                }
-            },
-        };
+        let auth = self.auth()?;
+        let auth_value = auth.peer_secret();
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
             return Err(format!(
                 "--heartbeat-timeout-ms ({}) must exceed --heartbeat-interval-ms ({})",
@@ -216,13 +194,63 @@ impl ControlPlaneArgs {
     }
 }
 
+impl ControlPlaneArgs {
+    /// The tokens from --auth-token-file (or NEREID_AUTH_TOKEN) and --auth-tokens-file, or
+    /// none with --insecure-no-auth.
+    fn auth(&self) -> Result<AuthToken, String> {
+        if self.insecure_no_auth {
+            for (flag, given) in [
+                ("--auth-token-file", self.auth_token_file.is_some()),
+                ("--auth-tokens-file", self.auth_tokens_file.is_some()),
+            ] {
+                if given {
+                    return Err(format!("{flag} and --insecure-no-auth contradict each other"));
+                }
+            }
+            return Ok(AuthToken::disabled());
+        }
+        let single = match &self.auth_token_file {
+            Some(path) => Some(
+                AuthToken::from_file(path).map_err(|e| format!("--auth-token-file: {e}"))?,
+            ),
+            None => match std::env::var("NEREID_AUTH_TOKEN") {
+                Ok(value) if !value.trim().is_empty() => Some(
+                    AuthToken::from_value(value.trim())
+                        .map_err(|e| format!("NEREID_AUTH_TOKEN: {e}"))?,
+                ),
+                _ => None,
+            },
+        };
+        let Some(path) = &self.auth_tokens_file else {
+            return single.ok_or_else(|| {
+                "the management API needs an admin token: pass --auth-token-file (or set \
+                 NEREID_AUTH_TOKEN) or --auth-tokens-file, or --insecure-no-auth for local \
+                 development"
+                    .to_string()
+            });
+        };
+        let admin = single.as_ref().and_then(AuthToken::peer_secret);
+        let auth = AuthToken::from_tokens_file(path, admin.as_deref())
+            .map_err(|e| format!("--auth-tokens-file: {e}"))?;
+        if auth.peer_secret().is_none() {
+            return Err(format!(
+                "--auth-tokens-file {}: no token has role admin; add one (control-plane nodes \
+                 call each other with it) or pass --auth-token-file too",
+                path.display()
+            ));
+        }
+        Ok(auth)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use nereid_control_plane::NodeConfig;
 
     use crate::cli::{Cli, Command};
 
-    fn parse(args: &[&str]) -> Result<nereid_control_plane::NodeConfig, String> {
+    fn parse(args: &[&str]) -> Result<NodeConfig, String> {
         let mut argv = vec!["nereid", "control-plane", "--insecure-no-auth"];
         argv.extend_from_slice(args);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
@@ -248,6 +276,42 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9100".parse().unwrap()));
+    }
+
+    fn parse_with_tokens(tokens: &str, args: &[&str]) -> Result<NodeConfig, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "nereid-cp-args-{}-{}",
+            std::process::id(),
+            tokens.len()
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let path = dir.join("tokens");
+        std::fs::write(&path, tokens).map_err(|e| e.to_string())?;
+        let path = path.display().to_string();
+        let mut argv = vec!["nereid", "control-plane", "--auth-tokens-file", &path];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        let result = match cli.command {
+            Command::ControlPlane(args) => args.into_config(),
+            _ => Err("not control-plane".into()),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+
+    #[test]
+    fn a_tokens_file_gives_roles_and_needs_an_admin_token() {
+        let c = parse_with_tokens("admin ops s3cret\nread-only ci r3ad\n", &[]).unwrap();
+        assert_eq!(c.auth_value.as_deref(), Some("s3cret"), "peers use the admin token");
+        assert!(c.auth.is_enabled());
+
+        let err = parse_with_tokens("read-only ci r3ad\n", &[]).unwrap_err();
+        assert!(err.contains("no token has role admin"), "{err}");
+        let err = parse_with_tokens("admin ops s3cret\nroot x y\n", &[]).unwrap_err();
+        assert!(err.starts_with("--auth-tokens-file"), "{err}");
+        assert!(err.contains("line 2") && err.contains("unknown role 'root'"), "{err}");
+        let err = parse_with_tokens("admin ops s3cret\n", &["--insecure-no-auth"]).unwrap_err();
+        assert!(err.contains("contradict"), "{err}");
     }
 
     #[test]

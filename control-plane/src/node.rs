@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
-use crate::api::auth::AuthToken;
+use crate::api::auth::{AuthToken, Scope};
 use crate::api::rest;
 use crate::api::service::ManagementService;
 use crate::cluster::service::ClusterService;
@@ -219,12 +219,12 @@ pub async fn serve(
     let auth = config.auth.clone();
     let grpc = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .add_service(RaftServer::with_interceptor(raft_service, auth.clone()))
-        .add_service(ManagementServer::with_interceptor(
-            management.clone(),
-            auth.clone(),
+        .add_service(auth.guard(Scope::Raft, RaftServer::new(raft_service)))
+        .add_service(auth.guard(
+            Scope::Management,
+            ManagementServer::new(management.clone()),
         ))
-        .add_service(ClusterServer::with_interceptor(cluster, auth.clone()))
+        .add_service(auth.guard(Scope::Cluster, ClusterServer::new(cluster)))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             stopped(stop_rx.clone()),
@@ -270,6 +270,7 @@ pub async fn serve(
             stop_rx.clone(),
         ));
     }
+    tokio::spawn(config.auth.clone().reload_on_hangup_task(stop_rx.clone()));
     for models in repositories {
         tokio::spawn(register_models(consensus.clone(), models, stop_rx.clone()));
     }

@@ -10,6 +10,7 @@
 //! | `NotLeader`, `NoLeader` | UNAVAILABLE         | 503  |
 //! | `Unavailable`           | UNAVAILABLE         | 503  |
 //! | `Unauthenticated`       | UNAUTHENTICATED     | 401  |
+//! | `PermissionDenied`      | PERMISSION_DENIED   | 403  |
 //! | `Internal`              | INTERNAL            | 500  |
 //! | `Relayed` (the leader's answer to a forwarded read) | its code | as above |
 //!
@@ -46,9 +47,12 @@ pub enum ApiError {
     /// The request is malformed: `field` names what to fix.
     #[error("invalid {field}: {reason}")]
     Invalid { field: String, reason: String },
-    /// Missing or wrong admin token; the message says which header is expected.
+    /// Missing or wrong token; the message says which header is expected.
     #[error("{0}")]
     Unauthenticated(String),
+    /// A known token whose role does not allow the operation; the message names both.
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("control plane unavailable: {0}")]
     Unavailable(String),
     #[error("internal error: {0}")]
@@ -143,6 +147,7 @@ impl From<ApiError> for tonic::Status {
                 tonic::Status::unavailable(message)
             }
             ApiError::Unauthenticated(_) => tonic::Status::unauthenticated(message),
+            ApiError::PermissionDenied(_) => tonic::Status::permission_denied(message),
             ApiError::Internal(_) => tonic::Status::internal(message),
             ApiError::Relayed { code, .. } => tonic::Status::new(*code, message),
         };
@@ -166,6 +171,7 @@ impl IntoResponse for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Relayed { code, .. } => http_status_of(*code),
         };
@@ -196,12 +202,12 @@ fn http_status_of(code: tonic::Code) -> StatusCode {
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
         Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
         // The management API never relays these by design; a leader that sends one hit a fault.
         Code::Ok
         | Code::Cancelled
         | Code::Unknown
         | Code::OutOfRange
-        | Code::PermissionDenied
         | Code::ResourceExhausted
         | Code::Aborted
         | Code::Unimplemented
@@ -237,7 +243,7 @@ mod tests {
             (Code::DeadlineExceeded, StatusCode::SERVICE_UNAVAILABLE),
             (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
             (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
-            (Code::PermissionDenied, StatusCode::INTERNAL_SERVER_ERROR),
+            (Code::PermissionDenied, StatusCode::FORBIDDEN),
             (Code::Unknown, StatusCode::INTERNAL_SERVER_ERROR),
         ];
         for (code, status) in expected {
@@ -292,6 +298,15 @@ mod tests {
 
         let e: ApiError = ConsensusError::NoLeader("election".into()).into();
         assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+    }
+
+    #[test]
+    fn permission_denied_is_403_on_both_transports() {
+        let e = ApiError::PermissionDenied("token 'r' has role read-only".into());
+        let s = tonic::Status::from(e.clone());
+        assert_eq!(s.code(), tonic::Code::PermissionDenied);
+        assert_eq!(s.message(), "token 'r' has role read-only");
+        assert_eq!(e.into_response().status(), StatusCode::FORBIDDEN);
     }
 
     #[test]

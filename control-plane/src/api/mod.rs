@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!  gRPC Management ─┐                      ┌─ reads:  consensus.local_state() (LOCAL)
-//!  (AuthToken       ├─► ManagementService ─┤          consensus.linearizable_state() (LINEARIZABLE)
-//!   interceptor)    │   (one method per    ├─ writes: consensus.write(Command) (forwarded to the leader)
+//!  (auth::Guarded:  ├─► ManagementService ─┤          consensus.linearizable_state() (LINEARIZABLE)
+//!   token + role)   │   (one method per    ├─ writes: consensus.write(Command) (forwarded to the leader)
 //!  REST router ─────┘    RPC, pb in/out)   └─ soft state: Observations (utilization, history, load)
 //!  (require_token)            │
 //!                             └─ errors: ApiError ─► tonic::Status | HTTP status + {"error"}
@@ -23,6 +23,8 @@ mod source;
 
 #[cfg(test)]
 mod rest_tests;
+#[cfg(test)]
+mod role_tests;
 #[cfg(test)]
 mod tests;
 

@@ -22,7 +22,8 @@
 //! | `DELETE /api/v1/cluster/members/{id}`   | RemoveMember     |                               |
 //!
 //! Reads take `?consistency=local|linearizable`; the default is `local`, as for gRPC (whose
-//! enum's zero value is LOCAL). Every route requires the admin token ([`require_token`]).
+//! enum's zero value is LOCAL). Every route requires a token ([`require_token`]): GET routes
+//! a read-only or admin one, the others an admin one.
 //! Errors are `{"error": "..."}` with the status of [`ApiError`]'s HTTP mapping.
 
 use axum::extract::{Path, RawQuery, State};
@@ -44,7 +45,7 @@ fn json<M: Message + Name>(message: &M) -> Json<serde_json::Value> {
     Json(message_to_json(message))
 }
 
-/// The REST router, every route behind the admin token.
+/// The REST router, every route behind the token check.
 pub fn router(service: ManagementService, token: AuthToken) -> Router {
     Router::new()
         .route("/api/v1/models", get(list_models).post(deploy_model))

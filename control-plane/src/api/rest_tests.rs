@@ -278,10 +278,11 @@ async fn grpc_over_a_socket_checks_the_token_and_names_the_leader() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(ManagementServer::with_interceptor(
-                svc,
-                AuthToken::from_value(TOKEN).unwrap(),
-            ))
+            .add_service(
+                AuthToken::from_value(TOKEN)
+                    .unwrap()
+                    .guard(auth::Scope::Management, ManagementServer::new(svc)),
+            )
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let mut client = ManagementClient::connect(format!("http://{addr}"))

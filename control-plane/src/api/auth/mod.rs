@@ -1,44 +1,95 @@
-//! Admin token authentication for the management API, gRPC and REST alike.
+//! Bearer-token authentication and role checks for the control plane's APIs, gRPC and REST.
 //!
 //! ```text
-//!  request ─► authorization: Bearer <token> ─► AuthToken::check ─┬─ ok: the handler runs
-//!                                                                └─ 401 / UNAUTHENTICATED
+//!  request ─► authorization: Bearer <secret>
+//!     └─► AuthToken::authorize(header, permission, operation)
+//!          ├─ refresh: tokens file re-read at most once a second; a bad file keeps the old set
+//!          ├─ compare with every token in constant time ─ none: 401 / UNAUTHENTICATED
+//!          ├─ the token's role lacks the permission ───────── 403 / PERMISSION_DENIED
+//!          └─ ok: the handler runs
 //! ```
 //!
-//! The token comes from a file (its trimmed contents) or a value; [`AuthToken::disabled`]
-//! turns the check off and exists only for an operator who asks for it explicitly. Tokens are
-//! compared in constant time and never echoed, logged or printed by `Debug`.
+//! Tokens come from `--auth-token-file` / `NEREID_AUTH_TOKEN` (one admin token, fixed for the
+//! life of the process) and from `--auth-tokens-file` (any number of named tokens with roles,
+//! [`tokens`], rotated without a restart). [`AuthToken::disabled`] turns the check off and
+//! exists only for an operator who asks for it explicitly. Secrets are compared in constant
+//! time and never echoed, logged or printed by `Debug`; every refusal is logged on the
+//! `nereid::audit` target with the token's name when one matched, never its secret.
 //!
-//! gRPC: `ManagementServer::with_interceptor(service, token)` ([`AuthToken`] is a tonic
-//! [`Interceptor`]). REST: [`crate::api::rest::router`] wraps every route in [`require_token`].
+//! gRPC: each service is wrapped in [`Guarded`] (which sees the method path, so a read-only
+//! token can list but not deploy). REST: [`crate::api::rest::router`] wraps every route in
+//! [`require_token`] (GET needs read, everything else write).
 
-use std::path::Path;
+mod guard;
+mod tokens;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use tonic::service::Interceptor;
+use parking_lot::{Mutex, RwLock};
+use tracing::{error, info, warn};
+
+pub use guard::{Scope, require_token};
+pub use tokens::{Permission, Role, Token, TokenSet, TokensFileError};
 
 use super::error::ApiError;
 
-/// The header carrying the admin token, as `Bearer <token>`.
+/// The header carrying the token, as `Bearer <secret>`.
 pub const AUTH_HEADER: &str = "authorization";
 
-/// The admin token; `None` when authentication is disabled.
+/// The name the token of `--auth-token-file` / `NEREID_AUTH_TOKEN` goes by in logs.
+pub const SINGLE_TOKEN_NAME: &str = "auth-token";
+
+/// How often, at most, the tokens file is checked for a change.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(1);
+
+/// The tokens a control-plane node accepts; `None` when authentication is disabled.
 #[derive(Clone)]
-pub struct AuthToken(Option<Arc<str>>);
+pub struct AuthToken(Option<Arc<Keyring>>);
+
+struct Keyring {
+    /// The single admin token of `--auth-token-file`, checked first.
+    single: Option<Token>,
+    file: Option<TokensFile>,
+}
+
+/// The tokens of `--auth-tokens-file` and what is needed to notice that the file changed.
+struct TokensFile {
+    path: PathBuf,
+    every: Duration,
+    tokens: RwLock<Arc<TokenSet>>,
+    poll: Mutex<Poll>,
+}
+
+struct Poll {
+    checked: Instant,
+    /// The text last parsed, good or bad: the same text again is neither re-parsed nor
+    /// re-reported.
+    seen: String,
+    /// The last read error, so a missing file is reported once, not every second.
+    read_error: Option<String>,
+}
 
 impl std::fmt::Debug for AuthToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(_) => f.write_str("AuthToken(<redacted>)"),
-            None => f.write_str("AuthToken(disabled)"),
+        let Some(keyring) = &self.0 else {
+            return f.write_str("AuthToken(disabled)");
+        };
+        let mut d = f.debug_struct("AuthToken");
+        d.field("single", &keyring.single);
+        if let Some(file) = &keyring.file {
+            d.field("file", &file.path);
+            d.field("tokens", &file.tokens.read().tokens);
         }
+        d.finish()
     }
 }
 
-/// Why a token could not be loaded.
+/// Why the tokens could not be loaded at start.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthTokenError {
     #[error("cannot read the admin token file {path}: {source}")]
@@ -50,6 +101,8 @@ pub enum AuthTokenError {
     Empty(String),
     #[error("the admin token {0} contains whitespace or control characters inside it")]
     Malformed(String),
+    #[error(transparent)]
+    TokensFile(#[from] TokensFileError),
 }
 
 impl AuthToken {
@@ -58,61 +111,268 @@ impl AuthToken {
         AuthToken(None)
     }
 
-    /// A token given as a value; surrounding whitespace is trimmed.
+    /// One admin token given as a value; surrounding whitespace is trimmed.
     pub fn from_value(value: &str) -> Result<Self, AuthTokenError> {
-        Self::parse(value, "value".to_string())
+        Ok(Self::single(parse_single(value, "value".to_string())?))
     }
 
-    /// The trimmed contents of a file (a trailing newline is fine).
+    /// One admin token: the trimmed contents of a file (a trailing newline is fine).
     pub fn from_file(path: &Path) -> Result<Self, AuthTokenError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AuthTokenError::Read {
+        let text = read_single(path)?;
+        Ok(Self::single(parse_single(
+            &text,
+            format!("in file {}", path.display()),
+        )?))
+    }
+
+    fn single(token: Token) -> Self {
+        AuthToken(Some(Arc::new(Keyring {
+            single: Some(token),
+            file: None,
+        })))
+    }
+
+    /// The tokens of a tokens file (see [`tokens`] for its format), plus the single admin
+    /// token `admin` when one is given too. The file is re-read when it changes.
+    pub fn from_tokens_file(path: &Path, admin: Option<&str>) -> Result<Self, AuthTokenError> {
+        Self::from_tokens_file_every(path, admin, RELOAD_EVERY)
+    }
+
+    /// [`AuthToken::from_tokens_file`], checking the file for changes at most every `every`.
+    pub fn from_tokens_file_every(
+        path: &Path,
+        admin: Option<&str>,
+        every: Duration,
+    ) -> Result<Self, AuthTokenError> {
+        let single = admin
+            .map(|value| parse_single(value, "value".to_string()))
+            .transpose()?;
+        let text = std::fs::read_to_string(path).map_err(|source| TokensFileError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&text, format!("in file {}", path.display()))
-    }
-
-    fn parse(text: &str, what: String) -> Result<Self, AuthTokenError> {
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(AuthTokenError::Empty(what));
-        }
-        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(AuthTokenError::Malformed(what));
-        }
-        Ok(AuthToken(Some(token.into())))
+        let set = TokenSet::parse(&text, path)?;
+        Ok(AuthToken(Some(Arc::new(Keyring {
+            single,
+            file: Some(TokensFile {
+                path: path.to_path_buf(),
+                every,
+                tokens: RwLock::new(Arc::new(set)),
+                poll: Mutex::new(Poll {
+                    checked: Instant::now(),
+                    seen: text,
+                    read_error: None,
+                }),
+            }),
+        }))))
     }
 
     pub fn is_enabled(&self) -> bool {
         self.0.is_some()
     }
 
-    /// Checks the value of an `authorization` header (absent: `None`).
-    pub fn check(&self, header: Option<&[u8]>) -> Result<(), ApiError> {
-        let Some(expected) = &self.0 else {
-            return Ok(());
+    /// The secret of an admin token, for the calls this node makes to its peers: the single
+    /// token if there is one, else the first admin token of the tokens file as it is now.
+    pub fn peer_secret(&self) -> Option<String> {
+        let keyring = self.0.as_ref()?;
+        let admin = |t: &Token| {
+            (t.role == Role::Admin).then(|| String::from_utf8_lossy(t.secret()).into_owned())
         };
-        let Some(header) = header else {
-            return Err(ApiError::Unauthenticated(
-                "missing admin token: send the header 'authorization: Bearer <token>'".into(),
-            ));
-        };
-        let presented = match header.split_first_chunk::<7>() {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case(b"bearer ") => rest.trim_ascii(),
-            _ => {
-                return Err(ApiError::Unauthenticated(
-                    "the authorization header must have the form 'Bearer <token>'".into(),
-                ));
-            }
-        };
-        if constant_time_eq(presented, expected.as_bytes()) {
-            Ok(())
-        } else {
-            Err(ApiError::Unauthenticated(
-                "invalid admin token in the 'authorization: Bearer <token>' header".into(),
-            ))
+        if let Some(secret) = keyring.single.as_ref().and_then(admin) {
+            return Some(secret);
+        }
+        let file = keyring.file.as_ref()?;
+        let set = file.tokens.read().clone();
+        set.tokens.iter().find_map(admin)
+    }
+
+    /// Re-reads the tokens file now if it changed (the request path does so at most once a
+    /// second by itself).
+    pub fn reload_now(&self) {
+        if let Some(file) = self.0.as_ref().and_then(|k| k.file.as_ref()) {
+            file.refresh(true);
         }
     }
+
+    /// Re-reads the tokens file on every SIGHUP until `stop` turns true; returns at once when
+    /// there is no tokens file (SIGHUP then keeps its default meaning).
+    pub async fn reload_on_hangup_task(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        use tokio::signal::unix::{SignalKind, signal};
+        if !self.0.as_ref().is_some_and(|k| k.file.is_some()) {
+            return;
+        }
+        let mut hangup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("cannot listen for SIGHUP; the tokens file is still re-read when it changes: {e}");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = hangup.recv() => {
+                    info!("SIGHUP: re-reading the tokens file");
+                    self.reload_now();
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checks the value of an `authorization` header (absent: `None`) for an operation that
+    /// needs `permission`; `operation` names it in refusals ("DeployModel").
+    pub fn authorize(
+        &self,
+        header: Option<&[u8]>,
+        permission: Permission,
+        operation: &str,
+    ) -> Result<(), ApiError> {
+        let Some(keyring) = &self.0 else {
+            return Ok(());
+        };
+        let refuse = |name: Option<&str>, e: ApiError| {
+            warn!(
+                target: "nereid::audit",
+                token = name.unwrap_or("-"),
+                operation,
+                reason = %e,
+                "refused a control-plane request"
+            );
+            Err(e)
+        };
+        let presented = match bearer(header) {
+            Ok(p) => p,
+            Err(e) => return refuse(None, e),
+        };
+        let from_file = keyring.file.as_ref().map(|file| {
+            file.refresh(false);
+            file.tokens.read().clone()
+        });
+        let candidates: Vec<&Token> = keyring
+            .single
+            .iter()
+            .chain(from_file.iter().flat_map(|set| set.tokens.iter()))
+            .collect();
+        let Some(token) = find(presented, &candidates) else {
+            return refuse(
+                None,
+                ApiError::Unauthenticated(
+                    "invalid token in the 'authorization: Bearer <token>' header".into(),
+                ),
+            );
+        };
+        if token.role.allows(permission) {
+            return Ok(());
+        }
+        refuse(
+            Some(token.name.as_str()),
+            ApiError::PermissionDenied(format!(
+                "token '{}' has role {}; {operation} needs {}",
+                token.name,
+                token.role,
+                permission.roles()
+            )),
+        )
+    }
+}
+
+impl TokensFile {
+    /// Re-reads the file when `every` has passed since the last look (or `now`); a changed
+    /// file that parses replaces the tokens, one that does not is reported and ignored.
+    fn refresh(&self, now: bool) {
+        // A request that finds another one checking goes on with the tokens as they are.
+        let Some(mut poll) = self.poll.try_lock() else {
+            return;
+        };
+        if !now && poll.checked.elapsed() < self.every {
+            return;
+        }
+        poll.checked = Instant::now();
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) => {
+                let message = e.to_string();
+                if poll.read_error.as_deref() != Some(message.as_str()) {
+                    error!(
+                        path = %self.path.display(),
+                        error = %message,
+                        "cannot read the tokens file; the previous tokens stay in use"
+                    );
+                    poll.read_error = Some(message);
+                }
+                return;
+            }
+        };
+        poll.read_error = None;
+        if text == poll.seen {
+            return;
+        }
+        match TokenSet::parse(&text, &self.path) {
+            Ok(set) => {
+                info!(
+                    path = %self.path.display(),
+                    tokens = set.tokens.len(),
+                    "reloaded the tokens file"
+                );
+                *self.tokens.write() = Arc::new(set);
+            }
+            Err(e) => error!(
+                error = %e,
+                "the changed tokens file is refused; the previous tokens stay in use"
+            ),
+        }
+        poll.seen = text;
+    }
+}
+
+fn read_single(path: &Path) -> Result<String, AuthTokenError> {
+    std::fs::read_to_string(path).map_err(|source| AuthTokenError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn parse_single(text: &str, what: String) -> Result<Token, AuthTokenError> {
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(AuthTokenError::Empty(what));
+    }
+    if secret.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(AuthTokenError::Malformed(what));
+    }
+    Ok(Token::new(SINGLE_TOKEN_NAME, Role::Admin, secret))
+}
+
+/// The secret of a `Bearer <secret>` header.
+fn bearer(header: Option<&[u8]>) -> Result<&[u8], ApiError> {
+    let Some(header) = header else {
+        return Err(ApiError::Unauthenticated(
+            "missing token: send the header 'authorization: Bearer <token>'".into(),
+        ));
+    };
+    match header.split_first_chunk::<7>() {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case(b"bearer ") => Ok(rest.trim_ascii()),
+        _ => Err(ApiError::Unauthenticated(
+            "the authorization header must have the form 'Bearer <token>'".into(),
+        )),
+    }
+}
+
+/// The first token whose secret is `presented`. Every token is compared, to the end, whatever
+/// matched before, so the time taken says nothing about which token (if any) matched.
+fn find<'a>(presented: &[u8], tokens: &[&'a Token]) -> Option<&'a Token> {
+    let mut found = usize::MAX;
+    for (i, token) in tokens.iter().enumerate() {
+        let hit = usize::from(constant_time_eq(presented, token.secret()));
+        let first = usize::from(found == usize::MAX);
+        let mask = (hit & first).wrapping_neg();
+        found = (i & mask) | (found & !mask);
+    }
+    tokens.get(found).copied()
 }
 
 /// Compares without an early exit, so the time taken says nothing about where the inputs
@@ -124,102 +384,4 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         diff |= x ^ y;
     }
     diff == 0
-}
-
-/// gRPC: checks the `authorization` metadata of every call.
-impl Interceptor for AuthToken {
-    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        let header = request.metadata().get(AUTH_HEADER).map(|v| v.as_bytes());
-        self.check(header)?;
-        Ok(request)
-    }
-}
-
-/// REST: an axum middleware (`axum::middleware::from_fn_with_state(token, require_token)`).
-pub async fn require_token(
-    State(token): State<AuthToken>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let header = request
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
-    match token.check(header) {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn unauthenticated(r: Result<(), ApiError>) -> String {
-        match r {
-            Err(ApiError::Unauthenticated(msg)) => msg,
-            other => panic!("expected Unauthenticated, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn checks_bearer_tokens() {
-        let t = AuthToken::from_value(" s3cret\n").unwrap();
-        assert!(t.check(Some(b"Bearer s3cret")).is_ok());
-        assert!(t.check(Some(b"bearer s3cret")).is_ok());
-        let msg = unauthenticated(t.check(None));
-        assert!(msg.contains("authorization: Bearer <token>"), "{msg}");
-        let msg = unauthenticated(t.check(Some(b"Basic abc")));
-        assert!(msg.contains("Bearer <token>"), "{msg}");
-        for wrong in [
-            &b"Bearer s3cre"[..],
-            b"Bearer s3cret2",
-            b"Bearer ",
-            b"Bearer S3CRET",
-        ] {
-            let msg = unauthenticated(t.check(Some(wrong)));
-            assert!(!msg.contains("s3cret"), "token echoed: {msg}");
-        }
-        assert!(!format!("{t:?}").contains("s3cret"));
-    }
-
-    #[test]
-    fn disabled_lets_everything_through() {
-        let t = AuthToken::disabled();
-        assert!(!t.is_enabled());
-        assert!(t.check(None).is_ok());
-    }
-
-    #[test]
-    fn loads_from_files_and_refuses_empty_tokens() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("token");
-        std::fs::write(&path, "abc123\n").unwrap();
-        let t = AuthToken::from_file(&path).unwrap();
-        assert!(t.check(Some(b"Bearer abc123")).is_ok());
-        std::fs::write(&path, "  \n").unwrap();
-        assert!(matches!(
-            AuthToken::from_file(&path),
-            Err(AuthTokenError::Empty(_))
-        ));
-        assert!(matches!(
-            AuthToken::from_file(&dir.path().join("absent")),
-            Err(AuthTokenError::Read { .. })
-        ));
-        assert!(matches!(
-            AuthToken::from_value("a b"),
-            Err(AuthTokenError::Malformed(_))
-        ));
-    }
-
-    #[test]
-    fn constant_time_eq_is_equality() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcabc"));
-        assert!(!constant_time_eq(b"abcabc", b"abc"));
-        assert!(!constant_time_eq(b"", b"abc"));
-        assert!(!constant_time_eq(b"abc", b""));
-        assert!(constant_time_eq(b"", b""));
-    }
 }
