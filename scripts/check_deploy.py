@@ -59,6 +59,7 @@ VARIANTS = {
         "router.extraArgs={--sequence-idle-timeout-secs=120}",
     ],
     "control plane grown to 5": ["controlPlane.replicas=5"],
+    "tokens file": ["auth.tokensSecret=nereid-tokens"],
     "router TLS": ["router.tls.secretName=nereid-router-tls"],
 }
 KSERVE_PROBES = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
