@@ -21,7 +21,7 @@ use futures::future::{Either, Ready, ready};
 use tonic::server::NamedService;
 use tower::Service;
 
-use super::{AuthToken, Permission};
+use super::{AUTH_HEADER, AuthToken, Permission};
 
 /// Which gRPC service a [`Guarded`] wraps, which decides what each of its methods needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,10 +98,7 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let rpc = request.uri().path().rsplit('/').next().unwrap_or_default();
-        let header = request
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
+        let header = request.headers().get(AUTH_HEADER).map(|v| v.as_bytes());
         match self
             .auth
             .authorize(header, self.scope.permission(rpc), rpc)
