@@ -204,15 +204,17 @@ impl ControlPlaneArgs {
                 ("--auth-tokens-file", self.auth_tokens_file.is_some()),
             ] {
                 if given {
-                    return Err(format!("{flag} and --insecure-no-auth contradict each other"));
+                    return Err(format!(
+                        "{flag} and --insecure-no-auth contradict each other"
+                    ));
                 }
             }
             return Ok(AuthToken::disabled());
         }
         let single = match &self.auth_token_file {
-            Some(path) => Some(
-                AuthToken::from_file(path).map_err(|e| format!("--auth-token-file: {e}"))?,
-            ),
+            Some(path) => {
+                Some(AuthToken::from_file(path).map_err(|e| format!("--auth-token-file: {e}"))?)
+            }
             None => match std::env::var("NEREID_AUTH_TOKEN") {
                 Ok(value) if !value.trim().is_empty() => Some(
                     AuthToken::from_value(value.trim())
@@ -302,14 +304,21 @@ mod tests {
     #[test]
     fn a_tokens_file_gives_roles_and_needs_an_admin_token() {
         let c = parse_with_tokens("admin ops s3cret\nread-only ci r3ad\n", &[]).unwrap();
-        assert_eq!(c.auth_value.as_deref(), Some("s3cret"), "peers use the admin token");
+        assert_eq!(
+            c.auth_value.as_deref(),
+            Some("s3cret"),
+            "peers use the admin token"
+        );
         assert!(c.auth.is_enabled());
 
         let err = parse_with_tokens("read-only ci r3ad\n", &[]).unwrap_err();
         assert!(err.contains("no token has role admin"), "{err}");
         let err = parse_with_tokens("admin ops s3cret\nroot x y\n", &[]).unwrap_err();
         assert!(err.starts_with("--auth-tokens-file"), "{err}");
-        assert!(err.contains("line 2") && err.contains("unknown role 'root'"), "{err}");
+        assert!(
+            err.contains("line 2") && err.contains("unknown role 'root'"),
+            "{err}"
+        );
         let err = parse_with_tokens("admin ops s3cret\n", &["--insecure-no-auth"]).unwrap_err();
         assert!(err.contains("contradict"), "{err}");
     }

@@ -220,10 +220,7 @@ pub async fn serve(
     let grpc = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(auth.guard(Scope::Raft, RaftServer::new(raft_service)))
-        .add_service(auth.guard(
-            Scope::Management,
-            ManagementServer::new(management.clone()),
-        ))
+        .add_service(auth.guard(Scope::Management, ManagementServer::new(management.clone())))
         .add_service(auth.guard(Scope::Cluster, ClusterServer::new(cluster)))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),

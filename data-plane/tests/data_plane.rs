@@ -156,7 +156,9 @@ async fn explicit_mode_loads_unloads_and_overrides() {
 
     dp.load_model("b", LoadRequest::default()).await.unwrap();
     assert!(dp.infer(add_sub_request("b", None)).await.is_ok());
-    dp.unload_model("b", UnloadRequest::new(false)).await.unwrap();
+    dp.unload_model("b", UnloadRequest::new(false))
+        .await
+        .unwrap();
     assert!(dp.infer(add_sub_request("b", None)).await.is_err());
     let index = dp.repository_index(false).await.unwrap();
     let b = index.iter().find(|r| r.name == "b").unwrap();
@@ -166,7 +168,9 @@ async fn explicit_mode_loads_unloads_and_overrides() {
         "an unloaded model keeps its version row, as Triton"
     );
     // Unloading a model that was never loaded succeeds and lists nothing new, as Triton.
-    dp.unload_model("never_loaded", UnloadRequest::new(false)).await.unwrap();
+    dp.unload_model("never_loaded", UnloadRequest::new(false))
+        .await
+        .unwrap();
     let index = dp.repository_index(false).await.unwrap();
     assert!(!index.iter().any(|r| r.name == "never_loaded"));
 

@@ -447,18 +447,24 @@ async fn explicit_load_brings_composing_models_and_unload_dependents_takes_them_
         .unwrap();
 
     // Without unload_dependents only the ensemble goes.
-    dp.unload_model("diamond", UnloadRequest::new(false)).await.unwrap();
+    dp.unload_model("diamond", UnloadRequest::new(false))
+        .await
+        .unwrap();
     assert!(dp.model_ready("left", None).await.unwrap());
     dp.load_model("diamond", LoadRequest::default())
         .await
         .unwrap();
 
     // With it, the composing models go too, except add_sub, which `diamond` still uses.
-    dp.unload_model("pipeline", UnloadRequest::new(true)).await.unwrap();
+    dp.unload_model("pipeline", UnloadRequest::new(true))
+        .await
+        .unwrap();
     assert_eq!(index_row(&dp, "pipeline").await.reason, "unloaded");
     assert_eq!(index_row(&dp, "copy").await.reason, "unloaded");
     assert!(dp.model_ready("add_sub", None).await.unwrap());
-    dp.unload_model("diamond", UnloadRequest::new(true)).await.unwrap();
+    dp.unload_model("diamond", UnloadRequest::new(true))
+        .await
+        .unwrap();
     for name in ["diamond", "left", "right", "add_sub"] {
         let row = index_row(&dp, name).await;
         assert_eq!(
@@ -480,7 +486,9 @@ async fn a_missing_composing_model_makes_the_ensemble_unavailable_until_it_is_ba
             .is_ok()
     );
 
-    dp.unload_model("copy", UnloadRequest::new(false)).await.unwrap();
+    dp.unload_model("copy", UnloadRequest::new(false))
+        .await
+        .unwrap();
     let err = dp
         .infer(request("pipeline", vec![fp32("IN", &X)]))
         .await

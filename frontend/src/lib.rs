@@ -30,9 +30,9 @@
 //! The domain types, the `InferenceService` trait and the gRPC codec live in `nereid-proto`, so a
 //! crate that only implements or calls the service does not depend on this one.
 
+mod cuda;
 #[doc(hidden)]
 pub mod fuzzing;
-mod cuda;
 mod grpc;
 mod http;
 mod listener;
@@ -45,10 +45,10 @@ mod shm;
 
 pub use grpc::{GrpcConfig, routes};
 pub use http::{HttpConfig, router};
+pub use listener::{DEFAULT_MAX_CONNECTIONS, PortConfig};
+pub use listener_http::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, HttpTimeouts};
 pub use nereid_proto::codec::RequestLimits;
 pub use options::FrontendOptions;
 pub use restrict::{ApiCategory, RequiredHeader, RestrictError, RestrictedApis};
-pub use listener::{DEFAULT_MAX_CONNECTIONS, PortConfig};
-pub use listener_http::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, HttpTimeouts};
 pub use serve::{BindError, Frontends, PortsConfig, bind, spawn, stopped};
 pub use shm::{RegionStatus, SharedMemory};

@@ -31,8 +31,8 @@ use crate::datatype::DataType;
 use crate::error::{ServiceError, ServiceResult};
 use crate::pb::inference::{ModelConfig, ModelInput, ModelStatistics, ModelTransactionPolicy};
 use crate::service::{
-    InferenceService, LoadRequest, UnloadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata,
-    StreamedResponse, TensorMetadata,
+    InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream, ServerMetadata,
+    StreamedResponse, TensorMetadata, UnloadRequest,
 };
 use crate::types::{InferRequest, InferResponse, ParamValue, Tensor};
 

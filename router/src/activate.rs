@@ -26,12 +26,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nereid_proto::{Credential, LoadRequest, UnloadRequest};
 use nereid_proto::pb::cluster::cluster_client::ClusterClient;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::{
     ActivateRequest, DeployModelRequest, ModelRef, ReplicaState, ScaleModelRequest,
 };
+use nereid_proto::{Credential, LoadRequest, UnloadRequest};
 
 use crate::control::ControlPlane;
 use crate::error::{RouterError, RouterResult};
@@ -178,7 +178,11 @@ impl Activator {
                     name: name.to_string(),
                     ..Default::default()
                 },
-                |c, r| async move { ManagementClient::new(c).get_model(as_caller(r, caller)).await },
+                |c, r| async move {
+                    ManagementClient::new(c)
+                        .get_model(as_caller(r, caller))
+                        .await
+                },
             )
             .await
             .map_err(control_plane_error)?;
@@ -254,7 +258,11 @@ impl Activator {
                     min_replicas: min,
                     max_replicas: max,
                 },
-                |c, r| async move { ManagementClient::new(c).scale_model(as_caller(r, caller)).await },
+                |c, r| async move {
+                    ManagementClient::new(c)
+                        .scale_model(as_caller(r, caller))
+                        .await
+                },
             )
             .await
             .map(|_| ())

@@ -95,7 +95,11 @@ async fn waited(
     if !wait.wait {
         return Ok(written);
     }
-    let name = written.model.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+    let name = written
+        .model
+        .as_ref()
+        .map(|m| m.name.clone())
+        .unwrap_or_default();
     wait::until_ready(
         connection,
         &name,

@@ -66,7 +66,14 @@ async fn rest_read_only_tokens_read_and_are_refused_every_write() {
     let (svc, _) = setup();
     let app = router(svc, auth);
     let models = repo(&[1]);
-    let (code, json) = call(&app, "POST", "/api/v1/models", model_json("m", models.path()), "adm1n-secret").await;
+    let (code, json) = call(
+        &app,
+        "POST",
+        "/api/v1/models",
+        model_json("m", models.path()),
+        "adm1n-secret",
+    )
+    .await;
     assert_eq!(code, StatusCode::OK, "{json}");
 
     for uri in [
@@ -82,15 +89,50 @@ async fn rest_read_only_tokens_read_and_are_refused_every_write() {
     }
 
     let writes = [
-        ("POST", "/api/v1/models", model_json("n", models.path()), "DeployModel"),
-        ("PUT", "/api/v1/models/m", model_json("m", models.path()), "DeployModel"),
-        ("POST", "/api/v1/models/m/scale", r#"{"min_replicas": 0}"#.into(), "ScaleModel"),
-        ("PUT", "/api/v1/models/m/traffic", r#"{"weights": {"1": 100}}"#.into(), "SetTraffic"),
+        (
+            "POST",
+            "/api/v1/models",
+            model_json("n", models.path()),
+            "DeployModel",
+        ),
+        (
+            "PUT",
+            "/api/v1/models/m",
+            model_json("m", models.path()),
+            "DeployModel",
+        ),
+        (
+            "POST",
+            "/api/v1/models/m/scale",
+            r#"{"min_replicas": 0}"#.into(),
+            "ScaleModel",
+        ),
+        (
+            "PUT",
+            "/api/v1/models/m/traffic",
+            r#"{"weights": {"1": 100}}"#.into(),
+            "SetTraffic",
+        ),
         ("DELETE", "/api/v1/models/m", String::new(), "DeleteModel"),
         ("POST", "/api/v1/nodes/a/drain", String::new(), "DrainNode"),
-        ("POST", "/api/v1/nodes/a/undrain", String::new(), "UndrainNode"),
-        ("POST", "/api/v1/cluster/members", r#"{"id": 2, "address": "x:1"}"#.into(), "AddMember"),
-        ("DELETE", "/api/v1/cluster/members/2", String::new(), "RemoveMember"),
+        (
+            "POST",
+            "/api/v1/nodes/a/undrain",
+            String::new(),
+            "UndrainNode",
+        ),
+        (
+            "POST",
+            "/api/v1/cluster/members",
+            r#"{"id": 2, "address": "x:1"}"#.into(),
+            "AddMember",
+        ),
+        (
+            "DELETE",
+            "/api/v1/cluster/members/2",
+            String::new(),
+            "RemoveMember",
+        ),
     ];
     for (method, uri, body, rpc) in writes {
         let (code, json) = call(&app, method, uri, body, "r3ad-secret").await;
@@ -102,11 +144,25 @@ async fn rest_read_only_tokens_read_and_are_refused_every_write() {
         );
     }
     // The refused delete did nothing.
-    let (code, json) = call(&app, "GET", "/api/v1/models/m", String::new(), "r3ad-secret").await;
+    let (code, json) = call(
+        &app,
+        "GET",
+        "/api/v1/models/m",
+        String::new(),
+        "r3ad-secret",
+    )
+    .await;
     assert_eq!(code, StatusCode::OK, "{json}");
     assert_eq!(json["model"]["name"], "m");
 
-    let (code, json) = call(&app, "GET", "/api/v1/models", String::new(), "clust3r-secret").await;
+    let (code, json) = call(
+        &app,
+        "GET",
+        "/api/v1/models",
+        String::new(),
+        "clust3r-secret",
+    )
+    .await;
     assert_eq!(code, StatusCode::FORBIDDEN, "{json}");
     assert_eq!(
         json["error"],
@@ -125,11 +181,19 @@ async fn rest_tokens_rotate_without_a_restart() {
     let app = router(svc, auth);
     let get = |secret: &'static str| {
         let app = app.clone();
-        async move { call(&app, "GET", "/api/v1/models", String::new(), secret).await.0 }
+        async move {
+            call(&app, "GET", "/api/v1/models", String::new(), secret)
+                .await
+                .0
+        }
     };
     assert_eq!(get("r3ad-secret").await, StatusCode::OK);
 
-    std::fs::write(&path, "admin ops adm1n-secret\nread-only ci-reader n3w-reader-secret\n").unwrap();
+    std::fs::write(
+        &path,
+        "admin ops adm1n-secret\nread-only ci-reader n3w-reader-secret\n",
+    )
+    .unwrap();
     assert_eq!(get("n3w-reader-secret").await, StatusCode::OK);
     assert_eq!(get("r3ad-secret").await, StatusCode::UNAUTHORIZED);
 
@@ -174,7 +238,10 @@ async fn grpc_roles_over_a_socket() {
         )
     };
 
-    let status = client.deploy_model(deploy("r3ad-secret")).await.unwrap_err();
+    let status = client
+        .deploy_model(deploy("r3ad-secret"))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), tonic::Code::PermissionDenied);
     assert_eq!(
         status.message(),
@@ -198,7 +265,13 @@ async fn grpc_roles_over_a_socket() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::PermissionDenied);
-    assert!(status.message().contains("ExplainPlacement needs read-only or admin"), "{}", status.message());
+    assert!(
+        status
+            .message()
+            .contains("ExplainPlacement needs read-only or admin"),
+        "{}",
+        status.message()
+    );
     let status = client
         .list_models(with_token(pb::ListModelsRequest::default(), "guess"))
         .await

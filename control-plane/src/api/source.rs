@@ -182,16 +182,21 @@ mod tests {
         )
         .unwrap();
         let source = format!("file://{}", dir.path().display());
-        let (field, reason) = refusal(check_config_name(&spec("resnet50", source.clone(), None)).await);
+        let (field, reason) =
+            refusal(check_config_name(&spec("resnet50", source.clone(), None)).await);
         assert_eq!(field, "source");
         assert!(reason.contains("names model 'resnet'"), "{reason}");
         assert!(reason.contains("deployed as 'resnet50'"), "{reason}");
         check_config_name(&spec("resnet", source.clone(), None))
             .await
             .expect("the config's own name");
-        check_config_name(&spec("resnet50", source.clone(), Some(r#"{"name":"resnet50"}"#)))
-            .await
-            .expect("an override that renames it consistently");
+        check_config_name(&spec(
+            "resnet50",
+            source.clone(),
+            Some(r#"{"name":"resnet50"}"#),
+        ))
+        .await
+        .expect("an override that renames it consistently");
         let (field, _) = refusal(
             check_config_name(&spec("resnet", source.clone(), Some(r#"{"name":"other"}"#))).await,
         );
@@ -205,7 +210,11 @@ mod tests {
         check_config_name(&spec("m", source.clone(), None))
             .await
             .expect("no config.pbtxt: completed from the model file");
-        std::fs::write(dir.path().join("config.pbtxt"), "backend: \"onnxruntime\"\n").unwrap();
+        std::fs::write(
+            dir.path().join("config.pbtxt"),
+            "backend: \"onnxruntime\"\n",
+        )
+        .unwrap();
         check_config_name(&spec("m", source.clone(), None))
             .await
             .expect("no name: the model's");

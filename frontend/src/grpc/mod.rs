@@ -38,8 +38,8 @@ use std::sync::Arc;
 
 use crate::restrict::{RestrictedApis, grpc_category, grpc_refusal};
 use crate::shm::SharedMemory;
-use nereid_proto::codec::RequestLimits;
 use nereid_proto::InferenceService;
+use nereid_proto::codec::RequestLimits;
 use nereid_proto::pb::health::health_server::HealthServer;
 use nereid_proto::pb::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 

@@ -56,8 +56,8 @@ use std::sync::Arc;
 
 use crate::restrict::RestrictedApis;
 use crate::shm::SharedMemory;
-use nereid_proto::codec::RequestLimits;
 use nereid_proto::InferenceService;
+use nereid_proto::codec::RequestLimits;
 
 /// Settings of the HTTP frontend.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -99,10 +99,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let rpc = request.uri().path().rsplit('/').next().unwrap_or_default();
         let header = request.headers().get(AUTH_HEADER).map(|v| v.as_bytes());
-        match self
-            .auth
-            .authorize(header, self.scope.permission(rpc), rpc)
-        {
+        match self.auth.authorize(header, self.scope.permission(rpc), rpc) {
             Ok(()) => Either::Right(self.inner.call(request)),
             Err(e) => Either::Left(ready(Ok(tonic::Status::from(e).into_http()))),
         }

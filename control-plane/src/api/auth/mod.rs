@@ -198,13 +198,15 @@ impl AuthToken {
     /// there is no tokens file (SIGHUP then keeps its default meaning).
     pub async fn reload_on_hangup_task(self, mut stop: tokio::sync::watch::Receiver<bool>) {
         use tokio::signal::unix::{SignalKind, signal};
-        if !self.0.as_ref().is_some_and(|k| k.file.is_some()) {
+        if self.0.as_ref().is_none_or(|k| k.file.is_none()) {
             return;
         }
         let mut hangup = match signal(SignalKind::hangup()) {
             Ok(s) => s,
             Err(e) => {
-                warn!("cannot listen for SIGHUP; the tokens file is still re-read when it changes: {e}");
+                warn!(
+                    "cannot listen for SIGHUP; the tokens file is still re-read when it changes: {e}"
+                );
                 return;
             }
         };

@@ -105,10 +105,17 @@ fn loads_single_tokens_from_files_and_refuses_empty_ones() {
 fn the_single_token_is_admin_for_every_scope() {
     let t = AuthToken::from_value("s3cret").unwrap();
     for scope in [Scope::Management, Scope::Cluster, Scope::Raft] {
-        for rpc in ["DeployModel", "ListModels", "Watch", "Heartbeat", "AppendEntries"] {
+        for rpc in [
+            "DeployModel",
+            "ListModels",
+            "Watch",
+            "Heartbeat",
+            "AppendEntries",
+        ] {
             let header = bearer_of("s3cret");
             assert!(
-                t.authorize(Some(&header), scope.permission(rpc), rpc).is_ok(),
+                t.authorize(Some(&header), scope.permission(rpc), rpc)
+                    .is_ok(),
                 "{scope:?} {rpc}"
             );
         }
@@ -118,7 +125,11 @@ fn the_single_token_is_admin_for_every_scope() {
 #[test]
 fn parses_a_tokens_file() {
     let set = TokenSet::parse(FILE, Path::new("tokens")).unwrap();
-    let names: Vec<(&str, Role)> = set.tokens.iter().map(|t| (t.name.as_str(), t.role)).collect();
+    let names: Vec<(&str, Role)> = set
+        .tokens
+        .iter()
+        .map(|t| (t.name.as_str(), t.role))
+        .collect();
     assert_eq!(
         names,
         [
@@ -128,21 +139,33 @@ fn parses_a_tokens_file() {
         ]
     );
     let debug = format!("{set:?}");
-    assert!(debug.contains("ci-reader") && !debug.contains("secret"), "{debug}");
+    assert!(
+        debug.contains("ci-reader") && !debug.contains("secret"),
+        "{debug}"
+    );
 }
 
 #[test]
 fn tokens_file_errors_name_the_file_the_line_and_the_problem() {
     let e = parse_err("admin a x1\nreader b x2\n");
     assert!(e.contains("/etc/nereid/tokens line 2"), "{e}");
-    assert!(e.contains("unknown role 'reader'") && e.contains("read-only"), "{e}");
+    assert!(
+        e.contains("unknown role 'reader'") && e.contains("read-only"),
+        "{e}"
+    );
 
     let e = parse_err("admin a x1\n# c\nread-only a x2\n");
-    assert!(e.contains("line 3") && e.contains("duplicate token name 'a'"), "{e}");
+    assert!(
+        e.contains("line 3") && e.contains("duplicate token name 'a'"),
+        "{e}"
+    );
     assert!(e.contains("line 1"), "{e}");
 
     let e = parse_err("admin a same-secret\ncluster b same-secret\n");
-    assert!(e.contains("line 2") && e.contains("same secret as token 'a'"), "{e}");
+    assert!(
+        e.contains("line 2") && e.contains("same secret as token 'a'"),
+        "{e}"
+    );
     assert!(!e.contains("same-secret"), "secret echoed: {e}");
 
     let e = parse_err("admin a\n");
@@ -164,9 +187,8 @@ fn tokens_file_errors_name_the_file_the_line_and_the_problem() {
 fn roles_allow_what_they_say() {
     use Permission::*;
     let all = [Read, Write, ClusterRead, ClusterWrite, Peer];
-    let allowed = |role: Role| -> Vec<Permission> {
-        all.into_iter().filter(|p| role.allows(*p)).collect()
-    };
+    let allowed =
+        |role: Role| -> Vec<Permission> { all.into_iter().filter(|p| role.allows(*p)).collect() };
     assert_eq!(allowed(Role::Admin), all);
     assert_eq!(allowed(Role::ReadOnly), [Read, ClusterRead]);
     assert_eq!(allowed(Role::Cluster), [ClusterRead, ClusterWrite]);
@@ -185,23 +207,38 @@ fn a_token_with_too_small_a_role_is_refused_with_its_name_and_role() {
     let dir = tempfile::tempdir().unwrap();
     let t = AuthToken::from_tokens_file(&tokens_file(dir.path(), FILE), None).unwrap();
     let reader = bearer_of("r3ad-secret");
-    assert!(t.authorize(Some(&reader), Permission::Read, "ListModels").is_ok());
+    assert!(
+        t.authorize(Some(&reader), Permission::Read, "ListModels")
+            .is_ok()
+    );
     let msg = denied(t.authorize(Some(&reader), Permission::Write, "DeployModel"));
-    assert_eq!(msg, "token 'ci-reader' has role read-only; DeployModel needs admin");
+    assert_eq!(
+        msg,
+        "token 'ci-reader' has role read-only; DeployModel needs admin"
+    );
 
     let workers = bearer_of("clust3r-secret");
-    assert!(t.authorize(Some(&workers), Permission::ClusterWrite, "Heartbeat").is_ok());
+    assert!(
+        t.authorize(Some(&workers), Permission::ClusterWrite, "Heartbeat")
+            .is_ok()
+    );
     let msg = denied(t.authorize(Some(&workers), Permission::Read, "ListModels"));
     assert!(msg.contains("'workers' has role cluster"), "{msg}");
     denied(t.authorize(Some(&workers), Permission::Peer, "AppendEntries"));
 
     let admin = bearer_of("adm1n-secret");
-    assert!(t.authorize(Some(&admin), Permission::Peer, "AppendEntries").is_ok());
+    assert!(
+        t.authorize(Some(&admin), Permission::Peer, "AppendEntries")
+            .is_ok()
+    );
     assert_eq!(t.peer_secret().as_deref(), Some("adm1n-secret"));
     unauthenticated(check(&t, Some(&bearer_of("adm1n-secre"))));
 
     let debug = format!("{t:?}");
-    assert!(debug.contains("ci-reader") && !debug.contains("secret\""), "{debug}");
+    assert!(
+        debug.contains("ci-reader") && !debug.contains("secret\""),
+        "{debug}"
+    );
     assert!(!debug.contains("r3ad-secret"), "{debug}");
 }
 

@@ -174,7 +174,9 @@ impl TokenSet {
                 [_, name] => {
                     return Err(line_error(
                         line,
-                        format!("token '{name}' has an empty secret; expected '<role> <name> <secret>'"),
+                        format!(
+                            "token '{name}' has an empty secret; expected '<role> <name> <secret>'"
+                        ),
                     ));
                 }
                 [_, name, _, ..] => {
@@ -187,10 +189,7 @@ impl TokenSet {
                     ));
                 }
                 _ => {
-                    return Err(line_error(
-                        line,
-                        "expected '<role> <name> <secret>'".into(),
-                    ));
+                    return Err(line_error(line, "expected '<role> <name> <secret>'".into()));
                 }
             };
             let role = Role::parse(role).ok_or_else(|| {

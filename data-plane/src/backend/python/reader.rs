@@ -94,7 +94,11 @@ pub fn unhealthy_reason(instance: &str, detail: &str) -> String {
     format!("Stub process '{instance}' is not healthy. {detail}")
 }
 
-pub(super) fn dispatch(link: &Arc<Link>, replies: &Sender<Reply>, body: &[u8]) -> Result<(), String> {
+pub(super) fn dispatch(
+    link: &Arc<Link>,
+    replies: &Sender<Reply>,
+    body: &[u8],
+) -> Result<(), String> {
     let message = match frame::decode::<FromStub>(body) {
         Ok(m) => m,
         Err(e) => return unknown_op(link, body, &e),
