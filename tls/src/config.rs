@@ -1,6 +1,7 @@
 //! Server and client configs from PEM files: a server presents a reloading certificate and,
 //! with a client CA, requires and verifies client certificates (mutual TLS); a client trusts
-//! only the given CA and presents its own certificate when it has one.
+//! only the given CA and presents its own certificate when it has one. Certificates and keys are
+//! re-read when their files change; CA files are read once, at start.
 
 use std::sync::Arc;
 
@@ -68,7 +69,8 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// Reads and checks every file now and returns a client config that trusts only `files.ca`.
+/// Reads and checks every file now and returns a client config that trusts only `files.ca`;
+/// its own certificate, when it has one, follows its files like a server's.
 pub fn client_config(
     files: &ClientTlsFiles,
     alpn: &[&[u8]],
@@ -80,17 +82,9 @@ pub fn client_config(
         .with_root_certificates(roots);
     let mut config = match &files.identity {
         None => builder.with_no_client_auth(),
-        Some((cert, key)) => builder
-            .with_client_auth_cert(cert.certificates()?, key.private_key()?)
-            .map_err(|e| TlsError::Invalid {
-                flag: key.flag,
-                path: key.path.display().to_string(),
-                what: format!(
-                    "not usable with the certificate in {} '{}': {e}",
-                    cert.flag,
-                    cert.path.display()
-                ),
-            })?,
+        Some((cert, key)) => builder.with_client_cert_resolver(Arc::new(
+            ReloadingCertResolver::new(cert.clone(), key.clone(), provider(), CHECK_INTERVAL)?,
+        )),
     };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))

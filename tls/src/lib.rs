@@ -7,6 +7,8 @@
 //!      ReloadingCertResolver: on a handshake, at most once a second, stat cert+key; a newer
 //!      mtime re-reads both (a bad pair keeps the old one and logs why)
 //!  ClientTlsFiles {ca, cert?, key?}      ─► client_config(alpn) ─► rustls::ClientConfig
+//!      (its certificate reloads the same way)
+//!  ClusterDial::tls(ClientTlsFiles)       ─► tonic channels to cluster peers over TLS
 //! ```
 //!
 //! Every error names the flag and the file it came from, so a bad set-up stops the server
@@ -15,12 +17,14 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod dial;
 mod pem;
 mod reload;
 #[cfg(test)]
 mod testing;
 
 pub use config::{ClientTlsFiles, ServerTlsFiles, client_config, server_config};
+pub use dial::{ClusterDial, TlsDialer};
 pub use pem::PemFile;
 pub use reload::ReloadingCertResolver;
 pub use rustls;

@@ -1,5 +1,5 @@
-//! A server certificate that follows its files: [`ReloadingCertResolver`] answers every
-//! handshake with the current certificate and key, and at most once per check interval looks
+//! A certificate that follows its files: [`ReloadingCertResolver`] answers every handshake (a
+//! server's, and a cluster client's when the server asks for a client certificate) with the current certificate and key, and at most once per check interval looks
 //! at the files' modification times; when either changed it reads both again. A pair that no
 //! longer loads (half-written, key not matching) keeps the previous one in service and is
 //! logged, so a rotation never takes the port down.
@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustls::crypto::CryptoProvider;
+use rustls::SignatureScheme;
+use rustls::client::ResolvesClientCert;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
@@ -96,6 +98,20 @@ impl ReloadingCertResolver {
 impl ResolvesServerCert for ReloadingCertResolver {
     fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current())
+    }
+}
+
+impl ResolvesClientCert for ReloadingCertResolver {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
