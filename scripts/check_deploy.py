@@ -61,6 +61,7 @@ VARIANTS = {
     "control plane grown to 5": ["controlPlane.replicas=5"],
     "tokens file": ["auth.tokensSecret=nereid-tokens"],
     "router TLS": ["router.tls.secretName=nereid-router-tls"],
+    "cluster mutual TLS": ["cluster.tls.secretName=nereid-cluster-tls"],
 }
 KSERVE_PROBES = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
 

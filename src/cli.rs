@@ -215,6 +215,8 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub tls: crate::tls_args::PortTlsArgs,
     #[command(flatten)]
+    pub cluster_tls: crate::cluster_tls_args::ClusterTlsArgs,
+    #[command(flatten)]
     pub models: ModelArgs,
 }
 
@@ -244,6 +246,7 @@ impl WorkerArgs {
             return Err("--node-id must not be empty".into());
         }
         let token = self.auth.token(env_token)?;
+        let cluster_tls = self.cluster_tls.load()?;
         let work_dir = self.work_dir.unwrap_or_else(|| {
             let safe: String = node_id
                 .chars()
@@ -281,6 +284,13 @@ impl WorkerArgs {
         };
         let mut serve = serve.into_config()?;
         serve.manager.cluster_managed = true;
+        // The router reaches this gRPC port: with cluster TLS it requires the cluster's client
+        // certificates, unless --grpc-use-ssl* configured the port otherwise.
+        if let Some(tls) = &cluster_tls
+            && serve.ports.grpc.tls.is_none()
+        {
+            serve.ports.grpc.tls = Some(tls.grpc.clone());
+        }
         serve.telemetry = self.telemetry.to_config("nereid-worker")?;
         Ok(WorkerConfig {
             serve,
@@ -294,6 +304,7 @@ impl WorkerArgs {
                 repository,
                 memory_capacity: self.memory_capacity,
                 auth_token: token,
+                cluster_dial: cluster_tls.map(|tls| tls.dial).unwrap_or_default(),
             },
             advertise_host: self.advertise_host,
         })

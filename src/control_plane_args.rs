@@ -103,6 +103,8 @@ pub struct ControlPlaneArgs {
     pub log_verbose: u32,
     #[arg(long, env = "NEREID_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub cluster_tls: crate::cluster_tls_args::ClusterTlsArgs,
 }
 
 impl ControlPlaneArgs {
@@ -170,6 +172,7 @@ impl ControlPlaneArgs {
                 ));
             }
         }
+        let cluster_tls = self.cluster_tls.load()?;
         Ok(NodeConfig {
             node_id: self.node_id,
             listen: self.listen,
@@ -190,6 +193,7 @@ impl ControlPlaneArgs {
             snapshot_threshold: self.snapshot_threshold.max(1),
             model_repositories: self.model_repository,
             default_replicas: self.default_replicas,
+            cluster_tls,
         })
     }
 }

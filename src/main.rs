@@ -9,6 +9,7 @@
 
 mod check_config;
 mod cli;
+mod cluster_tls_args;
 mod common_args;
 mod control_plane_args;
 mod ctl;

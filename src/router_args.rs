@@ -45,6 +45,8 @@ pub struct RouterArgs {
     pub frontend: FrontendArgs,
     #[command(flatten)]
     pub tls: crate::tls_args::PortTlsArgs,
+    #[command(flatten)]
+    pub cluster_tls: crate::cluster_tls_args::ClusterTlsArgs,
     /// Repository load/unload (Triton's explicit model control) through the router: `off`
     /// refuses them (503 / UNAVAILABLE naming this flag), so the public inference port
     /// administers nothing; `caller-credential` forwards them to the management API with the
@@ -83,6 +85,11 @@ impl RouterArgs {
         let token = self.auth.token(env_token)?;
         let addrs = self.listen.addrs()?;
         let ports = self.tls.ports()?;
+        let dial = self
+            .cluster_tls
+            .load()?
+            .map(|tls| tls.dial)
+            .unwrap_or_default();
         let frontend = self.frontend;
         let frontend_options = frontend.options()?;
         Ok(RouterConfig {
@@ -92,11 +99,15 @@ impl RouterArgs {
                 sequence_idle_timeout: Duration::from_secs(self.sequence_idle_timeout_secs),
                 ejection: RouterServiceConfig::default().ejection,
                 scale_from_zero_wait: Duration::from_secs(self.scale_from_zero_wait_secs),
-                forward: ForwardConfig::default(),
+                forward: ForwardConfig {
+                    dial: dial.clone(),
+                    ..ForwardConfig::default()
+                },
             },
             control_plane: ControlPlaneConfig {
                 control_plane,
                 token,
+                dial,
             },
             http_addr: addrs.http,
             grpc_addr: addrs.grpc,

@@ -25,6 +25,8 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
+use nereid_tls::ClusterDial;
+
 use crate::address::{Address, parse_list, position_of};
 use crate::error::{ClientError, Failure, PassError};
 use crate::failover::{Pass, leader_hint, next_after};
@@ -79,6 +81,8 @@ pub struct ControlPlaneClient {
     call_timeout: Duration,
     /// The node long-lived callers use; moved by [`ControlPlaneClient::fail_over`].
     current: AtomicUsize,
+    /// Plaintext, or TLS with the cluster (or `ctl`) identity.
+    dial: ClusterDial,
 }
 
 impl ControlPlaneClient {
@@ -116,7 +120,19 @@ impl ControlPlaneClient {
             token,
             call_timeout: config.call_timeout,
             current: AtomicUsize::new(0),
+            dial: ClusterDial::plain(),
         })
+    }
+
+    /// Dials every node with `dial` (TLS when the control plane serves mutual TLS).
+    pub fn with_dial(mut self, dial: ClusterDial) -> ControlPlaneClient {
+        self.dial = dial;
+        self
+    }
+
+    /// Whether connections use TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.dial.is_tls()
     }
 
     /// How many nodes are listed (at least one).
@@ -185,9 +201,9 @@ impl ControlPlaneClient {
         if let Some(channel) = lock(&node.channel).clone() {
             return Ok(channel);
         }
-        let channel = node
-            .endpoint
-            .connect()
+        let channel = self
+            .dial
+            .connect(&node.endpoint)
             .await
             .map_err(|e| Failure::Unreachable {
                 address: node.address.given().to_string(),

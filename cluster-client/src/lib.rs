@@ -4,6 +4,7 @@
 //! ```text
 //! ClientConfig{addresses, token, timeouts}
 //!   ─► ControlPlaneClient::new: parse + normalize addresses, check the token (no I/O)
+//!   ─► with_dial(ClusterDial)    TLS with the cluster identity (default: plaintext)
 //!   ─► attempt(node, rpc)        one call at one node: Ok | Unreachable | Refused(status)
 //!   ─► call_each(msg, moves_on)  one pass over the nodes, a named leader first
 //!   ─► fail_over(hint)           the node in use moves on: listed leader, else next

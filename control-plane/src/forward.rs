@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nereid_tls::ClusterDial;
 use parking_lot::Mutex;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
@@ -25,6 +26,8 @@ pub struct LeaderChannels {
     consensus: Arc<dyn Consensus>,
     token: Option<String>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Plaintext, or TLS with the cluster identity.
+    dial: ClusterDial,
 }
 
 impl LeaderChannels {
@@ -33,7 +36,14 @@ impl LeaderChannels {
             consensus,
             token,
             channels: Mutex::new(HashMap::new()),
+            dial: ClusterDial::plain(),
         }
+    }
+
+    /// Dials the leader with `dial` (TLS with the cluster identity when configured).
+    pub fn with_dial(mut self, dial: ClusterDial) -> Self {
+        self.dial = dial;
+        self
     }
 
     /// True when this node is the leader and should answer itself.
@@ -53,12 +63,12 @@ impl LeaderChannels {
         if let Some(channel) = channels.get(&address) {
             return Ok(channel.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        let endpoint = Endpoint::from_shared(format!("{}://{address}", self.dial.scheme()))
             .map_err(|e| Status::internal(format!("leader address '{address}': {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(10))
             .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+        let channel = self.dial.lazy(&endpoint);
         channels.insert(address, channel.clone());
         Ok(channel)
     }

@@ -4,14 +4,19 @@
 //! ```text
 //!  run(config)
 //!   ├─ RaftNode::start (redb in data_dir; bootstrap from peers, or wait to be added by --join)
-//!   ├─ gRPC :listen   ── auth ─► Raft │ Management │ Cluster (Watch from WatchHub)
-//!   ├─ REST :http     ── auth ─► /api/v1/... (same ManagementService)
+//!   ├─ gRPC :listen   ── [mTLS] ── auth ─► Raft │ Management │ Cluster (Watch from WatchHub)
+//!   ├─ REST :http     ── [mTLS] ── auth ─► /api/v1/... (same ManagementService)
 //!   ├─ metrics :metrics ─► /metrics (metrics::ControlPlaneCollector; no auth, like a worker's)
 //!   ├─ leader::task   (liveness + placement while this node leads)
 //!   ├─ --join ADDR    ─► AddMember(self) on ADDR until accepted
 //!   └─ --model-repository DIR ─► register each model not registered yet
 //!  shutdown signal ─► stop accepting, leader loop ends, Raft shuts down
 //! ```
+//!
+//! With `cluster_tls` (`--cluster-tls-*`) the gRPC and REST ports speak TLS only and require
+//! client certificates signed by the cluster CA, and every call this node makes to a peer (Raft,
+//! forwarding to the leader, joining) goes over TLS with its own certificate. Metrics stay
+//! plaintext, like a worker's.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,16 +24,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nereid_frontend::stopped;
+use nereid_frontend::{HttpTimeouts, PortConfig, stopped};
 use nereid_proto::pb::cluster as pb;
 use nereid_proto::pb::cluster::cluster_server::ClusterServer;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
 use nereid_proto::pb::cluster::management_server::ManagementServer;
 use nereid_proto::pb::cluster::raft_server::RaftServer;
 use nereid_telemetry::prometheus_router;
+use nereid_tls::{ClusterDial, ClusterTls};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
 use crate::api::auth::{AuthToken, Scope};
@@ -79,6 +84,8 @@ pub struct NodeConfig {
     /// Model repositories whose models are registered at start (when not registered yet).
     pub model_repositories: Vec<PathBuf>,
     pub default_replicas: u32,
+    /// Mutual TLS on the gRPC and REST ports and to peers; `None`: plaintext.
+    pub cluster_tls: Option<ClusterTls>,
 }
 
 /// Why a control-plane node could not start.
@@ -180,6 +187,12 @@ pub async fn serve(
     raft_config.election_timeout_max = config.election_timeout * 2;
     raft_config.snapshot_threshold = config.snapshot_threshold;
     raft_config.auth_token = config.auth_value.clone();
+    let dial = config
+        .cluster_tls
+        .as_ref()
+        .map(|tls| tls.dial.clone())
+        .unwrap_or_default();
+    raft_config.dial = dial.clone();
     let (raft, raft_service) = RaftNode::start(raft_config)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -190,10 +203,9 @@ pub async fn serve(
             .with_scale_to_zero_after(config.scale_to_zero_after),
     );
     let hub = Arc::new(WatchHub::spawn(consensus.as_ref()));
-    let leader_channels = Arc::new(LeaderChannels::new(
-        consensus.clone(),
-        config.auth_value.clone(),
-    ));
+    let leader_channels = Arc::new(
+        LeaderChannels::new(consensus.clone(), config.auth_value.clone()).with_dial(dial.clone()),
+    );
     let management = ManagementService::new(consensus.clone(), soft.clone())
         .with_leader(leader_channels.clone());
     let cluster = ClusterService::new(
@@ -217,24 +229,32 @@ pub async fn serve(
     ));
 
     let auth = config.auth.clone();
+    let port = |tls: Option<&Arc<nereid_tls::rustls::ServerConfig>>| PortConfig {
+        tls: tls.cloned(),
+        ..PortConfig::default()
+    };
+    let grpc_port = port(config.cluster_tls.as_ref().map(|t| &t.grpc));
+    let rest_port = port(config.cluster_tls.as_ref().map(|t| &t.http));
     let grpc = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(auth.guard(Scope::Raft, RaftServer::new(raft_service)))
         .add_service(auth.guard(Scope::Management, ManagementServer::new(management.clone())))
         .add_service(auth.guard(Scope::Cluster, ClusterServer::new(cluster)))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
+            nereid_frontend::incoming("control-plane gRPC", grpc_listener, grpc_port, stop_rx.clone()),
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);
     let rest = http_listener.map(|listener| {
         let app = rest::router(management, auth.clone());
-        let stop = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-        })
+        tokio::spawn(nereid_frontend::serve_http_port(
+            "control-plane REST",
+            listener,
+            app,
+            rest_port,
+            HttpTimeouts::default(),
+            stop_rx.clone(),
+        ))
     });
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let metrics = metrics_listener.map(|listener| {
@@ -255,6 +275,7 @@ pub async fn serve(
         rest = ?config.http_listen,
         metrics = ?metrics_addr,
         advertise = %advertise,
+        tls = config.cluster_tls.is_some(),
         "control-plane node serving"
     );
 
@@ -264,6 +285,7 @@ pub async fn serve(
             config.node_id,
             advertise.clone(),
             config.auth_value.clone(),
+            dial.clone(),
             stop_rx.clone(),
         ));
     }
@@ -299,6 +321,7 @@ async fn join(
     id: u64,
     address: String,
     token: Option<String>,
+    dial: ClusterDial,
     stop: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(200);
@@ -306,7 +329,7 @@ async fn join(
         if *stop.borrow() {
             return;
         }
-        match add_self(&target, id, &address, token.as_deref()).await {
+        match add_self(&target, id, &address, token.as_deref(), &dial).await {
             Ok(()) => {
                 info!(%target, "joined the control-plane cluster");
                 return;
@@ -323,10 +346,16 @@ async fn add_self(
     id: u64,
     address: &str,
     token: Option<&str>,
+    dial: &ClusterDial,
 ) -> Result<(), tonic::Status> {
-    let mut client = ManagementClient::connect(format!("http://{target}"))
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("{}://{target}", dial.scheme()))
+        .map_err(|e| tonic::Status::invalid_argument(format!("--join '{target}': {e}")))?
+        .connect_timeout(Duration::from_secs(2));
+    let channel = dial
+        .connect(&endpoint)
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut client = ManagementClient::new(channel);
     let mut request = tonic::Request::new(pb::AddMemberRequest {
         id,
         address: address.to_string(),

@@ -32,6 +32,7 @@ fn config(data_dir: &std::path::Path) -> NodeConfig {
         snapshot_threshold: 1000,
         model_repositories: vec![],
         default_replicas: 1,
+        cluster_tls: None,
     }
 }
 

@@ -312,6 +312,7 @@ async fn the_agent_follows_its_assignments() {
             repository: repo.clone(),
             memory_capacity: Some(1 << 30),
             auth_token: Some(TOKEN.into()),
+            cluster_dial: Default::default(),
         },
         manager.clone(),
         stop_rx,
@@ -507,6 +508,7 @@ async fn the_agent_follows_its_assignments() {
             repository: repo.clone(),
             memory_capacity: None,
             auth_token: Some(TOKEN.into()),
+            cluster_dial: Default::default(),
         },
         manager.clone(),
         stop_rx,
@@ -584,6 +586,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         repository: repo.clone(),
         memory_capacity: None,
         auth_token: Some(TOKEN.into()),
+        cluster_dial: Default::default(),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = tokio::spawn(run_worker(serve, agent, "10.1.2.3".into(), async move {
@@ -709,6 +712,7 @@ parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{}" }} }}
             repository: repo.clone(),
             memory_capacity: Some(1 << 30),
             auth_token: Some(TOKEN.into()),
+            cluster_dial: Default::default(),
         },
         manager.clone(),
         stop_rx,

@@ -45,10 +45,12 @@ mod shm;
 
 pub use grpc::{GrpcConfig, routes};
 pub use http::{HttpConfig, router};
-pub use listener::{DEFAULT_MAX_CONNECTIONS, PortConfig};
+pub use listener::{Conn, DEFAULT_MAX_CONNECTIONS, PortConfig};
 pub use listener_http::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, HttpTimeouts};
 pub use nereid_proto::codec::RequestLimits;
 pub use options::FrontendOptions;
 pub use restrict::{ApiCategory, RequiredHeader, RestrictError, RestrictedApis};
-pub use serve::{BindError, Frontends, PortsConfig, bind, spawn, stopped};
+pub use serve::{
+    BindError, Frontends, PortsConfig, bind, incoming, serve_http_port, spawn, stopped,
+};
 pub use shm::{RegionStatus, SharedMemory};

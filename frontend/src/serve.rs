@@ -19,7 +19,7 @@ use tokio_stream::StreamExt;
 
 use crate::grpc::{GrpcConfig, routes};
 use crate::http::{HttpConfig, router};
-use crate::listener::{PortConfig, accept_task};
+use crate::listener::{Conn, PortConfig, accept_task};
 use crate::listener_http::{HttpTimeouts, serve_http};
 use nereid_proto::InferenceService;
 
@@ -77,10 +77,11 @@ pub fn spawn(
         let tls = frontends.ports.http.tls.is_some();
         tracing::info!(addr = ?listener.local_addr().ok(), tls, "HTTP service listening");
         let app = router(service.clone(), frontends.http_config);
-        let conns = accept_task("HTTP", listener, frontends.ports.http, stop.clone());
-        servers.spawn(serve_http(
-            conns,
+        servers.spawn(serve_http_port(
+            "HTTP",
+            listener,
             app,
+            frontends.ports.http,
             frontends.ports.http_timeouts,
             stop.clone(),
         ));
@@ -90,10 +91,8 @@ pub fn spawn(
         tracing::info!(addr = ?listener.local_addr().ok(), tls, "gRPC service listening");
         let grpc_routes = routes(service, frontends.grpc_config);
         let done = stopped(stop.clone());
-        let conns = accept_task("gRPC", listener, frontends.ports.grpc, stop.clone());
+        let incoming = incoming("gRPC", listener, frontends.ports.grpc, stop.clone());
         servers.spawn(async move {
-            let incoming =
-                tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>);
             // Large HTTP/2 windows: many concurrent streams share one client connection, and
             // tensors are often bigger than the 64 KiB defaults.
             let result = tonic::transport::Server::builder()
@@ -120,6 +119,32 @@ pub fn spawn(
             }
         });
     }
+}
+
+/// `listener`'s connections (connection limit, NODELAY, TLS handshake when `port` has a
+/// certificate) as the stream tonic's `Server::serve_with_incoming*` takes; ends with `stop`.
+pub fn incoming(
+    what: &'static str,
+    listener: TcpListener,
+    port: PortConfig,
+    stop: watch::Receiver<bool>,
+) -> impl tokio_stream::Stream<Item = Result<Conn, std::io::Error>> + Send + 'static {
+    let conns = accept_task(what, listener, port, stop);
+    tokio_stream::wrappers::ReceiverStream::new(conns).map(Ok::<_, std::io::Error>)
+}
+
+/// Serves `app` over HTTP/1.1 and HTTP/2 on `listener` (limits and TLS from `port`, read
+/// deadlines from `timeouts`) until `stop` turns true and open requests finish.
+pub async fn serve_http_port(
+    what: &'static str,
+    listener: TcpListener,
+    app: axum::Router,
+    port: PortConfig,
+    timeouts: HttpTimeouts,
+    stop: watch::Receiver<bool>,
+) {
+    let conns = accept_task(what, listener, port, stop.clone());
+    serve_http(conns, app, timeouts, stop).await
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).

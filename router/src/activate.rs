@@ -379,6 +379,7 @@ mod tests {
             ControlPlane::new(&ControlPlaneConfig {
                 control_plane: vec!["127.0.0.1:1".into()],
                 token: Some("router-secret".into()),
+                ..Default::default()
             })
             .unwrap(),
         );
@@ -439,6 +440,7 @@ mod tests {
         let control = ControlPlane::new(&ControlPlaneConfig {
             control_plane: vec!["127.0.0.1:1".into()],
             token: Some("router-secret".into()),
+            ..Default::default()
         })
         .unwrap();
         let with_router_token = || control.client().request(());

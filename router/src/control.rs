@@ -19,6 +19,8 @@ pub struct ControlPlaneConfig {
     pub control_plane: Vec<String>,
     /// Bearer token, when the control plane requires one.
     pub token: Option<String>,
+    /// Plaintext, or TLS with the cluster identity (`--cluster-tls-*`).
+    pub dial: nereid_tls::ClusterDial,
 }
 
 /// The control-plane client, checked before anything connects.
@@ -39,7 +41,8 @@ impl ControlPlane {
             connect_timeout: CONNECT_TIMEOUT,
             call_timeout: CALL_TIMEOUT,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_dial(config.dial.clone());
         Ok(ControlPlane { client })
     }
 

@@ -100,6 +100,9 @@ pub struct ForwardConfig {
     pub connect_timeout: Duration,
     /// Largest message sent to or accepted from a worker.
     pub max_message_size: usize,
+    /// Plaintext, or TLS with the cluster identity (`--cluster-tls-*`): workers' gRPC ports
+    /// then require the cluster's client certificates.
+    pub dial: nereid_tls::ClusterDial,
 }
 
 impl Default for ForwardConfig {
@@ -107,6 +110,7 @@ impl Default for ForwardConfig {
         ForwardConfig {
             connect_timeout: Duration::from_secs(2),
             max_message_size: i32::MAX as usize,
+            dial: nereid_tls::ClusterDial::plain(),
         }
     }
 }
@@ -134,9 +138,9 @@ impl Workers {
         let uri = if addr.contains("://") {
             addr.to_string()
         } else {
-            format!("http://{addr}")
+            format!("{}://{addr}", self.config.dial.scheme())
         };
-        let channel = Endpoint::from_shared(uri)
+        let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| RouterError::Unreachable {
                 addr: addr.to_string(),
                 message: format!("invalid address: {e}"),
@@ -147,8 +151,8 @@ impl Workers {
             // window would ignore these sizes, start every stream at 64 KiB and send BDP
             // pings to grow them.
             .initial_connection_window_size(16 * 1024 * 1024)
-            .initial_stream_window_size(4 * 1024 * 1024)
-            .connect_lazy();
+            .initial_stream_window_size(4 * 1024 * 1024);
+        let channel = self.config.dial.lazy(&endpoint);
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

@@ -212,6 +212,7 @@ mod tests {
             ControlPlane::new(&crate::control::ControlPlaneConfig {
                 control_plane: vec![dead_addr.to_string(), addr.to_string()],
                 token: Some("s3cret\n".into()),
+                ..Default::default()
             })
             .unwrap(),
         );

@@ -15,6 +15,7 @@ async fn starts_without_a_control_plane_and_shuts_down_on_signal() {
         control_plane: ControlPlaneConfig {
             control_plane: vec!["127.0.0.1:1".into()],
             token: None,
+            ..Default::default()
         },
         http_addr: any,
         grpc_addr: any,

@@ -38,6 +38,17 @@ pub struct CtlArgs {
     /// `linearizable` confirms with the leader first.
     #[arg(long, value_enum, default_value = "local", global = true)]
     pub consistency: ConsistencyArg,
+    /// PEM CA certificate of a control plane that serves TLS (`--cluster-tls-*`): connect over
+    /// TLS and trust only this CA.
+    #[arg(long, env = "NEREID_CTL_TLS_CA", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate presented to a control plane that requires one (mutual TLS),
+    /// signed by its cluster CA; needs --tls-key and --tls-ca.
+    #[arg(long, env = "NEREID_CTL_TLS_CERT", global = true)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "NEREID_CTL_TLS_KEY", global = true)]
+    pub tls_key: Option<PathBuf>,
     #[command(subcommand)]
     pub command: CtlCommand,
 }

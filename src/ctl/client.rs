@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use nereid_cluster_client::{ClientConfig, ClientError, ControlPlaneClient, PassError};
 use nereid_proto::pb::cluster::management_client::ManagementClient;
+use nereid_tls::ClusterDial;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
@@ -147,6 +148,13 @@ impl Connection {
         Ok(Connection { client })
     }
 
+    /// Connects with `dial` (TLS with `--tls-*`).
+    pub fn with_dial(self, dial: ClusterDial) -> Connection {
+        Connection {
+            client: self.client.with_dial(dial),
+        }
+    }
+
     /// Sends `message` through `rpc` to the first address that answers and is not UNAVAILABLE.
     pub async fn call<M, T, F, Fut>(&self, message: M, rpc: F) -> Result<T, CtlError>
     where
@@ -157,7 +165,35 @@ impl Connection {
         self.client
             .call_each(message, |code| code == Code::Unavailable, rpc)
             .await
-            .map_err(CtlError::from_pass)
+            .map_err(|e| {
+                let hint = !self.client.uses_tls() && transport_failure(&e);
+                let e = CtlError::from_pass(e);
+                if hint { e.with_tls_hint() } else { e }
+            })
+    }
+}
+
+/// What a plaintext `ctl` adds when a connection failed below gRPC (as it does against a TLS
+/// port).
+const TLS_HINT: &str = "if the control plane serves TLS (--cluster-tls-*), pass --tls-ca with its CA and --tls-cert/--tls-key with a client certificate signed by it";
+
+/// True when no node answered with a status of its own: every failure came from the connection
+/// (a status made from a transport error carries that error as its source).
+fn transport_failure(error: &PassError) -> bool {
+    use std::error::Error;
+    match error {
+        PassError::Refused(status)
+        | PassError::Exhausted {
+            answered: Some(status),
+            ..
+        } => status.source().is_some(),
+        PassError::Exhausted { answered: None, .. } => true,
+    }
+}
+
+impl CtlError {
+    fn with_tls_hint(self) -> CtlError {
+        CtlError::Connect(format!("{self} ({TLS_HINT})"))
     }
 }
 

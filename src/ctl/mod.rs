@@ -30,6 +30,8 @@ use nereid_proto::pb::cluster::{
 };
 
 pub use args::CtlArgs;
+use nereid_tls::{ClientTlsFiles, ClusterDial, PemFile};
+
 use args::{ClusterCommand, CtlCommand, ModelsCommand, NodesCommand, OutputFormat, WaitArgs};
 use client::{Connection, CtlError};
 
@@ -64,6 +66,32 @@ fn token(args: &CtlArgs) -> Result<Option<String>, CtlError> {
         return Ok(Some(text.trim().to_string()));
     }
     Ok(args.token.clone().filter(|t| !t.is_empty()))
+}
+
+/// Plaintext without `--tls-ca`; TLS trusting it (and presenting `--tls-cert`) with it.
+fn dial(args: &CtlArgs) -> Result<ClusterDial, CtlError> {
+    let identity = match (&args.tls_cert, &args.tls_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some((
+            PemFile::new("--tls-cert", cert),
+            PemFile::new("--tls-key", key),
+        )),
+        (Some(_), None) => return Err(CtlError::Usage("--tls-cert needs --tls-key".into())),
+        (None, Some(_)) => return Err(CtlError::Usage("--tls-key needs --tls-cert".into())),
+    };
+    let Some(ca) = &args.tls_ca else {
+        return match identity {
+            None => Ok(ClusterDial::plain()),
+            Some(_) => Err(CtlError::Usage(
+                "--tls-cert and --tls-key need --tls-ca (the CA the control plane's certificate is signed by)".into(),
+            )),
+        };
+    };
+    ClusterDial::tls(&ClientTlsFiles {
+        ca: PemFile::new("--tls-ca", ca),
+        identity,
+    })
+    .map_err(|e| CtlError::Usage(e.to_string()))
 }
 
 /// Prints a response as proto-JSON or through its table view.
@@ -111,7 +139,7 @@ async fn waited(
 
 /// Runs the command in `args` and writes its output to `out`.
 pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
-    let connection = Connection::new(args.control_plane.clone(), token(args)?)?;
+    let connection = Connection::new(args.control_plane.clone(), token(args)?)?.with_dial(dial(args)?);
     let consistency = request::consistency(args.consistency);
     let format = args.output;
     match &args.command {

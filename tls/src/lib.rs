@@ -9,6 +9,7 @@
 //!  ClientTlsFiles {ca, cert?, key?}      ─► client_config(alpn) ─► rustls::ClientConfig
 //!      (its certificate reloads the same way)
 //!  ClusterDial::tls(ClientTlsFiles)       ─► tonic channels to cluster peers over TLS
+//!  ClusterTls::load({cert, key, ca})      ─► both server configs (mutual) + the dialer
 //! ```
 //!
 //! Every error names the flag and the file it came from, so a bad set-up stops the server
@@ -16,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod config;
 mod dial;
 mod pem;
@@ -23,6 +25,7 @@ mod reload;
 #[cfg(test)]
 mod testing;
 
+pub use cluster::{ClusterTls, ClusterTlsFiles};
 pub use config::{ClientTlsFiles, ServerTlsFiles, client_config, server_config};
 pub use dial::{ClusterDial, TlsDialer};
 pub use pem::PemFile;

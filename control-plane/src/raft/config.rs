@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nereid_tls::ClusterDial;
+
 /// Configuration of one Raft node. Build it with [`RaftConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct RaftConfig {
@@ -29,6 +31,8 @@ pub struct RaftConfig {
     pub auth_token: Option<String>,
     /// How long `write` and `linearizable_state` keep retrying while no leader is reachable.
     pub leader_wait: Duration,
+    /// How peers are dialed: plaintext, or TLS with the cluster identity (`--cluster-tls-*`).
+    pub dial: ClusterDial,
 }
 
 impl RaftConfig {
@@ -48,6 +52,7 @@ impl RaftConfig {
             logs_to_keep_after_snapshot: 100,
             auth_token: None,
             leader_wait: Duration::from_secs(5),
+            dial: ClusterDial::plain(),
         }
     }
 

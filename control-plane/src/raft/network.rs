@@ -7,7 +7,8 @@
 //!                 ◄─ JSON(response) ◄─ status → Unreachable (peer down) | Network (other)
 //! ```
 //!
-//! Every call carries `authorization: Bearer <token>` when a token is configured, and is bounded
+//! Channels are plaintext, or TLS with the cluster identity when `--cluster-tls-*` is set
+//! ([`ClusterDial`]). Every call carries `authorization: Bearer <token>` when a token is configured, and is bounded
 //! by a timeout (openraft's soft TTL for Raft RPCs, [`Peers::call_timeout`] for forwarding).
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, RaftNetworkFactory, RaftNetworkV2};
+use nereid_tls::ClusterDial;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
@@ -55,6 +57,7 @@ pub(crate) struct Peers {
     connect_timeout: Duration,
     /// Bound on a forwarded write or read-index call.
     pub(crate) call_timeout: Duration,
+    dial: ClusterDial,
 }
 
 impl Peers {
@@ -72,7 +75,14 @@ impl Peers {
             auth,
             connect_timeout,
             call_timeout: Duration::from_secs(3),
+            dial: ClusterDial::plain(),
         })
+    }
+
+    /// Dials peers with `dial` (TLS with the cluster identity when configured).
+    pub(crate) fn with_dial(mut self, dial: ClusterDial) -> Self {
+        self.dial = dial;
+        self
     }
 
     /// The channel to `addr`, created lazily (connects on first use) and cached.
@@ -84,13 +94,13 @@ impl Peers {
         let uri = if addr.contains("://") {
             addr.to_string()
         } else {
-            format!("http://{addr}")
+            format!("{}://{addr}", self.dial.scheme())
         };
-        let ch = Endpoint::from_shared(uri)
+        let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| Status::invalid_argument(format!("bad peer address {addr}: {e}")))?
             .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        let ch = self.dial.lazy(&endpoint);
         channels.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

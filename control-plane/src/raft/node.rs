@@ -72,7 +72,8 @@ impl RaftNode {
                 config.auth_token.as_deref(),
                 config.election_timeout_min / 2,
             )
-            .map_err(RaftError::Config)?,
+            .map_err(RaftError::Config)?
+            .with_dial(config.dial.clone()),
         );
 
         let dir = config.data_dir.clone();

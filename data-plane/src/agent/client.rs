@@ -78,6 +78,13 @@ impl ControlPlane {
         Ok(ControlPlane { client })
     }
 
+    /// Dials the control plane with `dial` (TLS with the cluster identity when configured).
+    pub fn with_dial(self, dial: nereid_tls::ClusterDial) -> ControlPlane {
+        ControlPlane {
+            client: self.client.with_dial(dial),
+        }
+    }
+
     /// The address in use.
     pub fn current_addr(&self) -> &str {
         self.client.current_address()

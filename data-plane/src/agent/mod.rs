@@ -64,6 +64,8 @@ pub struct AgentConfig {
     /// Memory the node offers; `None`: the host's total memory.
     pub memory_capacity: Option<u64>,
     pub auth_token: Option<String>,
+    /// How the control plane is dialed: plaintext, or TLS with the cluster identity.
+    pub cluster_dial: nereid_tls::ClusterDial,
 }
 
 /// The node's capacity: CPUs × 1000 millis, memory (configured or the host's), and the GPUs
@@ -91,7 +93,8 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     let cp = Arc::new(
         ControlPlane::new(&config.control_plane, config.auth_token.as_deref())
-            .map_err(AgentError)?,
+            .map_err(AgentError)?
+            .with_dial(config.cluster_dial.clone()),
     );
     let shared: Shared = Arc::default();
     let node = config.node_id.clone();

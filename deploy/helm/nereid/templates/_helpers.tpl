@@ -99,3 +99,30 @@ prometheus.io/path: /metrics
     secretName: {{ include "nereid.tokenSecret" . }}
     defaultMode: 0440
 {{- end }}
+
+{{/*
+Cluster mutual TLS (cluster.tls.secretName): the flags every component gets, as list items, and
+the volume mounted at /etc/nereid/cluster-tls (a directory, so a renewed Secret reaches the files
+and the certificate reloads without a restart). Include them only when the value is set.
+*/}}
+{{- define "nereid.clusterTlsArgs" -}}
+- --cluster-tls-cert
+- /etc/nereid/cluster-tls/tls.crt
+- --cluster-tls-key
+- /etc/nereid/cluster-tls/tls.key
+- --cluster-tls-ca
+- /etc/nereid/cluster-tls/ca.crt
+{{- end }}
+
+{{- define "nereid.clusterTlsMount" -}}
+- name: cluster-tls
+  mountPath: /etc/nereid/cluster-tls
+  readOnly: true
+{{- end }}
+
+{{- define "nereid.clusterTlsVolume" -}}
+- name: cluster-tls
+  secret:
+    secretName: {{ .Values.cluster.tls.secretName | quote }}
+    defaultMode: 0440
+{{- end }}
