@@ -16,7 +16,8 @@ Run by `make test-deploy` (part of `make test`). Every failure names the file an
      <subcommand> --help` lists; every `$(VAR)` in args is defined in the container's env; the
      control-plane wrapper script, run with a stub `nereid` for several pod ordinals, gives
      `--node-id` = ordinal + 1 and `--peers` (bootstrapping pods, listing itself at its advertised
-     address) or `--join` (later pods).
+     address) or `--join` (later pods); with cluster TLS the worker's wrapper advertises its pod
+     DNS name (`<IP with dashes>.<namespace>.pod`).
   6. Router and worker pods have the KServe health probes, and they and control-plane pods the
      prometheus.io annotations that
      point at their metrics port; deploy/Dockerfile pins the ORT_VERSION and TORCH_VERSION of scripts/setup.sh.
@@ -220,7 +221,7 @@ def help_flags(nereid: str, sub: str, cache: dict) -> set[str]:
     return cache[sub]
 
 
-def wrapper_argv(container: dict, pod: str) -> list[str]:
+def wrapper_argv(container: dict, pod: str, env: dict[str, str] | None = None) -> list[str]:
     """Runs a `sh -c` container command with a stub `nereid` that prints its arguments."""
     with tempfile.TemporaryDirectory() as tmp:
         stub = Path(tmp) / "nereid"
@@ -228,7 +229,7 @@ def wrapper_argv(container: dict, pod: str) -> list[str]:
         stub.chmod(0o755)
         out = subprocess.run(
             container["command"] + container.get("args", []),
-            env={"PATH": f"{tmp}:/usr/bin:/bin", "POD_NAME": pod},
+            env={"PATH": f"{tmp}:/usr/bin:/bin", "POD_NAME": pod, **(env or {})},
             capture_output=True,
             text=True,
         )
@@ -300,6 +301,22 @@ def check_control_plane(f: Failures, where: str, sts: dict, container: dict, ner
             f.add(where, f"pod {pod}: the first pod must bootstrap with --peers, not --join")
 
 
+def check_worker_wrapper(f: Failures, where: str, container: dict, nereid: str, cache: dict) -> None:
+    """With cluster TLS a worker's wrapper advertises its pod DNS name (dashed IP.namespace.pod)."""
+    env = {"POD_IP": "10.1.2.3", "POD_NAMESPACE": "serving"}
+    try:
+        argv = wrapper_argv(container, "nereid-worker-abc", env)
+    except RuntimeError as e:
+        f.add(where, str(e))
+        return
+    check_argv(f, where, argv, container, nereid, cache)
+    advertise = flag_value(argv, "--advertise-host")
+    if advertise != "10-1-2-3.serving.pod":
+        f.add(where, f"--advertise-host is {advertise!r} for pod IP 10.1.2.3 in namespace serving, expected '10-1-2-3.serving.pod'")
+    if "--cluster-tls-cert" not in argv:
+        f.add(where, "a worker wrapper script without --cluster-tls-cert")
+
+
 def check_pods(f: Failures, rendered: dict[str, list[dict]], nereid: str) -> None:
     cache: dict = {}
     for variant, docs in rendered.items():
@@ -313,10 +330,12 @@ def check_pods(f: Failures, rendered: dict[str, list[dict]], nereid: str) -> Non
             for c in spec["containers"]:
                 cwhere = f"{where} container {c['name']}"
                 if c.get("command"):
-                    if doc["kind"] != "StatefulSet":
-                        f.add(cwhere, "only the control plane runs a wrapper script")
-                    else:
+                    if doc["kind"] == "StatefulSet":
                         check_control_plane(f, cwhere, doc, c, nereid, cache)
+                    elif component == "worker":
+                        check_worker_wrapper(f, cwhere, c, nereid, cache)
+                    else:
+                        f.add(cwhere, "only the control plane and (with cluster TLS) workers run a wrapper script")
                 else:
                     check_argv(f, cwhere, c.get("args", []), c, nereid, cache)
                 if component in ("router", "worker"):
