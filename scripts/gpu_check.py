@@ -1,10 +1,12 @@
-"""The device half of scripts/gpu_check.sh (issue 19), run on the GPU machine. NEVER RUN YET.
+"""The device half of scripts/gpu_check.sh (issue 19), run on the GPU machine.
 
 Each step is recorded in OUT/gpu_check.json (ok / error / figures) and summed up in
 OUT/gpu_check.md; a failing step does not stop the others.
 
   env        nvidia-smi's GPU, torch and CUDA versions
-  models     a TorchScript MLP made here with the device's torch (1024 -> 4096 -> 1024, FP32)
+  models     a TorchScript MLP made here with the device's torch (1024 -> 8192 x 4 -> 1024,
+             FP32: about 0.45 GFLOP a row, so a batch of 256 keeps the GPU busy for
+             milliseconds while each request carries only 1 MiB in and out)
   py_gpu     the MLP in a Python model on KIND_GPU (torch on cuda:<device id>, outputs returned
              as CUDA tensors through Tensor.from_dlpack), served by `nereid` (no libtorch)
   ts_gpu     the same file as a TorchScript model on KIND_GPU, served by `nereid-torch` (the
@@ -12,6 +14,9 @@ OUT/gpu_check.md; a failing step does not stop the others.
   cuda_shm   tritonclient gRPC with inputs and outputs in CUDA shared memory (CuPy buffers,
              their IPC handles registered with CudaSharedMemoryRegister)
   metrics    the nv_gpu_* lines of /metrics
+  cluster    a control plane and a worker: the worker's GPU report (NVML) as the control
+             plane shows it, the Python model deployed with `resources.gpus` placed on a GPU,
+             and the GPU memory the worker measured for the replica
   bench      in-process torch on the GPU (host input -> GPU -> host output, as served) vs the
              served models, batch 1..256 at concurrency 1, 8 and 32
 """
@@ -40,6 +45,7 @@ BATCHES = [1, 8, 32, 128, 256]
 CONCURRENCY = [1, 8, 32]
 SECONDS = 2.0
 WIDTH = 1024
+HIDDEN = 8192
 
 PY_MODEL = """
 import numpy as np
@@ -73,7 +79,7 @@ def config(name, platform_or_backend):
             f'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
             f'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
             'dynamic_batching { max_queue_delay_microseconds: 200 }\n'
-            'instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n')
+            'instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0 ] } ]\n')
 
 
 def step(name):
@@ -137,8 +143,10 @@ def env():
 def make_models(repo):
     import torch
     torch.manual_seed(0)
-    mlp = torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.ReLU(),
-                              torch.nn.Linear(4 * WIDTH, WIDTH))
+    layers = [torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU()]
+    for _ in range(3):
+        layers += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU()]
+    mlp = torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, WIDTH))
     scripted = torch.jit.script(mlp.eval())
     for name, header in [("ts_gpu", 'platform: "pytorch_libtorch"'), ("py_gpu", 'backend: "python"')]:
         (repo / name / "1").mkdir(parents=True)
@@ -149,8 +157,12 @@ def make_models(repo):
 
 
 def client(server):
+    return grpc_client(server.grpc)
+
+
+def grpc_client(port):
     import tritonclient.grpc as grpcclient
-    return grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
 
 
 def infer(c, model, x):
@@ -237,6 +249,42 @@ def throughput(server, model, batch, concurrency):
     return sum(counts) / (time.monotonic() - start)
 
 
+@step("cluster")
+def cluster(repo, logs):
+    from cluster_util import ControlPlaneNode, WorkerProcess, model_body, wait_replicas, \
+        write_token
+    from nereid_util import wait_until
+    work = Path("/tmp/gpu/cluster")
+    work.mkdir(parents=True, exist_ok=True)
+    token = write_token(work)
+    cp = ControlPlaneNode(1, work, token).spawn()
+    worker = WorkerProcess("gpu-worker", work, token, [cp.grpc_addr]).spawn()
+    try:
+        wait_until(lambda: cp.api("GET", "/api/v1/nodes")[1].get("nodes"), 60, "worker registered")
+        node = cp.api("GET", "/api/v1/nodes/gpu-worker")[1]
+        body = model_body("py_gpu", repo / "py_gpu", replicas=1, memory=2 << 30)
+        body["resources"].update({"gpus": 1, "gpu_memory_bytes": 8 << 30})
+        code, answer = cp.api("POST", "/api/v1/models", body)
+        if code != 200:
+            raise RuntimeError(f"deploy: {code} {answer}")
+        ready = wait_replicas(cp, "py_gpu",
+                              lambda r: any(x["state"] == "REPLICA_STATE_READY" for x in r),
+                              "a ready replica", deadline_s=120)
+        placement = cp.api("GET", "/api/v1/models/py_gpu/placement")[1]
+        # The measured GPU memory arrives with the next heartbeat after the load.
+        measured = wait_until(
+            lambda: [r for r in cp.api("GET", "/api/v1/models/py_gpu")[1].get("replicas", [])
+                     if r.get("gpu_memory_bytes")], 30, "measured GPU memory")
+        x = np.random.default_rng(4).standard_normal((2, WIDTH), dtype=np.float32)
+        y = infer(grpc_client(worker.grpc_port), "py_gpu", x)
+        np.testing.assert_allclose(y, reference(repo, x), rtol=1e-3, atol=1e-3)
+        return {"node": node, "replicas": ready, "placement": placement, "measured": measured}
+    finally:
+        for p in (worker, cp):
+            p.stop()
+            shutil.copy(p.log_path, logs)
+
+
 @step("bench")
 def bench(repo, servers):
     import torch
@@ -286,7 +334,6 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--nereid", required=True)
     p.add_argument("--nereid-torch", required=True)
-    p.add_argument("--models", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = Path(a.out)
@@ -312,6 +359,9 @@ def main():
     finally:
         plain.stop()
         torch_server.stop()
+    try:
+        cluster(repo, logs)
+    finally:
         (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1))
         markdown(out)
 

@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
-# The GPU check of issue 19: the one script a session with a GPU machine runs. NEVER RUN YET: it
-# was written on a machine without a GPU; expect to fix small things on its first run.
+# The GPU check of issue 19: the one script a session with a GPU machine runs.
 #
 #   bash scripts/gpu_check.sh prepare      # here (Rust toolchain, .venv): fills .gpu/ (ignored)
 #   then one device call (the `run` tool), carrying .gpu:
 #     command: bash scripts/gpu_check.sh device      carry: [".gpu"]      timeout_s: 540
 #
 # What travels (64 MiB per call, working tree included): .gpu/nereid.xz (stripped, no libtorch:
-# the Python backend and CUDA shared memory), .gpu/nereid-torch.xz (stripped, PyTorch backend;
-# linked against the torch 2.13 libtorch of .venv, tried against the device's own torch libs and
-# reported as not loadable when their ABI differs), .gpu/site/ (tritonclient's pure-Python gRPC
-# client and utils, out of the wheel in .venv/wheels; the device has grpcio, protobuf, numpy,
-# torch, CuPy and pytest), the TorchScript test model, the Python test files (they travel with
-# the working tree).
+# the Python backend and CUDA shared memory), .gpu/nereid-torch.xz (stripped, PyTorch backend
+# built against the device's torch version, run with the device's torch libraries),
+# .gpu/site/ (tritonclient's pure-Python gRPC client and utils, out of the wheel in
+# .venv/wheels; the device has grpcio, protobuf, numpy, torch, CuPy and pytest) and the Python
+# test files (they travel with the working tree). Test models are made on the device.
 #
 # On the device (scripts/gpu_check.py does the work; results in $OUT/gpu_check.json and
 # $OUT/gpu_check.md, server logs in $OUT/logs.tar.gz):
@@ -29,18 +27,40 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 GPU_DIR="$ROOT/.gpu"
 
+# The device's torch (KINDS.md): the PyTorch backend is built against exactly this libtorch.
+DEVICE_TORCH=2.11.0
+DEVICE_TCH=0.24.0   # the tch release made for torch 2.11 (tch 0.26, the project's, is for 2.13)
+
 prepare() {
     cd "$ROOT"
     grep -qs '^/.gpu/$' .git/info/exclude || echo '/.gpu/' >>.git/info/exclude
-    rm -rf "$GPU_DIR" && mkdir -p "$GPU_DIR/site" "$GPU_DIR/models"
-    local libtorch
-    libtorch="$(cat .venv/libtorch-path)"
-    # The PyTorch backend build (what `make build` makes), then one without it: the device's
-    # torch is not the 2.13 libtorch this binary links, so the plain one carries the rest.
-    LIBTORCH="$libtorch" cargo build --release --features nereid/torch -p nereid
-    strip -o "$GPU_DIR/nereid-torch" target/release/nereid
-    cargo build --release -p nereid --target-dir target/gpu-plain
-    strip -o "$GPU_DIR/nereid" target/gpu-plain/release/nereid
+    rm -rf "$GPU_DIR" && mkdir -p "$GPU_DIR/site"
+    # Two binaries of HEAD, built in a worktree (target/gpu-torch/src) so the project's own
+    # target/ and lock file are untouched: a plain one (the Python backend, CUDA shared memory,
+    # metrics; no libtorch needed) and one with the PyTorch backend against the device's
+    # torch: the torch wheel's libtorch (headers and libraries only; its CUDA part is opened at
+    # run time, see backend/pytorch/cuda.rs) and the tch release made for it.
+    local wheels=target/gpu-torch/wheels lt=target/gpu-torch/libtorch src=target/gpu-torch/src
+    mkdir -p "$wheels"
+    ls "$wheels"/torch-$DEVICE_TORCH-*.whl >/dev/null 2>&1 ||
+        .venv/bin/python -m pip download --no-deps --only-binary=:all: "torch==$DEVICE_TORCH" -d "$wheels"
+    if [ ! -f "$lt/torch/lib/libtorch_cpu.so" ]; then
+        unzip -q -o "$wheels"/torch-$DEVICE_TORCH-*.whl 'torch/lib/*' 'torch/include/*' 'torch/share/*' -d "$lt"
+    fi
+    # libtorch_cpu needs libcudart/libcupti at link time, found through its RUNPATH
+    # ($ORIGIN/../../nvidia/...): the CUDA runtime wheels `make setup` installed in .venv.
+    ln -sfn "$(cd .venv/lib/python3*/site-packages && pwd)/nvidia" "$lt/nvidia"
+    git worktree remove --force "$src" 2>/dev/null || rm -rf "$src"
+    git worktree prune
+    git worktree add --detach "$src" HEAD
+    sed -i "s/^tch = { version = \"=[0-9.]*\"/tch = { version = \"=$DEVICE_TCH\"/" "$src/data-plane/Cargo.toml"
+    local out="$ROOT/target/gpu-torch/target"
+    (cd "$src" && CARGO_TARGET_DIR="$out" cargo build --release -p nereid)
+    strip -o "$GPU_DIR/nereid" "$out/release/nereid"
+    (cd "$src" && cargo update -q -p tch --precise "$DEVICE_TCH" &&
+        LIBTORCH="$ROOT/$lt/torch" CARGO_TARGET_DIR="$out" \
+            cargo build --release --features nereid/torch -p nereid)
+    strip -o "$GPU_DIR/nereid-torch" "$out/release/nereid"
     xz -T0 -6 -f "$GPU_DIR/nereid-torch" "$GPU_DIR/nereid"
     # tritonclient's Python packages (no perf_analyzer binaries, no HTTP client deps).
     local wheel
@@ -58,7 +78,6 @@ with zipfile.ZipFile(wheel) as z:
             with open(target, "wb") as f:
                 f.write(z.read(name))
 PY
-    cp -r tests/models/pytorch/mlp_script "$GPU_DIR/models/"
     du -sh "$GPU_DIR"
     echo "prepared $GPU_DIR; now: run(command='bash scripts/gpu_check.sh device', carry=['.gpu'])"
 }
@@ -77,10 +96,10 @@ device() {
     torch_lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
     set +e
     NEREID_BIN=/tmp/gpu/nereid timeout 150 python3 -m pytest tests/python/test_dlpack.py -q -x \
-        -p no:cacheprovider 2>&1 | tee "$OUT/test_dlpack.txt"
-    LD_LIBRARY_PATH="$torch_lib" timeout 330 python3 scripts/gpu_check.py \
+        --noconftest -p no:cacheprovider 2>&1 | tee "$OUT/test_dlpack.txt"
+    NEREID_BIN=/tmp/gpu/nereid LD_LIBRARY_PATH="$torch_lib" timeout 330 python3 scripts/gpu_check.py \
         --nereid /tmp/gpu/nereid --nereid-torch /tmp/gpu/nereid-torch \
-        --models "$GPU_DIR/models" --out "$OUT" 2>&1 | tee "$OUT/gpu_check.txt"
+        --out "$OUT" 2>&1 | tee "$OUT/gpu_check.txt"
     set -e
     tar -czf "$OUT/logs.tar.gz" -C /tmp gpu/logs 2>/dev/null || true
 }

@@ -222,7 +222,7 @@ def test_kind_gpu_fails_to_load_with_its_reason(client):
     entries = index["models"] if client.proto == "grpc" else index
     entry = next(m for m in entries if m["name"] == "mlp_gpu")
     assert entry["state"] == "UNAVAILABLE"
-    assert "KIND_GPU (GPU 0) requested, but libtorch sees no CUDA device" in entry["reason"]
+    assert "KIND_GPU (GPU 0) requested, but libtorch cannot use CUDA here: " in entry["reason"]
     assert "use KIND_CPU" in entry["reason"]
     assert client.is_model_ready("mlp_script")
 

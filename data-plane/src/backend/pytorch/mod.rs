@@ -23,6 +23,8 @@ mod signature;
 #[cfg(feature = "torch")]
 mod convert;
 #[cfg(feature = "torch")]
+mod cuda;
+#[cfg(feature = "torch")]
 mod instance;
 #[cfg(feature = "torch")]
 mod runtime;

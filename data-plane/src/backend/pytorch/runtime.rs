@@ -133,11 +133,7 @@ fn check_datatypes(config: &ValidModelConfig) -> Result<(), String> {
 
 /// Whether libtorch can run on a GPU here; `Err` says what is missing.
 pub(super) fn cuda_support() -> Result<(), String> {
-    if tch::Cuda::is_available() {
-        Ok(())
-    } else {
-        Err("libtorch sees no CUDA device (no GPU or driver here, or a CPU-only libtorch)".into())
-    }
+    super::cuda::cuda_devices().map(|_| ())
 }
 
 /// The libtorch device of an instance. `KIND_GPU` needs libtorch to see that GPU.
@@ -145,12 +141,11 @@ fn device(kind: DeviceKind) -> Result<Device, String> {
     match kind {
         DeviceKind::Cpu => Ok(Device::Cpu),
         DeviceKind::Gpu { device_id } => {
-            if !tch::Cuda::is_available() {
-                return Err(format!(
-                    "KIND_GPU (GPU {device_id}) requested, but libtorch sees no CUDA device (no GPU or driver here, or a CPU-only libtorch); use KIND_CPU to run this model on the CPU"
-                ));
-            }
-            let count = tch::Cuda::device_count();
+            let count = super::cuda::cuda_devices().map_err(|why| {
+                format!(
+                    "KIND_GPU (GPU {device_id}) requested, but libtorch cannot use CUDA here: {why}; use KIND_CPU to run this model on the CPU"
+                )
+            })?;
             match usize::try_from(device_id) {
                 Ok(id) if (device_id as i64) < count => Ok(Device::Cuda(id)),
                 _ => Err(format!(
