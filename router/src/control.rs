@@ -80,6 +80,7 @@ mod tests {
         let bad = ControlPlaneConfig {
             control_plane: vec!["127.0.0.1:1".into()],
             token: Some("bad\ntoken".into()),
+            ..Default::default()
         };
         assert!(ControlPlane::new(&bad).is_err());
     }
