@@ -24,6 +24,7 @@
 //! - [`parse_bytes`]: byte sizes as the flags write them (`512Mi`, `16Gi`).
 
 mod api;
+mod autoscale;
 mod cluster;
 mod consensus;
 mod convert;

@@ -8,8 +8,9 @@
 //!   `replicas_wanted` is `min_replicas` — the floor placement maintains — raised to 1 for a
 //!   model with `min_replicas` 0 that routers activated recently ([`Load::demanded`]: scale
 //!   from zero; when the demand lapses the surplus replica is removed, scale to zero).
-//!   `max_replicas` caps that (0 turns scale from zero off) and is otherwise a ceiling for
-//!   future load-driven scaling, not used to add replicas. The memory
+//!   `max_replicas` caps that (0 turns scale from zero off) and is the ceiling of load-driven
+//!   scaling: a model with an autoscale policy wants the autoscaler's count
+//!   ([`ClusterState::wanted_replicas`], `crate::autoscale`) instead of its floor. The memory
 //!   estimate is `resources.memory_bytes`; the measured memory is the largest any replica of
 //!   that version reported. Likewise for GPUs: `resources.gpus` GPUs per replica, each needing
 //!   `resources.gpu_memory_bytes` until a replica reported its measured GPU memory.
@@ -63,7 +64,7 @@ pub fn model_views(state: &ClusterState, load: &Load) -> Vec<ModelView> {
             views.push(ModelView {
                 name: spec.name.clone(),
                 version,
-                replicas_wanted: replicas_wanted(spec, load),
+                replicas_wanted: replicas_wanted(state, spec, load),
                 memory_estimate_bytes: spec.resources.memory_bytes,
                 measured_memory_bytes: measured,
                 gpus: spec.resources.gpus,
@@ -75,12 +76,14 @@ pub fn model_views(state: &ClusterState, load: &Load) -> Vec<ModelView> {
     views
 }
 
-/// `min_replicas`, or 1 for a model scaled from zero while routers keep activating it.
-pub fn replicas_wanted(spec: &ModelSpec, load: &Load) -> u32 {
-    if spec.min_replicas == 0 && spec.max_replicas > 0 && load.demanded.contains(&spec.name) {
+/// `min_replicas` (or the autoscaler's count within `[min, max]`), or 1 for a model at 0
+/// scaled from zero while routers keep activating it.
+pub fn replicas_wanted(state: &ClusterState, spec: &ModelSpec, load: &Load) -> u32 {
+    let wanted = state.wanted_replicas(spec);
+    if wanted == 0 && spec.max_replicas > 0 && load.demanded.contains(&spec.name) {
         1
     } else {
-        spec.min_replicas
+        wanted
     }
 }
 

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::autoscale::AutoscalePolicy;
 use super::model::ModelSpec;
 use super::node::{NodeSpec, NodeStatus};
 use super::replica::ReplicaState;
@@ -68,6 +69,19 @@ pub enum Command {
     },
     RemoveReplica {
         id: u64,
+    },
+    /// Set a model's replica range and autoscale policy; `None` turns autoscaling off.
+    SetAutoscale {
+        name: String,
+        min: u32,
+        max: u32,
+        policy: Option<AutoscalePolicy>,
+    },
+    /// The leader's autoscaler decided a replica count (per served version) for a model.
+    SetAutoscaledReplicas {
+        name: String,
+        replicas: u32,
+        reason: String,
     },
 }
 

@@ -15,8 +15,9 @@
 //! state and writes only transitions (`SetNodeStatus`, replica reports).
 //!
 //! Each resource's file holds its types, its validation and the commands that change it:
-//! [`model`], [`node`], [`replica`]; [`command`] holds the log entry type.
+//! [`model`], [`node`], [`replica`], [`autoscale`]; [`command`] holds the log entry type.
 
+pub mod autoscale;
 pub mod command;
 pub mod error;
 pub mod model;
@@ -33,6 +34,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use autoscale::{Autoscale, AutoscalePolicy};
 pub use command::{Applied, Command};
 pub use error::{EntityKind, StateError};
 pub use model::{ModelSpec, Resources, VersionPolicy};
@@ -48,6 +50,9 @@ pub struct ClusterState {
     nodes: BTreeMap<String, Node>,
     replicas: BTreeMap<u64, Replica>,
     next_replica_id: u64,
+    /// Per model with an autoscale policy; absent in snapshots from before autoscaling.
+    #[serde(default)]
+    autoscale: BTreeMap<String, Autoscale>,
 }
 
 impl Default for ClusterState {
@@ -58,6 +63,7 @@ impl Default for ClusterState {
             nodes: BTreeMap::new(),
             replicas: BTreeMap::new(),
             next_replica_id: 1,
+            autoscale: BTreeMap::new(),
         }
     }
 }
@@ -99,6 +105,17 @@ impl ClusterState {
                 self.set_replica_state(id, state, measured_memory_bytes, measured_gpu_memory_bytes)?
             }
             Command::RemoveReplica { id } => self.remove_replica(id)?,
+            Command::SetAutoscale {
+                name,
+                min,
+                max,
+                policy,
+            } => self.set_autoscale(&name, min, max, policy)?,
+            Command::SetAutoscaledReplicas {
+                name,
+                replicas,
+                reason,
+            } => self.set_autoscaled_replicas(&name, replicas, reason)?,
         };
         if changed {
             self.revision += 1;

@@ -223,7 +223,7 @@ fn list_versions(versions: &[i64]) -> String {
         .join(", ")
 }
 
-fn validate_scale(name: &str, min: u32, max: u32) -> Result<(), StateError> {
+pub(super) fn validate_scale(name: &str, min: u32, max: u32) -> Result<(), StateError> {
     if max < min {
         return Err(StateError::invalid(
             format!("model '{name}'"),
@@ -251,6 +251,7 @@ impl ClusterState {
         if self.models.remove(name).is_none() {
             return Err(StateError::not_found(EntityKind::Model, name));
         }
+        self.autoscale.remove(name);
         for replica in self.replicas.values_mut().filter(|r| r.model == name) {
             replica.state = ReplicaState::Unloading;
         }
