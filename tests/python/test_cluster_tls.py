@@ -18,7 +18,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from cluster_util import ControlPlaneNode, RouterProcess, WorkerProcess, write_token
-from nereid_util import NEREID_BIN, gen_models, wait_until
+from nereid_util import NEREID_BIN, free_port, gen_models, wait_until
 from test_tls import make_ca, make_leaf
 
 # The HTTP/2 client preface: a plaintext gRPC client's first bytes.
@@ -154,6 +154,51 @@ def test_a_tls_cluster_serves_its_peers_and_refuses_everyone_else(tmp_path, pki)
     finally:
         for p in (router, worker, cp):
             p.kill()
+
+
+def test_three_tls_control_plane_nodes_elect_replicate_and_forward(tmp_path, pki):
+    """Raft between peers, and a write sent to a follower (forwarded to the leader), over TLS."""
+    token = write_token(tmp_path)
+    ports = {i: free_port() for i in (1, 2, 3)}
+    nodes = [ControlPlaneNode(i, tmp_path, token, peers=ports,
+                              extra=[*tls_flags(pki, "cp"), "--election-timeout-ms", "300",
+                                     "--raft-heartbeat-ms", "50"])
+             for i in (1, 2, 3)]
+    repo = gen_models.write_repository(tmp_path / "repo", "example")
+    try:
+        for n in nodes:
+            n.spawn()
+            n.token_file = token
+
+        def agreed_leader():
+            ids = set()
+            for n in nodes:
+                n.check_alive()
+                try:
+                    code, body = rest(n.http_port, "/api/v1/cluster", pki["ca"], pki["admin"])
+                except (ssl.SSLError, OSError):
+                    return None
+                if code != 200 or not body.get("leader_id"):
+                    return None
+                ids.add(body["leader_id"])
+            return ids.pop() if len(ids) == 1 else None
+        leader_id = wait_until(agreed_leader, 20, "three TLS nodes agree on a leader")
+        follower = next(n for n in nodes if n.node_id != leader_id)
+        out = ctl(follower, "models", "deploy", "simple", "--source",
+                  f"file://{repo / 'simple'}", "--replicas", "1", "--memory", "64Mi", tls=pki,
+                  timeout=30)
+        assert out.returncode == 0, (out.stdout, out.stderr, follower.log_tail())
+
+        def everywhere():
+            for n in nodes:
+                code, body = rest(n.http_port, "/api/v1/models/simple", pki["ca"], pki["admin"])
+                if code != 200:
+                    return False
+            return True
+        wait_until(everywhere, 10, "the write replicated to every node")
+    finally:
+        for n in nodes:
+            n.kill()
 
 
 def test_a_partial_cluster_tls_set_is_refused_naming_the_missing_flag(tmp_path, pki):
