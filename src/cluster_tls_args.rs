@@ -109,6 +109,9 @@ mod tests {
             cluster_tls_ca: Some(dir.join("absent-ca.pem")),
         };
         let err = args.load().unwrap_err();
-        assert!(err.contains("--cluster-tls-") && err.contains("absent"), "{err}");
+        assert!(
+            err.contains("--cluster-tls-") && err.contains("absent"),
+            "{err}"
+        );
     }
 }

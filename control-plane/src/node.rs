@@ -241,7 +241,12 @@ pub async fn serve(
         .add_service(auth.guard(Scope::Management, ManagementServer::new(management.clone())))
         .add_service(auth.guard(Scope::Cluster, ClusterServer::new(cluster)))
         .serve_with_incoming_shutdown(
-            nereid_frontend::incoming("control-plane gRPC", grpc_listener, grpc_port, stop_rx.clone()),
+            nereid_frontend::incoming(
+                "control-plane gRPC",
+                grpc_listener,
+                grpc_port,
+                stop_rx.clone(),
+            ),
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);

@@ -108,6 +108,9 @@ mod tests {
         ca_signed(dir.path(), "node", "ca");
         std::fs::write(dir.path().join("ca.pem"), "not a certificate").unwrap();
         let err = ClusterTls::load(files(dir.path())).unwrap_err().to_string();
-        assert!(err.contains("--cluster-tls-ca") && err.contains("ca.pem"), "{err}");
+        assert!(
+            err.contains("--cluster-tls-ca") && err.contains("ca.pem"),
+            "{err}"
+        );
     }
 }

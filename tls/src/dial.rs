@@ -58,7 +58,10 @@ fn target(uri: &Uri) -> io::Result<(ServerName<'static>, String, u16)> {
     let host = uri
         .host()
         .ok_or_else(|| invalid(format!("address '{uri}' has no host")))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     let name = ServerName::try_from(host.clone())
         .map_err(|e| invalid(format!("'{host}' is not a valid TLS server name: {e}")))?;
     let port = uri
@@ -220,9 +223,18 @@ mod tests {
         ca_signed(dir.path(), "stranger", "other-ca");
         let port = echo_server(dir.path()).await;
 
-        assert_eq!(echo(&client_files(dir.path(), "ca", "client"), port).await.unwrap(), 7);
+        assert_eq!(
+            echo(&client_files(dir.path(), "ca", "client"), port)
+                .await
+                .unwrap(),
+            7
+        );
         // A client certificate from another CA: the server refuses it.
-        assert!(echo(&client_files(dir.path(), "ca", "stranger"), port).await.is_err());
+        assert!(
+            echo(&client_files(dir.path(), "ca", "stranger"), port)
+                .await
+                .is_err()
+        );
         // A client that trusts another CA refuses the server.
         let err = echo(&client_files(dir.path(), "other-ca", "stranger"), port)
             .await

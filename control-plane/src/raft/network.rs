@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use nereid_proto::pb::cluster::RaftPayload;
 use nereid_proto::pb::cluster::raft_client::RaftClient;
+use nereid_tls::ClusterDial;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, RaftNetworkFactory, RaftNetworkV2};
-use nereid_tls::ClusterDial;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
