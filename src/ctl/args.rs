@@ -92,6 +92,8 @@ pub enum ModelsCommand {
     Scale(ScaleArgs),
     /// Split the traffic of requests that name no version between versions (canary, A/B).
     Traffic(TrafficArgs),
+    /// Scale a model's replicas with its load between --min and --max (or --off).
+    Autoscale(super::autoscale::AutoscaleArgs),
     /// Remove a model; its replicas unload.
     Delete { name: String },
     /// Why each replica is where it is, what is pending, and recent decisions.

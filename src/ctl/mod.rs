@@ -12,6 +12,7 @@
 //! usage errors (clap's, and flag values checked after parsing).
 
 mod args;
+mod autoscale;
 mod client;
 mod render;
 mod request;
@@ -184,6 +185,10 @@ pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError
                     .call(message, |mut c, r| async move { c.set_traffic(r).await })
                     .await?;
                 emit(out, format, &status, render::model)
+            }
+            ModelsCommand::Autoscale(autoscale) => {
+                let status = autoscale::set(&connection, autoscale, consistency).await?;
+                emit(out, format, &status, autoscale::render)
             }
             ModelsCommand::Delete { name } => {
                 let message = ModelRef {

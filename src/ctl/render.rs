@@ -232,6 +232,7 @@ pub fn placement(explanation: &PlacementExplanation) -> String {
     } else {
         out.push_str(&decision_table(&explanation.pending));
     }
+    out.push_str(&super::autoscale::placement_section(explanation));
     out.push_str("\nHistory (newest last):\n");
     if explanation.history.is_empty() {
         out.push_str("no recorded decisions\n");

@@ -75,6 +75,9 @@ impl Management for Fake {
             ..Default::default()
         }))
     }
+    async fn set_autoscale(&self, _: Request<SetAutoscaleRequest>) -> R<AutoscaleStatus> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn delete_model(&self, _: Request<ModelRef>) -> R<DeleteModelResponse> {
         Err(Status::unimplemented("fake"))
     }

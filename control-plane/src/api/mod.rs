@@ -14,6 +14,7 @@
 //! errors are identical; each transport maps [`ApiError`] once ([`error`]).
 
 pub mod auth;
+mod autoscale;
 pub mod error;
 mod models;
 mod nodes;

@@ -141,6 +141,9 @@ impl ManagementService {
             pending: plan_to_decisions(&plan, &state),
             history: self.observations.placement_history(name),
             revision: state.revision(),
+            autoscale: state.autoscale(name).and_then(|_| {
+                super::autoscale::autoscale_status(&state, &*self.observations, name)
+            }),
         })
     }
 }

@@ -8,6 +8,7 @@
 //! | `PUT    /api/v1/models/{name}`          | DeployModel      | `Model` (name empty or equal) |
 //! | `POST   /api/v1/models/{name}/scale`    | ScaleModel       | `{min_replicas, max_replicas}`|
 //! | `PUT    /api/v1/models/{name}/traffic`  | SetTraffic       | `{weights: {"1": 90, "2": 10}}`|
+//! | `PUT    /api/v1/models/{name}/autoscale`| SetAutoscale     | `{min_replicas, max_replicas, policy}`|
 //! | `DELETE /api/v1/models/{name}`          | DeleteModel      |                               |
 //! | `GET    /api/v1/models`                 | ListModels       |                               |
 //! | `GET    /api/v1/models/{name}`          | GetModel         |                               |
@@ -55,6 +56,7 @@ pub fn router(service: ManagementService, token: AuthToken) -> Router {
         )
         .route("/api/v1/models/{name}/scale", post(scale_model))
         .route("/api/v1/models/{name}/traffic", put(set_traffic))
+        .route("/api/v1/models/{name}/autoscale", put(set_autoscale))
         .route("/api/v1/models/{name}/placement", get(explain_placement))
         .route("/api/v1/nodes", get(list_nodes))
         .route("/api/v1/nodes/{id}", get(get_node))
@@ -161,6 +163,16 @@ async fn set_traffic(
     let mut req: pb::SetTrafficRequest = body(&bytes)?;
     name_from_path(&mut req.name, name)?;
     Ok(json(&s.set_traffic(req).await?))
+}
+
+async fn set_autoscale(
+    State(s): State<ManagementService>,
+    Path(name): Path<String>,
+    bytes: Bytes,
+) -> Reply {
+    let mut req: pb::SetAutoscaleRequest = body(&bytes)?;
+    name_from_path(&mut req.name, name)?;
+    Ok(json(&s.set_autoscale(req).await?))
 }
 
 /// Fills a body's empty `name` from the path; a different name in the body is refused.

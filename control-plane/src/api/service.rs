@@ -149,6 +149,13 @@ impl Management for ManagementService {
         reply(self.set_traffic(r.into_inner()).await)
     }
 
+    async fn set_autoscale(
+        &self,
+        r: Request<pb::SetAutoscaleRequest>,
+    ) -> Rpc<pb::AutoscaleStatus> {
+        reply(self.set_autoscale(r.into_inner()).await)
+    }
+
     async fn delete_model(&self, r: Request<pb::ModelRef>) -> Rpc<pb::DeleteModelResponse> {
         reply(self.delete(r.into_inner()).await)
     }

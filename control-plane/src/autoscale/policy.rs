@@ -86,7 +86,10 @@ pub fn decide(policy: &AutoscalePolicy, at: &Situation, samples: &[Sample]) -> D
             } else {
                 Direction::Down
             },
-            reason: format!("{current} replicas is outside min..=max ({}..={})", at.min, at.max),
+            reason: format!(
+                "{current} replicas is outside min..=max ({}..={})",
+                at.min, at.max
+            ),
         };
     }
     let Some(last) = samples.last() else {
@@ -101,7 +104,9 @@ pub fn decide(policy: &AutoscalePolicy, at: &Situation, samples: &[Sample]) -> D
         at.ready
     );
     let up = sustained(samples, at, policy.up_window_ms, |s| s.per_replica > upper);
-    let down = sustained(samples, at, policy.down_window_ms, |s| s.per_replica < lower);
+    let down = sustained(samples, at, policy.down_window_ms, |s| {
+        s.per_replica < lower
+    });
     match (up, down) {
         (Window::Sustained, _) => {
             let lowest = samples_since(samples, at.now_ms, policy.up_window_ms)
@@ -113,7 +118,11 @@ pub fn decide(policy: &AutoscalePolicy, at: &Situation, samples: &[Sample]) -> D
             if current >= at.max {
                 return Decision::hold(
                     current,
-                    format!("{now_load} is above {} but the model is at max_replicas {}", num(upper), at.max),
+                    format!(
+                        "{now_load} is above {} but the model is at max_replicas {}",
+                        num(upper),
+                        at.max
+                    ),
                 );
             }
             if at.ready < current {
@@ -139,7 +148,11 @@ pub fn decide(policy: &AutoscalePolicy, at: &Situation, samples: &[Sample]) -> D
                 num(lowest)
             );
             if to < wanted {
-                let _ = write!(reason, "; {wanted} wanted, limited by max_step {} / max_replicas {}", policy.max_step, at.max);
+                let _ = write!(
+                    reason,
+                    "; {wanted} wanted, limited by max_step {} / max_replicas {}",
+                    policy.max_step, at.max
+                );
             }
             Decision {
                 replicas: to,
@@ -157,7 +170,11 @@ pub fn decide(policy: &AutoscalePolicy, at: &Situation, samples: &[Sample]) -> D
             if current <= at.min {
                 return Decision::hold(
                     current,
-                    format!("{now_load} is below {} but the model is at min_replicas {}", num(lower), at.min),
+                    format!(
+                        "{now_load} is below {} but the model is at min_replicas {}",
+                        num(lower),
+                        at.min
+                    ),
                 );
             }
             let wanted = replicas_for(peak, target).min(current - 1);
@@ -173,7 +190,11 @@ pub fn decide(policy: &AutoscalePolicy, at: &Situation, samples: &[Sample]) -> D
                 num(highest)
             );
             if to > wanted {
-                let _ = write!(reason, "; {wanted} wanted, limited by max_step {} / min_replicas {}", policy.max_step, at.min);
+                let _ = write!(
+                    reason,
+                    "; {wanted} wanted, limited by max_step {} / min_replicas {}",
+                    policy.max_step, at.min
+                );
             }
             Decision {
                 replicas: to,
@@ -238,7 +259,9 @@ fn sustained(
         return Window::Building(0);
     };
     let covered = at.now_ms.saturating_sub(at.observed_since_ms) >= window_ms
-        && samples_since(samples, at.now_ms, window_ms).next().is_some();
+        && samples_since(samples, at.now_ms, window_ms)
+            .next()
+            .is_some();
     let all_hold = samples_since(samples, at.now_ms, window_ms).all(&holds);
     if covered && all_hold {
         Window::Sustained
@@ -258,7 +281,11 @@ fn replicas_for(total: f64, target: f64) -> u32 {
         return 0;
     }
     let n = (total / target - 1e-9).ceil();
-    if n >= f64::from(u32::MAX) { u32::MAX } else { n as u32 }
+    if n >= f64::from(u32::MAX) {
+        u32::MAX
+    } else {
+        n as u32
+    }
 }
 
 fn num(v: f64) -> String {

@@ -55,7 +55,11 @@ fn overload_shorter_than_the_up_window_holds_and_says_how_long_so_far() {
     let d = decide(&policy(), &at(10_000, 2), &samples);
     assert_eq!(d.direction, Direction::Hold);
     assert_eq!(d.replicas, 2);
-    assert!(d.reason.contains("for 4 s of the 10 s up window"), "{}", d.reason);
+    assert!(
+        d.reason.contains("for 4 s of the 10 s up window"),
+        "{}",
+        d.reason
+    );
 }
 
 #[test]
@@ -89,7 +93,11 @@ fn steps_are_limited_and_clamped_to_the_range() {
     // 1 replica at 20 in flight wants 10, max_step 2 allows 3.
     let d = decide(&policy(), &at(10_000, 1), &flat(0, 10_000, 20.0, 1));
     assert_eq!(d.replicas, 3);
-    assert!(d.reason.contains("10 wanted, limited by max_step 2"), "{}", d.reason);
+    assert!(
+        d.reason.contains("10 wanted, limited by max_step 2"),
+        "{}",
+        d.reason
+    );
     // At max: hold, and say so.
     let mut full = at(10_000, 8);
     full.max = 8;
@@ -109,7 +117,11 @@ fn no_scale_up_while_added_replicas_are_still_loading() {
     situation.ready = 2;
     let d = decide(&policy(), &situation, &flat(0, 10_000, 5.0, 2));
     assert_eq!(d.direction, Direction::Hold);
-    assert!(d.reason.contains("waiting for 2 more replica(s)"), "{}", d.reason);
+    assert!(
+        d.reason.contains("waiting for 2 more replica(s)"),
+        "{}",
+        d.reason
+    );
 }
 
 #[test]
@@ -154,7 +166,12 @@ fn after_a_change_the_scaler_cools_down_then_needs_a_fresh_window() {
         assert_eq!(d.direction, Direction::Hold, "at {t}: {}", d.reason);
     }
     let d = s.step(&p, input(now + 15_000, 100.0, 4));
-    assert_eq!((d.direction, d.replicas), (Direction::Up, 6), "{}", d.reason);
+    assert_eq!(
+        (d.direction, d.replicas),
+        (Direction::Up, 6),
+        "{}",
+        d.reason
+    );
 }
 
 #[test]

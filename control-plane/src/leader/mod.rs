@@ -25,6 +25,10 @@ pub trait Observations: Send + Sync + 'static {
     /// (or is not the leader).
     fn node_utilization(&self, node: &str) -> Option<pb::NodeUtilization>;
 
+    /// The autoscaler's latest evaluation of `model` (a change or why it holds); `None` when
+    /// the model does not autoscale or this node is not the leader.
+    fn autoscale_latest(&self, model: &str) -> Option<String>;
+
     /// Recent placement decisions that concerned `model`, oldest first.
     fn placement_history(&self, model: &str) -> Vec<pb::PlacementRecord>;
 
@@ -39,6 +43,10 @@ pub struct NoObservations;
 #[cfg(test)]
 impl Observations for NoObservations {
     fn node_utilization(&self, _node: &str) -> Option<pb::NodeUtilization> {
+        None
+    }
+
+    fn autoscale_latest(&self, _model: &str) -> Option<String> {
         None
     }
 

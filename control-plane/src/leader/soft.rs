@@ -14,8 +14,9 @@ use parking_lot::Mutex;
 
 use super::Observations;
 use super::liveness::Liveness;
+use crate::autoscale::{Autoscaler, Decision, observe};
 use crate::placement::Load;
-use crate::state::NodeStatus;
+use crate::state::{ClusterState, NodeStatus};
 
 /// How many placement records each model keeps.
 const HISTORY_PER_MODEL: usize = 32;
@@ -29,6 +30,8 @@ pub struct SoftState {
     scale_to_zero_after: Duration,
     /// Wakes the leader loop for a round before its timer (an activation).
     wake: Notify,
+    /// The autoscaler's clock starts here (milliseconds since).
+    epoch: Instant,
     inner: Mutex<Inner>,
 }
 
@@ -40,6 +43,8 @@ struct Inner {
     history: HashMap<String, VecDeque<pb::PlacementRecord>>,
     /// The decisions last recorded per model, so an unchanged plan is not recorded again.
     last_recorded: HashMap<String, Vec<pb::PlacementDecision>>,
+    /// Load windows and latest decisions of the autoscaled models.
+    autoscaler: Autoscaler,
 }
 
 impl SoftState {
@@ -48,12 +53,14 @@ impl SoftState {
             heartbeat_timeout,
             scale_to_zero_after: DEFAULT_SCALE_TO_ZERO_AFTER,
             wake: Notify::new(),
+            epoch: Instant::now(),
             inner: Mutex::new(Inner {
                 liveness: Liveness::new(heartbeat_timeout, Instant::now()),
                 last_heartbeat: HashMap::new(),
                 demand: HashMap::new(),
                 history: HashMap::new(),
                 last_recorded: HashMap::new(),
+                autoscaler: Autoscaler::new(),
             }),
         }
     }
@@ -106,6 +113,25 @@ impl SoftState {
         inner.last_heartbeat.clear();
         inner.last_recorded.clear();
         inner.demand.clear();
+        inner.autoscaler = Autoscaler::new();
+    }
+
+    /// One autoscaler round over `state` with the last heartbeats: the decisions that change
+    /// a model's count, to be written (holds are only remembered, for explanations).
+    pub fn autoscale(&self, state: &ClusterState, now: Instant) -> Vec<(String, Decision)> {
+        let now_ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        let mut inner = self.inner.lock();
+        let observed = observe::inputs(state, &inner.last_heartbeat, now_ms);
+        inner
+            .autoscaler
+            .retain(&observed.iter().map(|o| o.model.clone()).collect());
+        observed
+            .into_iter()
+            .filter_map(|o| {
+                let decision = inner.autoscaler.step(&o.model, &o.policy, o.input);
+                (decision.replicas != o.input.current).then_some((o.model, decision))
+            })
+            .collect()
     }
 
     /// A node registered or sent a heartbeat.
@@ -174,6 +200,11 @@ impl Observations for SoftState {
             last_heartbeat_age_ms: age,
             models: hb.models.clone(),
         })
+    }
+
+    fn autoscale_latest(&self, model: &str) -> Option<String> {
+        let inner = self.inner.lock();
+        inner.autoscaler.latest(model).map(|d| d.reason.clone())
     }
 
     fn placement_history(&self, model: &str) -> Vec<pb::PlacementRecord> {

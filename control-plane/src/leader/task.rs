@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!  round: liveness transitions ─► SetNodeStatus writes
+//!         heartbeats' load ─► autoscaler ─► SetAutoscaledReplicas writes (count changes only)
 //!         state ─► views ─► plan(load) ─► record decisions per model
 //!                                         └──────► commands_for ─► writes, in order
 //!                                                  (each committed one counted: metrics)
@@ -23,6 +24,9 @@ use super::Observations;
 use super::inputs::describe_inputs;
 use super::round::{chains, commands_for};
 use super::soft::SoftState;
+use nereid_proto::pb::cluster as pb;
+
+use crate::autoscale::Decision;
 use crate::consensus::{Consensus, ConsensusError};
 use crate::convert::plan_to_decisions;
 use crate::metrics::{PlacementDecisions, placement_action};
@@ -131,6 +135,26 @@ pub async fn round(
     }
 
     let state = consensus.local_state();
+    for (model, decision) in soft.autoscale(&state, Instant::now()) {
+        info!(model = %model, "autoscaler: {}", decision.reason);
+        soft.record(
+            &model,
+            state.revision(),
+            vec![autoscale_record(&decision)],
+            Vec::new(),
+        );
+        let cmd = Command::SetAutoscaledReplicas {
+            name: model,
+            replicas: decision.replicas,
+            reason: decision.reason,
+        };
+        // A refused write (the policy changed meanwhile) is logged; placement still runs.
+        if let Err(e @ ConsensusError::NotLeader { .. }) = write(consensus, cmd).await {
+            return Err(e);
+        }
+    }
+
+    let state = consensus.local_state();
     let nodes = node_views(&state);
     let load = soft.load();
     let decided = plan(
@@ -178,6 +202,16 @@ pub async fn round(
         }
     }
     first_error.map_or(Ok(()), Err)
+}
+
+/// An autoscaler change as the placement history shows it.
+fn autoscale_record(decision: &Decision) -> pb::PlacementDecision {
+    pb::PlacementDecision {
+        action: "scale".into(),
+        rule: "Autoscale".into(),
+        explanation: decision.reason.clone(),
+        ..Default::default()
+    }
 }
 
 /// Models with `min_replicas` 0 that run a replica: scaled from zero by an earlier leader.

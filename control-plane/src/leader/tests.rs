@@ -275,3 +275,65 @@ async fn a_new_leader_assumes_demand_for_models_running_above_their_floor() {
     soft.begin_term(Instant::now());
     assert!(soft.load().demanded.is_empty(), "a new term starts empty");
 }
+
+#[tokio::test]
+async fn a_round_scales_an_autoscaled_model_on_heartbeat_load_and_explains_it() {
+    use nereid_proto::pb::cluster as pb;
+    let (c, soft) = setup();
+    for id in ["a", "b"] {
+        write(&c, Command::RegisterNode(node(id))).await;
+        soft.heard_from(id, Instant::now(), None);
+    }
+    write(&c, Command::UpsertModel(model("m", 1))).await;
+    let policy = crate::state::AutoscalePolicy {
+        target_in_flight_milli: 2000,
+        tolerance_percent: 10,
+        up_window_ms: 0,
+        down_window_ms: 0,
+        cooldown_ms: 0,
+        max_step: 4,
+    };
+    write(
+        &c,
+        Command::SetAutoscale {
+            name: "m".into(),
+            min: 1,
+            max: 2,
+            policy: Some(policy),
+        },
+    )
+    .await;
+    let decisions = PlacementDecisions::default();
+    round(&*c, &soft, &decisions).await.unwrap();
+    set_ready(&c, "m").await;
+    assert_eq!(replicas_of(&c, "m").len(), 1);
+    // 8 requests in flight on the one replica: 4 wanted, max_replicas 2.
+    let host = replicas_of(&c, "m")[0].0.clone();
+    let heartbeat = pb::HeartbeatRequest {
+        node_id: host.clone(),
+        models: vec![pb::ModelLoad {
+            model: "m".into(),
+            version: 2,
+            queue_depth: 6,
+            in_flight: 8,
+        }],
+        ..Default::default()
+    };
+    soft.heard_from(&host, Instant::now(), Some(heartbeat));
+    round(&*c, &soft, &decisions).await.unwrap();
+    let state = c.local_state();
+    let autoscale = state.autoscale("m").expect("policy kept");
+    assert_eq!(autoscale.replicas, Some(2));
+    assert!(autoscale.reason.starts_with("scale up 1 -> 2"), "{}", autoscale.reason);
+    assert_eq!(replicas_of(&c, "m").len(), 2, "placement follows the count");
+    let rules: Vec<String> = soft
+        .placement_history("m")
+        .iter()
+        .flat_map(|r| r.decisions.iter().map(|d| d.rule.clone()))
+        .collect();
+    assert!(rules.contains(&"Autoscale".to_string()), "{rules:?}");
+    assert!(
+        soft.autoscale_latest("m").is_some(),
+        "the latest evaluation is kept for explanations"
+    );
+}

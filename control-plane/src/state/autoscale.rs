@@ -106,7 +106,10 @@ impl ClusterState {
     /// the autoscaler's count clamped to `[min_replicas, max_replicas]`, else `min_replicas`.
     pub fn wanted_replicas(&self, model: &super::ModelSpec) -> u32 {
         match self.autoscale.get(&model.name).and_then(|a| a.replicas) {
-            Some(n) => n.clamp(model.min_replicas, model.max_replicas.max(model.min_replicas)),
+            Some(n) => n.clamp(
+                model.min_replicas,
+                model.max_replicas.max(model.min_replicas),
+            ),
             None => model.min_replicas,
         }
     }
@@ -186,5 +189,152 @@ impl ClusterState {
         entry.replicas = Some(replicas);
         entry.reason = reason;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Command;
+    use crate::testing;
+
+    fn policy() -> AutoscalePolicy {
+        AutoscalePolicy {
+            target_in_flight_milli: 2000,
+            tolerance_percent: 10,
+            up_window_ms: 1000,
+            down_window_ms: 2000,
+            cooldown_ms: 500,
+            max_step: 1,
+        }
+    }
+
+    fn set(name: &str, min: u32, max: u32, policy: Option<AutoscalePolicy>) -> Command {
+        Command::SetAutoscale {
+            name: name.into(),
+            min,
+            max,
+            policy,
+        }
+    }
+
+    fn scaled(replicas: u32) -> Command {
+        Command::SetAutoscaledReplicas {
+            name: "m".into(),
+            replicas,
+            reason: format!("to {replicas}"),
+        }
+    }
+
+    #[test]
+    fn the_autoscaled_count_is_what_placement_keeps_within_the_range() {
+        let mut s = ClusterState::new();
+        s.apply(Command::UpsertModel(testing::model("m"))).unwrap();
+        s.apply(set("m", 1, 3, Some(policy()))).unwrap();
+        let wanted = |s: &ClusterState| s.wanted_replicas(s.model("m").unwrap());
+        assert_eq!(wanted(&s), 1, "min until the first decision");
+        s.apply(scaled(3)).unwrap();
+        assert_eq!(wanted(&s), 3);
+        assert_eq!(s.autoscale("m").unwrap().reason, "to 3");
+        // A narrower range clamps the count; a redeploy keeps the policy.
+        s.apply(set("m", 1, 2, Some(policy()))).unwrap();
+        assert_eq!(wanted(&s), 2);
+        s.apply(Command::UpsertModel(testing::model("m"))).unwrap();
+        assert!(s.autoscale("m").is_some());
+        // Off: back to min, and the leader's next write is refused.
+        s.apply(set("m", 1, 2, None)).unwrap();
+        assert_eq!(wanted(&s), 1);
+        assert!(matches!(s.apply(scaled(2)), Err(StateError::Conflict(_))));
+    }
+
+    #[test]
+    fn bad_policies_and_counts_are_refused_naming_the_field() {
+        let mut s = ClusterState::new();
+        assert!(matches!(
+            s.apply(set("m", 1, 2, Some(policy()))),
+            Err(StateError::NotFound { .. })
+        ));
+        s.apply(Command::UpsertModel(testing::model("m"))).unwrap();
+        let cases: [(u32, u32, AutoscalePolicy, &str); 5] = [
+            (2, 1, policy(), "max_replicas"),
+            (0, 0, policy(), "max_replicas 0 leaves nothing"),
+            (
+                1,
+                2,
+                AutoscalePolicy {
+                    target_in_flight_milli: 0,
+                    ..policy()
+                },
+                "target_in_flight",
+            ),
+            (
+                1,
+                2,
+                AutoscalePolicy {
+                    tolerance_percent: 100,
+                    ..policy()
+                },
+                "tolerance_percent",
+            ),
+            (
+                1,
+                2,
+                AutoscalePolicy {
+                    max_step: 0,
+                    ..policy()
+                },
+                "max_step",
+            ),
+        ];
+        let before = s.revision();
+        for (min, max, p, field) in cases {
+            let e = s
+                .apply(set("m", min, max, Some(p)))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        let e = s
+            .apply(set(
+                "m",
+                1,
+                2,
+                Some(AutoscalePolicy {
+                    up_window_ms: MAX_WINDOW_MS + 1,
+                    ..policy()
+                }),
+            ))
+            .unwrap_err();
+        assert!(e.to_string().contains("up_window_ms"), "{e}");
+        assert_eq!(s.revision(), before, "refusals change nothing");
+        s.apply(set("m", 1, 2, Some(policy()))).unwrap();
+        let e = s.apply(scaled(5)).unwrap_err().to_string();
+        assert!(
+            e.contains("5 is outside min_replicas..=max_replicas (1..=2)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn repeats_change_nothing_and_delete_forgets_the_policy() {
+        let mut s = ClusterState::new();
+        s.apply(Command::UpsertModel(testing::model("m"))).unwrap();
+        assert!(s.apply(set("m", 1, 2, Some(policy()))).unwrap().changed);
+        assert!(!s.apply(set("m", 1, 2, Some(policy()))).unwrap().changed);
+        assert!(s.apply(scaled(2)).unwrap().changed);
+        assert!(!s.apply(scaled(2)).unwrap().changed);
+        s.apply(Command::DeleteModel { name: "m".into() }).unwrap();
+        s.apply(Command::UpsertModel(testing::model("m"))).unwrap();
+        assert!(s.autoscale("m").is_none());
+    }
+
+    #[test]
+    fn a_snapshot_from_before_autoscaling_reads_with_no_policies() {
+        let mut s = ClusterState::new();
+        s.apply(Command::UpsertModel(testing::model("m"))).unwrap();
+        let mut json = serde_json::to_value(&s).unwrap();
+        json.as_object_mut().unwrap().remove("autoscale");
+        let old: ClusterState = serde_json::from_value(json).unwrap();
+        assert_eq!(old, s);
     }
 }

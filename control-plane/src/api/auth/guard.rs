@@ -144,6 +144,7 @@ pub fn rest_operation(method: &http::Method, path: &str) -> &'static str {
         ("DELETE", ["models", _]) => "DeleteModel",
         ("POST", ["models", _, "scale"]) => "ScaleModel",
         ("PUT", ["models", _, "traffic"]) => "SetTraffic",
+        ("PUT", ["models", _, "autoscale"]) => "SetAutoscale",
         ("GET", ["models", _, "placement"]) => "ExplainPlacement",
         ("GET", ["nodes"]) => "ListNodes",
         ("GET", ["nodes", _]) => "GetNode",
