@@ -7,7 +7,7 @@
 //! ```text
 //! submit ─► PendingMark (pending += 1) ─► batch starts executing / request dropped (pending -= 1)
 //! success ─► cumulative counters + recent-latency windows (summaries) + first-response histogram
-//! load    ─► LoadReport (how long the version took to load, resident memory it added)
+//! load    ─► LoadReport (how long the version took to load, the memory it holds)
 //! ```
 
 use std::collections::BTreeMap;
@@ -143,8 +143,10 @@ impl Latency {
 pub struct LoadReport {
     /// From the start of its instances' load to its scheduler running (warmup included).
     pub duration: Duration,
-    /// Growth of the process's resident memory across the load: approximate (other loads
-    /// and requests running at the same time count too, freed memory hides).
+    /// Memory the version holds: for instances in this process, the C heap's growth across
+    /// their load and warmup (loads measured one at a time, [`crate::probe::heap`]); for
+    /// instances in processes of their own (Python stubs), those processes' anonymous memory
+    /// after the load ([`crate::probe::host::process_anon_memory`]).
     pub memory_bytes: u64,
 }
 

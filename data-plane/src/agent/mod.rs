@@ -14,13 +14,15 @@
 //!
 //! Models are served from a private repository directory of symlinks to their `file://`
 //! sources ([`source`]); the data plane runs in explicit mode and refuses client loads and
-//! unloads ([`crate::manager::ManagerConfig::cluster_managed`]). Memory per replica is the
-//! growth of the process's resident memory across the load that brought its version, split
-//! evenly between the versions that load brought. GPU memory per replica, likewise, is the
-//! growth of device memory used (NVML) on the GPUs the control plane assigned the model here,
-//! per GPU ([`gpu_growth_per_gpu`]); 0 without NVML or without assigned GPUs. Device memory is
-//! shared with every other process on the GPU, so a concurrent allocation skews the figure;
-//! placement takes the largest figure reported for a version.
+//! unloads ([`crate::manager::ManagerConfig::cluster_managed`]). Memory per replica is what the
+//! data plane measured when it built the version ([`crate::stats::LoadReport`]): the C heap its
+//! load kept ([`crate::probe::heap`], in-process backends, loads measured one at a time) or its
+//! Python stubs' anonymous memory; the same model measures the same on every worker. GPU
+//! memory per replica is the growth of device memory used (NVML) on the GPUs the control
+//! plane assigned the model here, per GPU ([`gpu_growth_per_gpu`]); 0 without NVML or without
+//! assigned GPUs. Device memory is shared with every other process on the GPU, so a
+//! concurrent allocation skews the figure; placement takes the largest figure reported for a
+//! version.
 
 pub mod client;
 pub mod companions;
@@ -465,7 +467,6 @@ async fn load(
         source::load_config(&dir, &spec.config_override, &spec.versions, &spec.gpus)
     });
     let load_gpus = spec.gpus.clone();
-    let rss_before = host::process_rss().unwrap_or(0);
     let gpu_before = if load_gpus.is_empty() {
         Vec::new()
     } else {
@@ -487,7 +488,6 @@ async fn load(
                 .map(|e| e.into_message())
         }
     };
-    let rss_after = host::process_rss().unwrap_or(0);
     let gpu_after = if load_gpus.is_empty() {
         Vec::new()
     } else {
@@ -495,9 +495,9 @@ async fn load(
     };
     let served: BTreeSet<i64> = manager.versions(model).into_iter().collect();
     let brought: Vec<i64> = served.difference(&before).copied().collect();
-    let share = rss_after.saturating_sub(rss_before) / (brought.len().max(1) as u64);
     let gpu_share = gpu_growth_per_gpu(&gpu_before, &gpu_after, &load_gpus, brought.len());
-    // A version this load brought gets its share of the growth; the others keep what they had.
+    // GPU memory: a version this load brought gets its share of the growth; the others keep
+    // what they had.
     let per_version = |fresh: u64, kept: &BTreeMap<i64, u64>| -> BTreeMap<i64, u64> {
         served
             .iter()
@@ -512,7 +512,18 @@ async fn load(
             .collect()
     };
     let gpu_memory = per_version(gpu_share, &previous.gpu_memory);
-    let memory = per_version(share, &previous.memory);
+    // Host memory: what the data plane measured when it built each served version.
+    let memory = served
+        .iter()
+        .map(|&v| {
+            let measured = manager
+                .get(model, Some(v))
+                .ok()
+                .and_then(|loaded| loaded.stats.load());
+            let kept = previous.memory.get(&v).copied().unwrap_or(0);
+            (v, measured.map_or(kept, |report| report.memory_bytes))
+        })
+        .collect();
     let failures = spec
         .versions
         .iter()

@@ -49,7 +49,7 @@ pub struct LocalModel {
     pub served: BTreeSet<i64>,
     /// Requested versions that did not load, with why.
     pub failures: BTreeMap<i64, String>,
-    /// Measured memory per served version (RSS growth around the load that brought it).
+    /// Measured memory per served version (the data plane's figure for its load).
     pub memory: BTreeMap<i64, u64>,
     /// Measured GPU memory per served version, per GPU (growth of device memory used on the
     /// load's GPUs around the load that brought it); 0 without GPUs.

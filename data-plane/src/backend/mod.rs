@@ -210,6 +210,12 @@ pub trait BackendInstance: Send {
             "this backend executes joined batches, not single requests".into(),
         ))
     }
+
+    /// The process the instance runs the model in when that is not this one (a Python
+    /// stub): its memory is the instance's. `None`: the instance lives in this process.
+    fn process_id(&self) -> Option<u32> {
+        None
+    }
 }
 
 impl BackendError {
@@ -241,6 +247,13 @@ pub trait Backend: Send + Sync {
     /// default: CPU only.
     fn gpu_support(&self) -> Result<(), String> {
         Err(format!("the {} backend runs on the CPU only", self.name()))
+    }
+    /// Whether instances run the model in processes of their own
+    /// ([`BackendInstance::process_id`]) rather than in this one. Decides how a load's memory
+    /// is measured: those processes' memory, or this process's C heap growth across the load
+    /// ([`crate::probe::heap`]).
+    fn out_of_process(&self) -> bool {
+        false
     }
     /// Loads one instance. Fails with [`BackendError::Load`] and a reason the user can act on.
     fn load_instance(

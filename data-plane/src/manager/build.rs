@@ -305,21 +305,34 @@ fn load_version(
         |e: BackendError| format!("failed to load '{}' version {version}: {e}", input.name);
     let samples = warmup_samples(config, &input.dir)?;
     let load_started = std::time::Instant::now();
-    let rss_before = crate::probe::host::process_rss();
-    let mut instances = Vec::with_capacity(contexts.len());
-    let mut limits = Vec::with_capacity(contexts.len());
-    for (ctx, needs) in &contexts {
-        let limit = input.rate_limiter.register(needs.clone()).map_err(|e| {
-            format!(
-                "failed to load '{}' version {version}: instance '{}' {e}",
-                input.name, ctx.instance_name
-            )
-        })?;
-        let mut instance = backend.load_instance(ctx).map_err(load_error)?;
-        warm_up(instance.as_mut(), &samples, &ctx.instance_name)?;
-        instances.push((ctx.instance_name.clone(), instance));
-        limits.push(limit);
-    }
+    let load_instances = || {
+        let mut instances = Vec::with_capacity(contexts.len());
+        let mut limits = Vec::with_capacity(contexts.len());
+        for (ctx, needs) in &contexts {
+            let limit = input.rate_limiter.register(needs.clone()).map_err(|e| {
+                format!(
+                    "failed to load '{}' version {version}: instance '{}' {e}",
+                    input.name, ctx.instance_name
+                )
+            })?;
+            let mut instance = backend.load_instance(ctx).map_err(load_error)?;
+            warm_up(instance.as_mut(), &samples, &ctx.instance_name)?;
+            instances.push((ctx.instance_name.clone(), instance));
+            limits.push(limit);
+        }
+        Ok::<_, String>((instances, limits))
+    };
+    // Memory of the version: its instances' own processes, or what the load kept of this
+    // process's C heap (loads measured one at a time).
+    let (loaded, memory_bytes) = if backend.out_of_process() {
+        let loaded = load_instances()?;
+        let memory = processes_memory(&loaded.0);
+        (loaded, memory)
+    } else {
+        let (loaded, growth) = crate::probe::heap::measure(load_instances);
+        (loaded?, growth.unwrap_or(0))
+    };
+    let (instances, limits) = loaded;
     let stats = Arc::new(VersionStats::default());
     let scheduler = Scheduler::start(
         &input.name,
@@ -332,9 +345,7 @@ fn load_version(
     .map_err(load_error)?;
     stats.set_load(LoadReport {
         duration: load_started.elapsed(),
-        memory_bytes: crate::probe::host::process_rss()
-            .zip(rss_before)
-            .map_or(0, |(after, before)| after.saturating_sub(before)),
+        memory_bytes,
     });
     Ok(VersionParts {
         runner: if config.decoupled {
@@ -345,6 +356,15 @@ fn load_version(
         stats,
         health,
     })
+}
+
+/// The anonymous memory of the processes `instances` run in (Python stubs), together.
+fn processes_memory(instances: &[(String, Box<dyn BackendInstance>)]) -> u64 {
+    instances
+        .iter()
+        .filter_map(|(_, instance)| instance.process_id())
+        .filter_map(crate::probe::host::process_anon_memory)
+        .sum()
 }
 
 /// One context per instance of every instance group (`KIND_GPU` groups: `count` per listed GPU),

@@ -295,7 +295,7 @@ const LOAD_GAUGES: [(&str, &str, Kind, Pick); 2] = [
     ),
     (
         "nereid_model_memory_bytes",
-        "Approximate resident memory the model version added when it loaded, in bytes",
+        "Memory the model version holds: C heap its load kept, or its Python stubs' anonymous memory, in bytes",
         Kind::Gauge,
         |r| r.version.stats.load().map(|l| l.memory_bytes as f64),
     ),

@@ -1,6 +1,6 @@
-//! What the node measures about its host, from `/proc` (Linux): memory, CPU time, the
-//! process's resident memory, the host name. Parsers are pure; readers return `None` where the
-//! file is missing (other systems), and callers then report 0.
+//! What the node measures about its host, from `/proc` (Linux): memory, CPU time, another
+//! process's anonymous memory (a Python stub's), the host name. Parsers are pure; readers
+//! return `None` where the file is missing (other systems), and callers then report 0.
 //!
 //! GPUs are read through NVML instead ([`super::gpu`]).
 
@@ -15,12 +15,18 @@ pub fn parse_meminfo(text: &str) -> (Option<u64>, Option<u64>) {
     (field("MemTotal"), field("MemAvailable"))
 }
 
-/// `VmRSS` of `/proc/self/status`, in bytes.
-pub fn parse_status_rss(text: &str) -> Option<u64> {
+/// A `Name:  N kB` field of a `/proc` file, in bytes.
+fn kib_field(text: &str, name: &str) -> Option<u64> {
     text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
         .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
         .map(|kib| kib * 1024)
+}
+
+/// The anonymous memory of a process, in bytes: `Pss_Anon` of `/proc/<pid>/smaps_rollup`
+/// (Linux 5.8 and newer), else `RssAnon` of `/proc/<pid>/status`.
+pub fn parse_anon_memory(smaps_rollup: &str, status: &str) -> Option<u64> {
+    kib_field(smaps_rollup, "Pss_Anon").or_else(|| kib_field(status, "RssAnon"))
 }
 
 /// CPU time from the `cpu` line of `/proc/stat`: (busy, total) in clock ticks.
@@ -59,9 +65,16 @@ pub fn memory() -> (Option<u64>, Option<u64>) {
     (total, used)
 }
 
-/// The process's resident memory in bytes.
-pub fn process_rss() -> Option<u64> {
-    parse_status_rss(&std::fs::read_to_string("/proc/self/status").ok()?)
+/// The memory another process (a Python stub) holds of its own, in bytes: its anonymous
+/// pages (heap, arrays, the interpreter's objects; [`parse_anon_memory`]). Pages of files it
+/// maps (the interpreter, libraries) are left out: they are shared with every other process
+/// mapping them, so counting them (RSS), or a share of them (PSS), would make the same model
+/// measure differently depending on how many other stubs run beside it. `None` when the
+/// process is gone.
+pub fn process_anon_memory(pid: u32) -> Option<u64> {
+    let read =
+        |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
+    parse_anon_memory(&read("smaps_rollup"), &read("status"))
 }
 
 /// CPU ticks now: (busy, total).
@@ -98,10 +111,13 @@ mod tests {
             (Some(16000 * 1024), Some(4000 * 1024))
         );
         assert_eq!(parse_meminfo("x"), (None, None));
-        assert_eq!(
-            parse_status_rss("Name: x\nVmRSS:\t  2048 kB\n"),
-            Some(2048 * 1024)
-        );
+        let rollup =
+            "55d0-7ffd ---p 0 00:00 0 [rollup]\nRss:  900 kB\nPss:  300 kB\nPss_Anon: 100 kB\n";
+        let status = "Name: python\nVmRSS:  900 kB\nRssAnon:\t  120 kB\n";
+        assert_eq!(parse_anon_memory(rollup, status), Some(100 * 1024));
+        let old_kernel = "55d0-7ffd ---p 0 00:00 0 [rollup]\nRss:  900 kB\nPss:  300 kB\n";
+        assert_eq!(parse_anon_memory(old_kernel, status), Some(120 * 1024));
+        assert_eq!(parse_anon_memory("", ""), None);
         let stat = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n";
         assert_eq!(parse_stat_cpu(stat), Some((150, 1000)));
         assert_eq!(cpu_between((150, 1000), (250, 1200)), 0.5);
@@ -113,7 +129,8 @@ mod tests {
         assert!(cpu_count() >= 1);
         assert!(!hostname().is_empty());
         if cfg!(target_os = "linux") {
-            assert!(process_rss().unwrap() > 0);
+            assert!(process_anon_memory(std::process::id()).unwrap() > 0);
+            assert_eq!(process_anon_memory(u32::MAX), None, "no such process");
             assert!(memory().0.unwrap() > 0);
             assert!(cpu_ticks().is_some());
         }

@@ -82,6 +82,10 @@ impl BackendInstance for PythonInstance {
         let stub = self.stubs.current().map_err(BackendError::Execution)?;
         execute::execute(&stub, requests, &self.model)
     }
+
+    fn process_id(&self) -> Option<u32> {
+        self.stubs.pid()
+    }
 }
 
 /// The stub runs in the version directory (`model.py`'s directory).

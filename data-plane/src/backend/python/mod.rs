@@ -110,6 +110,11 @@ impl Backend for PythonBackend {
         "model.py"
     }
 
+    /// One stub process per instance.
+    fn out_of_process(&self) -> bool {
+        true
+    }
+
     /// A Python model decides itself whether it uses the GPU it is given (Triton passes
     /// `model_instance_kind: "GPU"` and the device id to `initialize`), so GPU instances are
     /// always allowed.

@@ -166,6 +166,11 @@ impl StubProcess {
         self.try_status()
     }
 
+    /// The process id (for reading its memory in `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.child.lock().id()
+    }
+
     /// Sends SIGKILL unless the process has already been reaped.
     pub fn kill(&self) {
         if let Err(e) = self.child.lock().kill() {

@@ -235,6 +235,11 @@ impl Stub {
         self.link.on_death(hook);
     }
 
+    /// The stub's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     pub fn link(&self) -> &Arc<Link> {
         &self.link
     }

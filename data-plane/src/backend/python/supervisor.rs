@@ -93,6 +93,11 @@ impl Supervised {
         })
     }
 
+    /// The process id of the current stub (`None` while it is being replaced).
+    pub fn pid(&self) -> Option<u32> {
+        self.current.lock().as_ref().map(|stub| stub.pid())
+    }
+
     /// The live stub, or the reason there is none.
     pub fn current(&self) -> Result<Arc<Stub>, String> {
         let reason = || {
