@@ -130,11 +130,6 @@ impl ControlPlaneClient {
         self
     }
 
-    /// Whether connections use TLS.
-    pub fn uses_tls(&self) -> bool {
-        self.dial.is_tls()
-    }
-
     /// How many nodes are listed (at least one).
     pub fn node_count(&self) -> usize {
         self.nodes.len()
@@ -201,14 +196,14 @@ impl ControlPlaneClient {
         if let Some(channel) = lock(&node.channel).clone() {
             return Ok(channel);
         }
-        let channel = self
-            .dial
-            .connect(&node.endpoint)
-            .await
-            .map_err(|e| Failure::Unreachable {
-                address: node.address.given().to_string(),
-                error: error_chain(&e),
-            })?;
+        let channel =
+            self.dial
+                .connect(&node.endpoint)
+                .await
+                .map_err(|e| Failure::Unreachable {
+                    address: node.address.given().to_string(),
+                    error: error_chain(&e),
+                })?;
         *lock(&node.channel) = Some(channel.clone());
         Ok(channel)
     }

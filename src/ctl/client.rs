@@ -127,6 +127,10 @@ impl From<std::io::Error> for CtlError {
 /// The addresses to try and the token to present.
 pub struct Connection {
     client: ControlPlaneClient,
+    /// Whether it dials over TLS, and presents a client certificate there (for the hint a
+    /// failure below gRPC gets).
+    tls: bool,
+    identity: bool,
 }
 
 impl Connection {
@@ -145,13 +149,28 @@ impl Connection {
             }
             e @ ClientError::InvalidAddress { .. } => CtlError::Usage(e.to_string()),
         })?;
-        Ok(Connection { client })
+        Ok(Connection {
+            client,
+            tls: false,
+            identity: false,
+        })
     }
 
-    /// Connects with `dial` (TLS with `--tls-*`).
-    pub fn with_dial(self, dial: ClusterDial) -> Connection {
+    /// Connects with `dial` (TLS with `--tls-*`; `identity`: a client certificate is presented).
+    pub fn with_dial(self, dial: ClusterDial, identity: bool) -> Connection {
         Connection {
+            tls: dial.is_tls(),
+            identity,
             client: self.client.with_dial(dial),
+        }
+    }
+
+    /// What about the TLS flags may be wrong when a connection failed below gRPC.
+    fn transport_hint(&self) -> &'static str {
+        match (self.tls, self.identity) {
+            (false, _) => PLAINTEXT_HINT,
+            (true, false) => NO_IDENTITY_HINT,
+            (true, true) => TLS_HINT,
         }
     }
 
@@ -166,20 +185,27 @@ impl Connection {
             .call_each(message, |code| code == Code::Unavailable, rpc)
             .await
             .map_err(|e| {
-                let hint = !self.client.uses_tls() && transport_failure(&e);
+                let transport = transport_failure(&e, self.tls);
                 let e = CtlError::from_pass(e);
-                if hint { e.with_tls_hint() } else { e }
+                if transport {
+                    e.with_hint(self.transport_hint())
+                } else {
+                    e
+                }
             })
     }
 }
 
-/// What a plaintext `ctl` adds when a connection failed below gRPC (as it does against a TLS
-/// port).
-const TLS_HINT: &str = "if the control plane serves TLS (--cluster-tls-*), pass --tls-ca with its CA and --tls-cert/--tls-key with a client certificate signed by it";
+/// What `ctl` adds when a connection failed below gRPC, by the TLS flags it was given.
+const PLAINTEXT_HINT: &str = "if the control plane serves TLS (--cluster-tls-*), pass --tls-ca with its CA and --tls-cert/--tls-key with a client certificate signed by it";
+const NO_IDENTITY_HINT: &str = "a control plane with --cluster-tls-* requires a client certificate: pass --tls-cert and --tls-key, signed by its cluster CA";
+const TLS_HINT: &str = "check that the control plane serves TLS, that --tls-ca signed its certificate, that the certificate names the address dialed, and that --tls-cert is signed by its cluster CA";
 
-/// True when no node answered with a status of its own: every failure came from the connection
-/// (a status made from a transport error carries that error as its source).
-fn transport_failure(error: &PassError) -> bool {
+/// True when the failure came from the connection, not from an answer of the control plane (a
+/// status made from a transport error carries that error as its source). A TLS dial's handshake
+/// happens while connecting, so with `tls` an unreachable node counts too; without, it is just
+/// unreachable (refused, no route).
+fn transport_failure(error: &PassError, tls: bool) -> bool {
     use std::error::Error;
     match error {
         PassError::Refused(status)
@@ -187,13 +213,13 @@ fn transport_failure(error: &PassError) -> bool {
             answered: Some(status),
             ..
         } => status.source().is_some(),
-        PassError::Exhausted { answered: None, .. } => true,
+        PassError::Exhausted { answered: None, .. } => tls,
     }
 }
 
 impl CtlError {
-    fn with_tls_hint(self) -> CtlError {
-        CtlError::Connect(format!("{self} ({TLS_HINT})"))
+    fn with_hint(self, hint: &str) -> CtlError {
+        CtlError::Connect(format!("{self} ({hint})"))
     }
 }
 
@@ -238,6 +264,30 @@ mod tests {
             e.to_string(),
             "cannot reach the control plane at a:1: refused"
         );
+    }
+
+    #[test]
+    fn only_failures_below_grpc_get_the_tls_hint() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let transport = Status::from_error(Box::new(io));
+        assert!(transport_failure(&PassError::Refused(transport), false));
+        let unreachable = || PassError::Exhausted {
+            answered: None,
+            unreachable: vec!["a:1: handshake failed".into()],
+            leader: None,
+        };
+        assert!(transport_failure(&unreachable(), true));
+        assert!(!transport_failure(&unreachable(), false));
+        // An answer from the control plane itself is not about TLS.
+        let answered = PassError::Exhausted {
+            answered: Some(Status::unavailable("no leader")),
+            unreachable: vec![],
+            leader: None,
+        };
+        assert!(!transport_failure(&answered, true));
+        let e = CtlError::Connect("transport error".into()).with_hint(PLAINTEXT_HINT);
+        assert!(e.to_string().contains("pass --tls-ca"), "{e}");
+        assert_eq!(e.exit_code(), 1);
     }
 
     #[test]

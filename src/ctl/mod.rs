@@ -140,7 +140,8 @@ async fn waited(
 
 /// Runs the command in `args` and writes its output to `out`.
 pub async fn execute(args: &CtlArgs, out: &mut dyn Write) -> Result<(), CtlError> {
-    let connection = Connection::new(args.control_plane.clone(), token(args)?)?.with_dial(dial(args)?);
+    let connection = Connection::new(args.control_plane.clone(), token(args)?)?
+        .with_dial(dial(args)?, args.tls_cert.is_some());
     let consistency = request::consistency(args.consistency);
     let format = args.output;
     match &args.command {
