@@ -248,7 +248,7 @@ mod tests {
             (0, 0),
         );
         assert!(e.unwrap_err().contains("--max 2 is below --min 3"));
-        let e = autoscale_request(&args(&["m", "--target-inflight", "-1"]), (1, 2));
+        let e = autoscale_request(&args(&["m", "--target-inflight=-1"]), (1, 2));
         assert!(e.unwrap_err().contains("--target-inflight -1"));
         assert!(
             parse_duration_ms("3h")
