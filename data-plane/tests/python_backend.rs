@@ -428,3 +428,34 @@ async fn a_bls_model_streams_from_a_decoupled_model() {
     );
     assert_eq!(int(&response.outputs[1]), 3);
 }
+
+/// A Python model's memory is its stubs' own (anonymous) memory, summed over instances: the
+/// same on every load, and twice as much with two instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_models_memory_is_its_stubs_anonymous_memory() {
+    let memory = |dp: &Arc<DataPlane>| {
+        let loaded = dp.manager().get("add_one", Some(1)).unwrap();
+        loaded.stats.load().unwrap().memory_bytes
+    };
+    let (first_repo, second_repo) = (repository(&["add_one"]), repository(&["add_one"]));
+    let two_repo = repository(&["add_one"]);
+    let config = two_repo.path().join("add_one/config.pbtxt");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("count: 1", "count: 2")).unwrap();
+
+    let first = memory(&plane(first_repo.path()).await);
+    let second = memory(&plane(second_repo.path()).await);
+    let two = memory(&plane(two_repo.path()).await);
+    eprintln!("add_one: {first} B, again {second} B, with two instances {two} B");
+    // An interpreter that imported numpy holds megabytes of its own.
+    assert!(first > 4 << 20, "one stub measured only {first} B");
+    let (low, high) = (first.min(second), first.max(second));
+    assert!(
+        (high - low) * 10 <= high,
+        "the same model measured {first} B and {second} B"
+    );
+    assert!(
+        two * 10 >= first * 18 && two * 10 <= first * 22,
+        "two instances measured {two} B, one {first} B"
+    );
+}
