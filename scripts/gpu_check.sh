@@ -9,7 +9,8 @@
 # the Python backend and CUDA shared memory), .gpu/nereid-torch.xz (stripped, PyTorch backend
 # built against the device's torch version, run with the device's torch libraries),
 # .gpu/site/ (tritonclient's pure-Python gRPC client and utils, out of the wheel in
-# .venv/wheels; the device has grpcio, protobuf, numpy, torch, CuPy and pytest) and the Python
+# .venv/wheels, and python-rapidjson; the device has grpcio, protobuf, numpy, torch, CuPy and
+# pytest) and the Python
 # test files (they travel with the working tree). Test models are made on the device.
 #
 # On the device (scripts/gpu_check.py does the work; results in $OUT/gpu_check.json and
@@ -55,6 +56,11 @@ prepare() {
     git worktree add --detach "$src" HEAD
     sed -i "s/^tch = { version = \"=[0-9.]*\"/tch = { version = \"=$DEVICE_TCH\"/" "$src/data-plane/Cargo.toml"
     local out="$ROOT/target/gpu-torch/target"
+    # Seeded once with a copy of the project's release dependencies (a plain copy, not links:
+    # cargo rewrites some outputs in place), so only what differs is compiled.
+    if [ ! -d "$out/release" ] && [ -d target/release/deps ]; then
+        mkdir -p "$out/release" && cp -r target/release/{deps,build,.fingerprint} "$out/release/"
+    fi
     (cd "$src" && CARGO_TARGET_DIR="$out" cargo build --release -p nereid)
     strip -o "$GPU_DIR/nereid" "$out/release/nereid"
     (cd "$src" && cargo update -q -p tch --precise "$DEVICE_TCH" &&
@@ -78,6 +84,10 @@ with zipfile.ZipFile(wheel) as z:
             with open(target, "wb") as f:
                 f.write(z.read(name))
 PY
+    # tritonclient's one compiled dependency the device lacks, for its Python 3.12.
+    .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        -d "$GPU_DIR/wheels" python-rapidjson
     du -sh "$GPU_DIR"
     echo "prepared $GPU_DIR; now: run(command='bash scripts/gpu_check.sh device', carry=['.gpu'])"
 }
@@ -88,16 +98,18 @@ device() {
     mkdir -p "$OUT" /tmp/gpu
     xz -dc "$GPU_DIR/nereid.xz" >/tmp/gpu/nereid && chmod +x /tmp/gpu/nereid
     xz -dc "$GPU_DIR/nereid-torch.xz" >/tmp/gpu/nereid-torch && chmod +x /tmp/gpu/nereid-torch
-    export PYTHONPATH="$GPU_DIR/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu/pydeps \
+        "$GPU_DIR"/wheels/*.whl
+    export PYTHONPATH="$GPU_DIR/site:/tmp/gpu/pydeps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     export GRPC_ENABLE_FORK_SUPPORT=false
     nvidia-smi | tee "$OUT/nvidia-smi.txt" || true
     # The device's libtorch, for nereid-torch (it fails to start if the ABI differs: reported).
     local torch_lib
     torch_lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
     set +e
-    NEREID_BIN=/tmp/gpu/nereid timeout 150 python3 -m pytest tests/python/test_dlpack.py -q -x \
+    NEREID_BIN=/tmp/gpu/nereid timeout 120 python3 -m pytest tests/python/test_dlpack.py -q -x \
         --noconftest -p no:cacheprovider 2>&1 | tee "$OUT/test_dlpack.txt"
-    NEREID_BIN=/tmp/gpu/nereid LD_LIBRARY_PATH="$torch_lib" timeout 330 python3 scripts/gpu_check.py \
+    NEREID_BIN=/tmp/gpu/nereid LD_LIBRARY_PATH="$torch_lib" timeout 300 python3 scripts/gpu_check.py \
         --nereid /tmp/gpu/nereid --nereid-torch /tmp/gpu/nereid-torch \
         --out "$OUT" 2>&1 | tee "$OUT/gpu_check.txt"
     set -e
