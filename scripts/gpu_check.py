@@ -74,12 +74,12 @@ class TritonPythonModel:
 """
 
 
-def config(name, platform_or_backend):
+def config(name, platform_or_backend, group="instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0 ] } ]\n"):
+    """`group` empty: no instance_group, so the server resolves KIND_AUTO."""
     return (f'name: "{name}"\n{platform_or_backend}\nmax_batch_size: 256\n'
             f'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
             f'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
-            'dynamic_batching { max_queue_delay_microseconds: 200 }\n'
-            'instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0 ] } ]\n')
+            'dynamic_batching { max_queue_delay_microseconds: 200 }\n' + group)
 
 
 def step(name):
@@ -148,11 +148,15 @@ def make_models(repo):
         layers += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU()]
     mlp = torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, WIDTH))
     scripted = torch.jit.script(mlp.eval())
-    for name, header in [("ts_gpu", 'platform: "pytorch_libtorch"'), ("py_gpu", 'backend: "python"')]:
+    for name, header in [("ts_gpu", 'platform: "pytorch_libtorch"'), ("py_gpu", 'backend: "python"'),
+                         ("ts_auto", 'platform: "pytorch_libtorch"'), ("py_auto", 'backend: "python"')]:
         (repo / name / "1").mkdir(parents=True)
         scripted.save(str(repo / name / "1" / "model.pt"))
-        (repo / name / "config.pbtxt").write_text(config(name, header))
-    (repo / "py_gpu" / "1" / "model.py").write_text(PY_MODEL)
+        group = "" if name.endswith("_auto") else None
+        (repo / name / "config.pbtxt").write_text(
+            config(name, header) if group is None else config(name, header, group))
+    for name in ("py_gpu", "py_auto"):
+        (repo / name / "1" / "model.py").write_text(PY_MODEL)
     return {"repo": str(repo)}
 
 
@@ -173,7 +177,7 @@ def infer(c, model, x):
 
 
 def reference(repo, x):
-    import torch
+    import torch  # every model file is the same module
     model = torch.jit.load(str(repo / "py_gpu" / "1" / "model.pt")).cuda().eval()
     with torch.inference_mode():
         return model(torch.from_numpy(x).cuda()).cpu().numpy()
@@ -191,6 +195,19 @@ def served(server, repo, model):
 
 served_python = step("py_gpu")(served)
 served_torch = step("ts_gpu")(served)
+
+
+def resolved_to_gpu(server, repo, model):
+    """A config without instance_group (KIND_AUTO) is served on the GPU, as Triton does."""
+    result = served(server, repo, model)
+    kinds = {g["kind"] for g in result["instance_group"]}
+    if kinds != {"KIND_GPU"}:
+        raise RuntimeError(f"KIND_AUTO resolved to {kinds}, not KIND_GPU")
+    return result
+
+
+auto_python = step("py_auto")(resolved_to_gpu)
+auto_torch = step("ts_auto")(resolved_to_gpu)
 
 
 @step("cuda_shm")
@@ -338,6 +355,7 @@ def main():
     p.add_argument("--nereid", required=True)
     p.add_argument("--nereid-torch", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--no-bench", action="store_true", help="skip the throughput sweep")
     a = p.parse_args()
     out = Path(a.out)
     work = Path("/tmp/gpu")
@@ -357,7 +375,9 @@ def main():
             metrics(plain)
         if served_torch(torch_server, repo, "ts_gpu")["ok"]:
             servers["pytorch_backend"] = (torch_server, "ts_gpu")
-        if servers:
+        auto_torch(torch_server, repo, "ts_auto")
+        auto_python(torch_server, repo, "py_auto")
+        if servers and not a.no_bench:
             bench(repo, servers)
     finally:
         plain.stop()

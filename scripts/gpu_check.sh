@@ -111,13 +111,13 @@ device() {
         --noconftest -p no:cacheprovider 2>&1 | tee "$OUT/test_dlpack.txt"
     NEREID_BIN=/tmp/gpu/nereid LD_LIBRARY_PATH="$torch_lib" timeout 300 python3 scripts/gpu_check.py \
         --nereid /tmp/gpu/nereid --nereid-torch /tmp/gpu/nereid-torch \
-        --out "$OUT" 2>&1 | tee "$OUT/gpu_check.txt"
+        --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_check.txt"
     set -e
     tar -czf "$OUT/logs.tar.gz" -C /tmp gpu/logs 2>/dev/null || true
 }
 
 case "${1:-}" in
     prepare) prepare ;;
-    device) device ;;
+    device) shift; device "$@" ;;   # extra arguments go to gpu_check.py (e.g. --no-bench)
     *) echo "usage: $0 prepare|device" >&2; exit 2 ;;
 esac
