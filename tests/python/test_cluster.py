@@ -148,6 +148,10 @@ def test_workers_follow_placement_fail_over_and_drain(cluster_dir, example_repo)
                               "two ready replicas")
         hosts = sorted(r["node"] for r in ready)
         assert len(set(hosts)) == 2, f"replicas spread over two nodes: {hosts}"
+        # Replica memory is the C heap the load kept: the same model measures the same on
+        # both workers (docs/cluster.md, "Replica memory").
+        memory = sorted(int(r.get("measured_memory_bytes", 0)) for r in ready)
+        assert memory[0] > 0 and (memory[1] - memory[0]) * 10 <= memory[1], memory
         by_id = {w.node_id: w for w in workers}
         for host in hosts:
             infer_simple(by_id[host].http_url)
