@@ -15,10 +15,11 @@
 //! other threads allocate or free during the load (requests to other models) shifts the
 //! figure by what they hold at that moment.
 //!
-//! Why `unsafe` is allowed here and nowhere else in the crate: `mallinfo2` is a C function of
-//! glibc, called through FFI that Rust cannot check. It takes no arguments, returns a plain
-//! struct by value and only reads the allocator's own counters (under its arena locks), so no
-//! pointer or memory of ours is involved. Other C libraries (musl) or systems report `None`.
+//! Why `unsafe` is allowed in this module (as in `backend/pytorch/cuda.rs`): `mallinfo2` is a
+//! C function of glibc, called through FFI that Rust cannot check. It takes no arguments,
+//! returns a plain struct by value and only reads the allocator's own counters (under its
+//! arena locks), so no pointer or memory of ours is involved. Other C libraries (musl) or
+//! systems report `None`.
 #![allow(unsafe_code)]
 
 use parking_lot::Mutex;
