@@ -149,10 +149,7 @@ impl Management for ManagementService {
         reply(self.set_traffic(r.into_inner()).await)
     }
 
-    async fn set_autoscale(
-        &self,
-        r: Request<pb::SetAutoscaleRequest>,
-    ) -> Rpc<pb::AutoscaleStatus> {
+    async fn set_autoscale(&self, r: Request<pb::SetAutoscaleRequest>) -> Rpc<pb::AutoscaleStatus> {
         reply(self.set_autoscale(r.into_inner()).await)
     }
 

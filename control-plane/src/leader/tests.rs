@@ -324,7 +324,11 @@ async fn a_round_scales_an_autoscaled_model_on_heartbeat_load_and_explains_it() 
     let state = c.local_state();
     let autoscale = state.autoscale("m").expect("policy kept");
     assert_eq!(autoscale.replicas, Some(2));
-    assert!(autoscale.reason.starts_with("scale up 1 -> 2"), "{}", autoscale.reason);
+    assert!(
+        autoscale.reason.starts_with("scale up 1 -> 2"),
+        "{}",
+        autoscale.reason
+    );
     assert_eq!(replicas_of(&c, "m").len(), 2, "placement follows the count");
     let rules: Vec<String> = soft
         .placement_history("m")

@@ -232,12 +232,15 @@ fn kind_gpu_fails_to_load_without_a_cuda_libtorch() {
     if let Err(why) = PyTorchBackend::default().gpu_support() {
         // KIND_AUTO stays on the CPU for PyTorch models here, for this reason.
         assert!(
-            why.starts_with("libtorch_cuda.so could not be loaded") || why.starts_with("libtorch sees no CUDA device"),
+            why.starts_with("libtorch_cuda.so could not be loaded")
+                || why.starts_with("libtorch sees no CUDA device"),
             "{why}"
         );
         assert_eq!(
             e.to_string(),
-            format!("model 'mlp_script' instance 'group_0': KIND_GPU (GPU 0) requested, but libtorch cannot use CUDA here: {why}; use KIND_CPU to run this model on the CPU")
+            format!(
+                "model 'mlp_script' instance 'group_0': KIND_GPU (GPU 0) requested, but libtorch cannot use CUDA here: {why}; use KIND_CPU to run this model on the CPU"
+            )
         );
     }
 }
