@@ -74,8 +74,14 @@ class TritonPythonModel:
 """
 
 
-def config(name, platform_or_backend, group="instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0 ] } ]\n"):
-    """`group` empty: no instance_group, so the server resolves KIND_AUTO."""
+GPU_COUNT = {"ts_gpu": 2, "py_gpu": 2}  # instances per model on GPU 0 (--py-count changes py_gpu)
+
+
+def config(name, platform_or_backend, group=None):
+    """`group` None: `KIND_GPU` on GPU 0, GPU_COUNT instances; empty: no instance_group, so the
+    server resolves KIND_AUTO."""
+    if group is None:
+        group = f"instance_group [ {{ kind: KIND_GPU count: {GPU_COUNT[name]} gpus: [ 0 ] }} ]\n"
     return (f'name: "{name}"\n{platform_or_backend}\nmax_batch_size: 256\n'
             f'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
             f'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
@@ -153,8 +159,7 @@ def make_models(repo):
         (repo / name / "1").mkdir(parents=True)
         scripted.save(str(repo / name / "1" / "model.pt"))
         group = "" if name.endswith("_auto") else None
-        (repo / name / "config.pbtxt").write_text(
-            config(name, header) if group is None else config(name, header, group))
+        (repo / name / "config.pbtxt").write_text(config(name, header, group))
     for name in ("py_gpu", "py_auto"):
         (repo / name / "1" / "model.py").write_text(PY_MODEL)
     return {"repo": str(repo)}
@@ -275,7 +280,8 @@ def cluster(repo, logs):
         write_token
     from nereid_util import wait_until
     work = Path("/tmp/gpu/cluster")
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # a fresh control plane each run (no old state)
+    work.mkdir(parents=True)
     token = write_token(work)
     cp = ControlPlaneNode(1, work, token).spawn()
     worker = WorkerProcess("gpu-worker", work, token, [cp.grpc_addr]).spawn()
@@ -356,7 +362,12 @@ def main():
     p.add_argument("--nereid-torch", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--no-bench", action="store_true", help="skip the throughput sweep")
+    p.add_argument("--py-count", type=int, default=2,
+                   help="instances (stub processes) of the Python model on the GPU")
+    p.add_argument("--bench-only", choices=["python_backend", "pytorch_backend"],
+                   help="sweep one served model only")
     a = p.parse_args()
+    GPU_COUNT["py_gpu"] = a.py_count
     out = Path(a.out)
     work = Path("/tmp/gpu")
     logs = work / "logs"
@@ -377,6 +388,8 @@ def main():
             servers["pytorch_backend"] = (torch_server, "ts_gpu")
         auto_torch(torch_server, repo, "ts_auto")
         auto_python(torch_server, repo, "py_auto")
+        if a.bench_only:
+            servers = {k: v for k, v in servers.items() if k == a.bench_only}
         if servers and not a.no_bench:
             bench(repo, servers)
     finally:
