@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 
 from cluster_util import ControlPlaneNode, RouterProcess, WorkerProcess, write_token
 from nereid_util import NEREID_BIN, free_port, gen_models, wait_until
-from test_tls import make_ca, make_leaf
+from test_tls import make_ca, make_leaf, simple_inputs
 
 # The HTTP/2 client preface: a plaintext gRPC client's first bytes.
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -106,15 +106,10 @@ def test_a_tls_cluster_serves_its_peers_and_refuses_everyone_else(tmp_path, pki)
         # Inference through the router, which reaches the worker's gRPC port over mutual TLS.
         client = httpclient.InferenceServerClient(router.http_url)
         wait_until(lambda: client.is_model_ready("simple"), 20, "the router sees simple ready")
-        a = np.arange(16, dtype=np.int32).reshape(1, 16)
-        b = np.full((1, 16), 3, dtype=np.int32)
-        inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"),
-                  httpclient.InferInput("INPUT1", [1, 16], "INT32")]
-        inputs[0].set_data_from_numpy(a)
-        inputs[1].set_data_from_numpy(b)
+        inputs, total = simple_inputs(httpclient)  # a = arange(16), b = 3 everywhere
         result = client.infer("simple", inputs)
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), total)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), total - 6)  # a - b
 
         # A plaintext gRPC client gets no HTTP/2 from the control plane's gRPC port (a TLS
         # alert or a closed connection, never the server's SETTINGS frame).
