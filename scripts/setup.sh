@@ -3,7 +3,8 @@
 #   - .venv/: onnxruntime (its shared library is what the ONNX backend loads), onnx, numpy,
 #     pytest, and Triton's Python client (tritonclient[all] 2.50.0, manylinux wheel, which
 #     carries perf_analyzer) plus the CUDA runtime wheel perf_analyzer links against;
-#   - Debian's libb64-0d (perf_analyzer needs it);
+#   - Debian's libb64-0d (perf_analyzer needs it), etcd-server (the etcd store's tests) and
+#     protobuf-compiler (protoc, for etcd-client's build);
 #   - .venv/perf_analyzer: a wrapper that sets LD_LIBRARY_PATH for perf_analyzer;
 #   - PyTorch's libtorch for the `torch` build feature: the torch 2.13.0 wheel without its
 #     dependencies, plus the two CUDA runtime wheels libtorch_cpu.so links against (CPU-only
@@ -30,11 +31,18 @@ STAMP=$VENV/.nereid-setup-v1
 
 log() { echo "setup: $*" >&2; }
 
-if ! dpkg -s libb64-0d >/dev/null 2>&1; then
+# Debian packages: libb64-0d (perf_analyzer), etcd-server (the etcd store's tests run a real
+# etcd), protobuf-compiler (etcd-client's build.rs runs protoc). One apt-get update for all.
+APT_MISSING=
+for pkg in libb64-0d etcd-server protobuf-compiler; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || APT_MISSING="$APT_MISSING $pkg"
+done
+if [ -n "$APT_MISSING" ]; then
   SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-  log "installing libb64-0d (for perf_analyzer)"
+  log "installing$APT_MISSING"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libb64-0d >/dev/null
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $APT_MISSING >/dev/null
 fi
 
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
