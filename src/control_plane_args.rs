@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use nereid_control_plane::AuthToken;
 use nereid_control_plane::NodeConfig;
+use nereid_control_plane::{EtcdConfig, Store};
 
 use crate::common_args::LogFormat;
 
@@ -79,6 +80,11 @@ pub struct ControlPlaneArgs {
     /// started (scale from zero) after the last such request; then it scales back to zero.
     #[arg(long, env = "NEREID_SCALE_TO_ZERO_AFTER_SECS", default_value_t = 300)]
     pub scale_to_zero_after_secs: u64,
+    /// Rebalancing: at most this many replica moves in flight at once (make-before-break: the
+    /// new replica loads before the old one unloads). Moves start when a node holds at least 2
+    /// replicas more than another, or memory use is more than 20 points apart. 0 turns it off.
+    #[arg(long, env = "NEREID_REBALANCE_MAX_MOVES", default_value_t = 2)]
+    pub rebalance_max_moves: u32,
     /// Raft heartbeat between control-plane nodes.
     #[arg(long, env = "NEREID_RAFT_HEARTBEAT_MS", default_value_t = 250)]
     pub raft_heartbeat_ms: u64,
@@ -105,6 +111,34 @@ pub struct ControlPlaneArgs {
     pub log_format: LogFormat,
     #[command(flatten)]
     pub cluster_tls: crate::cluster_tls_args::ClusterTlsArgs,
+    /// Where the state of record lives: `raft` (this node's own Raft group: --data-dir,
+    /// --peers, --join) or `etcd` (an existing etcd at --etcd-endpoints, shared by any number
+    /// of stateless control-plane processes; see docs/cluster.md).
+    #[arg(long, env = "NEREID_STORE", value_enum, default_value = "raft")]
+    pub store: StoreKind,
+    /// etcd client URLs, comma-separated (`http://host:2379,...`); with --store etcd.
+    #[arg(long, env = "NEREID_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix of this cluster in etcd; clusters sharing one etcd need distinct prefixes.
+    #[arg(long, env = "NEREID_ETCD_PREFIX", default_value = "/nereid")]
+    pub etcd_prefix: String,
+    /// etcd user, when etcd has authentication on (needs --etcd-password-file).
+    #[arg(long, env = "NEREID_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password (one line).
+    #[arg(long, env = "NEREID_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+    /// Seconds the leader's etcd lease lives without a keep-alive: a dead leader is replaced
+    /// within this long.
+    #[arg(long, env = "NEREID_ETCD_LEASE_TTL_SECS", default_value_t = 5)]
+    pub etcd_lease_ttl_secs: u64,
+}
+
+/// `--store`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    Raft,
+    Etcd,
 }
 
 impl ControlPlaneArgs {
@@ -173,6 +207,7 @@ impl ControlPlaneArgs {
             }
         }
         let cluster_tls = self.cluster_tls.load()?;
+        let store = self.store()?;
         Ok(NodeConfig {
             node_id: self.node_id,
             listen: self.listen,
@@ -188,13 +223,88 @@ impl ControlPlaneArgs {
             heartbeat_timeout: Duration::from_millis(self.heartbeat_timeout_ms),
             placement_interval: Duration::from_millis(self.placement_interval_ms.max(10)),
             scale_to_zero_after: Duration::from_secs(self.scale_to_zero_after_secs.max(1)),
+            rebalance_max_moves: self.rebalance_max_moves,
             raft_heartbeat: Duration::from_millis(self.raft_heartbeat_ms),
             election_timeout: Duration::from_millis(self.election_timeout_ms),
             snapshot_threshold: self.snapshot_threshold.max(1),
             model_repositories: self.model_repository,
             default_replicas: self.default_replicas,
             cluster_tls,
+            store,
         })
+    }
+
+    /// `--store` and the etcd flags, checked together.
+    fn store(&self) -> Result<Store, String> {
+        if self.store == StoreKind::Raft {
+            for (flag, given) in [
+                ("--etcd-endpoints", !self.etcd_endpoints.is_empty()),
+                ("--etcd-user", self.etcd_user.is_some()),
+                ("--etcd-password-file", self.etcd_password_file.is_some()),
+            ] {
+                if given {
+                    return Err(format!("{flag} needs --store etcd"));
+                }
+            }
+            return Ok(Store::Raft);
+        }
+        if !self.peers.is_empty() || self.join.is_some() {
+            return Err("--peers and --join are for --store raft; with --store etcd, every \
+                 control-plane process pointed at the same --etcd-endpoints and --etcd-prefix \
+                 is a member"
+                .into());
+        }
+        if self.etcd_endpoints.is_empty() {
+            return Err("--store etcd needs --etcd-endpoints (http://HOST:PORT,...)".into());
+        }
+        let mut endpoints = Vec::new();
+        for endpoint in &self.etcd_endpoints {
+            let endpoint = endpoint.trim();
+            let Some(rest) = endpoint.strip_prefix("http://") else {
+                return Err(format!(
+                    "--etcd-endpoints: '{endpoint}' is not an http://HOST:PORT URL (TLS to etcd \
+                     is not supported yet)"
+                ));
+            };
+            if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
+                return Err(format!(
+                    "--etcd-endpoints: '{endpoint}' is not an http://HOST:PORT URL"
+                ));
+            }
+            endpoints.push(endpoint.to_string());
+        }
+        let prefix = self.etcd_prefix.trim_end_matches('/');
+        if !prefix.starts_with('/') || prefix.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "--etcd-prefix '{}' must start with '/', name more than the root, and hold no \
+                 spaces (for example /nereid)",
+                self.etcd_prefix
+            ));
+        }
+        let user = match (&self.etcd_user, &self.etcd_password_file) {
+            (None, None) => None,
+            (Some(_), None) => return Err("--etcd-user needs --etcd-password-file".into()),
+            (None, Some(_)) => return Err("--etcd-password-file needs --etcd-user".into()),
+            (Some(user), Some(path)) => {
+                let password = std::fs::read_to_string(path).map_err(|e| {
+                    format!("--etcd-password-file {}: {e}", path.display())
+                })?;
+                let password = password.trim_end_matches(['\n', '\r']).to_string();
+                if password.is_empty() {
+                    return Err(format!("--etcd-password-file {} is empty", path.display()));
+                }
+                Some((user.clone(), password))
+            }
+        };
+        if self.etcd_lease_ttl_secs == 0 {
+            return Err("--etcd-lease-ttl-secs must be at least 1".into());
+        }
+        Ok(Store::Etcd(EtcdConfig {
+            endpoints,
+            prefix: prefix.to_string(),
+            user,
+            lease_ttl: Duration::from_secs(self.etcd_lease_ttl_secs),
+        }))
     }
 }
 
@@ -252,7 +362,7 @@ impl ControlPlaneArgs {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use nereid_control_plane::NodeConfig;
+    use nereid_control_plane::{NodeConfig, Store};
 
     use crate::cli::{Cli, Command};
 
@@ -325,6 +435,44 @@ mod tests {
         );
         let err = parse_with_tokens("admin ops s3cret\n", &["--insecure-no-auth"]).unwrap_err();
         assert!(err.contains("contradict"), "{err}");
+    }
+
+    #[test]
+    fn the_etcd_store_flags_are_checked_together() {
+        assert_eq!(parse(&[]).unwrap().store, Store::Raft);
+        let c = parse(&[
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            "http://10.0.0.1:2379,http://10.0.0.2:2379",
+            "--etcd-prefix",
+            "/prod/nereid/",
+        ])
+        .unwrap();
+        let Store::Etcd(etcd) = c.store else {
+            panic!("not etcd: {:?}", c.store)
+        };
+        assert_eq!(etcd.endpoints.len(), 2);
+        assert_eq!(etcd.prefix, "/prod/nereid");
+        assert_eq!(etcd.lease_ttl.as_secs(), 5);
+        assert!(etcd.user.is_none());
+
+        let etcd = ["--store", "etcd", "--etcd-endpoints", "http://e:2379"];
+        let with = |more: &[&'static str]| [&etcd[..], more].concat();
+        for (args, expected) in [
+            (vec!["--store", "etcd"], "needs --etcd-endpoints"),
+            (vec!["--etcd-endpoints", "http://e:2379"], "needs --store etcd"),
+            (vec!["--store", "etcd", "--etcd-endpoints", "e:2379"], "'e:2379'"),
+            (vec!["--store", "etcd", "--etcd-endpoints", "https://e:2379"], "TLS"),
+            (with(&["--etcd-prefix", "x"]), "--etcd-prefix 'x'"),
+            (with(&["--etcd-prefix", "/"]), "--etcd-prefix '/'"),
+            (with(&["--etcd-user", "u"]), "needs --etcd-password-file"),
+            (with(&["--etcd-lease-ttl-secs", "0"]), "at least 1"),
+            (with(&["--join", "cp:7000"]), "--peers and --join are for --store raft"),
+        ] {
+            let err = parse(&args).unwrap_err();
+            assert!(err.contains(expected), "{args:?}: {err}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! ```text
 //!  run(config)
 //!   ├─ RaftNode::start (redb in data_dir; bootstrap from peers, or wait to be added by --join)
+//!   │  or, with Store::Etcd, EtcdStore::start (no Raft service; etcd holds the state)
 //!   ├─ gRPC :listen   ── [mTLS] ── auth ─► Raft │ Management │ Cluster (Watch from WatchHub)
 //!   ├─ REST :http     ── [mTLS] ── auth ─► /api/v1/... (same ManagementService)
 //!   ├─ metrics :metrics ─► /metrics (metrics::ControlPlaneCollector; no auth, like a worker's)
@@ -41,6 +42,7 @@ use crate::api::rest;
 use crate::api::service::ManagementService;
 use crate::cluster::service::ClusterService;
 use crate::consensus::{Consensus, ConsensusError};
+use crate::etcd::{EtcdConfig, EtcdStore};
 use crate::forward::LeaderChannels;
 use crate::leader::soft::SoftState;
 use crate::leader::task::{self, LeaderConfig};
@@ -78,6 +80,8 @@ pub struct NodeConfig {
     /// How long a model with min_replicas 0 keeps the replica requests started (scale from
     /// zero) after routers stop activating it.
     pub scale_to_zero_after: Duration,
+    /// Rebalancing moves in flight at most; 0 turns rebalancing off.
+    pub rebalance_max_moves: u32,
     pub raft_heartbeat: Duration,
     pub election_timeout: Duration,
     pub snapshot_threshold: u64,
@@ -86,6 +90,22 @@ pub struct NodeConfig {
     pub default_replicas: u32,
     /// Mutual TLS on the gRPC and REST ports and to peers; `None`: plaintext.
     pub cluster_tls: Option<ClusterTls>,
+    /// Where the state of record lives.
+    pub store: Store,
+}
+
+/// The store behind [`Consensus`]: this node's Raft group (`data_dir`, `peers`, `join`), or an
+/// existing etcd shared by any number of stateless control-plane processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    Raft,
+    Etcd(EtcdConfig),
+}
+
+/// The running store, for shutdown.
+enum Backend {
+    Raft(Arc<RaftNode>),
+    Etcd(Arc<EtcdStore>),
 }
 
 /// Why a control-plane node could not start.
@@ -99,6 +119,8 @@ pub enum NodeError {
     },
     #[error("raft: {0}")]
     Raft(String),
+    #[error("etcd store: {0}")]
+    Etcd(String),
     #[error("{0}")]
     Config(String),
     #[error("gRPC server failed: {0}")]
@@ -193,14 +215,29 @@ pub async fn serve(
         .map(|tls| tls.dial.clone())
         .unwrap_or_default();
     raft_config.dial = dial.clone();
-    let (raft, raft_service) = RaftNode::start(raft_config)
-        .await
-        .map_err(|e| NodeError::Raft(e.to_string()))?;
-    let consensus: Arc<dyn Consensus> = raft.clone();
+    let (backend, raft_service) = match &config.store {
+        Store::Raft => {
+            let (raft, service) = RaftNode::start(raft_config)
+                .await
+                .map_err(|e| NodeError::Raft(e.to_string()))?;
+            (Backend::Raft(raft), Some(service))
+        }
+        Store::Etcd(etcd) => {
+            let store = EtcdStore::start(config.node_id, advertise.clone(), etcd.clone())
+                .await
+                .map_err(|e| NodeError::Etcd(e.to_string()))?;
+            (Backend::Etcd(store), None)
+        }
+    };
+    let consensus: Arc<dyn Consensus> = match &backend {
+        Backend::Raft(raft) => raft.clone(),
+        Backend::Etcd(store) => store.clone(),
+    };
 
     let soft = Arc::new(
         SoftState::new(config.heartbeat_timeout)
-            .with_scale_to_zero_after(config.scale_to_zero_after),
+            .with_scale_to_zero_after(config.scale_to_zero_after)
+            .with_rebalance_max_moves(config.rebalance_max_moves),
     );
     let hub = Arc::new(WatchHub::spawn(consensus.as_ref()));
     let leader_channels = Arc::new(
@@ -237,7 +274,7 @@ pub async fn serve(
     let rest_port = port(config.cluster_tls.as_ref().map(|t| &t.http));
     let grpc = tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .add_service(auth.guard(Scope::Raft, RaftServer::new(raft_service)))
+        .add_optional_service(raft_service.map(|s| auth.guard(Scope::Raft, RaftServer::new(s))))
         .add_service(auth.guard(Scope::Management, ManagementServer::new(management.clone())))
         .add_service(auth.guard(Scope::Cluster, ClusterServer::new(cluster)))
         .serve_with_incoming_shutdown(
@@ -310,8 +347,13 @@ pub async fn serve(
         let _ = metrics.await;
     }
     let served = grpc.await;
-    if let Err(e) = raft.shutdown().await {
-        warn!("raft shutdown: {e}");
+    match backend {
+        Backend::Raft(raft) => {
+            if let Err(e) = raft.shutdown().await {
+                warn!("raft shutdown: {e}");
+            }
+        }
+        Backend::Etcd(store) => store.shutdown().await,
     }
     match served {
         Ok(Ok(())) => Ok(()),

@@ -27,12 +27,14 @@ fn config(data_dir: &std::path::Path) -> NodeConfig {
         heartbeat_timeout: Duration::from_millis(1000),
         placement_interval: Duration::from_millis(50),
         scale_to_zero_after: Duration::from_secs(60),
+        rebalance_max_moves: 2,
         raft_heartbeat: Duration::from_millis(50),
         election_timeout: Duration::from_millis(200),
         snapshot_threshold: 1000,
         model_repositories: vec![],
         default_replicas: 1,
         cluster_tls: None,
+        store: nereid_control_plane::Store::Raft,
     }
 }
 

@@ -105,6 +105,7 @@ mod tests {
                 reason: Reason::NewModel,
                 gpus: vec![0, 2],
                 skipped: vec!["node a: no GPU".into()],
+                moves: None,
             }],
             ..Default::default()
         };

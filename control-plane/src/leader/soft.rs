@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use super::Observations;
 use super::liveness::Liveness;
 use crate::autoscale::{Autoscaler, Decision, observe};
-use crate::placement::Load;
-use crate::state::{ClusterState, NodeStatus};
+use crate::placement::{Load, Move, Plan, Rebalance};
+use crate::state::{ClusterState, NodeStatus, ReplicaState};
 
 /// How many placement records each model keeps.
 const HISTORY_PER_MODEL: usize = 32;
@@ -28,6 +28,8 @@ pub const DEFAULT_SCALE_TO_ZERO_AFTER: Duration = Duration::from_secs(300);
 pub struct SoftState {
     heartbeat_timeout: Duration,
     scale_to_zero_after: Duration,
+    /// Rebalancing moves in flight at most (0: off).
+    rebalance_max_moves: u32,
     /// Wakes the leader loop for a round before its timer (an activation).
     wake: Notify,
     /// The autoscaler's clock starts here (milliseconds since).
@@ -45,6 +47,8 @@ struct Inner {
     last_recorded: HashMap<String, Vec<pb::PlacementDecision>>,
     /// Load windows and latest decisions of the autoscaled models.
     autoscaler: Autoscaler,
+    /// Rebalancing moves this leader started that may still be in flight.
+    moves: Vec<Move>,
 }
 
 impl SoftState {
@@ -52,6 +56,7 @@ impl SoftState {
         SoftState {
             heartbeat_timeout,
             scale_to_zero_after: DEFAULT_SCALE_TO_ZERO_AFTER,
+            rebalance_max_moves: 0,
             wake: Notify::new(),
             epoch: Instant::now(),
             inner: Mutex::new(Inner {
@@ -61,8 +66,55 @@ impl SoftState {
                 history: HashMap::new(),
                 last_recorded: HashMap::new(),
                 autoscaler: Autoscaler::new(),
+                moves: Vec::new(),
             }),
         }
+    }
+
+    /// How many rebalancing moves may be in flight at once; 0 (the default) turns rebalancing
+    /// off.
+    pub fn with_rebalance_max_moves(mut self, max_moves: u32) -> Self {
+        self.rebalance_max_moves = max_moves;
+        self
+    }
+
+    /// Forgets the moves that are over in `state`: the moved replica is gone (or unloading),
+    /// or its replacement is (then placement keeps the old replica as any other).
+    pub fn prune_moves(&self, state: &ClusterState) {
+        let present = |id: u64| {
+            state
+                .replica(id)
+                .is_some_and(|r| r.state != ReplicaState::Unloading)
+        };
+        let arrived = |m: &Move| {
+            state.replicas_of(&m.model).any(|r| {
+                r.version == m.version && r.node == m.to && r.state != ReplicaState::Unloading
+            })
+        };
+        self.inner
+            .lock()
+            .moves
+            .retain(|m| present(m.replica) && arrived(m));
+    }
+
+    /// Remembers the moves `plan` starts (additions that replace a replica).
+    pub fn start_moves(&self, state: &ClusterState, plan: &Plan) {
+        let started = plan.add.iter().filter_map(|a| {
+            let replica = state.replica(a.moves?)?;
+            Some(Move {
+                model: a.model.clone(),
+                version: a.version,
+                replica: replica.id,
+                from: replica.node.clone(),
+                to: a.node.clone(),
+            })
+        });
+        let started: Vec<Move> = started.collect();
+        let mut inner = self.inner.lock();
+        inner
+            .moves
+            .retain(|m| !started.iter().any(|s| s.replica == m.replica));
+        inner.moves.extend(started);
     }
 
     /// How long an activation keeps a model scaled from zero.
@@ -114,6 +166,9 @@ impl SoftState {
         inner.last_recorded.clear();
         inner.demand.clear();
         inner.autoscaler = Autoscaler::new();
+        // Moves of an earlier term are not known here: a replica and its replacement both
+        // count as healthy, and the surplus rule removes the not-ready or the busier one.
+        inner.moves.clear();
     }
 
     /// One autoscaler round over `state` with the last heartbeats: the decisions that change
@@ -231,6 +286,10 @@ impl Observations for SoftState {
                 .filter(|(_, t)| now.saturating_duration_since(**t) <= self.scale_to_zero_after)
                 .map(|(model, _)| model.clone())
                 .collect(),
+            rebalance: Rebalance {
+                max_moves: self.rebalance_max_moves,
+                in_flight: inner.moves.clone(),
+            },
         }
     }
 }

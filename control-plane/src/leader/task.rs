@@ -4,7 +4,8 @@
 //! ```text
 //!  round: liveness transitions ─► SetNodeStatus writes
 //!         heartbeats' load ─► autoscaler ─► SetAutoscaledReplicas writes (count changes only)
-//!         state ─► views ─► plan(load) ─► record decisions per model
+//!         state ─► views ─► plan(load, moves in flight) ─► record decisions per model,
+//!                                                          remember the moves it starts
 //!                                         └──────► commands_for ─► writes, in order
 //!                                                  (each committed one counted: metrics)
 //! ```
@@ -155,6 +156,7 @@ pub async fn round(
     }
 
     let state = consensus.local_state();
+    soft.prune_moves(&state);
     let nodes = node_views(&state);
     let load = soft.load();
     let decided = plan(
@@ -176,6 +178,7 @@ pub async fn round(
         let decisions = plan_to_decisions(&mine, &state);
         soft.record(model, state.revision(), decisions, inputs.clone());
     }
+    soft.start_moves(&state, &decided);
     let writes = chains(commands_for(&state, &decided))
         .into_iter()
         .map(|chain| async move {

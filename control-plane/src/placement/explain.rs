@@ -30,6 +30,11 @@ impl fmt::Display for Reason {
                 "two replicas of one model version on the same node: the extra one is replaced \
                  on another node"
             ),
+            Reason::Rebalance { from, to, why } => write!(
+                f,
+                "rebalancing: a replica moves from {from} to {to} ({why}); the new replica \
+                 loads first, the one on {from} unloads once enough replicas are ready elsewhere"
+            ),
             Reason::NoCapacity { needed, best_free } => write!(
                 f,
                 "no capacity: a replica needs {needed} bytes but the best eligible node has \
@@ -65,6 +70,7 @@ impl Reason {
             Reason::ScaleDown => "ScaleDown",
             Reason::ModelRemoved => "ModelRemoved",
             Reason::SpreadConflict => "SpreadConflict",
+            Reason::Rebalance { .. } => "Rebalance",
             Reason::NoCapacity { .. } => "NoCapacity",
             Reason::NotEnoughNodes { .. } => "NotEnoughNodes",
             Reason::NoGpuCapacity { .. } => "NoGpuCapacity",

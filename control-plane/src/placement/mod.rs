@@ -26,15 +26,26 @@
 //! assigned the GPUs with the most free memory there ([`Addition::gpus`]); the nodes passed over
 //! are explained ([`Addition::skipped`], [`Reason::NoGpuCapacity`]). GPU memory is counted as
 //! conservatively as host memory, so applying a plan never over-commits a GPU either.
+//!
+//! Rebalancing ([`Rebalance`], off unless the leader sets a budget): after the rules above, when
+//! eligible nodes are badly skewed, ready replicas move make-before-break — an [`Addition`] with
+//! [`Addition::moves`] names the replica it replaces; later plans treat that replica like a
+//! drained one (kept until enough replicas are ready elsewhere, then removed). The rule and why
+//! it cannot oscillate are in `rebalance.rs`.
 
 mod explain;
 mod plan;
 mod pool;
+mod rebalance;
 
 #[cfg(test)]
 mod gpu_tests;
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod rebalance_proptests;
+#[cfg(test)]
+mod rebalance_tests;
 #[cfg(test)]
 mod tests;
 
@@ -116,12 +127,34 @@ pub struct CurrentReplica {
 }
 
 /// Soft state the leader observed: per-node utilization in `0.0..=1.0` from heartbeats, used
-/// only to break ties (nodes without an entry count as idle), and the models routers asked to
-/// activate recently (scale from zero; see `views::model_views`).
+/// only to break ties (nodes without an entry count as idle), the models routers asked to
+/// activate recently (scale from zero; see `views::model_views`), and the rebalancing budget
+/// with the moves in flight.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Load {
     pub node_utilization: BTreeMap<String, f64>,
     pub demanded: BTreeSet<String>,
+    pub rebalance: Rebalance,
+}
+
+/// Rebalancing: how many moves may be in flight at once (0, the default, turns it off) and the
+/// moves the leader started that may still be in flight.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rebalance {
+    pub max_moves: u32,
+    pub in_flight: Vec<Move>,
+}
+
+/// A move the leader started: replica `replica` of `model` `version` on `from` is being replaced
+/// by a new replica on `to`. While a replica of that version exists on `to`, placement keeps
+/// `replica` only until enough replicas are ready elsewhere; without one the move is void.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    pub model: String,
+    pub version: i64,
+    pub replica: u64,
+    pub from: String,
+    pub to: String,
 }
 
 impl Load {
@@ -156,6 +189,13 @@ pub enum Reason {
     SpreadConflict,
     /// Unplaced: no eligible node without this model version has enough free memory.
     NoCapacity { needed: u64, best_free: u64 },
+    /// Add: a replica moves from the more loaded node `from` to `to` (`why` gives the numbers).
+    /// Remove: the moved replica on `from`, now that enough replicas are ready elsewhere.
+    Rebalance {
+        from: String,
+        to: String,
+        why: String,
+    },
     /// Unplaced: every up, undrained node already holds a replica of this model version.
     NotEnoughNodes { eligible_nodes: usize },
     /// Unplaced: nodes with enough host memory exist, but none has `gpus` GPUs with
@@ -179,6 +219,9 @@ pub struct Addition {
     /// For a GPU model: the nodes tried before `node` and why each could not take it
     /// (bounded; empty when the first node fit).
     pub skipped: Vec<String>,
+    /// For a rebalancing move: the id of the replica this one replaces (it stays until this one
+    /// is ready).
+    pub moves: Option<u64>,
 }
 
 /// A replica to unload.

@@ -12,15 +12,24 @@
 //!    such node that also has enough GPUs with room, and its GPUs with the most free memory;
 //!    when none fits the rest is reported `unplaced`.
 //!
+//! 7. a replica being moved away (an in-flight [`super::Move`] whose new replica exists) is
+//!    treated like a drained one: kept until enough replicas are ready elsewhere, then removed
+//!    (`Rebalance`);
+//! 8. with a rebalancing budget, ready replicas of untouched model versions move from loaded to
+//!    light nodes (`rebalance.rs`).
+//!
 //! GPU models are planned first (most GPU memory first), then the rest by host memory.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::pool::{Charge, NodePool};
-use super::{Addition, CurrentReplica, Load, ModelView, NodeView, Plan, Reason, Removal, Unplaced};
+use super::rebalance;
+use super::{
+    Addition, CurrentReplica, Load, ModelView, Move, NodeView, Plan, Reason, Removal, Unplaced,
+};
 
-type ModelKey<'a> = (&'a str, i64);
+pub(super) type ModelKey<'a> = (&'a str, i64);
 
 /// Computes the changes that move `replicas` towards the placement `models` want on `nodes`.
 /// Pure and deterministic: the same input always gives the same plan.
@@ -46,6 +55,12 @@ pub fn plan(
         (r.node.as_str(), replica_charge(r, model))
     });
     let mut pool = NodePool::new(nodes, load, charged);
+    let moves: BTreeMap<u64, &Move> = load
+        .rebalance
+        .in_flight
+        .iter()
+        .map(|m| (m.replica, m))
+        .collect();
     let mut out = Plan::default();
 
     for (key, group) in &groups {
@@ -72,7 +87,10 @@ pub fn plan(
             .get(&(model.name.as_str(), model.version))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-        plan_model(model, group, &mut pool, &mut out);
+        plan_model(model, group, &moves, &mut pool, &mut out);
+    }
+    if load.rebalance.max_moves > 0 {
+        rebalance::plan_moves(&by_key, replicas, &load.rebalance, &mut pool, &mut out);
     }
 
     out.add.sort_by(|a, b| {
@@ -90,7 +108,7 @@ pub fn plan(
 
 /// What a replica holds, host memory and on each of its GPUs: its own measurement, else the
 /// model's, else the model's estimate.
-fn replica_charge<'a>(replica: &'a CurrentReplica, model: Option<&ModelView>) -> Charge<'a> {
+pub(super) fn replica_charge<'a>(replica: &'a CurrentReplica, model: Option<&ModelView>) -> Charge<'a> {
     Charge {
         memory: replica
             .memory_bytes
@@ -104,7 +122,13 @@ fn replica_charge<'a>(replica: &'a CurrentReplica, model: Option<&ModelView>) ->
     }
 }
 
-fn plan_model(model: &ModelView, group: &[&CurrentReplica], pool: &mut NodePool, out: &mut Plan) {
+fn plan_model(
+    model: &ModelView,
+    group: &[&CurrentReplica],
+    moves: &BTreeMap<u64, &Move>,
+    pool: &mut NodePool,
+    out: &mut Plan,
+) {
     let wanted = model.replicas_wanted as usize;
     let mut remove = |replica: &CurrentReplica, reason: Reason| {
         out.remove.push(Removal {
@@ -139,6 +163,24 @@ fn plan_model(model: &ModelView, group: &[&CurrentReplica], pool: &mut NodePool,
         }
     }
 
+    // A replica being moved away leaves `healthy` once its replacement exists on an eligible
+    // node: like a drained one, it stays until enough replicas are ready elsewhere.
+    let mut moving: Vec<(&CurrentReplica, &Move)> = Vec::new();
+    healthy.retain(|&(r, i)| {
+        let Some(&m) = moves.get(&r.id) else {
+            return true;
+        };
+        let arrived = m.model == model.name
+            && m.version == model.version
+            && pool
+                .index_of(&m.to)
+                .is_some_and(|t| t != i && hosting.contains(&t) && pool.node(t).eligible());
+        if arrived {
+            moving.push((r, m));
+        }
+        !arrived
+    });
+
     if healthy.len() > wanted {
         healthy.sort_by_key(|&(r, i)| {
             let n = pool.node(i);
@@ -151,15 +193,24 @@ fn plan_model(model: &ModelView, group: &[&CurrentReplica], pool: &mut NodePool,
     }
 
     let ready_healthy = healthy.iter().filter(|(r, _)| r.ready).count();
-    let keep_drained = wanted.saturating_sub(ready_healthy);
-    draining.sort_by_key(|r| (!r.ready, r.id));
-    let drain_reason = if wanted == 0 {
-        Reason::ScaleDown
-    } else {
-        Reason::Drain
-    };
-    for r in draining.iter().skip(keep_drained) {
-        remove(r, drain_reason.clone());
+    let keep_leaving = wanted.saturating_sub(ready_healthy);
+    let mut leaving: Vec<(&CurrentReplica, Option<&Move>)> = draining
+        .iter()
+        .map(|r| (*r, None))
+        .chain(moving.iter().map(|&(r, m)| (r, Some(m))))
+        .collect();
+    leaving.sort_by_key(|(r, _)| (!r.ready, r.id));
+    for (r, moved) in leaving.into_iter().skip(keep_leaving) {
+        let reason = match moved {
+            _ if wanted == 0 => Reason::ScaleDown,
+            None => Reason::Drain,
+            Some(m) => Reason::Rebalance {
+                from: m.from.clone(),
+                to: m.to.clone(),
+                why: format!("its replacement on {} is in place", m.to),
+            },
+        };
+        remove(r, reason);
     }
 
     let need = wanted.saturating_sub(healthy.len());
@@ -201,6 +252,7 @@ fn plan_model(model: &ModelView, group: &[&CurrentReplica], pool: &mut NodePool,
                     reason,
                     gpus,
                     skipped,
+                    moves: None,
                 });
             }
             Err(why) => {

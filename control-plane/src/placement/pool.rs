@@ -57,7 +57,7 @@ impl PoolNode<'_> {
 
     /// The `count` GPUs with the most free memory (ties: lower index), ascending by index, if
     /// each has `bytes` free; otherwise why not, in words.
-    fn fit_gpus(&self, count: u32, bytes: u64) -> Result<Vec<u32>, String> {
+    pub fn fit_gpus(&self, count: u32, bytes: u64) -> Result<Vec<u32>, String> {
         let id = &self.view.id;
         if self.view.gpus.is_empty() {
             return Err(format!("node {id}: no GPU"));
@@ -167,6 +167,11 @@ impl<'a> NodePool<'a> {
 
     pub fn node(&self, index: usize) -> &PoolNode<'a> {
         &self.nodes[index]
+    }
+
+    /// How many distinct nodes the pool holds (indices are `0..len`, in id order).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
     }
 
     /// Charges a replica being added to a node.

@@ -49,6 +49,7 @@ fn add(model: &str, node: &str, reason: Reason) -> Addition {
         reason,
         gpus: Vec::new(),
         skipped: Vec::new(),
+        moves: None,
     }
 }
 
