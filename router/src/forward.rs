@@ -28,7 +28,11 @@ use nereid_proto::{RequestContext, StreamedResponse, TRACEPARENT, TRACESTATE};
 use tonic::metadata::MetadataValue;
 
 use crate::error::{RouterError, RouterResult};
+use crate::raw_codec::{RawCodec, RawMessage};
 use crate::wire::{WorkerRequest, classify_status, decode_response};
+
+/// The method the pass-through path calls on workers (and serves to clients).
+pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
 
 /// Request parameter asking for an empty response that marks a request's end.
 const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
@@ -183,6 +187,30 @@ impl Workers {
             .await
             .map(tonic::Response::into_inner)
             .map_err(|s| classify_infer_status(addr, &model, &context, s))
+    }
+
+    /// Forwards one `ModelInfer` as bytes (the pass-through path): `message` goes out as it
+    /// is, the worker's answer comes back undecoded. Context and errors as [`Self::infer`].
+    pub async fn infer_raw(
+        &self,
+        addr: &str,
+        message: RawMessage,
+        context: &RequestContext,
+        model: &str,
+    ) -> RouterResult<bytes::Bytes> {
+        let call = with_context(message, context, model)?;
+        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?)
+            .max_decoding_message_size(self.config.max_message_size)
+            .max_encoding_message_size(self.config.max_message_size);
+        grpc.ready().await.map_err(|e| RouterError::Unreachable {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        })?;
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(MODEL_INFER_PATH);
+        grpc.unary(call, path, RawCodec)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| classify_infer_status(addr, model, context, s))
     }
 
     /// Opens a `ModelStreamInfer` carrying the one request, and yields its answers as

@@ -16,6 +16,8 @@
 //! - `wire`: the shared codec (`nereid_proto::codec`) on the client side, its errors as
 //!   [`RouterError`]s naming the worker.
 //! - `forward`: one pooled channel per worker, calls and error classification.
+//! - `passthrough`: unary gRPC `ModelInfer` forwarded as bytes (`wire_scan` reads what
+//!   routing needs, `raw_codec` moves the bytes); the router's gRPC routes.
 //! - `service`: [`RouterService`], the `InferenceService` of cluster mode.
 //! - `watch`: follows the control plane's watch with failover and resume.
 //! - `control`: the control-plane connection (addresses, token, unary calls with failover).
@@ -31,12 +33,15 @@ mod control;
 mod error;
 mod forward;
 mod metrics;
+mod passthrough;
+mod raw_codec;
 mod serve;
 mod service;
 mod table;
 mod version;
 mod watch;
 mod wire;
+mod wire_scan;
 
 pub use activate::RepositoryControl;
 pub use choice::SplitMix64;
@@ -44,6 +49,8 @@ pub use control::ControlPlaneConfig;
 pub use error::{RouterError, RouterResult};
 pub use forward::{ForwardConfig, Workers};
 pub use metrics::RouterCollector;
+pub use passthrough::{PassThroughConfig, grpc_routes};
+pub use raw_codec::{RawCodec, RawMessage};
 pub use serve::{RouterConfig, RouterServeError, run};
 pub use service::{RouterService, RouterServiceConfig};
 pub use table::{RoutingTable, SharedTable};

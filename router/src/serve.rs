@@ -3,7 +3,8 @@
 //! ```text
 //! check control-plane addresses and token ─► bind HTTP, gRPC, metrics (fail fast)
 //!   ─► watch task fills the routing table (ready once the first snapshot arrives)
-//!   ─► serve HTTP + gRPC over RouterService, metrics (/metrics: metrics::RouterCollector)
+//!   ─► serve HTTP + gRPC over RouterService (gRPC ModelInfer: passthrough::grpc_routes),
+//!      metrics (/metrics: metrics::RouterCollector)
 //!   ─► shutdown signal: stop accepting, drain in-flight requests (bounded by the exit
 //!      timeout), stop the watch ─► return
 //! ```
@@ -22,6 +23,7 @@ use tokio::sync::watch;
 use crate::activate::{Activator, RepositoryControl};
 use crate::control::{ControlPlane, ControlPlaneConfig};
 use crate::metrics::RouterCollector;
+use crate::passthrough::{PassThroughConfig, grpc_routes};
 use crate::service::{RouterService, RouterServiceConfig};
 use crate::table::{RoutingTable, SharedTable};
 use crate::watch::watch_task;
@@ -59,6 +61,30 @@ pub enum RouterServeError {
     Bind(#[from] nereid_frontend::BindError),
     #[error("{0}")]
     Config(String),
+}
+
+/// Serves `routes` on `listener` as `nereid_frontend::spawn` serves gRPC (connection limits
+/// and TLS from `port`, large HTTP/2 windows) until `stop` turns true and open calls finish.
+async fn serve_grpc(
+    listener: tokio::net::TcpListener,
+    routes: tonic::service::Routes,
+    port: nereid_frontend::PortConfig,
+    stop: watch::Receiver<bool>,
+) {
+    let tls = port.tls.is_some();
+    tracing::info!(addr = ?listener.local_addr().ok(), tls, "gRPC service listening");
+    let done = nereid_frontend::stopped(stop.clone());
+    let incoming = nereid_frontend::incoming("gRPC", listener, port, stop);
+    let result = tonic::transport::Server::builder()
+        .initial_connection_window_size(Some(16 * 1024 * 1024))
+        .initial_stream_window_size(Some(4 * 1024 * 1024))
+        .max_frame_size(Some(1024 * 1024))
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, done)
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "gRPC service failed");
+    }
 }
 
 /// Runs the router until `shutdown` resolves, then drains and returns.
@@ -110,21 +136,39 @@ pub async fn run(
 
     let mut servers = tokio::task::JoinSet::new();
     let shared_memory = nereid_frontend::SharedMemory::disabled(SHARED_MEMORY_OFF);
+    let grpc_config = config.frontend.grpc_config(shared_memory.clone());
+    // gRPC is served here rather than by `nereid_frontend::spawn`: its ModelInfer takes the
+    // pass-through path (`passthrough`).
     nereid_frontend::spawn(
         &mut servers,
         service,
         Frontends {
             http,
-            grpc,
+            grpc: None,
             metrics: metrics_listener.map(|l| (l, prometheus_router(collector))),
             http_config: config
                 .frontend
-                .http_config(config.http_max_input_size, shared_memory.clone()),
-            grpc_config: config.frontend.grpc_config(shared_memory),
+                .http_config(config.http_max_input_size, shared_memory),
+            grpc_config: grpc_config.clone(),
             ports: config.ports.clone(),
         },
         &stop_rx,
     );
+    if let Some(listener) = grpc {
+        let routes = grpc_routes(
+            router.clone(),
+            PassThroughConfig {
+                grpc: grpc_config,
+                shared_memory_off: SHARED_MEMORY_OFF.to_string(),
+            },
+        );
+        servers.spawn(serve_grpc(
+            listener,
+            routes,
+            config.ports.grpc.clone(),
+            stop_rx.clone(),
+        ));
+    }
 
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");

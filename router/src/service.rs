@@ -36,8 +36,8 @@ use nereid_proto::pb::inference::{
 };
 use nereid_proto::{
     InferRequest, InferResponse, InferenceService, LoadRequest, LogSettings, ModelIndexEntry,
-    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
-    TraceSettings, TraceSettingsUpdate, UnloadRequest,
+    ModelMetadata, RequestContext, ResponseStream, ServerMetadata, ServiceError, ServiceResult,
+    TensorMetadata, TraceSettings, TraceSettingsUpdate, UnloadRequest,
 };
 use nereid_telemetry::logging::LogControl;
 use nereid_telemetry::{AttrValue, RequestTrace, SpanKind, Tracer};
@@ -129,19 +129,52 @@ fn ask_of(request: &InferRequest) -> Ask<'_> {
 }
 
 /// Locks a request's trace, whatever a panicking holder left.
-fn lock(trace: &Mutex<RequestTrace>) -> std::sync::MutexGuard<'_, RequestTrace> {
+pub(crate) fn lock(trace: &Mutex<RequestTrace>) -> std::sync::MutexGuard<'_, RequestTrace> {
     trace.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One forwarding attempt to `target`: `call` gets the context to send, whose
+/// `traceparent` is a new client span `forward` of `trace` when the request is traced; the
+/// span is recorded with the attempt's outcome.
+pub(crate) async fn traced_attempt<T, F, Fut>(
+    trace: Option<&Mutex<RequestTrace>>,
+    target: Endpoint,
+    mut context: RequestContext,
+    call: F,
+) -> RouterResult<T>
+where
+    F: FnOnce(Endpoint, RequestContext) -> Fut,
+    Fut: Future<Output = RouterResult<T>>,
+{
+    let forward = trace.map(|t| {
+        let (span, child) = lock(t).child_context();
+        context.trace = Some(child);
+        (t, span)
+    });
+    let addr = target.addr.clone();
+    let version = target.version;
+    let started = Instant::now();
+    let result = call(target, context).await;
+    if let Some((t, span)) = forward {
+        let attributes = vec![
+            ("worker.address".to_string(), AttrValue::Text(addr)),
+            ("model.version".to_string(), AttrValue::Int(version)),
+        ];
+        let error = result.as_ref().err().map(|e| e.to_string());
+        lock(t).call(span, "forward", started, Instant::now(), attributes, error);
+    }
+    result
 }
 
 /// Routes every call to a worker replica chosen from the shared routing table.
 pub struct RouterService {
-    config: RouterServiceConfig,
+    pub(crate) config: RouterServiceConfig,
     table: Arc<SharedTable>,
-    workers: Arc<Workers>,
+    pub(crate) workers: Arc<Workers>,
     routing: Arc<Mutex<Routing>>,
-    admission: Arc<Semaphore>,
+    pub(crate) admission: Arc<Semaphore>,
     activator: Option<Arc<Activator>>,
-    tracer: Tracer,
+    pub(crate) tracer: Tracer,
     logs: Arc<LogControl>,
     metrics: RouterMetrics,
 }
@@ -249,7 +282,7 @@ impl RouterService {
         r.outstanding.clone()
     }
 
-    fn counters(&self, model: &str) -> Arc<ModelCounters> {
+    pub(crate) fn counters(&self, model: &str) -> Arc<ModelCounters> {
         self.metrics
             .model(model, || self.table.load().model(model).is_some())
     }
@@ -321,37 +354,27 @@ impl RouterService {
             // The worker may serve several versions: name the one choice resolved.
             let mut wire = wire.clone();
             wire.message.model_version = target.version.to_string();
-            let forward = trace.map(|t| {
-                let (span, context) = lock(t).child_context();
-                wire.context.trace = Some(context);
-                (t, span)
-            });
-            async move {
-                let started = Instant::now();
-                let result = match self.workers.infer(&target.addr, wire).await {
-                    Ok(response) => decode_response(&target.addr, response),
-                    Err(e) => Err(e),
-                };
-                if let Some((t, span)) = forward {
-                    let attributes = vec![
-                        (
-                            "worker.address".to_string(),
-                            AttrValue::Text(target.addr.to_string()),
-                        ),
-                        ("model.version".to_string(), AttrValue::Int(target.version)),
-                    ];
-                    let error = result.as_ref().err().map(|e| e.to_string());
-                    lock(t).call(span, "forward", started, Instant::now(), attributes, error);
-                }
-                result
-            }
+            traced_attempt(
+                trace,
+                target,
+                wire.context.clone(),
+                move |target, context| {
+                    wire.context = context;
+                    async move {
+                        match self.workers.infer(&target.addr, wire).await {
+                            Ok(response) => decode_response(&target.addr, response),
+                            Err(e) => Err(e),
+                        }
+                    }
+                },
+            )
         })
         .await
     }
 
     /// Runs `call` on a chosen replica; with `retry`, once more on another replica when the
     /// first attempt failed before running.
-    async fn with_retry<T, F, Fut>(
+    pub(crate) async fn with_retry<T, F, Fut>(
         &self,
         ask: &Ask<'_>,
         retry: bool,

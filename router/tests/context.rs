@@ -43,9 +43,13 @@ fn recording_worker() -> FakeService {
 
 /// Serves `service` over gRPC on a free port (until the test's runtime ends).
 async fn serve_grpc(service: Arc<dyn InferenceService>) -> SocketAddr {
+    serve_routes(nereid_frontend::routes(service, Default::default())).await
+}
+
+/// Serves gRPC `routes` on a free port (until the test's runtime ends).
+async fn serve_routes(routes: tonic::service::Routes) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let routes = nereid_frontend::routes(service, Default::default());
     tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         tonic::transport::Server::builder()
@@ -112,7 +116,12 @@ async fn setup() -> Setup {
         table,
         Box::new(SplitMix64::new(3)),
     ));
-    let grpc_addr = serve_grpc(router.clone()).await;
+    // The router's own gRPC routes: ModelInfer takes the pass-through path.
+    let pass_through = nereid_router::PassThroughConfig {
+        grpc: Default::default(),
+        shared_memory_off: "off".into(),
+    };
+    let grpc_addr = serve_routes(nereid_router::grpc_routes(router.clone(), pass_through)).await;
     let http = serve_http(router.clone()).await;
     let grpc = GrpcInferenceServiceClient::connect(format!("http://{grpc_addr}"))
         .await

@@ -1,0 +1,260 @@
+//! The pass-through path of unary gRPC `ModelInfer`: the router reads only what routing needs
+//! from the client's message and forwards its bytes to the chosen worker, whose answer goes
+//! back to the client as the worker encoded it. No tensor is decoded or re-encoded.
+//!
+//! ```text
+//! client ─ModelInfer─► grpc_routes: ModelInferRoute (RawCodec; restricted-API check)
+//!   ─► RouterService::infer_raw
+//!        wire_scan::scan_request   model, version, sequence options, tensor names/shapes
+//!        RequestLimits, shared memory refused, version parsed      (INVALID_ARGUMENT / ...)
+//!        admission ─► with_retry (choice, scale from zero, retry once, ejection)
+//!          ─► traced_attempt ─► Workers::infer_raw(client bytes + version field) ─► worker
+//!   ◄─ the worker's response bytes, or its status
+//! every other rpc (ModelStreamInfer included) ─► nereid_frontend::routes over RouterService
+//! ```
+//!
+//! Everything the typed path checks before forwarding is checked here on the scanned fields;
+//! the rest (tensor shapes against the model, contents, custom parameters) is the worker's to
+//! refuse, with the same messages a worker gives. The worker's response is not validated.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use nereid_frontend::{ApiCategory, GrpcConfig};
+use nereid_proto::{
+    GRPC_TIMEOUT, InferenceService, RequestContext, ResponseHook, ServiceError, ServiceResult,
+    TRACEPARENT, TRACESTATE, TraceContext, parse_grpc_timeout, parse_version,
+};
+use nereid_telemetry::{RequestTrace, SpanKind};
+use tonic::codegen::{BoxFuture, http};
+use tonic::metadata::MetadataMap;
+use tracing::Instrument;
+
+use crate::choice::Ask;
+use crate::error::{RouterError, RouterResult};
+use crate::forward::MODEL_INFER_PATH;
+use crate::raw_codec::{RawCodec, RawMessage};
+use crate::service::{RouterService, traced_attempt};
+use crate::wire_scan::{ScannedRequest, scan_request, version_suffix};
+
+/// What the pass-through path checks before forwarding, as the typed frontend would.
+#[derive(Clone, Debug)]
+pub struct PassThroughConfig {
+    /// The gRPC frontend's settings (message sizes, limits, restricted APIs).
+    pub grpc: GrpcConfig,
+    /// Why a request naming shared memory is refused.
+    pub shared_memory_off: String,
+}
+
+impl RouterService {
+    /// Routes one `ModelInfer` message as bytes (see the module docs); `context` is what the
+    /// call's metadata carried.
+    pub async fn infer_raw(
+        &self,
+        message: Bytes,
+        context: RequestContext,
+        config: &PassThroughConfig,
+    ) -> ServiceResult<Bytes> {
+        let scanned = scan_request(&message)?;
+        let limits = &config.grpc.limits;
+        limits.check_counts(scanned.inputs.len(), scanned.outputs)?;
+        for input in &scanned.inputs {
+            limits.check_shape(&scanned.model_name, &input.name, &input.shape)?;
+        }
+        let version = parse_version(&scanned.model_name, &scanned.model_version)?;
+        if let Some(tensor) = &scanned.shared_memory {
+            return Err(ServiceError::unsupported(format!(
+                "{tensor} names a shared-memory region; system shared memory is not available: {}",
+                config.shared_memory_off
+            )));
+        }
+        let started = Instant::now();
+        let counters = self.counters(&scanned.model_name);
+        let result = async {
+            let _permit = self
+                .admission
+                .try_acquire()
+                .map_err(|_| RouterError::Overloaded {
+                    limit: self.config.max_in_flight,
+                })?;
+            self.route_raw(&message, &scanned, version, context).await
+        }
+        .await;
+        counters.finish(started.elapsed(), result.is_ok());
+        Ok(result?)
+    }
+
+    /// [`Self::forward_raw`], traced as the typed path traces (`RouterService::route_infer`).
+    async fn route_raw(
+        &self,
+        message: &Bytes,
+        scanned: &ScannedRequest,
+        version: Option<i64>,
+        context: RequestContext,
+    ) -> RouterResult<Bytes> {
+        let trace = self.tracer.start(
+            "InferRequest",
+            SpanKind::Server,
+            &scanned.model_name,
+            &context,
+        );
+        let Some(trace) = trace else {
+            return self
+                .forward_raw(message, scanned, version, &context, None)
+                .await;
+        };
+        let span = tracing::info_span!("request", trace_id = %trace.trace_id());
+        let trace = Mutex::new(trace);
+        let result = self
+            .forward_raw(message, scanned, version, &context, Some(&trace))
+            .instrument(span)
+            .await;
+        let mut trace = trace.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = &result {
+            trace.fail(e.to_string());
+        }
+        trace.done(Instant::now());
+        trace.close_after_send(&context);
+        result
+    }
+
+    async fn forward_raw(
+        &self,
+        message: &Bytes,
+        scanned: &ScannedRequest,
+        version: Option<i64>,
+        context: &RequestContext,
+        trace: Option<&Mutex<RequestTrace>>,
+    ) -> RouterResult<Bytes> {
+        let model = scanned.model_name.as_str();
+        let ask = Ask {
+            model,
+            version,
+            sequence: scanned.options.sequence_id.as_ref(),
+            start: scanned.options.sequence_start,
+            end: scanned.options.sequence_end,
+        };
+        // A sequence request changes state on the worker that accepted it: never retried.
+        let retry = ask.sequence.is_none();
+        self.with_retry(&ask, retry, context.deadline, |target| {
+            // The worker may serve several versions: name the one choice resolved.
+            let raw = RawMessage {
+                head: message.clone(),
+                tail: version_suffix(&scanned.model_version, &target.version.to_string()),
+            };
+            traced_attempt(
+                trace,
+                target,
+                context.clone(),
+                move |target, context| async move {
+                    self.workers
+                        .infer_raw(&target.addr, raw, &context, model)
+                        .await
+                },
+            )
+        })
+        .await
+    }
+}
+
+/// The router's gRPC routes: `ModelInfer` through the pass-through path, every other rpc
+/// through `nereid_frontend::routes` over the same service.
+pub fn grpc_routes(
+    router: Arc<RouterService>,
+    config: PassThroughConfig,
+) -> tonic::service::Routes {
+    let service: Arc<dyn InferenceService> = router.clone();
+    let typed = nereid_frontend::routes(service, config.grpc.clone()).into_axum_router();
+    let raw = ModelInferRoute {
+        router,
+        config: Arc::new(config),
+    };
+    tonic::service::Routes::from(typed.route_service(MODEL_INFER_PATH, raw))
+}
+
+/// The tower service of the `ModelInfer` route.
+#[derive(Clone)]
+struct ModelInferRoute {
+    router: Arc<RouterService>,
+    config: Arc<PassThroughConfig>,
+}
+
+impl tonic::codegen::Service<http::Request<axum::body::Body>> for ModelInferRoute {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: http::Request<axum::body::Body>) -> Self::Future {
+        let route = self.clone();
+        Box::pin(async move {
+            // The typed routes sit behind the frontend's restricted-API layer; this route
+            // checks the same category itself.
+            let restricted = &route.config.grpc.restricted;
+            if let Err(missing) = restricted.check(ApiCategory::Inference, call.headers()) {
+                return Ok(tonic::Status::unavailable(format!(
+                    "This protocol is restricted, expecting header '{}'",
+                    missing.key
+                ))
+                .into_http());
+            }
+            let max = route.config.grpc.max_message_size;
+            let mut grpc = tonic::server::Grpc::new(RawCodec)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max);
+            Ok(grpc.unary(route, call).await)
+        })
+    }
+}
+
+impl tonic::server::UnaryService<Bytes> for ModelInferRoute {
+    type Response = RawMessage;
+    type Future = BoxFuture<tonic::Response<RawMessage>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let route = self.clone();
+        Box::pin(async move {
+            let mut context = request_context(request.metadata(), Instant::now());
+            let hook = ResponseHook::new();
+            context.response_hook = hook.clone();
+            let answer = route
+                .router
+                .infer_raw(request.into_inner(), context, &route.config)
+                .await?;
+            hook.finish(Instant::now());
+            Ok(tonic::Response::new(RawMessage::new(answer)))
+        })
+    }
+}
+
+/// The trace context and deadline a call's metadata carries, as the gRPC frontend reads them
+/// (`now` is when the call arrived; a malformed `grpc-timeout` is ignored).
+fn request_context(metadata: &MetadataMap, now: Instant) -> RequestContext {
+    let text = |key: &'static str| {
+        metadata
+            .get_all(key)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+    };
+    let deadline = metadata
+        .get(GRPC_TIMEOUT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .and_then(|timeout| now.checked_add(timeout));
+    RequestContext {
+        trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
+        deadline,
+        received: Some(now),
+        ..Default::default()
+    }
+}
