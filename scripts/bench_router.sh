@@ -22,6 +22,12 @@
 #   BENCH_ROUTER_ROUNDS     direct/router pairs per configuration         (default 2)
 #   BENCH_ROUTER_PROTOCOLS  protocols to measure                          (default "grpc http")
 #   BENCH_ROUTER_MODELS     models to measure                             (default "identity mlp_large")
+#   BENCH_ROUTER_CPUS       taskset CPU list for the router (e.g. 0)      (default: unpinned)
+#   BENCH_WORKER_CPUS       taskset CPU list for the worker (e.g. 1)      (default: unpinned)
+# The load generator and the control plane are never pinned. Layouts the router-hop table reports:
+#   BENCH_ROUTER_CPUS=0 BENCH_WORKER_CPUS=1   the router on its own core, the worker on the other
+#   BENCH_ROUTER_CPUS=1 BENCH_WORKER_CPUS=0   the same, swapped
+#   (neither set)                             all unpinned
 
 set -euo pipefail
 
@@ -41,6 +47,9 @@ MAX_TRIALS=${BENCH_MAX_TRIALS:-5}
 ROUNDS=${BENCH_ROUTER_ROUNDS:-2}
 read -r -a PROTOCOLS <<<"${BENCH_ROUTER_PROTOCOLS:-grpc http}"
 read -r -a MODELS <<<"${BENCH_ROUTER_MODELS:-identity mlp_large}"
+ROUTER_CPUS=${BENCH_ROUTER_CPUS:-}
+WORKER_CPUS=${BENCH_WORKER_CPUS:-}
+export BENCH_LAYOUT="router on CPUs ${ROUTER_CPUS:-any}, worker on CPUs ${WORKER_CPUS:-any}, load generator unpinned"
 CONCURRENCIES=(1 32)
 READY_SECS=120
 
@@ -50,6 +59,10 @@ for f in "$PY" "$NEREID" "$LOADTEST"; do
         exit 1
     fi
 done
+if [[ -n $ROUTER_CPUS$WORKER_CPUS ]] && ! command -v taskset >/dev/null; then
+    echo "error: BENCH_ROUTER_CPUS / BENCH_WORKER_CPUS need taskset (util-linux)" >&2
+    exit 1
+fi
 if ! "$NEREID" router --help >/dev/null 2>&1; then
     echo "error: $NEREID has no 'router' subcommand; rebuild it (cargo build --release)" >&2
     exit 1
@@ -88,12 +101,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# start NAME ARGS...: runs `nereid ARGS...` in the background, log in DIR/NAME.log.
+# start NAME ARGS...: runs `nereid ARGS...` in the background, log in DIR/NAME.log; the router
+# and the worker under `taskset -c` when their CPU list is set (taskset execs, so $! is nereid).
 start() {
-    local name=$1
+    local name=$1 pin=()
     shift
-    LOG_SUFFIX=" &" log_cmd "$NEREID" "$@"
-    "$NEREID" "$@" >"$DIR/$name.log" 2>&1 &
+    case $name in
+        router) [[ -n $ROUTER_CPUS ]] && pin=(taskset -c "$ROUTER_CPUS") ;;
+        worker) [[ -n $WORKER_CPUS ]] && pin=(taskset -c "$WORKER_CPUS") ;;
+    esac
+    LOG_SUFFIX=" &" log_cmd "${pin[@]}" "$NEREID" "$@"
+    "${pin[@]}" "$NEREID" "$@" >"$DIR/$name.log" 2>&1 &
     PIDS+=($!)
     eval "${name^^}_PID=$!"
 }
@@ -299,6 +317,7 @@ cpu_name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.
 machine = {"cpu": cpu_name, "cores": os.cpu_count(), "kernel": platform.release(),
            "load_average_at_start": [float(x) for x in os.environ.get("BENCH_LOAD_START", "0 0 0").split()],
            "load_average_at_end": os.getloadavg(), "commit": commit + ("-dirty" if dirty else ""),
+           "layout": os.environ.get("BENCH_LAYOUT", ""),
            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 commands = (out / "router-hop" / "commands.txt").read_text().splitlines()
 results = {"machine": machine,
@@ -313,7 +332,7 @@ def fmt(v, digits=0):
 
 
 print(f"# Router hop ({machine['date']}, commit {machine['commit']}, {cpu_name}, {machine['cores']} cores)\n")
-print(f"Medians of {rounds} run(s) each way, direct and router runs alternating; "
+print(f"Layout: {machine['layout']}. Medians of {rounds} run(s) each way, direct and router runs alternating; "
       f"target ≤ {TARGET_P50_US} µs p50 added, ≤ {TARGET_LOST_PCT} % throughput lost.\n")
 print("| model | protocol | conc. | p50 µs direct | p50 µs router | p50 added µs | p99 µs direct | p99 µs router "
       "| infer/s direct | infer/s router | throughput lost | router CPU µs/req | per-pair added µs / lost % | targets |")
