@@ -341,3 +341,75 @@ async fn a_round_scales_an_autoscaled_model_on_heartbeat_load_and_explains_it() 
         "the latest evaluation is kept for explanations"
     );
 }
+
+#[tokio::test]
+async fn a_late_worker_receives_replicas_make_before_break_within_the_budget() {
+    let c = Arc::new(MemoryConsensus::new(1));
+    let soft = SoftState::new(TIMEOUT).with_rebalance_max_moves(2);
+    soft.begin_term(Instant::now() - Duration::from_secs(60));
+    write(&c, Command::RegisterNode(node("a"))).await;
+    soft.heard_from("a", Instant::now(), None);
+    let names: Vec<String> = (0..6).map(|i| format!("m{i}")).collect();
+    for name in &names {
+        write(&c, Command::UpsertModel(model(name, 1))).await;
+    }
+    round(&*c, &soft, &Default::default()).await.unwrap();
+    for name in &names {
+        set_ready(&c, name).await;
+    }
+
+    write(&c, Command::RegisterNode(node("b"))).await;
+    soft.heard_from("b", Instant::now(), None);
+    for step in 0..8 {
+        round(&*c, &soft, &Default::default()).await.unwrap();
+        let live = |m: &str| -> Vec<(String, ReplicaState)> {
+            replicas_of(&c, m)
+                .into_iter()
+                .filter(|(_, s)| *s != ReplicaState::Unloading)
+                .collect()
+        };
+        let moving = names.iter().filter(|m| live(m).len() == 2).count();
+        assert!(moving <= 2, "step {step}: {moving} moves in flight, budget 2");
+        for m in &names {
+            assert!(
+                live(m).iter().any(|(_, s)| *s == ReplicaState::Ready),
+                "step {step}: {m} lost its ready replica: {:?}",
+                replicas_of(&c, m)
+            );
+        }
+        for m in &names {
+            set_ready(&c, m).await;
+        }
+    }
+    let state = c.local_state();
+    let on = |n: &str| {
+        state
+            .replicas()
+            .values()
+            .filter(|r| r.node == n && r.state == ReplicaState::Ready)
+            .count()
+    };
+    assert_eq!((on("a"), on("b")), (3, 3));
+    let moved = state
+        .replicas()
+        .values()
+        .find(|r| r.node == "b")
+        .expect("a replica on b");
+    assert!(
+        moved
+            .placement_reason
+            .starts_with("rebalancing: a replica moves from a to b"),
+        "{}",
+        moved.placement_reason
+    );
+    let rules: Vec<(String, String)> = soft
+        .placement_history(&moved.model)
+        .iter()
+        .flat_map(|r| r.decisions.iter().map(|d| (d.action.clone(), d.rule.clone())))
+        .collect();
+    assert!(
+        rules.contains(&("add".into(), "Rebalance".into()))
+            && rules.contains(&("remove".into(), "Rebalance".into())),
+        "{rules:?}"
+    );
+}

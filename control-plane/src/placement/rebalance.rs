@@ -121,9 +121,9 @@ pub(super) fn plan_moves(
     let mut touched: BTreeSet<(String, i64)> = BTreeSet::new();
     let mut leaving: BTreeSet<u64> = BTreeSet::new();
     for m in &rebalance.in_flight {
-        let arrived = pool
-            .index_of(&m.to)
-            .is_some_and(|t| proj.hosting.contains(&(m.model.clone(), m.version, t)));
+        let arrived = pool.index_of(&m.to).is_some_and(|t| {
+            pool.node(t).eligible() && proj.hosting.contains(&(m.model.clone(), m.version, t))
+        });
         if live.contains_key(&m.replica) && arrived {
             leaving.insert(m.replica);
             touched.insert((m.model.clone(), m.version));

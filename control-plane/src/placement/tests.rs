@@ -317,6 +317,14 @@ fn every_reason_explains_itself_in_a_sentence() {
         (Reason::ModelRemoved, "no longer registered"),
         (Reason::SpreadConflict, "same node"),
         (
+            Reason::Rebalance {
+                from: "a".into(),
+                to: "b".into(),
+                why: "a holds 4 replicas, b holds 0".into(),
+            },
+            "moves from a to b (a holds 4 replicas, b holds 0)",
+        ),
+        (
             Reason::NoCapacity {
                 needed: 10,
                 best_free: 3,
