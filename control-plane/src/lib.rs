@@ -19,6 +19,7 @@
 //! - [`NodeConfig`], [`run`] (and [`serve`] on listeners already bound, [`Listeners`]):
 //!   `nereid control-plane`'s life; [`NodeError`] when it cannot start.
 //! - [`AuthToken`]: the management API's bearer token, part of [`NodeConfig`].
+//! - [`Store`], [`EtcdConfig`]: where the state of record lives (Nereid's Raft, or etcd).
 //! - [`plan`] over [`NodeView`], [`ModelView`], [`CurrentReplica`] and [`Load`], giving a
 //!   [`Plan`]: the pure placement core, which `nereid-loadtest placement-sim` times.
 //! - [`parse_bytes`]: byte sizes as the flags write them (`512Mi`, `16Gi`).
@@ -28,6 +29,7 @@ mod autoscale;
 mod cluster;
 mod consensus;
 mod convert;
+mod etcd;
 mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -45,6 +47,7 @@ mod views;
 mod watch;
 
 pub use api::AuthToken;
-pub use node::{Listeners, NodeConfig, NodeError, run, serve};
+pub use etcd::EtcdConfig;
+pub use node::{Listeners, NodeConfig, NodeError, Store, run, serve};
 pub use placement::{CurrentReplica, Load, ModelView, NodeView, Plan, plan};
 pub use units::parse_bytes;
