@@ -63,6 +63,11 @@ VARIANTS = {
     "tokens file": ["auth.tokensSecret=nereid-tokens"],
     "router TLS": ["router.tls.secretName=nereid-router-tls"],
     "cluster mutual TLS": ["cluster.tls.secretName=nereid-cluster-tls"],
+    "etcd store": [
+        "controlPlane.etcd.endpoints={http://etcd-0.etcd:2379,http://etcd-1.etcd:2379}",
+        "controlPlane.etcd.user=nereid",
+        "controlPlane.etcd.passwordSecret=nereid-etcd",
+    ],
 }
 KSERVE_PROBES = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
 
@@ -289,7 +294,11 @@ def check_control_plane(f: Failures, where: str, sts: dict, container: dict, ner
             f.add(where, f"pod {pod}: --node-id is {node_id!r}, expected {ordinal + 1} (ordinal + 1)")
         advertise = flag_value(argv, "--advertise-address")
         peers, join = flag_value(argv, "--peers"), flag_value(argv, "--join")
-        if (peers is None) == (join is None):
+        if flag_value(argv, "--store") == "etcd":
+            # Stateless pods sharing an etcd: no Raft membership flags (the binary refuses them).
+            if peers is not None or join is not None or not flag_value(argv, "--etcd-endpoints"):
+                f.add(where, f"pod {pod}: --store etcd needs --etcd-endpoints and no --peers/--join")
+        elif (peers is None) == (join is None):
             f.add(where, f"pod {pod}: needs exactly one of --peers and --join")
         elif peers is not None:
             if peers_seen is not None and peers != peers_seen:
