@@ -4,14 +4,17 @@
 //!  management API / cluster service / leader loop
 //!        │ write(Command)            │ local_state() / subscribe()     │ status(), leadership()
 //!        ▼                           ▼                                  ▼
-//!  ┌──────────────────────── Consensus (implemented by raft::RaftNode) ──────────────────────┐
+//!  ┌─────────────── Consensus (implemented by raft::RaftNode and etcd::EtcdStore) ────────────┐
 //!  │ leader: append, replicate to a quorum, fsync, apply      follower: forward to the leader │
 //!  └─────────────────────────────────────────────────────────────────────────────────────────┘
 //! ```
 //!
 //! No openraft type crosses this boundary: commands and state are [`crate::state`]'s, errors are
-//! [`ConsensusError`]. Unit tests of the layers above use an in-memory implementation.
+//! [`ConsensusError`]. Unit tests of the layers above use an in-memory implementation;
+//! `conformance` runs one behaviour suite against both stores (Raft and etcd).
 
+#[cfg(test)]
+mod conformance;
 #[cfg(test)]
 pub mod memory;
 

@@ -24,13 +24,26 @@ use tracing::{info, warn};
 use super::{Record, Shared, bounded};
 use crate::consensus::{Leadership, Member};
 
+/// etcd's answer for a lease it does not know (expired, or revoked already).
+const LEASE_NOT_FOUND: &str = "requested lease not found";
+
 pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(100);
+    // A lease this process could not revoke (etcd was down): etcd restores leases when it
+    // restarts, so its keys would block this process's next registration until it expired.
+    let mut stale: Option<i64> = None;
     loop {
         if *stop.borrow() {
             return;
         }
         let mut client = shared.client.clone();
+        if let Some(old) = stale {
+            match bounded(client.lease_revoke(old)).await {
+                Ok(_) => stale = None,
+                Err(e) if e.contains(LEASE_NOT_FOUND) => stale = None,
+                Err(_) => {}
+            }
+        }
         let lease = match bounded(client.lease_grant(ttl_secs(&shared), None)).await {
             Ok(lease) => lease.id(),
             Err(e) => {
@@ -46,8 +59,13 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         };
         let result = session(&shared, &mut client, lease, &mut stop).await;
         lose(&shared, None);
-        // Best effort: on a lost connection the lease expires on its own.
-        let _ = bounded(client.lease_revoke(lease)).await;
+        // On a lost connection the lease expires on its own; revoked later if etcd returns
+        // first (a lease etcd no longer knows is gone already).
+        if let Err(e) = bounded(client.lease_revoke(lease)).await
+            && !e.contains(LEASE_NOT_FOUND)
+        {
+            stale = Some(lease);
+        }
         match result {
             Ok(()) => return,
             Err(e) => {
