@@ -369,7 +369,10 @@ async fn a_late_worker_receives_replicas_make_before_break_within_the_budget() {
                 .collect()
         };
         let moving = names.iter().filter(|m| live(m).len() == 2).count();
-        assert!(moving <= 2, "step {step}: {moving} moves in flight, budget 2");
+        assert!(
+            moving <= 2,
+            "step {step}: {moving} moves in flight, budget 2"
+        );
         for m in &names {
             assert!(
                 live(m).iter().any(|(_, s)| *s == ReplicaState::Ready),
@@ -405,7 +408,11 @@ async fn a_late_worker_receives_replicas_make_before_break_within_the_budget() {
     let rules: Vec<(String, String)> = soft
         .placement_history(&moved.model)
         .iter()
-        .flat_map(|r| r.decisions.iter().map(|d| (d.action.clone(), d.rule.clone())))
+        .flat_map(|r| {
+            r.decisions
+                .iter()
+                .map(|d| (d.action.clone(), d.rule.clone()))
+        })
         .collect();
     assert!(
         rules.contains(&("add".into(), "Rebalance".into()))

@@ -108,7 +108,10 @@ pub fn plan(
 
 /// What a replica holds, host memory and on each of its GPUs: its own measurement, else the
 /// model's, else the model's estimate.
-pub(super) fn replica_charge<'a>(replica: &'a CurrentReplica, model: Option<&ModelView>) -> Charge<'a> {
+pub(super) fn replica_charge<'a>(
+    replica: &'a CurrentReplica,
+    model: Option<&ModelView>,
+) -> Charge<'a> {
     Charge {
         memory: replica
             .memory_bytes

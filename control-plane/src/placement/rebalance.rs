@@ -150,7 +150,10 @@ pub(super) fn plan_moves(
 
     // Movable replicas per source node: ready, on an eligible node, of an untouched version.
     let mut movable: BTreeMap<usize, Vec<Candidate>> = BTreeMap::new();
-    for r in live.values().filter(|r| r.ready && !leaving.contains(&r.id)) {
+    for r in live
+        .values()
+        .filter(|r| r.ready && !leaving.contains(&r.id))
+    {
         let (Some(i), Some(&model)) = (
             pool.index_of(&r.node),
             models.get(&(r.model.as_str(), r.version)),
@@ -298,6 +301,10 @@ fn find_move<'r>(
     None
 }
 
+/// A candidate move's rank (the larger used fraction of the two nodes after it, then model,
+/// version and replica id), the candidate and the GPUs it would get.
+type Best<'r> = ((u64, &'r str, i64, u64), &'r Candidate<'r>, Vec<u32>);
+
 /// Among the replicas on `s`, the one whose move to `t` the rule allows and that leaves the two
 /// nodes most even (the lower of their larger used fraction), ties by model, version, id.
 fn best_on<'r>(
@@ -310,7 +317,7 @@ fn best_on<'r>(
     t: usize,
 ) -> Option<Found<'r>> {
     let target: &PoolNode = pool.node(t);
-    let mut best: Option<((u64, &str, i64, u64), &Candidate, Vec<u32>)> = None;
+    let mut best: Option<Best> = None;
     for c in list.iter().filter(|c| !moved.contains(&c.replica.id)) {
         let m = c.model;
         if proj.hosting.contains(&(m.name.clone(), m.version, t)) {

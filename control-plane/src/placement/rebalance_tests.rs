@@ -83,7 +83,10 @@ fn skewed_memory_moves_replicas_and_the_target_stays_below_the_source() {
     let Reason::Rebalance { why, .. } = &p.add[0].reason else {
         panic!()
     };
-    assert_eq!(why, "memory 80% used on a, 0% on b: more than 20 points apart");
+    assert_eq!(
+        why,
+        "memory 80% used on a, 0% on b: more than 20 points apart"
+    );
 }
 
 #[test]
@@ -189,6 +192,9 @@ fn a_model_changed_this_round_is_not_moved() {
     // Counting it, b holds 1 and a 3: one move evens them, and it is not m00.
     let p = plan(&nodes, &models, &replicas, &budget(2, Vec::new()));
     assert_eq!(p.add.len(), 2, "{:?}", p.add);
-    assert_eq!((p.add[0].reason.clone(), p.add[0].node.as_str()), (Reason::ScaleUp, "b"));
+    assert_eq!(
+        (p.add[0].reason.clone(), p.add[0].node.as_str()),
+        (Reason::ScaleUp, "b")
+    );
     assert_eq!(moves_of(&p), vec![("m01", 2, "b")]);
 }
