@@ -52,7 +52,9 @@ pub enum ControlModeArg {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Model repository directory (repeat for several). Triton layout: <repo>/<model>/config.pbtxt
-    /// and numbered version folders.
+    /// and numbered version folders. Object stores too: s3://bucket/path,
+    /// s3://host:port/bucket/path, gs://bucket/path, as://account/container/path (mirrored into
+    /// --model-cache-dir; credentials from AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*).
     #[arg(
         long = "model-repository",
         alias = "model-store",
@@ -61,6 +63,10 @@ pub struct ServeArgs {
         required = true
     )]
     pub model_repository: Vec<PathBuf>,
+    /// Where object-store repositories are mirrored (one folder per URL; give each server its
+    /// own). Default: $XDG_CACHE_HOME/nereid/models, else <temp dir>/nereid-model-cache.
+    #[arg(long, env = "NEREID_MODEL_CACHE_DIR")]
+    pub model_cache_dir: Option<PathBuf>,
     #[command(flatten)]
     pub listen: ListenArgs,
     #[command(flatten)]
@@ -102,9 +108,16 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     /// Checks the flags and turns them into the server's config, before any port is bound.
-    pub fn into_config(self) -> Result<ServeConfig, String> {
-        for repo in &self.model_repository {
-            if !repo.is_dir() {
+    pub fn into_config(mut self) -> Result<ServeConfig, String> {
+        let cache_dir = self
+            .model_cache_dir
+            .clone()
+            .unwrap_or_else(nereid_data_plane::default_cache_dir);
+        for repo in &mut self.model_repository {
+            if let Some(url) = repo.to_str().filter(|r| nereid_data_plane::is_remote(r)) {
+                *repo = nereid_data_plane::mirror_repository(url, &cache_dir)
+                    .map_err(|e| format!("--model-repository: {e}"))?;
+            } else if !repo.is_dir() {
                 return Err(format!(
                     "--model-repository '{}' is not a directory",
                     repo.display()
@@ -269,6 +282,7 @@ impl WorkerArgs {
         })?;
         let serve = ServeArgs {
             model_repository: vec![repository.clone()],
+            model_cache_dir: None,
             listen: self.listen,
             metrics: self.metrics,
             telemetry: TelemetryArgs::default(),

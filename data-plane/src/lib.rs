@@ -15,6 +15,8 @@
 //!   ([`ManagerConfig`], [`ControlMode`]), for callers that bring their own frontends.
 //! - [`check_paths`] ([`CheckOptions`]): `nereid check-config`, a lint as strict as loading.
 //! - [`MetricsConfig`]: what the metrics endpoint reports; [`hostname`]: the default node id.
+//! - [`mirror_repository`]: an object-store repository URL (`s3://`, `gs://`, `as://`) as the
+//!   local directory the manager scans, kept up to date from the store at each scan.
 //!
 //! Two modules stay public because other code is written against them:
 //! - [`backend`]: the `Backend` / `BackendInstance` traits and the
@@ -55,8 +57,10 @@ pub use backend::Backends;
 pub use check::{CheckOptions, Checked, check_paths};
 pub use manager::{ControlMode, ManagerConfig, ModelManager};
 pub use metrics::{LatencyMetrics, MetricsConfig, MetricsConfigError};
+pub use nereid_remote_repository::{RemoteError, default_cache_dir, is_remote};
 pub use probe::host::hostname;
 pub use rate_limit::RateLimitConfig;
+pub use repository::remote::mirror_repository;
 pub use request::cache::{CacheConfigError, parse_cache_config};
 pub use serve::{ServeConfig, ServeError, run as serve};
 pub use server::{DataPlane, DataPlaneConfig};

@@ -6,7 +6,8 @@
 //! ```
 //!
 //! Scanning is pure file-system reading with no side effects, so poll mode can rescan at will
-//! and compare [`Fingerprint`]s to see what changed.
+//! and compare [`Fingerprint`]s to see what changed. Object-store repositories are mirrored
+//! into local directories first ([`remote`]), so the scan only ever reads a disk.
 
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -15,6 +16,8 @@ use std::time::SystemTime;
 
 use nereid_proto::pb::inference::ModelVersionPolicy;
 use nereid_proto::pb::inference::model_version_policy::PolicyChoice;
+
+pub mod remote;
 
 /// A model directory found in a repository.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -130,6 +130,28 @@ impl Mirror {
         Ok(report)
     }
 
+    /// The version folders (positive, no leading zero) under the model folder `model`,
+    /// sorted: what a deploy of `<url>/<model>` can serve. Listing failures are classified as
+    /// for [`Mirror::sync`].
+    pub async fn versions(&self, model: &str) -> Result<Vec<i64>, RemoteError> {
+        let prefix = ObjectPath::from(self.url.join(model).prefix.as_str());
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|e| store::classify_list_error(&self.url, e))?;
+        let mut versions: Vec<i64> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename())
+            .filter(|name| !name.starts_with('0'))
+            .filter_map(|name| name.parse::<i64>().ok())
+            .filter(|v| *v > 0)
+            .collect();
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
     /// Lists `prefix` and groups its objects by model (the first path segment under the
     /// repository prefix).
     async fn list(&self, prefix: &str) -> Result<BTreeMap<String, Vec<FileSig>>, RemoteError> {

@@ -232,6 +232,24 @@ async fn a_failing_model_is_reported_and_the_others_sync() {
     assert!(err.to_string().contains("bad"), "{err}");
 }
 
+#[tokio::test]
+async fn versions_are_the_numeric_folders_of_a_model() {
+    let f = fixture();
+    for key in [
+        "m/config.pbtxt",
+        "m/3/x",
+        "m/1/x",
+        "m/01/x",
+        "m/0/x",
+        "m/a/x",
+        "other/7/x",
+    ] {
+        f.put(key, "x").await;
+    }
+    assert_eq!(f.mirror.versions("m").await.unwrap(), [1, 3]);
+    assert!(f.mirror.versions("none").await.unwrap().is_empty());
+}
+
 #[test]
 fn slugs_are_distinct_and_file_names() {
     let a = slug("s3://bucket/repo");

@@ -94,6 +94,22 @@ impl RepositoryUrl {
         })
     }
 
+    /// Splits a model folder's URL (`s3://bucket/repo/model`) into its repository's URL and
+    /// the folder's name.
+    pub fn split_model(url: &str) -> Result<(String, String), RemoteError> {
+        let parsed = RepositoryUrl::parse(url)?;
+        let trimmed = url.trim_end_matches('/');
+        match trimmed.rsplit_once('/') {
+            Some((parent, name)) if !parsed.prefix.is_empty() => {
+                Ok((parent.to_string(), name.to_string()))
+            }
+            _ => Err(RemoteError::InvalidUrl {
+                url: url.to_string(),
+                reason: "it names a bucket, not a model folder (s3://bucket/path/model)".into(),
+            }),
+        }
+    }
+
     /// The endpoint messages name: the explicit one, or the provider's.
     pub fn endpoint(&self) -> String {
         match &self.provider {
@@ -207,6 +223,20 @@ mod tests {
         assert!(err("as:///container").contains("needs an account"));
         assert!(err("s3://b/a/../c").contains("'..'"));
         assert!(err("/local/dir").contains("expected s3://"));
+    }
+
+    #[test]
+    fn model_urls_split_into_repository_and_folder() {
+        let split = |u: &str| RepositoryUrl::split_model(u).map_err(|e| e.to_string());
+        let pair = |a: &str, b: &str| Ok((a.to_string(), b.to_string()));
+        assert_eq!(split("s3://h:9/b/repo/m/"), pair("s3://h:9/b/repo", "m"));
+        assert_eq!(split("gs://b/m"), pair("gs://b", "m"));
+        assert!(split("s3://b").unwrap_err().contains("not a model folder"));
+        assert!(
+            split("s3://h:9/b")
+                .unwrap_err()
+                .contains("not a model folder")
+        );
     }
 
     #[test]

@@ -176,7 +176,14 @@ impl ModelManager {
     /// except that ensembles wait for their composing models. Failures are recorded per model;
     /// they never stop the others.
     pub async fn load_startup_models(self: &Arc<Self>) -> Result<(), ServiceError> {
-        let scan = self.scan()?;
+        // Explicit mode with named models fetches each from an object store on its load.
+        let named = self.config.control_mode == ControlMode::Explicit
+            && !self.config.startup_models.iter().any(|m| m == "*");
+        let scan = if named {
+            self.scan()?
+        } else {
+            self.synced_scan(None).await?
+        };
         let names: Vec<String> = match self.config.control_mode {
             ControlMode::Explicit if !self.config.startup_models.iter().any(|m| m == "*") => {
                 self.config.startup_models.clone()
@@ -232,6 +239,16 @@ impl ModelManager {
         }
     }
 
+    /// [`Self::scan`] after bringing object-store repositories up to date: every model, or
+    /// only `model` (an explicit load downloads what it loads).
+    async fn synced_scan(
+        &self,
+        model: Option<&str>,
+    ) -> Result<repository::ScanResult, ServiceError> {
+        repository::remote::sync(&self.config.repositories, model).await?;
+        self.scan()
+    }
+
     fn scan(&self) -> Result<repository::ScanResult, ServiceError> {
         repository::scan(&self.config.repositories).map_err(|e| {
             ServiceError::internal(format!("failed to read the model repository: {e}"))
@@ -275,7 +292,16 @@ impl ModelManager {
                 (dir.path().to_path_buf(), Some(config), Some(dir))
             }
             LoadSource::Repository { config_override } => {
-                let scan = self.scan()?;
+                let scan = match self.synced_scan(Some(name)).await {
+                    Ok(scan) => scan,
+                    Err(e) => {
+                        let reason = e.into_message();
+                        self.record_failure(name, reason.clone(), Vec::new());
+                        return Err(ServiceError::internal(format!(
+                            "failed to load '{name}': {reason}"
+                        )));
+                    }
+                };
                 if let Some(paths) = scan.duplicates.get(name) {
                     let paths: Vec<String> =
                         paths.iter().map(|p| p.display().to_string()).collect();
@@ -382,7 +408,7 @@ impl ModelManager {
             } => Some(config.clone()),
             LoadSource::Repository {
                 config_override: None,
-            } => self.scan().ok().and_then(|scan| {
+            } => self.synced_scan(Some(name)).await.ok().and_then(|scan| {
                 let dir = scan.models.get(name)?;
                 config::read_config_file(&dir.path).ok()
             }),
@@ -527,7 +553,7 @@ impl ModelManager {
     /// reading a changed or removed model are rebuilt too (they may load now, or report the
     /// model they miss).
     pub async fn poll_once(&self) -> Result<(), ServiceError> {
-        let scan = self.scan()?;
+        let scan = self.synced_scan(None).await?;
         let known: Vec<(String, Option<Fingerprint>, bool)> = self
             .models
             .read()
