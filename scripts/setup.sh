@@ -76,6 +76,11 @@ if ! "$VENV/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_
   log "installing opentelemetry-proto into $VENV"
   $PIP install --no-deps "opentelemetry-proto==1.39.1"
 fi
+if ! "$VENV/bin/python" -c 'import moto.server, boto3' 2>/dev/null; then
+  # The object-store repository tests' S3-compatible server (tests/python/test_object_store.py).
+  log "installing moto[server] into $VENV"
+  $PIP install "moto[server]==5.2.5"
+fi
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if ! grep -qs "__version__ = '${TORCH_VERSION}" "$SITE/torch/version.py" \
    || [ ! -f "$SITE/nvidia/cu13/lib/libcudart.so.13" ] || [ ! -f "$SITE/nvidia/cu13/lib/libcupti.so.13" ]; then
