@@ -26,7 +26,7 @@ use crate::consensus::Consensus;
 use crate::convert;
 use crate::forward::{LeaderChannels, was_forwarded};
 use crate::leader::soft::SoftState;
-use crate::state::{Command, EntityKind, StateError};
+use crate::state::{ClusterState, Command, EntityKind, StateError};
 use crate::watch::WatchHub;
 
 pub struct ClusterService {
@@ -74,6 +74,23 @@ impl ClusterService {
 
     fn revision(&self) -> u64 {
         self.consensus.local_state().revision()
+    }
+
+    /// The leader's applied state when it satisfies `has`, else a linearizable read. With the
+    /// etcd store another process can see a write (and tell a worker) before the process that
+    /// made it has its answer, so a miss in the local state is checked again before refusing.
+    async fn state_with(
+        &self,
+        has: impl Fn(&ClusterState) -> bool,
+    ) -> Result<Arc<ClusterState>, Status> {
+        let state = self.consensus.local_state();
+        if has(&state) {
+            return Ok(state);
+        }
+        self.consensus
+            .linearizable_state()
+            .await
+            .map_err(|e| ApiError::from(e).into())
     }
 }
 
@@ -124,7 +141,9 @@ impl Cluster for ClusterService {
             ))
             .into());
         }
-        let state = self.consensus.local_state();
+        let state = self
+            .state_with(|s| s.node(&heartbeat.node_id).is_some())
+            .await?;
         if state.node(&heartbeat.node_id).is_none() {
             return Ok(Response::new(pb::HeartbeatResponse {
                 reregister: true,
@@ -149,7 +168,7 @@ impl Cluster for ClusterService {
                 .await;
         }
         let report = request.into_inner();
-        let state = self.consensus.local_state();
+        let state = self.state_with(|s| s.replica(report.replica).is_some()).await?;
         let Some(replica) = state.replica(report.replica) else {
             if report.unloaded {
                 // Already removed: a retried report.
@@ -199,7 +218,7 @@ impl Cluster for ClusterService {
                 .await;
         }
         let model = request.into_inner().model;
-        let state = self.consensus.local_state();
+        let state = self.state_with(|s| s.model(&model).is_some()).await?;
         let Some(spec) = state.model(&model) else {
             return Err(ApiError::from(StateError::not_found(EntityKind::Model, &model)).into());
         };
