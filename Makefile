@@ -12,7 +12,7 @@ BENCH_OUT   ?= target/bench
 FEATURES    := --features nereid/torch
 TORCH_ENV    = LIBTORCH="$$(cat $(VENV)/libtorch-path)"
 
-.PHONY: all setup triton-ref build examples run cluster cluster-down test test-rust test-python test-deploy fuzz fuzz-smoke bench lint clean
+.PHONY: all setup triton-ref build examples run cluster cluster-down test test-rust test-python test-partitions test-deploy fuzz fuzz-smoke bench lint clean
 
 all: build
 
@@ -61,15 +61,21 @@ cluster: build examples
 cluster-down:
 	bash scripts/cluster.sh down
 
-## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer, then the
-## Kubernetes deployment check, then the fuzz smoke run.
-test: test-rust test-python test-deploy fuzz-smoke
+## test: unit tests, then end-to-end tests with tritonclient and perf_analyzer, then the network
+## partition tests, then the Kubernetes deployment check, then the fuzz smoke run.
+test: test-rust test-python test-partitions test-deploy fuzz-smoke
 
 test-rust: build
 	$(TORCH_ENV) cargo test --release $(CARGO_FLAGS) $(FEATURES) --workspace
 
 test-python: build triton-ref
-	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q
+	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python -q -m "not partitions"
+
+## test-partitions: a cluster (3 control-plane nodes, 2 workers, a router) with each process in
+## its own network namespace, partitioned and healed under load (tests/python/test_partitions.py,
+## docs/cluster.md#partitions); needs root and `ip netns`, skipped with the reason otherwise.
+test-partitions: build
+	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) -m pytest tests/python/test_partitions.py -q -m partitions
 
 ## test-deploy: helm lint, helm template + Kubernetes schemas, deploy/manifests/nereid.yaml up to
 ## date, and every nereid flag in the chart known to the binary (docs/kubernetes.md).

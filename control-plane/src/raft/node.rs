@@ -4,6 +4,8 @@
 //!  start: open raft.redb ─► restore snapshot ─► openraft::Raft::new ─► bootstrap (first start
 //!         only: the lowest peer id initializes the voters; a joining node waits to be added)
 //!         └► leadership task: raft metrics ─► watch<Leadership>
+//!  leader: the one the metrics name, but none while this node leads without a quorum's ack
+//!          for an election timeout (cut off from the other voters: see `current_leader`)
 //!  write: leader ─► client_write │ follower ─► ForwardWrite to the leader │ none ─► retry ≤ deadline
 //!  linearizable_state: leader ─► confirm with a quorum │ follower ─► ReadIndex, wait applied
 //! ```
@@ -15,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, RaftError as OpenRaftError};
-use openraft::{BasicNode, ChangeMembers, ReadPolicy};
+use openraft::{BasicNode, ChangeMembers, Instant as _, RaftMetrics, ReadPolicy};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -43,6 +45,8 @@ pub struct RaftNode {
     leadership_rx: watch::Receiver<Leadership>,
     leadership_task: Mutex<Option<JoinHandle<()>>>,
     leader_wait: Duration,
+    /// How long this node still calls itself leader without a quorum's acknowledgement.
+    lease: Duration,
     /// Resolves when openraft has dropped the storage and `raft.redb` is closed.
     closed: Mutex<Option<Closed>>,
 }
@@ -96,10 +100,12 @@ impl RaftNode {
         bootstrap(&raft, &config).await?;
 
         let (leadership_tx, leadership_rx) = watch::channel(Leadership::default());
+        let lease = config.election_timeout_min;
         let task = tokio::spawn(follow_leadership(
             config.node_id,
             raft.clone(),
             leadership_tx,
+            lease,
         ));
 
         let node = Arc::new(RaftNode {
@@ -110,6 +116,7 @@ impl RaftNode {
             leadership_rx,
             leadership_task: Mutex::new(Some(task)),
             leader_wait: config.leader_wait,
+            lease,
             closed: Mutex::new(Some(closed)),
         });
         Ok((node, RaftService::new(raft)))
@@ -147,7 +154,7 @@ impl RaftNode {
     fn leader(&self) -> Option<(u64, Option<String>)> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow_watched();
-        let leader = m.current_leader?;
+        let leader = current_leader(self.id, &m, self.lease)?;
         let addr = m
             .membership_config
             .membership()
@@ -256,16 +263,31 @@ async fn bootstrap(raft: &Raft, config: &RaftConfig) -> Result<(), RaftError> {
     }
 }
 
-/// Publishes leadership changes from the metrics until Raft stops.
-async fn follow_leadership(id: u64, raft: Raft, tx: watch::Sender<Leadership>) {
+/// The leader the metrics name, except that a leader no quorum has acknowledged for `lease`
+/// names none. Such a leader is cut off from the other voters: it can commit nothing, and they
+/// elect another within an election timeout, so it must stop acting as leader (accepting
+/// worker heartbeats the real leader never sees, holding writes it cannot commit) and send
+/// callers elsewhere. A single voter is its own quorum.
+fn current_leader(id: u64, m: &RaftMetrics<TypeConfig>, lease: Duration) -> Option<u64> {
+    let leader = m.current_leader?;
+    let isolated = leader == id
+        && m.membership_config.membership().voter_ids().nth(1).is_some()
+        && m.last_quorum_acked.as_ref().is_some_and(|acked| acked.elapsed() > lease);
+    (!isolated).then_some(leader)
+}
+
+/// Publishes leadership changes from the metrics until Raft stops; also every quarter `lease`,
+/// as a leader's lease runs out without any metric changing.
+async fn follow_leadership(id: u64, raft: Raft, tx: watch::Sender<Leadership>, lease: Duration) {
     let mut metrics = raft.metrics();
     loop {
         let now = {
             let m = metrics.borrow_watched();
+            let leader_id = current_leader(id, &m, lease);
             Leadership {
-                leader_id: m.current_leader,
+                leader_id,
                 term: m.current_term,
-                is_self: m.current_leader == Some(id),
+                is_self: leader_id == Some(id),
             }
         };
         tx.send_if_modified(|l| {
@@ -273,8 +295,13 @@ async fn follow_leadership(id: u64, raft: Raft, tx: watch::Sender<Leadership>) {
             *l = now;
             changed
         });
-        if metrics.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(lease / 4) => {}
         }
     }
 }
@@ -399,11 +426,11 @@ impl Consensus for RaftNode {
                 voter: voters.contains(id),
             })
             .collect();
+        let leader_id = current_leader(self.id, &m, self.lease);
         RaftStatus {
             node_id: self.id,
-            leader_id: m.current_leader,
-            leader_address: m
-                .current_leader
+            leader_id,
+            leader_address: leader_id
                 .and_then(|l| membership.get_node(&l))
                 .map(|n| n.addr.clone()),
             term: m.current_term,
