@@ -26,7 +26,7 @@ mod url;
 
 use std::path::PathBuf;
 
-pub use mirror::{Mirror, Scope, SyncReport};
+pub use mirror::{Mirror, Scope, SyncReport, model_versions};
 pub use url::{Provider, RepositoryUrl, is_remote};
 
 /// Why a remote repository could not be read or mirrored.

@@ -386,6 +386,17 @@ impl Mirror {
     }
 }
 
+/// The version folders of the model folder `url` names (`s3://bucket/repo/model`), listed
+/// without downloading anything: what a control plane records for a deploy.
+pub async fn model_versions(url: &str) -> Result<Vec<i64>, RemoteError> {
+    let (repository, model) = RepositoryUrl::split_model(url)?;
+    let repository = RepositoryUrl::parse(&repository)?;
+    let store = store::open(&repository)?;
+    Mirror::with_store(store, repository, PathBuf::new())
+        .versions(&model)
+        .await
+}
+
 /// Where a unit is downloaded to inside a sync's staging folder.
 fn staged_unit(staging: &Path, unit: &str) -> PathBuf {
     if unit == FILES {

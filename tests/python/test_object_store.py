@@ -10,11 +10,10 @@ import subprocess
 import sys
 import time
 
+import boto3  # installed with moto[server] by scripts/setup.sh
 import pytest
 
-boto3 = pytest.importorskip("boto3", reason="moto[server] is installed by scripts/setup.sh")
-
-from nereid_util import (  # noqa: E402
+from nereid_util import (
     NEREID_BIN, Server, free_port, gen_models, http_json, http_raw, loopback_listen_args,
     wait_until,
 )

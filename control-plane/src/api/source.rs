@@ -6,7 +6,9 @@
 //!                                                      Specific names a missing one: Invalid(version_policy)
 //!  file:///dir, no dir     ─► Specific: accepted, available_versions empty (trust the list)
 //!                             Latest / All: Invalid(source): nothing to choose from
-//!  s3://, gs://, ...       ─► the client's available_versions; Latest / All need some
+//!  s3://, gs://, as://     ─► Specific or available_versions given: trusted as they are
+//!                             else listed in the store (credentials from this node's
+//!                             environment); none: Invalid(source) naming the store's error
 //! ```
 //!
 //! A `file://` source is read on the control-plane node; workers are expected to see the same
@@ -26,6 +28,25 @@ use crate::state::{ModelSpec, VersionPolicy};
 pub(super) async fn resolve_versions(spec: &mut ModelSpec) -> Result<(), ApiError> {
     let specific = matches!(spec.version_policy, VersionPolicy::Specific { .. });
     let Some(path) = spec.source.strip_prefix("file://") else {
+        if !specific
+            && spec.available_versions.is_empty()
+            && nereid_remote_repository::is_remote(&spec.source)
+        {
+            let versions = nereid_remote_repository::model_versions(&spec.source)
+                .await
+                .map_err(|e| ApiError::invalid("source", e.to_string()))?;
+            if versions.is_empty() {
+                return Err(ApiError::invalid(
+                    "source",
+                    format!(
+                        "'{}' has no numeric version folders (e.g. {}/1)",
+                        spec.source, spec.source
+                    ),
+                ));
+            }
+            spec.available_versions = versions;
+            return Ok(());
+        }
         if !specific && spec.available_versions.is_empty() {
             return Err(ApiError::invalid(
                 "source",

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Models are served from a private repository directory of symlinks to their `file://`
-//! sources ([`source`]); the data plane runs in explicit mode and refuses client loads and
+//! sources, or to the local mirror of their `s3://` / `gs://` / `as://` sources ([`source`]);
+//! the data plane runs in explicit mode and refuses client loads and
 //! unloads ([`crate::manager::ManagerConfig::cluster_managed`]). Memory per replica is what the
 //! data plane measured when it built the version ([`crate::stats::LoadReport`]): the C heap its
 //! load kept ([`crate::probe::heap`], in-process backends, loads measured one at a time) or its
@@ -462,7 +463,8 @@ async fn load(
         repository,
     } = loader;
     let before: BTreeSet<i64> = manager.versions(model).into_iter().collect();
-    let prepared = source::source_dir(&spec.source).and_then(|dir| {
+    let fetched = source::fetch_source(&spec.source, &source::cache_dir(repository)).await;
+    let prepared = fetched.and_then(|dir| {
         source::link_model(repository, model, &dir)?;
         source::load_config(&dir, &spec.config_override, &spec.versions, &spec.gpus)
     });

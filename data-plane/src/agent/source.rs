@@ -3,6 +3,9 @@
 //!
 //! ```text
 //! <work-dir>/models/<name> ──symlink──► /abs/path   (from the spec's file:///abs/path)
+//! <work-dir>/models/<name> ──symlink──► <work-dir>/model-cache/<slug>/<folder>
+//!                                       (s3://bucket/repo/<folder>, gs://, as://: downloaded
+//!                                       or brought up to date before every load)
 //! config = config.pbtxt of the source, the spec's config_override merged over it (top-level
 //!          fields replace), version_policy = specific{versions of this node's replicas},
 //!          every KIND_GPU instance group's gpus = the GPU indices assigned to the replicas
@@ -24,6 +27,21 @@ use prost_reflect::SerializeOptions;
 
 use crate::config;
 
+/// Where a worker mirrors object-store sources: beside its repository of links.
+pub fn cache_dir(repository: &Path) -> PathBuf {
+    repository.with_file_name("model-cache")
+}
+
+/// The local directory of a source: a `file://` directory as it is, an object-store model
+/// folder (`s3://`, `gs://`, `as://`, `az://`) after it is mirrored into `cache`.
+pub async fn fetch_source(uri: &str, cache: &Path) -> Result<PathBuf, String> {
+    if crate::is_remote(uri) {
+        crate::repository::remote::fetch_model(uri, cache).await
+    } else {
+        source_dir(uri)
+    }
+}
+
 /// The directory a `file:///abs/path` source names.
 pub fn source_dir(uri: &str) -> Result<PathBuf, String> {
     let Some((scheme, rest)) = uri.split_once("://") else {
@@ -33,7 +51,7 @@ pub fn source_dir(uri: &str) -> Result<PathBuf, String> {
     };
     if scheme != "file" {
         return Err(format!(
-            "source scheme '{scheme}' is not supported; use file://"
+            "source scheme '{scheme}' is not supported; use file://, s3://, gs:// or as://"
         ));
     }
     let path = Path::new(rest);
@@ -150,8 +168,8 @@ mod tests {
         let uri = format!("file://{}", dir.path().display());
         assert_eq!(source_dir(&uri).unwrap(), dir.path());
         assert_eq!(
-            source_dir("s3://bucket/m").unwrap_err(),
-            "source scheme 's3' is not supported; use file://"
+            source_dir("ftp://bucket/m").unwrap_err(),
+            "source scheme 'ftp' is not supported; use file://, s3://, gs:// or as://"
         );
         assert!(
             source_dir("file://relative/m")

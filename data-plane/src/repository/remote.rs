@@ -26,7 +26,8 @@ static MIRRORS: LazyLock<RwLock<BTreeMap<PathBuf, Arc<Mirror>>>> =
     LazyLock::new(|| RwLock::new(BTreeMap::new()));
 
 /// Turns an object-store repository URL into the local directory the scanner reads, kept in
-/// `cache_root`. Nothing is downloaded yet: the first scan does that.
+/// `cache_root`. Nothing is downloaded yet: the first scan does that. The same URL and cache
+/// give the same directory and mirror again.
 pub fn mirror_repository(url: &str, cache_root: &Path) -> Result<PathBuf, RemoteError> {
     let mirror = Arc::new(Mirror::open(url, cache_root)?);
     let local = mirror.local_dir().to_path_buf();
@@ -34,8 +35,24 @@ pub fn mirror_repository(url: &str, cache_root: &Path) -> Result<PathBuf, Remote
         path: local.clone(),
         source,
     })?;
-    MIRRORS.write().insert(local.clone(), mirror);
+    MIRRORS.write().entry(local.clone()).or_insert(mirror);
     Ok(local)
+}
+
+/// The local folder of the model a URL names (`s3://bucket/repo/model`, a deploy's source),
+/// downloaded or brought up to date into `cache_root` first.
+pub async fn fetch_model(url: &str, cache_root: &Path) -> Result<PathBuf, String> {
+    let (repository, model) =
+        nereid_remote_repository::RepositoryUrl::split_model(url).map_err(|e| e.to_string())?;
+    let local = mirror_repository(&repository, cache_root).map_err(|e| e.to_string())?;
+    sync(std::slice::from_ref(&local), Some(&model))
+        .await
+        .map_err(|e| e.into_message())?;
+    let dir = local.join(&model);
+    if !dir.is_dir() {
+        return Err(format!("source '{url}': the store has no objects under it"));
+    }
+    Ok(dir)
 }
 
 fn mirror_of(dir: &Path) -> Option<Arc<Mirror>> {
