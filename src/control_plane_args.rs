@@ -249,10 +249,12 @@ impl ControlPlaneArgs {
             return Ok(Store::Raft);
         }
         if !self.peers.is_empty() || self.join.is_some() {
-            return Err("--peers and --join are for --store raft; with --store etcd, every \
+            return Err(
+                "--peers and --join are for --store raft; with --store etcd, every \
                  control-plane process pointed at the same --etcd-endpoints and --etcd-prefix \
                  is a member"
-                .into());
+                    .into(),
+            );
         }
         if self.etcd_endpoints.is_empty() {
             return Err("--store etcd needs --etcd-endpoints (http://HOST:PORT,...)".into());
@@ -286,9 +288,8 @@ impl ControlPlaneArgs {
             (Some(_), None) => return Err("--etcd-user needs --etcd-password-file".into()),
             (None, Some(_)) => return Err("--etcd-password-file needs --etcd-user".into()),
             (Some(user), Some(path)) => {
-                let password = std::fs::read_to_string(path).map_err(|e| {
-                    format!("--etcd-password-file {}: {e}", path.display())
-                })?;
+                let password = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--etcd-password-file {}: {e}", path.display()))?;
                 let password = password.trim_end_matches(['\n', '\r']).to_string();
                 if password.is_empty() {
                     return Err(format!("--etcd-password-file {} is empty", path.display()));
@@ -461,14 +462,26 @@ mod tests {
         let with = |more: &[&'static str]| [&etcd[..], more].concat();
         for (args, expected) in [
             (vec!["--store", "etcd"], "needs --etcd-endpoints"),
-            (vec!["--etcd-endpoints", "http://e:2379"], "needs --store etcd"),
-            (vec!["--store", "etcd", "--etcd-endpoints", "e:2379"], "'e:2379'"),
-            (vec!["--store", "etcd", "--etcd-endpoints", "https://e:2379"], "TLS"),
+            (
+                vec!["--etcd-endpoints", "http://e:2379"],
+                "needs --store etcd",
+            ),
+            (
+                vec!["--store", "etcd", "--etcd-endpoints", "e:2379"],
+                "'e:2379'",
+            ),
+            (
+                vec!["--store", "etcd", "--etcd-endpoints", "https://e:2379"],
+                "TLS",
+            ),
             (with(&["--etcd-prefix", "x"]), "--etcd-prefix 'x'"),
             (with(&["--etcd-prefix", "/"]), "--etcd-prefix '/'"),
             (with(&["--etcd-user", "u"]), "needs --etcd-password-file"),
             (with(&["--etcd-lease-ttl-secs", "0"]), "at least 1"),
-            (with(&["--join", "cp:7000"]), "--peers and --join are for --store raft"),
+            (
+                with(&["--join", "cp:7000"]),
+                "--peers and --join are for --store raft",
+            ),
         ] {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(expected), "{args:?}: {err}");

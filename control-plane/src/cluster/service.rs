@@ -168,7 +168,9 @@ impl Cluster for ClusterService {
                 .await;
         }
         let report = request.into_inner();
-        let state = self.state_with(|s| s.replica(report.replica).is_some()).await?;
+        let state = self
+            .state_with(|s| s.replica(report.replica).is_some())
+            .await?;
         let Some(replica) = state.replica(report.replica) else {
             if report.unloaded {
                 // Already removed: a retried report.

@@ -76,7 +76,8 @@ impl TestStore for Raft {
         }
         let mut nodes = Vec::new();
         for (id, listener) in (1..=n).zip(listeners) {
-            let mut config = RaftConfig::new(id, peers[&id].clone(), root.path().join(id.to_string()));
+            let mut config =
+                RaftConfig::new(id, peers[&id].clone(), root.path().join(id.to_string()));
             config.peers = peers.clone();
             config.heartbeat_interval = Duration::from_millis(100);
             config.election_timeout_min = Duration::from_millis(500);
@@ -132,7 +133,9 @@ impl TestStore for Etcd {
             nodes.push(Node {
                 id,
                 consensus: store,
-                stop: Some(Box::new(move || Box::pin(async move { node.shutdown().await }))),
+                stop: Some(Box::new(move || {
+                    Box::pin(async move { node.shutdown().await })
+                })),
             });
         }
         Some(Cluster {
@@ -184,9 +187,17 @@ async fn writes_apply_and_refusals_change_nothing(store: &impl TestStore) {
     };
     let nodes: Vec<&Node> = cluster.nodes.iter().collect();
     let (leader, _) = agreed_leader(&nodes, None).await;
-    let a = nodes[1].consensus.write(upsert("a")).await.expect("write a");
+    let a = nodes[1]
+        .consensus
+        .write(upsert("a"))
+        .await
+        .expect("write a");
     assert!(a.changed);
-    let again = nodes[2].consensus.write(upsert("a")).await.expect("repeat a");
+    let again = nodes[2]
+        .consensus
+        .write(upsert("a"))
+        .await
+        .expect("repeat a");
     assert!(!again.changed, "an identical upsert is idempotent");
     assert_eq!(again.revision, a.revision);
     let err = nodes[0]
@@ -200,13 +211,19 @@ async fn writes_apply_and_refusals_change_nothing(store: &impl TestStore) {
     let state = nodes[0].consensus.linearizable_state().await.expect("read");
     assert_eq!(state.revision(), a.revision, "a refusal changes nothing");
     assert!(state.model("a").is_some());
-    let leader = nodes.iter().find(|n| n.id == leader).expect("the leader is a node");
+    let leader = nodes
+        .iter()
+        .find(|n| n.id == leader)
+        .expect("the leader is a node");
     let err = leader
         .consensus
         .remove_member(99)
         .await
         .expect_err("node 99 is no member");
-    assert!(matches!(err, ConsensusError::InvalidMembership(_)), "{err:?}");
+    assert!(
+        matches!(err, ConsensusError::InvalidMembership(_)),
+        "{err:?}"
+    );
 }
 
 async fn subscribers_see_writes_from_any_node(store: &impl TestStore) {
@@ -216,10 +233,17 @@ async fn subscribers_see_writes_from_any_node(store: &impl TestStore) {
     let nodes: Vec<&Node> = cluster.nodes.iter().collect();
     agreed_leader(&nodes, None).await;
     let mut rx = nodes[2].consensus.subscribe();
-    let written = nodes[0].consensus.write(upsert("b")).await.expect("write b");
-    let seen = within("the subscriber to see b", rx.wait_for(|s| s.model("b").is_some()))
+    let written = nodes[0]
+        .consensus
+        .write(upsert("b"))
         .await
-        .expect("state channel open");
+        .expect("write b");
+    let seen = within(
+        "the subscriber to see b",
+        rx.wait_for(|s| s.model("b").is_some()),
+    )
+    .await
+    .expect("state channel open");
     assert!(seen.revision() >= written.revision);
     assert!(nodes[2].consensus.local_state().model("b").is_some());
 }
@@ -235,7 +259,11 @@ async fn linearizable_read_sees_a_write_made_elsewhere(store: &impl TestStore) {
         let reader = nodes[(i + 1) % 3];
         let written = writer.consensus.write(upsert(name)).await.expect("write");
         let state = reader.consensus.linearizable_state().await.expect("read");
-        assert!(state.model(name).is_some(), "node {} missed {name}", reader.id);
+        assert!(
+            state.model(name).is_some(),
+            "node {} missed {name}",
+            reader.id
+        );
         assert!(state.revision() >= written.revision);
     }
 }

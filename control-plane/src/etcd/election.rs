@@ -151,7 +151,10 @@ async fn session(
                 let term = u64::try_from(term).unwrap_or(0);
                 *shared.leader_address.lock() = Some(record.address.clone());
                 if is_self {
-                    info!(node = shared.node_id, term, "elected control-plane leader (etcd)");
+                    info!(
+                        node = shared.node_id,
+                        term, "elected control-plane leader (etcd)"
+                    );
                     shared.leadership_tx.send_replace(Leadership {
                         leader_id: Some(record.id),
                         term,
@@ -247,7 +250,9 @@ async fn register(shared: &Shared, client: &mut Client, lease: i64) -> Result<()
         "--node-id {} is registered by another control-plane process{} under {}; each \
          process needs its own id (waiting for that registration's lease to expire)",
         shared.node_id,
-        holder.map(|h| format!(" at {}", h.address)).unwrap_or_default(),
+        holder
+            .map(|h| format!(" at {}", h.address))
+            .unwrap_or_default(),
         shared.keys.members
     ))
 }

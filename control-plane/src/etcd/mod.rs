@@ -145,9 +145,7 @@ fn decode_state(key: &str, bytes: &[u8]) -> Result<ClusterState, ConsensusError>
 }
 
 /// Runs one etcd request with [`REQUEST_TIMEOUT`].
-async fn bounded<T>(
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, String> {
+async fn bounded<T>(fut: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
     match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(e.to_string()),

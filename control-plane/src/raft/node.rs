@@ -271,8 +271,14 @@ async fn bootstrap(raft: &Raft, config: &RaftConfig) -> Result<(), RaftError> {
 fn current_leader(id: u64, m: &RaftMetrics<TypeConfig>, lease: Duration) -> Option<u64> {
     let leader = m.current_leader?;
     let isolated = leader == id
-        && m.membership_config.membership().voter_ids().nth(1).is_some()
-        && m.last_quorum_acked.as_ref().is_some_and(|acked| acked.elapsed() > lease);
+        && m.membership_config
+            .membership()
+            .voter_ids()
+            .nth(1)
+            .is_some()
+        && m.last_quorum_acked
+            .as_ref()
+            .is_some_and(|acked| acked.elapsed() > lease);
     (!isolated).then_some(leader)
 }
 
