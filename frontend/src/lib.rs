@@ -43,7 +43,7 @@ mod restrict;
 mod serve;
 mod shm;
 
-pub use grpc::{GrpcConfig, routes};
+pub use grpc::{GrpcConfig, grpc_request_context, routes};
 pub use http::{HttpConfig, router};
 pub use listener::{Conn, DEFAULT_MAX_CONNECTIONS, PortConfig};
 pub use listener_http::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, HttpTimeouts};

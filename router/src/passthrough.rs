@@ -22,14 +22,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use nereid_frontend::{ApiCategory, GrpcConfig};
+use nereid_frontend::{ApiCategory, GrpcConfig, grpc_request_context};
 use nereid_proto::{
-    GRPC_TIMEOUT, InferenceService, RequestContext, ResponseHook, ServiceError, ServiceResult,
-    TRACEPARENT, TRACESTATE, TraceContext, parse_grpc_timeout, parse_version,
+    InferenceService, RequestContext, ResponseHook, ServiceError, ServiceResult, parse_version,
 };
 use nereid_telemetry::{RequestTrace, SpanKind};
 use tonic::codegen::{BoxFuture, http};
-use tonic::metadata::MetadataMap;
 use tracing::Instrument;
 
 use crate::choice::Ask;
@@ -223,7 +221,7 @@ impl tonic::server::UnaryService<Bytes> for ModelInferRoute {
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
         let route = self.clone();
         Box::pin(async move {
-            let mut context = request_context(request.metadata(), Instant::now());
+            let mut context = grpc_request_context(request.metadata(), Instant::now());
             let hook = ResponseHook::new();
             context.response_hook = hook.clone();
             let answer = route
@@ -233,28 +231,5 @@ impl tonic::server::UnaryService<Bytes> for ModelInferRoute {
             hook.finish(Instant::now());
             Ok(tonic::Response::new(RawMessage::new(answer)))
         })
-    }
-}
-
-/// The trace context and deadline a call's metadata carries, as the gRPC frontend reads them
-/// (`now` is when the call arrived; a malformed `grpc-timeout` is ignored).
-fn request_context(metadata: &MetadataMap, now: Instant) -> RequestContext {
-    let text = |key: &'static str| {
-        metadata
-            .get_all(key)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect::<Vec<_>>()
-    };
-    let deadline = metadata
-        .get(GRPC_TIMEOUT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_grpc_timeout)
-        .and_then(|timeout| now.checked_add(timeout));
-    RequestContext {
-        trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
-        deadline,
-        received: Some(now),
-        ..Default::default()
     }
 }

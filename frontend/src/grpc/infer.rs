@@ -53,7 +53,7 @@ pub(crate) fn drop_written_contents(response: &mut ModelInferResponse, written: 
 
 /// The trace context and deadline a call's metadata carries; `now` is when the call arrived.
 /// A malformed `grpc-timeout` is ignored, as tonic's server does.
-pub(crate) fn request_context(metadata: &MetadataMap, now: Instant) -> RequestContext {
+pub fn request_context(metadata: &MetadataMap, now: Instant) -> RequestContext {
     let text = |key: &'static str| {
         metadata
             .get_all(key)

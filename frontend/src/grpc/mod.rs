@@ -26,6 +26,7 @@
 
 mod handlers;
 mod infer;
+pub use infer::request_context as grpc_request_context;
 mod repository;
 mod settings;
 mod shm;
