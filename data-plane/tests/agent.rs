@@ -259,8 +259,8 @@ async fn the_agent_follows_its_assignments() {
     let repo = work.path().join("models");
     std::fs::create_dir_all(&repo).unwrap();
 
-    // The cluster: add_sub v1 here, `other` only on another node, `remote` here from an
-    // unsupported source.
+    // The cluster: add_sub v1 here, `other` only on another node, `remote` here from a
+    // source scheme no worker reads (object stores are covered by test_object_store.py).
     let fake = Arc::new(Fake::default());
     *fake.snapshot.lock() = Some(WatchEvent {
         revision: 5,
@@ -268,7 +268,7 @@ async fn the_agent_follows_its_assignments() {
             models: vec![
                 model("add_sub", format!("file://{}", add_sub_dir.display())),
                 model("other", format!("file://{}", other_dir.display())),
-                model("remote", "s3://bucket/remote".into()),
+                model("remote", "ftp://bucket/remote".into()),
             ],
             nodes: vec![],
             replicas: vec![
@@ -371,7 +371,7 @@ async fn the_agent_follows_its_assignments() {
     .await;
     assert_eq!(
         failed.failure_reason,
-        "source scheme 's3' is not supported; use file://"
+        "source scheme 'ftp' is not supported; use file://, s3://, gs:// or as://"
     );
 
     // Heartbeats carry the served version and the replica's memory.
