@@ -181,10 +181,12 @@ async fn deploy_refuses_bad_models_naming_the_field() {
         tonic::Code::InvalidArgument,
         "no numeric version folders",
     );
-    let mut s3 = model("m", dir.path(), VersionPolicy::All);
-    s3.source = "s3://bucket/m".into();
+    // A scheme nobody reads (object stores are listed against a real server in
+    // tests/python/test_object_store.py; here they would reach for cloud credentials).
+    let mut ftp = model("m", dir.path(), VersionPolicy::All);
+    ftp.source = "ftp://bucket/m".into();
     assert_status(
-        svc.deploy_model(deploy_req(s3)).await,
+        svc.deploy_model(deploy_req(ftp)).await,
         tonic::Code::InvalidArgument,
         "source",
     );
