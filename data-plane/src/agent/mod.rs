@@ -478,16 +478,20 @@ async fn load(
     let error = match prepared {
         Err(reason) => Some(reason),
         Ok(config) => {
-            linked = companions::link_composing(repository, &config, catalog);
+            let companions = companions::link_composing(repository, &config, catalog).await;
+            linked = companions.linked;
             tracing::info!(model, versions = ?spec.versions, source = %spec.source, "loading");
             let source = LoadSource::Repository {
                 config_override: Some(config),
             };
-            manager
-                .load(model, source)
-                .await
-                .err()
-                .map(|e| e.into_message())
+            manager.load(model, source).await.err().map(|e| {
+                let reason = e.into_message();
+                if companions.problems.is_empty() {
+                    reason
+                } else {
+                    format!("{reason} ({})", companions.problems.join("; "))
+                }
+            })
         }
     };
     let gpu_after = if load_gpus.is_empty() {
