@@ -5,7 +5,8 @@ credentials from their environment, and `nereid ctl models deploy NAME --source 
 Covered: a deploy waits until the worker mirrored and loaded the model and inference computes
 the model's arithmetic; a new version uploaded and deployed again is what serves; a source with
 no version folders and a missing bucket are refused naming the source / the bucket; an ensemble
-whose composing models are registered from s3:// too is mirrored on the worker and infers."""
+whose composing models are registered from s3:// too is mirrored on the worker and infers, and
+one whose composing model's bucket is missing fails naming that model and bucket."""
 
 import os
 import subprocess
@@ -54,8 +55,8 @@ class Cluster:
                    "--token-file", str(self.token), *args]
         return subprocess.run(command, capture_output=True, text=True, timeout=CTL_TIMEOUT_S)
 
-    def deploy(self, name, source, *extra):
-        return self.ctl("models", "deploy", name, "--source", source, "--versions", "latest:1",
+    def deploy(self, name, source, *extra, versions="latest:1"):
+        return self.ctl("models", "deploy", name, "--source", source, "--versions", versions,
                         "--memory", "64Mi", *extra)
 
     def deployed(self, name, source, replicas=1):
@@ -152,8 +153,21 @@ def test_an_ensemble_and_its_composing_models_deploy_from_s3(cluster, moto, tmp_
     for name in ("ens_scale", "ens_addsub", "ens_pipeline"):
         upload_model(moto, repo / name, f"ens/{name}")
     # The composing models are registered (their sources known) but not placed on their own.
-    for name in ("ens_scale", "ens_addsub"):
-        cluster.deployed(name, moto.url(f"ens/{name}"), replicas=0)
+    # First ens_scale from a bucket that does not exist (a specific version is not listed by
+    # the control plane): the worker cannot fetch it, and the ensemble's failure says why.
+    out = cluster.deploy("ens_scale", moto.url("ens/ens_scale", bucket="no-such-bucket"),
+                         "--replicas", "0", versions="1")
+    assert out.returncode == 0, out.stderr
+    cluster.deployed("ens_addsub", moto.url("ens/ens_addsub"), replicas=0)
+    out = cluster.deploy("ens_early", moto.url("ens/ens_pipeline"), "--replicas", "1", "--wait",
+                         "--timeout", WAIT_S, "--config-override", '{"name": "ens_early"}')
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "composing model 'ens_scale'" in out.stderr, out.stderr
+    assert "bucket 'no-such-bucket' does not exist" in out.stderr, out.stderr
+    out = cluster.ctl("models", "delete", "ens_early")
+    assert out.returncode == 0, out.stderr
+
+    cluster.deployed("ens_scale", moto.url("ens/ens_scale"), replicas=0)
     cluster.deployed("ens_pipeline", moto.url("ens/ens_pipeline"))
 
     client = httpclient.InferenceServerClient(cluster.worker.http_url)
