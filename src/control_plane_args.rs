@@ -8,7 +8,8 @@ use std::time::Duration;
 use clap::Args;
 use nereid_control_plane::AuthToken;
 use nereid_control_plane::NodeConfig;
-use nereid_control_plane::{EtcdConfig, Store};
+use nereid_control_plane::{EtcdConfig, EtcdTls, Store};
+use nereid_tls::{ClientTlsFiles, PemFile};
 
 use crate::common_args::LogFormat;
 
@@ -116,9 +117,23 @@ pub struct ControlPlaneArgs {
     /// of stateless control-plane processes; see docs/cluster.md).
     #[arg(long, env = "NEREID_STORE", value_enum, default_value = "raft")]
     pub store: StoreKind,
-    /// etcd client URLs, comma-separated (`http://host:2379,...`); with --store etcd.
+    /// etcd client URLs, comma-separated (`http://host:2379,...`, or all `https://` with
+    /// --etcd-ca); with --store etcd.
     #[arg(long, env = "NEREID_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// CA certificates (PEM) etcd's server certificate must chain to: required by, and only
+    /// for, https:// --etcd-endpoints. Only these CAs are trusted; for an etcd whose
+    /// certificate a public CA signed, pass the system bundle
+    /// (/etc/ssl/certs/ca-certificates.crt).
+    #[arg(long, env = "NEREID_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for an etcd run with --client-cert-auth; needs
+    /// --etcd-key and https:// endpoints.
+    #[arg(long, env = "NEREID_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(long, env = "NEREID_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
     /// Key prefix of this cluster in etcd; clusters sharing one etcd need distinct prefixes.
     #[arg(long, env = "NEREID_ETCD_PREFIX", default_value = "/nereid")]
     pub etcd_prefix: String,
@@ -241,6 +256,9 @@ impl ControlPlaneArgs {
                 ("--etcd-endpoints", !self.etcd_endpoints.is_empty()),
                 ("--etcd-user", self.etcd_user.is_some()),
                 ("--etcd-password-file", self.etcd_password_file.is_some()),
+                ("--etcd-ca", self.etcd_ca.is_some()),
+                ("--etcd-cert", self.etcd_cert.is_some()),
+                ("--etcd-key", self.etcd_key.is_some()),
             ] {
                 if given {
                     return Err(format!("{flag} needs --store etcd"));
@@ -260,21 +278,36 @@ impl ControlPlaneArgs {
             return Err("--store etcd needs --etcd-endpoints (http://HOST:PORT,...)".into());
         }
         let mut endpoints = Vec::new();
+        let mut schemes = Vec::new();
         for endpoint in &self.etcd_endpoints {
             let endpoint = endpoint.trim();
-            let Some(rest) = endpoint.strip_prefix("http://") else {
-                return Err(format!(
-                    "--etcd-endpoints: '{endpoint}' is not an http://HOST:PORT URL (TLS to etcd \
-                     is not supported yet)"
-                ));
+            let (scheme, rest) = match endpoint.split_once("://") {
+                Some((scheme @ ("http" | "https"), rest)) => (scheme, rest),
+                _ => {
+                    return Err(format!(
+                        "--etcd-endpoints: '{endpoint}' is not an http://HOST:PORT or \
+                         https://HOST:PORT URL"
+                    ));
+                }
             };
             if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
                 return Err(format!(
-                    "--etcd-endpoints: '{endpoint}' is not an http://HOST:PORT URL"
+                    "--etcd-endpoints: '{endpoint}' is not a {scheme}://HOST:PORT URL"
                 ));
+            }
+            if !schemes.contains(&scheme) {
+                schemes.push(scheme);
             }
             endpoints.push(endpoint.to_string());
         }
+        if schemes.len() > 1 {
+            return Err(
+                "--etcd-endpoints mixes http:// and https:// URLs: every endpoint of one etcd \
+                 cluster is reached the same way"
+                    .into(),
+            );
+        }
+        let tls = self.etcd_tls(schemes == ["https"])?;
         let prefix = self.etcd_prefix.trim_end_matches('/');
         if !prefix.starts_with('/') || prefix.chars().any(char::is_whitespace) {
             return Err(format!(
@@ -305,6 +338,59 @@ impl ControlPlaneArgs {
             prefix: prefix.to_string(),
             user,
             lease_ttl: Duration::from_secs(self.etcd_lease_ttl_secs),
+            tls,
+        }))
+    }
+
+    /// --etcd-ca, --etcd-cert and --etcd-key, each file read and checked now (a certificate
+    /// and key that do not match are refused here, not at the first handshake).
+    fn etcd_tls(&self, https: bool) -> Result<Option<EtcdTls>, String> {
+        let identity = match (&self.etcd_cert, &self.etcd_key) {
+            (None, None) => None,
+            (Some(_), None) => return Err("--etcd-cert needs --etcd-key".into()),
+            (None, Some(_)) => return Err("--etcd-key needs --etcd-cert".into()),
+            (Some(cert), Some(key)) => Some((
+                PemFile::new("--etcd-cert", cert),
+                PemFile::new("--etcd-key", key),
+            )),
+        };
+        let Some(ca) = &self.etcd_ca else {
+            if https {
+                return Err(
+                    "https:// --etcd-endpoints need --etcd-ca: the CA bundle that signed etcd's \
+                     server certificate (/etc/ssl/certs/ca-certificates.crt for a publicly \
+                     signed one)"
+                        .into(),
+                );
+            }
+            if identity.is_some() {
+                return Err("--etcd-cert and --etcd-key need https:// --etcd-endpoints".into());
+            }
+            return Ok(None);
+        };
+        if !https {
+            return Err(
+                "--etcd-ca needs https:// --etcd-endpoints (the endpoints given are http://)"
+                    .into(),
+            );
+        }
+        let files = ClientTlsFiles {
+            ca: PemFile::new("--etcd-ca", ca),
+            identity,
+        };
+        nereid_tls::client_config(&files, &[]).map_err(|e| e.to_string())?;
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| format!("{flag} '{}': {e}", path.display()))
+        };
+        let identity = match (&self.etcd_cert, &self.etcd_key) {
+            (Some(cert), Some(key)) => {
+                Some((read("--etcd-cert", cert)?, read("--etcd-key", key)?))
+            }
+            _ => None,
+        };
+        Ok(Some(EtcdTls {
+            ca_pem: read("--etcd-ca", ca)?,
+            identity,
         }))
     }
 }
@@ -472,7 +558,29 @@ mod tests {
             ),
             (
                 vec!["--store", "etcd", "--etcd-endpoints", "https://e:2379"],
-                "TLS",
+                "https:// --etcd-endpoints need --etcd-ca",
+            ),
+            (
+                vec!["--store", "etcd", "--etcd-endpoints", "ftp://e:2379"],
+                "'ftp://e:2379' is not an http://HOST:PORT or https://HOST:PORT URL",
+            ),
+            (
+                vec![
+                    "--store",
+                    "etcd",
+                    "--etcd-endpoints",
+                    "http://e:2379,https://f:2379",
+                ],
+                "mixes http:// and https://",
+            ),
+            (with(&["--etcd-ca", "ca.pem"]), "--etcd-ca needs https://"),
+            (
+                with(&["--etcd-cert", "c.pem", "--etcd-key", "c.key"]),
+                "--etcd-cert and --etcd-key need https://",
+            ),
+            (
+                vec!["--etcd-ca", "ca.pem"],
+                "--etcd-ca needs --store etcd",
             ),
             (with(&["--etcd-prefix", "x"]), "--etcd-prefix 'x'"),
             (with(&["--etcd-prefix", "/"]), "--etcd-prefix '/'"),
@@ -486,6 +594,87 @@ mod tests {
             let err = parse(&args).unwrap_err();
             assert!(err.contains(expected), "{args:?}: {err}");
         }
+    }
+
+    /// scripts/make_certs.sh `dir` `names...` (a CA and a certificate per name).
+    fn make_certs(dir: &std::path::Path, names: &[&str]) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/make_certs.sh");
+        let out = std::process::Command::new("bash")
+            .arg(script)
+            .arg(dir)
+            .args(names)
+            .output()
+            .expect("run make_certs.sh");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn etcd_tls_files_are_read_and_checked_at_start_up() {
+        let dir = std::env::temp_dir().join(format!("nereid-etcd-tls-{}", std::process::id()));
+        make_certs(&dir, &["localhost", "other"]);
+        let file = |name: &str| dir.join(name).display().to_string();
+        let (ca, cert, key, other_key) = (
+            file("ca.pem"),
+            file("localhost.pem"),
+            file("localhost.key"),
+            file("other.key"),
+        );
+        std::fs::write(dir.join("junk.pem"), "not a certificate\n").unwrap();
+        let (junk, missing) = (file("junk.pem"), file("missing.pem"));
+        let https = |more: &[&str]| -> Result<NodeConfig, String> {
+            let mut args = vec![
+                "--store",
+                "etcd",
+                "--etcd-endpoints",
+                "https://e1:2379,https://e2:2379",
+            ];
+            args.extend_from_slice(more);
+            parse(&args)
+        };
+
+        let Store::Etcd(etcd) = https(&["--etcd-ca", &ca]).unwrap().store else {
+            panic!("not etcd")
+        };
+        let tls = etcd.tls.expect("TLS with --etcd-ca");
+        assert_eq!(tls.ca_pem, std::fs::read(&ca).unwrap());
+        assert!(tls.identity.is_none());
+        let with_cert = https(&["--etcd-ca", &ca, "--etcd-cert", &cert, "--etcd-key", &key]);
+        let Store::Etcd(etcd) = with_cert.unwrap().store else {
+            panic!("not etcd")
+        };
+        let (cert_pem, key_pem) = etcd.tls.and_then(|t| t.identity).expect("identity");
+        assert_eq!(cert_pem, std::fs::read(&cert).unwrap());
+        assert_eq!(key_pem, std::fs::read(&key).unwrap());
+
+        let cert_only = ["--etcd-ca", &ca, "--etcd-cert", &cert];
+        let err = https(&cert_only).unwrap_err();
+        assert!(err.contains("--etcd-cert needs --etcd-key"), "{err}");
+        let err = https(&["--etcd-ca", &ca, "--etcd-key", &key]).unwrap_err();
+        assert!(err.contains("--etcd-key needs --etcd-cert"), "{err}");
+        for (args, expected) in [
+            (vec!["--etcd-ca", &missing], "--etcd-ca '{missing}': cannot read the file"),
+            (vec!["--etcd-ca", &junk], "--etcd-ca '{junk}': holds no PEM certificate"),
+            (
+                vec!["--etcd-ca", &ca, "--etcd-cert", &junk, "--etcd-key", &key],
+                "--etcd-cert '{junk}': holds no PEM certificate",
+            ),
+            (
+                vec!["--etcd-ca", &ca, "--etcd-cert", &cert, "--etcd-key", &other_key],
+                "--etcd-key '{other_key}': does not match the certificate",
+            ),
+        ] {
+            let expected = expected
+                .replace("{missing}", &missing)
+                .replace("{junk}", &junk)
+                .replace("{other_key}", &other_key);
+            let err = https(&args).unwrap_err();
+            assert!(err.contains(&expected), "{args:?}: {err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

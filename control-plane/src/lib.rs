@@ -47,7 +47,7 @@ mod views;
 mod watch;
 
 pub use api::AuthToken;
-pub use etcd::EtcdConfig;
+pub use etcd::{EtcdConfig, EtcdTls};
 pub use node::{Listeners, NodeConfig, NodeError, Store, run, serve};
 pub use placement::{CurrentReplica, Load, ModelView, NodeView, Plan, plan};
 pub use units::parse_bytes;

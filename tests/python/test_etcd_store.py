@@ -3,9 +3,13 @@
 two workers and a router. A model deployed with `ctl` serves through the router; SIGKILLing the
 elected control plane under load fails no inference and loses no acknowledged write; SIGKILLing
 etcd and starting it again on the same data dir and port, the cluster resumes (writes succeed,
-the router kept serving throughout)."""
+the router kept serving throughout). Over TLS (etcd with --client-cert-auth, certificates from
+scripts/make_certs.sh): a control plane with --etcd-ca/--etcd-cert/--etcd-key serves a model
+through a worker and the router; one trusting the wrong CA exits naming the endpoint and the
+cause."""
 
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -15,7 +19,7 @@ import pytest
 
 from cluster_util import (ControlPlaneNode, LoadtestRun, Process, RouterProcess, WorkerProcess,
                           inference_count, leader_of, wait_replicas, write_token)
-from nereid_util import NEREID_BIN, free_port, gen_models, wait_until
+from nereid_util import NEREID_BIN, ROOT, free_port, gen_models, wait_until
 from test_cluster import infer_simple, model_names, stop_all
 from test_router_faults import assert_no_failed_request, ready_nodes, wait_load_flowing
 
@@ -29,21 +33,33 @@ LEASE_TTL_S = 2
 class EtcdProcess(Process):
     """One etcd member with its data under `workdir`; restartable on the same ports and data."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, certs=None):
+        """`certs`: a make_certs.sh directory; etcd then serves clients over TLS with its
+        127.0.0.1 certificate and demands client certificates signed by its CA."""
         self.client_port, peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.certs = certs
+        self.url = f"{'https' if certs else 'http'}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{peer_port}"
         args = ["--name", "e2e", "--data-dir", str(Path(workdir) / "etcd-data"),
                 "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"e2e={peer}"]
+        if certs:
+            args += ["--cert-file", str(certs / "127.0.0.1.pem"),
+                     "--key-file", str(certs / "127.0.0.1.key"),
+                     "--trusted-ca-file", str(certs / "ca.pem"), "--client-cert-auth"]
         super().__init__("etcd", workdir, args)
         self.args = [ETCD_BIN, *args]
 
     def wait_ready(self, deadline_s=30):
+        context = None
+        if self.certs:
+            context = ssl.create_default_context(cafile=str(self.certs / "ca.pem"))
+            context.load_cert_chain(self.certs / "client.pem", self.certs / "client.key")
+
         def healthy():
             self.check_alive()
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2, context=context) as r:
                 return r.status == 200 and b'"true"' in r.read()
         wait_until(healthy, deadline_s, "etcd healthy", interval_s=0.05)
 
@@ -173,3 +189,50 @@ def test_a_control_plane_names_the_etcd_it_cannot_reach(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert dead in out.stderr + out.stdout, (out.stdout, out.stderr)
+
+
+def make_certs(directory, *names):
+    subprocess.run(["bash", str(ROOT / "scripts" / "make_certs.sh"), str(directory), *names],
+                   check=True, capture_output=True, timeout=60)
+    return directory
+
+
+@pytest.mark.timeout(90)
+def test_a_control_plane_on_etcd_over_tls_serves_and_a_wrong_ca_is_named(tmp_path):
+    repo = gen_models.write_repository(tmp_path / "repo", "example")
+    certs = make_certs(tmp_path / "certs", "127.0.0.1", "client")
+    other = make_certs(tmp_path / "other-ca", "client")
+    etcd = EtcdProcess(tmp_path, certs)
+    etcd.spawn()
+    token = write_token(tmp_path)
+    tls = ["--store", "etcd", "--etcd-endpoints", etcd.url, "--etcd-prefix", PREFIX,
+           "--etcd-ca", str(certs / "ca.pem"), "--etcd-cert", str(certs / "client.pem"),
+           "--etcd-key", str(certs / "client.key")]
+    cp = ControlPlaneNode(1, tmp_path, token, extra=tls)
+    worker = WorkerProcess("w1", tmp_path, token, [cp.grpc_addr])
+    router = RouterProcess(tmp_path, token, [cp.grpc_addr])
+    processes = [cp, worker, router, etcd]
+    try:
+        etcd.wait_ready()
+        # A CA that did not sign etcd's certificate: start-up fails, naming endpoint and cause.
+        wrong = [*tls[:tls.index("--etcd-ca")], "--etcd-ca", str(other / "ca.pem")]
+        out = subprocess.run([NEREID_BIN, "control-plane", "--auth-token-file", str(token),
+                              "--listen", f"127.0.0.1:{free_port()}",
+                              "--http-listen", f"127.0.0.1:{free_port()}", *wrong],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0
+        assert etcd.url in out.stderr, out.stderr
+        assert "not signed by a CA in --etcd-ca" in out.stderr, out.stderr
+
+        cp.spawn()
+        leader_of([cp])
+        for p in (worker, router):
+            p.spawn()
+        for p in (worker, router):
+            p.wait_live()
+        deploy_with_ctl(cp, token, "simple", repo / "simple", replicas=1)
+        wait_replicas(cp, "simple", lambda r: ready_nodes(r) == ["w1"], "a ready replica")
+        wait_until(lambda: infer_simple(router.http_url) is None, 30,
+                   "an inference through the router")
+    finally:
+        stop_all(processes)

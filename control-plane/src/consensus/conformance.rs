@@ -123,6 +123,7 @@ impl TestStore for Etcd {
             prefix: "/conformance".to_string(),
             user: None,
             lease_ttl: Duration::from_secs(1),
+            tls: None,
         };
         let mut nodes = Vec::new();
         for id in 1..=n {

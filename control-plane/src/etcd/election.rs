@@ -180,7 +180,7 @@ async fn session(
                     refresh_members(shared, client).await;
                 }
                 message = stream.message() => {
-                    let Some(message) = message.map_err(|e| e.to_string())? else {
+                    let Some(message) = message.map_err(|e| super::tls::describe(&e))? else {
                         return Err("the leader watch closed".into());
                     };
                     if message.canceled() {
@@ -203,8 +203,11 @@ async fn keep_alive(
     within: Duration,
 ) -> Result<(), String> {
     let round = async {
-        keeper.keep_alive().await.map_err(|e| e.to_string())?;
-        match acks.message().await.map_err(|e| e.to_string())? {
+        keeper
+            .keep_alive()
+            .await
+            .map_err(|e| super::tls::describe(&e))?;
+        match acks.message().await.map_err(|e| super::tls::describe(&e))? {
             Some(ack) if ack.ttl() > 0 => Ok(()),
             Some(_) => Err("the lease expired".to_string()),
             None => Err("the keep-alive stream closed".to_string()),

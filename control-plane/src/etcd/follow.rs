@@ -22,6 +22,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             _ = stop.changed() => return,
         };
         if let Err(e) = result {
+            let e = shared.explain(e).await;
             warn!(endpoints = %shared.endpoints, "following the etcd state, retrying: {e}");
         }
         tokio::select! {
@@ -45,7 +46,11 @@ async fn follow_once(shared: &Shared) -> Result<(), String> {
     let mut stream = bounded(client.watch(shared.keys.state.as_str(), Some(options))).await?;
     debug!(revision, "watching the etcd state");
     loop {
-        let Some(message) = stream.message().await.map_err(|e| e.to_string())? else {
+        let Some(message) = stream
+            .message()
+            .await
+            .map_err(|e| super::tls::describe(&e))?
+        else {
             return Err("the watch stream closed".into());
         };
         if message.canceled() {

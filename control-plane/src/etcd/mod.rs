@@ -20,11 +20,18 @@
 //!
 //! - `election`: the lease-backed leader election and the member registry.
 //! - `follow`: the watch that feeds [`Consensus::subscribe`].
+//! - `tls`: `https://` endpoints (`--etcd-ca`, `--etcd-cert`, `--etcd-key`) and error messages
+//!   that name the TLS cause.
 
 mod election;
 mod follow;
 #[cfg(test)]
 pub(crate) mod test_server;
+mod tls;
+#[cfg(test)]
+mod tls_tests;
+
+pub use tls::EtcdTls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,7 +58,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How `--store etcd` reaches etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
-    /// Client URLs (`http://host:2379`), at least one.
+    /// Client URLs (`http://host:2379`, or all `https://` with [`EtcdConfig::tls`]), at least
+    /// one.
     pub endpoints: Vec<String>,
     /// Every key this cluster uses starts with it (`/nereid`); clusters sharing an etcd need
     /// distinct prefixes.
@@ -61,6 +69,9 @@ pub struct EtcdConfig {
     /// Time to live of the lease behind leadership and membership: a dead leader is replaced
     /// after at most this long. Whole seconds, at least 1.
     pub lease_ttl: Duration,
+    /// TLS for `https://` endpoints: the CA to verify etcd with and an optional client
+    /// certificate.
+    pub tls: Option<EtcdTls>,
 }
 
 /// The keys under the prefix.
@@ -97,6 +108,9 @@ struct Shared {
     keys: Keys,
     /// The endpoints as the operator wrote them, for error messages.
     endpoints: String,
+    /// The endpoints one by one and the TLS set-up, for [`tls::explain`].
+    endpoint_list: Vec<String>,
+    tls: Option<EtcdTls>,
     lease_ttl: Duration,
     state_tx: watch::Sender<Arc<ClusterState>>,
     leadership_tx: watch::Sender<Leadership>,
@@ -107,6 +121,11 @@ struct Shared {
 impl Shared {
     fn unavailable(&self, what: &str, e: impl std::fmt::Display) -> ConsensusError {
         ConsensusError::Unavailable(format!("etcd at {} ({what}): {e}", self.endpoints))
+    }
+
+    /// `message` with the TLS cause a direct handshake finds, when it names none.
+    async fn explain(&self, message: String) -> String {
+        tls::explain(self.tls.as_ref(), &self.endpoint_list, message).await
     }
 
     /// Publishes `state` if it is newer than what subscribers have.
@@ -148,7 +167,7 @@ fn decode_state(key: &str, bytes: &[u8]) -> Result<ClusterState, ConsensusError>
 async fn bounded<T>(fut: impl Future<Output = Result<T, etcd_client::Error>>) -> Result<T, String> {
     match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(e)) => Err(tls::describe(&e)),
         Err(_) => Err(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs())),
     }
 }
@@ -182,6 +201,9 @@ impl EtcdStore {
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());
         }
+        if let Some(tls) = &config.tls {
+            options = tls.apply(options);
+        }
         let client = bounded(Client::connect(&config.endpoints, Some(options)))
             .await
             .map_err(|e| ConsensusError::Unavailable(format!("etcd at {endpoints}: {e}")))?;
@@ -193,13 +215,22 @@ impl EtcdStore {
             client,
             keys: Keys::new(&config.prefix),
             endpoints,
+            endpoint_list: config.endpoints.clone(),
+            tls: config.tls.clone(),
             lease_ttl: Duration::from_secs(config.lease_ttl.as_secs().max(1)),
             state_tx,
             leadership_tx,
             leader_address: Mutex::new(None),
             members: Mutex::new(Vec::new()),
         });
-        shared.read().await?;
+        if let Err(e) = shared.read().await {
+            return Err(match e {
+                ConsensusError::Unavailable(message) => {
+                    ConsensusError::Unavailable(shared.explain(message).await)
+                }
+                other => other,
+            });
+        }
         let (stop_tx, stop_rx) = watch::channel(false);
         let tasks = vec![
             tokio::spawn(follow::run(shared.clone(), stop_rx.clone())),

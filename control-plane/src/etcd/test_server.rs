@@ -1,17 +1,53 @@
 //! A real `etcd` (Debian's `etcd-server`, installed by scripts/setup.sh) for tests: one member
 //! on free 127.0.0.1 ports with its data in a tempdir, killed by PID when dropped.
+//!
+//! [`EtcdServer::start_tls`] serves clients over TLS with certificates made by
+//! scripts/make_certs.sh in the tempdir:
+//!
+//! ```text
+//!  certs/ca/ca.pem          the CA etcd trusts (--trusted-ca-file) and clients verify with
+//!  certs/ca/127.0.0.1.pem   etcd's server certificate: subjectAltName IP:127.0.0.1 only
+//!  certs/ca/client.pem      a client certificate it signed
+//!  certs/other/ca.pem       an unrelated CA; certs/other/client.pem a client certificate of it
+//! ```
 
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use super::EtcdTls;
+
 /// A running etcd; killed (and its data removed) on drop.
 pub(crate) struct EtcdServer {
     child: Child,
     endpoint: String,
+    /// With TLS: the certificate directory ([`EtcdServer::tls`] reads from it).
+    certs: Option<PathBuf>,
     _dir: TempDir,
+}
+
+/// Runs scripts/make_certs.sh `dir` `names...`.
+fn make_certs(dir: &Path, names: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make_certs.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(dir)
+        .args(names)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} {names:?}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
 /// The etcd binary: `$NEREID_ETCD_BIN`, else `etcd` on the PATH.
@@ -35,6 +71,16 @@ impl EtcdServer {
     /// Starts etcd and waits (bounded) until it answers; `None`, with the reason printed, when
     /// no etcd binary is installed.
     pub(crate) async fn start() -> Option<EtcdServer> {
+        EtcdServer::launch(false, false).await
+    }
+
+    /// Starts etcd serving clients over TLS at `https://127.0.0.1:PORT`; with
+    /// `client_cert_auth`, etcd also demands a client certificate signed by `certs/ca`.
+    pub(crate) async fn start_tls(client_cert_auth: bool) -> Option<EtcdServer> {
+        EtcdServer::launch(true, client_cert_auth).await
+    }
+
+    async fn launch(tls: bool, client_cert_auth: bool) -> Option<EtcdServer> {
         let Some(bin) = binary() else {
             eprintln!(
                 "SKIPPED: no etcd binary (install Debian's etcd-server: scripts/setup.sh does)"
@@ -43,9 +89,26 @@ impl EtcdServer {
         };
         let dir = TempDir::new().expect("tempdir");
         let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
+        let scheme = if tls { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        let certs = tls.then(|| dir.path().join("certs"));
+        if let Some(certs) = &certs {
+            make_certs(&certs.join("ca"), &["127.0.0.1", "client"]);
+            make_certs(&certs.join("other"), &["client"]);
+            command
+                .arg("--cert-file")
+                .arg(certs.join("ca/127.0.0.1.pem"))
+                .arg("--key-file")
+                .arg(certs.join("ca/127.0.0.1.key"))
+                .arg("--trusted-ca-file")
+                .arg(certs.join("ca/ca.pem"));
+            if client_cert_auth {
+                command.arg("--client-cert-auth");
+            }
+        }
+        let child = command
             .args(["--name", "nereid-test", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", &endpoint])
@@ -60,6 +123,7 @@ impl EtcdServer {
         let server = EtcdServer {
             child,
             endpoint,
+            certs,
             _dir: dir,
         };
         server.wait_ready().await;
@@ -70,12 +134,31 @@ impl EtcdServer {
         self.endpoint.clone()
     }
 
+    /// The TLS set-up trusting CA `ca` (`"ca"`: etcd's, `"other"`: an unrelated one), with
+    /// `client`'s certificate when given (`"ca"` or `"other"`: `certs/<client>/client.pem`).
+    pub(crate) fn tls(&self, ca: &str, client: Option<&str>) -> EtcdTls {
+        let certs = self.certs.as_ref().expect("an etcd started with start_tls");
+        EtcdTls {
+            ca_pem: read(&certs.join(ca).join("ca.pem")),
+            identity: client.map(|c| {
+                (
+                    read(&certs.join(c).join("client.pem")),
+                    read(&certs.join(c).join("client.key")),
+                )
+            }),
+        }
+    }
+
     /// Polls etcd's status until it answers; etcd starts in well under a second.
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let answer = async {
-                let mut client = etcd_client::Client::connect([self.endpoint.as_str()], None)
+                let options = self.certs.is_some().then(|| {
+                    self.tls("ca", Some("ca"))
+                        .apply(etcd_client::ConnectOptions::new())
+                });
+                let mut client = etcd_client::Client::connect([self.endpoint.as_str()], options)
                     .await
                     .map_err(|e| e.to_string())?;
                 client.status().await.map_err(|e| e.to_string())
