@@ -31,7 +31,7 @@ use tonic::codegen::{BoxFuture, http};
 use tracing::Instrument;
 
 use crate::choice::Ask;
-use crate::error::{RouterError, RouterResult};
+use crate::error::RouterResult;
 use crate::forward::MODEL_INFER_PATH;
 use crate::raw_codec::{RawCodec, RawMessage};
 use crate::service::{RouterService, traced_attempt};
@@ -68,20 +68,8 @@ impl RouterService {
                 config.shared_memory_off
             )));
         }
-        let started = Instant::now();
-        let counters = self.counters(&scanned.model_name);
-        let result = async {
-            let _permit = self
-                .admission
-                .try_acquire()
-                .map_err(|_| RouterError::Overloaded {
-                    limit: self.config.max_in_flight,
-                })?;
-            self.route_raw(&message, &scanned, version, context).await
-        }
-        .await;
-        counters.finish(started.elapsed(), result.is_ok());
-        Ok(result?)
+        let routed = self.route_raw(&message, &scanned, version, context);
+        Ok(self.admitted(&scanned.model_name, routed).await?)
     }
 
     /// [`Self::forward_raw`], traced as the typed path traces (`RouterService::route_infer`).

@@ -282,6 +282,26 @@ impl RouterService {
         r.outstanding.clone()
     }
 
+    /// Runs one inference of `model` under the admission limit (else `Overloaded`, without
+    /// running it) and counts its outcome and time, whichever path (typed or pass-through)
+    /// forwards it.
+    pub(crate) async fn admitted<T>(
+        &self,
+        model: &str,
+        inference: impl Future<Output = RouterResult<T>>,
+    ) -> RouterResult<T> {
+        let started = Instant::now();
+        let counters = self.counters(model);
+        let result = match self.admission.try_acquire() {
+            Ok(_permit) => inference.await,
+            Err(_) => Err(RouterError::Overloaded {
+                limit: self.config.max_in_flight,
+            }),
+        };
+        counters.finish(started.elapsed(), result.is_ok());
+        result
+    }
+
     pub(crate) fn counters(&self, model: &str) -> Arc<ModelCounters> {
         self.metrics
             .model(model, || self.table.load().model(model).is_some())
@@ -622,20 +642,8 @@ impl InferenceService for RouterService {
     }
 
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        let started = Instant::now();
-        let counters = self.counters(&request.model_name);
-        let result = async {
-            let _permit = self
-                .admission
-                .try_acquire()
-                .map_err(|_| RouterError::Overloaded {
-                    limit: self.config.max_in_flight,
-                })?;
-            self.route_infer(request).await
-        }
-        .await;
-        counters.finish(started.elapsed(), result.is_ok());
-        Ok(result?)
+        let model = request.model_name.clone();
+        Ok(self.admitted(&model, self.route_infer(request)).await?)
     }
 
     /// Forwards over the worker's `ModelStreamInfer`, so decoupled models stream through the
