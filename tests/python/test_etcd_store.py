@@ -5,8 +5,8 @@ elected control plane under load fails no inference and loses no acknowledged wr
 etcd and starting it again on the same data dir and port, the cluster resumes (writes succeed,
 the router kept serving throughout). Over TLS (etcd with --client-cert-auth, certificates from
 scripts/make_certs.sh): a control plane with --etcd-ca/--etcd-cert/--etcd-key serves a model
-through a worker and the router; one trusting the wrong CA exits naming the endpoint and the
-cause."""
+through a worker and the router; one trusting the wrong CA, or one without a client certificate,
+exits naming the endpoint and the cause."""
 
 import shutil
 import ssl
@@ -198,7 +198,7 @@ def make_certs(directory, *names):
 
 
 @pytest.mark.timeout(90)
-def test_a_control_plane_on_etcd_over_tls_serves_and_a_wrong_ca_is_named(tmp_path):
+def test_a_control_plane_on_etcd_over_tls_serves_and_tls_mistakes_are_named(tmp_path):
     repo = gen_models.write_repository(tmp_path / "repo", "example")
     certs = make_certs(tmp_path / "certs", "127.0.0.1", "client")
     other = make_certs(tmp_path / "other-ca", "client")
@@ -214,15 +214,18 @@ def test_a_control_plane_on_etcd_over_tls_serves_and_a_wrong_ca_is_named(tmp_pat
     processes = [cp, worker, router, etcd]
     try:
         etcd.wait_ready()
-        # A CA that did not sign etcd's certificate: start-up fails, naming endpoint and cause.
-        wrong = [*tls[:tls.index("--etcd-ca")], "--etcd-ca", str(other / "ca.pem")]
-        out = subprocess.run([NEREID_BIN, "control-plane", "--auth-token-file", str(token),
-                              "--listen", f"127.0.0.1:{free_port()}",
-                              "--http-listen", f"127.0.0.1:{free_port()}", *wrong],
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode != 0
-        assert etcd.url in out.stderr, out.stderr
-        assert "not signed by a CA in --etcd-ca" in out.stderr, out.stderr
+        # A CA that did not sign etcd's certificate, or no client certificate for etcd's
+        # --client-cert-auth: start-up fails, naming the endpoint and the cause.
+        plain = tls[:tls.index("--etcd-ca")]
+        for flags, cause in [
+                (["--etcd-ca", str(other / "ca.pem")], "not signed by a CA in --etcd-ca"),
+                (["--etcd-ca", str(certs / "ca.pem")], "etcd refused the client certificate")]:
+            out = subprocess.run([NEREID_BIN, "control-plane", "--auth-token-file", str(token),
+                                  "--listen", f"127.0.0.1:{free_port()}",
+                                  "--http-listen", f"127.0.0.1:{free_port()}", *plain, *flags],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode != 0
+            assert etcd.url in out.stderr and cause in out.stderr, out.stderr
 
         cp.spawn()
         leader_of([cp])
