@@ -128,7 +128,8 @@ pub struct WaitArgs {
 #[derive(Args, Debug)]
 pub struct DeployArgs {
     pub name: String,
-    /// URI of a Triton-layout model directory, e.g. file:///models/resnet50.
+    /// URI of a Triton-layout model directory: file:///models/resnet50 (a path every worker
+    /// sees) or s3://bucket/prefix/resnet50, gs://..., as://... (workers mirror it).
     #[arg(long)]
     pub source: String,
     #[command(flatten)]
