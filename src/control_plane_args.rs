@@ -383,9 +383,7 @@ impl ControlPlaneArgs {
             std::fs::read(path).map_err(|e| format!("{flag} '{}': {e}", path.display()))
         };
         let identity = match (&self.etcd_cert, &self.etcd_key) {
-            (Some(cert), Some(key)) => {
-                Some((read("--etcd-cert", cert)?, read("--etcd-key", key)?))
-            }
+            (Some(cert), Some(key)) => Some((read("--etcd-cert", cert)?, read("--etcd-key", key)?)),
             _ => None,
         };
         Ok(Some(EtcdTls {
@@ -578,10 +576,7 @@ mod tests {
                 with(&["--etcd-cert", "c.pem", "--etcd-key", "c.key"]),
                 "--etcd-cert and --etcd-key need https://",
             ),
-            (
-                vec!["--etcd-ca", "ca.pem"],
-                "--etcd-ca needs --store etcd",
-            ),
+            (vec!["--etcd-ca", "ca.pem"], "--etcd-ca needs --store etcd"),
             (with(&["--etcd-prefix", "x"]), "--etcd-prefix 'x'"),
             (with(&["--etcd-prefix", "/"]), "--etcd-prefix '/'"),
             (with(&["--etcd-user", "u"]), "needs --etcd-password-file"),
@@ -656,14 +651,27 @@ mod tests {
         let err = https(&["--etcd-ca", &ca, "--etcd-key", &key]).unwrap_err();
         assert!(err.contains("--etcd-key needs --etcd-cert"), "{err}");
         for (args, expected) in [
-            (vec!["--etcd-ca", &missing], "--etcd-ca '{missing}': cannot read the file"),
-            (vec!["--etcd-ca", &junk], "--etcd-ca '{junk}': holds no PEM certificate"),
+            (
+                vec!["--etcd-ca", &missing],
+                "--etcd-ca '{missing}': cannot read the file",
+            ),
+            (
+                vec!["--etcd-ca", &junk],
+                "--etcd-ca '{junk}': holds no PEM certificate",
+            ),
             (
                 vec!["--etcd-ca", &ca, "--etcd-cert", &junk, "--etcd-key", &key],
                 "--etcd-cert '{junk}': holds no PEM certificate",
             ),
             (
-                vec!["--etcd-ca", &ca, "--etcd-cert", &cert, "--etcd-key", &other_key],
+                vec![
+                    "--etcd-ca",
+                    &ca,
+                    "--etcd-cert",
+                    &cert,
+                    "--etcd-key",
+                    &other_key,
+                ],
                 "--etcd-key '{other_key}': does not match the certificate",
             ),
         ] {
