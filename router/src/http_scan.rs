@@ -1,0 +1,291 @@
+//! Reading what routing needs from an HTTP `POST .../infer` body without decoding its tensors:
+//! the groundwork of the HTTP pass-through (issue 21, "a cheap hop"), the HTTP counterpart of
+//! `wire_scan`.
+//!
+//! ```text
+//! body, Inference-Header-Content-Length   ─► scan_http_request
+//!   header length N > 0    the first N bytes are the JSON header; the binary section is not read
+//!   header length 0        one input's raw bytes: None (nothing to scan; the typed path serves it)
+//!   no header length       the whole body is the JSON header
+//! JSON header (serde, streaming)
+//!   id                                 kept (must be a string)
+//!   parameters                         sequence_id / _start / _end → RequestOptions; others unread
+//!   inputs[i].name, .shape             kept (RequestLimits); .parameters: shared_memory_* noted
+//!   inputs[i].data                     skipped with IgnoredAny: no tensor is materialised
+//!   outputs[i].name, .parameters       counted; shared_memory_* noted
+//!   any other key                      skipped
+//! ```
+//!
+//! A malformed header is an [`HttpScanError`] naming the field and what is wrong; it becomes the
+//! 400 `{"error": ...}` the typed HTTP path gives (`ServiceError::invalid`).
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::{Map, Value};
+
+use nereid_proto::{ParamValue, Parameters, RequestOptions, ServiceError};
+
+use crate::wire_scan::ScannedInput;
+
+/// Parameter keys replica choice reads.
+const ROUTING_KEYS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
+
+/// Why an HTTP inference body could not be scanned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpScanError {
+    #[error("Inference-Header-Content-Length {len} is longer than the request body ({body} bytes)")]
+    HeaderPastEnd { len: usize, body: usize },
+    #[error("the request body is empty; expected an inference request JSON object")]
+    Empty,
+    #[error("the request JSON must be an object")]
+    NotObject,
+    #[error("failed to parse the request JSON buffer: {0}")]
+    Json(String),
+    #[error("'{field}' must be {expected}, got {got}")]
+    Type {
+        field: String,
+        expected: &'static str,
+        got: &'static str,
+    },
+    #[error("input '{input}': shape dimension {index} must be a non-negative integer")]
+    BadDimension { input: String, index: usize },
+    #[error("{owner}parameter '{key}' must be a string, integer, number or boolean, got {got}")]
+    BadParameter {
+        owner: String,
+        key: String,
+        got: &'static str,
+    },
+    /// A sequence parameter of the wrong type (the message names it).
+    #[error("{0}")]
+    Options(String),
+}
+
+impl From<HttpScanError> for ServiceError {
+    fn from(e: HttpScanError) -> ServiceError {
+        ServiceError::invalid(e.to_string())
+    }
+}
+
+type ScanResult<T> = Result<T, HttpScanError>;
+
+/// What the router reads of an HTTP inference request (model and version come from the path).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HttpScanned {
+    /// The request id ("" when absent).
+    pub id: String,
+    /// The sequence options (the other reserved parameters are the worker's to read).
+    pub options: RequestOptions,
+    pub inputs: Vec<ScannedInput>,
+    pub outputs: usize,
+    /// The first tensor that names a shared-memory region (`input 'x'`, `output 'y'`).
+    pub shared_memory: Option<String>,
+}
+
+/// The JSON header as scanned: small fields kept as values (to name them in errors), tensor
+/// data skipped.
+#[derive(Deserialize)]
+#[serde(expecting = "an inference request JSON object")]
+struct Header {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    parameters: Option<Value>,
+    #[serde(default)]
+    inputs: Option<Vec<InputHeader>>,
+    #[serde(default)]
+    outputs: Option<Vec<OutputHeader>>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "an input tensor object")]
+struct InputHeader {
+    #[serde(default)]
+    name: Option<Value>,
+    #[serde(default)]
+    shape: Option<Value>,
+    #[serde(default)]
+    parameters: Option<Value>,
+    #[serde(default, rename = "data")]
+    _data: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(expecting = "an output tensor object")]
+struct OutputHeader {
+    #[serde(default)]
+    name: Option<Value>,
+    #[serde(default)]
+    parameters: Option<Value>,
+}
+
+/// Scans an HTTP inference body (see the module docs); `header_len` is the
+/// `Inference-Header-Content-Length` value. `Ok(None)`: a raw binary request (header length 0),
+/// which has no JSON header to scan.
+pub fn scan_http_request(
+    body: &[u8],
+    header_len: Option<usize>,
+) -> ScanResult<Option<HttpScanned>> {
+    let header = match header_len {
+        Some(0) => return Ok(None),
+        Some(len) if len > body.len() => {
+            return Err(HttpScanError::HeaderPastEnd {
+                len,
+                body: body.len(),
+            });
+        }
+        Some(len) => &body[..len],
+        None => body,
+    };
+    match header.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => return Err(HttpScanError::Empty),
+        // A derived struct would also accept an array (fields by position).
+        Some(b) if *b != b'{' => return Err(HttpScanError::NotObject),
+        Some(_) => {}
+    }
+    let mut json = serde_json::Deserializer::from_slice(header);
+    let doc: Header = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match (inner.is_data(), path.as_str()) {
+            (true, ".") => HttpScanError::NotObject,
+            (true, _) => HttpScanError::Json(format!("'{path}': {inner}")),
+            (false, _) => HttpScanError::Json(inner.to_string()),
+        }
+    })?;
+    json.end().map_err(|e| HttpScanError::Json(e.to_string()))?;
+    let mut scanned = HttpScanned {
+        id: match doc.id {
+            None => String::new(),
+            Some(Value::String(id)) => id,
+            Some(other) => return Err(wrong("id", "a string", &other)),
+        },
+        ..Default::default()
+    };
+    let request_params = object(doc.parameters.as_ref(), "parameters")?;
+    let mut routing = Parameters::new();
+    for key in ROUTING_KEYS {
+        if let Some(v) = request_params.and_then(|m| m.get(key)) {
+            routing.insert(key.to_string(), param_value(v, "", key)?);
+        }
+    }
+    scanned.options = RequestOptions::split(routing)
+        .map(|(options, _)| options)
+        .map_err(|e| HttpScanError::Options(e.message().to_string()))?;
+    for (i, input) in doc.inputs.unwrap_or_default().into_iter().enumerate() {
+        let name = tensor_name(input.name, "inputs", i)?;
+        let shape = shape(input.shape.as_ref(), &name)?;
+        let owner = format!("input '{name}'");
+        if names_shared_memory(input.parameters.as_ref(), &owner)? {
+            scanned.shared_memory.get_or_insert(owner);
+        }
+        scanned.inputs.push(ScannedInput { name, shape });
+    }
+    for (i, output) in doc.outputs.unwrap_or_default().into_iter().enumerate() {
+        let name = tensor_name(output.name, "outputs", i)?;
+        let owner = format!("output '{name}'");
+        if names_shared_memory(output.parameters.as_ref(), &owner)? {
+            scanned.shared_memory.get_or_insert(owner);
+        }
+        scanned.outputs += 1;
+    }
+    Ok(Some(scanned))
+}
+
+/// A JSON value's kind, for messages.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong(field: &str, expected: &'static str, got: &Value) -> HttpScanError {
+    HttpScanError::Type {
+        field: field.to_string(),
+        expected,
+        got: kind(got),
+    }
+}
+
+/// An optional JSON object field.
+fn object<'a>(value: Option<&'a Value>, field: &str) -> ScanResult<Option<&'a Map<String, Value>>> {
+    match value {
+        None => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(other) => Err(wrong(field, "an object", other)),
+    }
+}
+
+fn tensor_name(value: Option<Value>, list: &str, index: usize) -> ScanResult<String> {
+    match value {
+        Some(Value::String(name)) => Ok(name),
+        Some(other) => Err(wrong(&format!("{list}[{index}].name"), "a string", &other)),
+        None => Err(HttpScanError::Type {
+            field: format!("{list}[{index}].name"),
+            expected: "a string",
+            got: "nothing",
+        }),
+    }
+}
+
+/// An input's declared shape: an array of non-negative integers.
+fn shape(value: Option<&Value>, input: &str) -> ScanResult<Vec<i64>> {
+    let field = || format!("input '{input}': shape");
+    let dims = match value {
+        Some(Value::Array(dims)) => dims,
+        Some(other) => return Err(wrong(&field(), "an array of integers", other)),
+        None => {
+            return Err(HttpScanError::Type {
+                field: field(),
+                expected: "an array of integers",
+                got: "nothing",
+            });
+        }
+    };
+    dims.iter()
+        .enumerate()
+        .map(|(index, d)| {
+            d.as_i64()
+                .filter(|d| *d >= 0)
+                .ok_or_else(|| HttpScanError::BadDimension {
+                    input: input.to_string(),
+                    index,
+                })
+        })
+        .collect()
+}
+
+/// A parameter value as the typed path reads it: string, bool, or number.
+fn param_value(value: &Value, owner: &str, key: &str) -> ScanResult<ParamValue> {
+    let bad = || HttpScanError::BadParameter {
+        owner: owner.to_string(),
+        key: key.to_string(),
+        got: kind(value),
+    };
+    match value {
+        Value::Bool(b) => Ok(ParamValue::Bool(*b)),
+        Value::String(s) => Ok(ParamValue::String(s.clone())),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => Ok(ParamValue::Int(i)),
+            (None, Some(u), _) => Ok(ParamValue::Uint(u)),
+            (None, None, Some(f)) => Ok(ParamValue::Double(f)),
+            (None, None, None) => Err(bad()),
+        },
+        Value::Null | Value::Array(_) | Value::Object(_) => Err(bad()),
+    }
+}
+
+/// Whether a tensor's `parameters` name a `shared_memory_*` key.
+fn names_shared_memory(parameters: Option<&Value>, owner: &str) -> ScanResult<bool> {
+    let field = format!("{owner}: parameters");
+    Ok(object(parameters, &field)?
+        .is_some_and(|map| map.keys().any(|k| k.starts_with("shared_memory"))))
+}
+
+#[cfg(test)]
+#[path = "http_scan_tests.rs"]
+mod tests;
