@@ -8,7 +8,7 @@
 //! ```
 //!
 //! An endpoint is a replica in state READY on a node that is not DOWN and advertises a data-plane
-//! gRPC address. Deltas before the first snapshot are ignored (nothing to apply them to). The
+//! gRPC address (its HTTP address is kept too, when it has one). Deltas before the first snapshot are ignored (nothing to apply them to). The
 //! table is a value: the service reads it through [`SharedTable`], which swaps in a new version
 //! on every event, so requests never wait on the watch.
 
@@ -28,6 +28,9 @@ pub struct Endpoint {
     pub node: String,
     /// The worker's KServe gRPC address (`host:port`, or a URI).
     pub addr: String,
+    /// The worker's KServe HTTP address (`host:port`), when it reports one: where an HTTP
+    /// pass-through would forward.
+    pub http_addr: Option<String>,
 }
 
 /// What the router knows of the cluster at `revision`.
@@ -117,14 +120,14 @@ impl RoutingTable {
             if node.status == NodeStatus::Down as i32 {
                 continue;
             }
-            let Some(addr) = node
-                .addresses
-                .as_ref()
-                .map(|a| a.data_grpc.clone())
-                .filter(|a| !a.is_empty())
-            else {
+            let Some(addresses) = node.addresses.as_ref() else {
                 continue;
             };
+            if addresses.data_grpc.is_empty() {
+                continue;
+            }
+            let addr = addresses.data_grpc.clone();
+            let http_addr = Some(addresses.data_http.clone()).filter(|a| !a.is_empty());
             ready
                 .entry(r.model.clone())
                 .or_default()
@@ -135,6 +138,7 @@ impl RoutingTable {
                     version: r.version,
                     node: r.node.clone(),
                     addr,
+                    http_addr,
                 });
         }
         self.ready = ready;
@@ -368,6 +372,27 @@ pub(crate) mod tests {
         assert!(t.has_version("m", 1) && !t.has_version("m", 7));
         assert_eq!(t.endpoint("m", 3).map(|e| e.node.as_str()), Some("b"));
         assert_eq!(t.worker_addrs(), vec!["10.0.0.1:8001", "10.0.0.2:8001"]);
+    }
+
+    #[test]
+    fn endpoints_carry_the_http_address_when_the_worker_reports_one() {
+        let mut with_http = node("a", "10.0.0.1:8001");
+        if let Some(a) = with_http.addresses.as_mut() {
+            a.data_http = "10.0.0.1:8000".into();
+        }
+        let mut t = RoutingTable::default();
+        t.apply(&snapshot(
+            1,
+            vec![model("m", &[1])],
+            vec![with_http, node("b", "10.0.0.2:8001")],
+            vec![replica(1, "m", 1, "a", true), replica(2, "m", 1, "b", true)],
+        ));
+        let http: Vec<(u64, Option<&str>)> = t
+            .ready("m", 1)
+            .iter()
+            .map(|e| (e.replica, e.http_addr.as_deref()))
+            .collect();
+        assert_eq!(http, vec![(1, Some("10.0.0.1:8000")), (2, None)]);
     }
 
     #[test]
