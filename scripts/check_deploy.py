@@ -68,6 +68,10 @@ VARIANTS = {
         "controlPlane.etcd.user=nereid",
         "controlPlane.etcd.passwordSecret=nereid-etcd",
     ],
+    "etcd store over TLS": [
+        "controlPlane.etcd.endpoints={https://etcd-0.etcd:2379,https://etcd-1.etcd:2379}",
+        "controlPlane.etcd.tls.secretName=nereid-etcd-tls",
+    ],
 }
 KSERVE_PROBES = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
 
