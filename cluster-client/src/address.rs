@@ -4,6 +4,7 @@
 //! ```text
 //! " cp-1:7000 "          ─► given "cp-1:7000",        uri "http://cp-1:7000"
 //! "HTTP://CP-1:7000/"    ─► given "HTTP://CP-1:7000/", uri "http://cp-1:7000"
+//! "https://cp-1"         ─► given "https://cp-1",      uri "http://cp-1:443"  (TLS: the dialer's)
 //! "grpc://cp-1:7000"     ─► error: scheme not supported
 //! ```
 //!
@@ -58,10 +59,15 @@ impl Address {
                 "a control-plane address has no path; write host:port".into(),
             ));
         }
-        let authority = authority.as_str().to_ascii_lowercase();
+        let mut authority = authority.as_str().to_ascii_lowercase();
+        if scheme == "https" && !has_port_text {
+            authority.push_str(":443");
+        }
+        // Always `http`: TLS is the dialer's choice (`--cluster-tls-*`, `ClusterDial`), and
+        // tonic refuses an `https` URI on a channel whose TLS it did not configure itself.
         Ok(Address {
             given: given.to_string(),
-            uri: format!("{scheme}://{authority}"),
+            uri: format!("http://{authority}"),
             authority,
         })
     }
@@ -126,7 +132,7 @@ mod tests {
         assert_eq!(a.uri(), "http://cp-1.example:7000");
         assert_eq!(a.to_string(), "HTTP://CP-1.Example:7000/");
         let a = Address::parse("https://cp:443").unwrap();
-        assert_eq!(a.uri(), "https://cp:443");
+        assert_eq!(a.uri(), "http://cp:443");
         let a = Address::parse("[::1]:7000").unwrap();
         assert_eq!(a.uri(), "http://[::1]:7000");
     }

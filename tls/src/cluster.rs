@@ -99,7 +99,7 @@ mod tests {
         assert_eq!(tls.grpc.alpn_protocols, vec![b"h2".to_vec()]);
         assert_eq!(tls.http.alpn_protocols.len(), 2);
         assert!(tls.dial.is_tls());
-        assert_eq!(tls.dial.scheme(), "https");
+        assert_eq!(tls.dial.scheme(), "http");
     }
 
     #[test]

@@ -121,9 +121,12 @@ impl ClusterDial {
         self.tls.is_some()
     }
 
-    /// `http` or `https`, for URIs built from a bare `host:port`.
+    /// The scheme of URIs built from a bare `host:port`: always `http`. Whether a connection
+    /// is TLS is decided here (by the dialer), not by the URI; and tonic, whose own TLS is
+    /// compiled in (the etcd client uses it), refuses an `https` URI on a channel it did not
+    /// configure TLS for, even when the connector makes the TLS connection itself.
     pub fn scheme(&self) -> &'static str {
-        if self.is_tls() { "https" } else { "http" }
+        "http"
     }
 
     /// A channel that connects on first use (and again after its connection breaks).
