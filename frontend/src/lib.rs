@@ -44,7 +44,12 @@ mod serve;
 mod shm;
 
 pub use grpc::{GrpcConfig, grpc_request_context, routes};
-pub use http::{HttpConfig, router};
+pub use http::{
+    HttpConfig, HttpError, ModelAction, Route as HttpRoute, http_request_context, parse_route,
+    read_body, router,
+};
+/// The `Inference-Header-Content-Length` header name and its parsing, as the typed path applies it.
+pub use http::{INFER_HEADER_CONTENT_LENGTH, header_length};
 pub use listener::{Conn, DEFAULT_MAX_CONNECTIONS, PortConfig};
 pub use listener_http::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, HttpTimeouts};
 pub use nereid_proto::codec::RequestLimits;

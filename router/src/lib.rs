@@ -18,6 +18,8 @@
 //! - `forward`: one pooled channel per worker, calls and error classification.
 //! - `passthrough`: unary gRPC `ModelInfer` forwarded as bytes (`wire_scan` reads what
 //!   routing needs, `raw_codec` moves the bytes); the router's gRPC routes.
+//! - `http_passthrough` (with `http_scan` and `http_forward`): HTTP inference forwarded as
+//!   bytes to the workers' HTTP ports; the router's HTTP application.
 //! - `service`: [`RouterService`], the `InferenceService` of cluster mode.
 //! - `watch`: follows the control plane's watch with failover and resume.
 //! - `control`: the control-plane connection (addresses, token, unary calls with failover).
@@ -32,6 +34,8 @@ mod choice;
 mod control;
 mod error;
 mod forward;
+mod http_forward;
+mod http_passthrough;
 mod http_scan;
 mod metrics;
 mod passthrough;
@@ -49,6 +53,7 @@ pub use choice::SplitMix64;
 pub use control::ControlPlaneConfig;
 pub use error::{RouterError, RouterResult};
 pub use forward::{ForwardConfig, Workers};
+pub use http_passthrough::http_app;
 pub use http_scan::{HttpScanError, HttpScanned, scan_http_request};
 pub use metrics::RouterCollector;
 pub use passthrough::{PassThroughConfig, grpc_routes};

@@ -18,11 +18,12 @@
 //! refuse, with the same messages a worker gives. The worker's response is not validated.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use nereid_frontend::{ApiCategory, GrpcConfig, grpc_request_context};
+use nereid_frontend::{ApiCategory, GrpcConfig, RequestLimits, grpc_request_context};
 use nereid_proto::{
     InferenceService, RequestContext, ResponseHook, ServiceError, ServiceResult, parse_version,
 };
@@ -35,7 +36,7 @@ use crate::error::RouterResult;
 use crate::forward::MODEL_INFER_PATH;
 use crate::raw_codec::{RawCodec, RawMessage};
 use crate::service::{RouterService, traced_attempt};
-use crate::wire_scan::{ScannedRequest, scan_request, version_suffix};
+use crate::wire_scan::{ScannedInput, ScannedRequest, scan_request, version_suffix};
 
 /// What the pass-through path checks before forwarding, as the typed frontend would.
 #[derive(Clone, Debug)]
@@ -56,53 +57,57 @@ impl RouterService {
         config: &PassThroughConfig,
     ) -> ServiceResult<Bytes> {
         let scanned = scan_request(&message)?;
-        let limits = &config.grpc.limits;
-        limits.check_counts(scanned.inputs.len(), scanned.outputs)?;
-        for input in &scanned.inputs {
-            limits.check_shape(&scanned.model_name, &input.name, &input.shape)?;
-        }
-        let version = parse_version(&scanned.model_name, &scanned.model_version)?;
-        if let Some(tensor) = &scanned.shared_memory {
-            return Err(ServiceError::unsupported(format!(
-                "{tensor} names a shared-memory region; system shared memory is not available: {}",
-                config.shared_memory_off
-            )));
-        }
-        let routed = self.route_raw(&message, &scanned, version, context);
-        Ok(self.admitted(&scanned.model_name, routed).await?)
+        let version = checked_version(
+            &scanned.model_name,
+            &scanned.model_version,
+            &scanned.inputs,
+            scanned.outputs,
+            scanned.shared_memory.as_deref(),
+            &config.grpc.limits,
+            &config.shared_memory_off,
+        )?;
+        let model = scanned.model_name.as_str();
+        let (message, scanned) = (&message, &scanned);
+        let routed = self.traced_request(model, context, |trace, context| async move {
+            self.forward_raw(message, scanned, version, &context, trace.as_deref())
+                .await
+        });
+        Ok(self.admitted(model, routed).await?)
     }
 
-    /// [`Self::forward_raw`], traced as the typed path traces (`RouterService::route_infer`).
-    async fn route_raw(
+    /// Runs `forward` inside the request's trace, as the typed path traces
+    /// (`RouterService::route_infer`): the trace (when this request is sampled) is handed to
+    /// `forward` for its attempts, then failed, ended and closed once the frontend has sent
+    /// the answer.
+    pub(crate) async fn traced_request<T, F, Fut>(
         &self,
-        message: &Bytes,
-        scanned: &ScannedRequest,
-        version: Option<i64>,
+        model: &str,
         context: RequestContext,
-    ) -> RouterResult<Bytes> {
-        let trace = self.tracer.start(
-            "InferRequest",
-            SpanKind::Server,
-            &scanned.model_name,
-            &context,
-        );
+        forward: F,
+    ) -> RouterResult<T>
+    where
+        F: FnOnce(Option<Arc<Mutex<RequestTrace>>>, RequestContext) -> Fut,
+        Fut: Future<Output = RouterResult<T>>,
+    {
+        let trace = self
+            .tracer
+            .start("InferRequest", SpanKind::Server, model, &context);
         let Some(trace) = trace else {
-            return self
-                .forward_raw(message, scanned, version, &context, None)
-                .await;
+            return forward(None, context).await;
         };
         let span = tracing::info_span!("request", trace_id = %trace.trace_id());
-        let trace = Mutex::new(trace);
-        let result = self
-            .forward_raw(message, scanned, version, &context, Some(&trace))
+        let trace = Arc::new(Mutex::new(trace));
+        let result = forward(Some(trace.clone()), context.clone())
             .instrument(span)
             .await;
-        let mut trace = trace.into_inner().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = &result {
-            trace.fail(e.to_string());
+        if let Ok(trace) = Arc::try_unwrap(trace) {
+            let mut trace = trace.into_inner().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = &result {
+                trace.fail(e.to_string());
+            }
+            trace.done(Instant::now());
+            trace.close_after_send(&context);
         }
-        trace.done(Instant::now());
-        trace.close_after_send(&context);
         result
     }
 
@@ -143,6 +148,31 @@ impl RouterService {
         })
         .await
     }
+}
+
+/// The checks every pass-through request gets before it is routed, on its scanned fields, as
+/// the typed frontends make them: tensor counts and shapes against `limits`, the version
+/// text, and no shared memory (`shared_memory_off` says why). The version to route to.
+pub(crate) fn checked_version(
+    model: &str,
+    version: &str,
+    inputs: &[ScannedInput],
+    outputs: usize,
+    shared_memory: Option<&str>,
+    limits: &RequestLimits,
+    shared_memory_off: &str,
+) -> ServiceResult<Option<i64>> {
+    limits.check_counts(inputs.len(), outputs)?;
+    for input in inputs {
+        limits.check_shape(model, &input.name, &input.shape)?;
+    }
+    let version = parse_version(model, version)?;
+    if let Some(tensor) = shared_memory {
+        return Err(ServiceError::unsupported(format!(
+            "{tensor} names a shared-memory region; system shared memory is not available: {shared_memory_off}"
+        )));
+    }
+    Ok(version)
 }
 
 /// The router's gRPC routes: `ModelInfer` through the pass-through path, every other rpc

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::activate::{Activator, RepositoryControl};
 use crate::control::{ControlPlane, ControlPlaneConfig};
+use crate::http_passthrough::http_app;
 use crate::metrics::RouterCollector;
 use crate::passthrough::{PassThroughConfig, grpc_routes};
 use crate::service::{RouterService, RouterServiceConfig};
@@ -137,23 +138,44 @@ pub async fn run(
     let mut servers = tokio::task::JoinSet::new();
     let shared_memory = nereid_frontend::SharedMemory::disabled(SHARED_MEMORY_OFF);
     let grpc_config = config.frontend.grpc_config(shared_memory.clone());
-    // gRPC is served here rather than by `nereid_frontend::spawn`: its ModelInfer takes the
-    // pass-through path (`passthrough`).
+    let http_config = config
+        .frontend
+        .http_config(config.http_max_input_size, shared_memory);
+    // HTTP and gRPC are served here rather than by `nereid_frontend::spawn`: their inference
+    // takes the pass-through paths (`http_passthrough`, `passthrough`). HTTP pass-through
+    // needs plaintext worker ports: with cluster TLS, HTTP inference goes over gRPC.
     nereid_frontend::spawn(
         &mut servers,
         service,
         Frontends {
-            http,
+            http: None,
             grpc: None,
             metrics: metrics_listener.map(|l| (l, prometheus_router(collector))),
-            http_config: config
-                .frontend
-                .http_config(config.http_max_input_size, shared_memory),
+            http_config: http_config.clone(),
             grpc_config: grpc_config.clone(),
             ports: config.ports.clone(),
         },
         &stop_rx,
     );
+    if let Some(listener) = http {
+        let tls = config.ports.http.tls.is_some();
+        tracing::info!(addr = ?listener.local_addr().ok(), tls, "HTTP service listening");
+        let pass_through = !config.service.forward.dial.is_tls();
+        let app = http_app(
+            router.clone(),
+            http_config,
+            SHARED_MEMORY_OFF.to_string(),
+            pass_through,
+        );
+        servers.spawn(nereid_frontend::serve_http_port(
+            "HTTP",
+            listener,
+            app,
+            config.ports.http.clone(),
+            config.ports.http_timeouts.clone(),
+            stop_rx.clone(),
+        ));
+    }
     if let Some(listener) = grpc {
         let routes = grpc_routes(
             router.clone(),

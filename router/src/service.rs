@@ -48,6 +48,7 @@ use crate::activate::Activator;
 use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
 use crate::error::{RouterError, RouterResult};
 use crate::forward::{ForwardConfig, Workers};
+use crate::http_forward::HttpWorkers;
 use crate::metrics::{ModelCounters, RouterMetrics};
 use crate::table::{Endpoint, SharedTable};
 use crate::wire::{decode_response, encode_request};
@@ -171,6 +172,8 @@ pub struct RouterService {
     pub(crate) config: RouterServiceConfig,
     table: Arc<SharedTable>,
     pub(crate) workers: Arc<Workers>,
+    /// The HTTP pass-through's client to the workers' HTTP ports.
+    pub(crate) http_workers: HttpWorkers,
     routing: Arc<Mutex<Routing>>,
     pub(crate) admission: Arc<Semaphore>,
     activator: Option<Arc<Activator>>,
@@ -196,6 +199,7 @@ impl RouterService {
     ) -> RouterService {
         RouterService {
             workers: Arc::new(Workers::new(config.forward.clone())),
+            http_workers: HttpWorkers::new(config.forward.connect_timeout),
             routing: Arc::new(Mutex::new(Routing {
                 chooser: Chooser::new(config.sequence_idle_timeout, rng),
                 outstanding: HashMap::new(),

@@ -48,8 +48,17 @@ mod tensor_json;
 #[cfg(test)]
 mod tests;
 
+/// What a proxy in front of these routes reads to take `POST .../infer` itself (the router's
+/// HTTP pass-through): the same path matching, request context, header-length rule and error
+/// bodies as the typed path.
+pub use body::read_body;
+pub use error::HttpError;
+pub use infer_request::request_context as http_request_context;
+pub use routes::{ModelAction, Route, parse_route};
+
 /// What the fuzz targets drive ([`crate::fuzzing`]).
-pub(crate) use infer_request::{INFER_HEADER_CONTENT_LENGTH, decode_json, header_length};
+pub(crate) use infer_request::decode_json;
+pub use infer_request::{INFER_HEADER_CONTENT_LENGTH, header_length};
 pub(crate) use raw_request::decode_raw;
 
 use std::sync::Arc;

@@ -1,0 +1,176 @@
+//! Forwarding an HTTP inference request's bytes to a worker's HTTP port (the HTTP
+//! pass-through): one pooled hyper HTTP/1.1 client, keeping connections alive per worker
+//! address, opened lazily and shared by every request.
+//!
+//! ```text
+//! body (as read and decompressed by the frontend's body rule)
+//!   + Content-Type, Inference-Header-Content-Length, Accept-Encoding
+//!   + traceparent / tracestate of this attempt's span
+//!   ─► POST http://<worker http addr>/v2/models/<m>/versions/<v>/infer
+//! ◄─ 503 from the worker      RouterError::Worker(Unavailable): retried like a gRPC UNAVAILABLE
+//! ◄─ any other answer         status, Content-Type, Inference-Header-Content-Length,
+//!                             Content-Encoding and body as the worker sent them
+//! ◄─ no answer                RouterError::Unreachable (retried, the replica ejected)
+//! ```
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use bytes::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use nereid_proto::{RequestContext, ServiceError, TRACEPARENT, TRACESTATE};
+
+use crate::error::{RouterError, RouterResult};
+
+/// Client request headers the worker needs to read the body as the client meant it.
+const REQUEST_HEADERS: [&str; 3] = [
+    "content-type",
+    "inference-header-content-length",
+    "accept-encoding",
+];
+/// Worker response headers the client needs to read the answer.
+const RESPONSE_HEADERS: [&str; 3] = [
+    "content-type",
+    "inference-header-content-length",
+    "content-encoding",
+];
+/// How long an idle connection to a worker is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The pooled HTTP client to workers' HTTP ports.
+pub struct HttpWorkers {
+    client: Client<HttpConnector, Body>,
+}
+
+impl HttpWorkers {
+    pub fn new(connect_timeout: Duration) -> HttpWorkers {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .build(connector);
+        HttpWorkers { client }
+    }
+
+    /// Sends `body` to `path` on the worker at `addr` (`host:port`) with the client's
+    /// `headers` that matter and this attempt's trace context; the answer as the worker gave
+    /// it, except a 503, which is an error so that the caller may retry elsewhere.
+    pub async fn infer(
+        &self,
+        addr: &str,
+        path: &str,
+        headers: &HeaderMap,
+        context: &RequestContext,
+        body: Bytes,
+    ) -> RouterResult<Response<Body>> {
+        let unreachable = |message: String| RouterError::Unreachable {
+            addr: addr.to_string(),
+            message,
+        };
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{addr}{path}"))
+            .body(Body::from(body))
+            .map_err(|e| unreachable(format!("invalid worker HTTP address: {e}")))?;
+        copy_headers(headers, request.headers_mut(), &REQUEST_HEADERS);
+        if let Some(trace) = &context.trace {
+            let out = request.headers_mut();
+            if let Ok(v) = HeaderValue::from_str(trace.traceparent()) {
+                out.insert(HeaderName::from_static(TRACEPARENT), v);
+            }
+            if let Some(Ok(v)) = trace.tracestate().map(HeaderValue::from_str) {
+                out.insert(HeaderName::from_static(TRACESTATE), v);
+            }
+        }
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| unreachable(error_chain(&e)))?;
+        let (parts, incoming) = response.into_parts();
+        let body = axum::body::to_bytes(Body::new(incoming), usize::MAX)
+            .await
+            .map_err(|e| unreachable(format!("the response broke off: {e}")))?;
+        if parts.status == StatusCode::SERVICE_UNAVAILABLE {
+            return Err(RouterError::Worker {
+                addr: addr.to_string(),
+                error: ServiceError::Unavailable(error_message(&body)),
+            });
+        }
+        let mut answer = Response::new(Body::from(body));
+        *answer.status_mut() = parts.status;
+        copy_headers(&parts.headers, answer.headers_mut(), &RESPONSE_HEADERS);
+        Ok(answer)
+    }
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap, names: &[&'static str]) {
+    for name in names {
+        if let Some(value) = from.get(*name) {
+            to.insert(HeaderName::from_static(name), value.clone());
+        }
+    }
+}
+
+/// The `error` of a KServe error body, else the body as text.
+fn error_message(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct ErrorBody {
+        error: String,
+    }
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(e) => e.error,
+        Err(_) => String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
+/// An error with its causes (hyper keeps the reason a connection failed in the chain).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_give_their_message() {
+        assert_eq!(
+            error_message(br#"{"error":"model is unloading"}"#),
+            "model is unloading"
+        );
+        assert_eq!(error_message(b"plain text"), "plain text");
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let workers = HttpWorkers::new(Duration::from_secs(1));
+        let err = workers
+            .infer(
+                &addr,
+                "/v2/models/m/versions/1/infer",
+                &HeaderMap::new(),
+                &RequestContext::default(),
+                Bytes::from_static(b"{}"),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RouterError::Unreachable { .. }), "{err:?}");
+        assert!(err.retryable());
+    }
+}

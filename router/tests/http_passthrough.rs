@@ -1,0 +1,307 @@
+//! The HTTP pass-through end to end: the router's HTTP application (`nereid_router::http_app`,
+//! in-process on 127.0.0.1:0) in front of recording HTTP workers (axum on 127.0.0.1:0 that
+//! answer with what they received), and, for the fallback, a gRPC echo worker.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use nereid_frontend::HttpConfig;
+use nereid_proto::pb::cluster::{
+    Model, Node, NodeAddresses, NodeStatus, StateSnapshot, WatchEvent, watch_event,
+};
+use nereid_router::{RouterService, RouterServiceConfig, SharedTable, SplitMix64, http_app};
+
+mod echo_cluster;
+
+use echo_cluster::{FakeWorker, bounded, ready};
+
+/// What a recording worker received.
+#[derive(Clone, Debug)]
+struct Received {
+    path: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+#[derive(Clone)]
+struct Recorder {
+    name: &'static str,
+    /// Answer 503 to everything (a worker that is unloading the model).
+    unavailable: bool,
+    seen: Arc<Mutex<Vec<Received>>>,
+}
+
+/// Records the request and answers 200 with its body, as a worker's binary response would
+/// look (an Inference-Header-Content-Length and the worker's name in a header).
+async fn record(State(rec): State<Recorder>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    rec.seen.lock().unwrap().push(Received {
+        path: parts.uri.path().to_string(),
+        headers: parts.headers,
+        body: body.clone(),
+    });
+    if rec.unavailable {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("content-type", "application/json")],
+            r#"{"error":"model 'echo' is unloading"}"#,
+        )
+            .into_response();
+    }
+    (
+        StatusCode::OK,
+        [
+            ("content-type", "application/octet-stream"),
+            ("inference-header-content-length", "2"),
+            ("x-worker", rec.name),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn recording_worker(name: &'static str, unavailable: bool) -> (SocketAddr, Recorder) {
+    let rec = Recorder {
+        name,
+        unavailable,
+        seen: Arc::default(),
+    };
+    let app = axum::Router::new().fallback(record).with_state(rec.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, rec)
+}
+
+fn node(id: &str, grpc: &str, http: Option<SocketAddr>) -> Node {
+    Node {
+        id: id.into(),
+        addresses: Some(NodeAddresses {
+            data_grpc: grpc.into(),
+            data_http: http.map(|a| a.to_string()).unwrap_or_default(),
+            ..Default::default()
+        }),
+        status: NodeStatus::Up as i32,
+        ..Default::default()
+    }
+}
+
+/// A router over `nodes`, each holding one ready replica of `echo`, serving its HTTP app.
+async fn router_over(nodes: Vec<Node>) -> SocketAddr {
+    let table = Arc::new(SharedTable::default());
+    let replicas = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ready(i as u64 + 1, &n.id))
+        .collect();
+    table.apply(&WatchEvent {
+        revision: 1,
+        event: Some(watch_event::Event::Snapshot(StateSnapshot {
+            models: vec![Model {
+                name: "echo".into(),
+                available_versions: vec![1],
+                ..Default::default()
+            }],
+            nodes,
+            replicas,
+        })),
+    });
+    let router = RouterService::with_random(
+        RouterServiceConfig::default(),
+        table,
+        Box::new(SplitMix64::new(5)),
+    );
+    let app = http_app(
+        Arc::new(router),
+        HttpConfig::default(),
+        "not on the router".into(),
+        true,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// POSTs `body` with `headers` to `path` on `addr`: status, headers, body.
+async fn post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> (StatusCode, HeaderMap, Bytes) {
+    let client: Client<HttpConnector, Body> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let mut request = axum::http::Request::post(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = client
+        .request(request.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(Body::new(body), usize::MAX)
+        .await
+        .unwrap();
+    (parts.status, parts.headers, body)
+}
+
+const JSON: &str =
+    r#"{"id":"r1","inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[7]}]}"#;
+
+#[tokio::test]
+async fn a_json_body_reaches_the_worker_unchanged_and_its_answer_comes_back() {
+    bounded(async {
+        let (w, rec) = recording_worker("w1", false).await;
+        let router = router_over(vec![node("w1", "127.0.0.1:9", Some(w))]).await;
+        let (status, headers, body) = post(
+            router,
+            "/v2/models/echo/infer",
+            &[("content-type", "application/json"), ("traceparent", "x")],
+            Bytes::from_static(JSON.as_bytes()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        // The worker's answer as it sent it.
+        assert_eq!(body, JSON.as_bytes());
+        assert_eq!(headers["inference-header-content-length"], "2");
+        assert_eq!(headers["content-type"], "application/octet-stream");
+        let seen = rec.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1);
+        // The version choice resolved, the body byte for byte, the headers that matter.
+        assert_eq!(seen[0].path, "/v2/models/echo/versions/1/infer");
+        assert_eq!(seen[0].body, JSON.as_bytes());
+        assert_eq!(seen[0].headers["content-type"], "application/json");
+        // An invalid traceparent is not forwarded.
+        assert!(seen[0].headers.get("traceparent").is_none());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_binary_body_keeps_its_header_length() {
+    bounded(async {
+        let (w, rec) = recording_worker("w1", false).await;
+        let router = router_over(vec![node("w1", "127.0.0.1:9", Some(w))]).await;
+        let header = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","parameters":{"binary_data_size":4}}]}"#;
+        let mut body = header.as_bytes().to_vec();
+        body.extend_from_slice(&[7, 0, 0, 0xff]);
+        let len = header.len().to_string();
+        let (status, _, answer) = post(
+            router,
+            "/v2/models/echo/versions/1/infer",
+            &[("inference-header-content-length", len.as_str())],
+            Bytes::from(body.clone()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer, body);
+        let seen = rec.seen.lock().unwrap().clone();
+        assert_eq!(seen[0].body, body);
+        assert_eq!(seen[0].headers["inference-header-content-length"], len.as_str());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unavailable_worker_is_retried_on_another() {
+    bounded(async {
+        let (down, down_rec) = recording_worker("down", true).await;
+        let (up, up_rec) = recording_worker("up", false).await;
+        let router = router_over(vec![
+            node("down", "127.0.0.1:9", Some(down)),
+            node("up", "127.0.0.1:9", Some(up)),
+        ])
+        .await;
+        for _ in 0..6 {
+            let (status, headers, _) = post(
+                router,
+                "/v2/models/echo/infer",
+                &[],
+                Bytes::from_static(JSON.as_bytes()),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK);
+            // Only the headers a client reads the answer by come back.
+            assert!(headers.get("x-worker").is_none());
+        }
+        assert_eq!(up_rec.seen.lock().unwrap().len(), 6);
+        // Some of the six went to the unavailable one first.
+        assert!(!down_rec.seen.lock().unwrap().is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_by_the_router_naming_the_field() {
+    bounded(async {
+        let (w, rec) = recording_worker("w1", false).await;
+        let router = router_over(vec![node("w1", "127.0.0.1:9", Some(w))]).await;
+        let cases: [(&str, &str, StatusCode, &str); 4] = [
+            (
+                "/v2/models/echo/infer",
+                r#"{"inputs":[{"name":"x","shape":[-2],"data":[1]}]}"#,
+                StatusCode::BAD_REQUEST,
+                "shape",
+            ),
+            (
+                "/v2/models/echo/infer",
+                r#"{"inputs": [1"#,
+                StatusCode::BAD_REQUEST,
+                "JSON",
+            ),
+            (
+                "/v2/models/echo/infer",
+                r#"{"inputs":[{"name":"x","shape":[1],"parameters":{"shared_memory_region":"r"}}]}"#,
+                StatusCode::NOT_IMPLEMENTED,
+                "not on the router",
+            ),
+            (
+                "/v2/models/nope/infer",
+                JSON,
+                StatusCode::NOT_FOUND,
+                "not registered",
+            ),
+        ];
+        for (path, body, status, needle) in cases {
+            let (got, headers, answer) =
+                post(router, path, &[], Bytes::from_static(body.as_bytes())).await;
+            let text = String::from_utf8_lossy(&answer);
+            assert_eq!(got, status, "{body}: {text}");
+            assert_eq!(headers["content-type"], "application/json");
+            assert!(text.contains(needle), "{body}: {text}");
+        }
+        assert!(rec.seen.lock().unwrap().is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_worker_without_an_http_address_is_served_over_grpc() {
+    bounded(async {
+        let worker = FakeWorker::start("g1").await;
+        let router = router_over(vec![node("g1", &worker.addr.to_string(), None)]).await;
+        let (status, _, answer) = post(
+            router,
+            "/v2/models/echo/infer",
+            &[],
+            Bytes::from_static(JSON.as_bytes()),
+        )
+        .await;
+        let text = String::from_utf8_lossy(&answer);
+        assert_eq!(status, StatusCode::OK, "{text}");
+        // The typed path's JSON answer from the gRPC echo worker.
+        assert!(text.contains(r#""worker":"g1""#), "{text}");
+    })
+    .await;
+}
