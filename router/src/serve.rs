@@ -172,7 +172,7 @@ pub async fn run(
             listener,
             app,
             config.ports.http.clone(),
-            config.ports.http_timeouts.clone(),
+            config.ports.http_timeouts,
             stop_rx.clone(),
         ));
     }
