@@ -276,8 +276,9 @@ fn lock(m: &Mutex<Option<Channel>>) -> std::sync::MutexGuard<'_, Option<Channel>
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The transport nests the cause several times; each distinct layer once.
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error with its causes: transports nest the cause several times; each distinct layer
+/// once.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut parts = vec![e.to_string()];
     let mut source = e.source();
     while let Some(s) = source {

@@ -36,6 +36,6 @@ mod failover;
 
 pub use address::{Address, parse_list, position_of};
 pub use backoff::Backoff;
-pub use client::{ClientConfig, ControlPlaneClient, FromChannel};
+pub use client::{ClientConfig, ControlPlaneClient, FromChannel, error_chain};
 pub use error::{ClientError, Failure, PassError};
 pub use failover::{LEADER_HINT, Pass, leader_hint, next_after};

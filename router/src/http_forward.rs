@@ -22,6 +22,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use nereid_cluster_client::error_chain;
 use nereid_proto::{RequestContext, ServiceError, TRACEPARENT, TRACESTATE};
 
 use crate::error::{RouterError, RouterResult};
@@ -127,18 +128,6 @@ fn error_message(body: &[u8]) -> String {
         Ok(e) => e.error,
         Err(_) => String::from_utf8_lossy(body).into_owned(),
     }
-}
-
-/// An error with its causes (hyper keeps the reason a connection failed in the chain).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        cause = e.source();
-    }
-    text
 }
 
 #[cfg(test)]
