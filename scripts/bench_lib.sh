@@ -69,7 +69,7 @@ start_serve() {
         --http-address 127.0.0.1 --http-port "$http_port"
         --grpc-address 127.0.0.1 --grpc-port "$grpc_port"
         --metrics-address 127.0.0.1 --metrics-port "$metrics_port"
-        --exit-on-error)
+        --allow-client-shm=true --exit-on-error)
     LOG_SUFFIX=" &" log_cmd "${serve[@]}"
     "${serve[@]}" >"$log" 2>&1 &
     SERVER_PID=$!

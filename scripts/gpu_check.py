@@ -109,7 +109,7 @@ class Nereid:
     def __init__(self, binary, repo, logs, name):
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self.log = open(Path(logs) / f"{name}.log", "wb")
-        args = [binary, "serve", "--model-repository", str(repo),
+        args = [binary, "serve", "--model-repository", str(repo), "--allow-client-shm=true",
                 *loopback_listen_args(self.http, self.grpc, self.metrics)]
         env = dict(os.environ, NEREID_PYTHON=sys.executable)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)

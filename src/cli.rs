@@ -149,7 +149,7 @@ impl ServeArgs {
         let response_cache_bytes = nereid_data_plane::parse_cache_config(&models.cache_config)
             .map_err(|e| e.to_string())?;
         let addrs = self.listen.addrs()?;
-        let ports = self.tls.ports()?;
+        let ports = self.tls.ports(&frontend)?;
         let metrics = self.metrics.into_config()?;
         let auto_complete =
             !models.disable_auto_complete_config && self.strict_model_config != Some(true);
@@ -181,6 +181,7 @@ impl ServeArgs {
             python: models.python.interpreter(),
             telemetry: self.telemetry.to_config("nereid")?,
             ports,
+            allow_client_shm: self.listen.allow_client_shm,
         })
     }
 }

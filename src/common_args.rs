@@ -68,6 +68,12 @@ pub struct ListenArgs {
     /// Serve Prometheus metrics.
     #[arg(long, env = "NEREID_ALLOW_METRICS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub allow_metrics: bool,
+    /// Let clients register system and CUDA shared-memory regions (Triton's flag, off by
+    /// default as in current Triton). A client that can register a region makes the server read
+    /// and write that shared-memory object: turn it on only for clients on this host that you
+    /// trust. Off, registering answers 501 / UNIMPLEMENTED naming this flag.
+    #[arg(long, env = "NEREID_ALLOW_CLIENT_SHM", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_client_shm: bool,
 }
 
 /// The addresses of the enabled services; `None` for a disabled one.
@@ -180,9 +186,10 @@ pub struct FrontendArgs {
     /// data is read; lower it to bound the memory one request can make the server allocate.
     #[arg(long, env = "NEREID_MAX_TENSOR_ELEMENTS", default_value_t = nereid_frontend::RequestLimits::DEFAULT_MAX_TENSOR_ELEMENTS)]
     pub max_tensor_elements: u64,
-    /// Largest gRPC message in bytes, received or sent (Triton's is INT32_MAX, 2147483647);
-    /// a larger message fails its rpc with OUT_OF_RANGE naming both sizes.
-    #[arg(long, env = "NEREID_GRPC_MAX_MESSAGE_SIZE", default_value_t = i32::MAX as usize)]
+    /// Largest gRPC message in bytes, received or sent; a larger message fails its rpc with
+    /// OUT_OF_RANGE naming both sizes. Triton's is INT32_MAX (2147483647): raise it to that for
+    /// single tensors over 256 MiB (and --max-buffered-request-bytes with it).
+    #[arg(long, env = "NEREID_GRPC_MAX_MESSAGE_SIZE", default_value_t = nereid_frontend::GrpcConfig::DEFAULT_MAX_MESSAGE_SIZE)]
     pub grpc_max_message_size: usize,
     /// Responses a ModelStreamInfer stream holds for a client that reads slower than its models
     /// answer; when full, the stream's requests wait. Raise it for token streaming on a slow link.

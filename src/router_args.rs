@@ -84,7 +84,10 @@ impl RouterArgs {
         }
         let token = self.auth.token(env_token)?;
         let addrs = self.listen.addrs()?;
-        let ports = self.tls.ports()?;
+        if self.listen.allow_client_shm {
+            return Err("--allow-client-shm: the router cannot serve client shared memory (it forwards requests to workers on other hosts, which cannot read this host's memory); send tensors in the requests".into());
+        }
+        let ports = self.tls.ports(&self.frontend)?;
         let dial = self
             .cluster_tls
             .load()?

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use nereid_frontend::{HttpTimeouts, PortConfig, PortsConfig};
+use nereid_frontend::{HttpTimeouts, PortConfig, PortsConfig, RequestBudget};
 use nereid_tls::{ALPN_GRPC, ALPN_HTTP, PemFile, ServerTlsFiles};
 
-use crate::common_args::parse_bool;
+use crate::common_args::{FrontendArgs, parse_bool};
 
 #[derive(Args, Debug)]
 pub struct PortTlsArgs {
@@ -61,6 +61,29 @@ pub struct PortTlsArgs {
     /// request fails with 400 and its connection closes. Raise it for huge tensors on slow links.
     #[arg(long, env = "NEREID_HTTP_BODY_READ_TIMEOUT_SECS", default_value_t = nereid_frontend::DEFAULT_BODY_READ_TIMEOUT.as_secs())]
     pub http_body_read_timeout_secs: u64,
+    /// Connections open at once on the metrics port (a Prometheus server needs one or two).
+    #[arg(long, env = "NEREID_METRICS_MAX_CONNECTIONS", default_value_t = nereid_frontend::DEFAULT_METRICS_MAX_CONNECTIONS)]
+    pub metrics_max_connections: usize,
+    /// Seconds a new connection (HTTP, gRPC or metrics port, after any TLS handshake) may stay
+    /// silent before its first byte; then it is closed, so connections that never send
+    /// anything cannot hold the connection slots.
+    #[arg(long, env = "NEREID_PREFACE_TIMEOUT_SECS", default_value_t = nereid_frontend::DEFAULT_FIRST_BYTE_TIMEOUT.as_secs())]
+    pub preface_timeout_secs: u64,
+    /// HTTP/2 streams (concurrent requests) one connection may have open on the HTTP and gRPC
+    /// ports; a client opening more waits (gRPC clients queue the calls). Raise it only for
+    /// clients that multiplex more calls than this over one connection.
+    #[arg(long, env = "NEREID_MAX_CONCURRENT_STREAMS", default_value_t = nereid_frontend::DEFAULT_MAX_CONCURRENT_STREAMS)]
+    pub max_concurrent_streams: u32,
+    /// Bytes of requests still arriving that the process holds at most, every connection of
+    /// every port together: HTTP bodies and gRPC messages take memory only as their bytes come,
+    /// and a request that would go past this fails with 503 / RESOURCE_EXHAUSTED naming the flag.
+    /// Must be at least --http-max-input-size and --grpc-max-message-size.
+    #[arg(long, env = "NEREID_MAX_BUFFERED_REQUEST_BYTES", default_value_t = nereid_frontend::DEFAULT_MAX_BUFFERED_REQUEST_BYTES)]
+    pub max_buffered_request_bytes: usize,
+    /// Accept backlog of every listening port: connections the kernel queues while the server
+    /// is at its connection limit or busy (capped by net.core.somaxconn).
+    #[arg(long, env = "NEREID_LISTEN_BACKLOG", default_value_t = nereid_frontend::DEFAULT_LISTEN_BACKLOG)]
+    pub listen_backlog: u32,
 }
 
 /// One port's TLS flags, named for messages.
@@ -75,19 +98,45 @@ struct PortFlags<'a> {
 }
 
 impl PortTlsArgs {
-    /// Checks the flags, reads the PEM files and returns how the ports accept connections.
-    pub fn ports(&self) -> Result<PortsConfig, String> {
-        if self.http_max_connections == 0 {
-            return Err("--http-max-connections must be at least 1".into());
+    /// Checks the flags (the request budget against `frontend`'s largest request), reads the
+    /// PEM files and returns how the ports accept connections.
+    pub fn ports(&self, frontend: &FrontendArgs) -> Result<PortsConfig, String> {
+        let at_least_one = [
+            ("--http-max-connections", self.http_max_connections as u64),
+            ("--grpc-max-connections", self.grpc_max_connections as u64),
+            (
+                "--metrics-max-connections",
+                self.metrics_max_connections as u64,
+            ),
+            (
+                "--http-header-read-timeout-secs",
+                self.http_header_read_timeout_secs,
+            ),
+            (
+                "--http-body-read-timeout-secs",
+                self.http_body_read_timeout_secs,
+            ),
+            ("--preface-timeout-secs", self.preface_timeout_secs),
+            (
+                "--max-concurrent-streams",
+                u64::from(self.max_concurrent_streams),
+            ),
+            ("--listen-backlog", u64::from(self.listen_backlog)),
+        ];
+        if let Some((flag, _)) = at_least_one.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{flag} must be at least 1"));
         }
-        if self.grpc_max_connections == 0 {
-            return Err("--grpc-max-connections must be at least 1".into());
-        }
-        if self.http_header_read_timeout_secs == 0 {
-            return Err("--http-header-read-timeout-secs must be at least 1".into());
-        }
-        if self.http_body_read_timeout_secs == 0 {
-            return Err("--http-body-read-timeout-secs must be at least 1".into());
+        let largest = [
+            ("--http-max-input-size", frontend.http_max_input_size),
+            ("--grpc-max-message-size", frontend.grpc_max_message_size),
+        ];
+        for (flag, size) in largest {
+            if self.max_buffered_request_bytes < size {
+                return Err(format!(
+                    "--max-buffered-request-bytes ({}) is smaller than {flag} ({size}): a request of that size could never be received; raise --max-buffered-request-bytes or lower {flag}",
+                    self.max_buffered_request_bytes
+                ));
+            }
         }
         let http = port_tls(PortFlags {
             port: "http",
@@ -107,19 +156,30 @@ impl PortTlsArgs {
             root: &self.grpc_root_cert,
             alpn: ALPN_GRPC,
         })?;
+        let first_byte_timeout = Duration::from_secs(self.preface_timeout_secs);
         Ok(PortsConfig {
             http: PortConfig {
                 tls: http,
                 max_connections: self.http_max_connections,
+                first_byte_timeout,
             },
             grpc: PortConfig {
                 tls: grpc,
                 max_connections: self.grpc_max_connections,
+                first_byte_timeout,
+            },
+            metrics: PortConfig {
+                tls: None,
+                max_connections: self.metrics_max_connections,
+                first_byte_timeout,
             },
             http_timeouts: HttpTimeouts {
                 header_read: Duration::from_secs(self.http_header_read_timeout_secs),
                 body_read: Duration::from_secs(self.http_body_read_timeout_secs),
             },
+            max_concurrent_streams: self.max_concurrent_streams,
+            request_budget: RequestBudget::new(self.max_buffered_request_bytes),
+            backlog: self.listen_backlog,
         })
     }
 }
@@ -195,20 +255,74 @@ mod tests {
     use clap::Parser;
 
     use super::PortTlsArgs;
+    use crate::common_args::FrontendArgs;
 
     #[derive(Parser)]
     struct Flags {
         #[command(flatten)]
         tls: PortTlsArgs,
+        #[command(flatten)]
+        frontend: FrontendArgs,
     }
 
     fn ports(args: &[&str]) -> Result<nereid_frontend::PortsConfig, String> {
         let mut all = vec!["nereid"];
         all.extend_from_slice(args);
-        Flags::try_parse_from(all)
-            .map_err(|e| e.to_string())?
-            .tls
-            .ports()
+        let flags = Flags::try_parse_from(all).map_err(|e| e.to_string())?;
+        flags.tls.ports(&flags.frontend)
+    }
+
+    #[test]
+    fn hostile_client_limits_have_safe_defaults_and_flags() {
+        let p = ports(&[]).unwrap();
+        assert_eq!(p.metrics.max_connections, 64);
+        assert_eq!(p.max_concurrent_streams, 1024);
+        assert_eq!(p.request_budget.limit(), 1 << 30);
+        assert_eq!(p.backlog, 1024);
+        assert_eq!(p.grpc.first_byte_timeout.as_secs(), 10);
+        let p = ports(&[
+            "--metrics-max-connections",
+            "3",
+            "--preface-timeout-secs",
+            "2",
+            "--max-concurrent-streams",
+            "8",
+            "--max-buffered-request-bytes",
+            "300000000",
+            "--listen-backlog",
+            "77",
+        ])
+        .unwrap();
+        assert_eq!(p.metrics.max_connections, 3);
+        assert_eq!(p.http.first_byte_timeout.as_secs(), 2);
+        assert_eq!(p.metrics.first_byte_timeout.as_secs(), 2);
+        assert_eq!(p.max_concurrent_streams, 8);
+        assert_eq!(p.request_budget.limit(), 300_000_000);
+        assert_eq!(p.backlog, 77);
+    }
+
+    #[test]
+    fn a_budget_below_the_largest_request_is_refused() {
+        let err = ports(&["--max-buffered-request-bytes", "1000"]).unwrap_err();
+        assert!(
+            err.contains(
+                "--max-buffered-request-bytes (1000) is smaller than --http-max-input-size"
+            ),
+            "{err}"
+        );
+        let err = ports(&[
+            "--max-buffered-request-bytes",
+            "100000000",
+            "--http-max-input-size",
+            "1000",
+        ])
+        .unwrap_err();
+        assert!(err.contains("--grpc-max-message-size"), "{err}");
+        assert!(
+            ports(&["--preface-timeout-secs", "0"])
+                .unwrap_err()
+                .contains("--preface-timeout-secs must be at least 1")
+        );
     }
 
     #[test]

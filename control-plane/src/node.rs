@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nereid_frontend::{HttpTimeouts, PortConfig, stopped};
+use nereid_frontend::{PortConfig, PortsConfig};
 use nereid_proto::pb::cluster as pb;
 use nereid_proto::pb::cluster::cluster_server::ClusterServer;
 use nereid_proto::pb::cluster::management_client::ManagementClient;
@@ -127,6 +127,9 @@ pub enum NodeError {
     Serve(String),
 }
 
+/// The largest message the control plane's gRPC services decode (tonic's default).
+const CONTROL_PLANE_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
+
 /// A node's listeners, bound before anything starts so that a taken port fails fast.
 pub struct Listeners {
     grpc: TcpListener,
@@ -138,7 +141,7 @@ impl Listeners {
     /// Binds the gRPC, REST and metrics addresses of `config` (the last two when enabled).
     pub async fn bind(config: &NodeConfig) -> Result<Listeners, NodeError> {
         let bind = |what, addr| async move {
-            nereid_frontend::bind(what, addr)
+            nereid_frontend::bind(what, addr, nereid_frontend::DEFAULT_LISTEN_BACKLOG)
                 .await
                 .map_err(|e| NodeError::Bind {
                     what: e.what,
@@ -266,27 +269,29 @@ pub async fn serve(
     ));
 
     let auth = config.auth.clone();
+    let mut ports = PortsConfig::default();
+    nereid_frontend::fit_ports_to_fd_limit(&mut ports);
     let port = |tls: Option<&Arc<nereid_tls::rustls::ServerConfig>>| PortConfig {
         tls: tls.cloned(),
-        ..PortConfig::default()
+        ..ports.grpc.clone()
     };
     let grpc_port = port(config.cluster_tls.as_ref().map(|t| &t.grpc));
     let rest_port = port(config.cluster_tls.as_ref().map(|t| &t.http));
-    let grpc = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_optional_service(raft_service.map(|s| auth.guard(Scope::Raft, RaftServer::new(s))))
+    let mut routes = tonic::service::Routes::builder();
+    if let Some(raft) = raft_service {
+        routes.add_service(auth.guard(Scope::Raft, RaftServer::new(raft)));
+    }
+    routes
         .add_service(auth.guard(Scope::Management, ManagementServer::new(management.clone())))
-        .add_service(auth.guard(Scope::Cluster, ClusterServer::new(cluster)))
-        .serve_with_incoming_shutdown(
-            nereid_frontend::incoming(
-                "control-plane gRPC",
-                grpc_listener,
-                grpc_port,
-                stop_rx.clone(),
-            ),
-            stopped(stop_rx.clone()),
-        );
-    let grpc = tokio::spawn(grpc);
+        .add_service(auth.guard(Scope::Cluster, ClusterServer::new(cluster)));
+    let grpc = tokio::spawn(nereid_frontend::serve_grpc_port(
+        "control-plane gRPC",
+        grpc_listener,
+        routes.routes(),
+        grpc_port,
+        ports.grpc_serving(CONTROL_PLANE_MAX_MESSAGE_SIZE),
+        stop_rx.clone(),
+    ));
     let rest = http_listener.map(|listener| {
         let app = rest::router(management, auth.clone());
         tokio::spawn(nereid_frontend::serve_http_port(
@@ -294,7 +299,7 @@ pub async fn serve(
             listener,
             app,
             rest_port,
-            HttpTimeouts::default(),
+            ports.http_serving(),
             stop_rx.clone(),
         ))
     });
@@ -304,12 +309,13 @@ pub async fn serve(
             consensus: consensus.clone(),
             decisions,
         }));
-        let stop = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-        })
+        tokio::spawn(nereid_frontend::serve_metrics_port(
+            "control-plane metrics",
+            listener,
+            app,
+            &ports,
+            stop_rx.clone(),
+        ))
     });
     info!(
         node = config.node_id,

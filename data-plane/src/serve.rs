@@ -57,6 +57,8 @@ pub struct ServeConfig {
     pub telemetry: nereid_telemetry::TelemetryConfig,
     /// TLS, connection limits and read deadlines of the HTTP and gRPC ports.
     pub ports: nereid_frontend::PortsConfig,
+    /// `--allow-client-shm`: clients may register system and CUDA shared-memory regions.
+    pub allow_client_shm: bool,
 }
 
 /// Why the server could not start.
@@ -88,6 +90,40 @@ pub async fn run(
     run_with(config, shutdown, None).await
 }
 
+/// Warns, loudly and at start, when any client of the HTTP or gRPC port can load models: in
+/// `--model-control-mode explicit` a `load` request may carry a config and files, and a Python
+/// model's `model.py` then runs with the server's permissions (as in Triton). Restricting the
+/// `model-repository` category on every enabled port silences it.
+fn warn_if_clients_can_load_code(config: &ServeConfig) {
+    let manager = &config.manager;
+    if manager.control_mode != ControlMode::Explicit || manager.cluster_managed {
+        return;
+    }
+    let category = nereid_frontend::ApiCategory::ModelRepository;
+    let open: Vec<&str> = [
+        (
+            "HTTP (--http-restricted-api)",
+            config.http_addr.is_some(),
+            &config.frontend.http_restricted,
+        ),
+        (
+            "gRPC (--grpc-restricted-protocol)",
+            config.grpc_addr.is_some(),
+            &config.frontend.grpc_restricted,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, enabled, restricted)| *enabled && restricted.required(category).is_none())
+    .map(|(port, _, _)| port)
+    .collect();
+    if !open.is_empty() {
+        tracing::warn!(
+            "--model-control-mode explicit with the model-repository API unrestricted on {}: ANY client of that port can load a model with its own config and files, and a Python model runs its code with this server's permissions. Restrict it (e.g. --http-restricted-api model-repository:<header>=<secret>) or bind the port to a trusted address; see docs/security.md",
+            open.join(" and ")
+        );
+    }
+}
+
 /// [`run`], with a `companion` task started once the services listen and awaited with them
 /// at shutdown.
 pub async fn run_with(
@@ -95,9 +131,10 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
     companion: Option<Companion>,
 ) -> Result<(), ServeError> {
-    let http = bind("HTTP", config.http_addr).await?;
-    let grpc = bind("gRPC", config.grpc_addr).await?;
-    let metrics_listener = bind("metrics", config.metrics_addr).await?;
+    let backlog = config.ports.backlog;
+    let http = bind("HTTP", config.http_addr, backlog).await?;
+    let grpc = bind("gRPC", config.grpc_addr, backlog).await?;
+    let metrics_listener = bind("metrics", config.metrics_addr, backlog).await?;
     let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
     let (http_bound, grpc_bound) = (local(&http), local(&grpc));
 
@@ -158,7 +195,7 @@ pub async fn run_with(
 
     // One registry of client shared-memory regions for both protocols: a region registered over
     // HTTP serves gRPC requests too.
-    let shared_memory = nereid_frontend::SharedMemory::enabled();
+    let shared_memory = nereid_frontend::SharedMemory::for_clients(config.allow_client_shm);
     nereid_frontend::spawn(
         &mut servers,
         service.clone(),
@@ -195,6 +232,7 @@ pub async fn run_with(
             stop: stop_rx.clone(),
         }));
     }
+    warn_if_clients_can_load_code(&config);
     tracing::info!("server started");
 
     shutdown.await;

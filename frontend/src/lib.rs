@@ -16,8 +16,13 @@
 //! - [`routes`] and [`GrpcConfig`]: the tonic routes of `inference.GRPCInferenceService` and
 //!   `grpc.health.v1.Health`.
 //! - [`spawn`], [`Frontends`], [`bind`], [`BindError`], [`stopped`]: running them on listeners
-//!   with graceful shutdown; [`PortsConfig`]: per port TLS, connection limits and the HTTP
-//!   read deadlines (`listener`, `listener_http`).
+//!   with graceful shutdown; [`PortsConfig`]: per port TLS, connection limits, first-byte and
+//!   HTTP read deadlines, HTTP/2 stream limits and the accept backlog (`listener`,
+//!   `listener_http`); [`serve_grpc_port`], [`serve_http_port`], [`serve_metrics_port`]: the one
+//!   way every process serves a port.
+//! - [`RequestBudget`]: the server-wide bound on bytes of requests still arriving (`budget`),
+//!   charged by HTTP bodies (`listener_http`) and gRPC messages (`grpc_buffer`, which also
+//!   keeps tonic from reserving a message's declared length before its bytes arrive).
 //! - [`RestrictedApis`] (in [`HttpConfig`] and [`GrpcConfig`]): Triton's restricted APIs,
 //!   endpoint categories put behind a header (`restrict`); [`RequestLimits`]: the request-level
 //!   bounds both frontends check before decoding tensor data; [`FrontendOptions`]: both, with
@@ -30,10 +35,12 @@
 //! The domain types, the `InferenceService` trait and the gRPC codec live in `nereid-proto`, so a
 //! crate that only implements or calls the service does not depend on this one.
 
+mod budget;
 mod cuda;
 #[doc(hidden)]
 pub mod fuzzing;
 mod grpc;
+mod grpc_buffer;
 mod http;
 mod listener;
 mod listener_http;
@@ -43,6 +50,7 @@ mod restrict;
 mod serve;
 mod shm;
 
+pub use budget::{BUDGET_FLAG, BudgetExceeded, DEFAULT_MAX_BUFFERED_REQUEST_BYTES, RequestBudget};
 pub use grpc::{GrpcConfig, grpc_request_context, routes};
 pub use http::{
     HttpConfig, HttpError, ModelAction, Route as HttpRoute, http_request_context, parse_route,
@@ -50,12 +58,19 @@ pub use http::{
 };
 /// The `Inference-Header-Content-Length` header name and its parsing, as the typed path applies it.
 pub use http::{INFER_HEADER_CONTENT_LENGTH, header_length};
-pub use listener::{Conn, DEFAULT_MAX_CONNECTIONS, PortConfig};
-pub use listener_http::{DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, HttpTimeouts};
+pub use listener::{
+    Conn, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS, PortConfig,
+};
+pub use listener_http::{
+    DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONCURRENT_STREAMS,
+    HttpServing, HttpTimeouts,
+};
 pub use nereid_proto::codec::RequestLimits;
 pub use options::FrontendOptions;
 pub use restrict::{ApiCategory, RequiredHeader, RestrictError, RestrictedApis};
 pub use serve::{
-    BindError, Frontends, PortsConfig, bind, incoming, serve_http_port, spawn, stopped,
+    BindError, DEFAULT_METRICS_MAX_CONNECTIONS, Frontends, GrpcServing, PortsConfig, bind,
+    fit_ports_to_fd_limit, incoming, serve_grpc_port, serve_http_port, serve_metrics_port, spawn,
+    stopped,
 };
 pub use shm::{RegionStatus, SharedMemory};

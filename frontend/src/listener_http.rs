@@ -1,10 +1,13 @@
 //! Serving HTTP/1.1 and HTTP/2 (cleartext or over TLS) from [`accept_task`]'s connections
 //! with hyper, under read deadlines axum's own `serve` does not offer: a client must send its
 //! request head within the header timeout and its whole body within the body timeout, so a
-//! slow or stalled client cannot hold a connection's handler forever.
+//! slow or stalled client cannot hold a connection's handler forever. Body bytes are charged to
+//! the server-wide [`RequestBudget`] as they arrive, and HTTP/2 connections take a bounded
+//! number of concurrent streams.
 //!
 //! ```text
-//!  Conn ─► hyper auto (h1: header_read_timeout │ h2) ─► DeadlineBody ─► axum Router
+//!  Conn ─► hyper auto (h1: header_read_timeout │ h2: max_concurrent_streams)
+//!       ─► IncomingBody (body deadline, budget lease) ─► axum Router
 //!  stop ─► no new connections; open ones finish their requests (graceful), then return
 //! ```
 //!
@@ -25,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Sleep;
 use tower::ServiceExt;
 
+use crate::budget::{Lease, RequestBudget};
 use crate::listener::Conn;
 
 /// Default of `--http-header-read-timeout-secs`.
@@ -50,20 +54,47 @@ impl Default for HttpTimeouts {
     }
 }
 
+/// Default of `--max-concurrent-streams`: HTTP/2 streams one connection may have open.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// How an HTTP port serves its connections once accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpServing {
+    pub timeouts: HttpTimeouts,
+    /// HTTP/2 streams one connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Where request body bytes are charged while they arrive.
+    pub budget: RequestBudget,
+}
+
+impl Default for HttpServing {
+    fn default() -> Self {
+        HttpServing {
+            timeouts: HttpTimeouts::default(),
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            budget: RequestBudget::default(),
+        }
+    }
+}
+
 /// Serves `app` on every connection from `conns` until `stop` turns true, then lets the open
 /// connections finish their requests.
 pub async fn serve_http(
     mut conns: mpsc::Receiver<Conn>,
     app: axum::Router,
-    timeouts: HttpTimeouts,
+    serving: HttpServing,
     mut stop: watch::Receiver<bool>,
 ) {
+    let timeouts = serving.timeouts;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header_read);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(serving.max_concurrent_streams);
     let graceful = GracefulShutdown::new();
     loop {
         let conn = tokio::select! {
@@ -75,8 +106,10 @@ pub async fn serve_http(
         };
         let app = app.clone();
         let body_read = timeouts.body_read;
+        let budget = serving.budget.clone();
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-            let request = request.map(|body| Body::new(DeadlineBody::new(body, body_read)));
+            let request =
+                request.map(|body| Body::new(IncomingBody::new(body, body_read, budget.lease())));
             app.clone().oneshot(request)
         });
         let remote = conn.remote_addr();
@@ -94,19 +127,23 @@ pub async fn serve_http(
     graceful.shutdown().await;
 }
 
-/// A request body that fails once its deadline passes before it ends.
-struct DeadlineBody {
+/// A request body that fails once its deadline passes before it ends, or once its bytes would
+/// take the server past its request budget. The bytes it charged are returned when it is
+/// dropped (read to the end or abandoned).
+struct IncomingBody {
     inner: Incoming,
     deadline: Pin<Box<Sleep>>,
     limit: Duration,
+    lease: Lease,
 }
 
-impl DeadlineBody {
-    fn new(inner: Incoming, limit: Duration) -> Self {
+impl IncomingBody {
+    fn new(inner: Incoming, limit: Duration, lease: Lease) -> Self {
         Self {
             inner,
             deadline: Box::pin(tokio::time::sleep(limit)),
             limit,
+            lease,
         }
     }
 }
@@ -116,7 +153,7 @@ impl DeadlineBody {
 #[error("request body not received within {0} s (--http-body-read-timeout-secs)")]
 struct BodyTimeout(u64);
 
-impl hyper::body::Body for DeadlineBody {
+impl hyper::body::Body for IncomingBody {
     type Data = Bytes;
     type Error = axum::BoxError;
 
@@ -126,6 +163,12 @@ impl hyper::body::Body for DeadlineBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if let Some(Ok(frame)) = &frame
+                && let Some(data) = frame.data_ref()
+                && let Err(e) = this.lease.grow(data.len())
+            {
+                return Poll::Ready(Some(Err(e.into())));
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         if this.deadline.as_mut().poll(cx).is_ready() {

@@ -64,30 +64,6 @@ pub enum RouterServeError {
     Config(String),
 }
 
-/// Serves `routes` on `listener` as `nereid_frontend::spawn` serves gRPC (connection limits
-/// and TLS from `port`, large HTTP/2 windows) until `stop` turns true and open calls finish.
-async fn serve_grpc(
-    listener: tokio::net::TcpListener,
-    routes: tonic::service::Routes,
-    port: nereid_frontend::PortConfig,
-    stop: watch::Receiver<bool>,
-) {
-    let tls = port.tls.is_some();
-    tracing::info!(addr = ?listener.local_addr().ok(), tls, "gRPC service listening");
-    let done = nereid_frontend::stopped(stop.clone());
-    let incoming = nereid_frontend::incoming("gRPC", listener, port, stop);
-    let result = tonic::transport::Server::builder()
-        .initial_connection_window_size(Some(16 * 1024 * 1024))
-        .initial_stream_window_size(Some(4 * 1024 * 1024))
-        .max_frame_size(Some(1024 * 1024))
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, done)
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "gRPC service failed");
-    }
-}
-
 /// Runs the router until `shutdown` resolves, then drains and returns.
 pub async fn run(
     config: RouterConfig,
@@ -95,9 +71,11 @@ pub async fn run(
 ) -> Result<(), RouterServeError> {
     let control_plane =
         Arc::new(ControlPlane::new(&config.control_plane).map_err(RouterServeError::Config)?);
-    let http = bind("HTTP", config.http_addr).await?;
-    let grpc = bind("gRPC", config.grpc_addr).await?;
-    let metrics_listener = bind("metrics", config.metrics_addr).await?;
+    let mut ports = config.ports.clone();
+    nereid_frontend::fit_ports_to_fd_limit(&mut ports);
+    let http = bind("HTTP", config.http_addr, ports.backlog).await?;
+    let grpc = bind("gRPC", config.grpc_addr, ports.backlog).await?;
+    let metrics_listener = bind("metrics", config.metrics_addr, ports.backlog).await?;
 
     let table = Arc::new(SharedTable::default());
     let activator = Arc::new(Activator::new(
@@ -153,12 +131,12 @@ pub async fn run(
             metrics: metrics_listener.map(|l| (l, prometheus_router(collector))),
             http_config: http_config.clone(),
             grpc_config: grpc_config.clone(),
-            ports: config.ports.clone(),
+            ports: ports.clone(),
         },
         &stop_rx,
     );
     if let Some(listener) = http {
-        let tls = config.ports.http.tls.is_some();
+        let tls = ports.http.tls.is_some();
         tracing::info!(addr = ?listener.local_addr().ok(), tls, "HTTP service listening");
         let pass_through = !config.service.forward.dial.is_tls();
         let app = http_app(
@@ -171,12 +149,13 @@ pub async fn run(
             "HTTP",
             listener,
             app,
-            config.ports.http.clone(),
-            config.ports.http_timeouts,
+            ports.http.clone(),
+            ports.http_serving(),
             stop_rx.clone(),
         ));
     }
     if let Some(listener) = grpc {
+        let serving = ports.grpc_serving(grpc_config.max_message_size);
         let routes = grpc_routes(
             router.clone(),
             PassThroughConfig {
@@ -184,12 +163,17 @@ pub async fn run(
                 shared_memory_off: SHARED_MEMORY_OFF.to_string(),
             },
         );
-        servers.spawn(serve_grpc(
+        let served = nereid_frontend::serve_grpc_port(
+            "gRPC",
             listener,
             routes,
-            config.ports.grpc.clone(),
+            ports.grpc.clone(),
+            serving,
             stop_rx.clone(),
-        ));
+        );
+        servers.spawn(async move {
+            let _ = served.await;
+        });
     }
 
     shutdown.await;

@@ -84,8 +84,9 @@ class Server:
     """One `nereid serve` process on free localhost ports, logging to a file."""
 
     def __init__(self, repo, workdir, extra_args=(), name="server", suite_defaults=True):
-        """`suite_defaults`: the suite's own flags (lenient readiness, debug logs); off for a
-        server started exactly as a user would, with only `extra_args`."""
+        """`suite_defaults`: the suite's own flags (lenient readiness, debug logs, client shared
+        memory on for the shared-memory tests); off for a server started exactly as a user would,
+        with only `extra_args`."""
         self.repo = Path(repo)
         self.name = name
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
@@ -94,7 +95,8 @@ class Server:
             NEREID_BIN, "serve",
             "--model-repository", str(self.repo),
             *loopback_listen_args(self.http_port, self.grpc_port, self.metrics_port),
-            *(("--strict-readiness", "false", "--log-verbose", "1") if suite_defaults else ()),
+            *(("--strict-readiness", "false", "--log-verbose", "1", "--allow-client-shm=true")
+              if suite_defaults else ()),
             *extra_args,
         ]
         self.proc = None

@@ -43,10 +43,13 @@ def start_pair(repo, workdir, extra_args=()):
     ready. Returns (nereid, triton)."""
     workdir = Path(workdir)
     servers = []
+    # Triton 2.51 always serves client shared memory; Nereid, like newer Triton, only with
+    # --allow-client-shm.
+    flags = {"nereid": [*extra_args, "--allow-client-shm=true"], "triton": list(extra_args)}
     for kind, make in (("nereid", nereid_like_triton), ("triton", TritonServer)):
         copy = workdir / f"repo_{kind}"
         shutil.copytree(repo, copy)
-        servers.append(make(copy, workdir, extra_args, name=kind).start())
+        servers.append(make(copy, workdir, flags[kind], name=kind).start())
     for s in servers:
         wait_until(lambda s=s: http_raw(s.http_url, "GET", "/v2/health/ready")[0] == 200,
                    READY_DEADLINE_S, f"{s.name} ready")

@@ -48,7 +48,8 @@ use nereid_proto::pb::inference::grpc_inference_service_server::GrpcInferenceSer
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrpcConfig {
     /// Largest message, in bytes, accepted from or sent to a client. Triton uses `INT32_MAX`
-    /// both ways so large tensors fit in one `ModelInfer`; lower it to bound per-request memory.
+    /// both ways; Nereid's default is 256 MiB, which bounds what one message may hold, and
+    /// operators with larger single tensors raise it.
     pub max_message_size: usize,
     /// Responses one `ModelStreamInfer` stream holds for a client that reads slower than its
     /// models answer. When full, the stream's requests wait (back-pressure) instead of buffering
@@ -67,12 +68,14 @@ pub struct GrpcConfig {
 impl GrpcConfig {
     /// Default of [`GrpcConfig::stream_response_buffer`].
     pub const DEFAULT_STREAM_RESPONSE_BUFFER: usize = 32;
+    /// Default of [`GrpcConfig::max_message_size`]: 256 MiB.
+    pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 }
 
 impl Default for GrpcConfig {
     fn default() -> Self {
         GrpcConfig {
-            max_message_size: i32::MAX as usize,
+            max_message_size: Self::DEFAULT_MAX_MESSAGE_SIZE,
             stream_response_buffer: Self::DEFAULT_STREAM_RESPONSE_BUFFER,
             shared_memory: SharedMemory::default(),
             restricted: RestrictedApis::default(),

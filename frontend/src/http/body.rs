@@ -2,7 +2,10 @@
 //!
 //! The limit is applied three times: to a declared `Content-Length` before anything is read, to
 //! the bytes actually streamed (so a chunked upload never buffers past the limit), and to the
-//! decompressed size. A body that arrives in one frame is returned as that frame's `Bytes`, so
+//! decompressed size. Memory follows the bytes that arrived, never the declared length: a client
+//! declaring 64 MiB and sending 3 bytes makes the server hold 3 bytes (the bytes themselves are
+//! charged to the server's request budget by `listener_http`; over it, 503 naming the flag).
+//! A body that arrives in one frame is returned as that frame's `Bytes`, so
 //! binary tensors sliced from it share the connection's buffer. Responses are a list of `Bytes`
 //! chunks (JSON header, then each binary output) sent without concatenation, with an exact
 //! size hint so hyper still sets `Content-Length`.
@@ -21,6 +24,7 @@ use hyper::body::{Frame, SizeHint};
 
 use super::compression::{self, Encoding};
 use super::error::HttpError;
+use crate::budget::BudgetExceeded;
 use nereid_proto::ServiceError;
 
 /// The size-limit message (Triton's wording, with the flag to raise it).
@@ -45,7 +49,7 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large(limit));
     }
-    let raw = read_limited(body, limit, declared).await?;
+    let raw = read_limited(body, limit).await?;
     if encoding == Encoding::Identity || raw.is_empty() {
         return Ok(raw);
     }
@@ -56,20 +60,22 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         .map_err(HttpError::from)
 }
 
-async fn read_limited(
-    mut body: Body,
-    limit: usize,
-    declared: Option<u64>,
-) -> Result<Bytes, HttpError> {
+/// Why a body could not be read: over the server's request budget is 503 (try again later),
+/// anything else (a deadline, a broken connection) 400.
+fn body_error(e: axum::Error) -> HttpError {
+    let inner = e.into_inner();
+    if let Some(over) = inner.downcast_ref::<BudgetExceeded>() {
+        return ServiceError::Overloaded(over.to_string()).into();
+    }
+    ServiceError::invalid(format!("failed to read the request body: {inner}")).into()
+}
+
+async fn read_limited(mut body: Body, limit: usize) -> Result<Bytes, HttpError> {
     let mut first: Option<Bytes> = None;
-    let mut joined: Option<BytesMut> = None;
+    let mut parts: Vec<Bytes> = Vec::new();
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            HttpError::from(ServiceError::invalid(format!(
-                "failed to read the request body: {e}"
-            )))
-        })?;
+        let frame = frame.map_err(body_error)?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers carry no body bytes
         };
@@ -80,23 +86,23 @@ async fn read_limited(
         if total > limit {
             return Err(too_large(limit));
         }
-        match (&mut joined, first.take()) {
-            (Some(buf), _) => buf.extend_from_slice(&data),
-            (None, None) => first = Some(data),
-            (None, Some(previous)) => {
-                // A second frame: from here on, copy into one buffer sized from Content-Length.
-                let hint = declared.map_or(0, |d| d.min(limit as u64) as usize);
-                let mut buf = BytesMut::with_capacity(hint.max(total));
-                buf.extend_from_slice(&previous);
-                buf.extend_from_slice(&data);
-                joined = Some(buf);
+        match first.take() {
+            None if parts.is_empty() => first = Some(data),
+            previous => {
+                parts.extend(previous);
+                parts.push(data);
             }
         }
     }
-    Ok(match joined {
-        Some(buf) => buf.freeze(),
-        None => first.unwrap_or_default(),
-    })
+    if parts.is_empty() {
+        return Ok(first.unwrap_or_default());
+    }
+    // Every byte is here: one buffer of exactly their size, one copy.
+    let mut joined = BytesMut::with_capacity(total);
+    for part in parts {
+        joined.extend_from_slice(&part);
+    }
+    Ok(joined.freeze())
 }
 
 /// A response body sent as a sequence of shared chunks.

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -193,13 +193,20 @@ pub struct SharedMemory(Arc<Inner>);
 enum Inner {
     Enabled(Mutex<BTreeMap<String, Arc<Region>>>),
     Disabled(String),
+    /// The operator did not opt in (`--allow-client-shm`): Triton's refusal, word for word.
+    ClientOff,
 }
+
+/// Triton's refusal of client shared memory when `--allow-client-shm` is off.
+pub const CLIENT_SHM_OFF: &str =
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.";
 
 impl std::fmt::Debug for SharedMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.as_ref() {
             Inner::Enabled(_) => f.write_str("SharedMemory(enabled)"),
             Inner::Disabled(reason) => write!(f, "SharedMemory(disabled: {reason})"),
+            Inner::ClientOff => f.write_str("SharedMemory(off: --allow-client-shm)"),
         }
     }
 }
@@ -231,6 +238,22 @@ impl SharedMemory {
         SharedMemory(Arc::new(Inner::Disabled(reason.into())))
     }
 
+    /// A registry that refuses every region because the operator left client shared memory off
+    /// (Triton's default since `--allow-client-shm`): registering answers 501 / UNIMPLEMENTED
+    /// with Triton's message naming the flag, status lists nothing.
+    pub fn client_off() -> SharedMemory {
+        SharedMemory(Arc::new(Inner::ClientOff))
+    }
+
+    /// The registry `--allow-client-shm` asks for.
+    pub fn for_clients(allow: bool) -> SharedMemory {
+        if allow {
+            SharedMemory::enabled()
+        } else {
+            SharedMemory::client_off()
+        }
+    }
+
     fn regions(&self) -> ServiceResult<std::sync::MutexGuard<'_, BTreeMap<String, Arc<Region>>>> {
         self.regions_of("system")
     }
@@ -248,6 +271,7 @@ impl SharedMemory {
             Inner::Disabled(reason) => Err(ServiceError::unsupported(format!(
                 "{kind} shared memory is not available: {reason}"
             ))),
+            Inner::ClientOff => Err(ServiceError::unsupported(CLIENT_SHM_OFF)),
         }
     }
 
@@ -362,24 +386,40 @@ pub(super) fn already_registered(name: &str) -> ServiceError {
 
 /// The file behind a POSIX shared-memory key, opened read-write, else read-only; the flag says
 /// which. Keys are single names (`/name` or `name`), as `shm_open` takes them.
+/// Opens the shared-memory object `key` as `shm_open` would: one name directly under
+/// `/dev/shm`, never through a symbolic link (`O_NOFOLLOW`; a planted `/dev/shm/x ->
+/// /etc/passwd` would otherwise hand that file to any client), never a FIFO or device
+/// (`O_NONBLOCK` keeps the open itself from blocking; anything but a regular file is refused),
+/// and not inherited by child processes (`O_CLOEXEC`).
 fn open_object(key: &str) -> ServiceResult<(File, bool)> {
     let unable = || ServiceError::invalid(format!("Unable to open shared memory region: '{key}'"));
-    let name = key.trim_start_matches('/');
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+    let name = key.strip_prefix('/').unwrap_or(key);
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.contains('\0') {
         return Err(unable());
     }
     let path = PathBuf::from(SHM_DIR).join(name);
-    let opened = OpenOptions::new().read(true).write(true).open(&path);
-    let (file, writable) = match opened {
+    let open = |write: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(write)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open(&path)
+    };
+    let (file, writable) = match open(true) {
         Ok(file) => (file, true),
         Err(e) if e.kind() == ErrorKind::PermissionDenied || e.raw_os_error() == Some(30) => {
             // EROFS or no write permission: inputs can still be read.
-            match File::open(&path) {
+            match open(false) {
                 Ok(file) => (file, false),
                 Err(_) => return Err(unable()),
             }
         }
-        Err(_) => return Err(unable()),
+        Err(e) => {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                tracing::warn!(key, "refused a shared memory key that is a symbolic link");
+            }
+            return Err(unable());
+        }
     };
     match file.metadata() {
         Ok(meta) if meta.is_file() => Ok((file, writable)),
@@ -391,6 +431,73 @@ fn open_object(key: &str) -> ServiceResult<(File, bool)> {
 mod tests {
     use super::*;
     use crate::shm::test_object::TestObject;
+
+    /// A name under /dev/shm unique to this test run.
+    fn shm_name(what: &str) -> (String, PathBuf) {
+        let name = format!("nereid_test_{what}_{}", std::process::id());
+        (name.clone(), PathBuf::from(SHM_DIR).join(name))
+    }
+
+    #[test]
+    fn a_symbolic_link_is_never_followed() {
+        let target = TestObject::new(64);
+        target.fill(0, b"secret");
+        let (name, link) = shm_name("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target.path, &link).unwrap();
+        let shm = SharedMemory::enabled();
+        let err = shm.register("r", &name, 0, 6).unwrap_err();
+        std::fs::remove_file(&link).unwrap();
+        assert_eq!(
+            err,
+            ServiceError::invalid(format!("Unable to open shared memory region: '{name}'"))
+        );
+        assert!(shm.status(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_regular_files_are_objects() {
+        let (name, dir) = shm_name("dir");
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let shm = SharedMemory::enabled();
+        let refused = shm.register("d", &name, 0, 0);
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(refused.is_err());
+        // A FIFO would block a plain open until a writer came; it is refused at once.
+        let (name, fifo) = shm_name("fifo");
+        let _ = std::fs::remove_file(&fifo);
+        let status = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if status.is_ok_and(|s| s.success()) {
+            let refused = shm.register("f", &name, 0, 0);
+            std::fs::remove_file(&fifo).unwrap();
+            assert!(refused.is_err());
+        }
+    }
+
+    #[test]
+    fn keys_are_one_name_under_dev_shm() {
+        let shm = SharedMemory::enabled();
+        for key in ["", "/", "//x", "../etc/passwd", "/a/b", ".", "..", "a\0b"] {
+            assert!(shm.register("r", key, 0, 0).is_err(), "{key:?}");
+        }
+    }
+
+    #[test]
+    fn client_shared_memory_off_names_the_flag() {
+        let obj = TestObject::new(64);
+        let shm = SharedMemory::for_clients(false);
+        let err = shm.register("a", &obj.key, 0, 64).unwrap_err();
+        assert_eq!(err, ServiceError::unsupported(CLIENT_SHM_OFF));
+        assert!(err.to_string().contains("--allow-client-shm=true"));
+        assert_eq!(shm.unregister(None).unwrap_err(), err);
+        assert!(shm.status(None).unwrap().is_empty());
+        assert!(
+            SharedMemory::for_clients(true)
+                .register("a", &obj.key, 0, 64)
+                .is_ok()
+        );
+    }
 
     #[test]
     fn register_status_unregister() {
