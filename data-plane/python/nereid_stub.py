@@ -27,7 +27,9 @@ Threads and flow
 * `async def` model methods run on one event loop in a background thread that lives as long as
   the stub, so tasks a model starts keep running between calls.
 * The stub exits on EOF from the parent, after `finalize`, and after answering `auto_complete`;
-  it unlinks every file under its shared-memory prefix before exiting.
+  it unlinks every file under its shared-memory prefix before exiting, and the directory too
+  when the prefix is one (`<dir>/`: the server's private segment directory, mode 0700, which
+  clients of the server's shared-memory API cannot name).
 * SIGINT is ignored: the parent decides when the stub stops (a terminal's Ctrl-C reaches the
   whole process group).
 
@@ -73,6 +75,8 @@ _HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 256 << 20
 ALIGNMENT = 64
 SEGMENT_GRANULE = 64 << 10
+# Segment files are never opened through a symlink, nor inherited by processes a model starts.
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
@@ -226,9 +230,9 @@ def _decode_tensor(base, ref):
 def _map_parent_file(path, segment, end):
     """Maps the whole segment file (shared; writable when the file allows it)."""
     try:
-        fd, access = os.open(path, os.O_RDWR), mmap.ACCESS_WRITE
+        fd, access = os.open(path, os.O_RDWR | _OPEN_FLAGS), mmap.ACCESS_WRITE
     except PermissionError:
-        fd, access = os.open(path, os.O_RDONLY), mmap.ACCESS_READ
+        fd, access = os.open(path, os.O_RDONLY | _OPEN_FLAGS), mmap.ACCESS_READ
     except FileNotFoundError:
         raise ProtocolError("segment '{}' does not exist ({})".format(segment, path)) from None
     try:
@@ -384,7 +388,7 @@ class StubSegments:
         segment_id = "s{}".format(next(self._counter))
         path = self._prefix + segment_id
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o600)
         except OSError as e:
             raise pb_utils.TritonModelException(
                 "cannot create shared-memory segment {}: {}".format(path, e)) from None
@@ -415,6 +419,11 @@ class StubSegments:
                     os.unlink(os.path.join(directory, name))
                 except OSError:
                     pass
+        if not stem:  # the prefix is the segment directory itself
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -292,18 +292,27 @@ fn dropping_an_instance_finalizes_and_cleans_up() {
     );
     let pid = i64::from_le_bytes(got[0].data()[..8].try_into().unwrap());
 
+    // (segment directories of this instance, segment files in them)
     let segments = || {
         let prefix = format!("nereid-py-{}-cleanup_check_0-", std::process::id());
-        std::fs::read_dir("/dev/shm")
+        let dirs: Vec<_> = std::fs::read_dir("/dev/shm")
             .map(|entries| {
                 entries
                     .flatten()
                     .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                    .count()
+                    .map(|e| e.path())
+                    .collect()
             })
-            .unwrap_or(0)
+            .unwrap_or_default();
+        let files = dirs
+            .iter()
+            .map(|dir| std::fs::read_dir(dir).map_or(0, |entries| entries.count()))
+            .sum::<usize>();
+        (dirs.len(), files)
     };
-    assert!(segments() > 0, "tensors travelled through segments");
+    let (dirs, files) = segments();
+    assert_eq!(dirs, 1, "one private segment directory for the stub");
+    assert!(files > 0, "tensors travelled through segments");
     drop(instance);
     assert!(
         repo.path().join("crasher/finalized").exists(),
@@ -313,7 +322,11 @@ fn dropping_an_instance_finalizes_and_cleans_up() {
         !Path::new(&format!("/proc/{pid}")).exists(),
         "the stub process is gone and reaped"
     );
-    assert_eq!(segments(), 0, "every segment file is removed");
+    assert_eq!(
+        segments(),
+        (0, 0),
+        "the segment directory and every segment file are removed"
+    );
     assert!(health.unavailable_reason().is_none());
 }
 

@@ -331,11 +331,37 @@ fn forward_stderr(pipe: ChildStderr, tail: &StderrTail) {
     tail.closed.notify_all();
 }
 
-/// A private directory (mode 0700) for sockets and runtime files.
+/// A private directory (mode 0700) in the temp directory, for sockets and runtime files.
 pub fn private_dir(prefix: &str) -> io::Result<tempfile::TempDir> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
+    private_dir_in(&std::env::temp_dir(), prefix)
+}
+
+/// A private directory in `parent`, named `<prefix><random>`: made by one `mkdir` with mode
+/// 0700, which fails rather than reuse a path that exists (a directory or symlink someone else
+/// put there first; the random part is retried), then checked to be a real directory owned by
+/// this process's user. Removed with its contents when the `TempDir` is dropped.
+pub fn private_dir_in(parent: &Path, prefix: &str) -> io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let owner_only = || std::fs::Permissions::from_mode(0o700);
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .rand_bytes(12)
+        .permissions(owner_only())
+        .tempdir_in(parent)?;
+    let meta = std::fs::symlink_metadata(dir.path())?;
+    if !meta.file_type().is_dir() || meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "'{}' is not a directory owned by this process's user",
+                dir.path().display()
+            ),
+        ));
+    }
+    // The umask can only have removed bits; set exactly 0700 (the owner needs all three).
+    if meta.mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(dir.path(), owner_only())?;
+    }
     Ok(dir)
 }
 
@@ -422,9 +448,27 @@ mod tests {
 
     #[test]
     fn private_dirs_are_owner_only() {
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let dir = private_dir("nereid-test-").unwrap();
-        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o700);
+        let meta = std::fs::symlink_metadata(dir.path()).unwrap();
+        assert!(meta.file_type().is_dir());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        assert_eq!(meta.uid(), rustix::process::geteuid().as_raw());
+        assert_eq!(dir.path().parent(), Some(std::env::temp_dir().as_path()));
+    }
+
+    #[test]
+    fn private_dirs_never_reuse_an_existing_path() {
+        let parent = tempfile::tempdir().unwrap();
+        let a = private_dir_in(parent.path(), "x-").unwrap();
+        let b = private_dir_in(parent.path(), "x-").unwrap();
+        assert_ne!(a.path(), b.path());
+        let name = a.path().file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with("x-") && name.len() == "x-".len() + 12,
+            "a random suffix: {name}"
+        );
+        let err = private_dir_in(Path::new("/no/such/parent"), "x-").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
 }

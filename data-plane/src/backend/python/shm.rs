@@ -8,10 +8,20 @@
 //!   sends `release` ─► free for the next message     `release` for the segment
 //! ```
 //!
-//! Segments are regular files under `/dev/shm` (tmpfs) when it exists, so the stub can `mmap`
-//! them while the parent uses positioned reads and writes (`pread`/`pwrite`), which need no
-//! `unsafe`. A segment grows with `set_len` and never shrinks; the stub maps it again when it
-//! finds a range past what it mapped.
+//! Segments are regular files on tmpfs (`/dev/shm` when it exists, else the temp directory), so
+//! the stub can `mmap` them while the parent uses positioned reads and writes (`pread`/`pwrite`),
+//! which need no `unsafe`. A segment grows with `set_len` and never shrinks; the stub maps it
+//! again when it finds a range past what it mapped.
+//!
+//! Each stub's segments live in their own [`SegmentDir`], `/dev/shm/nereid-py-<server pid>-
+//! <instance>-<random>/`, which the server creates with one `mkdir` (mode 0700, a fresh random
+//! name, checked to be a directory of ours) and the stub is told as its `shm_prefix`
+//! (`<dir>/`; segment `p0` is `<dir>/p0`). Clients register system shared memory by a single
+//! name under `/dev/shm` (a key holding `/` is refused), so no client can name a segment to read
+//! another client's tensors or write into one in use; other users cannot enter the directory.
+//! Segment files are created with `O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC`, mode 0600. The
+//! directory goes with everything in it when its `SegmentDir` is dropped (the stub is dropped);
+//! a stub whose server is gone empties and removes it itself before exiting.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -19,6 +29,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use super::process::private_dir_in;
 
 /// Tensors start at multiples of this within a segment (cache-line and SIMD friendly for NumPy).
 pub const ALIGN: u64 = 64;
@@ -46,13 +58,53 @@ pub enum ShmError {
     },
 }
 
-/// Where shared-memory files go: `/dev/shm` when it exists, else the temp directory.
+/// How segment files are opened besides read/write: never through a symlink, and not inherited
+/// by processes the server starts.
+const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+
+/// Where segment directories go: `/dev/shm` when it exists, else the temp directory.
 pub fn shm_dir() -> PathBuf {
     let dev_shm = Path::new("/dev/shm");
     if dev_shm.is_dir() {
         dev_shm.to_path_buf()
     } else {
         std::env::temp_dir()
+    }
+}
+
+/// The private directory (mode 0700) that one stub's segments live in, both sides'; removed
+/// with its contents on drop.
+#[derive(Debug)]
+pub struct SegmentDir {
+    path: PathBuf,
+}
+
+impl SegmentDir {
+    /// A new directory `<shm_dir>/<name_prefix><random>`.
+    pub fn create(name_prefix: &str) -> io::Result<Self> {
+        let path = private_dir_in(&shm_dir(), name_prefix)?.keep();
+        Ok(SegmentDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The stub's `shm_prefix`: segment `<id>` is the file `<prefix><id>`.
+    pub fn prefix(&self) -> String {
+        format!("{}/", self.path().display())
+    }
+}
+
+impl Drop for SegmentDir {
+    /// Best effort: a failure is logged. Already gone is fine (a stub whose server went away
+    /// removes it).
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove a Python stub's shared-memory directory");
+        }
     }
 }
 
@@ -139,7 +191,7 @@ pub struct ParentSegments {
 }
 
 impl ParentSegments {
-    /// `prefix`: the stub's `shm_prefix` (a path prefix; `p<k>` is appended).
+    /// `prefix`: the stub's `shm_prefix` ([`SegmentDir::prefix`]; `p<k>` is appended).
     pub fn new(prefix: impl Into<String>) -> Self {
         ParentSegments {
             prefix: prefix.into(),
@@ -220,6 +272,7 @@ impl ParentSegments {
             .write(true)
             .create_new(true)
             .mode(0o600)
+            .custom_flags(OPEN_FLAGS)
             .open(&path)
             .map_err(|source| ShmError::Io {
                 path: path.clone(),
@@ -261,10 +314,15 @@ impl StubSegments {
         let file = match self.open.entry(id.to_string()) {
             Entry::Occupied(open) => open.into_mut(),
             Entry::Vacant(slot) => {
-                slot.insert(File::open(&path).map_err(|source| ShmError::Io {
-                    path: path.clone(),
-                    source,
-                })?)
+                let file = OpenOptions::new()
+                    .read(true)
+                    .custom_flags(OPEN_FLAGS)
+                    .open(&path)
+                    .map_err(|source| ShmError::Io {
+                        path: path.clone(),
+                        source,
+                    })?;
+                slot.insert(file)
             }
         };
         let io_error = |source| ShmError::Io {
@@ -323,30 +381,6 @@ fn read_range(mut file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         ));
     }
     Ok(buf)
-}
-
-/// Removes every file whose path starts with `prefix` (both sides' segments of a stub that is
-/// gone). Best effort: failures are logged.
-pub fn remove_prefixed(prefix: &str) {
-    let prefix = Path::new(prefix);
-    let (Some(dir), Some(stem)) = (prefix.parent(), prefix.file_name()) else {
-        return;
-    };
-    let stem = stem.to_string_lossy();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with(stem.as_ref())
-            && let Err(e) = std::fs::remove_file(entry.path())
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a Python stub shared-memory segment");
-        }
-    }
 }
 
 #[cfg(test)]
@@ -467,18 +501,52 @@ mod tests {
     }
 
     #[test]
-    fn remove_prefixed_removes_only_that_stubs_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let mine = prefix(&dir);
-        for name in ["seg-p0", "seg-s0", "seg-s12", "other-p0"] {
-            std::fs::write(dir.path().join(name), b"x").unwrap();
-        }
-        remove_prefixed(&mine);
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+    fn segments_live_in_a_private_directory_that_goes_on_drop() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = SegmentDir::create("nereid-test-segments-").unwrap();
+        let path = dir.path().to_path_buf();
+        assert_eq!(dir.prefix(), format!("{}/", path.display()));
+        assert_eq!(path.parent(), Some(shm_dir().as_path()));
+        let mut pool = ParentSegments::new(dir.prefix());
+        let segment = pool.checkout(10).unwrap();
+        let mode = std::fs::metadata(path.join("p0"))
             .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, vec!["other-p0"]);
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "segment files are owner-only");
+        pool.mark_in_use(segment);
+        // What the stub writes lands beside the parent's segments.
+        std::fs::write(path.join("s0"), [1u8; 8]).unwrap();
+        let mut stub = StubSegments::new(dir.prefix());
+        assert!(stub.read_many("s0", &[("x", 0, 8)]).is_ok());
+        drop(dir);
+        assert!(
+            !path.exists(),
+            "the directory and both sides' segments are removed"
+        );
+        // Handles still open keep working on unlinked files.
+        assert!(pool.release("p0"));
+    }
+
+    #[test]
+    fn segments_are_never_opened_through_a_planted_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("seg-p0")).unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("seg-s0")).unwrap();
+        let mut pool = ParentSegments::new(prefix(&dir));
+        assert!(matches!(pool.checkout(1), Err(ShmError::Io { .. })));
+        let mut stub = StubSegments::new(prefix(&dir));
+        assert!(matches!(
+            stub.read_many("s0", &[("x", 0, 4)]),
+            Err(ShmError::Io { .. })
+        ));
+        std::fs::write(dir.path().join("seg-p1"), b"").unwrap();
+        assert!(
+            matches!(pool.checkout(1), Err(ShmError::Io { .. })),
+            "an existing file is not taken over"
+        );
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     }
 }

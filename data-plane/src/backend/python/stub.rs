@@ -6,11 +6,16 @@
 //!  handshake:  init ─► init_done            (≤ initialize timeout)  = a model instance
 //!              auto_complete ─► auto_complete_done                   = a throw-away stub
 //!  finalize:   finalize ─► finalize_done ─► exit (≤ start timeout each)
-//!  drop:       kill if still running ─► join reader ─► unlink every segment of this stub
+//!  drop:       kill if still running ─► join reader ─► remove the stub's segment directory
 //! ```
 //!
-//! The socket and its directory are removed as soon as the stub has connected.
+//! The socket and its directory are removed as soon as the stub has connected. Then the stub
+//! gets its own segment directory (see [`shm`]): `/dev/shm/nereid-py-<server pid>-<instance>-
+//! <random>/`, mode 0700, so only this server and its stubs can open the tensors inside; client
+//! shared-memory keys name single files under `/dev/shm` and cannot reach into it. A restarted
+//! stub gets a new directory; the dead one's goes when its `Stub` is dropped.
 
+use std::io;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -87,7 +92,8 @@ pub struct Stub {
     replies: Receiver<Reply>,
     process: Arc<StubProcess>,
     reader: Option<JoinHandle<()>>,
-    shm_prefix: String,
+    /// Both sides' segments; removed when the stub is dropped (after the process is gone).
+    segments: shm::SegmentDir,
     next_execute: AtomicU64,
 }
 
@@ -123,7 +129,8 @@ impl Stub {
         // the temp directory even if the server never gets to drop this stub).
         drop(listener);
         drop(socket_dir);
-        let shm_prefix = shm_prefix(&spec.instance);
+        let segments = segment_dir(&spec.instance)
+            .map_err(|e| start("cannot create the stub's shared-memory directory", &e))?;
         let writer = stream
             .try_clone()
             .map_err(|e| start("cannot clone the stub socket", &e))?;
@@ -132,7 +139,7 @@ impl Stub {
             spec.instance.clone(),
             spec.server.clone(),
             writer,
-            &shm_prefix,
+            &segments.prefix(),
         ));
         let (tx, replies) = crossbeam_channel::bounded(REPLY_CAPACITY);
         let reader = reader::spawn(link.clone(), stream, tx, process.clone())
@@ -144,7 +151,7 @@ impl Stub {
             replies,
             process,
             reader: Some(reader),
-            shm_prefix,
+            segments,
             next_execute: AtomicU64::new(0),
         })
     }
@@ -157,7 +164,7 @@ impl Stub {
         decoupled: bool,
     ) -> Result<(), StubError> {
         let message = ToStub::Init {
-            shm_prefix: self.shm_prefix.clone(),
+            shm_prefix: self.segments.prefix(),
             model_file,
             args,
             decoupled,
@@ -173,7 +180,7 @@ impl Stub {
     /// Sends `auto_complete` and returns the completed config JSON.
     pub fn auto_complete(&self, model_file: String, config: Value) -> Result<Value, StubError> {
         let message = ToStub::AutoComplete {
-            shm_prefix: self.shm_prefix.clone(),
+            shm_prefix: self.segments.prefix(),
             model_file,
             config,
         };
@@ -347,7 +354,7 @@ impl Drop for Stub {
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
-        shm::remove_prefixed(&self.shm_prefix);
+        // `segments` is dropped after this: the directory goes once the stub cannot use it.
     }
 }
 
@@ -390,9 +397,9 @@ impl StartGuard {
     }
 }
 
-/// A unique segment path prefix for a new stub of `instance`.
-fn shm_prefix(instance: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
+/// A new segment directory for a stub of `instance`:
+/// `<shm dir>/nereid-py-<server pid>-<instance, path-safe>-<random>`.
+fn segment_dir(instance: &str) -> io::Result<shm::SegmentDir> {
     let safe: String = instance
         .chars()
         .map(|c| {
@@ -404,12 +411,7 @@ fn shm_prefix(instance: &str) -> String {
         })
         .take(64)
         .collect();
-    format!(
-        "{}/nereid-py-{}-{safe}-{}-",
-        shm::shm_dir().display(),
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    shm::SegmentDir::create(&format!("nereid-py-{}-{safe}-", std::process::id()))
 }
 
 fn accept_error(spec: &StubSpec, process: &StubProcess, error: AcceptError) -> StubError {
@@ -438,8 +440,6 @@ fn accept_error(spec: &StubSpec, process: &StubProcess, error: AcceptError) -> S
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
     use crate::backend::python::process::shell_process;
 
@@ -459,18 +459,26 @@ mod tests {
     }
 
     #[test]
-    fn segment_prefixes_are_unique_and_path_safe() {
-        let a = shm_prefix("my model/../x");
-        let b = shm_prefix("my model/../x");
-        assert_ne!(a, b);
-        let name = Path::new(&a)
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+    fn segment_dirs_are_private_unique_and_path_safe() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let a = segment_dir("my model/../x").unwrap();
+        let b = segment_dir("my model/../x").unwrap();
+        assert_ne!(a.path(), b.path());
+        let name = a.path().file_name().unwrap().to_string_lossy().into_owned();
         assert!(
             name.starts_with(&format!("nereid-py-{}-my_model____x-", std::process::id())),
             "{name}"
         );
+        assert_eq!(a.path().parent(), Some(shm::shm_dir().as_path()));
+        assert_eq!(a.prefix(), format!("{}/", a.path().display()));
+        let meta = std::fs::symlink_metadata(a.path()).unwrap();
+        assert!(meta.file_type().is_dir());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        assert_eq!(meta.uid(), rustix::process::geteuid().as_raw());
+        let path = a.path().to_path_buf();
+        std::fs::write(format!("{}p0", a.prefix()), b"x").unwrap();
+        drop(a);
+        assert!(!path.exists(), "removed with its segments");
+        assert!(b.path().exists());
     }
 }
