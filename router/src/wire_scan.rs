@@ -13,10 +13,18 @@
 //! A malformed message (truncated varint, a length past the end, a known field with the wrong
 //! wire type, no model name) is a [`ScanError`] naming the field and what is wrong; it becomes
 //! INVALID_ARGUMENT. Fields the router does not know are skipped here and forwarded as they are.
+//! The wire rules are prost's, so the scan refuses exactly what prost refuses in the fields it
+//! reads: varints of at most 64 bits, field numbers up to 2^29 - 1, and prost's recursion limit
+//! of 100 levels of nested messages and groups (which also bounds the skipper's own recursion).
+//! The fuzz target `router_wire_scan` checks this against prost's decode (docs/fuzzing.md).
+//! One difference is intended: prost reads a map field (`parameters`) as length-delimited
+//! whatever wire type its key says; the scan refuses such a key, as protobuf specifies.
 //!
 //! [`version_suffix`] names the replica's version for the worker by appending one `model_version`
 //! field: protobuf keeps the last value of a repeated scalar field, so the worker reads the
 //! router's choice while every other byte stays the client's.
+
+use std::collections::BTreeMap;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use nereid_proto::pb::inference::InferParameter;
@@ -30,8 +38,8 @@ use prost::Message;
 pub enum ScanError {
     #[error("{at}: truncated varint at byte {offset}")]
     TruncatedVarint { at: String, offset: usize },
-    #[error("{at}: varint at byte {offset} is longer than 10 bytes")]
-    VarintTooLong { at: String, offset: usize },
+    #[error("{at}: varint at byte {offset} does not fit in 64 bits")]
+    VarintOverflow { at: String, offset: usize },
     #[error("{at}: field {field} declares {len} bytes but only {left} remain")]
     LengthPastEnd {
         at: String,
@@ -46,8 +54,10 @@ pub enum ScanError {
         wire_type: u8,
         expected: &'static str,
     },
-    #[error("{at}: field number 0 at byte {offset} is not allowed")]
-    FieldZero { at: String, offset: usize },
+    #[error("{at}: the field number at byte {offset} is not in 1..=536870911")]
+    FieldNumber { at: String, offset: usize },
+    #[error("{at}: field {field} nests messages and groups deeper than 100 levels")]
+    TooDeep { at: String, field: u32 },
     #[error("{at}: group of field {field} is not closed")]
     OpenGroup { at: String, field: u32 },
     #[error("{at}: end of group {field} without its start")]
@@ -82,6 +92,10 @@ const START_GROUP: u8 = 3;
 const END_GROUP: u8 = 4;
 const FIXED32: u8 = 5;
 
+/// How deep messages and groups may nest: prost's `RECURSION_LIMIT`, counted as prost does
+/// (a reader's `depth` is the budget left for the fields it reads).
+const RECURSION_LIMIT: u32 = 100;
+
 /// Parameter keys replica choice reads.
 const ROUTING_KEYS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
 
@@ -102,7 +116,7 @@ pub struct ScannedRequest {
     pub options: RequestOptions,
     pub inputs: Vec<ScannedInput>,
     pub outputs: usize,
-    /// The first tensor that names a shared-memory region (`input 'x'`, `output 'y'`).
+    /// The first tensor that names a shared-memory region (`input 'x'`, else `output 'y'`).
     pub shared_memory: Option<String>,
 }
 
@@ -111,11 +125,29 @@ struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
     at: &'a dyn Fn() -> String,
+    /// Nesting levels left for this message's fields (prost's `DecodeContext`).
+    depth: u32,
 }
 
 impl<'a> Reader<'a> {
+    /// A reader of a top-level message.
     fn new(buf: &'a [u8], at: &'a dyn Fn() -> String) -> Reader<'a> {
-        Reader { buf, pos: 0, at }
+        Reader {
+            buf,
+            pos: 0,
+            at,
+            depth: RECURSION_LIMIT,
+        }
+    }
+
+    /// A reader of a message nested in one of this reader's fields.
+    fn nested<'b>(&self, buf: &'b [u8], at: &'b dyn Fn() -> String) -> Reader<'b> {
+        Reader {
+            buf,
+            pos: 0,
+            at,
+            depth: self.depth.saturating_sub(1),
+        }
     }
 
     fn done(&self) -> bool {
@@ -135,10 +167,14 @@ impl<'a> Reader<'a> {
             self.pos += 1;
             value |= u64::from(b & 0x7f) << (7 * i);
             if b & 0x80 == 0 {
+                // The tenth byte holds bit 63 only.
+                if i == 9 && b > 1 {
+                    break;
+                }
                 return Ok(value);
             }
         }
-        Err(ScanError::VarintTooLong {
+        Err(ScanError::VarintOverflow {
             at: (self.at)(),
             offset: start,
         })
@@ -148,14 +184,13 @@ impl<'a> Reader<'a> {
     fn key(&mut self) -> ScanResult<(u32, u8)> {
         let offset = self.pos;
         let key = self.varint()?;
-        let field = u32::try_from(key >> 3).unwrap_or(u32::MAX);
-        if field == 0 {
-            return Err(ScanError::FieldZero {
+        match u32::try_from(key >> 3) {
+            Ok(field) if field != 0 && key <= u64::from(u32::MAX) => Ok((field, (key & 7) as u8)),
+            _ => Err(ScanError::FieldNumber {
                 at: (self.at)(),
                 offset,
-            });
+            }),
         }
-        Ok((field, (key & 7) as u8))
     }
 
     fn take(&mut self, field: u32, len: u64) -> ScanResult<&'a [u8]> {
@@ -183,6 +218,18 @@ impl<'a> Reader<'a> {
 
     /// Skips a field's value by its wire type (a group up to its end).
     fn skip(&mut self, field: u32, wire_type: u8) -> ScanResult<()> {
+        self.skip_within(field, wire_type, self.depth)
+    }
+
+    /// [`Self::skip`] with `depth` levels left: prost refuses any field at depth 0, and each
+    /// group costs a level.
+    fn skip_within(&mut self, field: u32, wire_type: u8, depth: u32) -> ScanResult<()> {
+        if depth == 0 {
+            return Err(ScanError::TooDeep {
+                at: (self.at)(),
+                field,
+            });
+        }
         match wire_type {
             VARINT => self.varint().map(drop),
             FIXED64 => self.take(field, 8).map(drop),
@@ -205,7 +252,7 @@ impl<'a> Reader<'a> {
                         field: inner,
                     });
                 }
-                self.skip(inner, wt)?;
+                self.skip_within(inner, wt, depth - 1)?;
             },
             END_GROUP => Err(ScanError::StrayGroupEnd {
                 at: (self.at)(),
@@ -251,7 +298,9 @@ pub fn scan_request(message: &[u8]) -> ScanResult<ScannedRequest> {
     let at = || "ModelInferRequest".to_string();
     let mut r = Reader::new(message, &at);
     let mut scanned = ScannedRequest::default();
-    let mut routing = Parameters::new();
+    let mut routing = BTreeMap::new();
+    // The first tensor naming shared memory: inputs before outputs, as the typed decoder names them.
+    let (mut shm_input, mut shm_output) = (None, None);
     while !r.done() {
         let (field, wt) = r.key()?;
         match field {
@@ -259,23 +308,23 @@ pub fn scan_request(message: &[u8]) -> ScanResult<ScannedRequest> {
             2 => scanned.model_version = r.text(field, wt, "model_version")?,
             4 => {
                 let entry = r.expect_delimited(field, wt)?;
-                if let Some((key, value)) = routing_parameter(entry)? {
+                if let Some((key, value)) = routing_parameter(&r, entry)? {
                     routing.insert(key, value);
                 }
             }
             5 => {
                 let entry = r.expect_delimited(field, wt)?;
-                let (input, shm) = scan_tensor(entry, scanned.inputs.len(), true)?;
-                if shm && scanned.shared_memory.is_none() {
-                    scanned.shared_memory = Some(format!("input '{}'", input.name));
+                let (input, shm) = scan_tensor(&r, entry, scanned.inputs.len(), true)?;
+                if shm && shm_input.is_none() {
+                    shm_input = Some(format!("input '{}'", input.name));
                 }
                 scanned.inputs.push(input);
             }
             6 => {
                 let entry = r.expect_delimited(field, wt)?;
-                let (output, shm) = scan_tensor(entry, scanned.outputs, false)?;
-                if shm && scanned.shared_memory.is_none() {
-                    scanned.shared_memory = Some(format!("output '{}'", output.name));
+                let (output, shm) = scan_tensor(&r, entry, scanned.outputs, false)?;
+                if shm && shm_output.is_none() {
+                    shm_output = Some(format!("output '{}'", output.name));
                 }
                 scanned.outputs += 1;
             }
@@ -286,16 +335,32 @@ pub fn scan_request(message: &[u8]) -> ScanResult<ScannedRequest> {
     if scanned.model_name.is_empty() {
         return Err(ScanError::NoModelName);
     }
+    scanned.shared_memory = shm_input.or(shm_output);
+    // A key's last entry is its value (a protobuf map), so an empty one is refused only now.
+    let routing = routing
+        .into_iter()
+        .map(|(key, choice)| match param_value(choice) {
+            Some(value) => Ok((key, value)),
+            None => Err(ScanError::BadParameter {
+                key,
+                message: "no value set".into(),
+            }),
+        })
+        .collect::<ScanResult<Parameters>>()?;
     scanned.options = RequestOptions::split(routing)
         .map(|(options, _)| options)
         .map_err(|e| ScanError::Options(e.message().to_string()))?;
     Ok(scanned)
 }
 
-/// One `parameters` map entry: its key and value when the key is one replica choice reads.
-fn routing_parameter(entry: &[u8]) -> ScanResult<Option<(String, ParamValue)>> {
+/// One `parameters` map entry (in `request`): its key and decoded value (`None`: no value set)
+/// when the key is one replica choice reads.
+fn routing_parameter(
+    request: &Reader<'_>,
+    entry: &[u8],
+) -> ScanResult<Option<(String, Option<ParameterChoice>)>> {
     let at = || "ModelInferRequest.parameters entry".to_string();
-    let mut r = Reader::new(entry, &at);
+    let mut r = request.nested(entry, &at);
     let mut key = String::new();
     let mut value: &[u8] = &[];
     while !r.done() {
@@ -314,25 +379,32 @@ fn routing_parameter(entry: &[u8]) -> ScanResult<Option<(String, ParamValue)>> {
         message,
     };
     let param = InferParameter::decode(value).map_err(|e| bad(e.to_string()))?;
-    let value = match param.parameter_choice {
-        Some(ParameterChoice::BoolParam(v)) => ParamValue::Bool(v),
-        Some(ParameterChoice::Int64Param(v)) => ParamValue::Int(v),
-        Some(ParameterChoice::StringParam(v)) => ParamValue::String(v),
-        Some(ParameterChoice::DoubleParam(v)) => ParamValue::Double(v),
-        Some(ParameterChoice::Uint64Param(v)) => ParamValue::Uint(v),
-        None => return Err(bad("no value set".into())),
-    };
-    Ok(Some((key, value)))
+    Ok(Some((key, param.parameter_choice)))
 }
 
-/// One `inputs` (`input` true) or `outputs` entry: its name, its shape (inputs: field 3) and
-/// whether its parameters (inputs: field 4, outputs: field 2) name shared memory. An input's
-/// `contents` are skipped.
-fn scan_tensor(entry: &[u8], index: usize, input: bool) -> ScanResult<(ScannedInput, bool)> {
+fn param_value(choice: Option<ParameterChoice>) -> Option<ParamValue> {
+    Some(match choice? {
+        ParameterChoice::BoolParam(v) => ParamValue::Bool(v),
+        ParameterChoice::Int64Param(v) => ParamValue::Int(v),
+        ParameterChoice::StringParam(v) => ParamValue::String(v),
+        ParameterChoice::DoubleParam(v) => ParamValue::Double(v),
+        ParameterChoice::Uint64Param(v) => ParamValue::Uint(v),
+    })
+}
+
+/// One `inputs` (`input` true) or `outputs` entry of `request`: its name, its shape (inputs:
+/// field 3) and whether its parameters (inputs: field 4, outputs: field 2) name shared memory.
+/// An input's `contents` are skipped.
+fn scan_tensor(
+    request: &Reader<'_>,
+    entry: &[u8],
+    index: usize,
+    input: bool,
+) -> ScanResult<(ScannedInput, bool)> {
     let kind = if input { "inputs" } else { "outputs" };
     let at = move || format!("ModelInferRequest.{kind}[{index}]");
     let params_field = if input { 4 } else { 2 };
-    let mut r = Reader::new(entry, &at);
+    let mut r = request.nested(entry, &at);
     let mut tensor = ScannedInput::default();
     let mut shm = false;
     while !r.done() {
@@ -342,14 +414,14 @@ fn scan_tensor(entry: &[u8], index: usize, input: bool) -> ScanResult<(ScannedIn
             3 if input && wt == VARINT => tensor.shape.push(r.varint()? as i64),
             3 if input => {
                 let packed = r.expect_delimited(field, wt)?;
-                let mut dims = Reader::new(packed, &at);
+                let mut dims = r.nested(packed, &at);
                 while !dims.done() {
                     tensor.shape.push(dims.varint()? as i64);
                 }
             }
             f if f == params_field => {
                 let entry = r.expect_delimited(field, wt)?;
-                shm |= names_shared_memory(entry, &at)?;
+                shm |= names_shared_memory(r.nested(entry, &at))?;
             }
             _ => r.skip(field, wt)?,
         }
@@ -357,9 +429,8 @@ fn scan_tensor(entry: &[u8], index: usize, input: bool) -> ScanResult<(ScannedIn
     Ok((tensor, shm))
 }
 
-/// Whether a tensor's parameter entry has a `shared_memory_*` key.
-fn names_shared_memory(entry: &[u8], at: &dyn Fn() -> String) -> ScanResult<bool> {
-    let mut r = Reader::new(entry, at);
+/// Whether a tensor's parameter entry (read by `r`) has a `shared_memory_*` key.
+fn names_shared_memory(mut r: Reader<'_>) -> ScanResult<bool> {
     let mut shm = false;
     while !r.done() {
         let (field, wt) = r.key()?;

@@ -114,6 +114,135 @@ fn shared_memory_tensors_are_named() {
     );
 }
 
+/// `tag` then a length-delimited `body`.
+fn delimited(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut field = vec![tag];
+    prost::encoding::encode_varint(body.len() as u64, &mut field);
+    field.extend(body);
+    field
+}
+
+#[test]
+fn inputs_are_named_before_outputs_whatever_the_field_order() {
+    // A tensor whose parameters (field `params`) hold the key "shared_memory_region".
+    let tensor = |name: &str, params: u8| {
+        let mut t = delimited(0x0a, name.as_bytes());
+        t.extend(delimited(
+            (params << 3) | 2,
+            &delimited(0x0a, b"shared_memory_region"),
+        ));
+        t
+    };
+    let mut bytes = vec![0x0a, 1, b'm'];
+    bytes.extend(delimited(0x32, &tensor("y", 2))); // outputs[0] first on the wire
+    bytes.extend(delimited(0x2a, &tensor("x", 4))); // then inputs[0]
+    let s = scan_request(&bytes).unwrap();
+    assert_eq!(s.shared_memory.as_deref(), Some("input 'x'"));
+    assert_eq!(s.outputs, 1);
+}
+
+/// Groups were skipped by unbounded recursion, so a message of nested group starts overflowed
+/// the router's stack. Groups and messages now nest as deep as prost allows, and no deeper.
+#[test]
+fn nested_groups_stop_at_prosts_recursion_limit() {
+    let nested = |levels: usize| {
+        let mut bytes = vec![0x0a, 1, b'm'];
+        bytes.extend(std::iter::repeat_n((9 << 3) | 3, levels));
+        bytes.extend(std::iter::repeat_n((9 << 3) | 4, levels));
+        bytes
+    };
+    for levels in [1, 99, 100] {
+        assert!(ModelInferRequest::decode(nested(levels).as_slice()).is_ok());
+        assert!(scan_request(&nested(levels)).is_ok(), "{levels}");
+    }
+    for levels in [101, 1_000_000] {
+        assert!(ModelInferRequest::decode(nested(levels).as_slice()).is_err());
+        assert!(
+            matches!(
+                scan_request(&nested(levels)),
+                Err(ScanError::TooDeep { field: 9, .. })
+            ),
+            "{levels}"
+        );
+    }
+    // Inside an input a level is already spent on the input itself.
+    let mut input = vec![0x0a, 1, b'x'];
+    input.extend(std::iter::repeat_n((9 << 3) | 3, 100));
+    input.extend(std::iter::repeat_n((9 << 3) | 4, 100));
+    let mut bytes = vec![0x0a, 1, b'm'];
+    bytes.extend(delimited(0x2a, &input));
+    assert!(ModelInferRequest::decode(bytes.as_slice()).is_err());
+    assert!(matches!(
+        scan_request(&bytes),
+        Err(ScanError::TooDeep { .. })
+    ));
+}
+
+/// Varints of more than 64 bits and field numbers past 2^29 - 1 were read where prost (and so
+/// the worker) refuses them.
+#[test]
+fn varints_and_field_numbers_are_bounded_as_prost_bounds_them() {
+    let with = |tail: &[u8]| {
+        let mut bytes = vec![0x0a, 1, b'm'];
+        bytes.extend(tail);
+        bytes
+    };
+    let max_varint = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+    let mut too_big = max_varint;
+    too_big[9] = 0x02;
+    let cases: [(Vec<u8>, bool); 5] = [
+        // field 9, varint u64::MAX
+        (with(&[&[9 << 3][..], &max_varint].concat()), true),
+        // field 9, a varint of 65 bits
+        (with(&[&[9 << 3][..], &too_big].concat()), false),
+        // field 2^29 - 1, varint 0: the largest key
+        (with(&[0xf8, 0xff, 0xff, 0xff, 0x0f, 0]), true),
+        // field 2^29, varint 0: the key needs 33 bits
+        (with(&[0x80, 0x80, 0x80, 0x80, 0x10, 0]), false),
+        // a key of 64 bits
+        (with(&[&[0xff; 9][..], &[0x01, 0]].concat()), false),
+    ];
+    for (bytes, valid) in cases {
+        assert_eq!(ModelInferRequest::decode(bytes.as_slice()).is_ok(), valid);
+        assert_eq!(scan_request(&bytes).is_ok(), valid, "{bytes:x?}");
+    }
+    assert!(matches!(
+        scan_request(&with(&[&[9 << 3][..], &too_big].concat())),
+        Err(ScanError::VarintOverflow { offset: 4, .. })
+    ));
+    assert!(matches!(
+        scan_request(&with(&[0x80, 0x80, 0x80, 0x80, 0x10, 0])),
+        Err(ScanError::FieldNumber { offset: 3, .. })
+    ));
+}
+
+/// A `sequence_id` entry with no value followed by one with a value is, as a protobuf map, the
+/// second; the scanner refused the first.
+#[test]
+fn only_the_last_entry_of_a_parameter_counts() {
+    let entry = |value: Option<u8>| {
+        let mut e = delimited(0x0a, b"sequence_id");
+        if let Some(v) = value {
+            e.extend(delimited(0x12, &[5 << 3, v])); // value { uint64_param: v }
+        }
+        delimited(0x22, &e)
+    };
+    let mut bytes = vec![0x0a, 1, b'm'];
+    bytes.extend(entry(None));
+    bytes.extend(entry(Some(7)));
+    let full = ModelInferRequest::decode(bytes.as_slice()).unwrap();
+    assert!(full.parameters["sequence_id"].parameter_choice.is_some());
+    let s = scan_request(&bytes).unwrap();
+    assert_eq!(s.options.sequence_id, Some(CorrelationId::Uint(7)));
+    let mut bytes = vec![0x0a, 1, b'm'];
+    bytes.extend(entry(Some(7)));
+    bytes.extend(entry(None));
+    assert!(matches!(
+        scan_request(&bytes),
+        Err(ScanError::BadParameter { key, .. }) if key == "sequence_id"
+    ));
+}
+
 /// Every wire type in unknown fields, at the top level and inside an input, is skipped.
 #[test]
 fn every_wire_type_is_skipped() {
@@ -164,7 +293,7 @@ fn malformed_messages_name_what_is_wrong() {
         err(&[
             0x0a, 1, b'm', 0x48, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01
         ]),
-        ScanError::VarintTooLong { .. }
+        ScanError::VarintOverflow { .. }
     ));
     assert_eq!(
         err(&[0x0a, 1, b'm', 0x3a, 100, 1, 2]),
@@ -185,7 +314,7 @@ fn malformed_messages_name_what_is_wrong() {
     ));
     assert!(matches!(
         err(&[0x0a, 1, b'm', 0x07]),
-        ScanError::FieldZero { .. }
+        ScanError::FieldNumber { .. }
     ));
     assert!(matches!(
         err(&[0x0a, 1, b'm', 0x0e]),
@@ -254,4 +383,23 @@ fn the_version_suffix_makes_the_worker_read_the_chosen_version() {
             m
         );
     }
+}
+
+/// An intended difference from prost, which reads a map field as length-delimited whatever
+/// wire type its key says: the scan keeps to the key, as protobuf specifies.
+#[test]
+fn a_map_field_keyed_as_a_varint_is_refused() {
+    let entry = delimited(0x0a, b"k");
+    let mut bytes = vec![0x0a, 1, b'm', 4 << 3]; // parameters, as a varint...
+    bytes.push(entry.len() as u8); // ...whose value prost takes for the entry's length
+    bytes.extend(&entry);
+    assert!(ModelInferRequest::decode(bytes.as_slice()).is_ok());
+    assert!(matches!(
+        scan_request(&bytes),
+        Err(ScanError::WireType {
+            field: 4,
+            wire_type: 0,
+            ..
+        })
+    ));
 }
