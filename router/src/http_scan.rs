@@ -16,11 +16,23 @@
 //!   any other key                      skipped
 //! ```
 //!
-//! A malformed header is an [`HttpScanError`] naming the field and what is wrong; it becomes the
-//! 400 `{"error": ...}` the typed HTTP path gives (`ServiceError::invalid`).
+//! The fields read follow the typed decoder's rules (`nereid_frontend`'s `infer_request.rs`): a
+//! key set to `null` is present, not absent; tensors are objects; the first shared-memory tensor
+//! named is an input before any output. A malformed header is an [`HttpScanError`] naming the
+//! field and what is wrong; it becomes the 400 `{"error": ...}` the typed HTTP path gives
+//! (`ServiceError::invalid`).
+//!
+//! Two differences from the typed decoder are intended, and the fuzz target `router_http_scan`
+//! allows exactly these (docs/fuzzing.md):
+//! - a key the scan reads given twice in one object is refused ("duplicate field"), where the
+//!   typed decoder keeps the last: streaming, the scan cannot know that a later value replaces
+//!   the one it read, and routing on a value the worker ignores would be wrong;
+//! - what is skipped (tensor data, unknown keys) is checked for JSON syntax only, not decoded:
+//!   invalid UTF-8 or a lone surrogate escape in a string, a number past f64's range, nesting
+//!   past serde_json's 128 levels are left to the worker, which refuses them with its own message.
 
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+use serde::de::{Deserializer, Visitor};
+use serde::{Deserialize, forward_to_deserialize_any};
 use serde_json::{Map, Value};
 
 use nereid_proto::{ParamValue, Parameters, RequestOptions, ServiceError};
@@ -81,41 +93,72 @@ pub struct HttpScanned {
     pub shared_memory: Option<String>,
 }
 
-/// The JSON header as scanned: small fields kept as values (to name them in errors), tensor
-/// data skipped.
+/// The JSON header as scanned: small fields kept as values (to name them in errors); tensor
+/// data and other keys skipped (serde's `IgnoredAny`). `None`: the key is absent.
 #[derive(Deserialize)]
 #[serde(expecting = "an inference request JSON object")]
 struct Header {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     id: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     parameters: Option<Value>,
-    #[serde(default)]
-    inputs: Option<Vec<InputHeader>>,
-    #[serde(default)]
-    outputs: Option<Vec<OutputHeader>>,
+    #[serde(default, deserialize_with = "present")]
+    inputs: Option<Vec<Object<InputHeader>>>,
+    #[serde(default, deserialize_with = "present")]
+    outputs: Option<Vec<Object<OutputHeader>>>,
 }
 
 #[derive(Deserialize)]
 #[serde(expecting = "an input tensor object")]
 struct InputHeader {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     name: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     shape: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     parameters: Option<Value>,
-    #[serde(default, rename = "data")]
-    _data: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize)]
 #[serde(expecting = "an output tensor object")]
 struct OutputHeader {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     name: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     parameters: Option<Value>,
+}
+
+/// A present key's value, `null` included (`Option`'s own `Deserialize` reads `null` as `None`,
+/// which would take `"id": null` for no id).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A derived struct read from a JSON object only: serde's derive also takes an array, the
+/// fields by position.
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(MapOnly(d)).map(Object)
+    }
+}
+
+/// A deserializer that asks its inner one for a map whatever the type asks for.
+struct MapOnly<D>(D);
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for MapOnly<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_map(visitor)
+    }
+
+    forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
+        ignored_any
+    }
 }
 
 /// Scans an HTTP inference body (see the module docs); `header_len` is the
@@ -147,9 +190,9 @@ pub fn scan_http_request(
         let path = e.path().to_string();
         let inner = e.into_inner();
         match (inner.is_data(), path.as_str()) {
-            (true, ".") => HttpScanError::NotObject,
+            // At the top level (an object, checked above) a data error is a repeated key.
+            (true, ".") | (false, _) => HttpScanError::Json(inner.to_string()),
             (true, _) => HttpScanError::Json(format!("'{path}': {inner}")),
-            (false, _) => HttpScanError::Json(inner.to_string()),
         }
     })?;
     json.end().map_err(|e| HttpScanError::Json(e.to_string()))?;
@@ -171,7 +214,7 @@ pub fn scan_http_request(
     scanned.options = RequestOptions::split(routing)
         .map(|(options, _)| options)
         .map_err(|e| HttpScanError::Options(e.message().to_string()))?;
-    for (i, input) in doc.inputs.unwrap_or_default().into_iter().enumerate() {
+    for (i, Object(input)) in doc.inputs.unwrap_or_default().into_iter().enumerate() {
         let name = tensor_name(input.name, "inputs", i)?;
         let shape = shape(input.shape.as_ref(), &name)?;
         let owner = format!("input '{name}'");
@@ -180,7 +223,7 @@ pub fn scan_http_request(
         }
         scanned.inputs.push(ScannedInput { name, shape });
     }
-    for (i, output) in doc.outputs.unwrap_or_default().into_iter().enumerate() {
+    for (i, Object(output)) in doc.outputs.unwrap_or_default().into_iter().enumerate() {
         let name = tensor_name(output.name, "outputs", i)?;
         let owner = format!("output '{name}'");
         if names_shared_memory(output.parameters.as_ref(), &owner)? {

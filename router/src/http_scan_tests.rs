@@ -166,3 +166,53 @@ fn scan_errors_become_invalid_argument() {
         ServiceError::invalid("the request JSON must be an object")
     );
 }
+
+#[test]
+fn keys_set_to_null_are_present() {
+    // As in the typed decoder, `null` is a value of the wrong type, not an absent key.
+    let cases = [
+        (r#"{"id":null}"#, "'id' must be a string, got null"),
+        (
+            r#"{"parameters":null}"#,
+            "'parameters' must be an object, got null",
+        ),
+        (r#"{"inputs":null}"#, "'inputs': invalid type: null"),
+        (r#"{"outputs":null}"#, "'outputs': invalid type: null"),
+        (
+            r#"{"inputs":[{"name":"a","shape":[1],"parameters":null}]}"#,
+            "'input 'a': parameters' must be an object, got null",
+        ),
+        (
+            r#"{"outputs":[{"name":null}]}"#,
+            "'outputs[0].name' must be a string, got null",
+        ),
+    ];
+    for (body, expected) in cases {
+        let err = scan_err(body.as_bytes(), None);
+        assert!(err.contains(expected), "{body}: {err}");
+    }
+}
+
+#[test]
+fn tensors_must_be_objects() {
+    // serde's derive would read an array as the fields by position.
+    let err = scan_err(br#"{"inputs":[["a",[1],{}]]}"#, None);
+    assert!(err.contains("expected an input tensor object"), "{err}");
+    let err = scan_err(br#"{"outputs":[["y"]]}"#, None);
+    assert!(err.contains("expected an output tensor object"), "{err}");
+}
+
+#[test]
+fn a_key_the_scan_reads_may_appear_once() {
+    // At the top level too: the document is an object, so this is not "must be an object".
+    let err = scan_err(br#"{"id":"a","id":"b"}"#, None);
+    assert!(err.contains("duplicate field `id`"), "{err}");
+    let err = scan_err(
+        br#"{"inputs":[{"name":"a","shape":[1],"shape":[2]}]}"#,
+        None,
+    );
+    assert!(err.contains("duplicate field `shape`"), "{err}");
+    // Keys it skips may repeat, tensor data included.
+    let s = scan(r#"{"x":1,"x":2,"inputs":[{"name":"a","shape":[1],"data":[1],"data":[2]}]}"#);
+    assert_eq!(s.inputs[0].shape, vec![1]);
+}
