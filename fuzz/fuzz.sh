@@ -5,8 +5,9 @@
 # proc macros, as cargo-fuzz does.
 #
 #   fuzz/fuzz.sh build [all|light]          instrumented release build of every target, or of
-#                                           the light ones (nereid-proto and nereid-frontend
-#                                           only; what `make fuzz-smoke` builds)
+#                                           the light ones (nereid-proto, nereid-frontend and
+#                                           the router's two scanners, compiled in from their
+#                                           source files; what `make fuzz-smoke` builds)
 #   fuzz/fuzz.sh run SECONDS [all|light|TARGET...]
 #                                           each target (default: all) for SECONDS, one line of
 #                                           summary each; exit status 1 if any target crashed
@@ -17,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-LIGHT=(http_infer_body grpc_infer_request model_config_text)
+LIGHT=(http_infer_body grpc_infer_request model_config_text router_wire_scan router_http_scan)
 ALL=("${LIGHT[@]}" model_config python_stub_frames management_rest)
 HOST=$(rustc -vV | sed -n 's/^host: //p')
 BIN_DIR=target/$HOST/release

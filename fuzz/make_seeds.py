@@ -143,6 +143,79 @@ def grpc_seeds():
     write(t, "stream_flag", stream)
 
 
+# ----- router_wire_scan: a ModelInferRequest in protobuf, as the router's scanner reads it ------
+def router_wire_seeds():
+    t = "router_wire_scan"
+    shm = {"shared_memory_region": ("string", "r"), "shared_memory_byte_size": ("int64", 4)}
+    routed = (string(1, "m") + string(2, "2") + string(3, "req")
+              + param_map(4, {"sequence_id": ("uint64", 7), "sequence_start": ("bool", True),
+                              "sequence_end": ("bool", False), "priority": ("uint64", 1)})
+              + field(5, 2, tensor("a", "INT32", [1, 16]))
+              + field(5, 2, tensor("b", "FP32", [2], contents=packed(1, [1.0, 2.0], "<f")))
+              + field(6, 2, string(1, "y"))
+              + string(7, struct.pack("<16i", *range(16))))
+    write(t, "sequence", routed)
+    write(t, "string_sequence", string(1, "m")
+          + param_map(4, {"sequence_id": ("string", "s-1"), "sequence_end": ("bool", True)}))
+    write(t, "shared_memory", string(1, "m")
+          + field(6, 2, string(1, "y") + param_map(2, shm))
+          + field(5, 2, tensor("x", "UINT8", [4], shm)))
+    # Unpacked dims, unknown fields of every wire type and a nested group.
+    unpacked = string(1, "x") + field(3, 0, 4) + field(3, 0, (1 << 64) - 1)
+    write(t, "unknown_fields", string(1, "m") + field(5, 2, unpacked)
+          + field(8, 0, 150) + field(9, 1, b"12345678") + field(11, 5, b"1234")
+          + varint(12 << 3 | 3) + field(1, 0, 5) + varint(2 << 3 | 3) + varint(2 << 3 | 4)
+          + varint(12 << 3 | 4))
+    write(t, "no_model_name", string(2, "1") + field(6, 2, string(1, "y")))
+    # At prost's nesting limit: 100 groups at the top level, 99 inside an input (one more each
+    # is refused).
+    def groups(n):
+        return varint(9 << 3 | 3) * n + varint(9 << 3 | 4) * n
+    write(t, "nested_groups", string(1, "m") + groups(100)
+          + field(5, 2, string(1, "x") + groups(99)))
+
+
+# ----- router_http_scan: "[<Inference-Header-Content-Length>\n]<body>" ------------------------
+def router_http_seeds():
+    t = "router_http_scan"
+    write(t, "json", compact({
+        "id": "r1",
+        "parameters": {"sequence_id": 7, "sequence_start": True, "priority": 2},
+        "inputs": [{"name": "a", "shape": [2, 3], "datatype": "FP32",
+                    "data": [[1, 2, 3], [4.5, 5, 6]]},
+                   {"name": "b", "shape": [1], "datatype": "BYTES", "data": ["x"],
+                    "extra": {"k": [1, None]}}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        "unknown": {"deep": [1, 2, {"x": None}]},
+    }))
+    header = compact({
+        "id": "bin",
+        "parameters": {"sequence_id": "s", "sequence_end": True},
+        "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [2],
+                    "parameters": {"binary_data_size": 8}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    })
+    write(t, "binary", f"{len(header)}\n{header}".encode() + struct.pack("<ii", 7, -1))
+    write(t, "shared_memory", compact({
+        "inputs": [{"name": "x", "datatype": "INT8", "shape": [4],
+                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}],
+        "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r"}}],
+    }))
+    write(t, "raw", b"0\n" + struct.pack("<4f", 1, 2, 3, 4))
+    # Near misses: what the typed decoder refuses (null keys, an array for a tensor), and the
+    # two intended differences (a repeated key; what only decoding the skipped data refuses).
+    write(t, "null_keys", '{"id":null,"parameters":null,"inputs":[{"name":"a","shape":[1],'
+          '"parameters":null}],"outputs":null}')
+    write(t, "array_tensor", '{"inputs":[["a",[1],{"shared_memory_region":"r"}]],'
+          '"outputs":[["y"]]}')
+    write(t, "repeated_key", '{"id":"a","parameters":{"sequence_id":1},"id":"b",'
+          '"inputs":[{"name":"a","shape":[1],"data":[1],"data":[2]}]}')
+    write(t, "undecodable_data", '{"inputs":[{"name":"a","shape":[2],'
+          '"data":["\\ud800",1e400]}]}')
+    write(t, "escapes", '{"id":"\\u00e9\\ud83d\\ude00","inputs":[{"name":"\\"q\\"",'
+          '"shape":[0],"data":[],"parameters":{}}],"outputs":[]}')
+
+
 # ----- model_config: config.pbtxt text --------------------------------------------------------
 CONFIGS = [
     "tests/models/pytorch/types_script/config.pbtxt",
@@ -245,6 +318,8 @@ def main():
         shutil.rmtree(CORPUS)
     http_seeds()
     grpc_seeds()
+    router_wire_seeds()
+    router_http_seeds()
     config_seeds()
     stub_seeds()
     rest_seeds()
