@@ -91,8 +91,8 @@ fuzz:
 	bash fuzz/fuzz.sh build
 	bash fuzz/fuzz.sh run $(FUZZ_SECONDS)
 
-## fuzz-smoke: the light targets (over nereid-proto and nereid-frontend only, so the instrumented
-## build stays short), each for FUZZ_SMOKE_SECONDS (part of `make test`).
+## fuzz-smoke: the light targets (over nereid-proto, nereid-frontend and the router's scanners
+## only, so the instrumented build stays short), each for FUZZ_SMOKE_SECONDS (part of `make test`).
 fuzz-smoke:
 	bash fuzz/fuzz.sh build light
 	bash fuzz/fuzz.sh run $(FUZZ_SMOKE_SECONDS) light
