@@ -33,6 +33,7 @@ mod agent;
 pub mod backend;
 mod check;
 pub mod config;
+mod custom_metrics;
 mod ensemble;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -164,11 +164,10 @@ pub async fn run_with(
     } else {
         None
     };
-    let metrics = Arc::new(DataPlaneMetrics::new(
-        manager.clone(),
-        config.metrics.latencies.clone(),
-        system,
-    ));
+    let metrics = Arc::new(
+        DataPlaneMetrics::new(manager.clone(), config.metrics.latencies.clone(), system)
+            .with_custom_metrics(server_handle.custom_metrics().clone()),
+    );
     let telemetry = nereid_telemetry::Telemetry::start(
         &config.telemetry,
         nereid_telemetry::logging::control(),

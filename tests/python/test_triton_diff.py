@@ -33,6 +33,9 @@ KNOWN_DIFFERENCES = {
                       "RapidJSON",
     "index_during_unload": "Nereid takes a model out of service at once (requests in flight "
                            "finish on the old instances), so its index never shows UNLOADING",
+    "custom_metrics_after_unload": "Triton 2.51 keeps a Python model's custom metrics on /metrics "
+                                   "after the model is unloaded; Nereid removes them with the "
+                                   "model instance",
 }
 
 MASKED = {"ns", "last_inference"}
@@ -402,6 +405,78 @@ def test_system_shared_memory(pair):
         for server in pair:
             http_raw(server.http_url, "POST", "/v2/systemsharedmemory/unregister")
         shm.destroy_shared_memory_region(handle)
+
+
+CUSTOM_METRICS_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.counter_family = pb_utils.MetricFamily(
+            name="diff_requests", description="Requests seen", kind=pb_utils.MetricFamily.COUNTER)
+        self.counter = self.counter_family.Metric(labels=labels)
+        self.gauge_family = pb_utils.MetricFamily(
+            name="diff_last_input", description="The last input", kind=pb_utils.MetricFamily.GAUGE)
+        self.gauge = self.gauge_family.Metric(labels={"kind": "last", **labels})
+        self.histogram_family = pb_utils.MetricFamily(
+            name="diff_inputs", description="Inputs by size", kind=pb_utils.MetricFamily.HISTOGRAM)
+        self.histogram = self.histogram_family.Metric(labels=labels, buckets=[0.25, 1.0, 10.0])
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "x").as_numpy()[0])
+            self.counter.increment(x)
+            self.gauge.set(x)
+            self.gauge.increment(-0.5)
+            self.histogram.observe(x)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("count", np.array([self.counter.value()], np.float32))]))
+        return out
+"""
+
+CUSTOM_METRICS_CONFIG = """
+name: "py_custom_metrics"
+backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "count" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+
+def custom_metric_lines(server):
+    """The `diff_*` lines of /metrics (HELP, TYPE and series), in a canonical order: Triton writes
+    a histogram's `_count` and `_sum` before its buckets, Nereid after."""
+    status, _, body = http_raw(f"127.0.0.1:{server.metrics_port}", "GET", "/metrics")
+    assert status == 200
+    return sorted(line for line in body.decode().splitlines()
+                  if line.startswith(("diff_", "# HELP diff_", "# TYPE diff_")))
+
+
+def test_custom_metrics(pair):
+    """A Python model's counter, gauge and histogram (`pb_utils.MetricFamily`), shared by its two
+    instances, read the same on both servers' /metrics."""
+    for server in pair:
+        model = server.repo / "py_custom_metrics"
+        (model / "1").mkdir(parents=True)
+        (model / "1" / "model.py").write_text(CUSTOM_METRICS_MODEL)
+        (model / "config.pbtxt").write_text(CUSTOM_METRICS_CONFIG)
+    both_http(pair, "custom_metrics_load", "POST", "/v2/repository/models/py_custom_metrics/load", {})
+    for i, x in enumerate([0.125, 2, 4.5, 30]):
+        both_http(pair, f"custom_metrics_infer_{i}", "POST", "/v2/models/py_custom_metrics/infer",
+                  {"inputs": [t("x", "FP32", [1], [x])]})
+    lines = [custom_metric_lines(s) for s in pair]
+    assert 'diff_requests{model="py_custom_metrics",version="1"} 36.625' in lines[0], lines[0]
+    check_same("custom_metrics", *lines)
+    both_http(pair, "custom_metrics_unload", "POST", "/v2/repository/models/py_custom_metrics/unload",
+              {})
+    nereid, triton = pair
+    wait_until(lambda: not custom_metric_lines(nereid), 30, "Nereid's custom metrics gone")
+    check_same("custom_metrics_after_unload", [], custom_metric_lines(triton))  # Triton keeps them
 
 
 def test_known_differences_are_documented():

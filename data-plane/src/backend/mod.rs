@@ -120,6 +120,8 @@ impl Health {
 pub struct ServerHandle {
     service: OnceLock<Weak<dyn InferenceService>>,
     runtime: OnceLock<tokio::runtime::Handle>,
+    /// The families models define (Python `pb_utils.MetricFamily`), exported on `/metrics`.
+    custom_metrics: Arc<crate::custom_metrics::CustomMetrics>,
 }
 
 impl std::fmt::Debug for ServerHandle {
@@ -141,6 +143,11 @@ impl ServerHandle {
     pub fn get(&self) -> Option<(Arc<dyn InferenceService>, tokio::runtime::Handle)> {
         let service = self.service.get()?.upgrade()?;
         Some((service, self.runtime.get()?.clone()))
+    }
+
+    /// The registry of the metric families models define.
+    pub(crate) fn custom_metrics(&self) -> &Arc<crate::custom_metrics::CustomMetrics> {
+        &self.custom_metrics
     }
 }
 

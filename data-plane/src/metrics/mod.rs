@@ -1,10 +1,12 @@
 //! The data plane's metrics: Triton's per-model inference families, drawn from the same
 //! statistics the statistics extension reports (so the two always agree), plus the host and
-//! GPU families of [`crate::system_metrics`].
+//! GPU families of [`crate::system_metrics`] and the families models define
+//! ([`crate::custom_metrics`]).
 //!
 //! ```text
 //! VersionStats (per loaded version) ──┐
-//! SystemMetrics (latest sample) ──────┼─► DataPlaneMetrics::collect ─► Vec<Family>
+//! SystemMetrics (latest sample) ──────┤
+//! CustomMetrics (models' families) ───┼─► DataPlaneMetrics::collect ─► Vec<Family>
 //! MetricsConfig (which families) ─────┘        ├─► prometheus_router ─► GET :8002/metrics
 //!                                              └─► OTLP export (the lead's exporter)
 //! ```
@@ -22,6 +24,7 @@ use nereid_proto::pb::inference::{InferStatistics, ModelStatistics, StatisticDur
 use nereid_telemetry::{Collect, Family, Kind, Labels, Value};
 
 pub use self::config::{LatencyMetrics, MetricsConfig, MetricsConfigError};
+use crate::custom_metrics::CustomMetrics;
 use crate::manager::{LoadedVersion, ModelManager};
 use crate::request::cache::ResponseCache;
 use crate::stats::{FailureReason, Latency};
@@ -33,6 +36,8 @@ pub struct DataPlaneMetrics {
     latencies: LatencyMetrics,
     /// `None` when neither CPU nor GPU metrics are reported.
     system: Option<Arc<SystemMetrics>>,
+    /// The families models define (Python `pb_utils.MetricFamily`).
+    custom: Option<Arc<CustomMetrics>>,
 }
 
 impl DataPlaneMetrics {
@@ -45,7 +50,14 @@ impl DataPlaneMetrics {
             manager,
             latencies,
             system,
+            custom: None,
         }
+    }
+
+    /// Also reports the families models define in `custom`.
+    pub fn with_custom_metrics(mut self, custom: Arc<CustomMetrics>) -> DataPlaneMetrics {
+        self.custom = Some(custom);
+        self
     }
 
     /// `GET /metrics` (and `/metrics/`) serving these metrics in Prometheus text.
@@ -62,6 +74,9 @@ impl Collect for DataPlaneMetrics {
         }
         if let Some(system) = &self.system {
             families.extend(system.families());
+        }
+        if let Some(custom) = &self.custom {
+            custom.merge_into(&mut families);
         }
         families
     }
