@@ -16,8 +16,8 @@ Threads and flow
                            main-thread frame (and the reading) back to the main thread
     parent <──frames── any thread, one frame at a time (write lock): execute_done, ...
                          ^ release thread: sends `release` for parent segments whose NumPy
-                           arrays were garbage-collected (weakref.finalize) when no other frame
-                           takes them along
+                           arrays were garbage-collected (weakref.finalize), and the deletions of
+                           garbage custom metrics, when no other frame takes them along
 
 * A plain request costs one wake-up of the stub: the main thread reads the `execute`, runs the
   model and answers, with no hand-off between threads. Model code always runs on the main
@@ -553,6 +553,12 @@ class Stub:
         self._bls_calls = {}
         self._bls_lock = threading.Lock()
         self._bls_ids = itertools.count()
+        # Model-control calls waiting for their `model_control_done`, by id.
+        self._control_calls = {}
+        self._control_ids = itertools.count()
+        # Custom-metric calls waiting for their `metric_done`, by id.
+        self._metric_calls = {}
+        self._metric_ids = itertools.count()
         self._parent_segments = None
         self._stub_segments = None
         self._model = None
@@ -619,6 +625,53 @@ class Stub:
         if segment is not None:
             message["segment"] = segment
         self._send(message)
+        return call_id
+
+    def cancel_bls(self, call_id):
+        """ResponseIterator.cancel(): asks the parent to stop the decoupled call `call_id`; its
+        iterator then ends with a final response. Nothing to do once the call has ended."""
+        with self._bls_lock:
+            running = call_id in self._bls_calls
+        if running:
+            self._send({"op": "bls_cancel", "id": call_id})
+
+    def model_control(self, action, fields):
+        """pb_utils.load_model / unload_model / is_model_ready: asks the server and blocks for
+        its answer; returns `ready`, raises TritonModelException with the server's error."""
+        self.need_reader()
+        call_id = next(self._control_ids)
+        answer = queue.SimpleQueue()
+        with self._bls_lock:
+            self._control_calls[call_id] = answer
+        self._send({"op": "model_control", "id": call_id, "action": action, **fields})
+        message = answer.get()
+        error = message.get("error")
+        if error is not None:
+            raise pb_utils.TritonModelException(_decode_error(error).message())
+        return bool(message.get("ready"))
+
+    def metric_call(self, fields):
+        """A custom-metric call the server answers (`family_new`, `value`): sends it and blocks
+        for its `metric_done`, which it returns."""
+        self.need_reader()
+        call_id = next(self._metric_ids)
+        answer = queue.SimpleQueue()
+        with self._bls_lock:
+            self._metric_calls[call_id] = answer
+        self._send({"op": "metric", "id": call_id, **fields})
+        return answer.get()
+
+    def metric_send(self, fields):
+        """A custom-metric change; nothing is answered."""
+        self._send({"op": "metric", **fields})
+
+    def metric_release(self, fields):
+        """A custom-metric deletion from a `__del__`: that may run inside the garbage collector,
+        on a thread that holds the write lock, so it is queued like a segment release and goes
+        out ahead of the next frame (or from the release thread)."""
+        self._released.append({"op": "metric", **fields})
+        if not self._replying:
+            self._release_wake.put(None)
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -632,7 +685,9 @@ class Stub:
         releases = []
         while True:
             try:
-                releases.append({"op": "release", "segment": self._released.popleft()})
+                item = self._released.popleft()
+                # A parent segment id, or a queued message (`metric_release`).
+                releases.append(item if isinstance(item, dict) else {"op": "release", "segment": item})
             except IndexError:
                 return releases
 
@@ -726,6 +781,20 @@ class Stub:
             state = self._requests.get(message.get("key"))
             if state is not None:
                 state.cancelled = True
+        elif op == "model_control_done":
+            with self._bls_lock:
+                answer = self._control_calls.pop(message.get("id"), None)
+            if answer is None:
+                _warn("ignoring model_control_done for unknown call id {!r}".format(message.get("id")))
+            else:
+                answer.put(message)
+        elif op == "metric_done":
+            with self._bls_lock:
+                answer = self._metric_calls.pop(message.get("id"), None)
+            if answer is None:
+                _warn("ignoring metric_done for unknown call id {!r}".format(message.get("id")))
+            else:
+                answer.put(message)
         elif op == "release":
             if self._stub_segments is None or not self._stub_segments.release(message.get("segment")):
                 _warn("ignoring release of unknown or free segment {!r}".format(message.get("segment")))

@@ -16,6 +16,11 @@ Everything that has to reach the server goes through `_channel`:
     sender.send(resp, flags)    ->   InferenceResponseSender  ->     send_response(state, resp, flags)
     request.exec()/async_exec() ->   InferenceRequest         ->     submit_bls(request, decoupled, sink)
                                                               <-     sink.deliver(response, final)
+    MetricFamily(...)           ->   MetricFamily             ->     metric_call(fields), answered
+    family.Metric(...)          ->   Metric                   ->     metric_send(fields)
+    metric.increment/set/...    ->   Metric                   ->     metric_send(fields)
+    metric.value()              ->   Metric                   ->     metric_call(fields), answered
+    (garbage family or metric)  ->   __del__                  ->     metric_release(fields)
 
 Outside the stub (`_channel is None`, e.g. in unit tests) `Logger` writes to stderr and every
 call that needs the server raises `TritonModelException`.
@@ -29,15 +34,21 @@ Differences from Triton worth knowing
   name ("TYPE_FP32"). BF16 tensors pass through unchanged but have no NumPy view:
   `as_numpy()` and DLPack export raise `TritonModelException` for them.
 * Not supported by Nereid yet, raising `TritonModelException`: `load_model`, `unload_model`,
-  `is_model_ready`, custom metrics (`MetricFamily`), request rescheduling
+  `is_model_ready`, request rescheduling
   (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` fails that request).
   `ResponseIterator.cancel()` is accepted but does nothing: responses keep arriving until the
   final one.
 """
 
 import asyncio
+import base64
+import enum
+import itertools
 import json
+import math
+import numbers
 import queue
+import re
 import struct
 import sys
 import threading
@@ -667,9 +678,10 @@ def _non_decoupled_result(response):
 class ResponseIterator:
     """Responses of a decoupled BLS call, ending after the final one (which may be empty)."""
 
-    def __init__(self, sink):
+    def __init__(self, sink, cancel=None):
         self._sink = sink
         self._done = False
+        self._cancel = cancel
 
     def __iter__(self):
         return self
@@ -683,7 +695,12 @@ class ResponseIterator:
         return InferenceResponse() if response is None else response
 
     def cancel(self):
-        """Accepted for compatibility; Nereid does not cancel BLS calls yet."""
+        """Cancels the call: the server stops the request (a Python model being called sees
+        `is_cancelled()` turn true) and this iterator ends with a final response after the
+        responses already on their way. Later calls do nothing."""
+        if self._cancel is not None and not self._done:
+            cancel, self._cancel = self._cancel, None
+            cancel()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -826,9 +843,9 @@ class InferenceRequest:
         or for `decoupled=True` a ResponseIterator."""
         channel = _require_channel("InferenceRequest.exec()")
         sink = _QueueSink()
-        channel.submit_bls(self, bool(decoupled), sink)
+        call_id = channel.submit_bls(self, bool(decoupled), sink)
         if decoupled:
-            return ResponseIterator(sink)
+            return ResponseIterator(sink, lambda: channel.cancel_bls(call_id))
         response, _final = sink.get()
         return _non_decoupled_result(response)
 
@@ -1061,23 +1078,227 @@ def using_decoupled_model_transaction_policy(model_config):
 # ---------------------------------------------------------------------------------------------
 
 def load_model(model_name, config="", files=None):
-    raise TritonModelException("load_model {}".format(_NOT_SUPPORTED))
+    """Loads (or reloads) `model_name` in the server, as the repository API's load does: with
+    `config` (a ModelConfig as a JSON string) replacing its config.pbtxt, and `files`
+    ({"file:<version>/<path>": bytes}) as its model directory. Blocks until the load finished;
+    raises TritonModelException with the server's error (the server must run in
+    `--model-control-mode explicit`)."""
+    if not isinstance(model_name, str) or not model_name:
+        raise TritonModelException("load_model: model_name must be a non-empty str, got {!r}".format(model_name))
+    if not isinstance(config, str):
+        raise TritonModelException("load_model: config must be a JSON str, got {!r}".format(type(config).__name__))
+    encoded = {}
+    for name, data in (files or {}).items():
+        if not isinstance(name, str) or not name.startswith("file:"):
+            raise TritonModelException(
+                "load_model: file names must be strings of the form 'file:<version>/<path>', got {!r}".format(name))
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TritonModelException("load_model: file '{}' must be bytes, got {}".format(name, type(data).__name__))
+        encoded[name] = base64.b64encode(bytes(data)).decode("ascii")
+    channel = _require_channel("load_model()")
+    channel.model_control("load", {"model_name": model_name, "config": config, "files": encoded})
 
 
 def unload_model(model_name, unload_dependents=False):
-    raise TritonModelException("unload_model {}".format(_NOT_SUPPORTED))
+    """Unloads `model_name` from the server (with `unload_dependents`, also the models only its
+    ensemble used); blocks until it is unloaded."""
+    if not isinstance(model_name, str) or not model_name:
+        raise TritonModelException("unload_model: model_name must be a non-empty str, got {!r}".format(model_name))
+    channel = _require_channel("unload_model()")
+    channel.model_control("unload", {"model_name": model_name, "unload_dependents": bool(unload_dependents)})
 
 
 def is_model_ready(model_name, model_version=""):
-    raise TritonModelException("is_model_ready {}".format(_NOT_SUPPORTED))
+    """True when `model_name` (`model_version`, a number as a str; "" for the latest) is loaded
+    and ready; False for a model the server does not have."""
+    if not isinstance(model_name, str) or not model_name:
+        raise TritonModelException("is_model_ready: model_name must be a non-empty str, got {!r}".format(model_name))
+    if not isinstance(model_version, str):
+        raise TritonModelException("is_model_ready: model_version must be a str, got {!r}".format(model_version))
+    channel = _require_channel("is_model_ready()")
+    return channel.model_control("ready", {"model_name": model_name, "model_version": model_version})
 
 
-class MetricFamily:
-    """Custom metrics; not supported by Nereid yet (the constructor raises)."""
+# ---------------------------------------------------------------------------------------------
+# Custom metrics
+# ---------------------------------------------------------------------------------------------
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+# Names families and metrics in the server's registry; unique within the stub.
+_metric_handles = itertools.count(1)
+
+
+class MetricKind(enum.IntEnum):
+    """The kind of a MetricFamily (also `MetricFamily.COUNTER`, `GAUGE`, `HISTOGRAM`)."""
 
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
 
-    def __init__(self, name, description, kind=COUNTER):
-        raise TritonModelException("custom metrics (MetricFamily) {}".format(_NOT_SUPPORTED))
+
+def _metric_kind(kind, failure):
+    if not isinstance(kind, bool):
+        try:
+            return MetricKind(kind)
+        except (ValueError, TypeError):
+            pass
+    raise TritonModelException("{}: kind must be MetricFamily.COUNTER, MetricFamily.GAUGE or "
+                               "MetricFamily.HISTOGRAM, got {!r}".format(failure, kind))
+
+
+def _metric_number(value, failure):
+    if not isinstance(value, numbers.Real):
+        raise TritonModelException("{}: the value must be a number, got {!r}".format(failure, value))
+    return float(value)
+
+
+def _wire_float(value):
+    """A float as the stub protocol carries it: JSON has no spelling for NaN and infinities."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _metric_call(channel, fields, failure):
+    """A custom-metric call the server answers; its value, or TritonModelException."""
+    answer = channel.metric_call(fields)
+    error = answer.get("error")
+    if error is not None:
+        raise TritonModelException("{}: {}".format(failure, error.get("message", "")))
+    value = answer.get("value")
+    return None if value is None else float(value)
+
+
+class MetricFamily:
+    """A custom metric family (Prometheus counter, gauge or histogram) on the server's /metrics.
+
+    Families are shared by name across the server: another MetricFamily with the same name and
+    kind (in this model or another) is the same family, and the first description is kept; the
+    same name with another kind raises. The family stays on the server while this object or one
+    of its metrics is alive, and never longer than the model instance.
+    """
+
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
+    _handle = None  # set once the server has the family
+
+    def __init__(self, name, description, kind):
+        failure = "Error when creating MetricFamily"
+        if not isinstance(name, str) or not isinstance(description, str):
+            raise TritonModelException("{}: name and description must be str, got {!r} and {!r}".format(
+                failure, name, description))
+        self._kind = _metric_kind(kind, failure)
+        if not _METRIC_NAME.match(name) or name.startswith("__"):
+            raise TritonModelException(
+                "{}: Invalid metric name '{}': a name must match [a-zA-Z_:][a-zA-Z0-9_:]* and must "
+                "not start with '__'".format(failure, name))
+        self._channel = _require_channel("MetricFamily")
+        handle = next(_metric_handles)
+        _metric_call(self._channel, {"action": "family_new", "family": handle, "name": name,
+                                     "description": description, "kind": self._kind.name}, failure)
+        self._name = name
+        self._handle = handle
+
+    def Metric(self, labels=None, buckets=None):
+        """A metric of this family with `labels` ({name: value}, all str); histograms need
+        `buckets`, the upper bounds of their buckets in increasing order (+Inf is implicit). The
+        same labels give the same metric."""
+        return Metric(self, labels, buckets)
+
+    def __del__(self):
+        if self._handle is not None:
+            self._channel.metric_release({"action": "family_delete", "family": self._handle})
+
+
+class Metric:
+    """One labelled metric of a MetricFamily; made by `MetricFamily.Metric(labels, buckets)`.
+    Changes go to the server without waiting; `value()` asks the server."""
+
+    _handle = None  # set once the creation is sent
+
+    def __init__(self, family, labels=None, buckets=None):
+        if not isinstance(family, MetricFamily) or family._handle is None:
+            raise TritonModelException("a Metric is made by MetricFamily.Metric(labels, buckets)")
+        labels = {} if labels is None else labels
+        if not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
+        failure = "Error when creating Metric"
+        for key, value in labels.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TritonModelException("{}: label names and values must be str, got {!r}: {!r}".format(
+                    failure, key, value))
+            if (not _LABEL_NAME.match(key) or key.startswith("__")
+                    or (key == "le" and family._kind == MetricKind.HISTOGRAM)):
+                raise TritonModelException(
+                    "{}: Invalid label name '{}': a label name must match [a-zA-Z_][a-zA-Z0-9_]* and "
+                    "must not start with '__' ('le' is reserved in histograms)".format(failure, key))
+        fields = {"action": "new", "family": family._handle, "labels": dict(labels)}
+        if family._kind == MetricKind.HISTOGRAM:
+            if buckets is None:
+                raise TritonModelException("Failed to create metric. Missing required buckets.")
+            if not isinstance(buckets, (list, tuple)):
+                raise TritonModelException("Failed to create metric. Buckets must be a list.")
+            bounds = [_metric_number(b, failure) for b in buckets]
+            if not all(math.isfinite(b) for b in bounds) or any(a >= b for a, b in zip(bounds, bounds[1:])):
+                raise TritonModelException(
+                    "{}: Bucket boundaries must be finite and strictly sorted, got {!r}".format(failure, bounds))
+            fields["buckets"] = bounds
+        elif buckets is not None:
+            raise TritonModelException("Failed to create metric. Unexpected buckets found.")
+        # The family lives on the server at least as long as its metrics.
+        self._family = family
+        self._kind = family._kind
+        handle = next(_metric_handles)
+        family._channel.metric_send(dict(fields, metric=handle))
+        self._handle = handle
+
+    def _refuse(self, failure, op):
+        raise TritonModelException("{}: TRITONSERVER_METRIC_KIND_{} does not support {}".format(
+            failure, self._kind.name, op))
+
+    def _send(self, action, value):
+        self._family._channel.metric_send(
+            {"action": action, "metric": self._handle, "value": _wire_float(value)})
+
+    def increment(self, value):
+        """Adds `value` (counters: never negative)."""
+        failure = "Failed to increment metric value"
+        value = _metric_number(value, failure)
+        if self._kind == MetricKind.HISTOGRAM:
+            self._refuse(failure, "Increment")
+        if self._kind == MetricKind.COUNTER and value < 0:
+            raise TritonModelException(
+                "{}: TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by "
+                "non-negative values.".format(failure))
+        self._send("increment", value)
+
+    def set(self, value):
+        """Sets a gauge to `value`."""
+        failure = "Failed to set metric value"
+        value = _metric_number(value, failure)
+        if self._kind != MetricKind.GAUGE:
+            self._refuse(failure, "Set")
+        self._send("set", value)
+
+    def observe(self, value):
+        """Records one observation of a histogram."""
+        failure = "Failed to observe metric value"
+        value = _metric_number(value, failure)
+        if self._kind != MetricKind.HISTOGRAM:
+            self._refuse(failure, "Observe")
+        self._send("observe", value)
+
+    def value(self):
+        """A counter's or gauge's value, as the server has it."""
+        failure = "Failed to get metric value"
+        if self._kind == MetricKind.HISTOGRAM:
+            self._refuse(failure, "Value")
+        return _metric_call(self._family._channel, {"action": "value", "metric": self._handle}, failure)
+
+    def __del__(self):
+        if self._handle is not None:
+            self._family._channel.metric_release({"action": "delete", "metric": self._handle})

@@ -144,8 +144,24 @@ def test_calls_that_need_the_server_raise_outside_the_stub():
     with pytest.raises(pb_utils.TritonModelException, match="needs the Nereid Python stub"):
         request.exec()
     for call in (lambda: pb_utils.load_model("m"), lambda: pb_utils.unload_model("m"),
-                 lambda: pb_utils.is_model_ready("m"), lambda: pb_utils.MetricFamily("n", "d")):
-        with pytest.raises(pb_utils.TritonModelException, match="not supported by Nereid yet"):
+                 lambda: pb_utils.is_model_ready("m")):
+        with pytest.raises(pb_utils.TritonModelException, match="needs the Nereid Python stub"):
+            call()
+    with pytest.raises(pb_utils.TritonModelException, match="needs the Nereid Python stub"):
+        pb_utils.MetricFamily("n", "d", pb_utils.MetricFamily.COUNTER)
+
+
+def test_model_control_arguments_are_checked_before_anything_is_sent():
+    bad = [
+        (lambda: pb_utils.load_model(""), "model_name must be a non-empty str"),
+        (lambda: pb_utils.load_model("m", config={"name": "m"}), "config must be a JSON str"),
+        (lambda: pb_utils.load_model("m", "{}", files={"model.py": b""}), "file:<version>/<path>"),
+        (lambda: pb_utils.load_model("m", "{}", files={"file:1/model.py": "text"}), "must be bytes"),
+        (lambda: pb_utils.unload_model(None), "model_name must be a non-empty str"),
+        (lambda: pb_utils.is_model_ready("m", 1), "model_version must be a str"),
+    ]
+    for call, message in bad:
+        with pytest.raises(pb_utils.TritonModelException, match=message.replace("<", ".").replace(">", ".")):
             call()
 
 

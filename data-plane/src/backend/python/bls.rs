@@ -12,11 +12,19 @@
 //!
 //! The reader never waits for a call, so a model blocked in `exec()` keeps receiving messages.
 //! The responses of one call are sent in order (each send completes before the next starts).
+//!
+//! A decoupled call can be cancelled (`ResponseIterator.cancel()` sends `bls_cancel {id}`): the
+//! call drops its response stream, which cancels the request in the server (a Python model being
+//! called sees `is_cancelled()` turn true when it next sends), and the stub gets a final, empty
+//! `bls_response` so its iterator ends.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use nereid_proto::{InferRequest, InferResponse, InferenceService};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
 use super::convert;
 use super::link::Link;
@@ -25,6 +33,30 @@ use super::shm::Packer;
 
 /// One response of a call: outputs, an error, or nothing (a decoupled model's bare final flag).
 type Answer = Option<Result<InferResponse, ErrorObject>>;
+
+/// The decoupled calls of one stub in flight, by id, each with the sender that cancels it.
+#[derive(Debug, Default)]
+pub struct BlsCancels(Mutex<HashMap<u64, oneshot::Sender<()>>>);
+
+impl BlsCancels {
+    fn register(&self, id: u64) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.0.lock().insert(id, tx);
+        rx
+    }
+
+    fn forget(&self, id: u64) {
+        self.0.lock().remove(&id);
+    }
+}
+
+/// `bls_cancel {id}`: stops the decoupled call `id` if it is still running (a call that already
+/// ended, or an unknown id, is ignored: the stub may cancel after the final response).
+pub fn cancel(link: &Link, id: u64) {
+    if let Some(cancel) = link.bls_cancels.0.lock().remove(&id) {
+        let _ = cancel.send(());
+    }
+}
 
 /// Starts the BLS call `id`; its responses are sent as they come.
 pub fn call(
@@ -53,9 +85,11 @@ pub fn call(
         return;
     };
     let link = link.clone();
+    let cancelled = decoupled.then(|| link.bls_cancels.register(id));
     runtime.spawn(async move {
-        if decoupled {
-            stream_call(&link, id, service.as_ref(), request).await;
+        if let Some(cancelled) = cancelled {
+            stream_call(&link, id, service.as_ref(), request, cancelled).await;
+            link.bls_cancels.forget(id);
         } else {
             let result = service
                 .infer(request)
@@ -66,12 +100,14 @@ pub fn call(
     });
 }
 
-/// A `decoupled=True` call: every streamed item becomes a `bls_response`.
+/// A `decoupled=True` call: every streamed item becomes a `bls_response`, until the last one
+/// or until `cancelled` fires.
 async fn stream_call(
     link: &Arc<Link>,
     id: u64,
     service: &dyn InferenceService,
     request: InferRequest,
+    mut cancelled: oneshot::Receiver<()>,
 ) {
     let mut stream = match service.infer_stream(request).await {
         Ok(stream) => stream,
@@ -81,7 +117,16 @@ async fn stream_call(
         }
     };
     loop {
-        let (answer, is_final) = match stream.next().await {
+        let item = tokio::select! {
+            item = stream.next() => item,
+            Ok(()) = &mut cancelled => {
+                // Dropping the stream cancels the request; the iterator ends here.
+                drop(stream);
+                send(link, id, None, true).await;
+                return;
+            }
+        };
+        let (answer, is_final) = match item {
             Some(Ok(item)) => (item.response.map(Ok), item.last),
             Some(Err(e)) => (Some(Err(convert::service_error_object(e))), true),
             None => (None, true),

@@ -26,6 +26,7 @@ use super::frame::{self, FrameError};
 use super::message::{TensorRef, ToStub};
 use super::shm::{Packer, ParentSegments, ShmError, StubSegments};
 use crate::backend::{BackendError, ResponseSink, ServerHandle, StreamEvent};
+use crate::custom_metrics::Owner;
 
 /// Called once when a running stub dies (not when it is shut down on purpose).
 pub type DeathHook = Box<dyn FnOnce(&str) + Send>;
@@ -69,6 +70,10 @@ pub struct Link {
     /// [`Self::take_bytes_deferred`]).
     deferred_releases: Mutex<Vec<u8>>,
     state: Mutex<LinkState>,
+    /// The custom metric families and metrics the stub holds (`pb_utils.MetricFamily`).
+    pub custom_metrics: Owner,
+    /// The stub's decoupled BLS calls in flight, which `ResponseIterator.cancel()` can stop.
+    pub bls_cancels: super::bls::BlsCancels,
 }
 
 impl Link {
@@ -79,6 +84,7 @@ impl Link {
         writer: UnixStream,
         shm_prefix: &str,
     ) -> Self {
+        let custom_metrics = Owner::new(server.custom_metrics().clone());
         Link {
             model,
             instance,
@@ -89,6 +95,8 @@ impl Link {
             streams: Mutex::new(HashMap::new()),
             deferred_releases: Mutex::new(Vec::new()),
             state: Mutex::new(LinkState::default()),
+            custom_metrics,
+            bls_cancels: Default::default(),
         }
     }
 

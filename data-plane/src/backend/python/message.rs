@@ -4,6 +4,8 @@
 //! tagged by their `"op"` field. Tensor data never appears here: a [`TensorRef`] points into the
 //! shared-memory segment named by the message's `segment` field.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -157,6 +159,22 @@ pub enum ToStub {
     Cancel {
         key: u64,
     },
+    /// The answer to the stub's `model_control` call `id`.
+    ModelControlDone {
+        id: u64,
+        #[serde(default)]
+        error: Option<ErrorObject>,
+        /// `is_model_ready`'s answer (false for the other actions).
+        #[serde(default)]
+        ready: bool,
+    },
+    /// The answer to the stub's custom-metric call `id` (`family_new`, `value`).
+    MetricDone {
+        id: u64,
+        /// `value`'s answer: a number, `"NaN"`, `"Infinity"` or `"-Infinity"`; else null.
+        value: Value,
+        error: Option<ErrorObject>,
+    },
     Release {
         segment: String,
     },
@@ -216,14 +234,57 @@ pub enum FromStub {
         level: String,
         message: String,
     },
+    /// `ResponseIterator.cancel()` of the decoupled BLS call `id`.
+    BlsCancel {
+        id: u64,
+    },
+    /// `pb_utils.load_model` / `unload_model` / `is_model_ready`, answered by
+    /// `model_control_done` with the same `id`.
+    ModelControl {
+        id: u64,
+        #[serde(flatten)]
+        action: ModelControlAction,
+    },
+    /// `pb_utils.MetricFamily` and its metrics: the fields by `action`, decoded (and, when
+    /// they do not decode, logged and skipped) by `custom_metrics`.
+    Metric {
+        #[serde(flatten)]
+        fields: Map<String, Value>,
+    },
     Release {
         segment: String,
     },
 }
 
+/// What a `model_control` call asks of the server's model repository.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum ModelControlAction {
+    Load {
+        model_name: String,
+        /// A `ModelConfig` as JSON that replaces the model's `config.pbtxt`; empty: none.
+        #[serde(default)]
+        config: String,
+        /// `file:<version>/<path>` → the file's bytes, base64.
+        #[serde(default)]
+        files: BTreeMap<String, String>,
+    },
+    Unload {
+        model_name: String,
+        #[serde(default)]
+        unload_dependents: bool,
+    },
+    Ready {
+        model_name: String,
+        /// A version number; empty: the latest.
+        #[serde(default)]
+        model_version: String,
+    },
+}
+
 /// The `op` names [`FromStub`] knows; a frame with another op is ignored (newer stub), a frame
 /// with one of these that does not decode is a protocol error.
-pub const KNOWN_STUB_OPS: [&str; 8] = [
+pub const KNOWN_STUB_OPS: [&str; 11] = [
     "init_done",
     "auto_complete_done",
     "execute_done",
@@ -231,6 +292,9 @@ pub const KNOWN_STUB_OPS: [&str; 8] = [
     "response",
     "bls_request",
     "log",
+    "bls_cancel",
+    "model_control",
+    "metric",
     "release",
 ];
 

@@ -16,12 +16,14 @@
 
 mod bls;
 mod convert;
+mod custom_metrics;
 mod execute;
 mod frame;
 pub(crate) mod fuzzing;
 mod instance;
 mod link;
 mod message;
+mod model_control;
 mod process;
 mod reader;
 mod runtime;

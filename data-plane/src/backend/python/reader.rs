@@ -6,9 +6,10 @@
 //!                        ─► response     ─► read tensors, release ─► the request's stream
 //!                        ─► bls_request  ─► read inputs, release ─► bls::call (tokio)
 //!                        ─► log          ─► tracing, with the instance name
+//!                        ─► metric       ─► custom_metrics (the server's registry)
 //!                        ─► release      ─► parent segment free again
 //!  end of stream / error ─► exit status ─► death reason ─► hook (health, supervisor),
-//!                           open streams fail, replies get Reply::Dead
+//!                           open streams fail, custom metrics go, replies get Reply::Dead
 //! ```
 
 use std::io::BufReader;
@@ -20,9 +21,11 @@ use crossbeam_channel::{Sender, TrySendError};
 
 use super::bls;
 use super::convert;
+use super::custom_metrics;
 use super::frame::{self, FrameError};
 use super::link::Link;
 use super::message::{FromStub, KNOWN_STUB_OPS, RESPONSE_FINAL, ResponseObject};
+use super::model_control;
 use super::process::{StubProcess, describe_exit};
 use crate::backend::BackendError;
 
@@ -84,6 +87,7 @@ fn reader_task(
         hook(&reason);
     }
     link.fail_streams(&reason);
+    link.custom_metrics.clear();
     // The channel may be full only if the stub sent unsolicited answers; the waiting thread
     // then sees the channel close and reads the reason from the link.
     let _ = replies.try_send(Reply::Dead(reason));
@@ -118,6 +122,9 @@ pub(super) fn dispatch(
             decoupled,
             segment,
         } => bls::call(link, id, request, decoupled, segment.as_deref()),
+        FromStub::BlsCancel { id } => bls::cancel(link, id),
+        FromStub::ModelControl { id, action } => model_control::call(link, id, action),
+        FromStub::Metric { fields } => custom_metrics::handle(link, fields),
         answer => match replies.try_send(Reply::Message(Box::new(answer))) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => {}
             Err(TrySendError::Full(_)) => {
