@@ -1,7 +1,9 @@
 """DLPack for Nereid's Python stub: reading capsules, device tensors, and copies off the GPU.
 
 `triton_python_backend_utils.Tensor` keeps CPU tensors as NumPy arrays (NumPy's own
-`from_dlpack`/`__dlpack__` share their memory). A tensor whose DLPack device is CUDA
+`from_dlpack`/`__dlpack__` share their memory). BF16, which NumPy has no type for, is kept as
+uint16 bits: it goes out through `export` (DLPack code kDLBfloat) and comes in as a `HostMemory`
+view, both without a copy. A tensor whose DLPack device is CUDA
 (kDLCUDA = 2) cannot be a NumPy array, so it is kept here as a `DeviceMemory`: the producer's
 DLManagedTensor, taken over from its capsule (renamed "used_dltensor", as consumers do) and
 released through its deleter when the last Tensor using it goes. `export` hands the same device
@@ -125,15 +127,18 @@ def capsule_device(capsule):
     return int(device.device_type), int(device.device_id)
 
 
-class DeviceMemory:
-    """A DLPack tensor on a CUDA device, taken over from its capsule; the producer's deleter runs
-    when this object goes."""
+class _TakenMemory:
+    """A DLPack tensor taken over from its capsule (renamed "used_dltensor", as consumers do);
+    the producer's deleter runs when this object goes. Subclasses say which devices they take."""
+
+    _DEVICES = ()
+    _WRONG_DEVICE = "DLDevice type {} is not supported here"
 
     def __init__(self, capsule):
         managed, versioned = _managed(capsule)
         t = managed.dl_tensor
-        if t.device.device_type != KDL_CUDA:
-            raise DLPackError("DLDevice type {} is not a CUDA device".format(t.device.device_type))
+        if t.device.device_type not in self._DEVICES:
+            raise DLPackError(self._WRONG_DEVICE.format(t.device.device_type))
         key = (int(t.dtype.code), int(t.dtype.bits))
         if t.dtype.lanes != 1 or key not in _DATATYPES:
             raise DLPackError(
@@ -161,6 +166,39 @@ class DeviceMemory:
         if managed is not None and managed.deleter:
             self._managed = None
             managed.deleter(ctypes.addressof(managed))
+
+
+class DeviceMemory(_TakenMemory):
+    """A DLPack tensor on a CUDA device."""
+
+    _DEVICES = (KDL_CUDA,)
+    _WRONG_DEVICE = "DLDevice type {} is not a CUDA device"
+
+
+class HostMemory(_TakenMemory):
+    """A DLPack tensor in host memory whose datatype NumPy has no type for (BF16): `array()` is a
+    zero-copy view of it as NumPy's stand-in type (uint16 for BF16), which keeps this object (and
+    so the producer's memory) alive."""
+
+    _DEVICES = (KDL_CPU, KDL_CUDA_HOST)
+    _WRONG_DEVICE = "DLDevice type {} is not host memory"
+
+    @property
+    def __array_interface__(self):
+        return {"shape": tuple(self.shape), "typestr": np.dtype(_NUMPY[self.datatype]).newbyteorder("<").str,
+                "data": (self.ptr, False), "version": 3}
+
+    def array(self):
+        if self.nbytes == 0:
+            return np.empty(self.shape, _NUMPY[self.datatype])
+        return np.asarray(self)
+
+
+def capsule_datatype(capsule):
+    """The Triton datatype of a capsule's tensor (None when it has none), without consuming it."""
+    managed, _ = _managed(capsule)
+    dtype = managed.dl_tensor.dtype
+    return _DATATYPES.get((int(dtype.code), int(dtype.bits))) if dtype.lanes == 1 else None
 
 
 # Capsules handed out by `export`, kept alive until their consumer (or their capsule) lets go.

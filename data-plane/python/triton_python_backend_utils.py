@@ -27,17 +27,16 @@ call that needs the server raises `TritonModelException`.
 
 Differences from Triton worth knowing
 -------------------------------------
-* Tensors always live in CPU memory: `is_cpu()` is always true, DLPack hand-off uses NumPy's
-  DLPack support (NumPy >= 1.22), GPU DLPack producers are refused.
+* Request inputs live in CPU memory; a GPU tensor exists only when the model makes one with
+  `Tensor.from_dlpack` of CUDA memory (it stays on its GPU). CPU DLPack hand-off uses NumPy's
+  DLPack support (NumPy >= 1.22).
 * `Tensor.triton_dtype()` returns the TRITONSERVER_DataType code (an int, e.g. 11 for FP32), as
   Triton does; `triton_to_numpy_type` accepts that code, the wire name ("FP32") or the config
-  name ("TYPE_FP32"). BF16 tensors pass through unchanged but have no NumPy view:
-  `as_numpy()` and DLPack export raise `TritonModelException` for them.
-* Not supported by Nereid yet, raising `TritonModelException`: `load_model`, `unload_model`,
-  `is_model_ready`, request rescheduling
+  name ("TYPE_FP32"). BF16 tensors have no NumPy view (`as_numpy()` raises, as NumPy has no
+  bfloat16); they go through DLPack both ways (`to_dlpack`, `from_dlpack`, e.g. with torch),
+  without a copy.
+* Not supported by Nereid yet, raising `TritonModelException`: request rescheduling
   (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` fails that request).
-  `ResponseIterator.cancel()` is accepted but does nothing: responses keep arriving until the
-  final one.
 """
 
 import asyncio
@@ -391,10 +390,11 @@ class Tensor:
                 self, memory.ptr, (nereid_dlpack.KDL_CUDA, memory.device_id), memory.shape,
                 memory.datatype)
         if self._datatype == "BF16":
-            raise TritonModelException(
-                "tensor '{}' has datatype BF16, which cannot be exported through DLPack with "
-                "NumPy".format(self._name)
-            )
+            # NumPy cannot say BF16; the capsule is made here over the same memory.
+            array = np.ascontiguousarray(self._array)
+            return nereid_dlpack.export(
+                (self, array), array.ctypes.data, (nereid_dlpack.KDL_CPU, 0), list(array.shape),
+                "BF16")
         if not hasattr(self._array, "__dlpack__"):
             raise TritonModelException(_dlpack_missing_message())
         try:
@@ -446,13 +446,17 @@ class Tensor:
                 raise TritonModelException(
                     "DLDevice type {} is not support by Python backend.".format(device[0])
                 )
+            if capsule is None:
+                capsule = dlpack_object.__dlpack__()
+            if nereid_dlpack.capsule_datatype(capsule) == "BF16":
+                # NumPy has no BF16: a zero-copy uint16 view that keeps the producer's memory.
+                return Tensor._from_wire(name, "BF16", nereid_dlpack.HostMemory(capsule).array())
         except nereid_dlpack.DLPackError as e:
             raise TritonModelException("cannot import DLPack tensor '{}': {}".format(name, e)) from None
         if not hasattr(np, "from_dlpack"):
             raise TritonModelException(_dlpack_missing_message())
-        source = dlpack_object if capsule is None else _CapsuleSource(capsule, device)
         try:
-            array = np.from_dlpack(source)
+            array = np.from_dlpack(_CapsuleSource(capsule, device))
         except (BufferError, RuntimeError, TypeError, ValueError) as e:
             raise TritonModelException(
                 "cannot import DLPack tensor '{}' (Nereid supports CPU tensors of NumPy "

@@ -80,6 +80,38 @@ MODELS = {
                     out.append(pb_utils.InferenceResponse([y]))
                 return out
         """,
+    "dl_bf16": """
+        import numpy as np
+        import nereid_dlpack
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for r in requests:
+                    t_in = pb_utils.get_input_tensor_by_name(r, "x")
+                    capsule = t_in.to_dlpack()
+                    assert nereid_dlpack.capsule_datatype(capsule) == "BF16"
+                    y = pb_utils.Tensor.from_dlpack("y", capsule)
+                    assert y.triton_dtype() == 14 and y.is_cpu()
+                    out.append(pb_utils.InferenceResponse([y]))
+                return out
+        """,
+    "dl_torch_bf16": """
+        import torch
+        import torch.utils.dlpack
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for r in requests:
+                    t = torch.utils.dlpack.from_dlpack(pb_utils.get_input_tensor_by_name(r, "x").to_dlpack())
+                    assert t.dtype == torch.bfloat16, t.dtype
+                    y = pb_utils.Tensor.from_dlpack("y", torch.utils.dlpack.to_dlpack(t * 2))
+                    out.append(pb_utils.InferenceResponse([y]))
+                return out
+        """,
     "dl_torch": """
         import numpy as np
         import torch
@@ -138,28 +170,31 @@ MODELS = {
 OUTPUTS = {
     "dl_numpy": ["y", "z", "flags"],
     "dl_fake_gpu": ["y"],
+    "dl_bf16": ["y"],
+    "dl_torch_bf16": ["y"],
     "dl_torch": ["y", "z", "flags"],
     "dl_cuda": ["y", "z", "flags"],
 }
 
 
 def config(name):
+    tensor_type = "TYPE_BF16" if name.endswith("bf16") else "TYPE_FP32"
     outputs = []
     for out in OUTPUTS[name]:
-        dtype = "TYPE_BOOL" if out == "flags" else "TYPE_FP32"
+        dtype = "TYPE_BOOL" if out == "flags" else tensor_type
         outputs.append(f'{{ name: "{out}" data_type: {dtype} dims: [ -1 ] }}')
     group = "instance_group [ { kind: KIND_GPU count: 1 } ]\n" if name == "dl_cuda" else ""
     return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
-            f'input [ {{ name: "x" data_type: TYPE_FP32 dims: [ -1 ] }} ]\n'
+            f'input [ {{ name: "x" data_type: {tensor_type} dims: [ -1 ] }} ]\n'
             f'output [ {", ".join(outputs)} ]\n' + group)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("dlpack_repo")
-    names = ["dl_numpy", "dl_fake_gpu"]
+    names = ["dl_numpy", "dl_fake_gpu", "dl_bf16"]
     if TORCH is not None:
-        names.append("dl_torch")
+        names += ["dl_torch", "dl_torch_bf16"]
         if TORCH.cuda.is_available():
             names.append("dl_cuda")
     for name in names:
@@ -170,11 +205,12 @@ def server(tmp_path_factory):
     yield from managed_server(repo, tmp_path_factory.mktemp("logs"), args, "server_dlpack")
 
 
-def infer(server, model, x):
-    """gRPC (tritonclient.grpc needs only grpcio and protobuf, which the GPU machine has)."""
+def infer(server, model, x, datatype="FP32"):
+    """gRPC (tritonclient.grpc needs only grpcio and protobuf, which the GPU machine has). BF16
+    goes in and comes out as float32 arrays, as tritonclient converts it."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp = grpcclient.InferInput("x", list(x.shape), datatype)
         inp.set_data_from_numpy(x)
         result = client.infer(model, [inp], client_timeout=60)
         return {name: result.as_numpy(name) for name in OUTPUTS[model]}
@@ -189,6 +225,21 @@ def test_numpy_producers_and_consumers_share_memory(server):
     np.testing.assert_array_equal(out["z"], x * 2 + 1)
     # The input through __dlpack__ is the input itself; the output keeps the producer's memory.
     assert out["flags"].tolist() == [True, True, True]
+
+
+def test_bf16_goes_through_dlpack_in_the_stub(server):
+    # Values BF16 holds exactly, so the bits come back as sent.
+    x = np.array([1.0, -2.5, 0.0, 3.0e10, -1.0e-3], dtype=np.float32)
+    x = (x.view(np.uint32) & 0xFFFF0000).view(np.float32)
+    out = infer(server, "dl_bf16", x, "BF16")
+    np.testing.assert_array_equal(out["y"], x)
+
+
+@pytest.mark.skipif(TORCH is None, reason="torch cannot be imported in this Python")
+def test_torch_computes_on_bf16_inputs_and_returns_bf16(server):
+    x = np.array([1.0, -2.5, 0.5, 96.0], dtype=np.float32)
+    out = infer(server, "dl_torch_bf16", x, "BF16")
+    np.testing.assert_array_equal(out["y"], x * 2)
 
 
 @pytest.mark.skipif(cuda_driver_present(), reason="the refusal of a host without the CUDA driver")

@@ -140,3 +140,30 @@ def test_triton_refusals():
     pb_utils.Tensor.from_dlpack("once", capsule)
     with pytest.raises(pb_utils.TritonModelException, match="already consumed"):
         pb_utils.Tensor.from_dlpack("twice", capsule)
+
+
+def test_bf16_goes_through_dlpack_both_ways_without_a_copy():
+    # BF16 bits of 1.0, 2.0, -0.5, 3.0 (the high halves of their FP32 patterns).
+    bits = np.array([0x3F80, 0x4000, 0xBF00, 0x4040], dtype=np.uint16)
+    tensor = pb_utils.Tensor._from_wire("B", "BF16", bits)
+    with pytest.raises(pb_utils.TritonModelException, match="BF16"):
+        tensor.as_numpy()
+    capsule = tensor.to_dlpack()
+    assert nereid_dlpack.capsule_datatype(capsule) == "BF16"
+    back = pb_utils.Tensor.from_dlpack("C", capsule)
+    assert back.triton_dtype() == 14 and back.shape() == [4] and back.is_cpu()
+    assert back._array.ctypes.data == bits.ctypes.data, "the same memory, not a copy"
+    np.testing.assert_array_equal(back._array, bits)
+    # A producer (as a torch bfloat16 tensor is) works as a capsule does, and its memory lives
+    # as long as the tensor made from it.
+    producer_bits = np.array([[0x3F80, 0x0000]], dtype=np.uint16)
+    producer = Producer(nereid_dlpack.export(producer_bits, producer_bits.ctypes.data,
+                                             (nereid_dlpack.KDL_CPU, 0), [1, 2], "BF16"),
+                        (nereid_dlpack.KDL_CPU, 0))
+    made = pb_utils.Tensor.from_dlpack("P", producer)
+    del producer, producer_bits
+    gc.collect()
+    assert made.shape() == [1, 2] and made._array.tolist() == [[0x3F80, 0]]
+    # Empty BF16 tensors too.
+    empty = pb_utils.Tensor._from_wire("E", "BF16", np.empty((0, 3), np.uint16))
+    assert pb_utils.Tensor.from_dlpack("E2", empty.to_dlpack()).shape() == [0, 3]

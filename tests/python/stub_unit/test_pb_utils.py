@@ -87,8 +87,8 @@ def test_bf16_tensor_passes_through_but_has_no_numpy_view():
     assert tensor.triton_dtype() == 14 and tensor.shape() == [2]
     with pytest.raises(pb_utils.TritonModelException, match="BF16"):
         tensor.as_numpy()
-    with pytest.raises(pb_utils.TritonModelException, match="BF16"):
-        tensor.to_dlpack()
+    # DLPack carries it (test_dlpack_unit.py has the round trips).
+    assert tensor.to_dlpack() is not None
 
 
 def test_triton_error_codes():
