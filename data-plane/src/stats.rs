@@ -383,6 +383,10 @@ impl VersionStats {
                 })
                 .collect(),
             memory_usage: Vec::new(),
+            // Triton fills this only from backends that report per-response statistics
+            // (TRITONBACKEND_ModelInstanceReportResponseStatistics); its Python, ONNX Runtime and
+            // PyTorch backends never do, so it stays empty there, decoupled models included
+            // (tests/python/test_triton_diff.py::test_decoupled_response_statistics).
             response_stats: Default::default(),
         }
     }

@@ -485,3 +485,33 @@ def test_known_differences_are_documented():
     assert len(section) == 2, "docs/compatibility.md lacks 'Differences from Triton 2.51'"
     missing = [n for n in KNOWN_DIFFERENCES if f"`{n}`" not in section[1]]
     assert not missing, f"known differences not in docs/compatibility.md: {missing}"
+
+
+def test_decoupled_response_statistics(pair):
+    """A decoupled model's statistics after streamed requests (one answered by the final flag
+    alone, two with one response per element) match Triton's, `response_stats` included: Triton
+    2.51's Python backend reports no per-response statistics, so the map stays empty there and in
+    Nereid (docs/compatibility.md, Statistics)."""
+    requests = [([("IN", "INT32", np.array([], np.int32))], {}, 0),
+                ([("IN", "INT32", np.array([4, 5, 6], np.int32))], {}, 3),
+                ([("IN", "INT32", np.array([7], np.int32))], {}, 1)]
+
+    def counted(server):
+        body = http_answer(server, "GET", "/v2/models/repeat_decoupled/stats")["body"]
+        return body["model_stats"][0]["inference_count"]
+
+    # Other cases stream to this model too, and Triton counts a decoupled request a moment after
+    # its last response: wait for Nereid's 3 more, then for Triton to count as many.
+    nereid, triton = pair
+    before = wait_until(lambda: counted(nereid) == counted(triton) and [counted(nereid)], 30,
+                        "both servers counted the earlier requests")[0]
+    for s in pair:
+        stream_results(s, "repeat_decoupled", requests)
+    wait_until(lambda: counted(nereid) == before + 3, 30, "Nereid counted 3 more requests")
+    wait_until(lambda: counted(triton) == before + 3, 30, "Triton counted as many requests")
+    answers = both_http(pair, "stats_repeat_decoupled", "GET",
+                        "/v2/models/repeat_decoupled/stats")
+    reported = answers[1]["body"]["model_stats"][0]
+    assert reported["response_stats"] == {}, "Triton now reports response_stats: count them too"
+    both_grpc(pair, "grpc_stats_repeat_decoupled",
+              lambda c: c.get_inference_statistics("repeat_decoupled", as_json=True))
