@@ -362,23 +362,35 @@ fn routing_parameter(
     let at = || "ModelInferRequest.parameters entry".to_string();
     let mut r = request.nested(entry, &at);
     let mut key = String::new();
-    let mut value: &[u8] = &[];
     while !r.done() {
         let (field, wt) = r.key()?;
         match field {
             1 => key = r.text(field, wt, "key")?,
-            2 => value = r.expect_delimited(field, wt)?,
+            2 => {
+                r.expect_delimited(field, wt)?;
+            }
             _ => r.skip(field, wt)?,
         }
     }
     if !ROUTING_KEYS.contains(&key.as_str()) {
         return Ok(None);
     }
-    let bad = |message: String| ScanError::BadParameter {
-        key: key.clone(),
-        message,
-    };
-    let param = InferParameter::decode(value).map_err(|e| bad(e.to_string()))?;
+    // The value is a message: each occurrence is merged into it, as prost merges them (a later
+    // one does not replace an earlier one). A second pass, for the three routing keys only.
+    let mut param = InferParameter::default();
+    let mut r = request.nested(entry, &at);
+    while !r.done() {
+        let (field, wt) = r.key()?;
+        match field {
+            2 => param.merge(r.expect_delimited(field, wt)?).map_err(|e| {
+                ScanError::BadParameter {
+                    key: key.clone(),
+                    message: e.to_string(),
+                }
+            })?,
+            _ => r.skip(field, wt)?,
+        }
+    }
     Ok(Some((key, param.parameter_choice)))
 }
 

@@ -385,6 +385,42 @@ fn the_version_suffix_makes_the_worker_read_the_chosen_version() {
     }
 }
 
+/// Found by the `router_wire_scan` fuzz target: a map entry's value given twice is one message,
+/// the occurrences merged (prost and the worker read `sequence_end: false` here); the scanner
+/// kept only the last, an empty value, and refused the request.
+#[test]
+fn a_parameter_value_given_twice_is_merged() {
+    let mut e = delimited(0x0a, b"sequence_end");
+    e.extend(delimited(0x12, &[1 << 3, 0])); // value { bool_param: false }
+    e.extend(delimited(0x12, &[])); // value {}
+    let mut bytes = vec![0x0a, 1, b'm'];
+    bytes.extend(delimited(0x22, &e));
+    let full = ModelInferRequest::decode(bytes.as_slice()).unwrap();
+    assert_eq!(
+        full.parameters["sequence_end"].parameter_choice,
+        Some(ParameterChoice::BoolParam(false))
+    );
+    assert!(!scan_request(&bytes).unwrap().options.sequence_end);
+    // Merged, the later field wins: bool_param true then int64_param 1 is an int64.
+    let mut e = delimited(0x0a, b"sequence_start");
+    e.extend(delimited(0x12, &[1 << 3, 1]));
+    e.extend(delimited(0x12, &[2 << 3, 1]));
+    let mut bytes = vec![0x0a, 1, b'm'];
+    bytes.extend(delimited(0x22, &e));
+    assert!(matches!(scan_request(&bytes), Err(ScanError::Options(_))));
+    // Each occurrence is decoded on its own: a truncated one is refused, whatever follows.
+    let mut e = delimited(0x0a, b"sequence_start");
+    e.extend(delimited(0x12, &[1 << 3]));
+    e.extend(delimited(0x12, &[1]));
+    let mut bytes = vec![0x0a, 1, b'm'];
+    bytes.extend(delimited(0x22, &e));
+    assert!(ModelInferRequest::decode(bytes.as_slice()).is_err());
+    assert!(matches!(
+        scan_request(&bytes),
+        Err(ScanError::BadParameter { .. })
+    ));
+}
+
 /// An intended difference from prost, which reads a map field as length-delimited whatever
 /// wire type its key says: the scan keeps to the key, as protobuf specifies.
 #[test]
