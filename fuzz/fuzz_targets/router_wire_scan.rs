@@ -89,9 +89,10 @@ struct Routed {
 struct ParamEntry {
     #[prost(string, tag = "1")]
     key: String,
-    /// An `InferParameter`, decoded only for a routing key.
-    #[prost(bytes = "vec", tag = "2")]
-    value: Vec<u8>,
+    /// An `InferParameter`, decoded only for a routing key. A message field: each occurrence
+    /// is merged into it, so they are kept apart here.
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    value: Vec<Vec<u8>>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -142,7 +143,9 @@ impl From<Routed> for Fields {
             .iter()
             .filter(|e| ROUTING_KEYS.contains(&e.key.as_str()))
         {
-            match (InferParameter::decode(e.value.as_slice()), &mut routing) {
+            let mut param = InferParameter::default();
+            let merged = e.value.iter().try_for_each(|v| param.merge(v.as_slice()));
+            match (merged.map(|()| param), &mut routing) {
                 (Ok(param), Ok(map)) => {
                     map.insert(e.key.clone(), param.parameter_choice);
                 }
