@@ -16,6 +16,7 @@
 
 mod bls;
 mod convert;
+mod env_archive;
 mod custom_metrics;
 mod execute;
 mod frame;

@@ -2,16 +2,17 @@
 //!
 //! | parameter | meaning | default |
 //! |---|---|---|
-//! | `EXECUTION_ENV_PATH` | the interpreter: a directory (a virtual environment: `<dir>/bin/python3`) or an interpreter file; `$$TRITON_MODEL_DIRECTORY` expands to the model directory; relative paths are relative to the model directory | `--python` (`NEREID_PYTHON`), else `python3` on `PATH` |
+//! | `EXECUTION_ENV_PATH` | the interpreter: a conda-pack archive (`.tar.gz`/`.tgz`, unpacked once and cached: `env_archive`), a directory (a virtual environment: `<dir>/bin/python3`) or an interpreter file; `$$TRITON_MODEL_DIRECTORY` expands to the model directory; relative paths are relative to the model directory | `--python` (`NEREID_PYTHON`), else `python3` on `PATH` |
 //! | `STUB_TIMEOUT_SECONDS` | how long a new stub may take to start and connect, and to finalize on unload | 30 |
 //! | `INITIALIZE_TIMEOUT_SECONDS` | how long the model's `initialize` (or `auto_complete_config`) may run | 600 |
 //!
-//! Triton's `EXECUTION_ENV_PATH` names a conda-pack archive; Nereid takes the unpacked
-//! environment (or any interpreter) instead and says so when given an archive.
+//! Triton's `EXECUTION_ENV_PATH` names a conda-pack archive; Nereid takes that, an unpacked
+//! environment, or any interpreter.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::env_archive;
 use crate::backend::params::{Params, param};
 
 pub const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
@@ -88,11 +89,13 @@ pub fn resolve_interpreter(
     }
 }
 
-/// `path` itself if it is a file, `<path>/bin/python3` (or `python`) if it is a directory.
+/// `path` itself if it is a file, `<path>/bin/python3` (or `python`) if it is a directory, the
+/// same in the unpacked copy if it is a conda-pack archive.
 fn interpreter_at(path: &Path) -> Result<PathBuf, String> {
-    let name = path.to_string_lossy();
-    if name.ends_with(".tar.gz") || name.ends_with(".tgz") {
-        return Err("is an archive; conda-pack archives are not unpacked by Nereid: unpack it and name the directory (or its bin/python3) instead".into());
+    if env_archive::is_archive(path) {
+        let unpacked = env_archive::unpacked(path)?;
+        return interpreter_at(&unpacked)
+            .map_err(|why| format!("(unpacked into '{}') {why}", unpacked.display()));
     }
     if path.is_file() {
         return Ok(path.to_path_buf());
@@ -178,7 +181,10 @@ mod tests {
         let err = resolve_interpreter(Some("empty"), d, None).unwrap_err();
         assert!(err.contains("without bin/python3"), "{err}");
         let err = resolve_interpreter(Some("env.tar.gz"), d, None).unwrap_err();
-        assert!(err.contains("conda-pack"), "{err}");
+        assert!(
+            err.contains("EXECUTION_ENV_PATH 'env.tar.gz'") && err.contains("cannot be read"),
+            "{err}"
+        );
         let err = resolve_interpreter(None, d, Some(Path::new("/no/such/python"))).unwrap_err();
         assert!(err.contains("NEREID_PYTHON '/no/such/python'"), "{err}");
     }
