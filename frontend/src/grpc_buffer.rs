@@ -11,7 +11,7 @@
 //! ```text
 //!  h2 DATA frames ─► BufferedMessages ─┬ whole message(s) in one frame ─► passed on, no copy
 //!                                      ├ part of a message ─► kept (lease.grow); complete ─►
-//!                                      │   one buffer to tonic, lease released
+//!                                      │   its pieces to tonic, lease released
 //!                                      ├ prefix over the max message size ─► passed on at once:
 //!                                      │   tonic refuses it (OUT_OF_RANGE) without reserving
 //!                                      └ over the budget ─► RESOURCE_EXHAUSTED naming the flag
@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use hyper::body::{Frame, SizeHint};
 use tonic::Status;
@@ -187,18 +187,10 @@ impl BufferedMessages {
         Ok(())
     }
 
-    /// The message being received is whole: one buffer for tonic, the lease given back.
+    /// The message being received is whole: its pieces go to tonic (which copies them into the
+    /// one buffer it decodes from, reserved now that every byte is here), the lease given back.
     fn complete(&mut self) {
-        let message = if self.parts.len() == 1 {
-            self.parts.pop().unwrap_or_default()
-        } else {
-            let mut joined = BytesMut::with_capacity(self.received);
-            for part in self.parts.drain(..) {
-                joined.extend_from_slice(&part);
-            }
-            joined.freeze()
-        };
-        self.ready.push_back(message);
+        self.ready.extend(self.parts.drain(..));
         self.reset();
     }
 
@@ -334,7 +326,7 @@ mod tests {
         ];
         let body = BufferedMessages::new(body_of(chunks), budget.lease(), 1024);
         let out = frames(body).await.unwrap();
-        assert_eq!(out, vec![Bytes::from(a), Bytes::from(b)]);
+        assert_eq!(out.concat(), stream, "every byte, in order");
         assert_eq!(budget.used(), 0);
     }
 
