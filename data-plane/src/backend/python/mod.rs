@@ -16,8 +16,8 @@
 
 mod bls;
 mod convert;
-mod env_archive;
 mod custom_metrics;
+mod env_archive;
 mod execute;
 mod frame;
 pub(crate) mod fuzzing;
