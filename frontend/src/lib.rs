@@ -56,8 +56,9 @@ pub use http::{
     HttpConfig, HttpError, ModelAction, Route as HttpRoute, http_request_context, parse_route,
     read_body, router,
 };
-/// The `Inference-Header-Content-Length` header name and its parsing, as the typed path applies it.
-pub use http::{INFER_HEADER_CONTENT_LENGTH, header_length};
+/// The `Inference-Header-Content-Length` header name and its parsing, and how a JSON parameter
+/// value is read, as the typed path applies them (the router's pass-through scan uses the same).
+pub use http::{INFER_HEADER_CONTENT_LENGTH, header_length, param_value};
 pub use listener::{
     Conn, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS, PortConfig,
 };

@@ -26,7 +26,7 @@ use std::fmt;
 use http_scan::{HttpScanError, HttpScanned, scan_http_request};
 use libfuzzer_sys::fuzz_target;
 use nereid_proto::pb::inference::ModelConfig;
-use nereid_proto::{ParamValue, Parameters, RequestOptions};
+use nereid_proto::{Parameters, RequestOptions};
 use serde::Deserialize;
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -246,7 +246,7 @@ fn derive(doc: &Value) -> Result<HttpScanned, ()> {
     if let Some(params) = object(doc.get("parameters"))? {
         for key in ROUTING_KEYS {
             if let Some(v) = params.get(key) {
-                routing.insert(key.to_string(), param_value(v)?);
+                routing.insert(key.to_string(), nereid_frontend::param_value(v).ok_or(())?);
             }
         }
     }
@@ -317,20 +317,6 @@ fn names_shared_memory(parameters: Option<&Value>) -> Result<bool, ()> {
     Ok(object(parameters)?.is_some_and(|m| m.keys().any(|k| k.starts_with("shared_memory"))))
 }
 
-/// A JSON parameter value as the typed path reads it: int64, else uint64, else double.
-fn param_value(value: &Value) -> Result<ParamValue, ()> {
-    match value {
-        Value::Bool(b) => Ok(ParamValue::Bool(*b)),
-        Value::String(s) => Ok(ParamValue::String(s.clone())),
-        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => Ok(ParamValue::Int(i)),
-            (None, Some(u), _) => Ok(ParamValue::Uint(u)),
-            (None, None, Some(f)) => Ok(ParamValue::Double(f)),
-            (None, None, None) => Err(()),
-        },
-        Value::Null | Value::Array(_) | Value::Object(_) => Err(()),
-    }
-}
 
 /// The second property: what the typed decoder accepts, the scan accepts alike. The typed
 /// request leaves shared-memory inputs out (they are read later), so inputs are compared only

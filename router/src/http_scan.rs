@@ -302,24 +302,13 @@ fn shape(value: Option<&Value>, input: &str) -> ScanResult<Vec<i64>> {
         .collect()
 }
 
-/// A parameter value as the typed path reads it: string, bool, or number.
+/// A parameter value read as the typed path reads it (`nereid_frontend::param_value`).
 fn param_value(value: &Value, owner: &str, key: &str) -> ScanResult<ParamValue> {
-    let bad = || HttpScanError::BadParameter {
+    nereid_frontend::param_value(value).ok_or_else(|| HttpScanError::BadParameter {
         owner: owner.to_string(),
         key: key.to_string(),
         got: kind(value),
-    };
-    match value {
-        Value::Bool(b) => Ok(ParamValue::Bool(*b)),
-        Value::String(s) => Ok(ParamValue::String(s.clone())),
-        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => Ok(ParamValue::Int(i)),
-            (None, Some(u), _) => Ok(ParamValue::Uint(u)),
-            (None, None, Some(f)) => Ok(ParamValue::Double(f)),
-            (None, None, None) => Err(bad()),
-        },
-        Value::Null | Value::Array(_) | Value::Object(_) => Err(bad()),
-    }
+    })
 }
 
 /// Whether a tensor's `parameters` name a `shared_memory_*` key.

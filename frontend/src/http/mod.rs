@@ -58,7 +58,7 @@ pub use routes::{ModelAction, Route, parse_route};
 
 /// What the fuzz targets drive ([`crate::fuzzing`]).
 pub(crate) use infer_request::decode_json;
-pub use infer_request::{INFER_HEADER_CONTENT_LENGTH, header_length};
+pub use infer_request::{INFER_HEADER_CONTENT_LENGTH, header_length, param_value};
 pub(crate) use raw_request::decode_raw;
 
 use std::sync::Arc;
