@@ -271,12 +271,13 @@ pub async fn serve(
     let auth = config.auth.clone();
     let mut ports = PortsConfig::default();
     nereid_frontend::fit_ports_to_fd_limit(&mut ports);
-    let port = |tls: Option<&Arc<nereid_tls::rustls::ServerConfig>>| PortConfig {
-        tls: tls.cloned(),
-        ..ports.grpc.clone()
-    };
-    let grpc_port = port(config.cluster_tls.as_ref().map(|t| &t.grpc));
-    let rest_port = port(config.cluster_tls.as_ref().map(|t| &t.http));
+    let with_tls =
+        |base: &PortConfig, tls: Option<&Arc<nereid_tls::rustls::ServerConfig>>| PortConfig {
+            tls: tls.cloned(),
+            ..base.clone()
+        };
+    let grpc_port = with_tls(&ports.grpc, config.cluster_tls.as_ref().map(|t| &t.grpc));
+    let rest_port = with_tls(&ports.http, config.cluster_tls.as_ref().map(|t| &t.http));
     let mut routes = tonic::service::Routes::builder();
     if let Some(raft) = raft_service {
         routes.add_service(auth.guard(Scope::Raft, RaftServer::new(raft)));

@@ -195,6 +195,8 @@ pub async fn run_with(
     // One registry of client shared-memory regions for both protocols: a region registered over
     // HTTP serves gRPC requests too.
     let shared_memory = nereid_frontend::SharedMemory::for_clients(config.allow_client_shm);
+    let mut ports = config.ports.clone();
+    nereid_frontend::fit_ports_to_fd_limit(&mut ports);
     nereid_frontend::spawn(
         &mut servers,
         service.clone(),
@@ -206,7 +208,7 @@ pub async fn run_with(
                 .frontend
                 .http_config(config.http_max_input_size, shared_memory.clone()),
             grpc_config: config.frontend.grpc_config(shared_memory),
-            ports: config.ports.clone(),
+            ports,
         },
         &stop_rx,
     );

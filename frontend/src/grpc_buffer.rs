@@ -177,26 +177,21 @@ impl BufferedMessages {
             self.parts.push(piece);
             match self.declared() {
                 Some(len) if len > self.max_message_size => {
-                    self.flush_partial();
+                    self.hand_on();
                     self.pass_through = true;
                 }
-                Some(len) if self.received == PREFIX + len => self.complete(),
+                Some(len) if self.received == PREFIX + len => self.hand_on(),
                 _ => {}
             }
         }
         Ok(())
     }
 
-    /// The message being received is whole: its pieces go to tonic (which copies them into the
-    /// one buffer it decodes from, reserved now that every byte is here), the lease given back.
-    fn complete(&mut self) {
-        self.ready.extend(self.parts.drain(..));
-        self.reset();
-    }
-
-    /// Hands on what was received of an unfinished message (the stream ended, or tonic is to
-    /// refuse its length): tonic reports it.
-    fn flush_partial(&mut self) {
+    /// Hands what was received of the current message to tonic and gives the lease back. A whole
+    /// message: tonic copies its pieces into the one buffer it decodes from, reserved now that
+    /// every byte is here. An unfinished one (the stream ended, or its length is over the limit):
+    /// tonic reports it.
+    fn hand_on(&mut self) {
         self.ready.extend(self.parts.drain(..));
         self.reset();
     }
@@ -231,7 +226,7 @@ impl hyper::body::Body for BufferedMessages {
             match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                 None => {
                     this.ended = true;
-                    this.flush_partial();
+                    this.hand_on();
                 }
                 Some(Err(status)) => {
                     this.ended = true;
@@ -249,7 +244,7 @@ impl hyper::body::Body for BufferedMessages {
                     }
                     Err(frame) => {
                         if let Ok(trailers) = frame.into_trailers() {
-                            this.flush_partial();
+                            this.hand_on();
                             this.trailers = Some(trailers);
                         }
                     }

@@ -67,16 +67,6 @@ pub struct HttpServing {
     pub budget: RequestBudget,
 }
 
-impl Default for HttpServing {
-    fn default() -> Self {
-        HttpServing {
-            timeouts: HttpTimeouts::default(),
-            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
-            budget: RequestBudget::default(),
-        }
-    }
-}
-
 /// Serves `app` on every connection from `conns` until `stop` turns true, then lets the open
 /// connections finish their requests.
 pub async fn serve_http(

@@ -10,9 +10,10 @@
 //!  stop = true ─► each finishes its in-flight requests, then its task ends
 //! ```
 //!
-//! The connection limits of a process's ports are fitted under its open-file limit at start
-//! ([`fit_connections`]), leaving room for models and files: otherwise connections on one port
-//! (say idle metrics scrapes) could use up the descriptors and make `accept` fail on the others.
+//! Each process fits the connection limits of its ports under its open-file limit once, at
+//! start ([`fit_ports_to_fd_limit`], before it serves), leaving room for models and files:
+//! otherwise connections on one port (say idle metrics scrapes) could use up the descriptors and
+//! make `accept` fail on the others.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -149,8 +150,7 @@ pub fn spawn(
     frontends: Frontends,
     stop: &watch::Receiver<bool>,
 ) {
-    let mut ports = frontends.ports;
-    fit_ports_to_fd_limit(&mut ports);
+    let ports = frontends.ports;
     if let Some(listener) = frontends.http {
         let tls = ports.http.tls.is_some();
         tracing::info!(addr = ?listener.local_addr().ok(), tls, "HTTP service listening");

@@ -71,7 +71,6 @@ fn body_error(e: axum::Error) -> HttpError {
 }
 
 async fn read_limited(mut body: Body, limit: usize) -> Result<Bytes, HttpError> {
-    let mut first: Option<Bytes> = None;
     let mut parts: Vec<Bytes> = Vec::new();
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
@@ -86,16 +85,10 @@ async fn read_limited(mut body: Body, limit: usize) -> Result<Bytes, HttpError> 
         if total > limit {
             return Err(too_large(limit));
         }
-        match first.take() {
-            None if parts.is_empty() => first = Some(data),
-            previous => {
-                parts.extend(previous);
-                parts.push(data);
-            }
-        }
+        parts.push(data);
     }
-    if parts.is_empty() {
-        return Ok(first.unwrap_or_default());
+    if parts.len() <= 1 {
+        return Ok(parts.pop().unwrap_or_default());
     }
     // Every byte is here: one buffer of exactly their size, one copy.
     let mut joined = BytesMut::with_capacity(total);
