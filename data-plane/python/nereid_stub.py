@@ -553,12 +553,9 @@ class Stub:
         self._bls_calls = {}
         self._bls_lock = threading.Lock()
         self._bls_ids = itertools.count()
-        # Model-control calls waiting for their `model_control_done`, by id.
-        self._control_calls = {}
-        self._control_ids = itertools.count()
-        # Custom-metric calls waiting for their `metric_done`, by id.
-        self._metric_calls = {}
-        self._metric_ids = itertools.count()
+        # Calls waiting for the parent's answer (`model_control_done`, `metric_done`), by id.
+        self._calls = {}
+        self._call_ids = itertools.count()
         self._parent_segments = None
         self._stub_segments = None
         self._model = None
@@ -638,13 +635,7 @@ class Stub:
     def model_control(self, action, fields):
         """pb_utils.load_model / unload_model / is_model_ready: asks the server and blocks for
         its answer; returns `ready`, raises TritonModelException with the server's error."""
-        self.need_reader()
-        call_id = next(self._control_ids)
-        answer = queue.SimpleQueue()
-        with self._bls_lock:
-            self._control_calls[call_id] = answer
-        self._send({"op": "model_control", "id": call_id, "action": action, **fields})
-        message = answer.get()
+        message = self._call({"op": "model_control", "action": action, **fields})
         error = message.get("error")
         if error is not None:
             raise pb_utils.TritonModelException(_decode_error(error).message())
@@ -653,12 +644,16 @@ class Stub:
     def metric_call(self, fields):
         """A custom-metric call the server answers (`family_new`, `value`): sends it and blocks
         for its `metric_done`, which it returns."""
+        return self._call({"op": "metric", **fields})
+
+    def _call(self, message):
+        """Sends `message` with a fresh `id` and blocks for the parent's answer with that id."""
         self.need_reader()
-        call_id = next(self._metric_ids)
+        call_id = next(self._call_ids)
         answer = queue.SimpleQueue()
         with self._bls_lock:
-            self._metric_calls[call_id] = answer
-        self._send({"op": "metric", "id": call_id, **fields})
+            self._calls[call_id] = answer
+        self._send({**message, "id": call_id})
         return answer.get()
 
     def metric_send(self, fields):
@@ -669,9 +664,7 @@ class Stub:
         """A custom-metric deletion from a `__del__`: that may run inside the garbage collector,
         on a thread that holds the write lock, so it is queued like a segment release and goes
         out ahead of the next frame (or from the release thread)."""
-        self._released.append({"op": "metric", **fields})
-        if not self._replying:
-            self._release_wake.put(None)
+        self._queue_release({"op": "metric", **fields})
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -693,7 +686,12 @@ class Stub:
 
     def _release(self, segment):
         """Queues the release of parent segment `segment` (any thread, also inside the GC)."""
-        self._released.append(segment)
+        self._queue_release(segment)
+
+    def _queue_release(self, item):
+        """Queues a segment id or a message to go out ahead of the next frame (or from the
+        release thread); safe inside the garbage collector."""
+        self._released.append(item)
         if not self._replying:
             self._release_wake.put(None)
 
@@ -781,18 +779,11 @@ class Stub:
             state = self._requests.get(message.get("key"))
             if state is not None:
                 state.cancelled = True
-        elif op == "model_control_done":
+        elif op in ("model_control_done", "metric_done"):
             with self._bls_lock:
-                answer = self._control_calls.pop(message.get("id"), None)
+                answer = self._calls.pop(message.get("id"), None)
             if answer is None:
-                _warn("ignoring model_control_done for unknown call id {!r}".format(message.get("id")))
-            else:
-                answer.put(message)
-        elif op == "metric_done":
-            with self._bls_lock:
-                answer = self._metric_calls.pop(message.get("id"), None)
-            if answer is None:
-                _warn("ignoring metric_done for unknown call id {!r}".format(message.get("id")))
+                _warn("ignoring {} for unknown call id {!r}".format(op, message.get("id")))
             else:
                 answer.put(message)
         elif op == "release":
