@@ -32,9 +32,10 @@ triton-ref: .venv-triton/tritonserver
 	bash scripts/triton_ref.sh
 
 ## build: target/release/nereid with the ONNX Runtime, PyTorch and Python backends, runnable as is
-## (ONNX Runtime and libtorch are found without env vars).
+## (ONNX Runtime, libtorch and the Python stub's compiled core libnereid_stub_core.so, which lies
+## next to the binary, are found without env vars).
 build: setup
-	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) $(FEATURES) -p nereid -p nereid-loadtest
+	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) $(FEATURES) -p nereid -p nereid-loadtest -p nereid-stub-core
 	cp -f "$$(cat $(VENV)/ort-lib-path)" target/release/
 
 ## examples: the example model repository under docs/examples/ (ONNX examples, the

@@ -2,8 +2,13 @@
 //! and example binaries, so they run without `LD_LIBRARY_PATH` (the `nereid` binary gets the
 //! same from the workspace's build.rs). The directory is `$LIBTORCH/lib` (what torch-sys
 //! builds against), else the one `make setup` recorded in `.venv/libtorch-path`.
+//!
+//! Also records where this build's Python stub core (`libnereid_stub_core.so`, the
+//! `nereid-stub-core` cdylib of the same target directory and profile) is, the server's
+//! fallback when no copy lies next to its executable (backend/python/stub_core.rs).
 
 fn main() {
+    stub_core_path();
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
@@ -18,5 +23,17 @@ fn main() {
         None => println!(
             "cargo:warning=feature 'torch': neither LIBTORCH nor .venv/libtorch-path is set; binaries will need LD_LIBRARY_PATH"
         ),
+    }
+}
+
+/// `NEREID_BUILTIN_STUB_CORE`: `<target>/<profile>/libnereid_stub_core.so` of this build.
+fn stub_core_path() {
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    // OUT_DIR is <target>/<profile>/build/<crate>-<hash>/out.
+    if let Some(profile_dir) = out.ancestors().nth(3) {
+        println!(
+            "cargo:rustc-env=NEREID_BUILTIN_STUB_CORE={}",
+            profile_dir.join("libnereid_stub_core.so").display()
+        );
     }
 }

@@ -55,6 +55,7 @@ import threading
 import numpy as np
 
 import nereid_dlpack
+import nereid_stub_core as _core
 
 # The stub sets this to its channel object; see the module docstring for what it provides.
 _channel = None
@@ -297,183 +298,110 @@ class _CapsuleSource:
         return self._device
 
 
-class Tensor:
-    """A named tensor: `Tensor(name, numpy_array)`.
+# The class is compiled (nereid_stub_core.Tensor): `Tensor(name, array)` takes a NumPy array
+# (BYTES: dtype object holding `bytes`; bytes_/str_ arrays are accepted too; non C-contiguous
+# arrays are copied into C order). Inputs from the server are views on its shared memory, made
+# when first asked for. A tensor from `from_dlpack` of GPU memory stays on its GPU (`_device`,
+# a nereid_dlpack.DeviceMemory; `_array` is its host copy once one was needed). The DLPack side
+# is here, called by the compiled methods.
+Tensor = _core.Tensor
 
-    BYTES tensors are NumPy arrays of dtype object holding `bytes` (bytes_/str_ arrays are
-    accepted too). Non C-contiguous arrays are copied into C order. `from_dlpack` of GPU memory
-    makes a tensor that stays on its GPU (`_device`, a nereid_dlpack.DeviceMemory; `_array` is
-    its host copy once one was needed).
-    """
 
-    _device = None
+def _copy_to_host(name, device):
+    """Host copy of GPU tensor `name` (made when it first leaves the stub, kept by the tensor)."""
+    try:
+        return nereid_dlpack.copy_to_host(device)
+    except nereid_dlpack.DLPackError as e:
+        raise TritonModelException("cannot copy GPU tensor '{}' to the host: {}".format(name, e)) from None
 
-    def __init__(self, name, array):
-        if not isinstance(name, str):
-            raise TritonModelException("Tensor name must be a str, got {}".format(type(name).__name__))
-        if not isinstance(array, np.ndarray):
+
+def _tensor_dlpack(tensor, kwargs):
+    """`Tensor.__dlpack__` / `to_dlpack`: a capsule sharing the tensor's memory."""
+    if tensor._datatype == "BYTES":
+        raise TritonModelException("DLPack does not have support for string tensors.")
+    memory = tensor._device
+    if memory is not None:
+        # As Triton: no work is pending on the memory of a tensor the stub holds.
+        return nereid_dlpack.export(
+            tensor, memory.ptr, (nereid_dlpack.KDL_CUDA, memory.device_id), memory.shape,
+            memory.datatype)
+    if tensor._datatype == "BF16":
+        # NumPy cannot say BF16; the capsule is made here over the same memory.
+        array = np.ascontiguousarray(tensor._array)
+        return nereid_dlpack.export(
+            (tensor, array), array.ctypes.data, (nereid_dlpack.KDL_CPU, 0), list(array.shape),
+            "BF16")
+    array = tensor._array
+    if not hasattr(array, "__dlpack__"):
+        raise TritonModelException(_dlpack_missing_message())
+    try:
+        return array.__dlpack__(**kwargs)
+    except TypeError:
+        return array.__dlpack__()
+    except BufferError as e:
+        raise TritonModelException(
+            "cannot export tensor '{}' through DLPack: {}".format(tensor._name, e)
+        ) from None
+
+
+def _tensor_dlpack_device(tensor):
+    memory = tensor._device
+    if memory is not None:
+        return (nereid_dlpack.KDL_CUDA, memory.device_id)
+    return (nereid_dlpack.KDL_CPU, 0)
+
+
+def _tensor_from_dlpack(name, dlpack_object):
+    """`Tensor.from_dlpack`: a tensor sharing the memory of a DLPack producer (an object with
+    `__dlpack__` and `__dlpack_device__`: torch tensors, CuPy and NumPy arrays) or of a DLPack
+    capsule. CPU memory becomes a NumPy view; CUDA memory stays on its GPU (`is_cpu()` is False)."""
+    if not isinstance(name, str) or name == "":
+        raise TritonModelException("Tensor name cannot be an empty string.")
+    try:
+        if nereid_dlpack.is_capsule(dlpack_object):
+            capsule = dlpack_object
+            device = nereid_dlpack.capsule_device(capsule)
+        elif hasattr(dlpack_object, "__dlpack__") and hasattr(dlpack_object, "__dlpack_device__"):
+            capsule = None
+            device = tuple(int(d) for d in dlpack_object.__dlpack_device__())
+        else:
             raise TritonModelException(
-                "Tensor '{}' expects a numpy.ndarray, got {}".format(name, type(array).__name__)
+                "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+                "`__dlpack__` and `__dlpack_device__` attributes"
             )
-        datatype = _wire_from_dtype(array.dtype)
-        if datatype is None:
-            raise TritonModelException(
-                "Tensor '{}' has NumPy dtype {}, which has no Triton datatype".format(name, array.dtype)
-            )
-        if not array.flags.c_contiguous:
-            array = np.array(array, order="C")
-        self._name = name
-        self._array = array
-        self._datatype = datatype
-
-    @classmethod
-    def _from_wire(cls, name, datatype, array):
-        """A tensor decoded by the stub; BF16 data is kept as raw little-endian uint16."""
-        tensor = cls.__new__(cls)
-        tensor._name = name
-        tensor._array = array
-        tensor._datatype = datatype
-        return tensor
-
-    def name(self):
-        return self._name
-
-    def shape(self):
-        if self._device is not None:
-            return list(self._device.shape)
-        return [int(d) for d in self._array.shape]
-
-    def triton_dtype(self):
-        """TRITONSERVER_DataType code of this tensor (e.g. 11 for FP32, 13 for BYTES)."""
-        return _TYPE_CODES[self._datatype]
-
-    def is_cpu(self):
-        """False for a tensor made by `from_dlpack` from GPU memory (it stays on its GPU)."""
-        return self._device is None
-
-    def as_numpy(self):
-        if self._device is not None:
-            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
-        if self._datatype == "BF16":
-            raise TritonModelException(
-                "tensor '{}' has datatype BF16, which has no NumPy type; as_numpy() is not "
-                "available for it".format(self._name)
-            )
-        return self._array
-
-    def _host_array(self):
-        """The data as a NumPy array in host memory: the array itself for a CPU tensor; for a GPU
-        tensor one copy off the device, made when it first leaves the stub (as an output or a BLS
-        input) and kept."""
-        if self._device is None:
-            return self._array
-        if self._array is None:
-            try:
-                self._array = nereid_dlpack.copy_to_host(self._device)
-            except nereid_dlpack.DLPackError as e:
-                raise TritonModelException(
-                    "cannot copy GPU tensor '{}' to the host: {}".format(self._name, e)
-                ) from None
-        return self._array
-
-    def to_dlpack(self):
-        """A DLPack capsule sharing this tensor's memory (host memory, or its GPU memory)."""
-        return self.__dlpack__()
-
-    def __dlpack__(self, stream=None, **kwargs):
-        if self._datatype == "BYTES":
-            raise TritonModelException("DLPack does not have support for string tensors.")
-        if self._device is not None:
-            # As Triton: no work is pending on the memory of a tensor the stub holds.
-            memory = self._device
-            return nereid_dlpack.export(
-                self, memory.ptr, (nereid_dlpack.KDL_CUDA, memory.device_id), memory.shape,
-                memory.datatype)
-        if self._datatype == "BF16":
-            # NumPy cannot say BF16; the capsule is made here over the same memory.
-            array = np.ascontiguousarray(self._array)
-            return nereid_dlpack.export(
-                (self, array), array.ctypes.data, (nereid_dlpack.KDL_CPU, 0), list(array.shape),
-                "BF16")
-        if not hasattr(self._array, "__dlpack__"):
-            raise TritonModelException(_dlpack_missing_message())
-        try:
-            return self._array.__dlpack__(**kwargs)
-        except TypeError:
-            return self._array.__dlpack__()
-        except BufferError as e:
-            raise TritonModelException(
-                "cannot export tensor '{}' through DLPack: {}".format(self._name, e)
-            ) from None
-
-    def __dlpack_device__(self):
-        if self._device is not None:
-            return (nereid_dlpack.KDL_CUDA, self._device.device_id)
-        return (nereid_dlpack.KDL_CPU, 0)
-
-    @staticmethod
-    def from_dlpack(name, dlpack_object):
-        """A tensor sharing the memory of a DLPack producer (an object with `__dlpack__` and
-        `__dlpack_device__`: torch tensors, CuPy and NumPy arrays) or of a DLPack capsule. CPU
-        memory becomes a NumPy view; CUDA memory stays on its GPU (`is_cpu()` is False)."""
-        if not isinstance(name, str) or name == "":
-            raise TritonModelException("Tensor name cannot be an empty string.")
-        try:
-            if nereid_dlpack.is_capsule(dlpack_object):
-                capsule = dlpack_object
-                device = nereid_dlpack.capsule_device(capsule)
-            elif hasattr(dlpack_object, "__dlpack__") and hasattr(dlpack_object, "__dlpack_device__"):
-                capsule = None
-                device = tuple(int(d) for d in dlpack_object.__dlpack_device__())
-            else:
-                raise TritonModelException(
-                    "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
-                    "`__dlpack__` and `__dlpack_device__` attributes"
-                )
-            if device[0] == nereid_dlpack.KDL_CUDA:
-                if capsule is None:
-                    # stream=1: the producer orders its pending work before the legacy default
-                    # stream, which the copy to the host runs on (Array API semantics).
-                    capsule = dlpack_object.__dlpack__(stream=1)
-                memory = nereid_dlpack.DeviceMemory(capsule)
-                tensor = Tensor.__new__(Tensor)
-                tensor._name = name
-                tensor._array = None
-                tensor._datatype = memory.datatype
-                tensor._device = memory
-                return tensor
-            if device[0] not in (nereid_dlpack.KDL_CPU, nereid_dlpack.KDL_CUDA_HOST):
-                raise TritonModelException(
-                    "DLDevice type {} is not support by Python backend.".format(device[0])
-                )
+        if device[0] == nereid_dlpack.KDL_CUDA:
             if capsule is None:
-                capsule = dlpack_object.__dlpack__()
-            if nereid_dlpack.capsule_datatype(capsule) == "BF16":
-                # NumPy has no BF16: a zero-copy uint16 view that keeps the producer's memory.
-                return Tensor._from_wire(name, "BF16", nereid_dlpack.HostMemory(capsule).array())
-        except nereid_dlpack.DLPackError as e:
-            raise TritonModelException("cannot import DLPack tensor '{}': {}".format(name, e)) from None
-        if not hasattr(np, "from_dlpack"):
-            raise TritonModelException(_dlpack_missing_message())
-        try:
-            array = np.from_dlpack(_CapsuleSource(capsule, device))
-        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+                # stream=1: the producer orders its pending work before the legacy default
+                # stream, which the copy to the host runs on (Array API semantics).
+                capsule = dlpack_object.__dlpack__(stream=1)
+            memory = nereid_dlpack.DeviceMemory(capsule)
+            return Tensor._from_device(name, memory.datatype, memory)
+        if device[0] not in (nereid_dlpack.KDL_CPU, nereid_dlpack.KDL_CUDA_HOST):
             raise TritonModelException(
-                "cannot import DLPack tensor '{}' (Nereid supports CPU tensors of NumPy "
-                "datatypes only): {}".format(name, e)
-            ) from None
-        if not array.flags.c_contiguous:
-            raise TritonModelException(
-                "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored "
-                "in C-Order are supported."
+                "DLDevice type {} is not support by Python backend.".format(device[0])
             )
-        return Tensor(name, array)
-
-    def __repr__(self):
-        return "Tensor(name={!r}, datatype={}, shape={}{})".format(
-            self._name, self._datatype, self.shape(),
-            "" if self._device is None else ", device=GPU {}".format(self._device.device_id)
+        if capsule is None:
+            capsule = dlpack_object.__dlpack__()
+        if nereid_dlpack.capsule_datatype(capsule) == "BF16":
+            # NumPy has no BF16: a zero-copy uint16 view that keeps the producer's memory.
+            return Tensor._from_wire(name, "BF16", nereid_dlpack.HostMemory(capsule).array())
+    except nereid_dlpack.DLPackError as e:
+        raise TritonModelException("cannot import DLPack tensor '{}': {}".format(name, e)) from None
+    if not hasattr(np, "from_dlpack"):
+        raise TritonModelException(_dlpack_missing_message())
+    try:
+        array = np.from_dlpack(_CapsuleSource(capsule, device))
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        raise TritonModelException(
+            "cannot import DLPack tensor '{}' (Nereid supports CPU tensors of NumPy "
+            "datatypes only): {}".format(name, e)
+        ) from None
+    if not array.flags.c_contiguous:
+        raise TritonModelException(
+            "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored "
+            "in C-Order are supported."
         )
+    return Tensor(name, array)
 
 
 def _dlpack_missing_message():
@@ -481,108 +409,14 @@ def _dlpack_missing_message():
 
 
 # ---------------------------------------------------------------------------------------------
-# Parameters (request and response): dict of str -> bool | int | str, exposed as a JSON string.
+# Responses. InferenceResponse(output_tensors=[], error=None, parameters=None) is compiled
+# (nereid_stub_core.InferenceResponse), as is the state a server request shares with its
+# response sender and the stub (nereid_stub_core.RequestState: key, decoupled, lock, cancelled,
+# closed, sent, collected, release_flags, sender). Parameters are a dict of str -> bool | int |
+# str, or a JSON object string; `parameters()` gives them as a JSON string.
 # ---------------------------------------------------------------------------------------------
 
-def _parameters_dict(parameters, owner):
-    """Validated copy of `parameters` (None, dict, or JSON object string)."""
-    if parameters is None:
-        return {}
-    if isinstance(parameters, str):
-        try:
-            parameters = json.loads(parameters) if parameters else {}
-        except ValueError as e:
-            raise TritonModelException("{} parameters are not valid JSON: {}".format(owner, e)) from None
-    if not isinstance(parameters, dict):
-        raise TritonModelException(
-            "{} parameters must be a dict or a JSON object string, got {}".format(
-                owner, type(parameters).__name__
-            )
-        )
-    for key, value in parameters.items():
-        if not isinstance(key, str):
-            raise TritonModelException(
-                "{} parameter keys must be str, found {}".format(owner, type(key).__name__)
-            )
-        if not isinstance(value, (bool, int, str)):
-            raise TritonModelException(
-                "{} parameter '{}' must be bool, int or str, found {}".format(
-                    owner, key, type(value).__name__
-                )
-            )
-    return dict(parameters)
-
-
-def _check_tensor_list(tensors, what):
-    if not isinstance(tensors, (list, tuple)):
-        raise TritonModelException("{} must be a list of pb_utils.Tensor, got {}".format(
-            what, type(tensors).__name__))
-    for tensor in tensors:
-        if not isinstance(tensor, Tensor):
-            raise TritonModelException("{} must contain pb_utils.Tensor objects, found {}".format(
-                what, type(tensor).__name__))
-    return list(tensors)
-
-
-# ---------------------------------------------------------------------------------------------
-# Responses
-# ---------------------------------------------------------------------------------------------
-
-class InferenceResponse:
-    """`InferenceResponse(output_tensors=[], error=None, parameters=None)`."""
-
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException(
-                "InferenceResponse error must be a pb_utils.TritonError or None, got {}".format(
-                    type(error).__name__
-                )
-            )
-        self._outputs = _check_tensor_list([] if output_tensors is None else output_tensors,
-                                           "InferenceResponse output_tensors")
-        self._error = error
-        self._parameters = _parameters_dict(parameters, "InferenceResponse")
-
-    @classmethod
-    def _from_wire(cls, outputs, error, parameters):
-        """A response decoded by the stub; the server's parameters are taken as they are."""
-        response = cls.__new__(cls)
-        response._outputs = outputs
-        response._error = error
-        response._parameters = dict(parameters or {})
-        return response
-
-    def output_tensors(self):
-        return self._outputs
-
-    def has_error(self):
-        return self._error is not None
-
-    def error(self):
-        return self._error
-
-    def parameters(self):
-        return json.dumps(self._parameters)
-
-
-class _RequestState:
-    """Shared by a server request, its response sender and the stub (cancel, collected response).
-
-    `decoupled` is the model's mode. In default mode the sender only records its one response
-    (`collected`); the stub puts it into `execute_done`.
-    """
-
-    def __init__(self, key, decoupled, requested_output_names):
-        self.key = key
-        self.decoupled = decoupled
-        self.requested_output_names = requested_output_names
-        self.lock = threading.Lock()
-        self.cancelled = False
-        self.closed = False
-        self.sent = 0
-        self.collected = None
-        self.release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self.sender = None
+InferenceResponse = _core.InferenceResponse
 
 
 class InferenceResponseSender:
@@ -722,170 +556,42 @@ class PreferredMemory:
 _REQUIRED = object()
 
 
-class InferenceRequest:
-    """A request: passed to `execute`, or built by the model for a BLS call.
-
-    The BLS constructor takes Triton's arguments in Triton's order (all usable as keywords):
-    `InferenceRequest(request_id="", correlation_id=0, inputs, requested_output_names,
-    model_name, model_version=-1, flags=0, timeout=0 (microseconds), preferred_memory=...,
-    trace=..., parameters=None)`.
-    """
-
-    def __init__(self, request_id="", correlation_id=0, inputs=_REQUIRED,
-                 requested_output_names=_REQUIRED, model_name=_REQUIRED, model_version=-1,
-                 flags=0, timeout=0, preferred_memory=None, trace=None, parameters=None):
-        for arg, value in (("inputs", inputs), ("requested_output_names", requested_output_names),
-                           ("model_name", model_name)):
-            if value is _REQUIRED:
-                raise TypeError("InferenceRequest() missing required argument '{}'".format(arg))
-        if not isinstance(model_name, str) or not model_name:
-            raise TritonModelException("InferenceRequest model_name must be a non-empty str")
-        if not isinstance(requested_output_names, (list, tuple)) or not all(
-                isinstance(n, str) for n in requested_output_names):
-            raise TritonModelException("InferenceRequest requested_output_names must be a list of str")
-        self._init_fields(
-            request_id=_check_request_id(request_id),
-            correlation_id=_check_correlation_id(correlation_id),
-            inputs=_check_tensor_list(inputs, "InferenceRequest inputs"),
-            requested_output_names=list(requested_output_names),
-            model_name=model_name,
-            model_version=_check_int("model_version", model_version, -(1 << 63), 1 << 63),
-            flags=_check_int("flags", flags, 0, 1 << 32),
-            timeout=_check_int("timeout", timeout, 0, 1 << 64),
-            parameters=_parameters_dict(parameters, "InferenceRequest"), state=None,
-        )
-        self._preferred_memory = preferred_memory or PreferredMemory()
-        self._trace = trace
-
-    @classmethod
-    def _from_server(cls, fields, inputs, state):
-        """A request received from the server; `fields` is the protocol's request object."""
-        request = cls.__new__(cls)
-        request._init_fields(
-            request_id=str(fields.get("request_id", "")),
-            correlation_id=fields.get("correlation_id", 0),
-            inputs=inputs,
-            requested_output_names=list(state.requested_output_names),
-            model_name=fields.get("model_name", ""),
-            model_version=fields.get("model_version", -1),
-            flags=int(fields.get("flags", 0)),
-            timeout=int(fields.get("timeout_us", 0)),
-            parameters=dict(fields.get("parameters") or {}),
-            state=state,
-        )
-        request._preferred_memory = PreferredMemory()
-        request._trace = None
-        return request
-
-    def _init_fields(self, request_id, correlation_id, inputs, requested_output_names, model_name,
-                     model_version, flags, timeout, parameters, state):
-        self._request_id = request_id
-        self._correlation_id = correlation_id
-        self._inputs = inputs
-        self._requested_output_names = requested_output_names
-        self._model_name = model_name
-        self._model_version = model_version
-        self._flags = flags
-        self._timeout = timeout
-        self._parameters = parameters
-        self._state = state
-
-    def inputs(self):
-        return self._inputs
-
-    def requested_output_names(self):
-        return list(self._requested_output_names)
-
-    def request_id(self):
-        return self._request_id
-
-    def correlation_id(self):
-        return self._correlation_id
-
-    def flags(self):
-        return self._flags
-
-    def set_flags(self, flags):
-        self._flags = _check_int("flags", flags, 0, 1 << 32)
-
-    def timeout(self):
-        return self._timeout
-
-    def parameters(self):
-        return json.dumps(self._parameters)
-
-    def trace(self):
-        return self._trace
-
-    def get_response_sender(self):
-        if self._state is None:
-            raise TritonModelException(
-                "get_response_sender() is available only on requests passed to execute()"
-            )
-        with self._state.lock:
-            if self._state.sender is None:
-                self._state.sender = InferenceResponseSender(self._state)
-            return self._state.sender
-
-    def is_cancelled(self):
-        _need_reader()
-        return self._state is not None and self._state.cancelled
-
-    def set_release_flags(self, flags):
-        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
-            raise TritonModelException(
-                "release flags must be TRITONSERVER_REQUEST_RELEASE_ALL or "
-                "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, got {!r}".format(flags)
-            )
-        if self._state is None:
-            raise TritonModelException(
-                "set_release_flags() is available only on requests passed to execute()")
-        self._state.release_flags = flags
-
-    def exec(self, decoupled=False):
-        """Runs this request on another model and blocks for the result: an InferenceResponse,
-        or for `decoupled=True` a ResponseIterator."""
-        channel = _require_channel("InferenceRequest.exec()")
-        sink = _QueueSink()
-        call_id = channel.submit_bls(self, bool(decoupled), sink)
-        if decoupled:
-            return ResponseIterator(sink, lambda: channel.cancel_bls(call_id))
-        response, _final = sink.get()
-        return _non_decoupled_result(response)
-
-    async def async_exec(self, decoupled=False):
-        """Awaitable form of `exec()`; with `decoupled=True` it gives a ResponseIterator."""
-        if decoupled:
-            return self.exec(decoupled=True)
-        channel = _require_channel("InferenceRequest.async_exec()")
-        sink = _FutureSink(asyncio.get_running_loop())
-        channel.submit_bls(self, False, sink)
-        return await sink.future
+# The class is compiled (nereid_stub_core.InferenceRequest); its BLS constructor takes Triton's
+# arguments in Triton's order (all usable as keywords): `InferenceRequest(request_id="",
+# correlation_id=0, inputs, requested_output_names, model_name, model_version=-1, flags=0,
+# timeout=0 (microseconds), preferred_memory=..., trace=..., parameters=None)`. The methods that
+# need the stub are here.
+InferenceRequest = _core.InferenceRequest
 
 
-def _check_int(what, value, low, high):
-    """`value` as an int in [low, high) (the range the protocol's field can carry)."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not low <= value < high:
-        raise TritonModelException("InferenceRequest {} must be an int in [{}, {}), got {!r}".format(
-            what, low, high, value))
-    return int(value)
+def _response_sender(state):
+    """`get_response_sender()`: one sender per request."""
+    with state.lock:
+        if state.sender is None:
+            state.sender = InferenceResponseSender(state)
+        return state.sender
 
 
-def _check_request_id(request_id):
-    if not isinstance(request_id, str):
-        raise TritonModelException("InferenceRequest request_id must be a str, got {!r}".format(request_id))
-    return request_id
+def _request_exec(request, decoupled):
+    """`exec()`: runs `request` on another model and blocks for the result, an
+    InferenceResponse, or for `decoupled=True` a ResponseIterator."""
+    channel = _require_channel("InferenceRequest.exec()")
+    sink = _QueueSink()
+    call_id = channel.submit_bls(request, bool(decoupled), sink)
+    if decoupled:
+        return ResponseIterator(sink, lambda: channel.cancel_bls(call_id))
+    response, _final = sink.get()
+    return _non_decoupled_result(response)
 
 
-def _check_correlation_id(correlation_id):
-    if isinstance(correlation_id, str):
-        return correlation_id
-    if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, np.integer)):
-        raise TritonModelException("Correlation ID must be integer or string")
-    if not 0 <= correlation_id < 1 << 64:
-        raise TritonModelException("Correlation ID must be an unsigned 64-bit integer, got {}".format(
-            correlation_id))
-    return int(correlation_id)
+async def _request_async_exec(request, decoupled):
+    """`async_exec()`: the awaitable form of `exec()`."""
+    if decoupled:
+        return _request_exec(request, True)
+    channel = _require_channel("InferenceRequest.async_exec()")
+    sink = _FutureSink(asyncio.get_running_loop())
+    channel.submit_bls(request, False, sink)
+    return await sink.future
 
 
 def _require_channel(what):
@@ -1306,3 +1012,7 @@ class Metric:
     def __del__(self):
         if self._handle is not None:
             self._family._channel.metric_release({"action": "delete", "metric": self._handle})
+
+
+# The compiled classes call back into this module (DLPack, BLS, senders, BYTES, errors).
+_core.install(sys.modules[__name__])

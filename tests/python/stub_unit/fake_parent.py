@@ -6,13 +6,16 @@ docs/internals/python-stub-protocol.md: frames, parent-written segments (`p<k>`,
 stub's `release`) and reading the stub's segments. Every read is bounded by READ_TIMEOUT_S.
 """
 
+import atexit
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -27,15 +30,40 @@ PYTHON = os.environ.get("NEREID_STUB_PYTHON") or (
     str(_VENV_PYTHON) if _VENV_PYTHON.exists() else sys.executable)
 READ_TIMEOUT_S = 10.0
 ALIGNMENT = 64
+_CORE_LIBRARY = "libnereid_stub_core.so"
+
+
+def _stub_core_dir():
+    """A directory holding the compiled stub core under its import name, as the server's runtime
+    directory does: the library next to NEREID_BIN, else the one in target/release."""
+    candidates = [ROOT / "target" / "release" / _CORE_LIBRARY]
+    if os.environ.get("NEREID_BIN"):
+        candidates.insert(0, Path(os.environ["NEREID_BIN"]).resolve().parent / _CORE_LIBRARY)
+    library = next((c for c in candidates if c.is_file()), None)
+    if library is None:
+        raise RuntimeError("no {} at {}: run `make build`".format(
+            _CORE_LIBRARY, ", ".join(str(c) for c in candidates)))
+    directory = tempfile.mkdtemp(prefix="nereid-stub-core-")
+    atexit.register(shutil.rmtree, directory, True)
+    shutil.copy(library, os.path.join(directory, "nereid_stub_core.abi3.so"))
+    return directory
+
+
+STUB_CORE_DIR = _stub_core_dir()
 
 # Loaded under a private name so suites that put a placeholder `triton_python_backend_utils`
 # into sys.modules and these tests never see each other's module.
 # The utils import nereid_dlpack from their own directory, as in the stub's runtime directory.
 if str(STUB_DIR) not in sys.path:
     sys.path.insert(0, str(STUB_DIR))
+sys.path.insert(0, STUB_CORE_DIR)
+import nereid_stub_core  # noqa: E402  (after the path it is found on)
+
+PROTOCOL_VERSION = nereid_stub_core.PROTOCOL_VERSION
 _spec = importlib.util.spec_from_file_location("nereid_pb_utils_under_test",
                                                STUB_DIR / "triton_python_backend_utils.py")
 pb_utils = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = pb_utils
 _spec.loader.exec_module(pb_utils)
 
 _HEADER = struct.Struct("<I")
@@ -66,7 +94,8 @@ class FakeParent:
         listener.listen(1)
         listener.settimeout(READ_TIMEOUT_S)
         self.stderr_path = self.workdir / "stub.log"
-        env = dict(os.environ, PYTHONPATH=str(STUB_DIR), **(extra_env or {}))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STUB_DIR), STUB_CORE_DIR]),
+                   **(extra_env or {}))
         with open(self.stderr_path, "wb") as log:
             self.proc = subprocess.Popen([PYTHON, "-u", str(STUB), sock_path], cwd=str(self.workdir),
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
@@ -192,7 +221,7 @@ class FakeParent:
 
     def init(self, source, decoupled=False, config=None):
         config = config or {"name": "m"}
-        self.send({"op": "init", "shm_prefix": self.prefix, "model_file": self.write_model(source),
+        self.send({"op": "init", "protocol_version": PROTOCOL_VERSION, "shm_prefix": self.prefix, "model_file": self.write_model(source),
                    "decoupled": decoupled, "args": {
                        "model_config": json.dumps(config), "model_instance_kind": "CPU",
                        "model_instance_name": "m_0", "model_instance_device_id": "0",

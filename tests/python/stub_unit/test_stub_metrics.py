@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from fake_parent import FakeParent, pb_utils
+from fake_parent import PROTOCOL_VERSION, FakeParent, pb_utils
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ MODEL = """
 
 
 def test_metrics_go_to_the_parent_and_mistakes_raise_at_once(parent):
-    parent.send({"op": "init", "shm_prefix": parent.prefix, "model_file": parent.write_model(MODEL),
+    parent.send({"op": "init", "protocol_version": PROTOCOL_VERSION, "shm_prefix": parent.prefix, "model_file": parent.write_model(MODEL),
                  "decoupled": False, "args": {
                      "model_config": "{}", "model_instance_kind": "CPU", "model_instance_name": "m_0",
                      "model_instance_device_id": "0", "model_repository": "", "model_version": "1",
@@ -164,7 +164,7 @@ def test_metrics_go_to_the_parent_and_mistakes_raise_at_once(parent):
 
 
 def test_a_garbage_metric_is_deleted_and_its_family_outlives_it(parent):
-    parent.send({"op": "init", "shm_prefix": parent.prefix, "decoupled": False,
+    parent.send({"op": "init", "protocol_version": PROTOCOL_VERSION, "shm_prefix": parent.prefix, "decoupled": False,
                  "model_file": parent.write_model("""
         import triton_python_backend_utils as pb_utils
 
@@ -175,7 +175,10 @@ def test_a_garbage_metric_is_deleted_and_its_family_outlives_it(parent):
                 # Nothing names the family object; its metric keeps it alive.
                 metric.set(4)
                 del metric
-        """), "args": {"model_config": "{}", "model_instance_name": "m_0"}})
+        """), "args": {
+            "model_config": "{}", "model_instance_kind": "CPU", "model_instance_name": "m_0",
+            "model_instance_device_id": "0", "model_repository": "", "model_version": "1",
+            "model_name": "m"}})
     done, seen = serve(parent, "init_done")
     assert done["error"] is None
     family = seen[0]["family"]

@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 
 use super::convert;
 use super::link::Link;
-use super::message::{ErrorCode, ErrorObject, RequestObject, ResponseObject, ToStub};
+use nereid_stub_protocol::message::{ErrorCode, ErrorObject, RequestObject, ResponseObject, ToStub};
 use super::shm::Packer;
 
 /// One response of a call: outputs, an error, or nothing (a decoupled model's bare final flag).

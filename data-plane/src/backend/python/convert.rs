@@ -9,7 +9,7 @@ use nereid_proto::{
 };
 use serde_json::{Map, Number, Value};
 
-use super::message::{CorrelationValue, ErrorCode, ErrorObject, RequestObject, TensorRef};
+use nereid_stub_protocol::message::{CorrelationValue, ErrorCode, ErrorObject, RequestObject, TensorRef};
 use super::shm::Packer;
 use crate::backend::{BackendError, RequestView};
 

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::link::Link;
-use super::message::{ErrorCode, ErrorObject, ToStub};
+use nereid_stub_protocol::message::{ErrorCode, ErrorObject, ToStub};
 use crate::custom_metrics::{MetricError, MetricKind, Owner, Update};
 
 /// One `metric` message, by its `action`.
@@ -234,7 +234,7 @@ mod tests {
 
     use super::*;
     use crate::backend::ServerHandle;
-    use crate::backend::python::frame::{decode, read_frame};
+    use nereid_stub_protocol::frame::{decode, read_frame};
 
     fn link() -> (Link, UnixStream) {
         let (ours, theirs) = UnixStream::pair().unwrap();

@@ -21,7 +21,7 @@ use nereid_proto::Tensor;
 
 use super::convert::{self, ModelInfo};
 use super::link::StreamTarget;
-use super::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
+use nereid_stub_protocol::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
 use super::shm::Packer;
 use super::stub::{Stub, StubError};
 use crate::backend::{BackendError, RequestView, StreamEvent};

@@ -20,9 +20,9 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use super::convert;
-use super::frame;
+use nereid_stub_protocol::frame;
 use super::link::{Link, StreamTarget};
-use super::message::{FromStub, TensorRef};
+use nereid_stub_protocol::message::{FromStub, TensorRef};
 use super::reader::{Reply, dispatch};
 use crate::backend::ServerHandle;
 

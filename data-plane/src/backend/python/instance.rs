@@ -6,7 +6,7 @@ use nereid_proto::{Tensor, message_to_json};
 
 use super::convert::ModelInfo;
 use super::execute::{self, BatchResult};
-use super::message::InitArgs;
+use nereid_stub_protocol::message::InitArgs;
 use super::runtime::RuntimeDir;
 use super::settings::StubSettings;
 use super::stub::StubSpec;

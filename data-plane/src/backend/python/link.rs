@@ -22,8 +22,8 @@ use nereid_proto::Tensor;
 use parking_lot::Mutex;
 
 use super::convert;
-use super::frame::{self, FrameError};
-use super::message::{TensorRef, ToStub};
+use nereid_stub_protocol::frame::{self, FrameError};
+use nereid_stub_protocol::message::{TensorRef, ToStub};
 use super::shm::{Packer, ParentSegments, ShmError, StubSegments};
 use crate::backend::{BackendError, ResponseSink, ServerHandle, StreamEvent};
 use crate::custom_metrics::Owner;
@@ -373,7 +373,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::backend::python::frame::{decode, read_frame};
+    use nereid_stub_protocol::frame::{decode, read_frame};
     use nereid_proto::DataType;
     use serde_json::Value;
 
@@ -512,7 +512,7 @@ mod tests {
 
         // Reading a stub segment releases it.
         std::fs::write(dir.path().join("seg-s0"), 7i32.to_le_bytes()).unwrap();
-        let refs = vec![crate::backend::python::message::TensorRef {
+        let refs = vec![nereid_stub_protocol::message::TensorRef {
             name: "Y".into(),
             datatype: "INT32".into(),
             shape: vec![1],

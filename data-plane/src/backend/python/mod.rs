@@ -11,7 +11,8 @@
 //! ```
 //!
 //! The wire protocol is docs/internals/python-stub-protocol.md: length-prefixed JSON frames
-//! on a Unix socket ([`frame`], [`message`]) and tensor data in shared-memory files ([`shm`]).
+//! on a Unix socket (`nereid_stub_protocol`: the messages and frames, shared with the stub's compiled
+//! core) and tensor data in shared-memory files ([`shm`]).
 //! Model parameters that tune the backend are listed in [`settings`].
 
 mod bls;
@@ -19,11 +20,9 @@ mod convert;
 mod custom_metrics;
 mod env_archive;
 mod execute;
-mod frame;
 pub(crate) mod fuzzing;
 mod instance;
 mod link;
-mod message;
 mod model_control;
 mod process;
 mod reader;
@@ -31,6 +30,7 @@ mod runtime;
 mod settings;
 mod shm;
 mod stub;
+mod stub_core;
 mod supervisor;
 
 use std::path::{Path, PathBuf};
@@ -73,9 +73,7 @@ impl PythonBackend {
         if let Some(dir) = &*runtime {
             return Ok(dir.clone());
         }
-        let dir = Arc::new(RuntimeDir::create().map_err(|e| {
-            format!("cannot write the Python backend's runtime files to a temporary directory: {e}")
-        })?);
+        let dir = Arc::new(RuntimeDir::create()?);
         *runtime = Some(dir.clone());
         Ok(dir)
     }

@@ -22,7 +22,7 @@ use nereid_proto::{InferenceService, LoadRequest, ServiceError, UnloadRequest};
 
 use super::convert;
 use super::link::Link;
-use super::message::{ErrorCode, ErrorObject, ModelControlAction, ToStub};
+use nereid_stub_protocol::message::{ErrorCode, ErrorObject, ModelControlAction, ToStub};
 
 /// What a call answers: whether the model is ready (for `is_model_ready`), or its error.
 type Outcome = Result<bool, ErrorObject>;
@@ -185,24 +185,24 @@ mod tests {
 
     #[test]
     fn the_messages_have_the_documented_shape() {
-        let load: super::super::message::FromStub = serde_json::from_str(
+        let load: nereid_stub_protocol::message::FromStub = serde_json::from_str(
             r#"{"op": "model_control", "id": 4, "action": "load", "model_name": "m", "config": "{}", "files": {"file:1/a": "AA=="}}"#,
         )
         .unwrap();
-        let super::super::message::FromStub::ModelControl { id, action } = load else {
+        let nereid_stub_protocol::message::FromStub::ModelControl { id, action } = load else {
             panic!("{load:?}")
         };
         assert_eq!(id, 4);
         assert!(
             matches!(action, ModelControlAction::Load { ref model_name, .. } if model_name == "m")
         );
-        let ready: super::super::message::FromStub = serde_json::from_str(
+        let ready: nereid_stub_protocol::message::FromStub = serde_json::from_str(
             r#"{"op": "model_control", "id": 5, "action": "ready", "model_name": "m"}"#,
         )
         .unwrap();
         assert!(matches!(
             ready,
-            super::super::message::FromStub::ModelControl { action: ModelControlAction::Ready { ref model_version, .. }, .. } if model_version.is_empty()
+            nereid_stub_protocol::message::FromStub::ModelControl { action: ModelControlAction::Ready { ref model_version, .. }, .. } if model_version.is_empty()
         ));
         let done = serde_json::to_value(ToStub::ModelControlDone {
             id: 5,

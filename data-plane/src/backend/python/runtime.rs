@@ -1,7 +1,7 @@
-//! The runtime directory: the shipped Python files (embedded in the binary) written once per
-//! backend into a private directory (mode 0700), which every stub gets first on `PYTHONPATH`.
+//! The runtime directory: the shipped Python files (embedded in the binary) and a copy of the
+//! compiled stub core ([`super::stub_core`]) written once per backend into a private directory
+//! (mode 0700), which every stub gets first on `PYTHONPATH`.
 
-use std::io;
 use std::path::{Path, PathBuf};
 
 use super::process::private_dir;
@@ -23,15 +23,21 @@ pub struct RuntimeDir {
 }
 
 impl RuntimeDir {
-    pub fn create() -> io::Result<Self> {
-        let dir = private_dir("nereid-python-")?;
+    /// Fails with a message naming what is missing (the compiled core) or cannot be written.
+    pub fn create() -> Result<Self, String> {
+        let dir = private_dir("nereid-python-").map_err(|e| {
+            format!("cannot create the Python backend's runtime directory: {e}")
+        })?;
         for (name, source) in [
             (STUB_FILE, STUB_SOURCE),
             (UTILS_FILE, UTILS_SOURCE),
             (DLPACK_FILE, DLPACK_SOURCE),
         ] {
-            std::fs::write(dir.path().join(name), source)?;
+            std::fs::write(dir.path().join(name), source).map_err(|e| {
+                format!("cannot write the Python backend's runtime file {name}: {e}")
+            })?;
         }
+        super::stub_core::install_into(dir.path())?;
         Ok(RuntimeDir { dir })
     }
 
@@ -49,7 +55,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn both_files_are_written() {
+    fn every_file_and_the_compiled_core_are_written() {
         let runtime = RuntimeDir::create().unwrap();
         let stub = std::fs::read_to_string(runtime.stub_script()).unwrap();
         assert_eq!(stub, STUB_SOURCE);
@@ -57,6 +63,7 @@ mod tests {
         assert_eq!(utils, UTILS_SOURCE);
         let dlpack = std::fs::read_to_string(runtime.path().join(DLPACK_FILE)).unwrap();
         assert_eq!(dlpack, DLPACK_SOURCE);
+        assert!(runtime.path().join(super::super::stub_core::MODULE_FILE).is_file());
         let path = runtime.path().to_path_buf();
         drop(runtime);
         assert!(!path.exists(), "removed with its owner");

@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 
 use super::link::{DeathHook, Link};
-use super::message::{ErrorObject, FromStub, InitArgs, ToStub};
+use nereid_stub_protocol::message::{ErrorObject, FromStub, InitArgs, ToStub};
 use super::process::{self, AcceptError, StubCommand, StubProcess, describe_exit};
 use super::reader::{self, Reply};
 use super::runtime::RuntimeDir;
@@ -164,6 +164,7 @@ impl Stub {
         decoupled: bool,
     ) -> Result<(), StubError> {
         let message = ToStub::Init {
+            protocol_version: nereid_stub_protocol::PROTOCOL_VERSION,
             shm_prefix: self.segments.prefix(),
             model_file,
             args,
@@ -180,6 +181,7 @@ impl Stub {
     /// Sends `auto_complete` and returns the completed config JSON.
     pub fn auto_complete(&self, model_file: String, config: Value) -> Result<Value, StubError> {
         let message = ToStub::AutoComplete {
+            protocol_version: nereid_stub_protocol::PROTOCOL_VERSION,
             shm_prefix: self.segments.prefix(),
             model_file,
             config,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use super::message::InitArgs;
+use nereid_stub_protocol::message::InitArgs;
 use super::stub::{StartGuard, Stub, StubError, StubSpec};
 use crate::backend::Health;
 

@@ -132,12 +132,17 @@ pub struct InitArgs {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum ToStub {
     Init {
+        /// [`crate::PROTOCOL_VERSION`] of the server; the stub refuses another.
+        #[serde(default)]
+        protocol_version: u32,
         shm_prefix: String,
         model_file: String,
         args: InitArgs,
         decoupled: bool,
     },
     AutoComplete {
+        #[serde(default)]
+        protocol_version: u32,
         shm_prefix: String,
         model_file: String,
         config: Value,
@@ -198,12 +203,12 @@ pub enum FromStub {
     ExecuteDone {
         id: u64,
         /// Non-decoupled: one per request, in order. Decoupled: absent.
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         responses: Vec<ResponseObject>,
         /// `execute` itself failed: every request fails with it.
         #[serde(default)]
         error: Option<ErrorObject>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         segment: Option<String>,
     },
     FinalizeDone {
@@ -218,7 +223,7 @@ pub enum FromStub {
         /// 1 = final.
         #[serde(default)]
         flags: u32,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         segment: Option<String>,
     },
     BlsRequest {
@@ -226,7 +231,7 @@ pub enum FromStub {
         request: RequestObject,
         #[serde(default)]
         decoupled: bool,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         segment: Option<String>,
     },
     Log {

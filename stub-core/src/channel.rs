@@ -1,0 +1,512 @@
+//! `Channel`: the stub's end of the socket. Reads frames with the GIL released and decodes
+//! them with the protocol's types, answers what needs no model code itself (`cancel`,
+//! `release`), and writes frames with every queued release in front, in one write. A release
+//! thread sends queued releases when no other frame is on its way.
+//!
+//! `recv()` gives `(op, payload)`:
+//! * `("execute", (id, [InferenceRequest], error))`: `error` is the text of a malformed message
+//!   (no requests then);
+//! * `("bls_response", (id, final, InferenceResponse | None, error))`;
+//! * `("init" | "auto_complete" | "finalize" | "model_control_done" | "metric_done", dict)`;
+//! * `None` at the end of the stream.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::os::fd::FromRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use nereid_stub_protocol::frame::{self, FrameError};
+use nereid_stub_protocol::message::{
+    ErrorCode, ErrorObject, FromStub, RequestObject, TensorRef, ToStub,
+};
+use pyo3::exceptions::{PyConnectionError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::MutexExt;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+
+use crate::convert::{from_py, to_py};
+use crate::request::{InferenceRequest, RequestState};
+use crate::response::InferenceResponse;
+use crate::segments::{ParentSegments, Releases, StubSegments};
+use crate::wire::{Outgoing, decode_response, decode_tensors, encode_response};
+
+struct Reader {
+    stream: BufReader<UnixStream>,
+    parents: Option<ParentSegments>,
+}
+
+/// `nereid_stub_core.Channel(fd)`: takes ownership of the connected socket `fd`.
+#[pyclass(module = "nereid_stub_core", frozen)]
+pub struct Channel {
+    reader: Mutex<Reader>,
+    writer: Arc<Mutex<UnixStream>>,
+    releases: Arc<Releases>,
+    stub: OnceLock<Arc<StubSegments>>,
+    /// Cancellation flags of the requests still alive, by key.
+    cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
+    decoupled: AtomicBool,
+}
+
+#[pymethods]
+impl Channel {
+    #[new]
+    fn new(fd: i32) -> PyResult<Self> {
+        if fd < 0 {
+            return Err(PyValueError::new_err("Channel needs an open socket descriptor"));
+        }
+        // SAFETY: the caller hands over `fd` (`socket.detach()`); nothing else closes it.
+        let stream = unsafe { UnixStream::from_raw_fd(fd) };
+        let writer = Arc::new(Mutex::new(stream.try_clone()?));
+        let releases = Arc::new(Releases::default());
+        spawn_release_thread(writer.clone(), releases.clone())?;
+        Ok(Channel {
+            reader: Mutex::new(Reader {
+                stream: BufReader::with_capacity(64 << 10, stream),
+                parents: None,
+            }),
+            writer,
+            releases,
+            stub: OnceLock::new(),
+            cancels: Mutex::new(HashMap::new()),
+            decoupled: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether `init` said the model is decoupled.
+    #[getter]
+    fn decoupled(&self) -> bool {
+        self.decoupled.load(Ordering::Acquire)
+    }
+
+    /// The next message for Python (see the module docs); None at the end of the stream.
+    /// Raises ValueError on a protocol error.
+    fn recv<'py>(&self, py: Python<'py>) -> PyResult<Option<(String, Bound<'py, PyAny>)>> {
+        let mut reader = self.reader.lock_py_attached(py).unwrap_or_else(|e| e.into_inner());
+        loop {
+            let stream = &mut reader.stream;
+            let body = match py.detach(|| frame::read_frame(stream)) {
+                Ok(Some(body)) => body,
+                Ok(None) | Err(FrameError::Io(_)) => return Ok(None),
+                Err(e) => return Err(PyValueError::new_err(e.to_string())),
+            };
+            let message: ToStub = match frame::decode(&body) {
+                Ok(m) => m,
+                Err(e) => {
+                    if unknown_op(&body) {
+                        warn(&format!("ignoring a message with an unknown op ({e})"));
+                        continue;
+                    }
+                    return Err(PyValueError::new_err(format!("malformed message: {e}")));
+                }
+            };
+            if let Some(out) = self.handle(py, &mut reader, message, &body)? {
+                return Ok(Some(out));
+            }
+        }
+    }
+
+    /// Sends a message given as a dict (init_done, log, model_control, metric, ...), checked
+    /// against the protocol first.
+    fn send(&self, py: Python<'_>, message: &Bound<'_, PyDict>) -> PyResult<()> {
+        let frame = checked_frame(message)?;
+        self.write(py, frame)
+    }
+
+    /// Queues a message (a dict) to go out ahead of the next frame; safe in `__del__`.
+    fn queue(&self, message: &Bound<'_, PyDict>) -> PyResult<()> {
+        let value = from_py(message.as_any())?;
+        let message: FromStub = serde_json::from_value(value)
+            .map_err(|e| PyValueError::new_err(format!("not a stub message: {e}")))?;
+        self.releases.push(&message);
+        Ok(())
+    }
+
+    /// `execute_done` for a default-mode execute: one response per request state, outputs
+    /// filtered by what each request asked for, all in one segment.
+    fn send_execute_done(
+        &self,
+        py: Python<'_>,
+        id: u64,
+        states: &Bound<'_, PyList>,
+        responses: &Bound<'_, PyList>,
+    ) -> PyResult<()> {
+        let mut out = Outgoing::default();
+        let mut wire = Vec::with_capacity(responses.len());
+        for (state, response) in states.iter().zip(responses.iter()) {
+            let state = state.cast_into::<RequestState>()?;
+            let response = response.cast_into::<InferenceResponse>()?;
+            let names = state.borrow().requested_output_names.clone();
+            wire.push(encode_response(py, &response, &names, &mut out)?);
+        }
+        let (segment, refs) = out.write(py, self.stub_segments()?)?;
+        let responses = wire
+            .into_iter()
+            .map(|(mut r, indexes)| {
+                r.outputs = indexes.into_iter().map(|i| refs[i].clone()).collect();
+                r
+            })
+            .collect();
+        self.write_message(
+            py,
+            &FromStub::ExecuteDone {
+                id,
+                responses,
+                error: None,
+                segment,
+            },
+        )
+    }
+
+    /// `execute_done` of an execute that failed as a whole (decoupled or not), or of a
+    /// decoupled execute that returned (`message` None).
+    #[pyo3(signature = (id, message=None))]
+    fn send_execute_end(&self, py: Python<'_>, id: u64, message: Option<String>) -> PyResult<()> {
+        self.write_message(
+            py,
+            &FromStub::ExecuteDone {
+                id,
+                responses: Vec::new(),
+                error: message.map(|m| ErrorObject::new(ErrorCode::Internal, m)),
+                segment: None,
+            },
+        )
+    }
+
+    /// A decoupled sender's `send(response, flags)` for the request of `state`.
+    fn send_response(
+        &self,
+        py: Python<'_>,
+        state: &Bound<'_, RequestState>,
+        response: Option<&Bound<'_, InferenceResponse>>,
+        flags: u32,
+    ) -> PyResult<()> {
+        let (key, names) = {
+            let s = state.borrow();
+            (s.key, s.requested_output_names.clone())
+        };
+        let (response, segment) = match response {
+            None => (None, None),
+            Some(response) => {
+                let mut out = Outgoing::default();
+                let (mut wire, indexes) = encode_response(py, response, &names, &mut out)?;
+                let (segment, refs) = out.write(py, self.stub_segments()?)?;
+                wire.outputs = indexes.into_iter().map(|i| refs[i].clone()).collect();
+                (Some(wire), segment)
+            }
+        };
+        self.write_message(
+            py,
+            &FromStub::Response {
+                key,
+                response,
+                flags,
+                segment,
+            },
+        )
+    }
+
+    /// Sends `request` as BLS call `id`.
+    fn send_bls_request(
+        &self,
+        py: Python<'_>,
+        id: u64,
+        request: &Bound<'_, InferenceRequest>,
+        decoupled: bool,
+    ) -> PyResult<()> {
+        let r = request.borrow();
+        let mut out = Outgoing::default();
+        for tensor in r.inputs.bind(py).iter() {
+            out.add(py, &tensor.cast_into()?)?;
+        }
+        let (segment, inputs) = out.write(py, self.stub_segments()?)?;
+        let request = RequestObject {
+            request_id: r.request_id.clone(),
+            correlation_id: r.correlation_id.clone(),
+            flags: r.flags,
+            parameters: r.parameters.clone(),
+            inputs,
+            requested_output_names: r.requested_output_names.clone(),
+            key: None,
+            model_name: r.model_name.clone(),
+            model_version: r.model_version,
+            timeout_us: r.timeout,
+        };
+        drop(r);
+        self.write_message(
+            py,
+            &FromStub::BlsRequest {
+                id,
+                request,
+                decoupled,
+                segment,
+            },
+        )
+    }
+
+    /// While true, queued releases wake no one: the reply being sent carries them.
+    fn set_replying(&self, replying: bool) {
+        self.releases.set_replying(replying);
+    }
+
+    /// Removes every file under the segment prefix (the stub is exiting).
+    fn unlink_prefix(&self) {
+        if let Some(stub) = self.stub.get() {
+            stub.unlink_prefix();
+        }
+    }
+}
+
+impl Channel {
+    fn stub_segments(&self) -> PyResult<&StubSegments> {
+        self.stub.get().map(|s| &**s).ok_or_else(|| {
+            PyValueError::new_err(
+                "no shared-memory prefix: no init message with a valid 'shm_prefix' was received",
+            )
+        })
+    }
+
+    fn write_message(&self, py: Python<'_>, message: &FromStub) -> PyResult<()> {
+        let frame = frame::encode(message).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.write(py, frame)
+    }
+
+    /// Writes `frame` after every queued frame, in one write, with the GIL released.
+    fn write(&self, py: Python<'_>, frame: Vec<u8>) -> PyResult<()> {
+        let writer = &self.writer;
+        let releases = &self.releases;
+        py.detach(|| {
+            let mut stream = writer.lock().unwrap_or_else(|e| e.into_inner());
+            let mut bytes = releases.take();
+            let all = if bytes.is_empty() {
+                frame
+            } else {
+                bytes.extend_from_slice(&frame);
+                bytes
+            };
+            stream.write_all(&all)
+        })
+        .map_err(|e| PyConnectionError::new_err(e.to_string()))
+    }
+
+    /// Acts on one message; `Some` when Python must see it.
+    fn handle<'py>(
+        &self,
+        py: Python<'py>,
+        reader: &mut Reader,
+        message: ToStub,
+        body: &[u8],
+    ) -> PyResult<Option<(String, Bound<'py, PyAny>)>> {
+        let as_dict = |op: &str| -> PyResult<Option<(String, Bound<'py, PyAny>)>> {
+            let value: serde_json::Value = serde_json::from_slice(body)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            Ok(Some((op.to_owned(), to_py(py, &value)?)))
+        };
+        match message {
+            ToStub::Init {
+                shm_prefix,
+                decoupled,
+                ..
+            } => {
+                self.decoupled.store(decoupled, Ordering::Release);
+                self.configure(reader, shm_prefix);
+                as_dict("init")
+            }
+            ToStub::AutoComplete { shm_prefix, .. } => {
+                self.configure(reader, shm_prefix);
+                as_dict("auto_complete")
+            }
+            ToStub::Finalize => as_dict("finalize"),
+            ToStub::ModelControlDone { .. } => as_dict("model_control_done"),
+            ToStub::MetricDone { .. } => as_dict("metric_done"),
+            ToStub::Cancel { key } => {
+                let flag = self
+                    .cancels
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key)
+                    .and_then(Weak::upgrade);
+                if let Some(flag) = flag {
+                    flag.store(true, Ordering::Release);
+                }
+                Ok(None)
+            }
+            ToStub::Release { segment } => {
+                let released = self.stub.get().is_some_and(|s| s.release(&segment));
+                if !released {
+                    warn(&format!(
+                        "ignoring release of unknown or free segment {segment:?}"
+                    ));
+                }
+                Ok(None)
+            }
+            ToStub::Execute {
+                id,
+                requests,
+                segment,
+            } => {
+                let (list, error) = match self.execute_requests(py, reader, requests, segment) {
+                    Ok(list) => (list, None),
+                    Err(e) => (
+                        PyList::empty(py),
+                        Some(format!("invalid execute message from the server: {e}")),
+                    ),
+                };
+                let payload = PyTuple::new(
+                    py,
+                    [
+                        id.into_pyobject(py)?.into_any(),
+                        list.into_any(),
+                        error.into_pyobject(py)?.into_any(),
+                    ],
+                )?;
+                Ok(Some(("execute".into(), payload.into_any())))
+            }
+            ToStub::BlsResponse {
+                id,
+                response,
+                is_final,
+                segment,
+            } => {
+                let (response, error) = match (&response, reader.parents.as_mut()) {
+                    (None, parents) => {
+                        if let Some(parents) = parents {
+                            parents.release_unused(segment.as_deref());
+                        }
+                        (None, None)
+                    }
+                    (Some(_), None) => (None, Some("BLS response before init".to_owned())),
+                    (Some(r), Some(parents)) => {
+                        match decode_response(py, parents, r, segment.as_deref()) {
+                            Ok(r) => (Some(Bound::new(py, r)?.into_any()), None),
+                            Err(e) => (None, Some(format!("invalid BLS response from the server: {e}"))),
+                        }
+                    }
+                };
+                let payload = PyTuple::new(
+                    py,
+                    [
+                        id.into_pyobject(py)?.into_any(),
+                        pyo3::types::PyBool::new(py, is_final).to_owned().into_any(),
+                        response.into_pyobject(py)?.into_any(),
+                        error.into_pyobject(py)?.into_any(),
+                    ],
+                )?;
+                Ok(Some(("bls_response".into(), payload.into_any())))
+            }
+        }
+    }
+
+    fn configure(&self, reader: &mut Reader, prefix: String) {
+        if prefix.is_empty() || self.stub.get().is_some() {
+            return;
+        }
+        reader.parents = Some(ParentSegments::new(prefix.clone(), self.releases.clone()));
+        let _ = self.stub.set(Arc::new(StubSegments::new(prefix)));
+    }
+
+    fn execute_requests<'py>(
+        &self,
+        py: Python<'py>,
+        reader: &mut Reader,
+        requests: Vec<RequestObject>,
+        segment: Option<String>,
+    ) -> Result<Bound<'py, PyList>, String> {
+        let Some(parents) = reader.parents.as_mut() else {
+            return Err("execute received before init".into());
+        };
+        let refs: Vec<&TensorRef> = requests.iter().flat_map(|r| r.inputs.iter()).collect();
+        let mut tensors = decode_tensors(py, parents, segment.as_deref(), &refs)?.into_iter();
+        let decoupled = self.decoupled.load(Ordering::Acquire);
+        let py_err = |e: PyErr| e.value(py).to_string();
+        let list = PyList::empty(py);
+        let mut cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+        if cancels.len() > 1024 {
+            cancels.retain(|_, flag| flag.strong_count() > 0);
+        }
+        for request in requests {
+            let Some(key) = request.key else {
+                return Err("a request lacks its 'key'".into());
+            };
+            let inputs = PyList::empty(py);
+            for tensor in tensors.by_ref().take(request.inputs.len()) {
+                inputs
+                    .append(Bound::new(py, tensor).map_err(py_err)?)
+                    .map_err(py_err)?;
+            }
+            let state = RequestState::new(key, decoupled, request.requested_output_names);
+            cancels.insert(key, Arc::downgrade(&state.cancelled));
+            let state = Bound::new(py, state).map_err(py_err)?;
+            let request = InferenceRequest::from_server(
+                request.request_id,
+                request.correlation_id,
+                inputs,
+                request.model_name,
+                request.model_version,
+                request.flags,
+                request.timeout_us,
+                request.parameters,
+                state,
+            );
+            list.append(Bound::new(py, request).map_err(py_err)?)
+                .map_err(py_err)?;
+        }
+        Ok(list)
+    }
+}
+
+/// Whether `body` is a JSON object whose `op` this protocol revision does not know (a newer
+/// server's message: ignored, as the protocol says).
+fn unknown_op(body: &[u8]) -> bool {
+    const KNOWN: [&str; 9] = [
+        "init",
+        "auto_complete",
+        "execute",
+        "bls_response",
+        "cancel",
+        "model_control_done",
+        "metric_done",
+        "release",
+        "finalize",
+    ];
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("op").and_then(|op| op.as_str().map(str::to_owned)))
+        .is_some_and(|op| !KNOWN.contains(&op.as_str()))
+}
+
+fn checked_frame(message: &Bound<'_, PyDict>) -> PyResult<Vec<u8>> {
+    let value = from_py(message.as_any())?;
+    let message: FromStub = serde_json::from_value(value).map_err(|e| {
+        let op = message
+            .get_item("op")
+            .ok()
+            .flatten()
+            .and_then(|o| o.cast_into::<PyString>().ok().map(|s| s.to_string()))
+            .unwrap_or_default();
+        PyValueError::new_err(format!("not a valid '{op}' message: {e}"))
+    })?;
+    frame::encode(&message).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn spawn_release_thread(writer: Arc<Mutex<UnixStream>>, releases: Arc<Releases>) -> PyResult<()> {
+    std::thread::Builder::new()
+        .name("nereid-release".into())
+        .spawn(move || {
+            loop {
+                releases.wait();
+                let mut stream = writer.lock().unwrap_or_else(|e| e.into_inner());
+                let bytes = releases.take();
+                if !bytes.is_empty() && stream.write_all(&bytes).is_err() {
+                    return; // the server is gone; the main thread finds out on its next read
+                }
+            }
+        })?;
+    Ok(())
+}
+
+fn warn(text: &str) {
+    eprintln!("nereid stub: {text}");
+}

@@ -1,0 +1,19 @@
+//! The Python stub protocol, defined once (docs/internals/python-stub-protocol.md).
+//!
+//! The server (`nereid-data-plane`, backend/python) and the stub's compiled core
+//! (`nereid-stub-core`, the `nereid_stub_core` Python extension) both speak through these types:
+//!
+//! ```text
+//!  server ── ToStub ──► frame::encode ──► socket ──► frame::read_frame ──► decode ──► stub core
+//!  server ◄── decode ◄── frame::read_frame ◄── socket ◄── frame::encode ◄── FromStub ── stub core
+//! ```
+//!
+//! [`message`] holds every message, [`frame`] the length-prefixed framing. [`PROTOCOL_VERSION`]
+//! is sent in `init`/`auto_complete`; a stub core built from another revision refuses it, so a
+//! stale extension module is a load error rather than a misread frame.
+
+pub mod frame;
+pub mod message;
+
+/// Bumped whenever a message changes shape. The server and the stub core compare it at start.
+pub const PROTOCOL_VERSION: u32 = 2;
