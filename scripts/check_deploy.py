@@ -381,6 +381,11 @@ def check_dockerfile(f: Failures) -> None:
         got = re.search(rf"^ARG {pin}=(\S+)", docker.read_text(), re.M)
         if not (want and got) or want.group(1) != got.group(1):
             f.add(rel(docker), f"ARG {pin}={got and got.group(1)} differs from scripts/setup.sh {pin}={want and want.group(1)}")
+    # The server finds the Python stub's compiled core next to its executable only.
+    copies = [line for line in docker.read_text().splitlines() if line.startswith("COPY")]
+    if not any("/out/nereid " in c and "libnereid_stub_core.so" in c for c in copies):
+        f.add(rel(docker), "the runtime image must copy libnereid_stub_core.so next to the nereid binary "
+                           "(the Python backend's compiled stub core)")
 
 
 def main() -> int:

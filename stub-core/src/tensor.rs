@@ -133,21 +133,22 @@ impl Tensor {
         }
     }
 
-    /// The host array, made from the segment range on first use.
+    /// The host array, made from the segment range (or empty, for a tensor without data) on
+    /// first use; None only for a GPU tensor without a host copy.
     pub fn array<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if self.array.is_none()
-            && let Some(slice) = &self.slice
-        {
+        if self.array.is_none() && self.device.is_none() {
             let typestr = datatype(self.datatype).map_or("|u1", |d| d.2);
-            let array = if slice.nbytes == 0 {
-                hooks::numpy(py)?.call_method1("empty", (self.shape.clone(), typestr))?
-            } else {
-                let view = SegmentView {
-                    slice: slice.clone(),
-                    shape: self.shape.clone(),
-                    typestr,
-                };
-                hooks::numpy(py)?.call_method1("asarray", (Bound::new(py, view)?,))?
+            let array = match &self.slice {
+                Some(slice) if slice.nbytes > 0 => {
+                    let view = SegmentView {
+                        slice: slice.clone(),
+                        shape: self.shape.clone(),
+                        typestr,
+                    };
+                    hooks::numpy(py)?.call_method1("asarray", (Bound::new(py, view)?,))?
+                }
+                // No data: an empty tensor.
+                _ => hooks::numpy(py)?.call_method1("empty", (self.shape.clone(), typestr))?,
             };
             self.array = Some(array.unbind());
         }

@@ -108,12 +108,7 @@ fn tensor_from(py: Python<'_>, c: Checked<'_>, lease: Option<&Arc<Lease>>) -> Re
     let name = c.tensor.name.clone();
     let shape = c.tensor.shape.clone();
     if c.datatype != "BYTES" {
-        let mut tensor = Tensor::from_segment(name, c.datatype, shape, slice, None);
-        if c.nbytes == 0 {
-            // No data (an empty tensor): an empty array now, nothing to map.
-            tensor.array(py).map_err(|e| e.to_string())?;
-        }
-        return Ok(tensor);
+        return Ok(Tensor::from_segment(name, c.datatype, shape, slice, None));
     }
     let bytes = match &slice {
         Some(s) => {

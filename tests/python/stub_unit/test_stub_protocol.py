@@ -481,3 +481,36 @@ def test_default_mode_model_may_answer_through_its_response_sender(parent):
     reply = parent.recv_op("execute_done")
     assert reply["error"] is None
     assert [parent.outputs(r, reply["segment"])["Y"].tolist() for r in reply["responses"]] == [[3, 6], [15]]
+
+
+def test_empty_inputs_are_empty_arrays_and_pass_through(parent):
+    """Tensors without data (a zero in the shape) travel without a segment and reach the model
+    as empty arrays of their shape and dtype, numeric and BYTES alike; a tensor the model sends
+    on untouched is copied from the server's segment directly."""
+    assert parent.init("""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for request in requests:
+                    tensors = request.inputs()
+                    a = tensors[0].as_numpy()
+                    pb_utils.Logger.log_info("{} {} {}".format(a.shape, a.dtype, tensors[1].as_numpy().shape))
+                    out.append(pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("A", a), pb_utils.Tensor("B", tensors[1].as_numpy()), tensors[2]]))
+                return out
+    """)["error"] is None
+    segment = parent.execute([{"inputs": [("A", np.zeros((2, 0), np.float32)),
+                                          ("B", np.array([], dtype=object)),
+                                          ("C", np.arange(3, dtype=np.int16))]}])
+    reply = parent.recv_op("execute_done")
+    assert reply["error"] is None, reply
+    response = reply["responses"][0]
+    a, b, c = response["outputs"]
+    assert (a["datatype"], a["shape"], a["nbytes"]) == ("FP32", [2, 0], 0)
+    assert (b["datatype"], b["shape"], b["nbytes"]) == ("BYTES", [0], 0)
+    assert (c["name"], c["datatype"], c["shape"]) == ("C", "INT16", [3])
+    np.testing.assert_array_equal(parent.outputs(response, reply["segment"])["C"], np.arange(3))
+    assert ("INFO", "(2, 0) float32 (0,)") in parent.logs
+    parent.wait_released(segment)
