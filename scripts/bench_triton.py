@@ -7,7 +7,7 @@ HTTP) and concurrency (1, 8, 32), perf_analyzer runs against Nereid, then Triton
 (interleaved, so a busy neighbour on a shared machine hits both alike). Besides throughput and
 latency, each server's CPU time per inference: utime+stime of the server process and its
 children (the Python stubs), read from /proc before and after the level, divided by the
-inferences the server's statistics counted in that time. That figure holds on a shared machine;
+inferences the server's statistics counted in that time, in all and split into server + stubs. That figure holds on a shared machine;
 throughput does not.
 
 usage: scripts/bench_triton.py [OUT_DIR]    (default target/bench; writes triton.json there and
@@ -44,7 +44,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds(pid):
-    """utime+stime of `pid` and every live descendant, in seconds."""
+    """utime+stime of `pid` itself and of every live descendant (the Python stubs), in seconds."""
     children = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -58,12 +58,12 @@ def tree_cpu_seconds(pid):
     total, todo = 0, [pid]
     own = Path(f"/proc/{pid}/stat").read_text()
     fields = own[own.rindex(")") + 2:].split()
-    total += int(fields[11]) + int(fields[12])
+    server = int(fields[11]) + int(fields[12])
     while todo:
         for child, f in children.get(todo.pop(), []):
             total += int(f[11]) + int(f[12])
             todo.append(child)
-    return total / TICKS
+    return server / TICKS, total / TICKS
 
 
 def inference_count(server, model):
@@ -101,7 +101,9 @@ def perf_analyzer_once(server, model, protocol, concurrency, work, interval, tri
         "throughput": float(row["Inferences/Second"]),
         "p50_us": int(row["p50 latency"]),
         "p99_us": int(row["p99 latency"]),
-        "cpu_us_per_inference": (cpu1 - cpu0) * 1e6 / max(1, n1 - n0),
+        "cpu_us_per_inference": (sum(cpu1) - sum(cpu0)) * 1e6 / max(1, n1 - n0),
+        "server_cpu_us_per_inference": (cpu1[0] - cpu0[0]) * 1e6 / max(1, n1 - n0),
+        "stub_cpu_us_per_inference": (cpu1[1] - cpu0[1]) * 1e6 / max(1, n1 - n0),
         "inferences": n1 - n0,
         "command": " ".join(cmd).replace(str(ROOT) + "/", ""),
     }
@@ -129,18 +131,24 @@ def main():
     (out_dir / "triton.json").write_text(json.dumps(rows, indent=2))
     print("\n## Nereid versus Triton 2.51 (Python backend, perf_analyzer)\n")
     print("| model | protocol | concurrency | Nereid infer/s | Triton infer/s | ratio | "
-          "Nereid p50 µs | Triton p50 µs | Nereid CPU µs/inf | Triton CPU µs/inf |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "Nereid p50 µs | Triton p50 µs | Nereid CPU µs/inf | Triton CPU µs/inf | "
+          "Nereid server + stub µs | Triton server + stub µs |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         n, t = r["nereid"], r["triton"]
         if n is None or t is None:
             print(f"| {r['model']} | {r['protocol']} | {r['concurrency']} | unstable |  |  |  |"
-                  "  |  |  |")
+                  "  |  |  |  |  |")
             continue
         print(f"| {r['model']} | {r['protocol']} | {r['concurrency']} | {n['throughput']:.0f} | "
               f"{t['throughput']:.0f} | {n['throughput'] / t['throughput']:.2f} | {n['p50_us']} | "
               f"{t['p50_us']} | {n['cpu_us_per_inference']:.0f} | "
-              f"{t['cpu_us_per_inference']:.0f} |")
+              f"{t['cpu_us_per_inference']:.0f} | {split(n)} | {split(t)} |")
+
+
+def split(result):
+    """`server + stubs` CPU µs per inference."""
+    return f"{result['server_cpu_us_per_inference']:.0f} + {result['stub_cpu_us_per_inference']:.0f}"
 
 
 if __name__ == "__main__":

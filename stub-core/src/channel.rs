@@ -125,7 +125,8 @@ impl Channel {
     }
 
     /// `execute_done` for a default-mode execute: one response per request state, outputs
-    /// filtered by what each request asked for, all in one segment.
+    /// filtered by what each request asked for, all in one segment. Empties `responses` once
+    /// their data is copied.
     fn send_execute_done(
         &self,
         py: Python<'_>,
@@ -142,6 +143,10 @@ impl Channel {
             wire.push(encode_response(py, &response, &names, &mut out)?);
         }
         let (segment, refs) = out.write(py, self.stub_segments()?)?;
+        // The data is copied: drop the responses now, so the inputs their tensors may hold are
+        // released in this same write (the caller's `set_replying` keeps the release thread
+        // asleep meanwhile).
+        responses.call_method0("clear")?;
         let responses = wire
             .into_iter()
             .map(|(mut r, indexes)| {

@@ -110,8 +110,10 @@ impl Releases {
         let Ok(bytes) = frame::encode(message) else {
             return;
         };
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        pending.extend_from_slice(&bytes);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(&bytes);
         if !self.replying.load(Ordering::Acquire) {
             self.wake.notify_one();
         }
@@ -124,7 +126,12 @@ impl Releases {
 
     pub fn set_replying(&self, replying: bool) {
         self.replying.store(replying, Ordering::Release);
-        if !replying && !self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        let pending = !self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        if !replying && pending {
             self.wake.notify_one();
         }
     }
