@@ -9,6 +9,9 @@ InferenceRequest and InferenceResponse; this file orchestrates (threads, model c
 Threads and flow
 ----------------
 
+    parent ══ two connections: answers (the parent's frames, and init_done / execute_done / ...)
+              and events (logs, decoupled responses, BLS calls, metrics, releases)
+
     parent ──frames──> main thread: reads frames itself (Channel.recv, GIL released while
                         │          blocked; cancel and release are answered inside it); runs
                         │          init, auto_complete, execute, finalize (model code) where it
@@ -595,13 +598,17 @@ def main(argv):
         _warn("usage: nereid_stub.py SOCKET_PATH")
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(argv[1])
-    except OSError as e:
-        _warn("cannot connect to {}: {}".format(argv[1], e))
-        return 1
-    stub = Stub(_core.Channel(sock.detach()))
+    # Two connections, in this order: answers (and everything the server sends), then events.
+    fds = []
+    for _ in range(2):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(argv[1])
+        except OSError as e:
+            _warn("cannot connect to {}: {}".format(argv[1], e))
+            return 1
+        fds.append(sock.detach())
+    stub = Stub(_core.Channel(*fds))
     try:
         stub.serve()
     except SystemExit as e:  # sys.exit() in model code ends the stub, as in Triton

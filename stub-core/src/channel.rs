@@ -1,7 +1,13 @@
-//! `Channel`: the stub's end of the socket. Reads frames with the GIL released and decodes
-//! them with the protocol's types, answers what needs no model code itself (`cancel`,
-//! `release`), and writes frames with every queued release in front, in one write. A release
-//! thread sends queued releases when no other frame is on its way.
+//! `Channel`: the stub's end of its two connections to the server. The *answers* connection
+//! carries everything the server sends and the stub's answers (`init_done`,
+//! `auto_complete_done`, `execute_done`, `finalize_done`), which the server's waiting thread
+//! reads itself; the *events* connection carries the rest (logs, decoupled responses, BLS
+//! calls, metrics, model control), read by the server's reader thread.
+//!
+//! Reads frames with the GIL released and decodes them with the protocol's types, answers what
+//! needs no model code itself (`cancel`, `release`), and writes frames with every queued
+//! release in front, in one write. A release thread sends queued releases when no other frame
+//! is on its way.
 //!
 //! `recv()` gives `(op, payload)`:
 //! * `("execute", (id, [InferenceRequest], error))`: `error` is the text of a malformed message
@@ -38,11 +44,13 @@ struct Reader {
     parents: Option<ParentSegments>,
 }
 
-/// `nereid_stub_core.Channel(fd)`: takes ownership of the connected socket `fd`.
+/// `nereid_stub_core.Channel(answers_fd, events_fd)`: takes ownership of both connected
+/// sockets.
 #[pyclass(module = "nereid_stub_core", frozen)]
 pub struct Channel {
     reader: Mutex<Reader>,
-    writer: Arc<Mutex<UnixStream>>,
+    answers: Mutex<UnixStream>,
+    events: Arc<Mutex<UnixStream>>,
     releases: Arc<Releases>,
     stub: OnceLock<Arc<StubSegments>>,
     /// Cancellation flags of the requests still alive, by key.
@@ -53,21 +61,30 @@ pub struct Channel {
 #[pymethods]
 impl Channel {
     #[new]
-    fn new(fd: i32) -> PyResult<Self> {
-        if fd < 0 {
-            return Err(PyValueError::new_err("Channel needs an open socket descriptor"));
+    fn new(answers_fd: i32, events_fd: i32) -> PyResult<Self> {
+        if answers_fd < 0 || events_fd < 0 || answers_fd == events_fd {
+            return Err(PyValueError::new_err(
+                "Channel needs two open socket descriptors",
+            ));
         }
-        // SAFETY: the caller hands over `fd` (`socket.detach()`); nothing else closes it.
-        let stream = unsafe { UnixStream::from_raw_fd(fd) };
-        let writer = Arc::new(Mutex::new(stream.try_clone()?));
+        // SAFETY: the caller hands both descriptors over (`socket.detach()`); nothing else
+        // closes them.
+        let (stream, events) = unsafe {
+            (
+                UnixStream::from_raw_fd(answers_fd),
+                UnixStream::from_raw_fd(events_fd),
+            )
+        };
+        let events = Arc::new(Mutex::new(events));
         let releases = Arc::new(Releases::default());
-        spawn_release_thread(writer.clone(), releases.clone())?;
+        spawn_release_thread(events.clone(), releases.clone())?;
         Ok(Channel {
+            answers: Mutex::new(stream.try_clone()?),
             reader: Mutex::new(Reader {
                 stream: BufReader::with_capacity(64 << 10, stream),
                 parents: None,
             }),
-            writer,
+            events,
             releases,
             stub: OnceLock::new(),
             cancels: Mutex::new(HashMap::new()),
@@ -84,7 +101,10 @@ impl Channel {
     /// The next message for Python (see the module docs); None at the end of the stream.
     /// Raises ValueError on a protocol error.
     fn recv<'py>(&self, py: Python<'py>) -> PyResult<Option<(String, Bound<'py, PyAny>)>> {
-        let mut reader = self.reader.lock_py_attached(py).unwrap_or_else(|e| e.into_inner());
+        let mut reader = self
+            .reader
+            .lock_py_attached(py)
+            .unwrap_or_else(|e| e.into_inner());
         loop {
             let stream = &mut reader.stream;
             let body = match py.detach(|| frame::read_frame(stream)) {
@@ -111,8 +131,8 @@ impl Channel {
     /// Sends a message given as a dict (init_done, log, model_control, metric, ...), checked
     /// against the protocol first.
     fn send(&self, py: Python<'_>, message: &Bound<'_, PyDict>) -> PyResult<()> {
-        let frame = checked_frame(message)?;
-        self.write(py, frame)
+        let (frame, answer) = checked_frame(message)?;
+        self.write(py, frame, answer)
     }
 
     /// Queues a message (a dict) to go out ahead of the next frame; safe in `__del__`.
@@ -275,12 +295,13 @@ impl Channel {
 
     fn write_message(&self, py: Python<'_>, message: &FromStub) -> PyResult<()> {
         let frame = frame::encode(message).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        self.write(py, frame)
+        self.write(py, frame, is_answer(message))
     }
 
-    /// Writes `frame` after every queued frame, in one write, with the GIL released.
-    fn write(&self, py: Python<'_>, frame: Vec<u8>) -> PyResult<()> {
-        let writer = &self.writer;
+    /// Writes `frame` after every queued frame, in one write, with the GIL released: on the
+    /// answers connection for an answer, else on the events connection.
+    fn write(&self, py: Python<'_>, frame: Vec<u8>, answer: bool) -> PyResult<()> {
+        let writer = if answer { &self.answers } else { &*self.events };
         let releases = &self.releases;
         py.detach(|| {
             let mut stream = writer.lock().unwrap_or_else(|e| e.into_inner());
@@ -305,8 +326,8 @@ impl Channel {
         body: &[u8],
     ) -> PyResult<Option<(String, Bound<'py, PyAny>)>> {
         let as_dict = |op: &str| -> PyResult<Option<(String, Bound<'py, PyAny>)>> {
-            let value: serde_json::Value = serde_json::from_slice(body)
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            let value: serde_json::Value =
+                serde_json::from_slice(body).map_err(|e| PyValueError::new_err(e.to_string()))?;
             Ok(Some((op.to_owned(), to_py(py, &value)?)))
         };
         match message {
@@ -386,7 +407,10 @@ impl Channel {
                     (Some(r), Some(parents)) => {
                         match decode_response(py, parents, r, segment.as_deref()) {
                             Ok(r) => (Some(Bound::new(py, r)?.into_any()), None),
-                            Err(e) => (None, Some(format!("invalid BLS response from the server: {e}"))),
+                            Err(e) => (
+                                None,
+                                Some(format!("invalid BLS response from the server: {e}")),
+                            ),
                         }
                     }
                 };
@@ -482,7 +506,20 @@ fn unknown_op(body: &[u8]) -> bool {
         .is_some_and(|op| !KNOWN.contains(&op.as_str()))
 }
 
-fn checked_frame(message: &Bound<'_, PyDict>) -> PyResult<Vec<u8>> {
+/// Whether `message` answers a server command (and so goes on the answers connection).
+fn is_answer(message: &FromStub) -> bool {
+    matches!(
+        message,
+        FromStub::InitDone { .. }
+            | FromStub::AutoCompleteDone { .. }
+            | FromStub::ExecuteDone { .. }
+            | FromStub::FinalizeDone { .. }
+    )
+}
+
+/// The frame of a message given as a dict, checked against the protocol, and whether it is an
+/// answer.
+fn checked_frame(message: &Bound<'_, PyDict>) -> PyResult<(Vec<u8>, bool)> {
     let value = from_py(message.as_any())?;
     let message: FromStub = serde_json::from_value(value).map_err(|e| {
         let op = message
@@ -493,7 +530,8 @@ fn checked_frame(message: &Bound<'_, PyDict>) -> PyResult<Vec<u8>> {
             .unwrap_or_default();
         PyValueError::new_err(format!("not a valid '{op}' message: {e}"))
     })?;
-    frame::encode(&message).map_err(|e| PyValueError::new_err(e.to_string()))
+    let frame = frame::encode(&message).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((frame, is_answer(&message)))
 }
 
 fn spawn_release_thread(writer: Arc<Mutex<UnixStream>>, releases: Arc<Releases>) -> PyResult<()> {

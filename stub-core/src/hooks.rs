@@ -22,11 +22,14 @@ pub fn install(module: Bound<'_, PyModule>) {
 /// The installed `triton_python_backend_utils`.
 pub fn pb_utils(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     let installed = PB_UTILS.lock().unwrap_or_else(|e| e.into_inner());
-    installed.as_ref().map(|m| m.bind(py).clone()).ok_or_else(|| {
-        PyRuntimeError::new_err(
-            "nereid_stub_core is used before triton_python_backend_utils installed itself",
-        )
-    })
+    installed
+        .as_ref()
+        .map(|m| m.bind(py).clone())
+        .ok_or_else(|| {
+            PyRuntimeError::new_err(
+                "nereid_stub_core is used before triton_python_backend_utils installed itself",
+            )
+        })
 }
 
 /// The `numpy` module, imported once.

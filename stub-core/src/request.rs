@@ -218,7 +218,10 @@ impl InferenceRequest {
                 Err(_) => {
                     return Err(model_error(
                         py,
-                        format!("InferenceRequest request_id must be a str, got {}", id.repr()?),
+                        format!(
+                            "InferenceRequest request_id must be a str, got {}",
+                            id.repr()?
+                        ),
                     ));
                 }
             },
@@ -341,7 +344,9 @@ impl InferenceRequest {
                 ),
             ));
         };
-        self.state(py, "set_release_flags()")?.borrow_mut().release_flags = value;
+        self.state(py, "set_release_flags()")?
+            .borrow_mut()
+            .release_flags = value;
         Ok(())
     }
 
@@ -370,7 +375,10 @@ fn check_int(
     let number = if value.is_instance_of::<PyBool>() {
         None
     } else {
-        value.extract::<i128>().ok().filter(|v| (low..high).contains(v))
+        value
+            .extract::<i128>()
+            .ok()
+            .filter(|v| (low..high).contains(v))
     };
     number.ok_or_else(|| {
         model_error(

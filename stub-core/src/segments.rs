@@ -188,7 +188,11 @@ impl ParentSegments {
 
     /// A lease on `segment` covering bytes `..end`; `None` when `end` is 0 (the segment, if
     /// any, is released at once).
-    pub fn lease(&mut self, segment: Option<&str>, end: usize) -> Result<Option<Arc<Lease>>, String> {
+    pub fn lease(
+        &mut self,
+        segment: Option<&str>,
+        end: usize,
+    ) -> Result<Option<Arc<Lease>>, String> {
         if end == 0 {
             self.release_unused(segment);
             return Ok(None);
@@ -223,7 +227,8 @@ impl ParentSegments {
         let (file, writable) = match open(&path, true) {
             Ok(file) => (file, true),
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => (
-                open(&path, false).map_err(|e| format!("cannot open segment '{segment}' ({path}): {e}"))?,
+                open(&path, false)
+                    .map_err(|e| format!("cannot open segment '{segment}' ({path}): {e}"))?,
                 false,
             ),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {

@@ -37,11 +37,15 @@ pub fn datatype(wire: &str) -> Option<(&'static str, u32, &'static str, usize)> 
 
 /// The wire name of a NumPy dtype, `None` when Triton has no such datatype.
 fn wire_from_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<Option<&'static str>> {
-    let kind: String = dtype.getattr(pyo3::intern!(dtype.py(), "kind"))?.extract()?;
+    let kind: String = dtype
+        .getattr(pyo3::intern!(dtype.py(), "kind"))?
+        .extract()?;
     if matches!(kind.as_str(), "O" | "S" | "U") {
         return Ok(Some("BYTES"));
     }
-    let size: usize = dtype.getattr(pyo3::intern!(dtype.py(), "itemsize"))?.extract()?;
+    let size: usize = dtype
+        .getattr(pyo3::intern!(dtype.py(), "itemsize"))?
+        .extract()?;
     let wire = match (kind.as_str(), size) {
         ("b", 1) => "BOOL",
         ("u", 1) => "UINT8",
@@ -161,9 +165,16 @@ impl Tensor {
             return Ok(array);
         }
         let Some(device) = &self.device else {
-            return Err(model_error(py, format!("tensor '{}' has no data", self.name)));
+            return Err(model_error(
+                py,
+                format!("tensor '{}' has no data", self.name),
+            ));
         };
-        let array = hooks::call(py, "_copy_to_host", (self.name.clone(), device.clone_ref(py)))?;
+        let array = hooks::call(
+            py,
+            "_copy_to_host",
+            (self.name.clone(), device.clone_ref(py)),
+        )?;
         self.array = Some(array.clone().unbind());
         Ok(array)
     }
@@ -285,7 +296,10 @@ impl Tensor {
         }
         match self.array(py)? {
             Some(array) => Ok(array),
-            None => Err(model_error(py, format!("tensor '{}' has no data", self.name))),
+            None => Err(model_error(
+                py,
+                format!("tensor '{}' has no data", self.name),
+            )),
         }
     }
 
@@ -314,7 +328,11 @@ impl Tensor {
     }
 
     fn to_dlpack<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        hooks::call(slf.py(), "_tensor_dlpack", (slf.clone(), PyDict::new(slf.py())))
+        hooks::call(
+            slf.py(),
+            "_tensor_dlpack",
+            (slf.clone(), PyDict::new(slf.py())),
+        )
     }
 
     #[pyo3(signature = (stream=None, **kwargs))]

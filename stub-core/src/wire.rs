@@ -96,7 +96,11 @@ fn check_ref(r: &TensorRef) -> Result<Checked<'_>, Invalid> {
     })
 }
 
-fn tensor_from(py: Python<'_>, c: Checked<'_>, lease: Option<&Arc<Lease>>) -> Result<Tensor, Invalid> {
+fn tensor_from(
+    py: Python<'_>,
+    c: Checked<'_>,
+    lease: Option<&Arc<Lease>>,
+) -> Result<Tensor, Invalid> {
     let slice = match (lease, c.nbytes) {
         (Some(lease), n) if n > 0 => Some(SegmentSlice {
             lease: lease.clone(),
@@ -224,7 +228,11 @@ impl<'py> Outgoing<'py> {
     }
 
     /// Writes the data; returns the segment (None when there is no data) and the references.
-    pub fn write(self, py: Python<'_>, segments: &StubSegments) -> PyResult<(Option<String>, Vec<TensorRef>)> {
+    pub fn write(
+        self,
+        py: Python<'_>,
+        segments: &StubSegments,
+    ) -> PyResult<(Option<String>, Vec<TensorRef>)> {
         if self.end == 0 {
             return Ok((None, self.refs));
         }
@@ -263,10 +271,12 @@ pub fn triton_error<'py>(py: Python<'py>, error: &ErrorObject) -> PyResult<Bound
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_else(|| "UNKNOWN".into());
-    let code = pb
-        .getattr("_ERROR_CODES_BY_NAME")?
-        .call_method1("get", (name, pb.getattr("TritonError")?.getattr("UNKNOWN")?))?;
-    pb.getattr("TritonError")?.call1((error.message.clone(), code))
+    let code = pb.getattr("_ERROR_CODES_BY_NAME")?.call_method1(
+        "get",
+        (name, pb.getattr("TritonError")?.getattr("UNKNOWN")?),
+    )?;
+    pb.getattr("TritonError")?
+        .call1((error.message.clone(), code))
 }
 
 /// A response from the server (BLS) as an `InferenceResponse`.
@@ -287,7 +297,11 @@ pub fn decode_response<'py>(
             Some(e) => Some(triton_error(py, e)?.unbind()),
             None => None,
         };
-        Ok(InferenceResponse::from_wire(list, error, response.parameters.clone()))
+        Ok(InferenceResponse::from_wire(
+            list,
+            error,
+            response.parameters.clone(),
+        ))
     };
     build().map_err(|e| e.value(py).to_string())
 }

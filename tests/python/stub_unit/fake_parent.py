@@ -10,6 +10,7 @@ import atexit
 import importlib.util
 import json
 import os
+import select
 import shutil
 import socket
 import struct
@@ -100,10 +101,14 @@ class FakeParent:
             self.proc = subprocess.Popen([PYTHON, "-u", str(STUB), sock_path], cwd=str(self.workdir),
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         try:
+            # The stub connects twice: its answers connection (which also carries everything
+            # sent to it), then its events connection.
             self.conn, _ = listener.accept()
+            self.events, _ = listener.accept()
         finally:
             listener.close()
         self.conn.settimeout(READ_TIMEOUT_S)
+        self.events.settimeout(READ_TIMEOUT_S)
 
     # -- frames -------------------------------------------------------------------------------------
 
@@ -112,15 +117,28 @@ class FakeParent:
         self.conn.sendall(_HEADER.pack(len(payload)) + payload)
 
     def recv(self):
-        header = self._read(4)
+        """The next frame from either connection. Events first: the stub writes them before
+        the answer that follows them (a decoupled model's responses, then execute_done), so
+        whatever an answer waited behind is read first."""
+        readable, _, _ = select.select([self.events, self.conn], [], [], READ_TIMEOUT_S)
+        if not readable:
+            raise AssertionError("no frame from the stub within {} s; stub log:\n{}".format(
+                READ_TIMEOUT_S, self.stub_log()))
+        if self.events not in readable:
+            # An answer is ready: take any event written before it first.
+            early_events, _, _ = select.select([self.events], [], [], 0)
+            sock = self.events if early_events else self.conn
+        else:
+            sock = self.events
+        header = self._read(4, sock)
         (length,) = _HEADER.unpack(header)
-        return json.loads(self._read(length))
+        return json.loads(self._read(length, sock))
 
-    def _read(self, n):
+    def _read(self, n, sock):
         data = b""
         while len(data) < n:
             try:
-                chunk = self.conn.recv(n - len(data))
+                chunk = sock.recv(n - len(data))
             except socket.timeout:
                 raise AssertionError("no frame from the stub within {} s; stub log:\n{}".format(
                     READ_TIMEOUT_S, self.stub_log())) from None
@@ -253,6 +271,7 @@ class FakeParent:
         """Closes the socket (EOF for the stub) and returns its exit status."""
         try:
             self.conn.close()
+            self.events.close()
         finally:
             try:
                 return self.proc.wait(timeout=READ_TIMEOUT_S)

@@ -28,8 +28,10 @@ use tokio::sync::oneshot;
 
 use super::convert;
 use super::link::Link;
-use nereid_stub_protocol::message::{ErrorCode, ErrorObject, RequestObject, ResponseObject, ToStub};
 use super::shm::Packer;
+use nereid_stub_protocol::message::{
+    ErrorCode, ErrorObject, RequestObject, ResponseObject, ToStub,
+};
 
 /// One response of a call: outputs, an error, or nothing (a decoupled model's bare final flag).
 type Answer = Option<Result<InferResponse, ErrorObject>>;

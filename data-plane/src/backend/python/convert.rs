@@ -9,9 +9,11 @@ use nereid_proto::{
 };
 use serde_json::{Map, Number, Value};
 
-use nereid_stub_protocol::message::{CorrelationValue, ErrorCode, ErrorObject, RequestObject, TensorRef};
 use super::shm::Packer;
 use crate::backend::{BackendError, RequestView};
+use nereid_stub_protocol::message::{
+    CorrelationValue, ErrorCode, ErrorObject, RequestObject, TensorRef,
+};
 
 /// What every request object of a model carries about the model itself.
 #[derive(Clone, Debug)]

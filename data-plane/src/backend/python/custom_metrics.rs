@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::link::Link;
-use nereid_stub_protocol::message::{ErrorCode, ErrorObject, ToStub};
 use crate::custom_metrics::{MetricError, MetricKind, Owner, Update};
+use nereid_stub_protocol::message::{ErrorCode, ErrorObject, ToStub};
 
 /// One `metric` message, by its `action`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -21,10 +21,10 @@ use nereid_proto::Tensor;
 
 use super::convert::{self, ModelInfo};
 use super::link::StreamTarget;
-use nereid_stub_protocol::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
 use super::shm::Packer;
 use super::stub::{Stub, StubError};
 use crate::backend::{BackendError, RequestView, StreamEvent};
+use nereid_stub_protocol::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
 
 /// One result per request, or one error for all.
 pub type BatchResult = Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError>;

@@ -1,9 +1,9 @@
 //! The fuzz target's way into the stub protocol's decoder (see `crate::fuzzing`; not an API).
 //!
 //! ```text
-//!  bytes ─► frame::read_frame (one frame at a time, as the reader thread reads the socket)
-//!        ─► reader::dispatch (the reader thread's own decoder and dispatcher) over a real
-//!           Link: unknown ops, decoupled responses (tensors read from a real stub segment,
+//!  bytes ─► frame::read_frame (one frame at a time, as either connection is read)
+//!        ─► reader::handle (the decoder and dispatcher both readers use) over a real Link:
+//!           unknown ops, decoupled responses (tensors read from a real stub segment,
 //!           released, delivered to open streams), BLS requests, logs, releases
 //!        ─► answers (init_done, execute_done, ...) as the waiting instance thread reads them:
 //!           execute_done's outputs copied out of the segment and checked as tensors
@@ -20,11 +20,11 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 
 use super::convert;
-use nereid_stub_protocol::frame;
 use super::link::{Link, StreamTarget};
-use nereid_stub_protocol::message::{FromStub, TensorRef};
-use super::reader::{Reply, dispatch};
+use super::reader::handle;
 use crate::backend::ServerHandle;
+use nereid_stub_protocol::frame;
+use nereid_stub_protocol::message::{FromStub, TensorRef};
 
 /// Bytes in the stub segment `s0` the frames may point into; `s1` exists and is empty.
 pub const SEGMENT_BYTES: usize = 4096;
@@ -56,15 +56,14 @@ pub fn stub_frames(wire: &[u8]) {
         vec!["OUT0".into()],
     );
     link.open_stream(2, StreamTarget::Collect(events), Vec::new());
-    let (replies, answers) = crossbeam_channel::bounded(1);
     let mut input = wire;
     while let Ok(Some(body)) = frame::read_frame(&mut input) {
-        let dispatched = dispatch(&link, &replies, &body);
-        while let Ok(Reply::Message(answer)) = answers.try_recv() {
-            read_answer(&link, *answer);
+        let handled = handle(&link, &body);
+        if let Ok(Some(answer)) = &handled {
+            read_answer(&link, answer.clone());
         }
         drain(&mut theirs);
-        if dispatched.is_err() {
+        if handled.is_err() {
             break;
         }
     }

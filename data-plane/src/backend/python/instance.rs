@@ -6,7 +6,6 @@ use nereid_proto::{Tensor, message_to_json};
 
 use super::convert::ModelInfo;
 use super::execute::{self, BatchResult};
-use nereid_stub_protocol::message::InitArgs;
 use super::runtime::RuntimeDir;
 use super::settings::StubSettings;
 use super::stub::StubSpec;
@@ -14,6 +13,7 @@ use super::supervisor::{Launcher, Supervised};
 use crate::backend::{
     BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext, RequestView,
 };
+use nereid_stub_protocol::message::InitArgs;
 
 /// One instance of a Python model.
 pub struct PythonInstance {

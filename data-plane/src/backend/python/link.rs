@@ -22,11 +22,11 @@ use nereid_proto::Tensor;
 use parking_lot::Mutex;
 
 use super::convert;
-use nereid_stub_protocol::frame::{self, FrameError};
-use nereid_stub_protocol::message::{TensorRef, ToStub};
 use super::shm::{Packer, ParentSegments, ShmError, StubSegments};
 use crate::backend::{BackendError, ResponseSink, ServerHandle, StreamEvent};
 use crate::custom_metrics::Owner;
+use nereid_stub_protocol::frame::{self, FrameError};
+use nereid_stub_protocol::message::{TensorRef, ToStub};
 
 /// Called once when a running stub dies (not when it is shut down on purpose).
 pub type DeathHook = Box<dyn FnOnce(&str) + Send>;
@@ -373,8 +373,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use nereid_stub_protocol::frame::{decode, read_frame};
     use nereid_proto::DataType;
+    use nereid_stub_protocol::frame::{decode, read_frame};
     use serde_json::Value;
 
     /// A link whose other end (the "stub") the test holds.

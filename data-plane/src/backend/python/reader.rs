@@ -1,15 +1,18 @@
-//! The reader thread of one stub: reads every frame the stub sends and dispatches it.
+//! The reader thread of one stub: reads every frame the stub sends on its *event* connection
+//! and dispatches it. The stub's answers (`init_done`, `auto_complete_done`, `execute_done`,
+//! `finalize_done`) come on the other connection, read by the thread waiting for them
+//! ([`super::stub::Stub::wait_reply`]), which hands other frames it finds there to [`handle`].
 //!
 //! ```text
-//!  socket ─► read_frame ─► init_done / auto_complete_done / execute_done / finalize_done
-//!                              ─► replies channel (the thread waiting for that answer)
+//!  events socket ─► read_frame ─► handle:
 //!                        ─► response     ─► read tensors, release ─► the request's stream
 //!                        ─► bls_request  ─► read inputs, release ─► bls::call (tokio)
 //!                        ─► log          ─► tracing, with the instance name
 //!                        ─► metric       ─► custom_metrics (the server's registry)
 //!                        ─► release      ─► parent segment free again
+//!                        ─► an answer    ─► protocol error (answers belong on the other socket)
 //!  end of stream / error ─► exit status ─► death reason ─► hook (health, supervisor),
-//!                           open streams fail, custom metrics go, replies get Reply::Dead
+//!                           open streams fail, custom metrics go, the waiting thread gets it
 //! ```
 
 use std::io::BufReader;
@@ -17,53 +20,45 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::Sender;
 
 use super::bls;
 use super::convert;
 use super::custom_metrics;
-use nereid_stub_protocol::frame::{self, FrameError};
 use super::link::Link;
-use nereid_stub_protocol::message::{FromStub, KNOWN_STUB_OPS, RESPONSE_FINAL, ResponseObject};
 use super::model_control;
 use super::process::{StubProcess, describe_exit};
 use crate::backend::BackendError;
+use nereid_stub_protocol::frame::{self, FrameError};
+use nereid_stub_protocol::message::{FromStub, KNOWN_STUB_OPS, RESPONSE_FINAL, ResponseObject};
 
 /// How long a stub whose socket closed gets to finish exiting before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 
-/// What the reader hands to the thread waiting for an answer.
-#[derive(Debug)]
-pub enum Reply {
-    /// `init_done`, `auto_complete_done`, `execute_done` or `finalize_done`.
-    Message(Box<FromStub>),
-    /// The stub is gone; the death reason.
-    Dead(String),
-}
-
 /// Starts the reader thread.
+/// Starts the reader thread; when the stub is gone it sends the death reason on `deaths`.
 pub fn spawn(
     link: Arc<Link>,
-    stream: UnixStream,
-    replies: Sender<Reply>,
+    events: UnixStream,
+    deaths: Sender<String>,
     process: Arc<StubProcess>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("python-reader-{}", link.instance))
-        .spawn(move || reader_task(&link, stream, &replies, &process))
+        .spawn(move || reader_task(&link, events, &deaths, &process))
 }
 
 fn reader_task(
     link: &Arc<Link>,
     stream: UnixStream,
-    replies: &Sender<Reply>,
+    deaths: &Sender<String>,
     process: &StubProcess,
 ) {
     let mut input = BufReader::new(stream);
     let cause = loop {
         match frame::read_frame(&mut input) {
             Ok(Some(body)) => {
-                if let Err(e) = dispatch(link, replies, &body) {
+                if let Err(e) = dispatch(link, &body) {
                     process.kill();
                     break format!("it broke the stub protocol ({e}) and was stopped");
                 }
@@ -88,9 +83,9 @@ fn reader_task(
     }
     link.fail_streams(&reason);
     link.custom_metrics.clear();
-    // The channel may be full only if the stub sent unsolicited answers; the waiting thread
-    // then sees the channel close and reads the reason from the link.
-    let _ = replies.try_send(Reply::Dead(reason));
+    // Full only if nobody took an earlier notice; the waiting thread then reads the reason
+    // from the link.
+    let _ = deaths.try_send(reason);
 }
 
 /// Triton's message for a dead stub, and what happened to it.
@@ -98,14 +93,23 @@ pub fn unhealthy_reason(instance: &str, detail: &str) -> String {
     format!("Stub process '{instance}' is not healthy. {detail}")
 }
 
-pub(super) fn dispatch(
-    link: &Arc<Link>,
-    replies: &Sender<Reply>,
-    body: &[u8],
-) -> Result<(), String> {
+/// The reader thread's dispatch of an event frame.
+pub(super) fn dispatch(link: &Arc<Link>, body: &[u8]) -> Result<(), String> {
+    match handle(link, body)? {
+        None => Ok(()),
+        Some(answer) => Err(format!(
+            "it sent an answer ({}) on its event connection",
+            answer_op(&answer)
+        )),
+    }
+}
+
+/// Acts on one frame from the stub; an answer (`init_done`, `auto_complete_done`,
+/// `execute_done`, `finalize_done`) is returned for the thread waiting for it.
+pub(super) fn handle(link: &Arc<Link>, body: &[u8]) -> Result<Option<FromStub>, String> {
     let message = match frame::decode::<FromStub>(body) {
         Ok(m) => m,
-        Err(e) => return unknown_op(link, body, &e),
+        Err(e) => return unknown_op(link, body, &e).map(|()| None),
     };
     match message {
         FromStub::Log { level, message } => log(link, &level, &message),
@@ -125,14 +129,21 @@ pub(super) fn dispatch(
         FromStub::BlsCancel { id } => bls::cancel(link, id),
         FromStub::ModelControl { id, action } => model_control::call(link, id, action),
         FromStub::Metric { fields } => custom_metrics::handle(link, fields),
-        answer => match replies.try_send(Reply::Message(Box::new(answer))) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err("it sent answers nobody asked for".into());
-            }
-        },
+        answer @ (FromStub::InitDone { .. }
+        | FromStub::AutoCompleteDone { .. }
+        | FromStub::ExecuteDone { .. }
+        | FromStub::FinalizeDone { .. }) => return Ok(Some(answer)),
     }
-    Ok(())
+    Ok(None)
+}
+
+fn answer_op(answer: &FromStub) -> &'static str {
+    match answer {
+        FromStub::InitDone { .. } => "init_done",
+        FromStub::AutoCompleteDone { .. } => "auto_complete_done",
+        FromStub::ExecuteDone { .. } => "execute_done",
+        _ => "finalize_done",
+    }
 }
 
 /// A frame that does not decode: an op this parent does not know is skipped (a newer stub), a
@@ -196,9 +207,8 @@ fn deliver_response(
 mod tests {
     use super::*;
     use crate::backend::ServerHandle;
-    use crossbeam_channel::Receiver;
 
-    fn link() -> (Arc<Link>, Sender<Reply>, Receiver<Reply>, UnixStream) {
+    fn link() -> (Arc<Link>, UnixStream) {
         let (ours, theirs) = UnixStream::pair().unwrap();
         let link = Arc::new(Link::new(
             "m".into(),
@@ -207,43 +217,42 @@ mod tests {
             ours,
             "/nonexistent/seg-",
         ));
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        (link, tx, rx, theirs)
+        (link, theirs)
     }
 
     #[test]
     fn answers_go_to_the_waiting_thread_and_the_rest_is_handled_here() {
-        let (link, tx, rx, _stub) = link();
-        dispatch(
-            &link,
-            &tx,
-            br#"{"op": "log", "level": "INFO", "message": "hi"}"#,
-        )
-        .unwrap();
-        dispatch(&link, &tx, br#"{"op": "release", "segment": "p7"}"#).unwrap();
-        assert!(rx.try_recv().is_err());
-        dispatch(&link, &tx, br#"{"op": "init_done", "error": null}"#).unwrap();
-        assert!(matches!(
-            rx.try_recv(),
-            Ok(Reply::Message(m)) if *m == FromStub::InitDone { error: None }
-        ));
+        let (link, _stub) = link();
+        let log = br#"{"op": "log", "level": "INFO", "message": "hi"}"#;
+        assert_eq!(handle(&link, log), Ok(None));
+        assert_eq!(
+            handle(&link, br#"{"op": "release", "segment": "p7"}"#),
+            Ok(None)
+        );
+        assert_eq!(
+            handle(&link, br#"{"op": "init_done", "error": null}"#),
+            Ok(Some(FromStub::InitDone { error: None }))
+        );
+        assert!(dispatch(&link, log).is_ok());
     }
 
     #[test]
     fn unknown_ops_are_skipped_and_malformed_known_ops_are_errors() {
-        let (link, tx, _rx, _stub) = link();
-        assert!(dispatch(&link, &tx, br#"{"op": "metric_family_new", "x": 1}"#).is_ok());
-        let err = dispatch(&link, &tx, br#"{"op": "execute_done", "id": "seven"}"#).unwrap_err();
+        let (link, _stub) = link();
+        assert!(dispatch(&link, br#"{"op": "metric_family_new", "x": 1}"#).is_ok());
+        let err = dispatch(&link, br#"{"op": "execute_done", "id": "seven"}"#).unwrap_err();
         assert!(err.contains("malformed 'execute_done'"), "{err}");
-        assert!(dispatch(&link, &tx, br#"[1, 2]"#).is_err());
+        assert!(dispatch(&link, br#"[1, 2]"#).is_err());
     }
 
     #[test]
-    fn unsolicited_answers_are_a_protocol_error() {
-        let (link, tx, _rx, _stub) = link();
-        let done = br#"{"op": "finalize_done"}"#;
-        dispatch(&link, &tx, done).unwrap();
-        assert!(dispatch(&link, &tx, done).is_err(), "the queue is full");
+    fn answers_on_the_event_connection_are_a_protocol_error() {
+        let (link, _stub) = link();
+        let err = dispatch(&link, br#"{"op": "finalize_done"}"#).unwrap_err();
+        assert!(
+            err.contains("finalize_done") && err.contains("event connection"),
+            "{err}"
+        );
     }
 
     #[test]

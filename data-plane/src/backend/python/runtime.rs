@@ -25,9 +25,8 @@ pub struct RuntimeDir {
 impl RuntimeDir {
     /// Fails with a message naming what is missing (the compiled core) or cannot be written.
     pub fn create() -> Result<Self, String> {
-        let dir = private_dir("nereid-python-").map_err(|e| {
-            format!("cannot create the Python backend's runtime directory: {e}")
-        })?;
+        let dir = private_dir("nereid-python-")
+            .map_err(|e| format!("cannot create the Python backend's runtime directory: {e}"))?;
         for (name, source) in [
             (STUB_FILE, STUB_SOURCE),
             (UTILS_FILE, UTILS_SOURCE),
@@ -63,7 +62,12 @@ mod tests {
         assert_eq!(utils, UTILS_SOURCE);
         let dlpack = std::fs::read_to_string(runtime.path().join(DLPACK_FILE)).unwrap();
         assert_eq!(dlpack, DLPACK_SOURCE);
-        assert!(runtime.path().join(super::super::stub_core::MODULE_FILE).is_file());
+        assert!(
+            runtime
+                .path()
+                .join(super::super::stub_core::MODULE_FILE)
+                .is_file()
+        );
         let path = runtime.path().to_path_buf();
         drop(runtime);
         assert!(!path.exists(), "removed with its owner");

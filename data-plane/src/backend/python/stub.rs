@@ -1,13 +1,20 @@
 //! [`Stub`]: one running stub process and its connection, from spawn to teardown.
 //!
 //! ```text
-//!  launch:     private socket dir ─► bind ─► spawn ─► accept (≤ start timeout, or the stub's exit)
-//!              ─► Link + reader thread
+//!  launch:     private socket dir ─► bind ─► spawn ─► accept twice (≤ start timeout each, or
+//!              the stub's exit): the answers connection, then the events connection
+//!              ─► Link (writes on the answers connection) + reader thread (events)
 //!  handshake:  init ─► init_done            (≤ initialize timeout)  = a model instance
 //!              auto_complete ─► auto_complete_done                   = a throw-away stub
 //!  finalize:   finalize ─► finalize_done ─► exit (≤ start timeout each)
 //!  drop:       kill if still running ─► join reader ─► remove the stub's segment directory
 //! ```
+//!
+//! The stub answers `init`, `auto_complete`, `execute` and `finalize` on the first connection,
+//! which the thread waiting for the answer reads itself ([`Stub::wait_reply`]): a request costs
+//! no hand-over between server threads. Everything else the stub sends (logs, decoupled
+//! responses, BLS calls, metrics, releases its release thread sends) comes on the second,
+//! read by the reader thread.
 //!
 //! The socket and its directory are removed as soon as the stub has connected. Then the stub
 //! gets its own segment directory (see [`shm`]): `/dev/shm/nereid-py-<server pid>-<instance>-
@@ -15,29 +22,30 @@
 //! shared-memory keys name single files under `/dev/shm` and cannot reach into it. A restarted
 //! stub gets a new directory; the dead one's goes when its `Stub` is dropped.
 
-use std::io;
-use std::os::unix::net::UnixListener;
+use std::io::{self, BufReader};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 use serde_json::Value;
 
 use super::link::{DeathHook, Link};
-use nereid_stub_protocol::message::{ErrorObject, FromStub, InitArgs, ToStub};
 use super::process::{self, AcceptError, StubCommand, StubProcess, describe_exit};
-use super::reader::{self, Reply};
+use super::reader;
 use super::runtime::RuntimeDir;
 use super::shm;
 use crate::backend::ServerHandle;
+use nereid_stub_protocol::frame::{self, FrameError};
+use nereid_stub_protocol::message::{ErrorObject, FromStub, InitArgs, ToStub};
 
-/// Answers the reader may queue before the waiting thread takes them: one outstanding command
-/// per stub plus its death notice fit with room to spare.
-const REPLY_CAPACITY: usize = 8;
+/// How long the waiting thread waits, once the answers connection ended, for the reader
+/// thread's account of the death (it gives the stub a few seconds to exit first).
+const DEATH_NOTICE_WAIT: Duration = Duration::from_secs(10);
 
 /// Everything needed to start a stub for one model instance.
 #[derive(Clone)]
@@ -89,7 +97,10 @@ pub enum StubError {
 pub struct Stub {
     spec: StubSpec,
     link: Arc<Link>,
-    replies: Receiver<Reply>,
+    /// The stub's answers, read by the thread that waits for one.
+    answers: Mutex<Answers>,
+    /// The reader thread's death notice.
+    deaths: Receiver<String>,
     process: Arc<StubProcess>,
     reader: Option<JoinHandle<()>>,
     /// Both sides' segments; removed when the stub is dropped (after the process is gone).
@@ -121,17 +132,19 @@ impl Stub {
         if let Some(guard) = guard {
             guard.track(&process);
         }
-        let stream = match process.accept(&listener, spec.start_timeout) {
-            Ok(stream) => stream,
-            Err(e) => return Err(accept_error(spec, &process, e)),
+        let accept = || match process.accept(&listener, spec.start_timeout) {
+            Ok(stream) => Ok(stream),
+            Err(e) => Err(accept_error(spec, &process, e)),
         };
+        let answers = accept()?;
+        let events = accept()?;
         // Connected: the socket's directory is not needed any more (nothing is left behind in
         // the temp directory even if the server never gets to drop this stub).
         drop(listener);
         drop(socket_dir);
         let segments = segment_dir(&spec.instance)
             .map_err(|e| start("cannot create the stub's shared-memory directory", &e))?;
-        let writer = stream
+        let writer = answers
             .try_clone()
             .map_err(|e| start("cannot clone the stub socket", &e))?;
         let link = Arc::new(Link::new(
@@ -141,14 +154,15 @@ impl Stub {
             writer,
             &segments.prefix(),
         ));
-        let (tx, replies) = crossbeam_channel::bounded(REPLY_CAPACITY);
-        let reader = reader::spawn(link.clone(), stream, tx, process.clone())
+        let (tx, deaths) = crossbeam_channel::bounded(1);
+        let reader = reader::spawn(link.clone(), events, tx, process.clone())
             .map_err(|e| start("cannot start the stub's reader thread", &e))?;
         tracing::debug!(model = %spec.model, instance = %spec.instance, "Python stub connected");
         Ok(Stub {
             spec: spec.clone(),
             link,
-            replies,
+            answers: Mutex::new(Answers::new(answers)),
+            deaths,
             process,
             reader: Some(reader),
             segments,
@@ -275,28 +289,66 @@ impl Stub {
     }
 
     /// The next answer (not a log, release, response or BLS call), the stub's death, or a
-    /// timeout at `deadline` (`None`: wait as long as the stub lives).
+    /// timeout at `deadline` (`None`: wait as long as the stub lives). Reads the answers
+    /// connection on this thread; other frames found there are handled on the way.
     pub fn wait_reply(&self, deadline: Option<Instant>) -> Result<FromStub, StubError> {
-        let received = match deadline {
-            Some(d) => self.replies.recv_deadline(d),
-            None => self
-                .replies
-                .recv()
-                .map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match received {
-            Ok(Reply::Message(m)) => Ok(*m),
-            Ok(Reply::Dead(reason)) => Err(StubError::Dead(reason)),
-            Err(RecvTimeoutError::Disconnected) => {
-                Err(StubError::Dead(self.link.death_reason().unwrap_or_else(
-                    || reader::unhealthy_reason(&self.spec.instance, "Its reader stopped."),
-                )))
+        let mut answers = self.answers.lock();
+        loop {
+            let timeout = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Err(self.timed_out()),
+                },
+            };
+            let body = match answers.read(timeout) {
+                Ok(Some(body)) => body,
+                Err(FrameError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(self.timed_out());
+                }
+                Ok(None) | Err(FrameError::Io(_)) => return Err(self.death()),
+                Err(e) => return Err(self.broke_protocol(&e.to_string())),
+            };
+            match reader::handle(&self.link, &body) {
+                Ok(Some(answer)) => return Ok(answer),
+                Ok(None) => {}
+                Err(e) => return Err(self.broke_protocol(&e)),
             }
-            Err(RecvTimeoutError::Timeout) => Err(StubError::TimedOut(format!(
-                "{}the Python stub did not answer in time",
-                self.spec.label()
-            ))),
         }
+    }
+
+    fn timed_out(&self) -> StubError {
+        StubError::TimedOut(format!(
+            "{}the Python stub did not answer in time",
+            self.spec.label()
+        ))
+    }
+
+    /// The stub broke the protocol on the answers connection: stop it and say so.
+    fn broke_protocol(&self, error: &str) -> StubError {
+        self.process.kill();
+        StubError::Dead(reader::unhealthy_reason(
+            &self.spec.instance,
+            &format!("It broke the stub protocol ({error}) and was stopped."),
+        ))
+    }
+
+    /// The answers connection ended: the reader thread's account of the death.
+    fn death(&self) -> StubError {
+        let reason = self
+            .deaths
+            .recv_timeout(DEATH_NOTICE_WAIT)
+            .ok()
+            .or_else(|| self.link.death_reason())
+            .unwrap_or_else(|| {
+                reader::unhealthy_reason(&self.spec.instance, "It closed its connection.")
+            });
+        StubError::Dead(reason)
     }
 
     /// Sends a handshake message and waits for its answer within the initialize timeout.
@@ -401,6 +453,31 @@ impl StartGuard {
 
 /// A new segment directory for a stub of `instance`:
 /// `<shm dir>/nereid-py-<server pid>-<instance, path-safe>-<random>`.
+/// The answers connection, with the read timeout it has now (set only when it changes, as
+/// it costs a system call).
+struct Answers {
+    input: BufReader<UnixStream>,
+    timeout: Option<Duration>,
+}
+
+impl Answers {
+    fn new(stream: UnixStream) -> Self {
+        Answers {
+            input: BufReader::new(stream),
+            timeout: None,
+        }
+    }
+
+    /// The next frame; a timeout reads as `WouldBlock` / `TimedOut`.
+    fn read(&mut self, timeout: Option<Duration>) -> Result<Option<Vec<u8>>, FrameError> {
+        if timeout != self.timeout {
+            self.input.get_ref().set_read_timeout(timeout)?;
+            self.timeout = timeout;
+        }
+        frame::read_frame(&mut self.input)
+    }
+}
+
 fn segment_dir(instance: &str) -> io::Result<shm::SegmentDir> {
     let safe: String = instance
         .chars()

@@ -60,7 +60,10 @@ mod tests {
     fn the_missing_library_is_named_with_where_it_was_looked_for() {
         let message = missing_message(&[PathBuf::from("/opt/nereid/libnereid_stub_core.so")]);
         assert!(message.contains("libnereid_stub_core.so"), "{message}");
-        assert!(message.contains("/opt/nereid/libnereid_stub_core.so"), "{message}");
+        assert!(
+            message.contains("/opt/nereid/libnereid_stub_core.so"),
+            "{message}"
+        );
         assert!(message.contains("make build"), "{message}");
     }
 }

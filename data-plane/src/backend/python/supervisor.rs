@@ -18,9 +18,9 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use nereid_stub_protocol::message::InitArgs;
 use super::stub::{StartGuard, Stub, StubError, StubSpec};
 use crate::backend::Health;
+use nereid_stub_protocol::message::InitArgs;
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(30);
