@@ -9,8 +9,10 @@ InferenceRequest and InferenceResponse; this file orchestrates (threads, model c
 Threads and flow
 ----------------
 
-    parent ══ two connections: answers (the parent's frames, and init_done / execute_done / ...)
-              and events (logs, decoupled responses, BLS calls, metrics, releases)
+    parent ══ three connections, each one way: commands (parent -> stub), answers (init_done,
+              execute_done, ...) and events (logs, decoupled responses, BLS calls, metrics,
+              releases the release thread sends). One way each: a reader blocked on a socket is
+              never woken by the other side reading what it wrote there.
 
     parent ──frames──> main thread: reads frames itself (Channel.recv, GIL released while
                         │          blocked; cancel and release are answered inside it); runs
@@ -598,9 +600,9 @@ def main(argv):
         _warn("usage: nereid_stub.py SOCKET_PATH")
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Two connections, in this order: answers (and everything the server sends), then events.
+    # Three connections, in this order: commands (what the server sends), answers, events.
     fds = []
-    for _ in range(2):
+    for _ in range(3):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(argv[1])

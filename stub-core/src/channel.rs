@@ -1,8 +1,9 @@
-//! `Channel`: the stub's end of its two connections to the server. The *answers* connection
-//! carries everything the server sends and the stub's answers (`init_done`,
+//! `Channel`: the stub's end of its three one-way connections to the server. *Commands* carry
+//! everything the server sends; *answers* the stub's answers (`init_done`,
 //! `auto_complete_done`, `execute_done`, `finalize_done`), which the server's waiting thread
-//! reads itself; the *events* connection carries the rest (logs, decoupled responses, BLS
-//! calls, metrics, model control), read by the server's reader thread.
+//! reads itself; *events* the rest (logs, decoupled responses, BLS calls, metrics, model
+//! control), read by the server's reader thread. One way each, because a thread blocked reading
+//! a Unix socket is woken whenever the peer consumes what was written on that same socket.
 //!
 //! Reads frames with the GIL released and decodes them with the protocol's types, answers what
 //! needs no model code itself (`cancel`, `release`), and writes frames with every queued
@@ -44,8 +45,8 @@ struct Reader {
     parents: Option<ParentSegments>,
 }
 
-/// `nereid_stub_core.Channel(answers_fd, events_fd)`: takes ownership of both connected
-/// sockets.
+/// `nereid_stub_core.Channel(commands_fd, answers_fd, events_fd)`: takes ownership of the
+/// three connected sockets.
 #[pyclass(module = "nereid_stub_core", frozen)]
 pub struct Channel {
     reader: Mutex<Reader>,
@@ -61,16 +62,19 @@ pub struct Channel {
 #[pymethods]
 impl Channel {
     #[new]
-    fn new(answers_fd: i32, events_fd: i32) -> PyResult<Self> {
-        if answers_fd < 0 || events_fd < 0 || answers_fd == events_fd {
+    fn new(commands_fd: i32, answers_fd: i32, events_fd: i32) -> PyResult<Self> {
+        let fds = [commands_fd, answers_fd, events_fd];
+        if fds.iter().any(|fd| *fd < 0) || fds[0] == fds[1] || fds[1] == fds[2] || fds[0] == fds[2]
+        {
             return Err(PyValueError::new_err(
-                "Channel needs two open socket descriptors",
+                "Channel needs three distinct open socket descriptors",
             ));
         }
-        // SAFETY: the caller hands both descriptors over (`socket.detach()`); nothing else
+        // SAFETY: the caller hands the descriptors over (`socket.detach()`); nothing else
         // closes them.
-        let (stream, events) = unsafe {
+        let (commands, answers, events) = unsafe {
             (
+                UnixStream::from_raw_fd(commands_fd),
                 UnixStream::from_raw_fd(answers_fd),
                 UnixStream::from_raw_fd(events_fd),
             )
@@ -79,9 +83,9 @@ impl Channel {
         let releases = Arc::new(Releases::default());
         spawn_release_thread(events.clone(), releases.clone())?;
         Ok(Channel {
-            answers: Mutex::new(stream.try_clone()?),
+            answers: Mutex::new(answers),
             reader: Mutex::new(Reader {
-                stream: BufReader::with_capacity(64 << 10, stream),
+                stream: BufReader::with_capacity(64 << 10, commands),
                 parents: None,
             }),
             events,

@@ -101,20 +101,20 @@ class FakeParent:
             self.proc = subprocess.Popen([PYTHON, "-u", str(STUB), sock_path], cwd=str(self.workdir),
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         try:
-            # The stub connects twice: its answers connection (which also carries everything
-            # sent to it), then its events connection.
+            # The stub connects three times: commands (what it is sent), answers, events.
+            self.commands, _ = listener.accept()
             self.conn, _ = listener.accept()
             self.events, _ = listener.accept()
         finally:
             listener.close()
-        self.conn.settimeout(READ_TIMEOUT_S)
-        self.events.settimeout(READ_TIMEOUT_S)
+        for sock in (self.commands, self.conn, self.events):
+            sock.settimeout(READ_TIMEOUT_S)
 
     # -- frames -------------------------------------------------------------------------------------
 
     def send(self, message):
         payload = json.dumps(message).encode()
-        self.conn.sendall(_HEADER.pack(len(payload)) + payload)
+        self.commands.sendall(_HEADER.pack(len(payload)) + payload)
 
     def recv(self):
         """The next frame from either connection. Events first: the stub writes them before
@@ -267,11 +267,15 @@ class FakeParent:
         self.send(message)
         return segment
 
+    def close_connections(self):
+        """Closes every connection: EOF for the stub."""
+        for sock in (self.commands, self.conn, self.events):
+            sock.close()
+
     def close(self):
-        """Closes the socket (EOF for the stub) and returns its exit status."""
+        """Closes the connections (EOF for the stub) and returns its exit status."""
         try:
-            self.conn.close()
-            self.events.close()
+            self.close_connections()
         finally:
             try:
                 return self.proc.wait(timeout=READ_TIMEOUT_S)

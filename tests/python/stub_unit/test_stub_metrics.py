@@ -18,7 +18,7 @@ def parent(tmp_path):
     if p.proc.poll() is None:
         p.proc.kill()
         p.proc.wait()
-    p.conn.close()
+    p.close_connections()
     assert "nereid stub:" not in p.stub_log(), "the stub complained:\n" + p.stub_log()
 
 

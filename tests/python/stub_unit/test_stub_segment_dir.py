@@ -31,7 +31,7 @@ def parent(tmp_path):
     if p.proc.poll() is None:
         p.proc.kill()
         p.proc.wait()
-    p.conn.close()
+    p.close_connections()
 
 
 def test_segments_live_in_the_directory_which_the_stub_removes_on_eof(parent):

@@ -1,20 +1,22 @@
 //! [`Stub`]: one running stub process and its connection, from spawn to teardown.
 //!
 //! ```text
-//!  launch:     private socket dir ─► bind ─► spawn ─► accept twice (≤ start timeout each, or
-//!              the stub's exit): the answers connection, then the events connection
-//!              ─► Link (writes on the answers connection) + reader thread (events)
+//!  launch:     private socket dir ─► bind ─► spawn ─► accept three connections (≤ start
+//!              timeout each, or the stub's exit): commands, answers, events
+//!              ─► Link (writes commands) + reader thread (events)
 //!  handshake:  init ─► init_done            (≤ initialize timeout)  = a model instance
 //!              auto_complete ─► auto_complete_done                   = a throw-away stub
 //!  finalize:   finalize ─► finalize_done ─► exit (≤ start timeout each)
 //!  drop:       kill if still running ─► join reader ─► remove the stub's segment directory
 //! ```
 //!
-//! The stub answers `init`, `auto_complete`, `execute` and `finalize` on the first connection,
-//! which the thread waiting for the answer reads itself ([`Stub::wait_reply`]): a request costs
-//! no hand-over between server threads. Everything else the stub sends (logs, decoupled
-//! responses, BLS calls, metrics, releases its release thread sends) comes on the second,
-//! read by the reader thread.
+//! Each connection goes one way. The stub answers `init`, `auto_complete`, `execute` and
+//! `finalize` on the answers connection, which the thread waiting for the answer reads itself
+//! ([`Stub::wait_reply`]): a request costs no hand-over between server threads. Everything else
+//! the stub sends (logs, decoupled responses, BLS calls, metrics, releases its release thread
+//! sends) comes on the events connection, read by the reader thread. One way each, because a
+//! thread blocked reading a Unix socket is woken whenever the peer consumes what was written on
+//! that same socket: with one socket both ways, every request would wake both sides twice.
 //!
 //! The socket and its directory are removed as soon as the stub has connected. Then the stub
 //! gets its own segment directory (see [`shm`]): `/dev/shm/nereid-py-<server pid>-<instance>-
@@ -136,6 +138,7 @@ impl Stub {
             Ok(stream) => Ok(stream),
             Err(e) => Err(accept_error(spec, &process, e)),
         };
+        let commands = accept()?;
         let answers = accept()?;
         let events = accept()?;
         // Connected: the socket's directory is not needed any more (nothing is left behind in
@@ -144,14 +147,11 @@ impl Stub {
         drop(socket_dir);
         let segments = segment_dir(&spec.instance)
             .map_err(|e| start("cannot create the stub's shared-memory directory", &e))?;
-        let writer = answers
-            .try_clone()
-            .map_err(|e| start("cannot clone the stub socket", &e))?;
         let link = Arc::new(Link::new(
             spec.model.clone(),
             spec.instance.clone(),
             spec.server.clone(),
-            writer,
+            commands,
             &segments.prefix(),
         ));
         let (tx, deaths) = crossbeam_channel::bounded(1);
