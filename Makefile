@@ -119,6 +119,7 @@ bench: build triton-ref
 	target/release/nereid-loadtest placement-sim
 	target/release/nereid-loadtest placement-sim --json > $(BENCH_OUT)/placement-sim.json
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_triton.py $(BENCH_OUT)
+	NEREID=target/release/nereid LOADTEST=target/release/nereid-loadtest bash scripts/bench_proxies.sh $(BENCH_OUT)
 
 lint: setup
 	$(TORCH_ENV) cargo clippy --workspace --all-targets $(FEATURES) -- -D warnings
