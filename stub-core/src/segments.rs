@@ -7,27 +7,24 @@
 //! * [`StubSegments`]: segments the stub writes (outputs, BLS inputs), reused once the server
 //!   releases them, grown with `ftruncate` and never shrunk.
 //!
-//! Files are opened with `O_NOFOLLOW | O_CLOEXEC` (never through a symlink, never inherited by
-//! a process a model starts) and created with `O_EXCL`, mode 0600.
+//! Files are created and opened by the protocol's rules (`nereid_stub_protocol::segment`: never
+//! through a symlink, never inherited by a process a model starts, created exclusively, 0600).
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use nereid_stub_protocol::frame;
 use nereid_stub_protocol::message::FromStub;
+use nereid_stub_protocol::segment::{self as rules, Writer};
 
-/// Offsets of tensors in a segment are multiples of this.
-pub const ALIGNMENT: usize = 64;
 /// Stub segments grow in steps of this.
 const GRANULE: usize = 64 << 10;
-
-const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_CLOEXEC;
 
 /// One `mmap` of a whole segment file, unmapped when the last user is gone.
 pub struct Mapping {
@@ -215,7 +212,7 @@ impl ParentSegments {
     }
 
     fn mapping(&mut self, segment: &str, end: usize) -> Result<Arc<Mapping>, String> {
-        if !valid_segment_id(segment, 'p') {
+        if !Writer::Parent.owns(segment) {
             return Err(format!("invalid parent segment id {segment:?}"));
         }
         if let Some(mapping) = self.maps.get(segment)
@@ -224,10 +221,10 @@ impl ParentSegments {
             return Ok(mapping.clone());
         }
         let path = format!("{}{}", self.prefix, segment);
-        let (file, writable) = match open(&path, true) {
+        let (file, writable) = match rules::open(Path::new(&path), true) {
             Ok(file) => (file, true),
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => (
-                open(&path, false)
+                rules::open(Path::new(&path), false)
                     .map_err(|e| format!("cannot open segment '{segment}' ({path}): {e}"))?,
                 false,
             ),
@@ -254,23 +251,9 @@ impl ParentSegments {
     }
 }
 
-fn open(path: &str, writable: bool) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(writable)
-        .custom_flags(OPEN_FLAGS)
-        .open(path)
-}
-
-fn valid_segment_id(segment: &str, writer: char) -> bool {
-    segment
-        .strip_prefix(writer)
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// `n` rounded up to [`ALIGNMENT`].
+/// `n` rounded up to the protocol's alignment.
 pub fn align(n: usize) -> usize {
-    n.div_ceil(ALIGNMENT) * ALIGNMENT
+    rules::aligned(n as u64) as usize
 }
 
 struct StubSegment {
@@ -334,15 +317,9 @@ impl StubSegments {
         let index = match fitting.or_else(|| free.max_by_key(|(_, s)| s.size()).map(|(i, _)| i)) {
             Some(i) => i,
             None => {
-                let id = format!("s{}", segments.len());
+                let id = Writer::Stub.id(segments.len() as u64);
                 let path = format!("{}{}", self.prefix, id);
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(OPEN_FLAGS)
-                    .open(&path)
+                let file = rules::create(Path::new(&path))
                     .map_err(|e| format!("cannot create shared-memory segment {path}: {e}"))?;
                 segments.push(StubSegment {
                     id,

@@ -8,12 +8,14 @@
 //!  server ◄── decode ◄── frame::read_frame ◄── socket ◄── frame::encode ◄── FromStub ── stub core
 //! ```
 //!
-//! [`message`] holds every message, [`frame`] the length-prefixed framing. [`PROTOCOL_VERSION`]
+//! [`message`] holds every message, [`frame`] the length-prefixed framing, [`segment`] the
+//! rules for the shared-memory files tensors travel in. [`PROTOCOL_VERSION`]
 //! is sent in `init`/`auto_complete`; a stub core built from another revision refuses it, so a
 //! stale extension module is a load error rather than a misread frame.
 
 pub mod frame;
 pub mod message;
+pub mod segment;
 
 /// Bumped whenever a message changes shape. The server and the stub core compare it at start.
 pub const PROTOCOL_VERSION: u32 = 2;

@@ -25,15 +25,14 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::process::private_dir_in;
 
-/// Tensors start at multiples of this within a segment (cache-line and SIMD friendly for NumPy).
-pub const ALIGN: u64 = 64;
+use nereid_stub_protocol::segment::{self as rules, Writer};
 
 /// The smallest segment created; tmpfs files are sparse, so spare capacity costs nothing until
 /// written.
@@ -57,10 +56,6 @@ pub enum ShmError {
         size: u64,
     },
 }
-
-/// How segment files are opened besides read/write: never through a symlink, and not inherited
-/// by processes the server starts.
-const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_CLOEXEC;
 
 /// Where segment directories go: `/dev/shm` when it exists, else the temp directory.
 pub fn shm_dir() -> PathBuf {
@@ -108,7 +103,7 @@ impl Drop for SegmentDir {
     }
 }
 
-/// The tensors of one message, laid out at [`ALIGN`]ed offsets of one segment.
+/// The tensors of one message, laid out at aligned offsets ([`rules::ALIGN`]) of one segment.
 #[derive(Debug, Default)]
 pub struct Packer<'a> {
     parts: Vec<&'a [u8]>,
@@ -119,7 +114,7 @@ pub struct Packer<'a> {
 impl<'a> Packer<'a> {
     /// Places `data` after the previous part; returns its offset.
     pub fn add(&mut self, data: &'a [u8]) -> u64 {
-        let offset = self.end.next_multiple_of(ALIGN);
+        let offset = rules::aligned(self.end);
         self.parts.push(data);
         self.offsets.push(offset);
         self.end = offset + data.len() as u64;
@@ -264,20 +259,13 @@ impl ParentSegments {
     }
 
     fn create(&mut self) -> Result<Segment, ShmError> {
-        let id = format!("p{}", self.next);
+        let id = Writer::Parent.id(self.next);
         self.next += 1;
         let path = PathBuf::from(format!("{}{id}", self.prefix));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(OPEN_FLAGS)
-            .open(&path)
-            .map_err(|source| ShmError::Io {
-                path: path.clone(),
-                source,
-            })?;
+        let file = rules::create(&path).map_err(|source| ShmError::Io {
+            path: path.clone(),
+            source,
+        })?;
         Ok(Segment {
             id,
             path,
@@ -314,14 +302,10 @@ impl StubSegments {
         let file = match self.open.entry(id.to_string()) {
             Entry::Occupied(open) => open.into_mut(),
             Entry::Vacant(slot) => {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .custom_flags(OPEN_FLAGS)
-                    .open(&path)
-                    .map_err(|source| ShmError::Io {
-                        path: path.clone(),
-                        source,
-                    })?;
+                let file = rules::open(&path, false).map_err(|source| ShmError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
                 slot.insert(file)
             }
         };
@@ -357,10 +341,7 @@ impl StubSegments {
 
     /// `s<digits>` only: the id becomes part of a path.
     fn path(&self, id: &str) -> Result<PathBuf, ShmError> {
-        let valid = id
-            .strip_prefix('s')
-            .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
-        if !valid {
+        if !Writer::Stub.owns(id) {
             return Err(ShmError::BadId(id.to_string()));
         }
         Ok(PathBuf::from(format!("{}{id}", self.prefix)))
@@ -494,7 +475,7 @@ mod tests {
         std::fs::write(&path, [1u8; 8]).unwrap();
         let mut segments = StubSegments::new(prefix(&dir));
         assert!(segments.read_many("s0", &[("x", 0, 8)]).is_ok());
-        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&[7u8; 8], 1024).unwrap();
         let got = segments.read_many("s0", &[("x", 1024, 8)]).unwrap();
         assert_eq!(got[0], vec![7u8; 8]);
