@@ -54,7 +54,7 @@ pub use trace_context::{
 };
 pub use types::{
     CorrelationId, InferRequest, InferResponse, OpenSpan, ParamValue, Parameters,
-    RESERVED_PARAMETER_KEYS, RequestContext, RequestOptions, RequestedOutput, ResponseHook, Tensor,
-    bytes_elements, count_bytes_elements, element_count, format_shape, parse_version,
-    push_bytes_element,
+    RESERVED_PARAMETER_KEYS, RequestContext, RequestOptions, RequestedOutput, ResponseHook,
+    SEQUENCE_PARAMETER_KEYS, Tensor, bytes_elements, count_bytes_elements, element_count,
+    format_shape, parse_version, push_bytes_element,
 };

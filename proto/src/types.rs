@@ -29,8 +29,12 @@ pub enum ParamValue {
 /// Named parameters, ordered so responses print deterministically.
 pub type Parameters = BTreeMap<String, ParamValue>;
 
+/// The reserved parameter keys of a sequence request: what the sequence batcher, and the
+/// router's replica choice (sequence affinity), read.
+pub const SEQUENCE_PARAMETER_KEYS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
+
 /// Request parameter keys with meaning to the server; they are never passed to the model as
-/// custom parameters.
+/// custom parameters. The first three are [`SEQUENCE_PARAMETER_KEYS`].
 pub const RESERVED_PARAMETER_KEYS: [&str; 7] = [
     "sequence_id",
     "sequence_start",

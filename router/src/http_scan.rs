@@ -35,12 +35,9 @@ use serde::de::{Deserializer, Visitor};
 use serde::{Deserialize, forward_to_deserialize_any};
 use serde_json::{Map, Value};
 
-use nereid_proto::{ParamValue, Parameters, RequestOptions, ServiceError};
+use nereid_proto::{ParamValue, Parameters, RequestOptions, SEQUENCE_PARAMETER_KEYS, ServiceError};
 
 use crate::wire_scan::ScannedInput;
-
-/// Parameter keys replica choice reads.
-const ROUTING_KEYS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
 
 /// Why an HTTP inference body could not be scanned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -206,7 +203,7 @@ pub fn scan_http_request(
     };
     let request_params = object(doc.parameters.as_ref(), "parameters")?;
     let mut routing = Parameters::new();
-    for key in ROUTING_KEYS {
+    for key in SEQUENCE_PARAMETER_KEYS {
         if let Some(v) = request_params.and_then(|m| m.get(key)) {
             routing.insert(key.to_string(), param_value(v, "", key)?);
         }

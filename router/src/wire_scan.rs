@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use bytes::{BufMut, Bytes, BytesMut};
 use nereid_proto::pb::inference::InferParameter;
 use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
-use nereid_proto::{ParamValue, Parameters, RequestOptions, ServiceError};
+use nereid_proto::{ParamValue, Parameters, RequestOptions, SEQUENCE_PARAMETER_KEYS, ServiceError};
 use prost::Message;
 
 /// Why a message could not be scanned. `at` names the message being read
@@ -95,9 +95,6 @@ const FIXED32: u8 = 5;
 /// How deep messages and groups may nest: prost's `RECURSION_LIMIT`, counted as prost does
 /// (a reader's `depth` is the budget left for the fields it reads).
 const RECURSION_LIMIT: u32 = 100;
-
-/// Parameter keys replica choice reads.
-const ROUTING_KEYS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
 
 /// One input as the request declares it (for the request limits).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -372,7 +369,7 @@ fn routing_parameter(
             _ => r.skip(field, wt)?,
         }
     }
-    if !ROUTING_KEYS.contains(&key.as_str()) {
+    if !SEQUENCE_PARAMETER_KEYS.contains(&key.as_str()) {
         return Ok(None);
     }
     // The value is a message: each occurrence is merged into it, as prost merges them (a later
