@@ -31,7 +31,7 @@
 # Writes OUT_DIR/proxies.json (every run, the per-configuration figures, machine, commands),
 # OUT_DIR/proxies.md (the table printed on stdout) and OUT_DIR/proxies/ (raw tool output under
 # raw/, every process's log and the nginx / haproxy configs per layout, commands.txt). Progress
-# goes to stderr. About 6 minutes on 2 cores with the defaults.
+# goes to stderr. About 5 minutes on 2 cores with the defaults, 9 with BENCH_PROXY_ROUNDS=2.
 #
 # Settings (environment):
 #   NEREID                    server binary        (default target/release/nereid)
@@ -46,7 +46,7 @@
 #   BENCH_PROXY_LAYOUTS       CPU layouts, see above              (default "pinned unpinned")
 #   BENCH_PROXY_CPUS          taskset CPU list of the proxies in the pinned layout (default 0)
 #   BENCH_WORKER_CPUS         taskset CPU list of the worker in the pinned layout  (default 1)
-# Quick check (about 1 minute):
+# Quick check (under a minute):
 #   BENCH_PROXY_MODELS=identity BENCH_PROXY_PROTOCOLS=grpc BENCH_PROXY_LAYOUTS=pinned \
 #       BENCH_PROXY_SECS=2 scripts/bench_proxies.sh /tmp/proxies-quick
 
