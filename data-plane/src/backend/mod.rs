@@ -151,11 +151,39 @@ impl ServerHandle {
     }
 }
 
+/// One response of a request-level backend: its outputs and the response parameters the model
+/// set (Python's `InferenceResponse(..., parameters=...)`), which go to the client's
+/// `InferResponse.parameters`. Joined-batch backends set none. Derefs to the tensors, which is
+/// what most callers read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelResponse {
+    pub tensors: Vec<Tensor>,
+    pub parameters: Parameters,
+}
+
+impl From<Vec<Tensor>> for ModelResponse {
+    fn from(tensors: Vec<Tensor>) -> Self {
+        ModelResponse {
+            tensors,
+            parameters: Parameters::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for ModelResponse {
+    type Target = Vec<Tensor>;
+
+    fn deref(&self) -> &Vec<Tensor> {
+        &self.tensors
+    }
+}
+
 /// One event of a decoupled model's response stream.
 #[derive(Debug)]
 pub enum StreamEvent {
-    /// A response: outputs (named as the request asked) or this response's error.
-    Response(Result<Vec<Tensor>, BackendError>),
+    /// A response: outputs (named as the request asked) with its parameters, or this
+    /// response's error.
+    Response(Result<ModelResponse, BackendError>),
     /// The request is complete; nothing follows.
     Final,
     /// The request failed outside the model's own responses (rejected by the queue, or its
@@ -205,13 +233,13 @@ pub trait BackendInstance: Send {
         false
     }
 
-    /// Request-level execution (Python models): one result per request, in order. The outer
-    /// error fails every request of the batch. Decoupled models answer through each
-    /// request's `stream` and return empty outputs here.
+    /// Request-level execution (Python models): one result per request, in order, with the
+    /// response parameters the model set. The outer error fails every request of the batch.
+    /// Decoupled models answer through each request's `stream` and return empty outputs here.
     fn execute_requests(
         &mut self,
         requests: &[RequestView<'_>],
-    ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
+    ) -> Result<Vec<Result<ModelResponse, BackendError>>, BackendError> {
         let _ = requests;
         Err(BackendError::Unsupported(
             "this backend executes joined batches, not single requests".into(),

@@ -4,17 +4,19 @@
 //!
 //! ```text
 //! LoadedVersion::infer: check ─► CacheKey::of(version, request) ─► ResponseCache::lookup
-//!   hit  ─► the stored outputs (stats: success + cache_hit, no execution)
+//!   hit  ─► the stored outputs and response parameters (stats: success + cache_hit, no
+//!           execution)
 //!   miss ─► run ─► classification ─► ResponseCache::insert (stats: cache_miss)
 //! ```
 //!
 //! One cache for the whole server, shared by every model that enables it, bounded in bytes
-//! (the outputs' data and names plus a fixed overhead per entry) with least-recently-used
-//! eviction. The key is a 128-bit hash of the model name, version and load generation, every
-//! input (name, datatype, shape, bytes, in name order), the requested outputs in order with
-//! their classification counts, and the custom request parameters. The load generation is new
-//! each time a version is (re)built, so an answer from before a reload is never served again;
-//! its entries are dropped when the old version goes away ([`ResponseCache::purge`]).
+//! (the outputs' data and names and the response parameters, plus a fixed overhead per entry)
+//! with least-recently-used eviction. The key is a 128-bit hash of the model name, version and
+//! load generation, every input (name, datatype, shape, bytes, in name order), the requested
+//! outputs in order with their classification counts, and the custom request parameters. The
+//! load generation is new each time a version is (re)built, so an answer from before a reload
+//! is never served again; its entries are dropped when the old version goes away
+//! ([`ResponseCache::purge`]).
 //!
 //! Concurrency: a lookup and an insert each take a short lock; nothing waits on another
 //! request. Identical requests that arrive while the first is still executing miss and execute
@@ -29,6 +31,7 @@ use nereid_proto::{ParamValue, Tensor};
 use parking_lot::Mutex;
 
 use super::classification::Classify;
+use crate::backend::ModelResponse;
 use crate::request_check::ValidRequest;
 
 /// Bytes counted for an entry besides its outputs' data and names (key, bookkeeping).
@@ -125,7 +128,7 @@ struct Lru {
 
 #[derive(Debug)]
 struct Entry {
-    outputs: Arc<Vec<Tensor>>,
+    response: Arc<ModelResponse>,
     size: usize,
     last_use: u64,
 }
@@ -143,8 +146,8 @@ impl ResponseCache {
         self.capacity
     }
 
-    /// The outputs stored under `key` (now the most recently used), if any.
-    pub(crate) fn lookup(&self, key: &CacheKey) -> Option<Arc<Vec<Tensor>>> {
+    /// The answer stored under `key` (now the most recently used), if any.
+    pub(crate) fn lookup(&self, key: &CacheKey) -> Option<Arc<ModelResponse>> {
         let mut lru = self.inner.lock();
         lru.counters.lookups += 1;
         lru.tick += 1;
@@ -156,7 +159,7 @@ impl ResponseCache {
             by_use.remove(&e.last_use);
             e.last_use = tick;
             by_use.insert(tick, *key);
-            e.outputs.clone()
+            e.response.clone()
         });
         if found.is_some() {
             lru.counters.hits += 1;
@@ -176,10 +179,11 @@ impl ResponseCache {
         self.inner.lock().counters.insertion_time += took;
     }
 
-    /// Stores `outputs` under `key`, evicting the least recently used entries to make room.
-    /// An answer larger than the whole cache is not stored. Returns whether it was stored.
-    pub(crate) fn insert(&self, key: CacheKey, outputs: Vec<Tensor>) -> bool {
-        let size = entry_size(&outputs);
+    /// Stores `response` (outputs and response parameters) under `key`, evicting the least
+    /// recently used entries to make room. An answer larger than the whole cache is not
+    /// stored. Returns whether it was stored.
+    pub(crate) fn insert(&self, key: CacheKey, response: ModelResponse) -> bool {
+        let size = entry_size(&response);
         let mut lru = self.inner.lock();
         if size > self.capacity {
             return false;
@@ -203,7 +207,7 @@ impl ResponseCache {
         lru.entries.insert(
             key,
             Entry {
-                outputs: Arc::new(outputs),
+                response: Arc::new(response),
                 size,
                 last_use: tick,
             },
@@ -255,9 +259,22 @@ impl ResponseCache {
 }
 
 /// The bytes an entry counts for.
-pub(crate) fn entry_size(outputs: &[Tensor]) -> usize {
+pub(crate) fn entry_size(response: &ModelResponse) -> usize {
+    let parameters: usize = response
+        .parameters
+        .iter()
+        .map(|(k, v)| {
+            k.len()
+                + match v {
+                    ParamValue::String(s) => s.len(),
+                    _ => 8,
+                }
+        })
+        .sum();
     ENTRY_OVERHEAD
-        + outputs
+        + parameters
+        + response
+            .tensors
             .iter()
             .map(|t| t.data().len() + t.name().len() + 8 * t.shape().len())
             .sum::<usize>()
@@ -391,9 +408,12 @@ mod tests {
     fn hits_misses_and_counters() {
         let cache = ResponseCache::new(10_000);
         assert!(cache.lookup(&k(1)).is_none());
-        assert!(cache.insert(k(1), vec![fp32("y", &[1.0, 2.0])]));
+        assert!(cache.insert(k(1), vec![fp32("y", &[1.0, 2.0])].into()));
         cache.record_insertion_time(Duration::from_micros(3));
-        assert_eq!(*cache.lookup(&k(1)).unwrap(), vec![fp32("y", &[1.0, 2.0])]);
+        assert_eq!(
+            cache.lookup(&k(1)).unwrap().tensors,
+            vec![fp32("y", &[1.0, 2.0])]
+        );
         cache.record_lookup_time(Duration::from_micros(5));
         let c = cache.counters();
         assert_eq!(
@@ -402,21 +422,21 @@ mod tests {
         );
         assert_eq!(c.lookup_time, Duration::from_micros(5));
         assert_eq!(c.insertion_time, Duration::from_micros(3));
-        let expected = entry_size(&[fp32("y", &[1.0, 2.0])]);
+        let expected = entry_size(&vec![fp32("y", &[1.0, 2.0])].into());
         assert_eq!(cache.used(), expected);
         assert!((c.utilization - expected as f64 / 10_000.0).abs() < 1e-12);
     }
 
     #[test]
     fn evicts_least_recently_used_within_the_byte_bound() {
-        let one = entry_size(&[fp32("y", &[0.0; 4])]);
+        let one = entry_size(&vec![fp32("y", &[0.0; 4])].into());
         let cache = ResponseCache::new(3 * one);
         for n in 1..=3 {
-            cache.insert(k(n), vec![fp32("y", &[n as f32; 4])]);
+            cache.insert(k(n), vec![fp32("y", &[n as f32; 4])].into());
         }
         // Using 1 makes 2 the least recently used.
         assert!(cache.lookup(&k(1)).is_some());
-        cache.insert(k(4), vec![fp32("y", &[4.0; 4])]);
+        cache.insert(k(4), vec![fp32("y", &[4.0; 4])].into());
         assert!(cache.lookup(&k(2)).is_none(), "2 was least recently used");
         for n in [1, 3, 4] {
             assert!(cache.lookup(&k(n)).is_some(), "{n} stays");
@@ -424,7 +444,7 @@ mod tests {
         assert_eq!(cache.counters().evictions, 1);
         assert!(cache.used() <= 3 * one);
         // A bigger entry evicts as many as it needs.
-        let big = vec![fp32("y", &[0.0; 40])];
+        let big: ModelResponse = vec![fp32("y", &[0.0; 40])].into();
         assert!(entry_size(&big) <= 3 * one);
         cache.insert(k(5), big);
         assert!(cache.used() <= 3 * one);
@@ -434,7 +454,7 @@ mod tests {
     #[test]
     fn an_answer_larger_than_the_cache_is_not_stored() {
         let cache = ResponseCache::new(ENTRY_OVERHEAD + 8);
-        assert!(!cache.insert(k(1), vec![fp32("y", &[0.0; 64])]));
+        assert!(!cache.insert(k(1), vec![fp32("y", &[0.0; 64])].into()));
         assert_eq!(cache.counters().entries, 0);
         assert_eq!(cache.used(), 0);
     }
@@ -442,11 +462,28 @@ mod tests {
     #[test]
     fn reinserting_a_key_replaces_it() {
         let cache = ResponseCache::new(10_000);
-        cache.insert(k(1), vec![fp32("y", &[1.0])]);
-        cache.insert(k(1), vec![fp32("y", &[2.0])]);
+        cache.insert(k(1), vec![fp32("y", &[1.0])].into());
+        cache.insert(k(1), vec![fp32("y", &[2.0])].into());
         assert_eq!(cache.counters().entries, 1);
-        assert_eq!(cache.used(), entry_size(&[fp32("y", &[2.0])]));
-        assert_eq!(*cache.lookup(&k(1)).unwrap(), vec![fp32("y", &[2.0])]);
+        assert_eq!(cache.used(), entry_size(&vec![fp32("y", &[2.0])].into()));
+        assert_eq!(
+            cache.lookup(&k(1)).unwrap().tensors,
+            vec![fp32("y", &[2.0])]
+        );
+    }
+
+    #[test]
+    fn a_stored_answer_keeps_its_response_parameters() {
+        let cache = ResponseCache::new(10_000);
+        let plain: ModelResponse = vec![fp32("y", &[1.0])].into();
+        let mut answer = plain.clone();
+        answer
+            .parameters
+            .insert("note".into(), ParamValue::String("cached".into()));
+        assert!(entry_size(&answer) > entry_size(&plain));
+        cache.insert(k(1), answer.clone());
+        assert_eq!(*cache.lookup(&k(1)).unwrap(), answer);
+        assert_eq!(cache.used(), entry_size(&answer));
     }
 
     #[test]
@@ -454,12 +491,12 @@ mod tests {
         let cache = ResponseCache::new(10_000);
         let mut old = k(1);
         old.generation = 3;
-        cache.insert(old, vec![fp32("y", &[1.0])]);
-        cache.insert(k(2), vec![fp32("y", &[2.0])]);
+        cache.insert(old, vec![fp32("y", &[1.0])].into());
+        cache.insert(k(2), vec![fp32("y", &[2.0])].into());
         cache.purge(3);
         assert!(cache.lookup(&old).is_none());
         assert!(cache.lookup(&k(2)).is_some());
-        assert_eq!(cache.used(), entry_size(&[fp32("y", &[2.0])]));
+        assert_eq!(cache.used(), entry_size(&vec![fp32("y", &[2.0])].into()));
         assert_eq!(cache.counters().evictions, 0);
     }
 

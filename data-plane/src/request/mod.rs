@@ -12,6 +12,7 @@
 //!     Decoupled(_)        ─► refused (UNSUPPORTED): only the streaming path serves it
 //!     Ensemble(plan)      ─► ensemble::execute, each step back through `RunContext::step`
 //!   ─► classification::apply ─► response cache insert (on a miss) ─► InferResponse
+//!      (outputs + the response parameters the model set; an ensemble's carry none)
 //! ```
 //!
 //! The outcome (statistics, failure class) is recorded in one place, [`outcome::Outcome`].
@@ -32,13 +33,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use nereid_proto::{
-    InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult, Tensor,
-};
+use nereid_proto::{InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult};
 use nereid_telemetry::RequestTrace;
 
 use self::cache::CacheKey;
 use self::outcome::{Outcome, backend_error, record_phases};
+use crate::backend::ModelResponse;
 use crate::ensemble::{self, EnsembleRequest};
 use crate::manager::{LoadedVersion, ModelManager, Runner};
 use crate::request_check::{self, ValidRequest};
@@ -84,25 +84,32 @@ impl LoadedVersion {
                 let found = cache.lookup(&key);
                 let lookup = lookup_started.elapsed();
                 cache.record_lookup_time(lookup);
-                if let Some(outputs) = found {
+                if let Some(answer) = found {
                     outcome.cache_hit(lookup);
-                    return Ok(self.response(id, outputs.as_ref().clone()));
+                    return Ok(self.response(id, answer.as_ref().clone()));
                 }
                 Some((cache, key, lookup))
             }
             None => None,
         };
-        let outputs = self.run(valid, &id, &mut outcome, ctx).await?;
-        let outputs =
-            classification::apply(outputs, &classify, &self.labels, self.config.batching())?;
+        let answer = self.run(valid, &id, &mut outcome, ctx).await?;
+        let answer = ModelResponse {
+            tensors: classification::apply(
+                answer.tensors,
+                &classify,
+                &self.labels,
+                self.config.batching(),
+            )?,
+            parameters: answer.parameters,
+        };
         if let Some((cache, key, lookup)) = miss {
             let insert_started = Instant::now();
-            cache.insert(key, outputs.clone());
+            cache.insert(key, answer.clone());
             let insertion = insert_started.elapsed();
             cache.record_insertion_time(insertion);
             self.stats.record_cache_miss(lookup + insertion);
         }
-        Ok(self.response(id, outputs))
+        Ok(self.response(id, answer))
     }
 
     /// Whether this version answers through a response stream (a decoupled model); every
@@ -122,14 +129,15 @@ impl LoadedVersion {
     }
 
     /// Runs a checked request (whose id is `id`) on whatever serves this version; failures are
-    /// counted on `outcome`, success too.
+    /// counted on `outcome`, success too. An ensemble's answer carries no response parameters
+    /// (its composing models' are not passed on).
     async fn run(
         &self,
         request: ValidRequest,
         id: &str,
         outcome: &mut Outcome,
         ctx: RunContext<'_>,
-    ) -> ServiceResult<Vec<Tensor>> {
+    ) -> ServiceResult<ModelResponse> {
         match &self.runner {
             Runner::Batched(scheduler) => {
                 let submitted = Instant::now();
@@ -181,19 +189,19 @@ impl LoadedVersion {
                     .await
                     .map_err(|e| outcome.refused(e))?;
                 outcome.ensemble_succeeded(batch_size);
-                Ok(outputs)
+                Ok(outputs.into())
             }
         }
     }
 
-    /// This version's answer carrying `outputs`.
-    pub(crate) fn response(&self, id: String, outputs: Vec<Tensor>) -> InferResponse {
+    /// This version's answer carrying `answer`'s outputs and response parameters.
+    pub(crate) fn response(&self, id: String, answer: ModelResponse) -> InferResponse {
         InferResponse {
             model_name: self.name.clone(),
             model_version: self.version.to_string(),
             id,
-            parameters: Default::default(),
-            outputs,
+            parameters: answer.parameters,
+            outputs: answer.tensors,
         }
     }
 }

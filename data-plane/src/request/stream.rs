@@ -4,6 +4,7 @@
 //! ```text
 //! infer_stream: check ─► ValidRequest.stream = sink ─► scheduler.submit (runs execute)
 //!   backend ──StreamEvent::Response──► sink ─► rx ─┐ hold one response back, so the one
+//!   (outputs + response parameters)                │
 //!   backend ──StreamEvent::Final─────► sink ─► rx ─┴► before Final goes out with last = true
 //!   queue rejection / execute failed as a whole ─► StreamEvent::Failed ends the stream
 //! ```
@@ -24,7 +25,7 @@ use tokio::sync::mpsc;
 
 use super::classification::{self, Classify};
 use super::outcome::{Outcome, backend_error};
-use crate::backend::StreamEvent;
+use crate::backend::{ModelResponse, StreamEvent};
 use crate::manager::{LoadedVersion, Runner};
 use crate::request_check;
 use crate::stats::FailureReason;
@@ -116,11 +117,20 @@ fn responses(
                     Some(StreamEvent::Response(r)) => {
                         let next = r
                             .map_err(|e| backend_error(&loaded.name, &id, e))
-                            .and_then(|outputs| {
+                            .and_then(|answer| {
                                 let batching = loaded.config.batching();
-                                classification::apply(outputs, &classify, &loaded.labels, batching)
+                                let tensors = classification::apply(
+                                    answer.tensors,
+                                    &classify,
+                                    &loaded.labels,
+                                    batching,
+                                )?;
+                                Ok(ModelResponse {
+                                    tensors,
+                                    parameters: answer.parameters,
+                                })
                             })
-                            .map(|outputs| loaded.response(id.clone(), outputs));
+                            .map(|answer| loaded.response(id.clone(), answer));
                         if let Some(previous) = held.replace(next) {
                             return Some((item(previous, false), (events, held, false)));
                         }

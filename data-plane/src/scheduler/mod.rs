@@ -32,13 +32,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use nereid_proto::{ServiceError, Tensor};
+use nereid_proto::ServiceError;
 
 use self::dynamic::{DynamicBatcher, DynamicFeed};
 use self::engine::{Engine, EngineConfig};
 use self::policy::BatchPolicy;
 use self::sequence::{SequenceBatcher, SequenceFeed};
-use crate::backend::{BackendError, BackendInstance, RequestView};
+use crate::backend::{BackendError, BackendInstance, ModelResponse, RequestView};
 use crate::rate_limit::InstanceLimit;
 use crate::request_check::ValidRequest;
 use crate::stats::VersionStats;
@@ -46,7 +46,8 @@ use crate::stats::VersionStats;
 /// What a request gets back from its execution.
 #[derive(Debug)]
 pub struct JobResult {
-    pub outputs: Result<Vec<Tensor>, BackendError>,
+    /// The outputs the request asked for, with the response parameters the model set.
+    pub outputs: Result<ModelResponse, BackendError>,
     pub timings: ExecTimings,
 }
 

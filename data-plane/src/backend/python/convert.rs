@@ -187,6 +187,19 @@ pub fn bls_request(request: RequestObject, inputs: Vec<Tensor>) -> Result<InferR
     })
 }
 
+/// The response parameters a Python model set (`InferenceResponse(..., parameters=...)`), as
+/// the server's; a value they cannot hold is the model's error.
+pub fn response_parameters_from_json(
+    json: Map<String, Value>,
+    model: &str,
+) -> Result<Parameters, BackendError> {
+    parameters_from_json(json).map_err(|e| {
+        BackendError::Execution(format!(
+            "model '{model}' returned invalid response parameters: {e}"
+        ))
+    })
+}
+
 /// The response's parameters as JSON, for a BLS response.
 pub fn response_parameters(response: &InferResponse) -> Map<String, Value> {
     parameters_to_json(&response.parameters)

@@ -5,7 +5,7 @@
 //!           ─► (decoupled: register each request's stream on the link)
 //!           ─► execute {id} ─► wait for execute_done {id} (or the stub's death)
 //!  default:   responses[i] ─► outputs copied out of the stub segment (released) ─► the
-//!             outputs request i asked for, in its order
+//!             outputs request i asked for, in its order, with the response parameters
 //!  decoupled: responses arrive as `response` messages on the reader thread; a request with a
 //!             stream gets them there, one without is collected here until its final flag
 //! ```
@@ -17,17 +17,16 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
-use nereid_proto::Tensor;
 
 use super::convert::{self, ModelInfo};
 use super::link::StreamTarget;
 use super::shm::Packer;
 use super::stub::{Stub, StubError};
-use crate::backend::{BackendError, RequestView, StreamEvent};
+use crate::backend::{BackendError, ModelResponse, RequestView, StreamEvent};
 use nereid_stub_protocol::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
 
 /// One result per request, or one error for all.
-pub type BatchResult = Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError>;
+pub type BatchResult = Result<Vec<Result<ModelResponse, BackendError>>, BackendError>;
 
 /// Runs `requests` on `stub`.
 pub fn execute(stub: &Stub, requests: &[RequestView<'_>], model: &ModelInfo) -> BatchResult {
@@ -149,7 +148,13 @@ fn finish_default(
                     model.name
                 ))
             })?;
-            convert::select_outputs(tensors, request.outputs, &model.name)
+            Ok(ModelResponse {
+                tensors: convert::select_outputs(tensors, request.outputs, &model.name)?,
+                parameters: convert::response_parameters_from_json(
+                    response.parameters,
+                    &model.name,
+                )?,
+            })
         })
         .collect())
 }
@@ -193,7 +198,7 @@ fn finish_decoupled(
     Ok(requests
         .iter()
         .map(|r| match r.stream {
-            Some(_) => Ok(Vec::new()),
+            Some(_) => Ok(ModelResponse::default()),
             None => single_response(model, collected.remove(&r.key).unwrap_or_default()),
         })
         .collect())
@@ -204,7 +209,7 @@ fn finish_decoupled(
 fn collect_responses(
     requests: &[RequestView<'_>],
     collector: Receiver<(u64, StreamEvent)>,
-) -> HashMap<u64, Vec<Result<Vec<Tensor>, BackendError>>> {
+) -> HashMap<u64, Vec<Result<ModelResponse, BackendError>>> {
     let mut open = requests.iter().filter(|r| r.stream.is_none()).count();
     let mut collected: HashMap<u64, Vec<_>> = HashMap::new();
     while open > 0 {
@@ -222,8 +227,8 @@ fn collect_responses(
 /// A decoupled model answered a request that has no stream: exactly one response fits.
 fn single_response(
     model: &ModelInfo,
-    mut responses: Vec<Result<Vec<Tensor>, BackendError>>,
-) -> Result<Vec<Tensor>, BackendError> {
+    mut responses: Vec<Result<ModelResponse, BackendError>>,
+) -> Result<ModelResponse, BackendError> {
     if let Some(failed) = responses.iter().position(Result::is_err) {
         return responses.swap_remove(failed);
     }

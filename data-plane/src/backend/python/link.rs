@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 
 use super::convert;
 use super::shm::{Packer, ParentSegments, ShmError, StubSegments};
-use crate::backend::{BackendError, ResponseSink, ServerHandle, StreamEvent};
+use crate::backend::{BackendError, ModelResponse, ResponseSink, ServerHandle, StreamEvent};
 use crate::custom_metrics::Owner;
 use nereid_stub_protocol::frame::{self, FrameError};
 use nereid_stub_protocol::message::{TensorRef, ToStub};
@@ -266,7 +266,7 @@ impl Link {
     pub fn deliver(
         &self,
         key: u64,
-        response: Option<Result<Vec<Tensor>, BackendError>>,
+        response: Option<Result<ModelResponse, BackendError>>,
         is_final: bool,
     ) {
         let mut streams = self.streams.lock();
@@ -276,8 +276,16 @@ impl Link {
         };
         let mut delivered = true;
         if let Some(result) = response {
-            let result = result
-                .and_then(|tensors| convert::select_outputs(tensors, &stream.outputs, &self.model));
+            let result = result.and_then(|response| {
+                Ok(ModelResponse {
+                    tensors: convert::select_outputs(
+                        response.tensors,
+                        &stream.outputs,
+                        &self.model,
+                    )?,
+                    parameters: response.parameters,
+                })
+            });
             delivered = send_event(&stream.target, key, StreamEvent::Response(result));
         }
         if is_final {
@@ -411,9 +419,13 @@ mod tests {
         let (link, _stub, _dir) = link();
         let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel();
         link.open_stream(5, StreamTarget::Sink(sink), vec!["B".into()]);
-        link.deliver(5, Some(Ok(vec![int32("A", 1), int32("B", 2)])), false);
+        link.deliver(
+            5,
+            Some(Ok(vec![int32("A", 1), int32("B", 2)].into())),
+            false,
+        );
         link.deliver(5, None, true);
-        link.deliver(5, Some(Ok(vec![])), true);
+        link.deliver(5, Some(Ok(Vec::new().into())), true);
         let Ok(StreamEvent::Response(Ok(tensors))) = rx.try_recv() else {
             panic!("expected a response");
         };
@@ -429,8 +441,8 @@ mod tests {
         let (sink, rx) = tokio::sync::mpsc::unbounded_channel();
         drop(rx);
         link.open_stream(9, StreamTarget::Sink(sink), vec![]);
-        link.deliver(9, Some(Ok(vec![])), false);
-        link.deliver(9, Some(Ok(vec![])), false);
+        link.deliver(9, Some(Ok(Vec::new().into())), false);
+        link.deliver(9, Some(Ok(Vec::new().into())), false);
         link.send(&ToStub::Finalize).unwrap();
         assert_eq!(
             next_message(&mut stub),

@@ -6,6 +6,7 @@
 //! ```text
 //!  events socket ─► read_frame ─► handle:
 //!                        ─► response     ─► read tensors, release ─► the request's stream
+//!                                           (with the response parameters the model set)
 //!                        ─► bls_request  ─► read inputs, release ─► bls::call (tokio)
 //!                        ─► log          ─► tracing, with the instance name
 //!                        ─► metric       ─► custom_metrics (the server's registry)
@@ -28,7 +29,7 @@ use super::custom_metrics;
 use super::link::Link;
 use super::model_control;
 use super::process::{StubProcess, describe_exit};
-use crate::backend::BackendError;
+use crate::backend::{BackendError, ModelResponse};
 use nereid_stub_protocol::frame::{self, FrameError};
 use nereid_stub_protocol::message::{FromStub, KNOWN_STUB_OPS, RESPONSE_FINAL, ResponseObject};
 
@@ -193,11 +194,14 @@ fn deliver_response(
     let tensors = link.take_tensors(segment, refs);
     let result = response.map(|r| match r.error {
         Some(error) => Err(convert::backend_error(error)),
-        None => tensors.map_err(|e| {
-            BackendError::Execution(format!(
-                "model '{}': cannot read a response of the Python model: {e}",
-                link.model
-            ))
+        None => Ok(ModelResponse {
+            tensors: tensors.map_err(|e| {
+                BackendError::Execution(format!(
+                    "model '{}': cannot read a response of the Python model: {e}",
+                    link.model
+                ))
+            })?,
+            parameters: convert::response_parameters_from_json(r.parameters, &link.model)?,
         }),
     });
     link.deliver(key, result, flags & RESPONSE_FINAL != 0);
@@ -253,6 +257,41 @@ mod tests {
             err.contains("finalize_done") && err.contains("event connection"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn decoupled_responses_carry_the_parameters_the_model_set() {
+        use super::super::link::StreamTarget;
+        use crate::backend::StreamEvent;
+        use nereid_proto::ParamValue;
+
+        let (link, _stub) = link();
+        let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        link.open_stream(4, StreamTarget::Sink(sink), Vec::new());
+        let response = br#"{"op": "response", "key": 4, "flags": 0,
+            "response": {"outputs": [], "parameters": {"note": "hi", "n": 3, "ok": true}}}"#;
+        assert_eq!(dispatch(&link, response), Ok(()));
+        let Ok(StreamEvent::Response(Ok(answer))) = rx.try_recv() else {
+            panic!("expected a response");
+        };
+        assert_eq!(
+            answer.parameters,
+            [
+                ("n".to_string(), ParamValue::Int(3)),
+                ("note".to_string(), ParamValue::String("hi".into())),
+                ("ok".to_string(), ParamValue::Bool(true)),
+            ]
+            .into()
+        );
+        // A value no response parameter can hold fails that response, not the stream.
+        let bad = br#"{"op": "response", "key": 4, "flags": 1,
+            "response": {"outputs": [], "parameters": {"list": [1]}}}"#;
+        assert_eq!(dispatch(&link, bad), Ok(()));
+        let Ok(StreamEvent::Response(Err(BackendError::Execution(reason)))) = rx.try_recv() else {
+            panic!("expected the invalid parameter as the response's error");
+        };
+        assert!(reason.contains("'list'"), "{reason}");
+        assert!(matches!(rx.try_recv(), Ok(StreamEvent::Final)));
     }
 
     #[test]

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use nereid_proto::{ServiceError, Tensor};
 
 use super::{Batcher, Entry, Feed, Shared};
-use crate::backend::{BackendError, BackendInstance, BatchInputs, RequestView};
+use crate::backend::{BackendError, BackendInstance, BatchInputs, ModelResponse, RequestView};
 use crate::scheduler::{ExecTimings, JobResult, batch, request_view};
 
-/// Per request, its outputs in the order of the names it was run for, or its error.
-type Produced = Result<Vec<Tensor>, BackendError>;
+/// Per request, its outputs in the order of the names it was run for (with the response
+/// parameters the model set), or its error.
+type Produced = Result<ModelResponse, BackendError>;
 
 impl<B: Batcher> Shared<B> {
     /// Runs a batch and answers its requests; returns the tags of all of them for
@@ -106,7 +107,7 @@ impl<B: Batcher> Shared<B> {
                 );
                 for (entry, produced) in execution.into_iter().zip(per_request) {
                     let timings = timings(entry.job.arrived);
-                    self.answer(entry, Some(&names), Ok(produced), timings, done);
+                    self.answer(entry, Some(&names), Ok(produced.into()), timings, done);
                 }
             }
             Err(e) => {
@@ -185,9 +186,15 @@ impl<B: Batcher> Shared<B> {
         let wanted = &job.request.outputs;
         let names = names.unwrap_or(wanted);
         let outputs = match produced {
-            Ok(produced) => {
-                self.feed.produced(&mut tag, Some((names, &produced)));
-                Ok(pick(wanted, names, produced))
+            Ok(ModelResponse {
+                tensors,
+                parameters,
+            }) => {
+                self.feed.produced(&mut tag, Some((names, &tensors)));
+                Ok(ModelResponse {
+                    tensors: pick(wanted, names, tensors),
+                    parameters,
+                })
             }
             Err(e) => {
                 self.feed.produced(&mut tag, None);
