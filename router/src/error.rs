@@ -10,12 +10,19 @@ use nereid_proto::{CorrelationId, ServiceError};
 /// A routing or forwarding failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouterError {
-    /// The model is not registered with the control plane.
-    #[error("model '{model}' is not registered with the cluster")]
+    /// The model is not registered with the control plane (Triton's words for a model it does
+    /// not have, which Triton's clients look for).
+    #[error("Request for unknown model: '{model}' is not found")]
     UnknownModel { model: String },
     /// The model is registered, but the version is not one of its versions.
-    #[error("model '{model}' has no version {version}")]
+    #[error("Request for unknown model: '{model}' version {version} is not found")]
     UnknownVersion { model: String, version: i64 },
+    /// The router has had no routing table from the control plane since it started, so it
+    /// cannot tell an unknown model from one it has not heard of yet.
+    #[error(
+        "the router has no routing table yet: it has not reached the control plane since it started; retry shortly"
+    )]
+    NoTable,
     /// The model (version) is registered, but no replica of it is ready right now.
     #[error("{}", no_ready_message(.model, .version))]
     NoReadyReplica { model: String, version: Option<i64> },
@@ -116,6 +123,7 @@ impl RouterError {
             ),
             RouterError::UnknownModel { .. }
             | RouterError::UnknownVersion { .. }
+            | RouterError::NoTable
             | RouterError::NoReadyReplica { .. }
             | RouterError::SequenceNotStarted { .. }
             | RouterError::SequenceReplicaGone { .. }
@@ -140,6 +148,7 @@ impl From<RouterError> for ServiceError {
             }
             RouterError::ControlPlane { error } => error.prefixed("control plane: "),
             RouterError::NoReadyReplica { .. }
+            | RouterError::NoTable
             | RouterError::RepositoryControlOff { .. }
             | RouterError::NotReadyInTime { .. }
             | RouterError::SequenceReplicaGone { .. }
@@ -183,7 +192,15 @@ mod tests {
         let e: ServiceError = RouterError::Overloaded { limit: 4 }.into();
         assert!(matches!(e, ServiceError::Overloaded(_)));
         let e: ServiceError = RouterError::UnknownModel { model: "x".into() }.into();
-        assert!(matches!(e, ServiceError::NotFound(_)));
+        assert_eq!(
+            e,
+            ServiceError::NotFound("Request for unknown model: 'x' is not found".into())
+        );
+        let e: ServiceError = RouterError::NoTable.into();
+        assert!(
+            matches!(&e, ServiceError::Unavailable(m) if m.contains("no routing table")),
+            "{e:?}"
+        );
         let worker = ServiceError::invalid("input 'x': bad");
         let e: ServiceError = RouterError::Worker {
             addr: "a".into(),

@@ -37,6 +37,7 @@ use nereid_proto::{InferenceService, RequestContext, ServiceError, ServiceResult
 use crate::choice::Ask;
 use crate::error::RouterResult;
 use crate::http_scan::{HttpScanned, scan_http_request};
+use crate::metrics::{Classify, Outcome};
 use crate::passthrough::checked_version;
 use crate::service::{RouterService, traced_attempt};
 
@@ -84,6 +85,17 @@ enum Forwarded {
     Response(Response),
     /// The chosen replica's worker reports no HTTP address: the typed path serves it.
     NoHttpAddress,
+}
+
+impl Classify for Forwarded {
+    /// The worker's answer by its HTTP status (a 400 it wrote is a failure, as over gRPC);
+    /// a request handed to the typed path is counted there.
+    fn outcome(&self) -> Outcome {
+        match self {
+            Forwarded::Response(response) => Outcome::of_status(response.status()),
+            Forwarded::NoHttpAddress => Outcome::HandedOn,
+        }
+    }
 }
 
 /// The layer: `POST .../infer` through the pass-through path, everything else (and the cases

@@ -71,6 +71,34 @@ impl DurationHistogram {
     }
 }
 
+/// How one routed inference ends, for the counters: the same classification on every path
+/// (typed, gRPC pass-through, HTTP pass-through, streams).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    /// An error from the router or from the worker, whatever the transport carried it as (a
+    /// gRPC status, an HTTP 4xx/5xx the worker wrote).
+    Failure,
+    /// Not counted here: another path serves (and counts) the request.
+    HandedOn,
+}
+
+impl Outcome {
+    /// The outcome of an HTTP answer by its status: 2xx is a success.
+    pub fn of_status(status: axum::http::StatusCode) -> Outcome {
+        if status.is_success() {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        }
+    }
+}
+
+/// What a routed call returns, classified for the counters. An `Err` is always a failure.
+pub trait Classify {
+    fn outcome(&self) -> Outcome;
+}
+
 /// What the router counts per model.
 #[derive(Debug, Default)]
 pub struct ModelCounters {
@@ -83,10 +111,23 @@ pub struct ModelCounters {
 
 impl ModelCounters {
     /// Counts one finished inference request.
-    pub fn finish(&self, took: Duration, ok: bool) {
-        let outcome = if ok { &self.success } else { &self.failure };
-        outcome.fetch_add(1, Ordering::Relaxed);
+    pub fn finish(&self, took: Duration, outcome: Outcome) {
+        let counter = match outcome {
+            Outcome::Success => &self.success,
+            Outcome::Failure => &self.failure,
+            Outcome::HandedOn => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         self.duration.observe(took);
+    }
+
+    /// Counts a finished call by its result.
+    pub fn finish_result<T: Classify, E>(&self, took: Duration, result: &Result<T, E>) {
+        let outcome = match result {
+            Ok(answer) => answer.outcome(),
+            Err(_) => Outcome::Failure,
+        };
+        self.finish(took, outcome);
     }
 }
 
@@ -293,14 +334,42 @@ mod tests {
     }
 
     #[test]
+    fn outcomes_are_classified_once_for_every_path() {
+        struct Answer(Outcome);
+        impl Classify for Answer {
+            fn outcome(&self) -> Outcome {
+                self.0
+            }
+        }
+        let c = ModelCounters::default();
+        c.finish_result::<Answer, ()>(Duration::ZERO, &Ok(Answer(Outcome::Success)));
+        c.finish_result::<Answer, ()>(Duration::ZERO, &Ok(Answer(Outcome::Failure)));
+        c.finish_result::<Answer, ()>(Duration::ZERO, &Err(()));
+        c.finish_result::<Answer, ()>(Duration::ZERO, &Ok(Answer(Outcome::HandedOn)));
+        assert_eq!(c.success.load(Ordering::Relaxed), 1);
+        assert_eq!(c.failure.load(Ordering::Relaxed), 2);
+        let statuses = [
+            (200, Outcome::Success),
+            (400, Outcome::Failure),
+            (503, Outcome::Failure),
+        ];
+        for (code, outcome) in statuses {
+            let status = axum::http::StatusCode::from_u16(code).unwrap();
+            assert_eq!(Outcome::of_status(status), outcome, "{code}");
+        }
+    }
+
+    #[test]
     fn unknown_models_share_one_label_and_known_ones_get_their_own() {
         let m = RouterMetrics::default();
         m.model("resnet", || true)
-            .finish(Duration::from_millis(1), true);
+            .finish(Duration::from_millis(1), Outcome::Success);
         m.model("resnet", || panic!("asked again"))
-            .finish(Duration::from_millis(1), false);
-        m.model("typo-1", || false).finish(Duration::ZERO, false);
-        m.model("typo-2", || false).finish(Duration::ZERO, false);
+            .finish(Duration::from_millis(1), Outcome::Failure);
+        m.model("typo-1", || false)
+            .finish(Duration::ZERO, Outcome::Failure);
+        m.model("typo-2", || false)
+            .finish(Duration::ZERO, Outcome::Failure);
         m.model("resnet", || true)
             .retries
             .fetch_add(1, Ordering::Relaxed);

@@ -251,3 +251,10 @@ impl tonic::server::UnaryService<Bytes> for ModelInferRoute {
         })
     }
 }
+
+impl crate::metrics::Classify for Bytes {
+    /// A worker's `ModelInfer` answer: its errors come back as statuses (`Err`).
+    fn outcome(&self) -> crate::metrics::Outcome {
+        crate::metrics::Outcome::Success
+    }
+}

@@ -49,7 +49,7 @@ use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
 use crate::error::{RouterError, RouterResult};
 use crate::forward::{ForwardConfig, Workers};
 use crate::http_forward::HttpWorkers;
-use crate::metrics::{ModelCounters, RouterMetrics};
+use crate::metrics::{Classify, ModelCounters, Outcome, RouterMetrics};
 use crate::table::{Endpoint, SharedTable};
 use crate::wire::{decode_response, encode_request};
 use nereid_proto::codec::version_text;
@@ -289,7 +289,7 @@ impl RouterService {
     /// Runs one inference of `model` under the admission limit (else `Overloaded`, without
     /// running it) and counts its outcome and time, whichever path (typed or pass-through)
     /// forwards it.
-    pub(crate) async fn admitted<T>(
+    pub(crate) async fn admitted<T: Classify>(
         &self,
         model: &str,
         inference: impl Future<Output = RouterResult<T>>,
@@ -302,7 +302,7 @@ impl RouterService {
                 limit: self.config.max_in_flight,
             }),
         };
-        counters.finish(started.elapsed(), result.is_ok());
+        counters.finish_result(started.elapsed(), &result);
         result
     }
 
@@ -546,10 +546,7 @@ impl InferenceService for RouterService {
     async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool> {
         let table = self.table.load();
         if table.model(name).is_none() {
-            return Err(RouterError::UnknownModel {
-                model: name.to_string(),
-            }
-            .into());
+            return Err(table.missing_model(name).into());
         }
         Ok(match version {
             Some(v) if !table.has_version(name, v) => {
@@ -656,7 +653,7 @@ impl InferenceService for RouterService {
         let started = Instant::now();
         let counters = self.counters(&request.model_name);
         let result = self.open_stream(request).await;
-        counters.finish(started.elapsed(), result.is_ok());
+        counters.finish_result(started.elapsed(), &result);
         result
     }
 
@@ -718,5 +715,18 @@ impl InferenceService for RouterService {
             ))
             .into()),
         }
+    }
+}
+
+impl Classify for InferResponse {
+    fn outcome(&self) -> Outcome {
+        Outcome::Success
+    }
+}
+
+impl Classify for ResponseStream {
+    /// An opened stream; its later errors reach the client in the stream.
+    fn outcome(&self) -> Outcome {
+        Outcome::Success
     }
 }

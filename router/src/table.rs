@@ -46,6 +46,18 @@ pub struct RoutingTable {
 }
 
 impl RoutingTable {
+    /// Why `model` cannot be routed when the table does not have it: unknown to the cluster,
+    /// or (before the first snapshot) not known yet.
+    pub fn missing_model(&self, model: &str) -> crate::error::RouterError {
+        if self.synced {
+            crate::error::RouterError::UnknownModel {
+                model: model.to_string(),
+            }
+        } else {
+            crate::error::RouterError::NoTable
+        }
+    }
+
     /// The revision of the last applied event; 0 before the first snapshot.
     pub fn revision(&self) -> u64 {
         self.revision

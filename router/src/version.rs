@@ -25,9 +25,7 @@ pub fn resolve_version(
     rng: &mut dyn RandomSource,
 ) -> RouterResult<i64> {
     let Some(spec) = table.model(model) else {
-        return Err(RouterError::UnknownModel {
-            model: model.to_string(),
-        });
+        return Err(table.missing_model(model));
     };
     if let Some(v) = version {
         if table.has_version(model, v) {
@@ -136,6 +134,16 @@ mod tests {
                 model: "cold".into(),
                 version: None
             })
+        );
+    }
+
+    #[test]
+    fn before_the_first_snapshot_no_model_is_called_unknown() {
+        let empty = RoutingTable::default();
+        let mut rng = SplitMix64::new(1);
+        assert_eq!(
+            resolve_version(&empty, "m", None, &mut rng),
+            Err(RouterError::NoTable)
         );
     }
 

@@ -112,7 +112,7 @@ async fn worker_errors_pass_through_and_admission_is_bounded() {
         let err = router.infer(r).await.unwrap_err();
         assert_eq!(
             err,
-            ServiceError::NotFound("model 'nope' is not registered with the cluster".into())
+            ServiceError::NotFound("Request for unknown model: 'nope' is not found".into())
         );
         let meta = router.model_metadata("echo", None).await.unwrap();
         assert!(meta.platform == "w1" || meta.platform == "w2");

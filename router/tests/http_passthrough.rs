@@ -270,7 +270,7 @@ async fn bad_requests_are_refused_by_the_router_naming_the_field() {
                 "/v2/models/nope/infer",
                 JSON,
                 StatusCode::NOT_FOUND,
-                "not registered",
+                "Request for unknown model: 'nope' is not found",
             ),
         ];
         for (path, body, status, needle) in cases {
