@@ -96,17 +96,29 @@ def test_json_and_binary_answers_are_the_workers_bytes(cluster):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
 
+def router_requests(router, outcome):
+    """The router's `nereid_router_requests_total` for model `simple` and `outcome`."""
+    url = "http://127.0.0.1:{}/metrics".format(router.metrics_port)
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    series = 'nereid_router_requests_total{{model="simple",outcome="{}"}} '.format(outcome)
+    return sum(float(line[len(series):]) for line in text.splitlines() if line.startswith(series))
+
+
 def test_the_workers_refusals_pass_through_and_the_routers_own_are_json(cluster):
     worker, router = cluster
-    # The worker refuses a wrong shape; the client gets its status and body unchanged.
+    failures = router_requests(router, "failure")
+    # The worker refuses a wrong shape; the client gets its status and body unchanged, and the
+    # router counts it as a failure, as it counts the same refusal over gRPC.
     direct = post(worker.http_url, "/v2/models/simple/infer", json_request((1, 15)))
     routed = post(router.http_url, "/v2/models/simple/infer", json_request((1, 15)))
     assert direct[0] == 400, direct
     assert routed == direct
-    # What the router refuses itself: an unknown model, a malformed body.
+    assert router_requests(router, "failure") == failures + 1
+    # What the router refuses itself: an unknown model (Triton's words), a malformed body.
     status, headers, body = post(router.http_url, "/v2/models/nope/infer", json_request())
     assert status == 404 and headers["content-type"] == "application/json"
-    assert "not registered" in json.loads(body)["error"]
+    assert json.loads(body)["error"] == "Request for unknown model: 'nope' is not found"
     status, _, body = post(router.http_url, "/v2/models/simple/infer", b'{"inputs": [')
     assert status == 400 and "JSON" in json.loads(body)["error"]
     # The router keeps serving.
