@@ -120,7 +120,7 @@ fn measure(
             .next()
             .ok_or("no result")?
             .map_err(|e| e.to_string())?;
-        if out[0].data() != inputs[0].data() {
+        if out.tensors[0].data() != inputs[0].data() {
             return Err("identity changed the data".into());
         }
         Ok(elapsed)

@@ -283,7 +283,7 @@ fn dropping_an_instance_finalizes_and_cleans_up() {
         stream: None,
     };
     let results = instance.execute_requests(&[view]).unwrap();
-    let got = results.into_iter().next().unwrap().unwrap();
+    let got = results.into_iter().next().unwrap().unwrap().tensors;
     let names: Vec<&str> = got.iter().map(Tensor::name).collect();
     assert_eq!(
         names,
@@ -373,15 +373,16 @@ fn a_decoupled_model_streams_responses_into_the_sink() {
         stream: None,
     };
     let results = instance.execute_requests(&[streamed, unary]).unwrap();
-    assert!(results[0].as_ref().unwrap().is_empty());
-    let single = results[1].as_ref().unwrap();
+    assert!(results[0].as_ref().unwrap().tensors.is_empty());
+    let single = &results[1].as_ref().unwrap().tensors;
     assert_eq!(single[0].data().as_ref(), &5i32.to_le_bytes());
 
     // The stub sends its responses before `execute` returns, so all are queued by now.
     let mut values = Vec::new();
     loop {
         match events.try_recv().expect("the stream ends with Final") {
-            StreamEvent::Response(Ok(tensors)) => {
+            StreamEvent::Response(Ok(response)) => {
+                let tensors = &response.tensors;
                 assert_eq!(tensors[0].name(), "OUT");
                 values.push(i32::from_le_bytes(
                     tensors[0].data()[..4].try_into().unwrap(),

@@ -170,14 +170,6 @@ impl From<Vec<Tensor>> for ModelResponse {
     }
 }
 
-impl std::ops::Deref for ModelResponse {
-    type Target = Vec<Tensor>;
-
-    fn deref(&self) -> &Vec<Tensor> {
-        &self.tensors
-    }
-}
-
 /// One event of a decoupled model's response stream.
 #[derive(Debug)]
 pub enum StreamEvent {

@@ -429,7 +429,7 @@ mod tests {
         let Ok(StreamEvent::Response(Ok(tensors))) = rx.try_recv() else {
             panic!("expected a response");
         };
-        let names: Vec<&str> = tensors.iter().map(Tensor::name).collect();
+        let names: Vec<&str> = tensors.tensors.iter().map(Tensor::name).collect();
         assert_eq!(names, vec!["B"], "only the requested outputs");
         assert!(matches!(rx.try_recv(), Ok(StreamEvent::Final)));
         assert!(rx.try_recv().is_err(), "nothing is delivered after final");

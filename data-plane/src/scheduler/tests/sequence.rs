@@ -168,7 +168,7 @@ fn request(id: u64, value: i64, start: bool, end: bool) -> ValidRequest {
 
 /// (OUTPUT, START seen by the model, END seen by the model)
 fn values(r: Result<JobResult, ServiceError>) -> (i64, i64, i64) {
-    let outputs = r.unwrap().outputs.unwrap();
+    let outputs = r.unwrap().outputs.unwrap().tensors;
     assert_eq!(
         outputs.len(),
         3,
