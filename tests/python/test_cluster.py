@@ -69,6 +69,12 @@ def test_three_nodes_keep_every_committed_write_through_leader_kill_and_restart(
         old_term = leader.status()["term"]
         leader.kill()
         survivors = [n for n in nodes if n is not leader]
+        # During the election a follower still answers reads of the leader's soft state from
+        # its own state (docs/ctl.md), whether it knows no leader or the dead one.
+        for n in survivors:
+            for path in ("/api/v1/nodes", "/api/v1/models/m0/placement"):
+                code, body = n.api("GET", path)
+                assert code == 200, ("a follower answers reads during an election", path, code, body)
         new_leader = leader_of(survivors)
         assert new_leader is not leader
         assert new_leader.status()["term"] > old_term

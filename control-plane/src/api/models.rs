@@ -122,11 +122,15 @@ impl ManagementService {
     /// decisions. A deleted model whose replicas are still unloading can be explained too.
     pub async fn explain(&self, req: pb::ModelRef) -> Result<pb::PlacementExplanation, ApiError> {
         required("name", &req.name)?;
-        if let Some((mut leader, channels)) = self.leader_management() {
-            return Ok(leader
-                .explain_placement(channels.request(req))
-                .await?
-                .into_inner());
+        let request = req.clone();
+        let asked = self
+            .ask_leader(|mut leader, channels| {
+                let request = channels.request(request);
+                async move { leader.explain_placement(request).await }
+            })
+            .await?;
+        if let Some(answer) = asked {
+            return Ok(answer);
         }
         let state = self.read(req.consistency).await?;
         let name = req.name.as_str();

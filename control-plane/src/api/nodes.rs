@@ -34,8 +34,15 @@ impl ManagementService {
         &self,
         req: pb::ListNodesRequest,
     ) -> Result<pb::ListNodesResponse, ApiError> {
-        if let Some((mut leader, channels)) = self.leader_management() {
-            return Ok(leader.list_nodes(channels.request(req)).await?.into_inner());
+        let request = req;
+        let asked = self
+            .ask_leader(|mut leader, channels| {
+                let request = channels.request(request);
+                async move { leader.list_nodes(request).await }
+            })
+            .await?;
+        if let Some(answer) = asked {
+            return Ok(answer);
         }
         let state = self.read(req.consistency).await?;
         Ok(pb::ListNodesResponse {
@@ -51,8 +58,15 @@ impl ManagementService {
     /// A node, its replicas and (on the leader) its utilization from heartbeats.
     pub async fn node(&self, req: pb::NodeRef) -> Result<pb::NodeStatusResponse, ApiError> {
         required("id", &req.id)?;
-        if let Some((mut leader, channels)) = self.leader_management() {
-            return Ok(leader.get_node(channels.request(req)).await?.into_inner());
+        let request = req.clone();
+        let asked = self
+            .ask_leader(|mut leader, channels| {
+                let request = channels.request(request);
+                async move { leader.get_node(request).await }
+            })
+            .await?;
+        if let Some(answer) = asked {
+            return Ok(answer);
         }
         let state = self.read(req.consistency).await?;
         Ok(self.node_status(Self::find_node(&state, &req.id)?, &state))

@@ -25,6 +25,20 @@ use crate::state::ClusterState;
 /// linearizable read instead.
 const APPLY_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a follower waits for the leader's answer to a read of the leader's soft state
+/// before it answers from its own state.
+const LEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Whether a forwarded call failed because the leader could not be reached (rather than
+/// refusing the request): the connection was refused, broke, or never answered.
+fn leader_unreachable(status: &Status) -> bool {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => true,
+        tonic::Code::Unknown => status.message().contains("transport error"),
+        _ => false,
+    }
+}
+
 /// The management API over a [`Consensus`] (state and writes) and the leader's
 /// [`Observations`] (soft state). Cheap to clone.
 #[derive(Clone)]
@@ -62,13 +76,41 @@ impl ManagementService {
     /// On a follower that knows its leader: a client to the leader's management service and
     /// the channels that stamp requests. `None`: answer here (this node leads, no leader is
     /// known, or forwarding is off).
-    pub(super) fn leader_management(&self) -> Option<(ManagementClient<Channel>, &LeaderChannels)> {
+    fn leader_management(&self) -> Option<(ManagementClient<Channel>, &LeaderChannels)> {
         let leader = self.leader.as_deref()?;
         if leader.is_leader() {
             return None;
         }
         let channel = leader.leader().ok()?;
         Some((ManagementClient::new(channel), leader))
+    }
+
+    /// A read of the leader's soft state (heartbeats, placement decisions), asked of the
+    /// leader: `None` when this node is the leader, knows none, or the leader it knows does not
+    /// answer within [`LEADER_READ_TIMEOUT`] (it died and the election has not ended yet). The
+    /// caller then answers from this node's own state, as docs/ctl.md says a follower does.
+    pub(super) async fn ask_leader<T, F, Fut>(&self, call: F) -> Result<Option<T>, ApiError>
+    where
+        F: FnOnce(ManagementClient<Channel>, &LeaderChannels) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        let Some((leader, channels)) = self.leader_management() else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(LEADER_READ_TIMEOUT, call(leader, channels)).await {
+            Ok(Ok(answer)) => Ok(Some(answer.into_inner())),
+            Ok(Err(status)) if leader_unreachable(&status) => {
+                tracing::debug!(error = %status, "the leader did not answer a read; answering from this node's state");
+                Ok(None)
+            }
+            Ok(Err(status)) => Err(status.into()),
+            Err(_) => {
+                tracing::debug!(
+                    "the leader did not answer a read in time; answering from this node's state"
+                );
+                Ok(None)
+            }
+        }
     }
 
     /// The service for a gRPC call: forwarded calls are answered here.
@@ -205,5 +247,30 @@ impl Management for ManagementService {
 
     async fn remove_member(&self, r: Request<pb::RemoveMemberRequest>) -> Rpc<pb::ClusterStatus> {
         reply(self.evict_member(r.into_inner()).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unreachable_leader_sends_a_read_back_to_local_state() {
+        for status in [
+            Status::unavailable("tcp connect error"),
+            Status::unknown("transport error"),
+            Status::cancelled("the connection broke"),
+            Status::deadline_exceeded("no answer"),
+        ] {
+            assert!(leader_unreachable(&status), "{status:?}");
+        }
+        for status in [
+            Status::not_found("node 'x' is not registered"),
+            Status::invalid_argument("bad consistency"),
+            Status::unknown("something the leader said"),
+            Status::permission_denied("token"),
+        ] {
+            assert!(!leader_unreachable(&status), "{status:?}");
+        }
     }
 }
