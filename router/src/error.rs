@@ -117,10 +117,14 @@ impl RouterError {
     pub fn retryable(&self) -> bool {
         match self {
             RouterError::Unreachable { .. } => true,
-            RouterError::Worker { error, .. } => matches!(
-                error,
-                ServiceError::Unavailable(_) | ServiceError::Overloaded(_)
-            ),
+            RouterError::Worker { error, .. } => match error {
+                ServiceError::Unavailable(_) | ServiceError::Overloaded(_) => true,
+                // The routing table said this worker holds the model: it unloaded it (it was
+                // marked down and its replica moved) before the table caught up. The request
+                // did not run.
+                ServiceError::NotFound(message) => is_unknown_model(message),
+                _ => false,
+            },
             RouterError::UnknownModel { .. }
             | RouterError::UnknownVersion { .. }
             | RouterError::NoTable
@@ -137,6 +141,12 @@ impl RouterError {
             | RouterError::DeadlineExceeded { .. } => false,
         }
     }
+}
+
+/// Whether a worker's NOT_FOUND is its "unknown model or version" (Triton's words), as opposed
+/// to, say, an unknown shared-memory region.
+pub fn is_unknown_model(message: &str) -> bool {
+    message.starts_with("Request for unknown model: ")
 }
 
 impl From<RouterError> for ServiceError {
@@ -236,6 +246,18 @@ mod tests {
             error: ServiceError::invalid("bad"),
         };
         assert!(!invalid.retryable());
+        let unloaded = RouterError::Worker {
+            addr: "a".into(),
+            error: ServiceError::NotFound(
+                "Request for unknown model: 'm' version 1 is not found".into(),
+            ),
+        };
+        assert!(unloaded.retryable(), "a replica the worker no longer has");
+        let other_not_found = RouterError::Worker {
+            addr: "a".into(),
+            error: ServiceError::NotFound("Unable to find shared memory region 'r'".into()),
+        };
+        assert!(!other_not_found.retryable());
         let late = RouterError::DeadlineExceeded { model: "m".into() };
         assert!(!late.retryable());
         assert_eq!(

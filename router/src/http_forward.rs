@@ -8,6 +8,8 @@
 //!   + traceparent / tracestate of this attempt's span
 //!   ─► POST http://<worker http addr>/v2/models/<m>/versions/<v>/infer
 //! ◄─ 503 from the worker      RouterError::Worker(Unavailable): retried like a gRPC UNAVAILABLE
+//! ◄─ 404 "Request for unknown model" from the worker (it unloaded a replica the table still
+//!                             shows): RouterError::Worker(NotFound), retried as over gRPC
 //! ◄─ any other answer         status, Content-Type, Inference-Header-Content-Length,
 //!                             Content-Encoding and body as the worker sent them
 //! ◄─ no answer                RouterError::Unreachable (retried, the replica ejected)
@@ -25,7 +27,7 @@ use hyper_util::rt::TokioExecutor;
 use nereid_cluster_client::error_chain;
 use nereid_proto::{RequestContext, ServiceError, TRACEPARENT, TRACESTATE};
 
-use crate::error::{RouterError, RouterResult};
+use crate::error::{RouterError, RouterResult, is_unknown_model};
 
 /// Client request headers the worker needs to read the body as the client meant it.
 const REQUEST_HEADERS: [&str; 3] = [
@@ -102,6 +104,17 @@ impl HttpWorkers {
                 addr: addr.to_string(),
                 error: ServiceError::Unavailable(error_message(&body)),
             });
+        }
+        if parts.status == StatusCode::NOT_FOUND {
+            let message = error_message(&body);
+            if is_unknown_model(&message) {
+                // Retryable on another replica, as over gRPC; if it is the last word, the
+                // client gets the same status and message.
+                return Err(RouterError::Worker {
+                    addr: addr.to_string(),
+                    error: ServiceError::NotFound(message),
+                });
+            }
         }
         let mut answer = Response::new(Body::from(body));
         *answer.status_mut() = parts.status;

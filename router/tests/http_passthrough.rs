@@ -34,8 +34,9 @@ struct Received {
 #[derive(Clone)]
 struct Recorder {
     name: &'static str,
-    /// Answer 503 to everything (a worker that is unloading the model).
-    unavailable: bool,
+    /// The status and error body to answer everything with (a worker unloading the model, or
+    /// one that no longer has it), instead of the echo.
+    refusal: Option<(StatusCode, &'static str)>,
     seen: Arc<Mutex<Vec<Received>>>,
 }
 
@@ -49,13 +50,8 @@ async fn record(State(rec): State<Recorder>, request: Request) -> Response {
         headers: parts.headers,
         body: body.clone(),
     });
-    if rec.unavailable {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [("content-type", "application/json")],
-            r#"{"error":"model 'echo' is unloading"}"#,
-        )
-            .into_response();
+    if let Some((status, body)) = rec.refusal {
+        return (status, [("content-type", "application/json")], body).into_response();
     }
     (
         StatusCode::OK,
@@ -69,10 +65,24 @@ async fn record(State(rec): State<Recorder>, request: Request) -> Response {
         .into_response()
 }
 
-async fn recording_worker(name: &'static str, unavailable: bool) -> (SocketAddr, Recorder) {
+/// A worker that is unloading the model.
+const UNLOADING: (StatusCode, &str) = (
+    StatusCode::SERVICE_UNAVAILABLE,
+    r#"{"error":"model 'echo' is unloading"}"#,
+);
+/// A worker that no longer has the replica the routing table still shows.
+const UNLOADED: (StatusCode, &str) = (
+    StatusCode::NOT_FOUND,
+    r#"{"error":"Request for unknown model: 'echo' version 1 is not found"}"#,
+);
+
+async fn recording_worker(
+    name: &'static str,
+    refusal: Option<(StatusCode, &'static str)>,
+) -> (SocketAddr, Recorder) {
     let rec = Recorder {
         name,
-        unavailable,
+        refusal,
         seen: Arc::default(),
     };
     let app = axum::Router::new().fallback(record).with_state(rec.clone());
@@ -162,7 +172,7 @@ const JSON: &str =
 #[tokio::test]
 async fn a_json_body_reaches_the_worker_unchanged_and_its_answer_comes_back() {
     bounded(async {
-        let (w, rec) = recording_worker("w1", false).await;
+        let (w, rec) = recording_worker("w1", None).await;
         let router = router_over(vec![node("w1", "127.0.0.1:9", Some(w))]).await;
         let (status, headers, body) = post(
             router,
@@ -191,7 +201,7 @@ async fn a_json_body_reaches_the_worker_unchanged_and_its_answer_comes_back() {
 #[tokio::test]
 async fn a_binary_body_keeps_its_header_length() {
     bounded(async {
-        let (w, rec) = recording_worker("w1", false).await;
+        let (w, rec) = recording_worker("w1", None).await;
         let router = router_over(vec![node("w1", "127.0.0.1:9", Some(w))]).await;
         let header = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","parameters":{"binary_data_size":4}}]}"#;
         let mut body = header.as_bytes().to_vec();
@@ -215,9 +225,16 @@ async fn a_binary_body_keeps_its_header_length() {
 
 #[tokio::test]
 async fn an_unavailable_worker_is_retried_on_another() {
+    for refusal in [UNLOADING, UNLOADED] {
+        retried_on_another(refusal).await;
+    }
+}
+
+/// Requests a worker refuses with `refusal` before running them succeed on the other replica.
+async fn retried_on_another(refusal: (StatusCode, &'static str)) {
     bounded(async {
-        let (down, down_rec) = recording_worker("down", true).await;
-        let (up, up_rec) = recording_worker("up", false).await;
+        let (down, down_rec) = recording_worker("down", Some(refusal)).await;
+        let (up, up_rec) = recording_worker("up", None).await;
         let router = router_over(vec![
             node("down", "127.0.0.1:9", Some(down)),
             node("up", "127.0.0.1:9", Some(up)),
@@ -235,8 +252,8 @@ async fn an_unavailable_worker_is_retried_on_another() {
             // Only the headers a client reads the answer by come back.
             assert!(headers.get("x-worker").is_none());
         }
-        assert_eq!(up_rec.seen.lock().unwrap().len(), 6);
-        // Some of the six went to the unavailable one first.
+        assert_eq!(up_rec.seen.lock().unwrap().len(), 6, "{refusal:?}");
+        // Some of the six went to the refusing one first.
         assert!(!down_rec.seen.lock().unwrap().is_empty());
     })
     .await;
@@ -245,7 +262,7 @@ async fn an_unavailable_worker_is_retried_on_another() {
 #[tokio::test]
 async fn bad_requests_are_refused_by_the_router_naming_the_field() {
     bounded(async {
-        let (w, rec) = recording_worker("w1", false).await;
+        let (w, rec) = recording_worker("w1", None).await;
         let router = router_over(vec![node("w1", "127.0.0.1:9", Some(w))]).await;
         let cases: [(&str, &str, StatusCode, &str); 4] = [
             (
