@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use nereid_router::ControlPlaneConfig;
 use nereid_router::ForwardConfig;
+use nereid_router::HedgeConfig;
 use nereid_router::RepositoryControl;
 use nereid_router::RouterConfig;
 use nereid_router::RouterServiceConfig;
@@ -41,6 +42,16 @@ pub struct RouterArgs {
     /// through the router, waits for a replica to become ready; a gRPC deadline can shorten it.
     #[arg(long, env = "NEREID_SCALE_FROM_ZERO_WAIT_SECS", default_value_t = 60)]
     pub scale_from_zero_wait_secs: u64,
+    /// Least time (milliseconds) an attempt runs before the request, if safe to repeat, is also
+    /// sent to another replica (hedged). The attempt timeout is four times the model's observed
+    /// p99 through this router, within this floor and --hedge-ceiling-secs.
+    #[arg(long, env = "NEREID_HEDGE_FLOOR_MS", default_value_t = 1000)]
+    pub hedge_floor_ms: u64,
+    /// Longest time (seconds) an attempt runs before it is hedged; also the attempt timeout
+    /// until the router has seen enough requests of a model. A replica that leaves the routing
+    /// table's ready set (its node marked down) is hedged at once.
+    #[arg(long, env = "NEREID_HEDGE_CEILING_SECS", default_value_t = 30)]
+    pub hedge_ceiling_secs: u64,
     #[command(flatten)]
     pub frontend: FrontendArgs,
     #[command(flatten)]
@@ -102,6 +113,10 @@ impl RouterArgs {
                 sequence_idle_timeout: Duration::from_secs(self.sequence_idle_timeout_secs),
                 ejection: RouterServiceConfig::default().ejection,
                 scale_from_zero_wait: Duration::from_secs(self.scale_from_zero_wait_secs),
+                hedge: HedgeConfig {
+                    floor: Duration::from_millis(self.hedge_floor_ms),
+                    ceiling: Duration::from_secs(self.hedge_ceiling_secs.max(1)),
+                },
                 forward: ForwardConfig {
                     dial: dial.clone(),
                     ..ForwardConfig::default()

@@ -59,6 +59,6 @@ pub use metrics::RouterCollector;
 pub use passthrough::{PassThroughConfig, grpc_routes};
 pub use raw_codec::{RawCodec, RawMessage};
 pub use serve::{RouterConfig, RouterServeError, run};
-pub use service::{RouterService, RouterServiceConfig};
+pub use service::{HedgeConfig, RouterService, RouterServiceConfig};
 pub use table::{RoutingTable, SharedTable};
 pub use wire::{WorkerRequest, encode_request};

@@ -5,6 +5,7 @@
 //! RouterService::infer ─► RouterMetrics::model(name) ─► ModelCounters (atomics: outcome,
 //!                         │                             duration buckets, retries, activations)
 //!                         ├─ retry ──────────────────► ModelCounters::retries
+//!                         ├─ hedge ──────────────────► ModelCounters::hedges
 //!                         └─ unreachable replica ────► RouterMetrics::ejected(node)
 //! GET /metrics ─► RouterCollector::collect ─► in flight, table revision, outstanding per replica
 //!                                            (from the service) + the counters above
@@ -51,6 +52,30 @@ impl DurationHistogram {
         self.buckets[i].fetch_add(1, Ordering::Relaxed);
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// The upper bound of the bucket holding quantile `q` of what was observed, once there
+    /// are at least `min_count` observations; `None` before that, or when the quantile lies
+    /// beyond the last bound.
+    pub fn quantile_bound(&self, q: f64, min_count: u64) -> Option<Duration> {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 || total < min_count {
+            return None;
+        }
+        let target = ((q * total as f64).ceil() as u64).max(1);
+        let mut cumulative = 0;
+        for (bound, n) in DURATION_BUCKETS.iter().zip(&counts) {
+            cumulative += n;
+            if cumulative >= target {
+                return Some(Duration::from_secs_f64(*bound));
+            }
+        }
+        None
     }
 
     /// Cumulative buckets, sum and count; the count is the buckets' total, so the two agree
@@ -105,6 +130,8 @@ pub struct ModelCounters {
     pub success: AtomicU64,
     pub failure: AtomicU64,
     pub retries: AtomicU64,
+    /// Requests sent to a second replica because the first attempt stalled.
+    pub hedges: AtomicU64,
     pub scale_from_zero: AtomicU64,
     pub duration: DurationHistogram,
 }
@@ -198,6 +225,10 @@ impl RouterMetrics {
             "nereid_router_retries_total",
             "Requests re-sent to another replica after the first failed before running, by model.",
         );
+        let mut hedges = Family::counter(
+            "nereid_router_hedges_total",
+            "Requests also sent to a second replica because the first attempt stalled (its replica left the ready set, or it ran past the attempt timeout), by model.",
+        );
         let mut activations = Family::counter(
             "nereid_router_scale_from_zero_total",
             "Scale-from-zero activations this router started, by model.",
@@ -210,6 +241,7 @@ impl RouterMetrics {
             let by_model = || Labels::of([("model", model.as_str())]);
             duration.sample(by_model(), c.duration.value());
             retries.number(by_model(), load(&c.retries));
+            hedges.number(by_model(), load(&c.hedges));
             activations.number(by_model(), load(&c.scale_from_zero));
         }
         let mut ejections = Family::counter(
@@ -227,7 +259,7 @@ impl RouterMetrics {
         for (node, n) in &by_node {
             ejections.number(Labels::of([("node", node.as_str())]), *n as f64);
         }
-        vec![requests, duration, retries, ejections, activations]
+        vec![requests, duration, retries, hedges, ejections, activations]
     }
 }
 
@@ -331,6 +363,26 @@ mod tests {
         assert_eq!(buckets[3], (0.005, 2));
         assert_eq!(buckets.last(), Some(&(10.0, 2)));
         assert!((sum - 60.0033).abs() < 1e-9, "{sum}");
+    }
+
+    #[test]
+    fn quantile_bounds_need_enough_observations() {
+        let h = DurationHistogram::default();
+        assert_eq!(h.quantile_bound(0.99, 1), None);
+        for _ in 0..98 {
+            h.observe(Duration::from_micros(300));
+        }
+        h.observe(Duration::from_millis(40));
+        h.observe(Duration::from_millis(40));
+        assert_eq!(h.quantile_bound(0.99, 200), None, "too few");
+        assert_eq!(h.quantile_bound(0.99, 10), Some(Duration::from_millis(50)));
+        assert_eq!(
+            h.quantile_bound(0.5, 10),
+            Some(Duration::from_secs_f64(0.0005))
+        );
+        h.observe(Duration::from_secs(60));
+        h.observe(Duration::from_secs(60));
+        assert_eq!(h.quantile_bound(0.99, 10), None, "beyond the last bound");
     }
 
     #[test]

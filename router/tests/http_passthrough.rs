@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -17,7 +18,9 @@ use nereid_frontend::HttpConfig;
 use nereid_proto::pb::cluster::{
     Model, Node, NodeAddresses, NodeStatus, StateSnapshot, WatchEvent, watch_event,
 };
-use nereid_router::{RouterService, RouterServiceConfig, SharedTable, SplitMix64, http_app};
+use nereid_router::{
+    HedgeConfig, RouterService, RouterServiceConfig, SharedTable, SplitMix64, http_app,
+};
 
 mod echo_cluster;
 
@@ -37,6 +40,8 @@ struct Recorder {
     /// The status and error body to answer everything with (a worker unloading the model, or
     /// one that no longer has it), instead of the echo.
     refusal: Option<(StatusCode, &'static str)>,
+    /// Never answer (a hung worker).
+    hang: bool,
     seen: Arc<Mutex<Vec<Received>>>,
 }
 
@@ -50,6 +55,9 @@ async fn record(State(rec): State<Recorder>, request: Request) -> Response {
         headers: parts.headers,
         body: body.clone(),
     });
+    if rec.hang {
+        std::future::pending::<()>().await;
+    }
     if let Some((status, body)) = rec.refusal {
         return (status, [("content-type", "application/json")], body).into_response();
     }
@@ -80,11 +88,16 @@ async fn recording_worker(
     name: &'static str,
     refusal: Option<(StatusCode, &'static str)>,
 ) -> (SocketAddr, Recorder) {
-    let rec = Recorder {
+    serve_recorder(Recorder {
         name,
         refusal,
+        hang: false,
         seen: Arc::default(),
-    };
+    })
+    .await
+}
+
+async fn serve_recorder(rec: Recorder) -> (SocketAddr, Recorder) {
     let app = axum::Router::new().fallback(record).with_state(rec.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -107,6 +120,10 @@ fn node(id: &str, grpc: &str, http: Option<SocketAddr>) -> Node {
 
 /// A router over `nodes`, each holding one ready replica of `echo`, serving its HTTP app.
 async fn router_over(nodes: Vec<Node>) -> SocketAddr {
+    router_with(nodes, RouterServiceConfig::default()).await
+}
+
+async fn router_with(nodes: Vec<Node>, config: RouterServiceConfig) -> SocketAddr {
     let table = Arc::new(SharedTable::default());
     let replicas = nodes
         .iter()
@@ -125,11 +142,7 @@ async fn router_over(nodes: Vec<Node>) -> SocketAddr {
             replicas,
         })),
     });
-    let router = RouterService::with_random(
-        RouterServiceConfig::default(),
-        table,
-        Box::new(SplitMix64::new(5)),
-    );
+    let router = RouterService::with_random(config, table, Box::new(SplitMix64::new(5)));
     let app = http_app(
         Arc::new(router),
         HttpConfig::default(),
@@ -257,6 +270,55 @@ async fn retried_on_another(refusal: (StatusCode, &'static str)) {
         assert!(!down_rec.seen.lock().unwrap().is_empty());
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_hung_worker_does_not_hold_requests_hostage() {
+    bounded(async {
+        let (stuck, stuck_rec) = hung_worker("stuck").await;
+        let (up, up_rec) = recording_worker("up", None).await;
+        let config = RouterServiceConfig {
+            hedge: HedgeConfig {
+                floor: Duration::from_millis(50),
+                ceiling: Duration::from_millis(50),
+            },
+            ..Default::default()
+        };
+        let router = router_with(
+            vec![
+                node("stuck", "127.0.0.1:9", Some(stuck)),
+                node("up", "127.0.0.1:9", Some(up)),
+            ],
+            config,
+        )
+        .await;
+        for _ in 0..6 {
+            let (status, _, _) = post(
+                router,
+                "/v2/models/echo/infer",
+                &[],
+                Bytes::from_static(JSON.as_bytes()),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        // Every request was answered by the live replica; those sent to the hung one first were
+        // hedged after the attempt timeout instead of waiting for it.
+        assert_eq!(up_rec.seen.lock().unwrap().len(), 6);
+        assert!(!stuck_rec.seen.lock().unwrap().is_empty());
+    })
+    .await;
+}
+
+/// A worker that records requests and never answers them.
+async fn hung_worker(name: &'static str) -> (SocketAddr, Recorder) {
+    serve_recorder(Recorder {
+        name,
+        refusal: None,
+        hang: true,
+        seen: Arc::default(),
+    })
+    .await
 }
 
 #[tokio::test]
