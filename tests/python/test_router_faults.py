@@ -1,10 +1,14 @@
 """The router under faults, over real processes on 127.0.0.1: steady load from `nereid-loadtest`
-through the router loses no request when a worker or the control-plane leader is SIGKILLed, a
-restarted worker rejoins and takes traffic again, and every step of a sequence reaches the
-worker that got its start while the sequences spread over two workers."""
+through the router loses no request when a worker or the control-plane leader is SIGKILLed or a
+worker hangs (SIGSTOP: its requests are hedged to the other worker), a restarted worker rejoins
+and takes traffic again, and every step of a sequence reaches the worker that got its start while
+the sequences spread over two workers."""
 
 import importlib.util
+import os
+import signal
 import threading
+import urllib.request
 
 import numpy as np
 import pytest
@@ -133,6 +137,50 @@ def test_load_through_the_router_survives_worker_and_leader_kills(tmp_path):
         assert level["errors_total"] > 0 and level["first_errors"], level
     finally:
         for load in loads:
+            load.stop()
+        stop_all([router, *workers, *cps])
+
+
+def router_hedges(router, model):
+    """The router's `nereid_router_hedges_total` for `model`."""
+    url = "http://127.0.0.1:{}/metrics".format(router.metrics_port)
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    series = 'nereid_router_hedges_total{{model="{}"}} '.format(model)
+    return sum(float(line[len(series):]) for line in text.splitlines() if line.startswith(series))
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_worker_does_not_hold_requests_hostage(tmp_path):
+    repo = gen_models.write_repository(tmp_path / "repo", "example")
+    cps, workers, router = start_cluster(tmp_path, 1)
+    load = None
+    victim, survivor = workers
+    stopped = False
+    try:
+        deploy_on_both(leader_of(cps), workers, "simple", repo / "simple")
+        wait_until(lambda: run_simple(router) and all(inference_count(w, "simple") > 0
+                                                      for w in workers),
+                   30, "the router sends to both workers")
+        load = LoadtestRun(tmp_path, "load_worker_stop", router.grpc_url, "simple",
+                           duration_s=8.0).start()
+        wait_load_flowing(load, workers, "simple")
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        stopped = True
+        # Requests sent to the hung worker are hedged to the other one (at the attempt timeout,
+        # or when the control plane marks the node down), and the other one keeps serving.
+        wait_until(lambda: router_hedges(router, "simple") > 0, 15, "a stalled attempt hedged",
+                   interval_s=0.05)
+        served = inference_count(survivor, "simple")
+        wait_until(lambda: inference_count(survivor, "simple") > served + 50, 10,
+                   "the survivor serves while the other worker hangs", interval_s=0.05)
+        os.kill(victim.proc.pid, signal.SIGCONT)
+        stopped = False
+        assert_no_failed_request(load.result(), "worker SIGSTOPped mid-load")
+    finally:
+        if stopped:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        if load is not None:
             load.stop()
         stop_all([router, *workers, *cps])
 
