@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nereid_data_plane::backend::{
-    Backend, BackendInstance, DeviceKind, Health, InstanceContext, PythonBackend, RequestView,
-    ServerHandle,
+    Backend, BackendInstance, DeviceKind, Health, InstanceContext, Phases, PythonBackend,
+    RequestView, ServerHandle,
 };
 use nereid_proto::{DataType, Parameters, Tensor};
 
@@ -112,7 +112,7 @@ fn measure(
         };
         let started = Instant::now();
         let results = instance
-            .execute_requests(&[view])
+            .execute_requests(&[view], &mut Phases::default())
             .map_err(|e| e.to_string())?;
         let elapsed = started.elapsed();
         let out = results

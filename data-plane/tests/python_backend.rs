@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use nereid_data_plane::backend::{
-    Backend, BackendError, DeviceKind, Health, InstanceContext, PythonBackend, RequestView,
+    Backend, BackendError, DeviceKind, Health, InstanceContext, Phases, PythonBackend, RequestView,
     ServerHandle, StreamEvent,
 };
 use nereid_data_plane::{Backends, ControlMode, DataPlane};
@@ -282,7 +282,9 @@ fn dropping_an_instance_finalizes_and_cleans_up() {
         flags: 0,
         stream: None,
     };
-    let results = instance.execute_requests(&[view]).unwrap();
+    let results = instance
+        .execute_requests(&[view], &mut Phases::default())
+        .unwrap();
     let got = results.into_iter().next().unwrap().unwrap().tensors;
     let names: Vec<&str> = got.iter().map(Tensor::name).collect();
     assert_eq!(
@@ -372,7 +374,9 @@ fn a_decoupled_model_streams_responses_into_the_sink() {
         flags: 0,
         stream: None,
     };
-    let results = instance.execute_requests(&[streamed, unary]).unwrap();
+    let results = instance
+        .execute_requests(&[streamed, unary], &mut Phases::default())
+        .unwrap();
     assert!(results[0].as_ref().unwrap().tensors.is_empty());
     let single = &results[1].as_ref().unwrap().tensors;
     assert_eq!(single[0].data().as_ref(), &5i32.to_le_bytes());

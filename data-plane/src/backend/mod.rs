@@ -170,6 +170,33 @@ impl From<Vec<Tensor>> for ModelResponse {
     }
 }
 
+/// When a request-level execution passed its phases, as the backend marks them: the inputs
+/// handed to the model (compute input ends), the model's answer in (compute infer ends; the
+/// rest, reading the outputs, is compute output). Unmarked phases count as compute infer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phases {
+    pub inputs_sent: Option<std::time::Instant>,
+    pub answered: Option<std::time::Instant>,
+}
+
+impl Phases {
+    /// (compute input, compute infer, compute output) of an execution from `started` to
+    /// `finished`; marks outside that span or out of order are clamped into it.
+    pub fn split(
+        &self,
+        started: std::time::Instant,
+        finished: std::time::Instant,
+    ) -> (
+        std::time::Duration,
+        std::time::Duration,
+        std::time::Duration,
+    ) {
+        let inputs = self.inputs_sent.unwrap_or(started).clamp(started, finished);
+        let answered = self.answered.unwrap_or(finished).clamp(inputs, finished);
+        (inputs - started, answered - inputs, finished - answered)
+    }
+}
+
 /// One event of a decoupled model's response stream.
 #[derive(Debug)]
 pub enum StreamEvent {
@@ -228,11 +255,14 @@ pub trait BackendInstance: Send {
     /// Request-level execution (Python models): one result per request, in order, with the
     /// response parameters the model set. The outer error fails every request of the batch.
     /// Decoupled models answer through each request's `stream` and return empty outputs here.
+    /// The backend marks in `phases` when it handed the inputs over and when the model's
+    /// answer came in, which the statistics split into compute input / infer / output.
     fn execute_requests(
         &mut self,
         requests: &[RequestView<'_>],
+        phases: &mut Phases,
     ) -> Result<Vec<Result<ModelResponse, BackendError>>, BackendError> {
-        let _ = requests;
+        let _ = (requests, phases);
         Err(BackendError::Unsupported(
             "this backend executes joined batches, not single requests".into(),
         ))
@@ -366,5 +396,30 @@ impl Backends {
             "pytorch" => Ok(self.pytorch.clone()),
             other => Err(format!("unknown backend '{other}': this build supports 'onnxruntime', 'pytorch', 'python' and 'identity'")),
         }
+    }
+}
+
+#[cfg(test)]
+mod phase_tests {
+    use std::time::{Duration, Instant};
+
+    use super::Phases;
+
+    #[test]
+    fn phases_split_an_execution_and_default_to_infer() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let end = t0 + ms(10);
+        assert_eq!(Phases::default().split(t0, end), (ms(0), ms(10), ms(0)));
+        let marked = Phases {
+            inputs_sent: Some(t0 + ms(2)),
+            answered: Some(t0 + ms(7)),
+        };
+        assert_eq!(marked.split(t0, end), (ms(2), ms(5), ms(3)));
+        let disordered = Phases {
+            inputs_sent: Some(t0 + ms(8)),
+            answered: Some(t0 + ms(3)),
+        };
+        assert_eq!(disordered.split(t0, end), (ms(8), ms(0), ms(2)));
     }
 }

@@ -16,7 +16,7 @@ use nereid_proto::pb::inference::ModelConfig;
 use super::dependencies::ModelsView;
 use crate::backend::{
     Backend, BackendError, BackendInstance, Backends, BatchInputs, DeviceKind, Health,
-    InstanceContext, RequestView, ServerHandle,
+    InstanceContext, Phases, RequestView, ServerHandle,
 };
 use crate::config::{self, CompleteOptions, GroupKind, InstanceGroup, ValidModelConfig};
 use crate::ensemble::{self, EnsemblePlan};
@@ -472,7 +472,10 @@ fn run_sample(
         flags: 0,
         stream: None,
     };
-    match instance.execute_requests(&[view])?.pop() {
+    match instance
+        .execute_requests(&[view], &mut Phases::default())?
+        .pop()
+    {
         Some(result) => result.map(drop),
         None => Err(BackendError::Execution(
             "the warmup request got no answer".into(),

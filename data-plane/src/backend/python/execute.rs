@@ -14,6 +14,7 @@
 //! stub's death (the reader reports both).
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
@@ -22,14 +23,20 @@ use super::convert::{self, ModelInfo};
 use super::link::StreamTarget;
 use super::shm::Packer;
 use super::stub::{Stub, StubError};
-use crate::backend::{BackendError, ModelResponse, RequestView, StreamEvent};
+use crate::backend::{BackendError, ModelResponse, Phases, RequestView, StreamEvent};
 use nereid_stub_protocol::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
 
 /// One result per request, or one error for all.
 pub type BatchResult = Result<Vec<Result<ModelResponse, BackendError>>, BackendError>;
 
-/// Runs `requests` on `stub`.
-pub fn execute(stub: &Stub, requests: &[RequestView<'_>], model: &ModelInfo) -> BatchResult {
+/// Runs `requests` on `stub`, marking in `phases` when the inputs were sent and when the
+/// stub's answer came in.
+pub fn execute(
+    stub: &Stub,
+    requests: &[RequestView<'_>],
+    model: &ModelInfo,
+    phases: &mut Phases,
+) -> BatchResult {
     if let Some(reason) = stub.link().death_reason() {
         return Err(BackendError::Execution(reason));
     }
@@ -57,6 +64,7 @@ pub fn execute(stub: &Stub, requests: &[RequestView<'_>], model: &ModelInfo) -> 
             model.name
         )));
     }
+    phases.inputs_sent = Some(Instant::now());
     let done = match wait_execute_done(stub, id) {
         Ok(done) => done,
         Err(e) => {
@@ -64,6 +72,7 @@ pub fn execute(stub: &Stub, requests: &[RequestView<'_>], model: &ModelInfo) -> 
             return Err(stub_failure(e));
         }
     };
+    phases.answered = Some(Instant::now());
     match collected {
         Some(collector) => finish_decoupled(stub, requests, model, done.error, collector),
         None => finish_default(stub, requests, model, done),

@@ -11,7 +11,7 @@ use super::settings::StubSettings;
 use super::stub::StubSpec;
 use super::supervisor::{Launcher, Supervised};
 use crate::backend::{
-    BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext, RequestView,
+    BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext, Phases, RequestView,
 };
 use nereid_stub_protocol::message::InitArgs;
 
@@ -78,9 +78,13 @@ impl BackendInstance for PythonInstance {
         true
     }
 
-    fn execute_requests(&mut self, requests: &[RequestView<'_>]) -> BatchResult {
+    fn execute_requests(
+        &mut self,
+        requests: &[RequestView<'_>],
+        phases: &mut Phases,
+    ) -> BatchResult {
         let stub = self.stubs.current().map_err(BackendError::Execution)?;
-        execute::execute(&stub, requests, &self.model)
+        execute::execute(&stub, requests, &self.model, phases)
     }
 
     fn process_id(&self) -> Option<u32> {

@@ -9,12 +9,14 @@
 //!   request-level: execute_requests (one result per request) ──────────┴► answer each
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nereid_proto::{ServiceError, Tensor};
 
 use super::{Batcher, Entry, Feed, Shared};
-use crate::backend::{BackendError, BackendInstance, BatchInputs, ModelResponse, RequestView};
+use crate::backend::{
+    BackendError, BackendInstance, BatchInputs, ModelResponse, Phases, RequestView,
+};
 use crate::scheduler::{ExecTimings, JobResult, batch, request_view};
 
 /// Per request, its outputs in the order of the names it was run for (with the response
@@ -141,9 +143,11 @@ impl<B: Batcher> Shared<B> {
                 ..request_view(&e.job.request)
             })
             .collect();
-        let result = instance.execute_requests(&views);
+        let mut phases = Phases::default();
+        let result = instance.execute_requests(&views, &mut phases);
         drop(views);
         let finished = Instant::now();
+        let (compute_input, compute_infer, compute_output) = phases.split(started, finished);
         let results: Vec<Produced> = match result {
             Ok(per_request) if per_request.len() == execution.len() => per_request,
             Ok(per_request) => {
@@ -159,14 +163,14 @@ impl<B: Batcher> Shared<B> {
         if results.iter().any(Result::is_ok) {
             let size = execution.iter().map(|e| e.job.request.batch_size).sum();
             self.stats
-                .record_execution(size, Duration::ZERO, finished - started, Duration::ZERO);
+                .record_execution(size, compute_input, compute_infer, compute_output);
         }
         for ((entry, names), produced) in execution.into_iter().zip(names).zip(results) {
             let timings = ExecTimings {
                 queue: started.saturating_duration_since(entry.job.arrived),
-                compute_input: Duration::ZERO,
-                compute_infer: finished - started,
-                compute_output: Duration::ZERO,
+                compute_input,
+                compute_infer,
+                compute_output,
             };
             self.answer(entry, names.as_deref(), produced, timings, done);
         }
