@@ -514,3 +514,17 @@ def test_empty_inputs_are_empty_arrays_and_pass_through(parent):
     np.testing.assert_array_equal(parent.outputs(response, reply["segment"])["C"], np.arange(3))
     assert ("INFO", "(2, 0) float32 (0,)") in parent.logs
     parent.wait_released(segment)
+
+
+def test_a_core_from_another_build_is_refused_naming_it(parent):
+    """The server says which protocol revision it speaks; a compiled core of another revision
+    fails initialize with an error naming the module file and both versions."""
+    parent.send({"op": "init", "protocol_version": PROTOCOL_VERSION + 1000, "shm_prefix": parent.prefix,
+                 "model_file": parent.write_model(SIMPLE), "decoupled": False, "args": {
+                     "model_config": "{}", "model_instance_kind": "CPU", "model_instance_name": "m_0",
+                     "model_instance_device_id": "0", "model_repository": "", "model_version": "1",
+                     "model_name": "m"}})
+    error = parent.recv_op("init_done")["error"]["message"]
+    assert "nereid_stub_core" in error and ".so" in error, error
+    assert "speaks stub protocol version {}".format(PROTOCOL_VERSION) in error, error
+    assert "the server {}".format(PROTOCOL_VERSION + 1000) in error, error
