@@ -243,6 +243,22 @@ async fn an_unavailable_worker_is_retried_on_another() {
     }
 }
 
+/// Six `echo` inferences through `router`, each answered 200 with only the headers a client
+/// reads the answer by.
+async fn post_six(router: SocketAddr) {
+    for _ in 0..6 {
+        let (status, headers, _) = post(
+            router,
+            "/v2/models/echo/infer",
+            &[],
+            Bytes::from_static(JSON.as_bytes()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.get("x-worker").is_none());
+    }
+}
+
 /// Requests a worker refuses with `refusal` before running them succeed on the other replica.
 async fn retried_on_another(refusal: (StatusCode, &'static str)) {
     bounded(async {
@@ -253,18 +269,7 @@ async fn retried_on_another(refusal: (StatusCode, &'static str)) {
             node("up", "127.0.0.1:9", Some(up)),
         ])
         .await;
-        for _ in 0..6 {
-            let (status, headers, _) = post(
-                router,
-                "/v2/models/echo/infer",
-                &[],
-                Bytes::from_static(JSON.as_bytes()),
-            )
-            .await;
-            assert_eq!(status, StatusCode::OK);
-            // Only the headers a client reads the answer by come back.
-            assert!(headers.get("x-worker").is_none());
-        }
+        post_six(router).await;
         assert_eq!(up_rec.seen.lock().unwrap().len(), 6, "{refusal:?}");
         // Some of the six went to the refusing one first.
         assert!(!down_rec.seen.lock().unwrap().is_empty());
@@ -292,16 +297,7 @@ async fn a_hung_worker_does_not_hold_requests_hostage() {
             config,
         )
         .await;
-        for _ in 0..6 {
-            let (status, _, _) = post(
-                router,
-                "/v2/models/echo/infer",
-                &[],
-                Bytes::from_static(JSON.as_bytes()),
-            )
-            .await;
-            assert_eq!(status, StatusCode::OK);
-        }
+        post_six(router).await;
         // Every request was answered by the live replica; those sent to the hung one first were
         // hedged after the attempt timeout instead of waiting for it.
         assert_eq!(up_rec.seen.lock().unwrap().len(), 6);
