@@ -419,58 +419,15 @@ def _dlpack_missing_message():
 InferenceResponse = _core.InferenceResponse
 
 
-class InferenceResponseSender:
-    """Sends responses for one request: any number in decoupled mode, then the final flag."""
-
-    def __init__(self, state):
-        self._state = state
-
-    def send(self, response=None, flags=0):
-        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
-            raise TritonModelException("Unable to send response. Unsupported flag provided.")
-        if response is None and flags == 0:
-            raise TritonModelException(
-                "Inference Response object must be provided when the response flags is set to zero."
-            )
-        if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException(
-                "send() expects a pb_utils.InferenceResponse, got {}".format(type(response).__name__)
-            )
-        state = self._state
-        with state.lock:
-            if not state.decoupled:
-                _check_default_mode_send(state, response, flags)
-            if state.closed:
-                raise TritonModelException("Unable to send response. Response sender has been closed.")
-            if state.decoupled:
-                _require_channel("InferenceResponseSender.send()").send_response(state, response, flags)
-            elif response is not None:
-                state.collected = response
-            state.sent += 1
-            if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                state.closed = True
-
-    def is_cancelled(self):
-        _need_reader()
-        return self._state.cancelled
+# Compiled (nereid_stub_core.InferenceResponseSender): `send(response=None, flags=0)` and
+# `is_cancelled()`, Triton's checks and messages; decoupled sends go to `_channel.send_response`.
+InferenceResponseSender = _core.InferenceResponseSender
 
 
 def _need_reader():
     """A `cancel` may be on its way: make sure the stub reads while model code runs."""
     if _channel is not None:
         _channel.need_reader()
-
-
-def _check_default_mode_send(state, response, flags):
-    if response is not None and state.sent > 0:
-        raise TritonModelException(
-            "Unable to send response. Non-decoupled model cannot send more than one response."
-        )
-    if response is None and flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL and state.sent == 0:
-        raise TritonModelException(
-            "Unable to send response. Non-decoupled model cannot send complete final before "
-            "sending a response."
-        )
 
 
 class _QueueSink:

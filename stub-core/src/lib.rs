@@ -14,8 +14,8 @@
 //! references, segment bookkeeping, `pb_utils` objects) is done here: the [`channel`] reads
 //! frames with the GIL released and decodes them with the protocol crate's own types (the
 //! server uses the same ones), [`segments`] maps and writes the shared-memory files, and
-//! [`tensor`], [`request`] and [`response`] are the `pb_utils` classes a model sees. What needs
-//! Python machinery (DLPack, BLS calls, response senders, asyncio) stays in
+//! [`tensor`], [`request`], [`response`] and [`sender`] are the `pb_utils` classes a model sees.
+//! What needs Python machinery (DLPack, BLS calls, asyncio) stays in
 //! `triton_python_backend_utils.py`, reached through [`hooks`].
 //!
 //! Unsafe code is confined to [`segments`] (mmap, copies between a NumPy array's memory and a
@@ -27,6 +27,7 @@ mod hooks;
 mod request;
 mod response;
 mod segments;
+mod sender;
 mod tensor;
 mod wire;
 
@@ -43,5 +44,6 @@ fn nereid_stub_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<request::InferenceRequest>()?;
     m.add_class::<request::RequestState>()?;
     m.add_class::<response::InferenceResponse>()?;
+    m.add_class::<sender::ResponseSender>()?;
     Ok(())
 }

@@ -44,6 +44,10 @@ pub struct RequestState {
 }
 
 impl RequestState {
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
     pub fn new(key: u64, decoupled: bool, requested_output_names: Vec<String>) -> Self {
         RequestState {
             key,
@@ -63,7 +67,7 @@ impl RequestState {
 #[pymethods]
 impl RequestState {
     #[getter]
-    fn lock(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    pub fn lock(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         if let Some(lock) = &self.lock {
             return Ok(lock.clone_ref(py));
         }

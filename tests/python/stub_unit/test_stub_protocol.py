@@ -528,3 +528,47 @@ def test_a_core_from_another_build_is_refused_naming_it(parent):
     assert "nereid_stub_core" in error and ".so" in error, error
     assert "speaks stub protocol version {}".format(PROTOCOL_VERSION) in error, error
     assert "the server {}".format(PROTOCOL_VERSION + 1000) in error, error
+
+
+def test_a_default_mode_sender_sends_one_response_with_tritons_checks(parent):
+    """In default mode the sender's one response becomes the request's answer; what Triton
+    refuses is refused with its words."""
+    assert parent.init("""
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for request in requests:
+                    sender = request.get_response_sender()
+                    assert sender is request.get_response_sender()
+                    for call in (lambda: sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL),
+                                 lambda: sender.send(pb_utils.InferenceResponse(), flags=7),
+                                 lambda: sender.send(),
+                                 lambda: sender.send("not a response")):
+                        try:
+                            call()
+                        except pb_utils.TritonModelException as e:
+                            pb_utils.Logger.log_warn(e.message())
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.array([3], np.int32))]))
+                    try:
+                        sender.send(pb_utils.InferenceResponse())
+                    except pb_utils.TritonModelException as e:
+                        pb_utils.Logger.log_warn(e.message())
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    pb_utils.Logger.log_info("cancelled: {}".format(sender.is_cancelled()))
+                return None
+    """)["error"] is None
+    parent.execute([{"inputs": [("X", np.ones(1, np.int32))]}])
+    reply = parent.recv_op("execute_done")
+    assert reply["error"] is None, reply
+    assert parent.outputs(reply["responses"][0], reply["segment"])["Y"].tolist() == [3]
+    warnings = [text for level, text in parent.logs if level == "WARNING"]
+    assert warnings == [
+        "Unable to send response. Non-decoupled model cannot send complete final before sending a response.",
+        "Unable to send response. Unsupported flag provided.",
+        "Inference Response object must be provided when the response flags is set to zero.",
+        "send() expects a pb_utils.InferenceResponse, got str",
+        "Unable to send response. Non-decoupled model cannot send more than one response.",
+    ], parent.logs
+    assert ("INFO", "cancelled: False") in parent.logs
