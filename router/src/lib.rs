@@ -20,7 +20,8 @@
 //!   routing needs, `raw_codec` moves the bytes); the router's gRPC routes.
 //! - `http_passthrough` (with `http_scan` and `http_forward`): HTTP inference forwarded as
 //!   bytes to the workers' HTTP ports; the router's HTTP application.
-//! - `service`: [`RouterService`], the `InferenceService` of cluster mode.
+//! - `service`: [`RouterService`], the `InferenceService` of cluster mode; `service::retry` its
+//!   retries, hedging and ejection.
 //! - `watch`: follows the control plane's watch with failover and resume.
 //! - `control`: the control-plane connection (addresses, token, unary calls with failover).
 //! - `activate`: scale from zero and repository load/unload through the control plane.
