@@ -8,18 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from fake_parent import PROTOCOL_VERSION, FakeParent, pb_utils
-
-
-@pytest.fixture
-def parent(tmp_path):
-    p = FakeParent(tmp_path)
-    yield p
-    if p.proc.poll() is None:
-        p.proc.kill()
-        p.proc.wait()
-    p.close_connections()
-    assert "nereid stub:" not in p.stub_log(), "the stub complained:\n" + p.stub_log()
+from fake_parent import PROTOCOL_VERSION, pb_utils
 
 
 def serve(parent, until, values=None, refuse=None):

@@ -7,22 +7,10 @@ traffic, segment reuse and the stub's exit.
 """
 
 import numpy as np
-import pytest
 
-from fake_parent import PROTOCOL_VERSION, FakeParent
+from fake_parent import PROTOCOL_VERSION
 
 FINAL = 1
-
-
-@pytest.fixture
-def parent(tmp_path):
-    p = FakeParent(tmp_path)
-    yield p
-    if p.proc.poll() is None:
-        p.proc.kill()
-        p.proc.wait()
-    p.close_connections()
-    assert "nereid stub:" not in p.stub_log(), "the stub complained:\n" + p.stub_log()
 
 
 def release_stub_segment(parent, message):
