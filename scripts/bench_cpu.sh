@@ -95,16 +95,6 @@ for label in "${LABELS[@]}"; do
     SERVER_PID=
 done
 
-# cpu_ticks PID: utime+stime of the process (all its threads, live and exited), in clock ticks.
-cpu_ticks() {
-    local stat
-    stat=$(</proc/"$1"/stat)
-    stat=${stat##*) } # the command name may hold spaces; fields after it start at field 3
-    local -a f
-    read -r -a f <<<"$stat"
-    echo $((f[11] + f[12]))
-}
-
 # inferences LABEL MODEL: the model's inference_count on that server.
 inferences() {
     curl -sf "http://${HTTP_OF[$1]}/v2/models/$2/stats" |

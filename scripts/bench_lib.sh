@@ -1,5 +1,6 @@
 # Shell functions the bench scripts share (sourced, not run): logging every command, free
-# loopback ports, stopping processes, and starting `nereid serve` with a bounded wait.
+# loopback ports, CPU time of processes, stopping processes, and starting `nereid serve` with a
+# bounded wait.
 #
 # The sourcing script sets ROOT (the repository), COMMANDS (its commands.txt) and PY (the venv's
 # python) first.
@@ -32,6 +33,20 @@ print(*[s.getsockname()[1] for s in socks])
 for s in socks:
     s.close()
 PY
+}
+
+# cpu_ticks PID...: utime+stime of the processes (all their threads, live and exited), in clock
+# ticks, summed.
+cpu_ticks() {
+    local pid total=0 line
+    local -a f
+    for pid in "$@"; do
+        line=$(<"/proc/$pid/stat")
+        # The command name may hold spaces; the fields after it start at field 3.
+        read -r -a f <<<"${line##*) }"
+        total=$((total + f[11] + f[12]))
+    done
+    echo "$total"
 }
 
 # stop_pid PID: SIGTERM, up to 10 s to exit, then SIGKILL.

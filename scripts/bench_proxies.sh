@@ -208,16 +208,6 @@ children() {
     done
 }
 
-cpu_ticks() { # PID...: user + system clock ticks the processes have used so far (all threads)
-    local pid total=0 line f
-    for pid in "$@"; do
-        line=$(<"/proc/$pid/stat")
-        read -r -a f <<<"${line##*) }"
-        total=$((total + f[11] + f[12]))
-    done
-    echo "$total"
-}
-
 # write_nginx_conf FILE: nginx's config for this layout (HTTP and gRPC servers, upstreams).
 # Requests and responses here are a few KiB, well inside the in-memory buffers, so nginx never
 # writes a temporary file; the temp paths point into its own directory anyway.

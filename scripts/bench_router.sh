@@ -151,10 +151,6 @@ wait_for() {
     done
 }
 
-cpu_ticks() { # PID: user + system clock ticks the process has used so far
-    sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
-}
-
 # ---------------------------------------------------------------------------------------------
 say "generating the benchmark models; registering ${MODELS[*]}"
 log_cmd "$PY" scripts/gen_bench_models.py "$WORK/all"
