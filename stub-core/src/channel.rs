@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use nereid_stub_protocol::frame::{self, FrameError};
 use nereid_stub_protocol::message::{
-    ErrorCode, ErrorObject, FromStub, RequestObject, TensorRef, ToStub,
+    ErrorCode, ErrorObject, FromStub, KNOWN_PARENT_OPS, RequestObject, TensorRef, ToStub,
 };
 use pyo3::exceptions::{PyConnectionError, PyValueError};
 use pyo3::prelude::*;
@@ -493,21 +493,10 @@ impl Channel {
 /// Whether `body` is a JSON object whose `op` this protocol revision does not know (a newer
 /// server's message: ignored, as the protocol says).
 fn unknown_op(body: &[u8]) -> bool {
-    const KNOWN: [&str; 9] = [
-        "init",
-        "auto_complete",
-        "execute",
-        "bls_response",
-        "cancel",
-        "model_control_done",
-        "metric_done",
-        "release",
-        "finalize",
-    ];
     serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|v| v.get("op").and_then(|op| op.as_str().map(str::to_owned)))
-        .is_some_and(|op| !KNOWN.contains(&op.as_str()))
+        .is_some_and(|op| !KNOWN_PARENT_OPS.contains(&op.as_str()))
 }
 
 /// Whether `message` answers a server command (and so goes on the answers connection).

@@ -303,6 +303,20 @@ pub const KNOWN_STUB_OPS: [&str; 11] = [
     "release",
 ];
 
+/// The `op` names [`ToStub`] knows; the stub ignores a frame with another op (newer server)
+/// and treats one of these that does not decode as a protocol error.
+pub const KNOWN_PARENT_OPS: [&str; 9] = [
+    "init",
+    "auto_complete",
+    "execute",
+    "bls_response",
+    "cancel",
+    "model_control_done",
+    "metric_done",
+    "release",
+    "finalize",
+];
+
 /// The `response` flag that ends a decoupled request.
 pub const RESPONSE_FINAL: u32 = 1;
 
@@ -416,6 +430,45 @@ mod tests {
             serde_json::to_value(ErrorObject::new(ErrorCode::AlreadyExists, "m")).unwrap(),
             json!({"message": "m", "code": "ALREADY_EXISTS"})
         );
+    }
+
+    #[test]
+    fn every_parent_op_is_known() {
+        let messages = [
+            ToStub::Execute {
+                id: 1,
+                requests: Vec::new(),
+                segment: None,
+            },
+            ToStub::BlsResponse {
+                id: 1,
+                response: None,
+                is_final: true,
+                segment: None,
+            },
+            ToStub::Cancel { key: 1 },
+            ToStub::ModelControlDone {
+                id: 1,
+                error: None,
+                ready: false,
+            },
+            ToStub::MetricDone {
+                id: 1,
+                value: Value::Null,
+                error: None,
+            },
+            ToStub::Release {
+                segment: "s0".into(),
+            },
+            ToStub::Finalize,
+        ];
+        for m in messages {
+            let v = serde_json::to_value(&m).unwrap();
+            assert!(KNOWN_PARENT_OPS.contains(&v["op"].as_str().unwrap()), "{v}");
+        }
+        for op in ["init", "auto_complete"] {
+            assert!(KNOWN_PARENT_OPS.contains(&op));
+        }
     }
 
     #[test]
