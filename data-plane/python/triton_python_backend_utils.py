@@ -2,7 +2,9 @@
 
 A Triton Python-backend model does `import triton_python_backend_utils as pb_utils` and builds
 its requests, responses and tensors with the classes below. This module is Nereid's own code with
-Triton's public API; it needs only the standard library and NumPy (1.x or 2.x).
+Triton's public API; it needs the standard library, NumPy (1.x or 2.x) and the stub's compiled
+core `nereid_stub_core`, which is `Tensor`, `InferenceRequest`, `InferenceResponse` and
+`InferenceResponseSender` and calls back into this module for DLPack, BLS calls and BYTES.
 
 Role and flow
 -------------
@@ -50,7 +52,6 @@ import queue
 import re
 import struct
 import sys
-import threading
 
 import numpy as np
 
