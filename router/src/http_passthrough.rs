@@ -8,10 +8,10 @@
 //!   not an infer path, wrong method, restricted category without its header ─► typed routes
 //!   body read (size limit, Content-Encoding inflated: the frontend's body rule)
 //!   http_scan::scan_http_request   id, sequence options, tensor names/shapes, shared memory
-//!     raw binary body (header length 0) ─► typed routes (nothing to scan)
+//!     (a raw binary body, header length 0, has nothing to scan: forwarded as it is)
 //!   checked_version: limits, version text, shared memory refused      (400 / 501 as typed)
-//!   admission ─► traced_request ─► with_retry (choice, scale from zero, retry once, ejection)
-//!     ─► traced_attempt ─► HttpWorkers::infer(body) ─► worker's HTTP port
+//!   RouterService::route (service::route: admission, choice, retries, tracing)
+//!     ─► HttpWorkers::infer(body) ─► worker's HTTP port
 //!        the chosen worker reports no HTTP address ─► typed routes (gRPC to the worker)
 //!   ◄─ the worker's status, headers and body; or the router's own error as {"error": ...}
 //! ```
@@ -35,11 +35,9 @@ use nereid_frontend::{
 use nereid_proto::{InferenceService, RequestContext, ServiceError, ServiceResult};
 
 use crate::choice::Ask;
-use crate::error::RouterResult;
 use crate::http_scan::{HttpScanned, scan_http_request};
-use crate::metrics::{Classify, Outcome};
 use crate::passthrough::checked_version;
-use crate::service::{RouterService, traced_attempt};
+use crate::service::{Answer, Payload, RouterService};
 
 /// The router's HTTP application: the typed routes of `nereid_frontend`, with inference taken
 /// by the pass-through path unless `pass_through` is off.
@@ -69,35 +67,6 @@ struct HttpPassThrough {
     shared_memory_off: String,
 }
 
-/// One HTTP inference request as the pass-through path forwards it.
-struct HttpCall<'a> {
-    /// The raw path segments (as Triton matches them, not percent-decoded).
-    model: &'a str,
-    version: &'a str,
-    headers: &'a HeaderMap,
-    body: Bytes,
-    scanned: HttpScanned,
-}
-
-/// What forwarding came to.
-enum Forwarded {
-    /// The worker's answer.
-    Response(Response),
-    /// The chosen replica's worker reports no HTTP address: the typed path serves it.
-    NoHttpAddress,
-}
-
-impl Classify for Forwarded {
-    /// The worker's answer by its HTTP status (a 400 it wrote is a failure, as over gRPC);
-    /// a request handed to the typed path is counted there.
-    fn outcome(&self) -> Outcome {
-        match self {
-            Forwarded::Response(response) => Outcome::of_status(response.status()),
-            Forwarded::NoHttpAddress => Outcome::HandedOn,
-        }
-    }
-}
-
 /// The layer: `POST .../infer` through the pass-through path, everything else (and the cases
 /// the module docs list) to the typed routes.
 async fn intercept(
@@ -117,20 +86,17 @@ async fn intercept(
         .and_then(|len| scan_http_request(&body, len).map_err(ServiceError::from))
     {
         Ok(Some(scanned)) => scanned,
-        Ok(None) => return typed(next, parts, body).await,
+        // A raw binary body (header length 0): no JSON to scan, nothing in it routing needs.
+        Ok(None) => HttpScanned::default(),
         Err(e) => return HttpError::from(e).into_response(),
     };
-    let call = HttpCall {
-        model: &model,
-        version: &version,
-        headers: &parts.headers,
-        body: body.clone(),
-        scanned,
-    };
     let context = http_request_context(&parts.headers);
-    match pass.router.infer_http(call, context, &pass).await {
-        Ok(Forwarded::Response(response)) => response,
-        Ok(Forwarded::NoHttpAddress) => typed(next, parts, body).await,
+    let routed = pass
+        .infer(&model, &version, &parts.headers, &body, scanned, context)
+        .await;
+    match routed {
+        Ok(Answer::Http(response)) => response,
+        Ok(_) => typed(next, parts, body).await,
         Err(e) => HttpError::from(e).into_response(),
     }
 }
@@ -165,66 +131,38 @@ async fn typed(next: Next, parts: axum::http::request::Parts, body: Bytes) -> Re
     next.run(Request::from_parts(parts, Body::from(body))).await
 }
 
-impl RouterService {
-    /// Routes one HTTP inference body (see the module docs).
-    async fn infer_http(
+impl HttpPassThrough {
+    /// Routes one HTTP inference body for the model and version path segments (see the
+    /// module docs): `Answer::Http`, or `Answer::NoHttpAddress` when the chosen worker has no
+    /// HTTP port.
+    async fn infer(
         &self,
-        call: HttpCall<'_>,
+        model: &str,
+        version: &str,
+        headers: &HeaderMap,
+        body: &Bytes,
+        scanned: HttpScanned,
         context: RequestContext,
-        pass: &HttpPassThrough,
-    ) -> ServiceResult<Forwarded> {
-        let scanned = &call.scanned;
+    ) -> ServiceResult<Answer> {
         let version = checked_version(
-            call.model,
-            call.version,
+            model,
+            version,
             &scanned.inputs,
             scanned.outputs,
             scanned.shared_memory.as_deref(),
-            &pass.config.limits,
-            &pass.shared_memory_off,
+            &self.config.limits,
+            &self.shared_memory_off,
         )?;
-        let call = &call;
-        let routed = self.traced_request(call.model, context, |trace, context| async move {
-            let ask = Ask {
-                model: call.model,
-                version,
-                sequence: call.scanned.options.sequence_id.as_ref(),
-                start: call.scanned.options.sequence_start,
-                end: call.scanned.options.sequence_end,
-            };
-            // A sequence request changes state on the worker that accepted it: never retried.
-            let retry = ask.sequence.is_none();
-            self.with_retry(&ask, retry, context.deadline, |target| {
-                traced_attempt(
-                    trace.as_deref(),
-                    target,
-                    context.clone(),
-                    move |target, context| self.forward_http(call, target, context),
-                )
-            })
-            .await
-        });
-        Ok(self.admitted(call.model, routed).await?)
-    }
-
-    async fn forward_http(
-        &self,
-        call: &HttpCall<'_>,
-        target: crate::table::Endpoint,
-        context: RequestContext,
-    ) -> RouterResult<Forwarded> {
-        let Some(addr) = target.http_addr.as_deref() else {
-            return Ok(Forwarded::NoHttpAddress);
+        let ask = Ask {
+            model,
+            version,
+            sequence: scanned.options.sequence_id.as_ref(),
+            start: scanned.options.sequence_start,
+            end: scanned.options.sequence_end,
         };
-        // The worker may serve several versions: name the one choice resolved.
-        let path = format!(
-            "/v2/models/{}/versions/{}/infer",
-            call.model, target.version
-        );
-        let response = self
-            .http_workers
-            .infer(addr, &path, call.headers, &context, call.body.clone())
-            .await?;
-        Ok(Forwarded::Response(response))
+        Ok(self
+            .router
+            .route(ask, context, Payload::Http { headers, body })
+            .await?)
     }
 }

@@ -3,12 +3,12 @@
 //! back to the client as the worker encoded it. No tensor is decoded or re-encoded.
 //!
 //! ```text
-//! client ─ModelInfer─► grpc_routes: ModelInferRoute (RawCodec; restricted-API check)
+//! client ─ModelInfer─► the frontend's restricted-API check ─► ModelInferRoute (RawCodec)
 //!   ─► RouterService::infer_raw
 //!        wire_scan::scan_request   model, version, sequence options, tensor names/shapes
 //!        RequestLimits, shared memory refused, version parsed      (INVALID_ARGUMENT / ...)
-//!        admission ─► with_retry (choice, scale from zero, retry once, ejection)
-//!          ─► traced_attempt ─► Workers::infer_raw(client bytes + version field) ─► worker
+//!        RouterService::route (service::route: admission, choice, retries, tracing)
+//!          ─► Workers::infer_raw(client bytes + version field) ─► worker
 //!   ◄─ the worker's response bytes, or its status
 //! every other rpc (ModelStreamInfer included) ─► nereid_frontend::routes over RouterService
 //! ```
@@ -18,25 +18,21 @@
 //! refuse, with the same messages a worker gives. The worker's response is not validated.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use nereid_frontend::{ApiCategory, GrpcConfig, RequestLimits, grpc_request_context};
+use nereid_frontend::{GrpcConfig, RequestLimits, grpc_request_context};
 use nereid_proto::{
     InferenceService, RequestContext, ResponseHook, ServiceError, ServiceResult, parse_version,
 };
-use nereid_telemetry::{RequestTrace, SpanKind};
 use tonic::codegen::{BoxFuture, http};
-use tracing::Instrument;
 
 use crate::choice::Ask;
-use crate::error::RouterResult;
 use crate::forward::MODEL_INFER_PATH;
 use crate::raw_codec::{RawCodec, RawMessage};
-use crate::service::{RouterService, traced_attempt};
-use crate::wire_scan::{ScannedInput, ScannedRequest, scan_request, version_suffix};
+use crate::service::{Answer, Payload, RouterService};
+use crate::wire_scan::{ScannedInput, scan_request};
 
 /// What the pass-through path checks before forwarding, as the typed frontend would.
 #[derive(Clone, Debug)]
@@ -66,87 +62,21 @@ impl RouterService {
             &config.grpc.limits,
             &config.shared_memory_off,
         )?;
-        let model = scanned.model_name.as_str();
-        let (message, scanned) = (&message, &scanned);
-        let routed = self.traced_request(model, context, |trace, context| async move {
-            self.forward_raw(message, scanned, version, &context, trace.as_deref())
-                .await
-        });
-        Ok(self.admitted(model, routed).await?)
-    }
-
-    /// Runs `forward` inside the request's trace, as the typed path traces
-    /// (`RouterService::route_infer`): the trace (when this request is sampled) is handed to
-    /// `forward` for its attempts, then failed, ended and closed once the frontend has sent
-    /// the answer.
-    pub(crate) async fn traced_request<T, F, Fut>(
-        &self,
-        model: &str,
-        context: RequestContext,
-        forward: F,
-    ) -> RouterResult<T>
-    where
-        F: FnOnce(Option<Arc<Mutex<RequestTrace>>>, RequestContext) -> Fut,
-        Fut: Future<Output = RouterResult<T>>,
-    {
-        let trace = self
-            .tracer
-            .start("InferRequest", SpanKind::Server, model, &context);
-        let Some(trace) = trace else {
-            return forward(None, context).await;
-        };
-        let span = tracing::info_span!("request", trace_id = %trace.trace_id());
-        let trace = Arc::new(Mutex::new(trace));
-        let result = forward(Some(trace.clone()), context.clone())
-            .instrument(span)
-            .await;
-        if let Ok(trace) = Arc::try_unwrap(trace) {
-            let mut trace = trace.into_inner().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = &result {
-                trace.fail(e.to_string());
-            }
-            trace.done(Instant::now());
-            trace.close_after_send(&context);
-        }
-        result
-    }
-
-    async fn forward_raw(
-        &self,
-        message: &Bytes,
-        scanned: &ScannedRequest,
-        version: Option<i64>,
-        context: &RequestContext,
-        trace: Option<&Mutex<RequestTrace>>,
-    ) -> RouterResult<Bytes> {
-        let model = scanned.model_name.as_str();
         let ask = Ask {
-            model,
+            model: &scanned.model_name,
             version,
             sequence: scanned.options.sequence_id.as_ref(),
             start: scanned.options.sequence_start,
             end: scanned.options.sequence_end,
         };
-        // A sequence request changes state on the worker that accepted it: never retried.
-        let retry = ask.sequence.is_none();
-        self.with_retry(&ask, retry, context.deadline, |target| {
-            // The worker may serve several versions: name the one choice resolved.
-            let raw = RawMessage {
-                head: message.clone(),
-                tail: version_suffix(&scanned.model_version, &target.version.to_string()),
-            };
-            traced_attempt(
-                trace,
-                target,
-                context.clone(),
-                move |target, context| async move {
-                    self.workers
-                        .infer_raw(&target.addr, raw, &context, model)
-                        .await
-                },
-            )
-        })
-        .await
+        let payload = Payload::Grpc {
+            message: &message,
+            version: &scanned.model_version,
+        };
+        match self.route(ask, context, payload).await? {
+            Answer::Grpc(answer) => Ok(answer),
+            _ => unreachable!("a gRPC payload is answered in kind"),
+        }
     }
 }
 
@@ -176,18 +106,21 @@ pub(crate) fn checked_version(
 }
 
 /// The router's gRPC routes: `ModelInfer` through the pass-through path, every other rpc
-/// through `nereid_frontend::routes` over the same service.
+/// through `nereid_frontend`'s typed routes over the same service; all behind the frontend's
+/// restricted-API check.
 pub fn grpc_routes(
     router: Arc<RouterService>,
     config: PassThroughConfig,
 ) -> tonic::service::Routes {
     let service: Arc<dyn InferenceService> = router.clone();
-    let typed = nereid_frontend::routes(service, config.grpc.clone()).into_axum_router();
+    let typed = nereid_frontend::open_routes(service, config.grpc.clone()).into_axum_router();
+    let restricted = config.grpc.restricted.clone();
     let raw = ModelInferRoute {
         router,
         config: Arc::new(config),
     };
-    tonic::service::Routes::from(typed.route_service(MODEL_INFER_PATH, raw))
+    let routes = tonic::service::Routes::from(typed.route_service(MODEL_INFER_PATH, raw));
+    nereid_frontend::restrict(routes, restricted)
 }
 
 /// The tower service of the `ModelInfer` route.
@@ -212,16 +145,6 @@ impl tonic::codegen::Service<http::Request<axum::body::Body>> for ModelInferRout
     fn call(&mut self, call: http::Request<axum::body::Body>) -> Self::Future {
         let route = self.clone();
         Box::pin(async move {
-            // The typed routes sit behind the frontend's restricted-API layer; this route
-            // checks the same category itself.
-            let restricted = &route.config.grpc.restricted;
-            if let Err(missing) = restricted.check(ApiCategory::Inference, call.headers()) {
-                return Ok(tonic::Status::unavailable(format!(
-                    "This protocol is restricted, expecting header '{}'",
-                    missing.key
-                ))
-                .into_http());
-            }
             let max = route.config.grpc.max_message_size;
             let mut grpc = tonic::server::Grpc::new(RawCodec)
                 .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
@@ -249,12 +172,5 @@ impl tonic::server::UnaryService<Bytes> for ModelInferRoute {
             hook.finish(Instant::now());
             Ok(tonic::Response::new(RawMessage::new(answer)))
         })
-    }
-}
-
-impl crate::metrics::Classify for Bytes {
-    /// A worker's `ModelInfer` answer: its errors come back as statuses (`Err`).
-    fn outcome(&self) -> crate::metrics::Outcome {
-        crate::metrics::Outcome::Success
     }
 }

@@ -1,12 +1,11 @@
 //! [`RouterService`]: the [`InferenceService`] of cluster mode. The HTTP and gRPC frontends of
-//! `nereid_proto` call it exactly as they call a worker's data plane.
+//! `nereid_proto` call it exactly as they call a worker's data plane; the pass-through paths
+//! (`passthrough`, `http_passthrough`) call its one inference path with bytes.
 //!
 //! ```text
-//! infer ─► admission (bounded in-flight, else Overloaded) ─► wire::encode_request (once)
-//!       ─► choice::Chooser (table snapshot, outstanding per replica) ─► InFlight guard
-//!       ─► forward::Workers::infer ─► wire::decode_response
-//!          └─ unreachable / UNAVAILABLE before execution, not a sequence:
-//!             once more on another replica (the failed one excluded)
+//! infer (typed), ModelInfer bytes, HTTP infer bytes
+//!   ─► route (service::route): admission, trace, with_retry (service::retry: choice, scale
+//!      from zero, retry once, hedging, ejection), send the payload in its own form
 //! infer_stream ─► the same choice ─► the worker's ModelStreamInfer (one request per stream)
 //! metadata, config, statistics ─► a ready replica of the model (same retry)
 //! live, ready, model ready, repository index ─► the routing table
@@ -36,13 +35,12 @@ use nereid_proto::pb::inference::{
 };
 use nereid_proto::{
     InferRequest, InferResponse, InferenceService, LoadRequest, LogSettings, ModelIndexEntry,
-    ModelMetadata, RequestContext, ResponseStream, ServerMetadata, ServiceError, ServiceResult,
-    TensorMetadata, TraceSettings, TraceSettingsUpdate, UnloadRequest,
+    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
+    TraceSettings, TraceSettingsUpdate, UnloadRequest,
 };
+use nereid_telemetry::Tracer;
 use nereid_telemetry::logging::LogControl;
-use nereid_telemetry::{AttrValue, RequestTrace, SpanKind, Tracer};
 use tokio::sync::Semaphore;
-use tracing::Instrument;
 
 use crate::activate::Activator;
 use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
@@ -51,12 +49,14 @@ use crate::forward::{ForwardConfig, Workers};
 use crate::http_forward::HttpWorkers;
 use crate::metrics::{Classify, ModelCounters, Outcome, RouterMetrics};
 use crate::table::{Endpoint, SharedTable};
-use crate::wire::{decode_response, encode_request};
+use crate::wire::encode_request;
 use nereid_proto::codec::version_text;
 
 mod retry;
+mod route;
 
 pub use retry::HedgeConfig;
+pub(crate) use route::{Answer, Payload};
 
 /// Server extensions the router serves.
 pub const EXTENSIONS: &[&str] = &[
@@ -136,44 +136,6 @@ fn ask_of(request: &InferRequest) -> Ask<'_> {
         start: request.options.sequence_start,
         end: request.options.sequence_end,
     }
-}
-
-/// Locks a request's trace, whatever a panicking holder left.
-pub(crate) fn lock(trace: &Mutex<RequestTrace>) -> std::sync::MutexGuard<'_, RequestTrace> {
-    trace.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One forwarding attempt to `target`: `call` gets the context to send, whose
-/// `traceparent` is a new client span `forward` of `trace` when the request is traced; the
-/// span is recorded with the attempt's outcome.
-pub(crate) async fn traced_attempt<T, F, Fut>(
-    trace: Option<&Mutex<RequestTrace>>,
-    target: Endpoint,
-    mut context: RequestContext,
-    call: F,
-) -> RouterResult<T>
-where
-    F: FnOnce(Endpoint, RequestContext) -> Fut,
-    Fut: Future<Output = RouterResult<T>>,
-{
-    let forward = trace.map(|t| {
-        let (span, child) = lock(t).child_context();
-        context.trace = Some(child);
-        (t, span)
-    });
-    let addr = target.addr.clone();
-    let version = target.version;
-    let started = Instant::now();
-    let result = call(target, context).await;
-    if let Some((t, span)) = forward {
-        let attributes = vec![
-            ("worker.address".to_string(), AttrValue::Text(addr)),
-            ("model.version".to_string(), AttrValue::Int(version)),
-        ];
-        let error = result.as_ref().err().map(|e| e.to_string());
-        lock(t).call(span, "forward", started, Instant::now(), attributes, error);
-    }
-    result
 }
 
 /// Routes every call to a worker replica chosen from the shared routing table.
@@ -343,66 +305,6 @@ impl RouterService {
                 replica,
             },
         ))
-    }
-
-    /// [`Self::forward_infer`], traced when the tracer samples the request: a server span
-    /// `InferRequest` (child of the client's `traceparent`) with one client span `forward` per
-    /// attempt, whose id the worker receives as its parent.
-    async fn route_infer(&self, request: InferRequest) -> RouterResult<InferResponse> {
-        let trace = self.tracer.start(
-            "InferRequest",
-            SpanKind::Server,
-            &request.model_name,
-            &request.context,
-        );
-        let Some(trace) = trace else {
-            return self.forward_infer(&request, None).await;
-        };
-        let span = tracing::info_span!("request", trace_id = %trace.trace_id());
-        let trace = Mutex::new(trace);
-        let result = self
-            .forward_infer(&request, Some(&trace))
-            .instrument(span)
-            .await;
-        let mut trace = trace.into_inner().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = &result {
-            trace.fail(e.to_string());
-        }
-        trace.done(Instant::now());
-        trace.close_after_send(&request.context);
-        result
-    }
-
-    async fn forward_infer(
-        &self,
-        request: &InferRequest,
-        trace: Option<&Mutex<RequestTrace>>,
-    ) -> RouterResult<InferResponse> {
-        let wire = encode_request(request)?;
-        let ask = ask_of(request);
-        // A sequence request changes state on the worker that accepted it: never retried.
-        let retry = ask.sequence.is_none();
-        let deadline = wire.context.deadline;
-        self.with_retry(&ask, retry, deadline, |target| {
-            // The worker may serve several versions: name the one choice resolved.
-            let mut wire = wire.clone();
-            wire.message.model_version = target.version.to_string();
-            traced_attempt(
-                trace,
-                target,
-                wire.context.clone(),
-                move |target, context| {
-                    wire.context = context;
-                    async move {
-                        match self.workers.infer(&target.addr, wire).await {
-                            Ok(response) => decode_response(&target.addr, response),
-                            Err(e) => Err(e),
-                        }
-                    }
-                },
-            )
-        })
-        .await
     }
 
     /// Opens a stream (see `infer_stream`).
@@ -576,8 +478,18 @@ impl InferenceService for RouterService {
     }
 
     async fn infer(&self, request: InferRequest) -> ServiceResult<InferResponse> {
-        let model = request.model_name.clone();
-        Ok(self.admitted(&model, self.route_infer(request)).await?)
+        let wire = encode_request(&request)?;
+        let answer = self
+            .route(
+                ask_of(&request),
+                wire.context,
+                Payload::Typed(&wire.message),
+            )
+            .await?;
+        match answer {
+            Answer::Typed(response) => Ok(response),
+            _ => unreachable!("a typed payload is answered in kind"),
+        }
     }
 
     /// Forwards over the worker's `ModelStreamInfer`, so decoupled models stream through the
@@ -648,12 +560,6 @@ impl InferenceService for RouterService {
             ))
             .into()),
         }
-    }
-}
-
-impl Classify for InferResponse {
-    fn outcome(&self) -> Outcome {
-        Outcome::Success
     }
 }
 

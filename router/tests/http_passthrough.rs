@@ -237,6 +237,36 @@ async fn a_binary_body_keeps_its_header_length() {
 }
 
 #[tokio::test]
+async fn a_raw_binary_body_is_forwarded_as_it_is() {
+    bounded(async {
+        let (w, rec) = recording_worker("w1", None).await;
+        let router = router_over(vec![node("w1", "127.0.0.1:9", Some(w))]).await;
+        // Header length 0: the whole body is the one input's bytes, no JSON to scan.
+        let body = vec![1u8, 0, 0, 0, 2, 0, 0, 0];
+        let (status, headers, answer) = post(
+            router,
+            "/v2/models/echo/infer",
+            &[
+                ("inference-header-content-length", "0"),
+                ("content-type", "application/octet-stream"),
+            ],
+            Bytes::from(body.clone()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer, body);
+        // The recording worker answered: the body went through the pass-through path.
+        assert_eq!(headers["inference-header-content-length"], "2");
+        let seen = rec.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].path, "/v2/models/echo/versions/1/infer");
+        assert_eq!(seen[0].body, body);
+        assert_eq!(seen[0].headers["inference-header-content-length"], "0");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn an_unavailable_worker_is_retried_on_another() {
     for refusal in [UNLOADING, UNLOADED] {
         retried_on_another(refusal).await;

@@ -88,6 +88,16 @@ impl Default for GrpcConfig {
 /// `service`, ready for
 /// `tonic::transport::Server::builder().add_routes(routes).serve_with_incoming_shutdown(..)`.
 pub fn routes(service: Arc<dyn InferenceService>, config: GrpcConfig) -> tonic::service::Routes {
+    let restricted = config.restricted.clone();
+    restrict(open_routes(service, config), restricted)
+}
+
+/// [`routes`] without the restricted-API check, for a server that adds routes of its own and
+/// then puts them all behind [`restrict`].
+pub fn open_routes(
+    service: Arc<dyn InferenceService>,
+    config: GrpcConfig,
+) -> tonic::service::Routes {
     let frontend = Arc::new(handlers::GrpcFrontend::new(service, config.clone()));
     let inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
         .max_decoding_message_size(config.max_message_size)
@@ -96,11 +106,19 @@ pub fn routes(service: Arc<dyn InferenceService>, config: GrpcConfig) -> tonic::
     let health = HealthServer::from_arc(frontend)
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);
-    let routes = tonic::service::Routes::new(inference).add_service(health);
-    if config.restricted.is_empty() {
+    tonic::service::Routes::new(inference).add_service(health)
+}
+
+/// `routes` behind the restricted-API check: a call to an rpc of a restricted category
+/// without its header is refused with Triton's UNAVAILABLE.
+pub fn restrict(
+    routes: tonic::service::Routes,
+    restricted: RestrictedApis,
+) -> tonic::service::Routes {
+    if restricted.is_empty() {
         return routes;
     }
-    let restricted = Arc::new(config.restricted);
+    let restricted = Arc::new(restricted);
     let router = routes
         .into_axum_router()
         .layer(axum::middleware::from_fn(move |call, next| {
