@@ -51,7 +51,7 @@ mod serve;
 mod shm;
 
 pub use budget::{BUDGET_FLAG, BudgetExceeded, DEFAULT_MAX_BUFFERED_REQUEST_BYTES, RequestBudget};
-pub use grpc::{GrpcConfig, grpc_request_context, routes};
+pub use grpc::{GrpcConfig, grpc_request_context, open_routes, restrict, routes};
 pub use http::{
     HttpConfig, HttpError, ModelAction, Route as HttpRoute, http_request_context, parse_route,
     read_body, router,
