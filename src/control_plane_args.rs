@@ -86,12 +86,18 @@ pub struct ControlPlaneArgs {
     /// replicas more than another, or memory use is more than 20 points apart. 0 turns it off.
     #[arg(long, env = "NEREID_REBALANCE_MAX_MOVES", default_value_t = 2)]
     pub rebalance_max_moves: u32,
-    /// Raft heartbeat between control-plane nodes.
-    #[arg(long, env = "NEREID_RAFT_HEARTBEAT_MS", default_value_t = 250)]
+    /// Raft heartbeat between control-plane nodes, in milliseconds; also the timeout of one
+    /// heartbeat. At most a third of the minimum --election-timeout-ms.
+    #[arg(long, env = "NEREID_RAFT_HEARTBEAT_MS", default_value_t = 50)]
     pub raft_heartbeat_ms: u64,
-    /// Minimum Raft election timeout (the maximum is twice this).
-    #[arg(long, env = "NEREID_ELECTION_TIMEOUT_MS", default_value_t = 1000)]
-    pub election_timeout_ms: u64,
+    /// Raft election timeout range, MIN-MAX milliseconds (one number N means N-2N). A
+    /// follower that hears no heartbeat campaigns a random MIN..MAX after the leader's lease
+    /// (MAX) ends, so a dead leader is replaced MAX+MIN to 2*MAX after its last heartbeat. The
+    /// defaults suit loopback and a LAN; across a WAN, or on machines that stall for hundreds
+    /// of milliseconds, raise both flags together (for example --raft-heartbeat-ms 250
+    /// --election-timeout-ms 1000-2000).
+    #[arg(long, env = "NEREID_ELECTION_TIMEOUT_MS", default_value = "150-300")]
+    pub election_timeout_ms: ElectionTimeoutMs,
     /// Snapshot the state and compact the log after this many entries.
     #[arg(long, env = "NEREID_SNAPSHOT_THRESHOLD", default_value_t = 1000)]
     pub snapshot_threshold: u64,
@@ -149,6 +155,45 @@ pub struct ControlPlaneArgs {
     pub etcd_lease_ttl_secs: u64,
 }
 
+/// The least minimum election timeout, in heartbeats (openraft's rule of thumb).
+const HEARTBEATS_PER_ELECTION_TIMEOUT: u64 = 3;
+
+/// `--election-timeout-ms`: `MIN-MAX`, or `MIN` for `MIN-2*MIN`; `0 < MIN < MAX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ElectionTimeoutMs {
+    pub min: u64,
+    pub max: u64,
+}
+
+impl std::str::FromStr for ElectionTimeoutMs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let number = |part: &str| {
+            part.trim().parse::<u64>().map_err(|_| {
+                format!("'{s}' is not MIN-MAX or MIN milliseconds (for example 150-300)")
+            })
+        };
+        let (min, max) = match s.split_once('-') {
+            Some((min, max)) => (number(min)?, number(max)?),
+            None => {
+                let min = number(s)?;
+                (min, min.saturating_mul(2))
+            }
+        };
+        if min == 0 {
+            return Err(format!("'{s}': the minimum must be positive"));
+        }
+        if min >= max {
+            return Err(format!(
+                "'{s}': the minimum must be below the maximum (the timeout is drawn at random \
+                 between them, so that the followers do not all campaign at once)"
+            ));
+        }
+        Ok(ElectionTimeoutMs { min, max })
+    }
+}
+
 /// `--store`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreKind {
@@ -188,9 +233,7 @@ impl ControlPlaneArgs {
                 self.heartbeat_timeout_ms, self.heartbeat_interval_ms
             ));
         }
-        if self.election_timeout_ms <= self.raft_heartbeat_ms {
-            return Err("--election-timeout-ms must exceed --raft-heartbeat-ms".into());
-        }
+        self.check_raft_timings()?;
         let metrics_listen = self
             .allow_metrics
             .then_some(SocketAddr::new(self.metrics_address, self.metrics_port));
@@ -240,13 +283,33 @@ impl ControlPlaneArgs {
             scale_to_zero_after: Duration::from_secs(self.scale_to_zero_after_secs.max(1)),
             rebalance_max_moves: self.rebalance_max_moves,
             raft_heartbeat: Duration::from_millis(self.raft_heartbeat_ms),
-            election_timeout: Duration::from_millis(self.election_timeout_ms),
+            election_timeout_min: Duration::from_millis(self.election_timeout_ms.min),
+            election_timeout_max: Duration::from_millis(self.election_timeout_ms.max),
             snapshot_threshold: self.snapshot_threshold.max(1),
             model_repositories: self.model_repository,
             default_replicas: self.default_replicas,
             cluster_tls,
             store,
         })
+    }
+
+    /// `--raft-heartbeat-ms` against `--election-timeout-ms`: a follower must not campaign
+    /// because one or two heartbeats were late.
+    fn check_raft_timings(&self) -> Result<(), String> {
+        let heartbeat = self.raft_heartbeat_ms;
+        let ElectionTimeoutMs { min, max } = self.election_timeout_ms;
+        if heartbeat == 0 {
+            return Err("--raft-heartbeat-ms must be positive (milliseconds)".into());
+        }
+        if min < HEARTBEATS_PER_ELECTION_TIMEOUT * heartbeat {
+            return Err(format!(
+                "--election-timeout-ms {min}-{max}: the minimum must be at least \
+                 {HEARTBEATS_PER_ELECTION_TIMEOUT} x --raft-heartbeat-ms ({heartbeat}), so that a \
+                 late heartbeat or two does not start an election; raise it or lower \
+                 --raft-heartbeat-ms"
+            ));
+        }
+        Ok(())
     }
 
     /// `--store` and the etcd flags, checked together.
@@ -446,6 +509,8 @@ impl ControlPlaneArgs {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use clap::Parser;
     use nereid_control_plane::{NodeConfig, Store};
 
@@ -458,6 +523,60 @@ mod tests {
         match cli.command {
             Command::ControlPlane(args) => args.into_config(),
             _ => Err("not control-plane".into()),
+        }
+    }
+
+    #[test]
+    fn raft_timings_default_to_loopback_and_lan_and_are_checked_against_each_other() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.raft_heartbeat, Duration::from_millis(50));
+        assert_eq!(c.election_timeout_min, Duration::from_millis(150));
+        assert_eq!(c.election_timeout_max, Duration::from_millis(300));
+        let c = parse(&[
+            "--raft-heartbeat-ms",
+            "250",
+            "--election-timeout-ms",
+            "1000",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.election_timeout_min, c.election_timeout_max),
+            (Duration::from_millis(1000), Duration::from_millis(2000)),
+            "one number N is N-2N, as before ranges"
+        );
+        let c = parse(&["--election-timeout-ms", " 400 - 900 "]).unwrap();
+        assert_eq!(
+            (c.election_timeout_min, c.election_timeout_max),
+            (Duration::from_millis(400), Duration::from_millis(900))
+        );
+        for (args, needle) in [
+            (
+                &["--election-timeout-ms", "300-300"][..],
+                "minimum must be below the maximum",
+            ),
+            (&["--election-timeout-ms", "600-300"], "below the maximum"),
+            (&["--election-timeout-ms", "0-300"], "must be positive"),
+            (&["--election-timeout-ms", "fast"], "is not MIN-MAX or MIN"),
+            (&["--election-timeout-ms", "100-"], "is not MIN-MAX or MIN"),
+            (
+                &["--raft-heartbeat-ms", "0"],
+                "--raft-heartbeat-ms must be positive",
+            ),
+            (
+                &[
+                    "--raft-heartbeat-ms",
+                    "100",
+                    "--election-timeout-ms",
+                    "250-500",
+                ],
+                "at least 3 x --raft-heartbeat-ms (100)",
+            ),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+            if !needle.starts_with("--") {
+                assert!(e.contains("--election-timeout-ms"), "names the flag: {e}");
+            }
         }
     }
 

@@ -83,7 +83,10 @@ pub struct NodeConfig {
     /// Rebalancing moves in flight at most; 0 turns rebalancing off.
     pub rebalance_max_moves: u32,
     pub raft_heartbeat: Duration,
-    pub election_timeout: Duration,
+    /// A follower campaigns a random time in `election_timeout_min..election_timeout_max`
+    /// after the dead leader's lease (`election_timeout_max`) ends; see `RaftConfig`.
+    pub election_timeout_min: Duration,
+    pub election_timeout_max: Duration,
     pub snapshot_threshold: u64,
     /// Model repositories whose models are registered at start (when not registered yet).
     pub model_repositories: Vec<PathBuf>,
@@ -208,8 +211,8 @@ pub async fn serve(
     raft_config.peers = config.peers.clone();
     raft_config.join = config.join.is_some();
     raft_config.heartbeat_interval = config.raft_heartbeat;
-    raft_config.election_timeout_min = config.election_timeout;
-    raft_config.election_timeout_max = config.election_timeout * 2;
+    raft_config.election_timeout_min = config.election_timeout_min;
+    raft_config.election_timeout_max = config.election_timeout_max;
     raft_config.snapshot_threshold = config.snapshot_threshold;
     raft_config.auth_token = config.auth_value.clone();
     let dial = config

@@ -6,6 +6,15 @@ use std::time::Duration;
 
 use nereid_tls::ClusterDial;
 
+/// Default heartbeat interval, for loopback and LAN.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(50);
+
+/// Default election timeout range (min, max), for loopback and LAN: a dead leader is replaced
+/// 450–600 ms after its last heartbeat (see [`RaftConfig::election_timeout_min`]), while a
+/// follower tolerates 450 ms of silence (9 heartbeats) before it campaigns.
+pub const DEFAULT_ELECTION_TIMEOUT: (Duration, Duration) =
+    (Duration::from_millis(150), Duration::from_millis(300));
+
 /// Configuration of one Raft node. Build it with [`RaftConfig::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct RaftConfig {
@@ -20,7 +29,13 @@ pub struct RaftConfig {
     pub peers: BTreeMap<u64, String>,
     /// Start empty and wait to be added by the leader (`add_member`).
     pub join: bool,
+    /// How often the leader sends heartbeats; also openraft's timeout of one heartbeat RPC.
     pub heartbeat_interval: Duration,
+    /// A follower that hears nothing from the leader campaigns after a random time in
+    /// `election_timeout_min..election_timeout_max`, counted from the end of the leader's
+    /// lease, which openraft sets to `election_timeout_max`: a dead leader is replaced about
+    /// `election_timeout_max + (min..max)` after its last heartbeat. Until that lease ends a
+    /// follower refuses to vote, so one slow node cannot depose a leader the others hear.
     pub election_timeout_min: Duration,
     pub election_timeout_max: Duration,
     /// Build a snapshot (and compact the log) after this many applied entries.
@@ -36,8 +51,8 @@ pub struct RaftConfig {
 }
 
 impl RaftConfig {
-    /// A configuration with the default timings: heartbeat 250 ms, election timeout
-    /// 1000–2000 ms, a snapshot every 1000 entries.
+    /// A configuration with the default timings ([`DEFAULT_HEARTBEAT`],
+    /// [`DEFAULT_ELECTION_TIMEOUT`]), a snapshot every 1000 entries.
     pub fn new(node_id: u64, address: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
         RaftConfig {
             node_id,
@@ -45,9 +60,9 @@ impl RaftConfig {
             data_dir: data_dir.into(),
             peers: BTreeMap::new(),
             join: false,
-            heartbeat_interval: Duration::from_millis(250),
-            election_timeout_min: Duration::from_millis(1000),
-            election_timeout_max: Duration::from_millis(2000),
+            heartbeat_interval: DEFAULT_HEARTBEAT,
+            election_timeout_min: DEFAULT_ELECTION_TIMEOUT.0,
+            election_timeout_max: DEFAULT_ELECTION_TIMEOUT.1,
             snapshot_threshold: 1000,
             logs_to_keep_after_snapshot: 100,
             auth_token: None,

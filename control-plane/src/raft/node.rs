@@ -5,7 +5,8 @@
 //!         only: the lowest peer id initializes the voters; a joining node waits to be added)
 //!         └► leadership task: raft metrics ─► watch<Leadership>
 //!  leader: the one the metrics name, but none while this node leads without a quorum's ack
-//!          for an election timeout (cut off from the other voters: see `current_leader`)
+//!          for the leader lease, the maximum election timeout (cut off from the other voters:
+//!          see `current_leader`)
 //!  write: leader ─► client_write │ follower ─► ForwardWrite to the leader │ none ─► retry ≤ deadline
 //!  linearizable_state: leader ─► confirm with a quorum │ follower ─► ReadIndex, wait applied
 //! ```
@@ -72,12 +73,11 @@ impl RaftNode {
             .validate()
             .map_err(|e| RaftError::Config(e.to_string()))?;
         let peers = Arc::new(
-            Peers::new(
-                config.auth_token.as_deref(),
-                config.election_timeout_min / 2,
-            )
-            .map_err(RaftError::Config)?
-            .with_dial(config.dial.clone()),
+            // Raft RPCs are bounded by openraft's TTL (about a heartbeat); this bounds dialing a
+            // peer, which a loaded machine or a TLS handshake may take longer for.
+            Peers::new(config.auth_token.as_deref(), config.election_timeout_max)
+                .map_err(RaftError::Config)?
+                .with_dial(config.dial.clone()),
         );
 
         let dir = config.data_dir.clone();
@@ -100,7 +100,11 @@ impl RaftNode {
         bootstrap(&raft, &config).await?;
 
         let (leadership_tx, leadership_rx) = watch::channel(Leadership::default());
-        let lease = config.election_timeout_min;
+        // openraft's own leader lease: the followers refuse votes for this long after the
+        // last heartbeat they got, and only then start their election timers, so no other
+        // leader can exist before it ends. A shorter lease would make a leader that misses a
+        // few acknowledgements on a loaded machine step aside for nothing.
+        let lease = config.election_timeout_max;
         let task = tokio::spawn(follow_leadership(
             config.node_id,
             raft.clone(),
