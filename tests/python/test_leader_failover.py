@@ -22,7 +22,7 @@ from test_cluster import model_names, start_control_plane, stop_all
 # Alternately through REST and ctl.
 KILLS = 4
 # Correctness bound, not the target: the default timings fail over in well under a second on
-# loopback, and the old 1-2 s election timeout took 3.3-3.5 s.
+# loopback (about 0.6 s), and the former 250 ms / 1000-2000 ms timings took 3.0-3.6 s.
 FAILOVER_BOUND_S = 5.0
 READY = "REPLICA_STATE_READY"
 
