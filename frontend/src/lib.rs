@@ -71,7 +71,7 @@ pub use options::FrontendOptions;
 pub use restrict::{ApiCategory, RequiredHeader, RestrictError, RestrictedApis};
 pub use serve::{
     BindError, DEFAULT_METRICS_MAX_CONNECTIONS, Frontends, GrpcServing, PortsConfig, bind,
-    fit_ports_to_fd_limit, incoming, serve_grpc_port, serve_http_port, serve_metrics_port, spawn,
-    stopped,
+    bind_reusable, fit_ports_to_fd_limit, incoming, serve_grpc_port, serve_http_port,
+    serve_metrics_port, spawn, stopped,
 };
 pub use shm::{RegionStatus, SharedMemory};

@@ -7,8 +7,14 @@
 //!                                              HTTP/2 windows)     │ metrics (hyper + axum)
 //!  every port takes connections from listener::accept_task: connection limit, NODELAY, TLS,
 //!  first-byte deadline; HTTP/2 stream limit and request budget on HTTP and gRPC
-//!  stop = true ─► each finishes its in-flight requests, then its task ends
+//!  stop = true ─► each closes its listener first, then finishes its in-flight requests (HTTP/1.1
+//!                 answers `Connection: close`, HTTP/2 and gRPC send GOAWAY), then its task ends
 //! ```
+//!
+//! Bound with `SO_REUSEPORT` ([`bind_reusable`]), a replacement process listens on the same
+//! ports beside this one; closing the listener before telling clients to go away sends their
+//! reconnections to the replacement. Connections the kernel had queued on a listener that
+//! closes, not yet accepted, are reset (unless `net.ipv4.tcp_migrate_req` moves them).
 //!
 //! Each process fits the connection limits of its ports under its open-file limit once, at
 //! start ([`fit_ports_to_fd_limit`], before it serves), leaving room for models and files:
@@ -47,6 +53,18 @@ pub async fn bind(
     addr: Option<SocketAddr>,
     backlog: u32,
 ) -> Result<Option<TcpListener>, BindError> {
+    bind_reusable(what, addr, backlog, false).await
+}
+
+/// [`bind`], with `SO_REUSEPORT` when `reuse_port`: another process (a replacement) can bind
+/// the same address while this one listens, and the kernel spreads new connections over both
+/// listeners until one closes.
+pub async fn bind_reusable(
+    what: &'static str,
+    addr: Option<SocketAddr>,
+    backlog: u32,
+    reuse_port: bool,
+) -> Result<Option<TcpListener>, BindError> {
     let Some(addr) = addr else {
         return Ok(None);
     };
@@ -57,12 +75,28 @@ pub async fn bind(
         };
         // As std's TcpListener::bind: a restarted server can bind while old connections linger.
         socket.set_reuseaddr(true)?;
+        if reuse_port {
+            set_reuse_port(&socket)?;
+        }
         socket.bind(addr)?;
         socket.listen(backlog.max(1))
     };
     listen()
         .map(Some)
         .map_err(|source| BindError { what, addr, source })
+}
+
+#[cfg(unix)]
+fn set_reuse_port(socket: &TcpSocket) -> std::io::Result<()> {
+    socket.set_reuseport(true)
+}
+
+#[cfg(not(unix))]
+fn set_reuse_port(_: &TcpSocket) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "SO_REUSEPORT (--reuse-port) needs a Unix system",
+    ))
 }
 
 /// How the HTTP, gRPC and metrics ports accept and serve connections: TLS, connection limits,
@@ -225,7 +259,10 @@ pub async fn serve_grpc_port(
 ) -> Result<(), tonic::transport::Error> {
     let tls = port.tls.is_some();
     tracing::info!(addr = ?listener.local_addr().ok(), tls, "{what} service listening");
-    let done = stopped(stop.clone());
+    // `stop` ends the accept task, which closes the listener; only then does `incoming` end,
+    // after the connections it accepted, and tonic sends GOAWAY on every connection and waits
+    // for their calls. In that order a client reconnecting on GOAWAY reaches another listener
+    // on the port (--reuse-port), and no accepted connection is dropped unserved.
     let incoming = incoming(what, listener, port, stop);
     // Large HTTP/2 windows: many concurrent streams share one client connection, and tensors
     // are often bigger than the 64 KiB defaults.
@@ -239,7 +276,7 @@ pub async fn serve_grpc_port(
             serving.max_message_size,
         ))
         .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, done)
+        .serve_with_incoming_shutdown(incoming, std::future::pending::<()>())
         .await;
     if let Err(e) = &result {
         tracing::error!(port = what, error = %e, "gRPC service failed");
@@ -262,6 +299,13 @@ pub fn incoming(
 /// Serves `app` over HTTP/1.1 and HTTP/2 on `listener` (limits and TLS from `port`, read
 /// deadlines, stream limit and budget from `serving`) until `stop` turns true and open requests
 /// finish.
+///
+/// Once `stop` is true the listener closes first (new connections go to another listener on
+/// the port, if one shares it with --reuse-port), then for [`HTTP1_CLOSE_WINDOW`] the port goes
+/// on serving the connections it has, every HTTP/1.1 response saying `Connection: close`, so a
+/// keep-alive client learns from a response that the connection ends instead of sending its
+/// next request into a connection the server is closing. Then the rest shut down gracefully:
+/// idle HTTP/1.1 connections close, HTTP/2 ones get GOAWAY, requests in flight finish.
 pub async fn serve_http_port(
     what: &'static str,
     listener: TcpListener,
@@ -270,8 +314,56 @@ pub async fn serve_http_port(
     serving: HttpServing,
     stop: watch::Receiver<bool>,
 ) {
-    let conns = accept_task(what, listener, port, stop.clone());
-    serve_http(conns, app, serving, stop).await
+    let accepted = accept_task(what, listener, port, stop.clone());
+    let (conns, serve_stop) = close_window(accepted, HTTP1_CLOSE_WINDOW);
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let stop = stop.clone();
+            async move {
+                let http1 = request.version() < http::Version::HTTP_2;
+                let mut response = next.run(request).await;
+                if http1 && *stop.borrow() {
+                    response.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
+                response
+            }
+        },
+    ));
+    serve_http(conns, app, serving, serve_stop).await
+}
+
+/// How long an HTTP port, once stopped and no longer accepting, goes on serving its open
+/// connections (answering `Connection: close`) before it closes the idle ones: long enough for a
+/// busy keep-alive connection to get one more response, short enough not to hold up an exit.
+pub const HTTP1_CLOSE_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Passes on `accepted`'s connections; once they end (the accept task stopped and closed its
+/// listener), waits `window` if any connection was accepted, then closes the returned channel
+/// and turns the returned stop true, in that order.
+fn close_window(
+    mut accepted: tokio::sync::mpsc::Receiver<Conn>,
+    window: std::time::Duration,
+) -> (tokio::sync::mpsc::Receiver<Conn>, watch::Receiver<bool>) {
+    let (tx, conns) = tokio::sync::mpsc::channel(1);
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut any = false;
+        while let Some(conn) = accepted.recv().await {
+            any = true;
+            if tx.send(conn).await.is_err() {
+                return;
+            }
+        }
+        if any {
+            tokio::time::sleep(window).await;
+        }
+        drop(tx);
+        let _ = stop_tx.send(true);
+    });
+    (conns, stop)
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).
@@ -336,6 +428,74 @@ pub fn fit_connections(asked: [usize; 3], fd_limit: u64) -> [usize; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn with_reuse_port_a_second_process_can_listen_on_the_same_port() {
+        let any = Some("127.0.0.1:0".parse().unwrap());
+        let first = bind_reusable("HTTP", any, 16, true).await.unwrap().unwrap();
+        let addr = Some(first.local_addr().unwrap());
+        let second = bind_reusable("HTTP", addr, 16, true).await.unwrap();
+        assert!(second.is_some());
+        let refused = bind("HTTP", addr, 16).await.unwrap_err();
+        assert_eq!(refused.source.kind(), std::io::ErrorKind::AddrInUse);
+    }
+
+    /// Reads one response (no body) from `conn`, returning its head in lower case.
+    async fn response_head(conn: &mut tokio::net::TcpStream) -> String {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(conn.read(&mut byte).await.unwrap(), 1, "{head:?}");
+            head.push(byte[0]);
+        }
+        String::from_utf8(head).unwrap().to_lowercase()
+    }
+
+    #[tokio::test]
+    async fn a_stopped_http_port_closes_its_listener_and_answers_connection_close() {
+        let listener = bind("HTTP", Some("127.0.0.1:0".parse().unwrap()), 16)
+            .await
+            .unwrap()
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "" }));
+        let ports = PortsConfig::default();
+        let (stop_tx, stop) = watch::channel(false);
+        let served = tokio::spawn(serve_http_port(
+            "HTTP",
+            listener,
+            app,
+            ports.http.clone(),
+            ports.http_serving(),
+            stop,
+        ));
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n";
+        conn.write_all(request).await.unwrap();
+        let head = response_head(&mut conn).await;
+        assert!(!head.contains("connection: close"), "{head}");
+
+        stop_tx.send(true).unwrap();
+        // The open connection is still served, and told to close.
+        conn.write_all(request).await.unwrap();
+        let head = response_head(&mut conn).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert_eq!(conn.read(&mut [0u8; 1]).await.unwrap(), 0, "then closed");
+        // The listener is gone: a new connection is refused.
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while tokio::net::TcpStream::connect(addr).await.is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(refused.is_ok(), "the stopped port still accepts");
+        tokio::time::timeout(std::time::Duration::from_secs(5), served)
+            .await
+            .expect("the port ends after its close window")
+            .unwrap();
+    }
 
     #[test]
     fn connection_limits_that_fit_are_kept() {
