@@ -30,6 +30,12 @@ pub struct RouterArgs {
     pub auth: AuthTokenArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
+    /// Bind the HTTP, gRPC and metrics ports with SO_REUSEPORT, so a new router can start on
+    /// the same ports while this one runs and take over without an outage: start the new one,
+    /// wait until it is ready, then SIGTERM this one (docs/router.md). Every process sharing a
+    /// port must set it and run as the same user.
+    #[arg(long, env = "NEREID_REUSE_PORT", default_value_t = false)]
+    pub reuse_port: bool,
     /// Requests in flight through this router; beyond it new requests are refused (503 /
     /// UNAVAILABLE) so clients back off. Size it to the workers' total queue capacity.
     #[arg(long, env = "NEREID_MAX_IN_FLIGHT", default_value_t = 4096)]
@@ -130,6 +136,7 @@ impl RouterArgs {
             http_addr: addrs.http,
             grpc_addr: addrs.grpc,
             metrics_addr: addrs.metrics,
+            reuse_port: self.reuse_port,
             http_max_input_size: frontend.http_max_input_size,
             frontend: frontend_options,
             exit_timeout: Duration::from_secs(frontend.exit_timeout_secs),
@@ -176,6 +183,12 @@ mod tests {
         assert_eq!(c.grpc_addr.unwrap().port(), 9001);
         assert!(c.metrics_addr.is_none());
         assert!(c.control_plane.token.is_none());
+        assert!(!c.reuse_port, "ports are not shared unless asked");
+        assert!(
+            parse(&["--control-plane", "a:1", "--reuse-port"])
+                .unwrap()
+                .reuse_port
+        );
         assert_eq!(
             c.repository_control,
             nereid_router::RepositoryControl::Off,

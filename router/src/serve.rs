@@ -5,11 +5,15 @@
 //!   ─► watch task fills the routing table (ready once the first snapshot arrives)
 //!   ─► serve HTTP + gRPC over RouterService (gRPC ModelInfer: passthrough::grpc_routes),
 //!      metrics (/metrics: metrics::RouterCollector)
-//!   ─► shutdown signal: stop accepting, drain in-flight requests (bounded by the exit
-//!      timeout), stop the watch ─► return
+//!   ─► shutdown signal: close the listeners, tell clients to go away (GOAWAY, HTTP/1.1
+//!      `Connection: close`), drain in-flight requests (bounded by the exit timeout), stop the
+//!      watch ─► return
+//!
+//! With `reuse_port` a replacement router binds the same ports while this one runs; once this
+//! one closes its listeners, every new connection goes to the replacement.
 //! ```
 
-use nereid_frontend::bind;
+use nereid_frontend::bind_reusable;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,6 +45,9 @@ pub struct RouterConfig {
     pub http_addr: Option<SocketAddr>,
     pub grpc_addr: Option<SocketAddr>,
     pub metrics_addr: Option<SocketAddr>,
+    /// Bind the ports with SO_REUSEPORT, so a replacement router can listen on them beside this
+    /// one and take over without an outage (see docs/router.md).
+    pub reuse_port: bool,
     pub http_max_input_size: usize,
     /// Restricted APIs, request limits and gRPC sizes of both frontends.
     pub frontend: nereid_frontend::FrontendOptions,
@@ -73,9 +80,11 @@ pub async fn run(
         Arc::new(ControlPlane::new(&config.control_plane).map_err(RouterServeError::Config)?);
     let mut ports = config.ports.clone();
     nereid_frontend::fit_ports_to_fd_limit(&mut ports);
-    let http = bind("HTTP", config.http_addr, ports.backlog).await?;
-    let grpc = bind("gRPC", config.grpc_addr, ports.backlog).await?;
-    let metrics_listener = bind("metrics", config.metrics_addr, ports.backlog).await?;
+    let reuse = config.reuse_port;
+    let http = bind_reusable("HTTP", config.http_addr, ports.backlog, reuse).await?;
+    let grpc = bind_reusable("gRPC", config.grpc_addr, ports.backlog, reuse).await?;
+    let metrics_listener =
+        bind_reusable("metrics", config.metrics_addr, ports.backlog, reuse).await?;
 
     let table = Arc::new(SharedTable::default());
     let activator = Arc::new(Activator::new(
