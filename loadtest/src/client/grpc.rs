@@ -99,6 +99,22 @@ impl GrpcClient {
     }
 }
 
+/// Attempts of an inference call whose earlier attempts were never sent ([`never_sent`]).
+const NOT_SENT_ATTEMPTS: u32 = 3;
+
+/// Whether the call failed before any of it was written to a connection: hyper dropped it from
+/// a connection that was closing (the server sent GOAWAY, or closed it) before sending it.
+fn never_sent(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(e) = e.downcast_ref::<hyper::Error>() {
+            return e.is_canceled();
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// The serialized `ModelInferRequest` of one step.
 pub fn encode_request(target: &Target, step: &Step) -> Bytes {
     let request = ModelInferRequest {
@@ -170,16 +186,26 @@ impl Client for GrpcClient {
         let Prepared::Grpc { message } = request else {
             return Err("internal: an HTTP request was given to the gRPC client".into());
         };
-        let mut grpc =
-            tonic::client::Grpc::new(self.channel()).max_decoding_message_size(usize::MAX);
-        grpc.ready()
-            .await
-            .map_err(|e| format!("gRPC channel not ready: {}", chain(&e)))?;
-        let path = http::uri::PathAndQuery::from_static(MODEL_INFER_PATH);
-        grpc.unary(tonic::Request::new(message.clone()), path, PassThroughCodec)
-            .await
-            .map(|_| ())
-            .map_err(|s| format!("gRPC {:?}: {}", s.code(), s.message()))
+        let mut attempt = 1;
+        loop {
+            let mut grpc =
+                tonic::client::Grpc::new(self.channel()).max_decoding_message_size(usize::MAX);
+            grpc.ready()
+                .await
+                .map_err(|e| format!("gRPC channel not ready: {}", chain(&e)))?;
+            let path = http::uri::PathAndQuery::from_static(MODEL_INFER_PATH);
+            match grpc
+                .unary(tonic::Request::new(message.clone()), path, PassThroughCodec)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                // As gRPC's own clients do (transparent retry): the call never left this client,
+                // its connection was going away (GOAWAY) or gone, so sending it again on a new
+                // connection cannot run it twice.
+                Err(s) if never_sent(&s) && attempt < NOT_SENT_ATTEMPTS => attempt += 1,
+                Err(s) => return Err(format!("gRPC {:?}: {}", s.code(), s.message())),
+            }
+        }
     }
 
     async fn server_live(&self) -> Result<(), LoadtestError> {
