@@ -213,8 +213,12 @@ def since(t0):
 
 
 class RouterProcess(KServeProcess):
-    def __init__(self, workdir, token_file, control_planes, name="router", extra=()):
-        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+    """`ports`: (http, grpc, metrics) to listen on, e.g. another router's with --reuse-port;
+    free ports when not given."""
+
+    def __init__(self, workdir, token_file, control_planes, name="router", extra=(), ports=None):
+        self.http_port, self.grpc_port, self.metrics_port = (
+            ports or (free_port(), free_port(), free_port()))
         args = ["router",
                 "--control-plane", ",".join(control_planes),
                 "--auth-token-file", str(token_file),
