@@ -58,11 +58,9 @@ impl DurationHistogram {
     /// are at least `min_count` observations; `None` before that, or when the quantile lies
     /// beyond the last bound.
     pub fn quantile_bound(&self, q: f64, min_count: u64) -> Option<Duration> {
-        let counts: Vec<u64> = self
-            .buckets
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect();
+        // Read on every request (the hedging timeout): a fixed array, no allocation.
+        let counts: [u64; DURATION_BUCKETS.len() + 1] =
+            std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed));
         let total: u64 = counts.iter().sum();
         if total == 0 || total < min_count {
             return None;
@@ -272,7 +270,7 @@ pub fn replica_in_flight(table: &RoutingTable, outstanding: &HashMap<u64, usize>
             for e in table.ready(&model.name, version) {
                 let n = outstanding.get(&e.replica).copied().unwrap_or(0);
                 *by_series
-                    .entry((model.name.clone(), version, e.node.clone()))
+                    .entry((model.name.clone(), version, e.node.to_string()))
                     .or_default() += n;
             }
         }

@@ -223,7 +223,8 @@ impl RouterService {
                 self.counters(ask.model)
                     .scale_from_zero
                     .fetch_add(1, Ordering::Relaxed);
-                activator.scale_from_zero(ask.model, deadline).await?;
+                // Boxed: the rare path's large future stays out of every request's.
+                Box::pin(activator.scale_from_zero(ask.model, deadline)).await?;
                 self.pick(ask, &HashSet::new())
             }
             _ => first,

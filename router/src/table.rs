@@ -25,12 +25,13 @@ use nereid_proto::pb::cluster::{
 pub struct Endpoint {
     pub replica: u64,
     pub version: i64,
-    pub node: String,
+    /// Shared, not copied: replica choice hands out a copy of its endpoint per request.
+    pub node: Arc<str>,
     /// The worker's KServe gRPC address (`host:port`, or a URI).
-    pub addr: String,
+    pub addr: Arc<str>,
     /// The worker's KServe HTTP address (`host:port`), when it reports one: where an HTTP
     /// pass-through would forward.
-    pub http_addr: Option<String>,
+    pub http_addr: Option<Arc<str>>,
 }
 
 /// What the router knows of the cluster at `revision`.
@@ -138,8 +139,10 @@ impl RoutingTable {
             if addresses.data_grpc.is_empty() {
                 continue;
             }
-            let addr = addresses.data_grpc.clone();
-            let http_addr = Some(addresses.data_http.clone()).filter(|a| !a.is_empty());
+            let addr = Arc::from(addresses.data_grpc.as_str());
+            let http_addr = Some(addresses.data_http.as_str())
+                .filter(|a| !a.is_empty())
+                .map(Arc::from);
             ready
                 .entry(r.model.clone())
                 .or_default()
@@ -148,7 +151,7 @@ impl RoutingTable {
                 .push(Endpoint {
                     replica: r.id,
                     version: r.version,
-                    node: r.node.clone(),
+                    node: Arc::from(r.node.as_str()),
                     addr,
                     http_addr,
                 });
@@ -219,7 +222,7 @@ impl RoutingTable {
         let mut addrs: Vec<String> = self
             .ready
             .values()
-            .flat_map(|v| v.values().flatten().map(|e| e.addr.clone()))
+            .flat_map(|v| v.values().flatten().map(|e| e.addr.to_string()))
             .collect();
         addrs.sort();
         addrs.dedup();
@@ -377,12 +380,12 @@ pub(crate) mod tests {
         let v2: Vec<(u64, &str)> = t
             .ready("m", 2)
             .iter()
-            .map(|e| (e.replica, e.addr.as_str()))
+            .map(|e| (e.replica, &*e.addr))
             .collect();
         assert_eq!(v2, vec![(2, "10.0.0.1:8001"), (3, "10.0.0.2:8001")]);
         assert!(t.ready("m", 3).is_empty());
         assert!(t.has_version("m", 1) && !t.has_version("m", 7));
-        assert_eq!(t.endpoint("m", 3).map(|e| e.node.as_str()), Some("b"));
+        assert_eq!(t.endpoint("m", 3).map(|e| &*e.node), Some("b"));
         assert_eq!(t.worker_addrs(), vec!["10.0.0.1:8001", "10.0.0.2:8001"]);
     }
 

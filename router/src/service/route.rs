@@ -97,13 +97,15 @@ impl RouterService {
         let routed = self.traced_request(ask.model, context, |trace, context| async move {
             // A sequence request changes state on the worker that accepted it: never retried.
             let retry = ask.sequence.is_none();
+            // Each attempt boxed: retries and hedging hold several, and a request's future is
+            // moved whole when its frontend boxes it.
             self.with_retry(ask, retry, context.deadline, |target| {
-                traced_attempt(
+                Box::pin(traced_attempt(
                     trace.as_deref(),
                     target,
                     context.clone(),
                     move |target, context| self.send(target, ask.model, payload, context),
-                )
+                ))
             })
             .await
         });
@@ -159,10 +161,13 @@ impl RouterService {
             Payload::Typed(message) => {
                 let mut message = message.clone();
                 message.model_version = target.version.to_string();
-                let model_response = self
-                    .workers
-                    .infer(&target.addr, WorkerRequest { message, context })
-                    .await?;
+                // Boxed: the typed client's future is the largest, and the typed path the rare
+                // one (streams' metadata, cluster TLS); it stays out of the others' futures.
+                let model_response = Box::pin(
+                    self.workers
+                        .infer(&target.addr, WorkerRequest { message, context }),
+                )
+                .await?;
                 Ok(Answer::Typed(decode_response(
                     &target.addr,
                     model_response,
@@ -215,7 +220,7 @@ where
     let attributes = vec![
         (
             "worker.address".to_string(),
-            AttrValue::Text(target.addr.clone()),
+            AttrValue::Text(target.addr.to_string()),
         ),
         ("model.version".to_string(), AttrValue::Int(target.version)),
     ];
