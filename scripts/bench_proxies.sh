@@ -46,6 +46,10 @@
 #   BENCH_PROXY_LAYOUTS       CPU layouts, see above              (default "pinned unpinned")
 #   BENCH_PROXY_CPUS          taskset CPU list of the proxies in the pinned layout (default 0)
 #   BENCH_WORKER_CPUS         taskset CPU list of the worker in the pinned layout  (default 1)
+#   BENCH_PROXY_PERF          1 (or dwarf, for binaries without frame pointers): `perf record -g`
+#                             (`--call-graph dwarf`) the router during its runs, into
+#                             OUT_DIR/proxies/raw/NAME.perf.data (CPU figures then include perf's
+#                             own overhead; for finding costs, not for the table)
 # Quick check (under a minute):
 #   BENCH_PROXY_MODELS=identity BENCH_PROXY_PROTOCOLS=grpc BENCH_PROXY_LAYOUTS=pinned \
 #       BENCH_PROXY_SECS=2 scripts/bench_proxies.sh /tmp/proxies-quick
@@ -72,6 +76,7 @@ read -r -a CONCURRENCIES <<<"${BENCH_PROXY_CONCURRENCIES:-1 32}"
 read -r -a LAYOUTS <<<"${BENCH_PROXY_LAYOUTS:-pinned unpinned}"
 PROXY_CPUS=${BENCH_PROXY_CPUS:-0}
 WORKER_CPUS=${BENCH_WORKER_CPUS:-1}
+PERF=${BENCH_PROXY_PERF:-}
 TARGETS=(direct router nginx haproxy)
 READY_SECS=120
 
@@ -303,12 +308,23 @@ loadtest() {
     # In the background and waited for, so that SIGTERM/SIGINT stop the script at once.
     "${cmd[@]}" >"$RAW/$name.txt" 2>&1 &
     LOADTEST_PID=$!
+    local perf_pid=
+    if [[ -n $PERF && $target == router ]]; then
+        local graph=(-g)
+        [[ $PERF == dwarf ]] && graph=(--call-graph dwarf,16384)
+        perf record -q -F 999 "${graph[@]}" -p "$ROUTER_PID" -o "$RAW/$name.perf.data" >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     if ! wait "$LOADTEST_PID"; then
         echo "warning: $name failed:" >&2
         tail -n 5 "$RAW/$name.txt" >&2
         FAILED+=("$name")
     fi
     LOADTEST_PID=
+    if [[ -n $perf_pid ]]; then
+        kill -INT "$perf_pid" 2>/dev/null || true
+        wait "$perf_pid" || true
+    fi
     w1=$(cpu_ticks "$WORKER_PID") r1=$(cpu_ticks "$ROUTER_PID") n1=$(cpu_ticks "${NGINX_WORKERS[@]}")
     h1=$(cpu_ticks "$HAPROXY_PID") t1=$(date +%s.%N)
     awk -v t0="$t0" -v t1="$t1" -v w=$((w1 - w0)) -v r=$((r1 - r0)) -v n=$((n1 - n0)) -v h=$((h1 - h0)) \
