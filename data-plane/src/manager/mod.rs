@@ -9,8 +9,11 @@
 //! ```
 //!
 //! Requests take an `Arc<LoadedVersion>` out of the map under a short read lock, so a reload or
-//! unload never waits for them and never interrupts them: old instance pools drain and stop
-//! when the last request holding them finishes.
+//! unload never interrupts them: old instance pools drain and stop when the last request
+//! holding them finishes. An unload takes the versions out of the map at once and then waits
+//! for the requests they accepted, queued or running, bounded by a drain timeout ([`drain`]);
+//! meanwhile new requests are refused UNAVAILABLE ("model 'x' version N is unloading"), which a
+//! router retries elsewhere, rather than "unknown model".
 //!
 //! Ensembles are built against the models already loaded ([`dependencies::ModelsView`]):
 //! startup and poll load a set of models in waves, composing models first; an explicit load of
@@ -20,12 +23,14 @@
 
 mod build;
 mod dependencies;
+mod drain;
 pub mod overrides;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use nereid_proto::pb::inference::ModelConfig;
@@ -37,6 +42,7 @@ use crate::rate_limit::{RateLimitConfig, RateLimiter};
 use build::{BuildInput, build};
 pub use build::{LoadedVersion, Runner};
 use dependencies::{ModelsView, ensemble_plans, load_order, unavailable_reason};
+use drain::DEFAULT_DRAIN_TIMEOUT;
 use overrides::OverrideDir;
 
 use crate::backend::Backends;
@@ -104,7 +110,14 @@ struct ModelEntry {
     fingerprint: Option<Fingerprint>,
     /// Set when the model was loaded from a repository API override.
     overridden: Option<Arc<OverrideDir>>,
+    /// Versions taken out of service by an unload that still waits for their requests.
+    unloading: Vec<i64>,
 }
+
+/// The reason of a model whose unload is waiting for its accepted requests.
+const UNLOADING: &str = "unloading";
+/// The reason of an unloaded model.
+const UNLOADED: &str = "unloaded";
 
 impl ModelEntry {
     fn new() -> ModelEntry {
@@ -115,6 +128,7 @@ impl ModelEntry {
             failed_versions: Vec::new(),
             fingerprint: None,
             overridden: None,
+            unloading: Vec::new(),
         }
     }
 }
@@ -141,6 +155,8 @@ pub struct ModelManager {
     startup_done: AtomicBool,
     rate_limiter: Arc<RateLimiter>,
     cache: Option<Arc<ResponseCache>>,
+    /// How long an unload waits for the requests its versions accepted.
+    drain_timeout: Duration,
 }
 
 impl ModelManager {
@@ -155,7 +171,15 @@ impl ModelManager {
             models: RwLock::new(BTreeMap::new()),
             locks: Mutex::new(HashMap::new()),
             startup_done: AtomicBool::new(false),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
+    }
+
+    /// How long an unload waits for the requests it accepted before it refuses the queued
+    /// ones ([`DEFAULT_DRAIN_TIMEOUT`] unless set).
+    pub fn with_unload_drain_timeout(mut self, timeout: Duration) -> ModelManager {
+        self.drain_timeout = timeout;
+        self
     }
 
     /// The server's response cache, if it runs one.
@@ -455,7 +479,7 @@ impl ModelManager {
                 let served = if entry.versions.is_empty() {
                     Err(match entry.state {
                         ModelState::Loading => "it is still loading".to_string(),
-                        _ if entry.reason == "unloaded" => {
+                        _ if entry.reason == UNLOADED || entry.reason == UNLOADING => {
                             "it is not loaded (it was unloaded)".to_string()
                         }
                         _ => format!("it failed to load: {}", entry.reason),
@@ -489,25 +513,44 @@ impl ModelManager {
         entry.reason = reason;
     }
 
-    /// Unloads a model: it stops taking requests at once; requests already running finish.
-    /// Unloading a model that was never loaded succeeds and changes nothing, as in Triton.
+    /// Unloads a model: it stops taking requests at once (they get UNAVAILABLE while it
+    /// drains), then waits for the requests it accepted, queued or running, to be answered, at
+    /// most the drain timeout; queued ones still waiting then are refused UNAVAILABLE
+    /// ([`drain`]). Unloading a model that was never loaded succeeds and changes nothing, as in
+    /// Triton.
     pub async fn unload(&self, name: &str) -> Result<(), ServiceError> {
         let lock = self.model_lock(name);
         let _guard = lock.lock().await;
-        let mut models = self.models.write();
-        let Some(entry) = models.get_mut(name) else {
-            tracing::debug!(model = %name, "unload of a model that is not loaded: nothing to do");
-            return Ok(());
+        let (versions, overridden) = {
+            let mut models = self.models.write();
+            let Some(entry) = models.get_mut(name) else {
+                tracing::debug!(model = %name, "unload of a model that is not loaded: nothing to do");
+                return Ok(());
+            };
+            let versions = std::mem::take(&mut entry.versions);
+            if !versions.is_empty() {
+                entry.failed_versions = versions.keys().copied().collect();
+            }
+            entry.unloading = versions.keys().copied().collect();
+            entry.state = ModelState::Unavailable;
+            entry.reason = UNLOADING.to_string();
+            entry.fingerprint = None;
+            (versions, entry.overridden.take())
         };
-        if !entry.versions.is_empty() {
-            entry.failed_versions = entry.versions.keys().copied().collect();
+        let versions: Vec<Arc<LoadedVersion>> = versions.into_values().collect();
+        let started = std::time::Instant::now();
+        let refused = drain::drain(name, &versions, self.drain_timeout).await;
+        if let Some(entry) = self.models.write().get_mut(name) {
+            entry.unloading.clear();
+            entry.reason = UNLOADED.to_string();
         }
-        entry.versions.clear();
-        entry.state = ModelState::Unavailable;
-        entry.reason = "unloaded".to_string();
-        entry.overridden = None;
-        entry.fingerprint = None;
-        tracing::info!(model = %name, "model unloaded");
+        drop(overridden);
+        tracing::info!(
+            model = %name,
+            drain_ms = started.elapsed().as_millis() as u64,
+            refused,
+            "model unloaded"
+        );
         Ok(())
     }
 
@@ -632,13 +675,22 @@ impl ModelManager {
                 "Request for unknown model: '{name}' is not found"
             )));
         };
+        // A version being unloaded still finishes what it accepted; a new request is refused
+        // retryably (a router tries another replica), not as an unknown model.
+        let unloading = |v: i64| ServiceError::unavailable(drain::unloading(name, v));
         match version {
             Some(v) => entry.versions.get(&v).cloned().ok_or_else(|| {
+                if entry.unloading.contains(&v) {
+                    return unloading(v);
+                }
                 ServiceError::not_found(format!(
                     "Request for unknown model: '{name}' version {v} is not found"
                 ))
             }),
             None => entry.versions.values().next_back().cloned().ok_or_else(|| {
+                if let Some(&v) = entry.unloading.last() {
+                    return unloading(v);
+                }
                 ServiceError::not_found(format!(
                     "Request for unknown model: '{name}' has no available versions"
                 ))
@@ -698,11 +750,9 @@ impl ModelManager {
     /// Startup finished and every model that was asked for is ready.
     pub fn all_ready(&self) -> bool {
         self.startup_done.load(Ordering::SeqCst)
-            && self
-                .models
-                .read()
-                .values()
-                .all(|e| e.state == ModelState::Ready || e.reason == "unloaded")
+            && self.models.read().values().all(|e| {
+                e.state == ModelState::Ready || e.reason == UNLOADED || e.reason == UNLOADING
+            })
     }
 
     pub fn startup_done(&self) -> bool {

@@ -91,6 +91,14 @@ impl Batcher for DynamicBatcher {
             .collect()
     }
 
+    fn take_queued(&mut self) -> Vec<Job> {
+        self.queue
+            .retain(|_| false)
+            .into_iter()
+            .map(|p| p.payload)
+            .collect()
+    }
+
     fn form_batch(&mut self, _instance: usize, now: Instant) -> Decision<Vec<Entry<()>>> {
         match self.queue.form_batch(now, &self.policy) {
             Decision::Dispatch(batch) => Decision::Dispatch(

@@ -93,6 +93,9 @@ pub(super) trait Batcher: Send + 'static {
     /// Removes the requests that must not run any more (their caller left, their timeout
     /// expired), each with the error it is answered with.
     fn sweep(&mut self, now: Instant) -> Vec<(Job, ServiceError)>;
+    /// Removes every queued request (not yet handed to an instance): the version is unloading
+    /// and its drain ran out of time.
+    fn take_queued(&mut self) -> Vec<Job>;
     /// What the free instance `instance` should run.
     fn form_batch(&mut self, instance: usize, now: Instant) -> Decision<Vec<Entry<Self::Tag>>>;
     /// The requests of a batch have been answered (or skipped). Returns whether that may have
@@ -239,6 +242,17 @@ impl<B: Batcher> Engine<B> {
     /// Requests waiting (not yet handed to an instance).
     pub(super) fn queue_depth(&self) -> usize {
         self.shared.state.lock().batcher.queued()
+    }
+
+    /// Answers every queued request with `error()` at once; requests already executing run
+    /// to the end. Returns how many were refused.
+    pub(super) fn refuse_queued(&self, error: impl Fn() -> ServiceError) -> usize {
+        let jobs = self.shared.state.lock().batcher.take_queued();
+        let refused = jobs.len();
+        for job in jobs {
+            self.shared.respond(job, Err(error()));
+        }
+        refused
     }
 
     /// Queues a request and waits for its result. Dropping the future cancels the request if

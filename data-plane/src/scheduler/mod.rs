@@ -145,6 +145,16 @@ impl Scheduler {
         }
     }
 
+    /// Answers every queued request UNAVAILABLE with `reason` (a version whose unload drain
+    /// ran out of time); requests already executing run to the end. Returns how many.
+    pub fn refuse_queued(&self, reason: &str) -> usize {
+        let error = || ServiceError::unavailable(reason);
+        match &self.kind {
+            Kind::Queue(engine) => engine.refuse_queued(error),
+            Kind::Sequence(engine) => engine.refuse_queued(error),
+        }
+    }
+
     /// Number of instance threads.
     pub fn instance_count(&self) -> usize {
         self.instances

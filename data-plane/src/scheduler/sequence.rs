@@ -119,6 +119,10 @@ impl Batcher for SequenceBatcher {
             .collect()
     }
 
+    fn take_queued(&mut self) -> Vec<Job> {
+        self.slots.retain(|_| false)
+    }
+
     fn form_batch(&mut self, instance: usize, now: Instant) -> Decision<Vec<Entry<SequenceTag>>> {
         match self.slots.form_batch(instance, now) {
             Decision::Dispatch(batch) => Decision::Dispatch(
