@@ -75,9 +75,11 @@ pub struct RouterArgs {
         default_value = "off"
     )]
     pub repository_control: RepositoryControlArg,
-    /// Async runtime threads (0 = one per CPU core). Fewer threads mean fewer hand-offs
-    /// between them per request; lower it when the router shares its cores with workers.
-    #[arg(long, env = "NEREID_ROUTER_THREADS", default_value_t = 0)]
+    /// Async runtime threads (0 = one per CPU core the router may run on). One (the default)
+    /// runs the single-threaded scheduler, which writes the answers of many requests in one
+    /// system call: about half the CPU per request of two threads. For more than a core's
+    /// worth of traffic run more routers (`--reuse-port` shares the ports) or raise it.
+    #[arg(long, env = "NEREID_ROUTER_THREADS", default_value_t = 1)]
     pub threads: usize,
 }
 
