@@ -46,10 +46,12 @@
 #   BENCH_PROXY_LAYOUTS       CPU layouts, see above              (default "pinned unpinned")
 #   BENCH_PROXY_CPUS          taskset CPU list of the proxies in the pinned layout (default 0)
 #   BENCH_WORKER_CPUS         taskset CPU list of the worker in the pinned layout  (default 1)
+#   BENCH_ROUTER_ARGS         extra `nereid router` flags, e.g. "--threads 1"       (default none)
 #   BENCH_PROXY_PERF          1 (or dwarf, for binaries without frame pointers): `perf record -g`
 #                             (`--call-graph dwarf`) the router during its runs, into
-#                             OUT_DIR/proxies/raw/NAME.perf.data (CPU figures then include perf's
-#                             own overhead; for finding costs, not for the table)
+#                             OUT_DIR/proxies/raw/NAME.perf.data; syscalls: `perf stat` of its
+#                             system calls, into NAME.syscalls.txt (CPU figures then include
+#                             perf's own overhead; for finding costs, not for the table)
 # Quick check (under a minute):
 #   BENCH_PROXY_MODELS=identity BENCH_PROXY_PROTOCOLS=grpc BENCH_PROXY_LAYOUTS=pinned \
 #       BENCH_PROXY_SECS=2 scripts/bench_proxies.sh /tmp/proxies-quick
@@ -77,6 +79,7 @@ read -r -a LAYOUTS <<<"${BENCH_PROXY_LAYOUTS:-pinned unpinned}"
 PROXY_CPUS=${BENCH_PROXY_CPUS:-0}
 WORKER_CPUS=${BENCH_WORKER_CPUS:-1}
 PERF=${BENCH_PROXY_PERF:-}
+read -r -a ROUTER_ARGS <<<"${BENCH_ROUTER_ARGS:-}"
 TARGETS=(direct router nginx haproxy)
 READY_SECS=120
 
@@ -310,9 +313,13 @@ loadtest() {
     LOADTEST_PID=$!
     local perf_pid=
     if [[ -n $PERF && $target == router ]]; then
-        local graph=(-g)
-        [[ $PERF == dwarf ]] && graph=(--call-graph dwarf,16384)
-        perf record -q -F 999 "${graph[@]}" -p "$ROUTER_PID" -o "$RAW/$name.perf.data" >/dev/null 2>&1 &
+        if [[ $PERF == syscalls ]]; then
+            perf stat -e 'syscalls:sys_enter_*' -p "$ROUTER_PID" -o "$RAW/$name.syscalls.txt" >/dev/null 2>&1 &
+        else
+            local graph=(-g)
+            [[ $PERF == dwarf ]] && graph=(--call-graph dwarf,16384)
+            perf record -q -F 999 "${graph[@]}" -p "$ROUTER_PID" -o "$RAW/$name.perf.data" >/dev/null 2>&1 &
+        fi
         perf_pid=$!
     fi
     if ! wait "$LOADTEST_PID"; then
@@ -359,7 +366,7 @@ run_layout() {
         --metrics-address 127.0.0.1 --metrics-port "$W_METRICS"
     start router "$proxy_pin" "$NEREID" router --control-plane "$CP" --auth-token-file "$WORK/token" \
         --http-address 127.0.0.1 --http-port "$R_HTTP" --grpc-address 127.0.0.1 --grpc-port "$R_GRPC" \
-        --metrics-address 127.0.0.1 --metrics-port "$R_METRICS"
+        --metrics-address 127.0.0.1 --metrics-port "$R_METRICS" "${ROUTER_ARGS[@]}"
     write_nginx_conf "$DIR/$LAYOUT-nginx.conf"
     start nginx "$proxy_pin" "$NGINX" -p "$WORK/nginx-$LAYOUT" -e "$DIR/$LAYOUT-nginx-error.log" \
         -c "$DIR/$LAYOUT-nginx.conf"
