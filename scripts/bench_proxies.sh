@@ -15,10 +15,10 @@
 #
 # Layouts (BENCH_PROXY_LAYOUTS):
 #   pinned    every proxy on BENCH_PROXY_CPUS (default 0), the worker on BENCH_WORKER_CPUS
-#             (default 1), started under `taskset -c`; one thread of work per proxy: the router's
-#             runtime sizes itself to its one CPU, nginx `worker_processes 1`, haproxy `nbthread 1`
-#   unpinned  nothing pinned; the router one runtime thread per core, nginx `worker_processes
-#             auto`, haproxy its default (one thread per core)
+#             (default 1), started under `taskset -c`; one thread of work per proxy: the router
+#             its default one runtime thread, nginx `worker_processes 1`, haproxy `nbthread 1`
+#   unpinned  nothing pinned; each proxy with its defaults: the router one runtime thread
+#             (`--threads 1`), nginx `worker_processes auto`, haproxy one thread per core
 # The load generator and the control plane are never pinned. The stack is restarted per layout.
 #
 # nginx: HTTP `proxy_pass` to an `upstream` with `keepalive 64` (HTTP/1.1, `Connection ""`);
@@ -505,8 +505,8 @@ machine = {"cpu": cpu_name, "cores": os.cpu_count(), "kernel": platform.release(
 layouts = {
     "pinned": f"proxy (router / nginx worker_processes 1 / haproxy nbthread 1) on CPU {os.environ['BENCH_PROXY_CPUS']}, "
               f"worker on CPU {os.environ['BENCH_WORKER_CPUS']}, load generator and control plane unpinned",
-    "unpinned": "nothing pinned; router one runtime thread per core, nginx worker_processes auto, "
-                "haproxy default threads",
+    "unpinned": "nothing pinned; each proxy with its defaults: router one runtime thread, "
+                "nginx worker_processes auto, haproxy one thread per core",
 }
 commands = (out / "proxies" / "commands.txt").read_text().splitlines()
 results = {"machine": machine,
