@@ -1,7 +1,7 @@
 //! The router's policy over the shared control-plane client ([`nereid_cluster_client`]). The
-//! watch ([`crate::watch`]) follows one stream at the node in use and moves on (to a listed
+//! watch (the `watch` module) follows one stream at the node in use and moves on (to a listed
 //! leader a node names, else the next) whenever it breaks; activations (scale from zero) and
-//! repository load/unload ([`crate::activate`]) are unary calls that try each node once, moving
+//! repository load/unload (the `activate` module) are unary calls that try each node once, moving
 //! on when one is unreachable or answers UNAVAILABLE / UNKNOWN (any node answers them:
 //! followers forward to the leader).
 
