@@ -267,3 +267,35 @@ async fn a_string_id_is_refused_by_an_integer_corrid_control() {
     let e = s.submit(r).await.unwrap_err();
     assert!(matches!(e, ServiceError::InvalidArgument(_)), "{e:?}");
 }
+
+#[tokio::test]
+async fn refusing_the_queue_answers_waiting_requests_and_lets_the_running_one_finish() {
+    for strategy in ["direct { }", "oldest { max_candidate_sequences: 4 }"] {
+        let (s, _) = scheduler(4, strategy, 1, 100);
+        let refuse = async {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while s.queue_depth() < 2 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{strategy}: nothing queued"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            s.refuse_queued("model 'm' version 1 is unloading")
+        };
+        let (a, b, c, refused) = futures::join!(
+            s.submit(request(7, 1, true, false)),
+            s.submit(request(7, 2, false, false)),
+            s.submit(request(7, 3, false, true)),
+            refuse
+        );
+        assert_eq!(refused, 2, "{strategy}");
+        assert_eq!(values(a).0, 1, "{strategy}: the running request finishes");
+        for r in [b, c] {
+            assert!(
+                matches!(&r, Err(ServiceError::Unavailable(m)) if m == "model 'm' version 1 is unloading"),
+                "{strategy}: {r:?}"
+            );
+        }
+    }
+}
