@@ -20,6 +20,8 @@
 //!   HTTP read deadlines, HTTP/2 stream limits and the accept backlog (`listener`,
 //!   `listener_http`); [`serve_grpc_port`], [`serve_http_port`], [`serve_metrics_port`]: the one
 //!   way every process serves a port.
+//! - [`serve_stream_with`] and [`StreamHandler`]: the `ModelStreamInfer` skeleton (request
+//!   orders, error modes, cancellation) the typed handler and the router's pass-through share.
 //! - [`RequestBudget`]: the server-wide bound on bytes of requests still arriving (`budget`),
 //!   charged by HTTP bodies (`listener_http`) and gRPC messages (`grpc_buffer`, which also
 //!   keeps tonic from reserving a message's declared length before its bytes arrive).
@@ -51,6 +53,12 @@ mod serve;
 mod shm;
 
 pub use budget::{BUDGET_FLAG, BudgetExceeded, DEFAULT_MAX_BUFFERED_REQUEST_BYTES, RequestBudget};
+/// The `ModelStreamInfer` skeleton, generic over a [`StreamHandler`]: the typed handler and the
+/// router's pass-through share its reading, request orders, error reporting and cancellation.
+pub use grpc::{
+    DecoupledModels, ErrorMode, Flow, GRPC_ERROR_KEY, Origin, Outbox, Placed, SequenceKey,
+    StreamHandler, Turn, serve_stream_with, shared_memory_refused,
+};
 pub use grpc::{GrpcConfig, grpc_request_context, open_routes, restrict, routes};
 pub use http::{
     HttpConfig, HttpError, ModelAction, Route as HttpRoute, http_request_context, parse_route,

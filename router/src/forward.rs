@@ -33,6 +33,8 @@ use crate::wire::{WorkerRequest, classify_status, decode_response};
 
 /// The method the pass-through path calls on workers (and serves to clients).
 pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+/// The method the stream pass-through calls on workers (and serves to clients).
+pub const MODEL_STREAM_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 
 /// Request parameter asking for an empty response that marks a request's end.
 const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
@@ -211,6 +213,46 @@ impl Workers {
             .await
             .map(tonic::Response::into_inner)
             .map_err(|s| classify_infer_status(addr, model, context, s))
+    }
+
+    /// Opens a `ModelStreamInfer` carrying one request as bytes (the stream pass-through):
+    /// `message` goes out as it is, and the worker's response frames come back undecoded until
+    /// it ends the stream. With `grpc_error` the worker is asked for errors as statuses
+    /// (`triton_grpc_error`), else it reports them in-band as frames. Context and errors as
+    /// [`Self::infer`]; a status that ends the stream is its last item.
+    pub async fn infer_stream_raw(
+        &self,
+        addr: &str,
+        message: RawMessage,
+        context: &RequestContext,
+        model: &str,
+        grpc_error: bool,
+    ) -> RouterResult<impl Stream<Item = RouterResult<bytes::Bytes>> + Send + 'static + use<>> {
+        let mut call = with_context(
+            futures::stream::once(async move { message }),
+            context,
+            model,
+        )?;
+        if grpc_error {
+            call.metadata_mut()
+                .insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
+        }
+        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?)
+            .max_decoding_message_size(self.config.max_message_size)
+            .max_encoding_message_size(self.config.max_message_size);
+        grpc.ready().await.map_err(|e| RouterError::Unreachable {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        })?;
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(MODEL_STREAM_INFER_PATH);
+        let frames = grpc
+            .streaming(call, path, RawCodec)
+            .await
+            .map_err(|s| classify_infer_status(addr, model, context, s))?
+            .into_inner();
+        let (addr, model, context) = (addr.to_string(), model.to_string(), context.clone());
+        Ok(frames
+            .map(move |frame| frame.map_err(|s| classify_infer_status(&addr, &model, &context, s))))
     }
 
     /// Opens a `ModelStreamInfer` carrying the one request, and yields its answers as

@@ -18,6 +18,8 @@
 //! - `forward`: one pooled channel per worker, calls and error classification.
 //! - `passthrough`: unary gRPC `ModelInfer` forwarded as bytes (`wire_scan` reads what
 //!   routing needs, `raw_codec` moves the bytes); the router's gRPC routes.
+//! - `stream_passthrough`: gRPC `ModelStreamInfer` forwarded the same way, each request on a
+//!   worker stream of its own, over `nereid_frontend`'s stream skeleton (orders, error modes).
 //! - `http_passthrough` (with `http_scan` and `http_forward`): HTTP inference forwarded as
 //!   bytes to the workers' HTTP ports; the router's HTTP application.
 //! - `service`: [`RouterService`], the `InferenceService` of cluster mode; `service::retry` its
@@ -43,6 +45,7 @@ mod passthrough;
 mod raw_codec;
 mod serve;
 mod service;
+mod stream_passthrough;
 mod table;
 mod version;
 mod watch;

@@ -10,7 +10,8 @@
 //!        RouterService::route (service::route: admission, choice, retries, tracing)
 //!          ─► Workers::infer_raw(client bytes + version field) ─► worker
 //!   ◄─ the worker's response bytes, or its status
-//! every other rpc (ModelStreamInfer included) ─► nereid_frontend::routes over RouterService
+//! ModelStreamInfer ─► stream_passthrough::ModelStreamInferRoute (the same checks, per message)
+//! every other rpc ─► nereid_frontend::routes over RouterService
 //! ```
 //!
 //! Everything the typed path checks before forwarding is checked here on the scanned fields;
@@ -29,9 +30,10 @@ use nereid_proto::{
 use tonic::codegen::{BoxFuture, http};
 
 use crate::choice::Ask;
-use crate::forward::MODEL_INFER_PATH;
+use crate::forward::{MODEL_INFER_PATH, MODEL_STREAM_INFER_PATH};
 use crate::raw_codec::{RawCodec, RawMessage};
 use crate::service::{Answer, Payload, RouterService};
+use crate::stream_passthrough::ModelStreamInferRoute;
 use crate::wire_scan::{ScannedInput, scan_request};
 
 /// What the pass-through path checks before forwarding, as the typed frontend would.
@@ -105,9 +107,9 @@ pub(crate) fn checked_version(
     Ok(version)
 }
 
-/// The router's gRPC routes: `ModelInfer` through the pass-through path, every other rpc
-/// through `nereid_frontend`'s typed routes over the same service; all behind the frontend's
-/// restricted-API check.
+/// The router's gRPC routes: `ModelInfer` and `ModelStreamInfer` through the pass-through paths,
+/// every other rpc through `nereid_frontend`'s typed routes over the same service; all behind
+/// the frontend's restricted-API check.
 pub fn grpc_routes(
     router: Arc<RouterService>,
     config: PassThroughConfig,
@@ -115,12 +117,24 @@ pub fn grpc_routes(
     let service: Arc<dyn InferenceService> = router.clone();
     let typed = nereid_frontend::open_routes(service, config.grpc.clone()).into_axum_router();
     let restricted = config.grpc.restricted.clone();
-    let raw = ModelInferRoute {
-        router,
-        config: Arc::new(config),
-    };
-    let routes = tonic::service::Routes::from(typed.route_service(MODEL_INFER_PATH, raw));
+    let config = Arc::new(config);
+    let stream = ModelStreamInferRoute::new(router.clone(), config.clone());
+    let raw = ModelInferRoute { router, config };
+    let routes = typed
+        .route_service(MODEL_INFER_PATH, raw)
+        .route_service(MODEL_STREAM_INFER_PATH, stream);
+    let routes = tonic::service::Routes::from(routes);
     nereid_frontend::restrict(routes, restricted)
+}
+
+/// The server side of a pass-through rpc: bytes both ways, gzip accepted, the frontend's
+/// message size limit.
+pub(crate) fn raw_server(config: &PassThroughConfig) -> tonic::server::Grpc<RawCodec> {
+    let max = config.grpc.max_message_size;
+    tonic::server::Grpc::new(RawCodec)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max)
 }
 
 /// The tower service of the `ModelInfer` route.
@@ -145,11 +159,7 @@ impl tonic::codegen::Service<http::Request<axum::body::Body>> for ModelInferRout
     fn call(&mut self, call: http::Request<axum::body::Body>) -> Self::Future {
         let route = self.clone();
         Box::pin(async move {
-            let max = route.config.grpc.max_message_size;
-            let mut grpc = tonic::server::Grpc::new(RawCodec)
-                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max);
+            let mut grpc = raw_server(&route.config);
             Ok(grpc.unary(route, call).await)
         })
     }

@@ -40,7 +40,7 @@ use nereid_proto::{
 };
 use nereid_telemetry::Tracer;
 use nereid_telemetry::logging::LogControl;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::activate::Activator;
 use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
@@ -110,7 +110,7 @@ struct Routing {
 }
 
 /// Counts one request against its replica until dropped.
-struct InFlight {
+pub(crate) struct InFlight {
     routing: Arc<Mutex<Routing>>,
     replica: u64,
 }
@@ -310,19 +310,11 @@ impl RouterService {
 
     /// Opens a stream (see `infer_stream`).
     async fn open_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let permit =
-            self.admission
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| RouterError::Overloaded {
-                    limit: self.config.max_in_flight,
-                })?;
         let wire = encode_request(&request).map_err(ServiceError::from)?;
         let ask = ask_of(&request);
-        let retry = ask.sequence.is_none();
         let deadline = wire.context.deadline;
-        let stream = self
-            .with_retry_guarded(&ask, retry, deadline, |target, guard| {
+        let (stream, permit) = self
+            .open_admitted(&ask, deadline, |target, guard| {
                 let mut wire = wire.clone();
                 wire.message.model_version = target.version.to_string();
                 async move {
@@ -339,6 +331,32 @@ impl RouterService {
             item
         });
         Ok(Box::pin(stream))
+    }
+
+    /// Opens a worker stream for `ask` under the admission limit (else `Overloaded`): replica
+    /// choice, scale from zero, and a retry while a stream outside a sequence cannot be opened
+    /// (`with_retry_guarded`). `open` gets the replica and its in-flight guard, which its
+    /// stream holds as long as it lasts; so must the permit returned with it.
+    pub(crate) async fn open_admitted<T, F, Fut>(
+        &self,
+        ask: &Ask<'_>,
+        deadline: Option<Instant>,
+        open: F,
+    ) -> RouterResult<(T, OwnedSemaphorePermit)>
+    where
+        F: Fn(Endpoint, InFlight) -> Fut,
+        Fut: Future<Output = RouterResult<T>>,
+    {
+        let permit =
+            self.admission
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| RouterError::Overloaded {
+                    limit: self.config.max_in_flight,
+                })?;
+        let retry = ask.sequence.is_none();
+        let opened = self.with_retry_guarded(ask, retry, deadline, open).await?;
+        Ok((opened, permit))
     }
 
     fn ask<'a>(model: &'a str, version: Option<i64>) -> Ask<'a> {

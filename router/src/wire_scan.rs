@@ -451,6 +451,28 @@ fn names_shared_memory(mut r: Reader<'_>) -> ScanResult<bool> {
     Ok(shm)
 }
 
+/// The text of top-level field `field` (its last occurrence, as protobuf reads a scalar) of a
+/// message in wire form; `None` when absent. A message that stops scanning gives what was read
+/// before. The stream pass-through names a request with it (`model_name`, `model_version`,
+/// `id`) and reads a worker response's `error_message` (field 1 of `ModelStreamInferResponse`).
+pub fn text_field(message: &[u8], field: u32) -> Option<String> {
+    let at = || "message".to_string();
+    let mut r = Reader::new(message, &at);
+    let mut text = None;
+    while !r.done() {
+        let Ok((f, wt)) = r.key() else { break };
+        let read = if f == field {
+            r.text(f, wt, "text").map(|t| text = Some(t))
+        } else {
+            r.skip(f, wt)
+        };
+        if read.is_err() {
+            break;
+        }
+    }
+    text
+}
+
 /// What follows the client's bytes so that the worker serves `version`: nothing when the
 /// client named it already, else one `model_version` field (see the module docs).
 pub fn version_suffix(sent: &str, version: &str) -> Bytes {

@@ -31,7 +31,12 @@ mod repository;
 mod settings;
 mod shm;
 mod stream;
+pub use stream::{
+    DecoupledModels, ErrorMode, Flow, GRPC_ERROR_KEY, Origin, Outbox, Placed, StreamHandler,
+    serve_with as serve_stream_with, shared_memory_refused,
+};
 mod stream_order;
+pub use stream_order::{SequenceKey, Turn};
 #[cfg(test)]
 mod tests;
 

@@ -2,15 +2,20 @@
 //! responses (decoupled models) or exactly one (all others).
 //!
 //! ```text
-//! client ─ModelInferRequest─► stream_task (one per rpc, owns everything below)
-//!                               ├─ codec::decode_stream_request
-//!                               ├─ StreamOrder::admit   places in the start and send orders
-//!                               └─ JoinSet: one request_task per request, run concurrently
-//!                                    InferenceService::infer_stream ─► ResponseStream
-//!                                      each item ─► response_message (+ triton_final_response)
-//!                                        ─► Outbox (waits for its send turn) ─┐
+//! client ─request─► stream_task (one per rpc, owns everything below)
+//!                     ├─ StreamHandler::place   read the request (typed: decode_stream_request)
+//!                     ├─ StreamOrder::admit     places in the start and send orders
+//!                     └─ JoinSet: one StreamHandler::run task per request, run concurrently
+//!                          typed: InferenceService::infer_stream ─► ResponseStream
+//!                            each item ─► response_message (+ triton_final_response)
+//!                              ─► Outbox (waits for its send turn) ─┐
 //! client ◄─ReceiverStream◄─ bounded mpsc (GrpcConfig::stream_response_buffer) ◄┘
 //! ```
+//!
+//! The skeleton ([`serve_with`]: reading, orders, tasks, errors, cancellation) is generic over a
+//! [`StreamHandler`]: the typed handler here decodes each request for an [`InferenceService`];
+//! the router's pass-through (`nereid_router`, `stream_passthrough`) forwards each as bytes to a
+//! worker's own `ModelStreamInfer` and keeps the same rules.
 //!
 //! What the client sees, as with Triton's stream handler:
 //! - Every response carries the parameter `triton_final_response` (bool), true on the last
@@ -34,6 +39,7 @@
 //! request tasks wait, which stops pulling from the models' streams (back-pressure).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
@@ -43,21 +49,21 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 
-use crate::grpc::stream_order::{StreamOrder, Turn, sequence_key};
+use crate::grpc::stream_order::{SequenceKey, StreamOrder, Turn, sequence_key};
 use nereid_proto::codec::{self, RequestLimits, StreamRequest};
 use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
 use nereid_proto::pb::inference::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
 use nereid_proto::{
-    InferRequest, InferenceService, RequestContext, ServiceError, ServiceResult, StreamedResponse,
+    InferenceService, RequestContext, ServiceError, ServiceResult, StreamedResponse,
 };
 
 /// Response parameter marking a request's last response.
 pub(crate) const FINAL_RESPONSE_KEY: &str = "triton_final_response";
 
 /// Client metadata that asks for errors as gRPC statuses.
-pub(crate) const GRPC_ERROR_KEY: &str = "triton_grpc_error";
+pub const GRPC_ERROR_KEY: &str = "triton_grpc_error";
 
 /// One item of the rpc's response stream.
 pub(crate) type ResponseItem = Result<ModelStreamInferResponse, Status>;
@@ -67,7 +73,7 @@ pub(crate) type Responses = ReceiverStream<ResponseItem>;
 
 /// How a failed request is reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ErrorMode {
+pub enum ErrorMode {
     /// Triton's default: an `error_message` response; the stream stays open.
     InBand,
     /// The client sent `triton_grpc_error: true`: the first error ends the rpc with its status.
@@ -76,7 +82,7 @@ pub(crate) enum ErrorMode {
 
 impl ErrorMode {
     /// Reads the mode from the client's metadata at stream start (`true` exactly, as Triton).
-    pub(crate) fn from_metadata(metadata: &MetadataMap) -> ErrorMode {
+    pub fn from_metadata(metadata: &MetadataMap) -> ErrorMode {
         match metadata.get(GRPC_ERROR_KEY).map(|v| v.to_str()) {
             Some(Ok("true")) => ErrorMode::Status,
             _ => ErrorMode::InBand,
@@ -86,17 +92,74 @@ impl ErrorMode {
 
 /// Whether the stream goes on after a request task or an error report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Flow {
+pub enum Flow {
     Continue,
     /// The client is gone, or an error ended the rpc.
     Stop,
 }
 
-/// Starts serving one `ModelStreamInfer` rpc and returns its response stream at once; a task
-/// reads `requests` until the client half-closes. At most `buffer` (at least 1) responses wait
-/// unsent. Every request of the stream carries `context`, read from the rpc's metadata: the
-/// stream's trace context and deadline are those of each of its requests. Each request is
-/// decoded within `limits`; one beyond them is answered with its error like any bad request.
+/// What one kind of `ModelStreamInfer` does with its requests; [`serve_with`] owns the rest:
+/// reading the client's messages, the start and send orders, one task per request, the end of
+/// the rpc and cancellation. The typed handler here decodes requests for an
+/// [`InferenceService`]; the router's pass-through forwards them as bytes.
+pub trait StreamHandler: Send + 'static {
+    /// A client message as the rpc's codec delivers it.
+    type Request: Send + 'static;
+    /// A response message as the rpc's codec sends it; error responses are built as
+    /// `ModelStreamInferResponse`s and converted.
+    type Message: From<ModelStreamInferResponse> + Send + 'static;
+    /// A request read and placed, ready to run.
+    type Ready: Send + 'static;
+
+    /// Reads one request, on the stream's task in arrival order: where it goes in the orders,
+    /// and what [`Self::run`] gets. A request that cannot be read is placed too (in request
+    /// order, as Triton answers it) and reports its error when run.
+    fn place(&mut self, request: Self::Request)
+    -> impl Future<Output = Placed<Self::Ready>> + Send;
+
+    /// Runs one request in its own task: waits on `start` before starting it, sends its
+    /// messages through `outbox`. Holding both to the end keeps later requests of the orders
+    /// waiting.
+    fn run(
+        &self,
+        ready: Self::Ready,
+        start: Turn,
+        outbox: Outbox<Self::Message>,
+    ) -> impl Future<Output = Flow> + Send + 'static;
+}
+
+/// A request's places in the stream's orders (see [`super::stream_order`]).
+#[derive(Debug)]
+pub struct Placed<R> {
+    /// The sequence it belongs to: it starts after the sequence's previous request.
+    pub sequence: Option<SequenceKey>,
+    /// Whether its messages go out in request order (a model that is not decoupled).
+    pub ordered: bool,
+    pub ready: R,
+}
+
+/// Starts serving one `ModelStreamInfer` rpc with `handler` and returns its response stream
+/// at once; a task reads `requests` until the client half-closes. At most `buffer` (at least 1)
+/// messages wait unsent.
+pub fn serve_with<H, S>(
+    handler: H,
+    requests: S,
+    mode: ErrorMode,
+    buffer: usize,
+) -> ReceiverStream<Result<H::Message, Status>>
+where
+    H: StreamHandler,
+    S: Stream<Item = Result<H::Request, Status>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(buffer.max(1));
+    tokio::spawn(stream_task(handler, requests, mode, tx));
+    ReceiverStream::new(rx)
+}
+
+/// Starts serving one `ModelStreamInfer` rpc over `service` (see [`serve_with`]). Every
+/// request of the stream carries `context`, read from the rpc's metadata: the stream's trace
+/// context and deadline are those of each of its requests. Each request is decoded within
+/// `limits`; one beyond them is answered with its error like any bad request.
 pub(crate) fn serve_stream<S>(
     service: Arc<dyn InferenceService>,
     requests: S,
@@ -108,17 +171,21 @@ pub(crate) fn serve_stream<S>(
 where
     S: Stream<Item = Result<ModelInferRequest, Status>> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel(buffer.max(1));
-    tokio::spawn(stream_task(service, requests, mode, context, limits, tx));
-    ReceiverStream::new(rx)
+    let handler = TypedStream {
+        service,
+        context,
+        limits,
+        decoupled: DecoupledModels::default(),
+    };
+    serve_with(handler, requests, mode, buffer)
 }
 
 /// What a request is called on the wire, kept before decoding to label its error responses.
 #[derive(Clone, Debug, Default, PartialEq)]
-struct Origin {
-    model_name: String,
-    model_version: String,
-    id: String,
+pub struct Origin {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: String,
 }
 
 impl Origin {
@@ -187,14 +254,20 @@ fn error_item(mode: ErrorMode, origin: &Origin, err: ServiceError) -> ResponseIt
 }
 
 /// Where a request's messages go: onto the rpc's channel, each in the request's send turn.
-struct Outbox {
-    tx: mpsc::Sender<ResponseItem>,
+pub struct Outbox<M> {
+    tx: mpsc::Sender<Result<M, Status>>,
     turn: Turn,
     mode: ErrorMode,
 }
 
-impl Outbox {
-    async fn send(&mut self, item: ResponseItem) -> Flow {
+impl<M: From<ModelStreamInferResponse>> Outbox<M> {
+    /// How the rpc reports a failed request.
+    pub fn mode(&self) -> ErrorMode {
+        self.mode
+    }
+
+    /// Sends `item` in the request's turn; a status ends the rpc (the caller stops).
+    pub async fn send(&mut self, item: Result<M, Status>) -> Flow {
         self.turn.wait().await;
         match self.tx.send(item).await {
             Ok(()) => Flow::Continue,
@@ -203,7 +276,7 @@ impl Outbox {
     }
 
     /// Reports a failed request; in [`ErrorMode::Status`] that ends the rpc.
-    async fn error(&mut self, origin: &Origin, err: ServiceError) -> Flow {
+    pub async fn error(&mut self, origin: &Origin, err: ServiceError) -> Flow {
         let id = if origin.id.is_empty() {
             "<id_unknown>"
         } else {
@@ -214,10 +287,8 @@ impl Outbox {
             "[request id: {id}] ModelStreamInfer request failed: {}",
             err.message()
         );
-        match (
-            self.send(error_item(self.mode, origin, err)).await,
-            self.mode,
-        ) {
+        let item = error_item(self.mode, origin, err).map(M::from);
+        match (self.send(item).await, self.mode) {
             (Flow::Continue, ErrorMode::InBand) => Flow::Continue,
             (Flow::Continue, ErrorMode::Status) | (Flow::Stop, _) => Flow::Stop,
         }
@@ -226,15 +297,23 @@ impl Outbox {
 
 /// Whether each model (version) a stream uses is decoupled, looked up once per stream.
 #[derive(Debug, Default)]
-struct DecoupledModels(HashMap<(String, Option<i64>), bool>);
+pub struct DecoupledModels(HashMap<(String, Option<i64>), bool>);
 
 impl DecoupledModels {
-    async fn check(&mut self, service: &dyn InferenceService, request: &InferRequest) -> bool {
-        let key = (request.model_name.clone(), request.model_version);
+    /// Whether `model` (`version`) is decoupled, from its config; `false` when the config
+    /// cannot be read (the request itself will fail the same way, and its error keeps request
+    /// order).
+    pub async fn check(
+        &mut self,
+        service: &dyn InferenceService,
+        model: &str,
+        version: Option<i64>,
+    ) -> bool {
+        let key = (model.to_string(), version);
         if let Some(decoupled) = self.0.get(&key) {
             return *decoupled;
         }
-        match service.model_config(&key.0, key.1).await {
+        match service.model_config(model, version).await {
             Ok(config) => {
                 let decoupled = config
                     .model_transaction_policy
@@ -242,7 +321,6 @@ impl DecoupledModels {
                 self.0.insert(key, decoupled);
                 decoupled
             }
-            // The request itself will fail the same way; its error keeps request order.
             Err(_) => false,
         }
     }
@@ -251,42 +329,28 @@ impl DecoupledModels {
 /// Owns the rpc: reads requests, runs each in its own task, and returns when the client is gone,
 /// an error ended the rpc, or the client half-closed and every request finished. Returning
 /// drops the `JoinSet`, which aborts the request tasks still running.
-async fn stream_task<S>(
-    service: Arc<dyn InferenceService>,
+async fn stream_task<H, S>(
+    mut handler: H,
     requests: S,
     mode: ErrorMode,
-    context: RequestContext,
-    limits: RequestLimits,
-    tx: mpsc::Sender<ResponseItem>,
+    tx: mpsc::Sender<Result<H::Message, Status>>,
 ) where
-    S: Stream<Item = Result<ModelInferRequest, Status>> + Send,
+    H: StreamHandler,
+    S: Stream<Item = Result<H::Request, Status>> + Send,
 {
     let mut requests = std::pin::pin!(requests);
     let mut in_flight: JoinSet<Flow> = JoinSet::new();
     let mut order = StreamOrder::default();
-    let mut decoupled = DecoupledModels::default();
     let mut reading = true;
     while reading || !in_flight.is_empty() {
         tokio::select! {
             () = tx.closed() => return,
             next = requests.next(), if reading => match next {
                 Some(Ok(message)) => {
-                    let origin = Origin::of(&message);
-                    let decoded = codec::decode_stream_request(message, &limits).map(|mut r| {
-                        r.request.context = context.clone();
-                        r
-                    });
-                    let turns = match &decoded {
-                        Ok(r) => {
-                            let ordered = !decoupled.check(service.as_ref(), &r.request).await;
-                            order.admit(sequence_key(&r.request), ordered)
-                        }
-                        // Triton too answers a request it could not read in request order.
-                        Err(_) => order.admit(None, true),
-                    };
+                    let placed = handler.place(message).await;
+                    let turns = order.admit(placed.sequence, placed.ordered);
                     let outbox = Outbox { tx: tx.clone(), turn: turns.send, mode };
-                    let task = request_task(service.clone(), decoded, turns.start, origin, outbox);
-                    in_flight.spawn(task);
+                    in_flight.spawn(handler.run(placed.ready, turns.start, outbox));
                 }
                 // The request stream broke (reset, oversized or malformed message): pass the
                 // status on; nothing more can be read.
@@ -305,6 +369,59 @@ async fn stream_task<S>(
     }
 }
 
+/// The typed stream: each request decoded (`codec::decode_stream_request`) and run by an
+/// [`InferenceService`].
+struct TypedStream {
+    service: Arc<dyn InferenceService>,
+    context: RequestContext,
+    limits: RequestLimits,
+    decoupled: DecoupledModels,
+}
+
+impl StreamHandler for TypedStream {
+    type Request = ModelInferRequest;
+    type Message = ModelStreamInferResponse;
+    type Ready = (ServiceResult<StreamRequest>, Origin);
+
+    async fn place(&mut self, message: ModelInferRequest) -> Placed<Self::Ready> {
+        let origin = Origin::of(&message);
+        let decoded = codec::decode_stream_request(message, &self.limits).map(|mut r| {
+            r.request.context = self.context.clone();
+            r
+        });
+        let (sequence, ordered) = match &decoded {
+            Ok(r) => {
+                let request = &r.request;
+                let decoupled = self
+                    .decoupled
+                    .check(
+                        self.service.as_ref(),
+                        &request.model_name,
+                        request.model_version,
+                    )
+                    .await;
+                (sequence_key(request), !decoupled)
+            }
+            // Triton too answers a request it could not read in request order.
+            Err(_) => (None, true),
+        };
+        Placed {
+            sequence,
+            ordered,
+            ready: (decoded, origin),
+        }
+    }
+
+    fn run(
+        &self,
+        (decoded, origin): Self::Ready,
+        start: Turn,
+        outbox: Outbox<ModelStreamInferResponse>,
+    ) -> impl Future<Output = Flow> + Send + 'static {
+        request_task(self.service.clone(), decoded, start, origin, outbox)
+    }
+}
+
 /// Runs one request once its start turn comes and forwards its messages through `outbox`.
 /// Holding `start` and `outbox` to the end keeps later requests of the orders waiting.
 async fn request_task(
@@ -312,7 +429,7 @@ async fn request_task(
     decoded: ServiceResult<StreamRequest>,
     mut start: Turn,
     origin: Origin,
-    mut outbox: Outbox,
+    mut outbox: Outbox<ModelStreamInferResponse>,
 ) -> Flow {
     let StreamRequest {
         request,
@@ -323,10 +440,7 @@ async fn request_task(
         Err(err) => return outbox.error(&origin, err).await,
     };
     if !shm.is_empty() {
-        let err = ServiceError::unsupported(
-            "client shared memory is not supported on ModelStreamInfer yet; use ModelInfer or HTTP infer, or send the tensors in the message",
-        );
-        return outbox.error(&origin, err).await;
+        return outbox.error(&origin, shared_memory_refused()).await;
     }
     start.wait().await;
     let mut responses = match service.infer_stream(request).await {
@@ -358,6 +472,13 @@ async fn request_task(
         Some(message) => outbox.send(Ok(message)).await,
         None => Flow::Continue,
     }
+}
+
+/// Why a stream request naming client shared memory is refused.
+pub fn shared_memory_refused() -> ServiceError {
+    ServiceError::unsupported(
+        "client shared memory is not supported on ModelStreamInfer yet; use ModelInfer or HTTP infer, or send the tensors in the message",
+    )
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use tokio::sync::oneshot::error::TryRecvError;
 use nereid_proto::{CorrelationId, InferRequest};
 
 /// A sequence on one stream: model, version, correlation id.
-pub(crate) type SequenceKey = (String, Option<i64>, CorrelationId);
+pub type SequenceKey = (String, Option<i64>, CorrelationId);
 
 /// The sequence a request belongs to, if it names one.
 pub(crate) fn sequence_key(request: &InferRequest) -> Option<SequenceKey> {
@@ -34,7 +34,7 @@ pub(crate) fn sequence_key(request: &InferRequest) -> Option<SequenceKey> {
 
 /// A request's place in one chain.
 #[derive(Debug, Default)]
-pub(crate) struct Turn {
+pub struct Turn {
     /// Resolves (sent or dropped) when the request before this one in the chain is done.
     after: Option<oneshot::Receiver<()>>,
     /// Held (never read) until this request is done in the chain; dropping it lets the next
@@ -54,7 +54,7 @@ impl Turn {
     }
 
     /// Waits until the request before this one is done; returns at once after the first call.
-    pub(crate) async fn wait(&mut self) {
+    pub async fn wait(&mut self) {
         if let Some(after) = self.after.take() {
             // Sent or dropped: either way the earlier request is done.
             let _ = after.await;
