@@ -13,11 +13,14 @@
 //! - `table`: the routing table built from watch events.
 //! - `choice`: pure replica choice.
 //! - `version`: pure version resolution (traffic split, served versions).
+//! - `random`: the seeded generator choice and splits draw from.
 //! - `wire`: the shared codec (`nereid_proto::codec`) on the client side, its errors as
 //!   [`RouterError`]s naming the worker.
 //! - `forward`: one pooled channel per worker, calls and error classification.
 //! - `passthrough`: unary gRPC `ModelInfer` forwarded as bytes (`wire_scan` reads what
 //!   routing needs, `raw_codec` moves the bytes); the router's gRPC routes.
+//! - `grpc_routes`: the router's gRPC service, assembled from the two pass-through routes and
+//!   the frontend's typed ones.
 //! - `stream_passthrough`: gRPC `ModelStreamInfer` forwarded the same way, each request on a
 //!   worker stream of its own, over `nereid_frontend`'s stream skeleton (orders, error modes).
 //! - `http_passthrough` (with `http_scan` and `http_forward`): HTTP inference forwarded as
@@ -27,6 +30,7 @@
 //! - `watch`: follows the control plane's watch with failover and resume.
 //! - `control`: the control-plane connection (addresses, token, unary calls with failover).
 //! - `activate`: scale from zero and repository load/unload through the control plane.
+//! - `collector`: the router's `/metrics` collector (gauges read at scrape time).
 //! - `metrics`: the router's `nereid_router_*` counters and its `/metrics` collector.
 //! - `serve`: `nereid router`'s life: bind, serve, shut down.
 //!
@@ -34,14 +38,17 @@
 
 mod activate;
 mod choice;
+mod collector;
 mod control;
 mod error;
 mod forward;
+mod grpc_routes;
 mod http_forward;
 mod http_passthrough;
 mod http_scan;
 mod metrics;
 mod passthrough;
+mod random;
 mod raw_codec;
 mod serve;
 mod service;
@@ -53,14 +60,15 @@ mod wire;
 mod wire_scan;
 
 pub use activate::RepositoryControl;
-pub use choice::SplitMix64;
+pub use collector::RouterCollector;
 pub use control::ControlPlaneConfig;
 pub use error::{RouterError, RouterResult};
 pub use forward::{ForwardConfig, Workers};
+pub use grpc_routes::grpc_routes;
 pub use http_passthrough::http_app;
 pub use http_scan::{HttpScanError, HttpScanned, scan_http_request};
-pub use metrics::RouterCollector;
-pub use passthrough::{PassThroughConfig, grpc_routes};
+pub use passthrough::PassThroughConfig;
+pub use random::SplitMix64;
 pub use raw_codec::{RawCodec, RawMessage};
 pub use serve::{RouterConfig, RouterServeError, run};
 pub use service::{HedgeConfig, RouterService, RouterServiceConfig};

@@ -7,7 +7,7 @@
 //!                         ├─ retry ──────────────────► ModelCounters::retries
 //!                         ├─ hedge ──────────────────► ModelCounters::hedges
 //!                         └─ unreachable replica ────► RouterMetrics::ejected(node)
-//! GET /metrics ─► RouterCollector::collect ─► in flight, table revision, outstanding per replica
+//! GET /metrics ─► collector::RouterCollector ─► in flight, table revision, outstanding per replica
 //!                                            (from the service) + the counters above
 //! ```
 //!
@@ -21,10 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use nereid_telemetry::{Collect, Family, Kind, Labels, Value};
+use nereid_telemetry::{Family, Kind, Labels, Value};
 
-use crate::service::RouterService;
-use crate::table::{RoutingTable, SharedTable};
+use crate::table::RoutingTable;
 
 /// The model label of requests for models the routing table does not know.
 pub const OTHER_MODEL: &str = "_other";
@@ -297,39 +296,6 @@ pub fn replica_in_flight(table: &RoutingTable, outstanding: &HashMap<u64, usize>
         );
     }
     family
-}
-
-/// Everything `nereid router` reports on `/metrics`.
-pub struct RouterCollector {
-    pub router: Arc<RouterService>,
-    pub table: Arc<SharedTable>,
-}
-
-impl Collect for RouterCollector {
-    fn collect(&self) -> Vec<Family> {
-        let table = self.table.load();
-        let mut families = vec![
-            Family::gauge(
-                "nereid_router_in_flight",
-                "Requests in flight through this router.",
-            )
-            .with(Labels::none(), self.router.in_flight() as f64),
-            Family::gauge(
-                "nereid_router_table_revision",
-                "Cluster state revision of the routing table.",
-            )
-            .with(Labels::none(), table.revision() as f64),
-            replica_in_flight(&table, &self.router.outstanding()),
-        ];
-        let mut nodes: Vec<String> = table
-            .models()
-            .flat_map(|m| table.replicas_of(&m.name).map(|r| r.node.clone()))
-            .collect();
-        nodes.sort();
-        nodes.dedup();
-        families.extend(self.router.metrics().families(&nodes));
-        families
-    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@
 //!        RouterService::route (service::route: admission, choice, retries, tracing)
 //!          ─► Workers::infer_raw(client bytes + version field) ─► worker
 //!   ◄─ the worker's response bytes, or its status
-//! ModelStreamInfer ─► stream_passthrough::ModelStreamInferRoute (the same checks, per message)
-//! every other rpc ─► nereid_frontend::routes over RouterService
+//! (grpc_routes puts ModelStreamInfer on stream_passthrough, with the same checks per message,
+//! and every other rpc on the frontend's typed routes over RouterService)
 //! ```
 //!
 //! Everything the typed path checks before forwarding is checked here on the scanned fields;
@@ -24,16 +24,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use nereid_frontend::{GrpcConfig, RequestLimits, grpc_request_context};
-use nereid_proto::{
-    InferenceService, RequestContext, ResponseHook, ServiceError, ServiceResult, parse_version,
-};
+use nereid_proto::{RequestContext, ResponseHook, ServiceError, ServiceResult, parse_version};
 use tonic::codegen::{BoxFuture, http};
 
 use crate::choice::Ask;
-use crate::forward::{MODEL_INFER_PATH, MODEL_STREAM_INFER_PATH};
 use crate::raw_codec::{RawCodec, RawMessage};
 use crate::service::{Answer, Payload, RouterService};
-use crate::stream_passthrough::ModelStreamInferRoute;
 use crate::wire_scan::{ScannedInput, scan_request};
 
 /// What the pass-through path checks before forwarding, as the typed frontend would.
@@ -107,26 +103,6 @@ pub(crate) fn checked_version(
     Ok(version)
 }
 
-/// The router's gRPC routes: `ModelInfer` and `ModelStreamInfer` through the pass-through paths,
-/// every other rpc through `nereid_frontend`'s typed routes over the same service; all behind
-/// the frontend's restricted-API check.
-pub fn grpc_routes(
-    router: Arc<RouterService>,
-    config: PassThroughConfig,
-) -> tonic::service::Routes {
-    let service: Arc<dyn InferenceService> = router.clone();
-    let typed = nereid_frontend::open_routes(service, config.grpc.clone()).into_axum_router();
-    let restricted = config.grpc.restricted.clone();
-    let config = Arc::new(config);
-    let stream = ModelStreamInferRoute::new(router.clone(), config.clone());
-    let raw = ModelInferRoute { router, config };
-    let routes = typed
-        .route_service(MODEL_INFER_PATH, raw)
-        .route_service(MODEL_STREAM_INFER_PATH, stream);
-    let routes = tonic::service::Routes::from(routes);
-    nereid_frontend::restrict(routes, restricted)
-}
-
 /// The server side of a pass-through rpc: bytes both ways, gzip accepted, the frontend's
 /// message size limit.
 pub(crate) fn raw_server(config: &PassThroughConfig) -> tonic::server::Grpc<RawCodec> {
@@ -139,9 +115,15 @@ pub(crate) fn raw_server(config: &PassThroughConfig) -> tonic::server::Grpc<RawC
 
 /// The tower service of the `ModelInfer` route.
 #[derive(Clone)]
-struct ModelInferRoute {
+pub(crate) struct ModelInferRoute {
     router: Arc<RouterService>,
     config: Arc<PassThroughConfig>,
+}
+
+impl ModelInferRoute {
+    pub(crate) fn new(router: Arc<RouterService>, config: Arc<PassThroughConfig>) -> Self {
+        ModelInferRoute { router, config }
+    }
 }
 
 impl tonic::codegen::Service<http::Request<axum::body::Body>> for ModelInferRoute {

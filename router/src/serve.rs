@@ -4,7 +4,7 @@
 //! check control-plane addresses and token ─► bind HTTP, gRPC, metrics (fail fast)
 //!   ─► watch task fills the routing table (ready once the first snapshot arrives)
 //!   ─► serve HTTP + gRPC over RouterService (gRPC ModelInfer: passthrough::grpc_routes),
-//!      metrics (/metrics: metrics::RouterCollector)
+//!      metrics (/metrics: collector::RouterCollector)
 //!   ─► shutdown signal: close the listeners, tell clients to go away (GOAWAY, HTTP/1.1
 //!      `Connection: close`), drain in-flight requests (bounded by the exit timeout), stop the
 //!      watch ─► return
@@ -25,10 +25,11 @@ use nereid_telemetry::prometheus_router;
 use tokio::sync::watch;
 
 use crate::activate::{Activator, RepositoryControl};
+use crate::collector::RouterCollector;
 use crate::control::{ControlPlane, ControlPlaneConfig};
+use crate::grpc_routes::grpc_routes;
 use crate::http_passthrough::http_app;
-use crate::metrics::RouterCollector;
-use crate::passthrough::{PassThroughConfig, grpc_routes};
+use crate::passthrough::PassThroughConfig;
 use crate::service::{RouterService, RouterServiceConfig};
 use crate::table::{RoutingTable, SharedTable};
 use crate::watch::watch_task;

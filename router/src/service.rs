@@ -43,11 +43,12 @@ use nereid_telemetry::logging::LogControl;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::activate::Activator;
-use crate::choice::{Ask, Chooser, RandomSource, SplitMix64};
+use crate::choice::{Ask, Chooser};
 use crate::error::{RouterError, RouterResult};
 use crate::forward::{ForwardConfig, Workers};
 use crate::http_forward::HttpWorkers;
 use crate::metrics::{Classify, ModelCounters, Outcome, RouterMetrics};
+use crate::random::{RandomSource, SplitMix64};
 use crate::table::{Endpoint, SharedTable};
 use crate::wire::encode_request;
 use nereid_proto::codec::version_text;

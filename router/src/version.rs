@@ -13,8 +13,8 @@
 //! Renormalizing keeps a canary from becoming an outage: while the canary version is still
 //! loading, or after its replicas failed, the other versions of the split take its share.
 
-use crate::choice::RandomSource;
 use crate::error::{RouterError, RouterResult};
+use crate::random::RandomSource;
 use crate::table::RoutingTable;
 
 /// The version a request for `model` goes to; `version` is what the request named.
@@ -79,7 +79,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::choice::SplitMix64;
+    use crate::random::SplitMix64;
     use crate::table::tests::{model, node, replica, snapshot};
 
     fn table(traffic: &[(i64, u32)], served: &[i64], ready: &[i64]) -> RoutingTable {
