@@ -5,7 +5,9 @@
 //!   ─► load startup models ─► serve HTTP + gRPC + metrics (+ poll loop in poll mode,
 //!      + system metrics sampling while the metrics port is enabled)
 //!   ─► shutdown signal: not ready, stop accepting, drain in-flight requests
-//!      (bounded by the exit timeout) ─► return
+//!   ─► unload every model: Python stubs run `finalize` and exit
+//!   ─► stubs still running at the exit timeout (counted from the signal, for all of the
+//!      above) are killed and reaped ─► return (an error naming them if any was killed)
 //! ```
 
 use nereid_frontend::Frontends;
@@ -14,7 +16,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 use futures::future::BoxFuture;
@@ -45,7 +47,8 @@ pub struct ServeConfig {
     /// Restricted APIs, request limits and gRPC sizes of both frontends.
     pub frontend: nereid_frontend::FrontendOptions,
     pub poll_interval: Duration,
-    /// How long in-flight requests may take to finish after a shutdown signal.
+    /// How long in-flight requests and then the models' `finalize` may take after a shutdown
+    /// signal, all together; Python stubs still running then are killed.
     pub exit_timeout: Duration,
     /// Fail startup when any model fails to load.
     pub exit_on_error: bool,
@@ -68,6 +71,10 @@ pub enum ServeError {
     Bind(#[from] nereid_frontend::BindError),
     #[error("{0}")]
     Startup(String),
+    /// The server stopped, but had to kill Python stubs that were still running at the exit
+    /// timeout.
+    #[error("{0}")]
+    Shutdown(String),
 }
 
 /// What a task started alongside the server (the worker's agent) gets: the models, the bound
@@ -131,6 +138,11 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
     companion: Option<Companion>,
 ) -> Result<(), ServeError> {
+    // Polled once now so that a signal handler it installs is in place before any port opens
+    // or stub starts: a signal during startup is then honoured once the startup models are
+    // loaded, instead of ending the process at once and leaving its stubs behind.
+    let mut shutdown = std::pin::pin!(shutdown);
+    let signalled_early = futures::poll!(shutdown.as_mut()).is_ready();
     let backlog = config.ports.backlog;
     let http = bind("HTTP", config.http_addr, backlog).await?;
     let grpc = bind("gRPC", config.grpc_addr, backlog).await?;
@@ -236,14 +248,17 @@ pub async fn run_with(
     warn_if_clients_can_load_code(&config);
     tracing::info!("server started");
 
-    shutdown.await;
+    if !signalled_early {
+        shutdown.await;
+    }
+    let deadline = Instant::now() + config.exit_timeout;
     tracing::info!(
         timeout_s = config.exit_timeout.as_secs(),
         "shutting down: draining in-flight requests"
     );
     data_plane.begin_shutdown();
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(config.exit_timeout, async {
+    let drained = tokio::time::timeout_at(deadline.into(), async {
         while servers.join_next().await.is_some() {}
     })
     .await;
@@ -251,8 +266,32 @@ pub async fn run_with(
         tracing::warn!("exit timeout reached with requests still in flight; stopping anyway");
         servers.abort_all();
     }
+    let killed = stop_models(&manager, backend_files.clone(), deadline).await;
     backend_files.cleanup();
     telemetry.shutdown(TELEMETRY_FLUSH).await;
+    if !killed.is_empty() {
+        return Err(ServeError::Shutdown(format!(
+            "server stopped, but had to kill Python stubs that had not finished finalize within the exit timeout (--exit-timeout-secs {}): {}",
+            config.exit_timeout.as_secs(),
+            killed.join(", ")
+        )));
+    }
     tracing::info!("server stopped");
     Ok(())
+}
+
+/// Unloads every model so that each Python stub runs `finalize`, waits for the stubs to exit
+/// until `deadline`, then kills and reaps those left; returns the ones it killed.
+async fn stop_models(manager: &ModelManager, backends: Backends, deadline: Instant) -> Vec<String> {
+    tracing::info!("shutting down: unloading models");
+    if tokio::time::timeout_at(deadline.into(), manager.unload_all())
+        .await
+        .is_err()
+    {
+        tracing::warn!("exit timeout reached while unloading models");
+    }
+    match tokio::task::spawn_blocking(move || backends.stop_children(deadline)).await {
+        Ok(killed) => killed,
+        Err(e) => vec![format!("(waiting for the stubs failed: {e})")],
+    }
 }

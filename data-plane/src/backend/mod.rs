@@ -380,6 +380,13 @@ impl Backends {
         self.python.cleanup();
     }
 
+    /// Shutdown, once every model is unloaded: waits for the Python stubs to finish `finalize`
+    /// and exit, at most until `deadline`, then kills and reaps those left. Returns the stubs
+    /// it had to kill.
+    pub fn stop_children(&self, deadline: std::time::Instant) -> Vec<String> {
+        self.python.stop_stubs(deadline)
+    }
+
     /// The backend for a config's `backend` field; a message naming it when this build has none.
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>, String> {
         // A backend name is a directory name under the backend directory, never a path.

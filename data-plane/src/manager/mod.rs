@@ -591,6 +591,25 @@ impl ModelManager {
         Ok(())
     }
 
+    /// Server shutdown: unloads every model at once (each as [`Self::unload`]), so the
+    /// instances stop and out-of-process ones (Python stubs) run their `finalize`. Returns when
+    /// every model is out of service; instances finish stopping on their own threads.
+    pub async fn unload_all(&self) {
+        let names: Vec<String> = self
+            .models
+            .read()
+            .iter()
+            .filter(|(_, entry)| !entry.versions.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect();
+        let unloads = names.iter().map(|name| self.unload(name));
+        for (name, result) in names.iter().zip(futures::future::join_all(unloads).await) {
+            if let Err(e) = result {
+                tracing::warn!(model = %name, error = %e, "unloading at shutdown failed");
+            }
+        }
+    }
+
     /// Poll mode: loads new and changed models, unloads removed ones. Unchanged models are not
     /// touched; changed ones keep serving their old versions while the new ones load. Ensembles
     /// reading a changed or removed model are rebuilt too (they may load now, or report the

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use nereid_proto::{Tensor, message_to_json};
 
+use super::children::Children;
 use super::convert::ModelInfo;
 use super::execute::{self, BatchResult};
 use super::runtime::RuntimeDir;
@@ -27,6 +28,7 @@ impl PythonInstance {
         ctx: &InstanceContext,
         settings: StubSettings,
         runtime: Arc<RuntimeDir>,
+        children: Arc<Children>,
     ) -> Result<Self, BackendError> {
         let model_file = std::path::absolute(&ctx.model_path)
             .map_err(|e| load_error(ctx, &format!("model file path: {e}")))?;
@@ -41,6 +43,7 @@ impl PythonInstance {
                 start_timeout: settings.start_timeout,
                 initialize_timeout: settings.initialize_timeout,
                 server: ctx.server.clone(),
+                children,
             },
             model_file: model_file.to_string_lossy().into_owned(),
             args: init_args(ctx),

@@ -16,6 +16,7 @@
 //! Model parameters that tune the backend are listed in [`settings`].
 
 mod bls;
+mod children;
 mod convert;
 mod custom_metrics;
 mod env_archive;
@@ -40,6 +41,7 @@ use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::{message_from_json, message_to_json};
 use parking_lot::Mutex;
 
+use self::children::Children;
 pub use self::instance::PythonInstance;
 use self::runtime::RuntimeDir;
 use self::settings::StubSettings;
@@ -55,6 +57,8 @@ pub struct PythonBackend {
     /// Created by the first model that needs it, shared by every stub, removed with the
     /// backend and its last instance.
     runtime: Mutex<Option<Arc<RuntimeDir>>>,
+    /// Every stub process, until it is reaped.
+    children: Arc<Children>,
 }
 
 impl PythonBackend {
@@ -65,6 +69,7 @@ impl PythonBackend {
         PythonBackend {
             default_python,
             runtime: Mutex::new(None),
+            children: Arc::default(),
         }
     }
 
@@ -84,6 +89,14 @@ impl PythonBackend {
         if let Some(dir) = self.runtime.lock().take() {
             let _ = std::fs::remove_dir_all(dir.path());
         }
+    }
+
+    /// Shutdown, once every model is unloaded (its stubs asked to finalize): waits for every
+    /// stub to exit, at most until `deadline`, then kills and reaps those left and removes
+    /// their shared-memory directories. Returns the stubs it had to kill; no stub starts
+    /// afterwards.
+    pub fn stop_stubs(&self, deadline: std::time::Instant) -> Vec<String> {
+        self.children.stop_all(deadline)
     }
 
     fn settings(
@@ -146,6 +159,7 @@ impl Backend for PythonBackend {
             start_timeout: settings.start_timeout,
             initialize_timeout: settings.initialize_timeout,
             server: Arc::new(ServerHandle::default()),
+            children: self.children.clone(),
         };
         let stub = Stub::launch(&spec, None).map_err(|e| fail(e.to_string()))?;
         let completed = stub
@@ -179,7 +193,7 @@ impl Backend for PythonBackend {
             .settings(&ctx.config.name, &ctx.config.parameters, &ctx.model_dir)
             .map_err(BackendError::Load)?;
         let runtime = self.runtime().map_err(fail)?;
-        let instance = PythonInstance::load(ctx, settings, runtime)?;
+        let instance = PythonInstance::load(ctx, settings, runtime, self.children.clone())?;
         tracing::info!(model = %ctx.model_name, version = ctx.version, instance = %ctx.instance_name, "loaded Python model instance");
         Ok(Box::new(instance))
     }

@@ -8,6 +8,7 @@
 //!              auto_complete ─► auto_complete_done                   = a throw-away stub
 //!  finalize:   finalize ─► finalize_done ─► exit (≤ start timeout each)
 //!  drop:       kill if still running ─► join reader ─► remove the stub's segment directory
+//!              ─► reap the process and leave the server's [`Children`]
 //! ```
 //!
 //! Each connection goes one way. The stub answers `init`, `auto_complete`, `execute` and
@@ -36,6 +37,7 @@ use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 use serde_json::Value;
 
+use super::children::{Children, Registration};
 use super::link::{DeathHook, Link};
 use super::process::{self, AcceptError, StubCommand, StubProcess, describe_exit};
 use super::reader;
@@ -64,6 +66,8 @@ pub struct StubSpec {
     pub start_timeout: Duration,
     pub initialize_timeout: Duration,
     pub server: Arc<ServerHandle>,
+    /// The server's stub processes: shutdown waits for them and kills those left.
+    pub children: Arc<Children>,
 }
 
 impl StubSpec {
@@ -108,6 +112,9 @@ pub struct Stub {
     /// Both sides' segments; removed when the stub is dropped (after the process is gone).
     segments: shm::SegmentDir,
     next_execute: AtomicU64,
+    /// Dropped last: the process is reaped and its directory gone before shutdown stops
+    /// waiting for it.
+    _registration: Registration,
 }
 
 impl Stub {
@@ -131,6 +138,13 @@ impl Stub {
         })
         .map_err(|e| StubError::Start(format!("{label}{e}")))?;
         let process = Arc::new(process);
+        let who = format!("model '{}' instance '{}'", spec.model, spec.instance);
+        let Some(registration) = spec.children.register(who, &process) else {
+            process.kill();
+            return Err(StubError::Start(format!(
+                "{label}the server is shutting down"
+            )));
+        };
         if let Some(guard) = guard {
             guard.track(&process);
         }
@@ -147,6 +161,7 @@ impl Stub {
         drop(socket_dir);
         let segments = segment_dir(&spec.instance)
             .map_err(|e| start("cannot create the stub's shared-memory directory", &e))?;
+        registration.set_segments(segments.path().to_path_buf());
         let link = Arc::new(Link::new(
             spec.model.clone(),
             spec.instance.clone(),
@@ -167,6 +182,7 @@ impl Stub {
             reader: Some(reader),
             segments,
             next_execute: AtomicU64::new(0),
+            _registration: registration,
         })
     }
 
