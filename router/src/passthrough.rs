@@ -18,17 +18,16 @@
 //! the rest (tensor shapes against the model, contents, custom parameters) is the worker's to
 //! refuse, with the same messages a worker gives. The worker's response is not validated.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use nereid_frontend::{GrpcConfig, RequestLimits, grpc_request_context};
 use nereid_proto::{RequestContext, ResponseHook, ServiceError, ServiceResult, parse_version};
-use tonic::codegen::{BoxFuture, http};
+use tonic::codegen::BoxFuture;
 
 use crate::choice::Ask;
-use crate::raw_codec::{RawCodec, RawMessage};
+use crate::raw_codec::RawMessage;
 use crate::service::{Answer, Payload, RouterService};
 use crate::wire_scan::{ScannedInput, scan_request};
 
@@ -103,17 +102,7 @@ pub(crate) fn checked_version(
     Ok(version)
 }
 
-/// The server side of a pass-through rpc: bytes both ways, gzip accepted, the frontend's
-/// message size limit.
-pub(crate) fn raw_server(config: &PassThroughConfig) -> tonic::server::Grpc<RawCodec> {
-    let max = config.grpc.max_message_size;
-    tonic::server::Grpc::new(RawCodec)
-        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max)
-}
-
-/// The tower service of the `ModelInfer` route.
+/// The `ModelInfer` rpc of the pass-through path (served by `grpc_routes`).
 #[derive(Clone)]
 pub(crate) struct ModelInferRoute {
     router: Arc<RouterService>,
@@ -124,26 +113,9 @@ impl ModelInferRoute {
     pub(crate) fn new(router: Arc<RouterService>, config: Arc<PassThroughConfig>) -> Self {
         ModelInferRoute { router, config }
     }
-}
 
-impl tonic::codegen::Service<http::Request<axum::body::Body>> for ModelInferRoute {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: http::Request<axum::body::Body>) -> Self::Future {
-        let route = self.clone();
-        Box::pin(async move {
-            let mut grpc = raw_server(&route.config);
-            Ok(grpc.unary(route, call).await)
-        })
+    pub(crate) fn config(&self) -> &PassThroughConfig {
+        &self.config
     }
 }
 

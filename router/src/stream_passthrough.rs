@@ -27,7 +27,6 @@
 //! cut) is that request's error. A client that goes away drops the stream task, which aborts
 //! the request tasks: their worker streams, permits and in-flight guards go with them.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,12 +39,12 @@ use nereid_frontend::{
 use nereid_proto::pb::inference::ModelStreamInferResponse;
 use nereid_proto::{CorrelationId, InferenceService, RequestContext, ServiceError, ServiceResult};
 use prost::Message;
-use tonic::codegen::{BoxFuture, http};
+use tonic::codegen::BoxFuture;
 
 use crate::choice::Ask;
 use crate::error::RouterResult;
 use crate::metrics::{Classify, Outcome};
-use crate::passthrough::{PassThroughConfig, checked_version, raw_server};
+use crate::passthrough::{PassThroughConfig, checked_version};
 use crate::raw_codec::RawMessage;
 use crate::service::RouterService;
 use crate::wire_scan::{ScannedRequest, scan_request, text_field, version_suffix};
@@ -55,7 +54,7 @@ const REQUEST_ID_FIELD: u32 = 3;
 /// `error_message`, field 1 of `ModelStreamInferResponse`.
 const ERROR_MESSAGE_FIELD: u32 = 1;
 
-/// The tower service of the `ModelStreamInfer` route.
+/// The `ModelStreamInfer` rpc of the pass-through path (served by `grpc_routes`).
 #[derive(Clone)]
 pub(crate) struct ModelStreamInferRoute {
     router: Arc<RouterService>,
@@ -66,26 +65,9 @@ impl ModelStreamInferRoute {
     pub(crate) fn new(router: Arc<RouterService>, config: Arc<PassThroughConfig>) -> Self {
         ModelStreamInferRoute { router, config }
     }
-}
 
-impl tonic::codegen::Service<http::Request<axum::body::Body>> for ModelStreamInferRoute {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: http::Request<axum::body::Body>) -> Self::Future {
-        let route = self.clone();
-        Box::pin(async move {
-            let mut grpc = raw_server(&route.config);
-            Ok(grpc.streaming(route, call).await)
-        })
+    pub(crate) fn config(&self) -> &PassThroughConfig {
+        &self.config
     }
 }
 
