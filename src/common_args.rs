@@ -195,7 +195,8 @@ pub struct FrontendArgs {
     /// answer; when full, the stream's requests wait. Raise it for token streaming on a slow link.
     #[arg(long, env = "NEREID_GRPC_STREAM_BUFFER", default_value_t = nereid_frontend::GrpcConfig::DEFAULT_STREAM_RESPONSE_BUFFER)]
     pub grpc_stream_buffer: usize,
-    /// Seconds in-flight requests get to finish after SIGTERM / Ctrl-C.
+    /// Seconds after SIGTERM / Ctrl-C for in-flight requests to finish, models to unload and
+    /// Python stubs to run `finalize()`; stubs still running then are killed (exit status 1).
     #[arg(long, env = "NEREID_EXIT_TIMEOUT_SECS", default_value_t = 30)]
     pub exit_timeout_secs: u64,
     /// Verbose logging level (0 = info; 1 or more = debug).
