@@ -191,6 +191,18 @@ impl Workers {
             .map_err(|s| classify_infer_status(addr, &model, &context, s))
     }
 
+    /// A client of the worker at `addr` for the pass-through rpcs, ready to call.
+    async fn raw_client(&self, addr: &str) -> RouterResult<tonic::client::Grpc<Channel>> {
+        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?)
+            .max_decoding_message_size(self.config.max_message_size)
+            .max_encoding_message_size(self.config.max_message_size);
+        grpc.ready().await.map_err(|e| RouterError::Unreachable {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(grpc)
+    }
+
     /// Forwards one `ModelInfer` as bytes (the pass-through path): `message` goes out as it
     /// is, the worker's answer comes back undecoded. Context and errors as [`Self::infer`].
     pub async fn infer_raw(
@@ -201,13 +213,7 @@ impl Workers {
         model: &str,
     ) -> RouterResult<bytes::Bytes> {
         let call = with_context(message, context, model)?;
-        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?)
-            .max_decoding_message_size(self.config.max_message_size)
-            .max_encoding_message_size(self.config.max_message_size);
-        grpc.ready().await.map_err(|e| RouterError::Unreachable {
-            addr: addr.to_string(),
-            message: e.to_string(),
-        })?;
+        let mut grpc = self.raw_client(addr).await?;
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(MODEL_INFER_PATH);
         grpc.unary(call, path, RawCodec)
             .await
@@ -237,13 +243,7 @@ impl Workers {
             call.metadata_mut()
                 .insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
         }
-        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?)
-            .max_decoding_message_size(self.config.max_message_size)
-            .max_encoding_message_size(self.config.max_message_size);
-        grpc.ready().await.map_err(|e| RouterError::Unreachable {
-            addr: addr.to_string(),
-            message: e.to_string(),
-        })?;
+        let mut grpc = self.raw_client(addr).await?;
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(MODEL_STREAM_INFER_PATH);
         let frames = grpc
             .streaming(call, path, RawCodec)
