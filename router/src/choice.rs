@@ -28,7 +28,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use nereid_proto::CorrelationId;
+use nereid_proto::{CorrelationId, RequestOptions};
 
 use crate::error::{RouterError, RouterResult};
 use crate::random::RandomSource;
@@ -43,6 +43,20 @@ pub struct Ask<'a> {
     pub sequence: Option<&'a CorrelationId>,
     pub start: bool,
     pub end: bool,
+}
+
+impl<'a> Ask<'a> {
+    /// What choice needs of a request for `model` (`version` as parsed, `None`: let the
+    /// router choose) with these request options (its sequence id and flags).
+    pub fn of(model: &'a str, version: Option<i64>, options: &'a RequestOptions) -> Ask<'a> {
+        Ask {
+            model,
+            version,
+            sequence: options.sequence_id.as_ref(),
+            start: options.sequence_start,
+            end: options.sequence_end,
+        }
+    }
 }
 
 /// Picks the less loaded of two distinct random candidates; `None` when there is none.

@@ -153,13 +153,7 @@ impl HttpPassThrough {
             &self.config.limits,
             &self.shared_memory_off,
         )?;
-        let ask = Ask {
-            model,
-            version,
-            sequence: scanned.options.sequence_id.as_ref(),
-            start: scanned.options.sequence_start,
-            end: scanned.options.sequence_end,
-        };
+        let ask = Ask::of(model, version, &scanned.options);
         Ok(self
             .router
             .route(ask, context, Payload::Http { headers, body })

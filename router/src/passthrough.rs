@@ -59,13 +59,7 @@ impl RouterService {
             &config.grpc.limits,
             &config.shared_memory_off,
         )?;
-        let ask = Ask {
-            model: &scanned.model_name,
-            version,
-            sequence: scanned.options.sequence_id.as_ref(),
-            start: scanned.options.sequence_start,
-            end: scanned.options.sequence_end,
-        };
+        let ask = Ask::of(&scanned.model_name, version, &scanned.options);
         let payload = Payload::Grpc {
             message: &message,
             version: &scanned.model_version,

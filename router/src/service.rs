@@ -130,13 +130,7 @@ impl Drop for InFlight {
 
 /// What replica choice needs to know of an inference request.
 fn ask_of(request: &InferRequest) -> Ask<'_> {
-    Ask {
-        model: &request.model_name,
-        version: request.model_version,
-        sequence: request.options.sequence_id.as_ref(),
-        start: request.options.sequence_start,
-        end: request.options.sequence_end,
-    }
+    Ask::of(&request.model_name, request.model_version, &request.options)
 }
 
 /// Routes every call to a worker replica chosen from the shared routing table.

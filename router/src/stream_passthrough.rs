@@ -280,13 +280,7 @@ impl RouterService {
     ) -> RouterResult<impl Stream<Item = RouterResult<Bytes>> + Send + 'static + use<>> {
         let started = Instant::now();
         let counters = self.counters(&scanned.model_name);
-        let ask = Ask {
-            model: &scanned.model_name,
-            version,
-            sequence: scanned.options.sequence_id.as_ref(),
-            start: scanned.options.sequence_start,
-            end: scanned.options.sequence_end,
-        };
+        let ask = Ask::of(&scanned.model_name, version, &scanned.options);
         let context = &context;
         let opened = self
             .open_admitted(&ask, context.deadline, |target, guard| {
