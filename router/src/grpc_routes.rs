@@ -35,12 +35,13 @@ pub fn grpc_routes(
     nereid_frontend::restrict(routes, restricted)
 }
 
-/// The server side of a pass-through rpc: bytes both ways, gzip accepted, the frontend's
-/// message size limit.
+/// The server side of a pass-through rpc: bytes both ways, gzip and deflate accepted, the
+/// frontend's message size limit.
 fn raw_server(config: &PassThroughConfig) -> tonic::server::Grpc<RawCodec> {
     let max = config.grpc.max_message_size;
     tonic::server::Grpc::new(RawCodec)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .accept_compressed(tonic::codec::CompressionEncoding::Deflate)
         .max_decoding_message_size(max)
         .max_encoding_message_size(max)
 }

@@ -117,10 +117,12 @@ def test_http_compressed_raw(server):
     assert json.loads(plain)["outputs"][0]["data"] == [1, 2, 3]
 
 
-def test_grpc_compression(grpc_client):
+@pytest.mark.parametrize("algo", ["gzip", "deflate"])
+def test_grpc_compression(grpc_client, algo):
+    """Compressed requests, as Triton accepts them (`grpc-encoding: gzip` or `deflate`)."""
     i = grpcclient.InferInput("x", [1, 4], "FP32")
     i.set_data_from_numpy(np.ones((1, 4), np.float32))
-    res = grpc_client.infer("mlp", [i], compression_algorithm="gzip")
+    res = grpc_client.infer("mlp", [i], compression_algorithm=algo)
     assert res.as_numpy("y").shape == (1, 3)
 
 

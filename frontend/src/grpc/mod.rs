@@ -107,7 +107,8 @@ pub fn open_routes(
     let inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size)
-        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .accept_compressed(tonic::codec::CompressionEncoding::Deflate);
     let health = HealthServer::from_arc(frontend)
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);
