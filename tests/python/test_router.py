@@ -71,7 +71,8 @@ def test_router_answers_like_a_worker_and_survives_a_worker_kill(tmp_path, examp
         assert via_grpc.get_model_metadata("simple").name == "simple"
         # Compressed gRPC requests pass through as Triton accepts them.
         for algo in ("gzip", "deflate"):
-            g = via_grpc.infer("simple", simple_inputs(grpcclient, a, b), compression_algorithm=algo)
+            g = via_grpc.infer("simple", simple_inputs(grpcclient, a, b),
+                               compression_algorithm=algo)
             np.testing.assert_array_equal(g.as_numpy("OUTPUT0"), direct.as_numpy("OUTPUT0"))
 
         # Client shared memory cannot cross hosts: the router refuses it, saying why, and does
