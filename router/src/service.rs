@@ -261,14 +261,26 @@ impl RouterService {
         model: &str,
         inference: impl Future<Output = RouterResult<T>>,
     ) -> RouterResult<T> {
+        self.counted(model, async {
+            match self.admission.try_acquire() {
+                Ok(_permit) => inference.await,
+                Err(_) => Err(RouterError::Overloaded {
+                    limit: self.config.max_in_flight,
+                }),
+            }
+        })
+        .await
+    }
+
+    /// Runs `request` for `model` and counts its outcome and time in the model's counters.
+    pub(crate) async fn counted<T: Classify, E>(
+        &self,
+        model: &str,
+        request: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         let started = Instant::now();
         let counters = self.counters(model);
-        let result = match self.admission.try_acquire() {
-            Ok(_permit) => inference.await,
-            Err(_) => Err(RouterError::Overloaded {
-                limit: self.config.max_in_flight,
-            }),
-        };
+        let result = request.await;
         counters.finish_result(started.elapsed(), &result);
         result
     }
@@ -509,11 +521,8 @@ impl InferenceService for RouterService {
     /// Forwards over the worker's `ModelStreamInfer`, so decoupled models stream through the
     /// router. Retried like `infer` only when the stream cannot be opened.
     async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
-        let started = Instant::now();
-        let counters = self.counters(&request.model_name);
-        let result = self.open_stream(request).await;
-        counters.finish_result(started.elapsed(), &result);
-        result
+        let model = request.model_name.clone();
+        self.counted(&model, self.open_stream(request)).await
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {

@@ -278,42 +278,34 @@ impl RouterService {
         context: RequestContext,
         grpc_error: bool,
     ) -> RouterResult<impl Stream<Item = RouterResult<Bytes>> + Send + 'static + use<>> {
-        let started = Instant::now();
-        let counters = self.counters(&scanned.model_name);
         let ask = Ask::of(&scanned.model_name, version, &scanned.options);
         let context = &context;
-        let opened = self
-            .open_admitted(&ask, context.deadline, |target, guard| {
-                let raw = RawMessage {
-                    head: message.clone(),
-                    tail: version_suffix(&scanned.model_version, &target.version.to_string()),
-                };
-                async move {
-                    let frames = self
-                        .workers
-                        .infer_stream_raw(
-                            &target.addr,
-                            raw,
-                            context,
-                            &scanned.model_name,
-                            grpc_error,
-                        )
-                        .await?;
-                    Ok(frames.map(move |frame| {
-                        let _held = &guard;
-                        frame
-                    }))
-                }
-            })
-            .await
-            .map(|(frames, permit)| {
+        let opening = self.open_admitted(&ask, context.deadline, |target, guard| {
+            let raw = RawMessage {
+                head: message.clone(),
+                tail: version_suffix(&scanned.model_version, &target.version.to_string()),
+            };
+            async move {
+                let frames = self
+                    .workers
+                    .infer_stream_raw(&target.addr, raw, context, &scanned.model_name, grpc_error)
+                    .await?;
+                Ok(frames.map(move |frame| {
+                    let _held = &guard;
+                    frame
+                }))
+            }
+        });
+        let opened = self.counted(&scanned.model_name, async {
+            opening.await.map(|(frames, permit)| {
                 Opened(frames.map(move |frame| {
                     let _held = &permit;
                     frame
                 }))
-            });
-        counters.finish_result(started.elapsed(), &opened);
-        opened.map(|Opened(frames)| frames)
+            })
+        });
+        let Opened(frames) = opened.await?;
+        Ok(frames)
     }
 }
 
