@@ -28,11 +28,14 @@ class Process:
         self.log_path = Path(workdir) / f"{name}.log"
         self.proc = None
         self._log = None
+        # Set once the test stops or kills it, or once a failure report has shown its death.
+        self.stopped = False
 
     def spawn(self):
         if not os.access(NEREID_BIN, os.X_OK):
             raise AssertionError(f"binary {NEREID_BIN} missing (set NEREID_BIN or build it)")
         self._log = open(self.log_path, "ab")
+        self.stopped = False
         env = dict(os.environ)
         env.setdefault("NEREID_PYTHON", sys.executable)
         self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT,
@@ -52,6 +55,7 @@ class Process:
 
     def kill(self):
         """SIGKILL: no chance to clean up, like a crashed machine."""
+        self.stopped = True
         if self.alive():
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
@@ -59,6 +63,7 @@ class Process:
 
     def stop(self, deadline_s=30):
         """SIGTERM and wait; returns the exit code."""
+        self.stopped = True
         if not self.alive():
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)

@@ -23,8 +23,13 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed:
-        for s in [s for s in SERVERS if s.proc is not None and s.proc.poll() is None]:
-            report.sections.append((f"nereid log: {s.name} ({s.log_path})", s.log_tail()))
+        # Running servers, and those that died on their own (not stopped by the suite), whose
+        # log tail usually says why the test failed.
+        for s in [s for s in SERVERS if s.proc is not None and not s.stopped]:
+            state = "running" if s.proc.poll() is None else f"exited with {s.proc.returncode}"
+            report.sections.append((f"server log: {s.name}, {state} ({s.log_path})",
+                                    s.log_tail()))
+            s.stopped = s.proc.poll() is not None
 
 
 @pytest.fixture(scope="session")

@@ -100,6 +100,8 @@ class Server:
             *extra_args,
         ]
         self.proc = None
+        # Set once the suite stops or kills it, or once a failure report has shown its death.
+        self.stopped = False
 
     @property
     def http_url(self):
@@ -142,6 +144,7 @@ class Server:
 
     def stop(self, deadline_s=STOP_DEADLINE_S):
         """SIGTERM, then wait; returns the exit code (kills and raises on timeout)."""
+        self.stopped = True
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
@@ -155,6 +158,7 @@ class Server:
             self._log.close()
 
     def kill(self):
+        self.stopped = True
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)

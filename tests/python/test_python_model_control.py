@@ -199,6 +199,21 @@ def pair(tmp_path_factory):
         s.stop()
 
 
+TRITON_ABORTED = "Triton aborted: boost::interprocess::lock_exception"
+
+
+def control_oracle(triton, action, name, version=""):
+    """`control` on the reference Triton; TRITON_ABORTED where Triton died of its known
+    `lock_exception` abort during the step. Any other death is re-raised with Triton's log."""
+    try:
+        return control(triton, action, name, version)
+    except OSError:
+        died = triton.proc.poll() is not None
+        if died and "boost::interprocess::lock_exception" in triton.log_tail(200_000):
+            return TRITON_ABORTED
+        raise
+
+
 def test_same_answers_as_triton(pair):
     nereid, triton = pair
     steps = [("ready", "ident", ""), ("load", "ident", ""), ("ready", "ident", ""),
@@ -207,7 +222,12 @@ def test_same_answers_as_triton(pair):
              ("unload", "uploaded", ""), ("ready", "no_such_model", ""),
              ("load", "no_such_model", "")]
     for step in steps:
-        ours, theirs = control(nereid, *step), control(triton, *step)
+        ours, theirs = control(nereid, *step), control_oracle(triton, *step)
+        if theirs is TRITON_ABORTED:
+            # Triton 2.51's Python backend intermittently aborts (about 1 run in 20) while it
+            # raises a failed `load_model` into the model; its answer to the step was a refusal.
+            assert "error" in ours, (step, ours, theirs)
+            break
         if "error" in theirs:
             # Both refuse; the wording is each server's own.
             assert "error" in ours, (step, ours, theirs)
