@@ -1,6 +1,6 @@
 //! CUDA for the frontends: the driver API, loaded at run time, so the binary builds and runs
 //! without CUDA and a GPU-less host answers CUDA shared memory requests with an error instead
-//! of failing to start. Used by the shared-memory registry (`crate::shm`) for CUDA regions.
+//! of failing to start. Used by the shared-memory registry for CUDA regions.
 
 mod driver;
 

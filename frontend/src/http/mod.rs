@@ -27,8 +27,9 @@
 //! [`router`] is the whole public surface: the caller owns the listener and graceful shutdown
 //! (`axum::serve(listener, router).with_graceful_shutdown(..)`). A client that disconnects drops
 //! the handler future (or, for `generate_stream`, the response body), which drops the in-flight
-//! `InferenceService` future or stream and so cancels the request. Endpoints this server does
-//! not implement yet (CUDA shared memory) answer 501 naming the endpoint.
+//! `InferenceService` future or stream and so cancels the request. System and CUDA shared
+//! memory are both served (`shm`); an unsupported request (an unknown content coding, a named
+//! repository) answers 501 naming what is not supported.
 
 mod body;
 mod compression;
