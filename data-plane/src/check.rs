@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! paths ─► models (a repository expands to its model directories)
-//!   each ─► parse ─► config::complete (name, platform/backend, backend name, auto-complete,
+//!   each ─► parse ─► backend::complete (name, platform/backend, backend name, auto-complete,
 //!           defaults, validation) ─► ValidModelConfig
 //!   ensembles ─► ensemble::plan against the other models (those checked, and an ensemble's
 //!                siblings in its repository): cycles, self-reference, unmapped or mismatched
@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use nereid_proto::pb::inference::ModelConfig;
 
-use crate::backend::{Backends, DeviceKind, Health, InstanceContext};
-use crate::config::{self, CONFIG_FILE, CompleteOptions, ConfigError, ValidModelConfig};
+use crate::backend::{self, Backends, CompleteOptions, DeviceKind, Health, InstanceContext};
+use crate::config::{self, CONFIG_FILE, ConfigError, ValidModelConfig};
 use crate::ensemble;
 use crate::repository;
 
@@ -156,7 +156,7 @@ fn read_model(path: &Path, backends: &Backends, options: CheckOptions) -> Model 
     let complete_options = CompleteOptions {
         auto_complete: options.auto_complete && model_dir.is_some(),
     };
-    match config::complete(&name, parsed, &dirs, backends, complete_options) {
+    match backend::complete(&name, parsed, &dirs, backends, complete_options) {
         Ok(valid) => Model {
             path: path.to_path_buf(),
             name,
@@ -268,7 +268,8 @@ fn load_versions(
     let mut errors = Vec::new();
     for (version, dir) in versions {
         let model_path = dir.join(&config.default_model_filename);
-        if config.backend == "python" {
+        // An out-of-process model (Python) is not started: its process may do anything.
+        if backend.out_of_process() {
             if !model_path.exists() {
                 errors.push(format!(
                     "failed to load '{}' version {version}: {} does not exist",

@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use crate::backend::{Backends, fill_platform_and_backend};
 use crate::config::{ConfigError, ValidModelConfig, fill_defaults, parse_config_text};
 
 /// Parses, completes (without model files or a backend's auto-complete) and validates a
@@ -18,7 +19,7 @@ pub fn model_config_text(text: &str) -> Result<ValidModelConfig, ConfigError> {
     if config.name.is_empty() {
         config.name = "m".into();
     }
-    crate::config::fill_platform_and_backend(&mut config, &[])?;
+    fill_platform_and_backend(&mut config, &[], &Backends::new(None))?;
     fill_defaults(&mut config);
     ValidModelConfig::try_from(config)
 }

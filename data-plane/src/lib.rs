@@ -1,11 +1,17 @@
 //! `nereid-data-plane`: everything that runs models on one node.
 //!
 //! ```text
-//! repository (disk) ─► config (parse, complete, validate) ─► manager (load / unload / poll)
+//! repository (disk) ─► config (parse) ─► backend::complete ─► config (defaults, validate)
+//!                                                 ─► manager (load / unload / poll)
 //!                                                                │
-//! InferenceService (server) ─► request_check ─► instances (threads) ─► backend (ONNX Runtime)
-//!                                           └─► ensemble: steps ─► InferenceService (each step)
+//! InferenceService (server) ─► request (LoadedVersion) ─► request_check ─► scheduler
+//!                                │                        ─► instances (threads) ─► backend
+//!                                └─► ensemble: steps ─► InferenceService (each step)
 //! ```
+//!
+//! Modules import downward only (no cycles; `scripts/module_cycles.py` checks it in
+//! `make lint`): server and metrics over manager, over request, over scheduler and warm-up,
+//! over request_check, over backend, ensemble and classification, over config and stats.
 //!
 //! Entry points (re-exported here; the modules behind them are private):
 //! - [`serve`] with [`ServeConfig`]: `nereid serve`, until a shutdown future resolves;
@@ -32,6 +38,7 @@
 mod agent;
 pub mod backend;
 mod check;
+mod classification;
 pub mod config;
 mod custom_metrics;
 mod ensemble;

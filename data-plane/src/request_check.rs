@@ -11,8 +11,8 @@ use nereid_proto::{
 };
 
 use crate::backend::ResponseSink;
+use crate::classification::{self, Classify};
 use crate::config::ValidModelConfig;
-use crate::request::classification::{self, Classify};
 
 /// A request that fits its model.
 #[derive(Debug, Default)]

@@ -359,7 +359,7 @@ impl DataPlane {
             .get(&request.model_name, request.model_version)?;
         let step = |r| self.infer_model(r);
         let ctx = RunContext {
-            manager: &self.manager,
+            unavailable: &|loaded| self.manager.unavailable(loaded),
             step: &step,
             trace,
         };

@@ -157,7 +157,8 @@ mod tests {
 
     use super::*;
     use crate::backend::Backends;
-    use crate::config::{self, CompleteOptions, text::parse_model_config};
+    use crate::backend::{CompleteOptions, complete};
+    use crate::config::text::parse_model_config;
 
     const CONFIG: &str = r#"
         name: "id" backend: "identity" max_batch_size: 8
@@ -369,7 +370,7 @@ mod tests {
         let options = CompleteOptions {
             auto_complete: true,
         };
-        let complete = config::complete(
+        let complete = complete(
             "id",
             raw,
             std::slice::from_ref(&version),

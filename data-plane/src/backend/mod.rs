@@ -1,8 +1,10 @@
 //! Backends: the code that loads a model version's files and executes requests on them.
 //!
 //! ```text
-//!  ModelConfig (wire) + version dir ──► Backend::auto_complete (fill inputs/outputs/batching
-//!                                       from the file; before validation)
+//!  ModelConfig (wire) + version dirs ─► complete: platform/backend (Backend::platforms),
+//!                                       Backend::auto_complete (fill inputs/outputs/batching
+//!                                       from the file), GPU defaults; then config's defaults
+//!                                       and validation
 //!  ValidModelConfig + version dir   ──► Backend::load_instance ×N (one per instance)
 //!  instance thread:  BackendInstance::execute(&BatchInputs) -> outputs   (blocking, never on tokio)
 //! ```
@@ -12,11 +14,14 @@
 //! validated and typed (it completes what validation then checks). The Python backend also
 //! renders the validated config's wire form as Triton's JSON for the model's `initialize`.
 //!
-//! A backend is chosen by the config's `backend` / `platform` ([`crate::config`] normalizes
-//! them). Instances are synchronous: each runs on its own OS thread owned by the model's
+//! A backend is chosen by the config's `backend` / `platform`, or by the model file in the
+//! version directories: each backend says which of Triton's platform names and files are its
+//! own ([`Backend::platforms`]), and [`complete`] fills the config from those answers.
+//! Instances are synchronous: each runs on its own OS thread owned by the model's
 //! instance pool, so a slow model never blocks the async runtime.
 
 mod batch_inputs;
+mod complete;
 mod identity;
 mod onnx;
 mod params;
@@ -36,10 +41,11 @@ use nereid_proto::{CorrelationId, Parameters, Tensor};
 use parking_lot::Mutex;
 
 pub use self::batch_inputs::{BatchInput, BatchInputs};
+pub(crate) use self::complete::{CompleteOptions, complete, fill_platform_and_backend};
 /// Public for callers that drive the Python backend through the [`Backend`] API directly
 /// (its tests, the `python_overhead` example); the others load only through [`Backends`].
 pub use self::python::PythonBackend;
-/// The stub protocol's decoder as the fuzz targets drive it ([`crate::fuzzing`]).
+/// The stub protocol's decoder as the fuzz targets drive it (the crate's `fuzzing` module).
 pub(crate) use self::python::fuzzing as python_fuzzing;
 
 /// What can go wrong inside a backend, by meaning.
@@ -282,12 +288,32 @@ impl BackendError {
     }
 }
 
+/// What Triton's configs and model files call a backend's models: how [`complete`] tells which
+/// backend a config without one is for, and which platform a config without one gets.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Platforms {
+    /// Triton's `platform` values for this backend (`onnxruntime_onnx`); a config naming one runs
+    /// on this backend.
+    pub names: &'static [&'static str],
+    /// The platform written into a config that names this backend and no platform (Triton does
+    /// so for ONNX Runtime only).
+    pub implied: Option<&'static str>,
+    /// Model files that make a version directory this backend's when the config names neither
+    /// backend nor platform, each with the platform Triton then writes in, if any.
+    pub files: &'static [(&'static str, Option<&'static str>)],
+}
+
 /// A kind of model (ONNX Runtime, PyTorch, Python...).
 pub trait Backend: Send + Sync {
     /// Triton's backend name (`onnxruntime`).
     fn name(&self) -> &'static str;
     /// Default model file name inside a version directory (`model.onnx`).
     fn default_model_filename(&self) -> &'static str;
+    /// The platform names and model files that are this backend's. The default: none (the
+    /// backend is chosen only by naming it in the config).
+    fn platforms(&self) -> Platforms {
+        Platforms::default()
+    }
     /// Fills what the config leaves out (inputs, outputs, `max_batch_size`) from the model file,
     /// the way Triton's backend does. Called only when auto-complete is enabled. The default
     /// keeps the config as it is: for backends with no file to read a signature from.

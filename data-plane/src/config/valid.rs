@@ -154,7 +154,7 @@ pub fn ensemble_steps(wire: &ModelConfig) -> Vec<EnsembleStep> {
 /// The composing models named by an ensemble config's steps, each once, in step order (empty
 /// for any other model).
 pub fn composing_models(wire: &ModelConfig) -> Vec<String> {
-    if wire.platform != crate::ensemble::PLATFORM {
+    if wire.platform != super::ENSEMBLE_PLATFORM {
         return Vec::new();
     }
     step_models(&ensemble_steps(wire))
@@ -266,7 +266,7 @@ impl ValidModelConfig {
     /// The composing models an ensemble's steps name, each once, in step order (empty for any
     /// other model).
     pub fn composing_models(&self) -> Vec<String> {
-        if self.platform != crate::ensemble::PLATFORM {
+        if self.platform != super::ENSEMBLE_PLATFORM {
             return Vec::new();
         }
         step_models(self.ensemble_steps())

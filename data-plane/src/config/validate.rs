@@ -197,7 +197,7 @@ fn decoupled(config: &ModelConfig) -> bool {
 }
 
 /// What an ensemble may not have (it runs no instances of its own), and its data flow as far as
-/// it can be checked without the composing models (see [`crate::ensemble::graph`]).
+/// it can be checked without the composing models (see [`super::ensemble_graph`]).
 fn check_ensemble(errors: &mut Vec<String>, config: &ModelConfig) {
     let m = &config.name;
     if !config.instance_group.is_empty() {
@@ -223,13 +223,13 @@ fn check_ensemble(errors: &mut Vec<String>, config: &ModelConfig) {
     let steps = super::ensemble_steps(config);
     let inputs: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
     let outputs: Vec<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
-    let declared = crate::ensemble::graph::Declared {
+    let declared = super::ensemble_graph::Declared {
         name: m,
         inputs: &inputs,
         outputs: &outputs,
         steps: &steps,
     };
-    if let Err(graph_errors) = crate::ensemble::graph::analyze(declared) {
+    if let Err(graph_errors) = super::ensemble_graph::analyze(declared) {
         errors.extend(graph_errors);
     }
 }

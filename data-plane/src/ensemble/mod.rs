@@ -1,7 +1,8 @@
 //! Ensembles (`platform: "ensemble"`): a DAG of composing models wired by tensor names.
 //!
 //! ```text
-//! load:    config ─► graph::analyze (steps, producers, order; no other model needed)
+//! load:    config ─► config::ensemble_graph::analyze (steps, producers, order; no other model
+//!               needed; also run by validation)
 //!               ─► plan::plan (with the composing models' configs: names, types, shapes,
 //!                  batch sizes, decoupled) ─► EnsemblePlan, kept in the LoadedVersion
 //! request: request_check (ensemble inputs) ─► execute::execute:
@@ -17,16 +18,11 @@
 //! exactly one producer: an ensemble input or one step.
 
 pub mod execute;
-pub mod graph;
 pub mod plan;
 
 pub use execute::{EnsembleRequest, execute};
 pub use plan::{EnsemblePlan, plan};
 
-/// The `platform` of ensemble configs.
-pub const PLATFORM: &str = "ensemble";
-
-/// `step N (model 'm')`: how messages name a step (N is its position in the config).
-pub(crate) fn step_label(index: usize, model: &str) -> String {
-    format!("step {index} (model '{model}')")
-}
+/// The `platform` of ensemble configs (defined in `config`, which validates them).
+pub use crate::config::ENSEMBLE_PLATFORM as PLATFORM;
+pub(crate) use crate::config::ensemble_graph::step_label;

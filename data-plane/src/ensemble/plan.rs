@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use nereid_proto::{DataType, format_shape};
 
-use super::graph::{self, StepNode};
 use super::step_label;
 use crate::config::ValidModelConfig;
+use crate::config::ensemble_graph::{self as graph, StepNode};
 
 /// A step of a plan: the composing model (version), and how its tensors map to the ensemble's.
 pub type PlanStep = StepNode;

@@ -15,85 +15,20 @@ use nereid_proto::pb::inference::ModelConfig;
 
 use super::dependencies::ModelsView;
 use crate::backend::{
-    Backend, BackendError, BackendInstance, Backends, BatchInputs, DeviceKind, Health,
-    InstanceContext, Phases, RequestView, ServerHandle,
+    Backend, BackendError, BackendInstance, Backends, BatchInputs, CompleteOptions, DeviceKind,
+    Health, InstanceContext, Phases, RequestView, ServerHandle, complete,
 };
-use crate::config::{self, CompleteOptions, GroupKind, InstanceGroup, ValidModelConfig};
-use crate::ensemble::{self, EnsemblePlan};
+use crate::classification::Labels;
+use crate::config::{self, GroupKind, InstanceGroup, ValidModelConfig};
+use crate::ensemble;
 use crate::rate_limit::{InstanceNeeds, RateLimiter, ResourceKey};
 use crate::repository::{self, Fingerprint};
 use crate::request::cache::ResponseCache;
-use crate::request::classification::Labels;
+use crate::request::{LoadedVersion, Runner, next_generation};
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
 use crate::stats::{LoadReport, VersionStats};
 use crate::warmup::{WarmupSample, warmup_samples};
-
-/// One loaded, servable model version.
-pub struct LoadedVersion {
-    pub name: String,
-    pub version: i64,
-    pub config: Arc<ValidModelConfig>,
-    pub runner: Runner,
-    pub stats: Arc<VersionStats>,
-    /// Fingerprint of the version directory when it was loaded.
-    pub fingerprint: Fingerprint,
-    /// Instances that lost their worker process (Python stubs) and are recovering.
-    pub health: Arc<Health>,
-    /// The outputs' class labels (`label_filename`), for the classification extension.
-    pub labels: Arc<Labels>,
-    /// The server's response cache, when the server runs one and the config enables it.
-    pub cache: Option<Arc<ResponseCache>>,
-    /// Unique to this build of the version: part of its response-cache keys, so answers of an
-    /// earlier load are never reused.
-    pub generation: u64,
-}
-
-impl Drop for LoadedVersion {
-    /// The version is gone (unloaded or replaced, its last request answered): its cached
-    /// answers can never be asked for again.
-    fn drop(&mut self) {
-        if let Some(cache) = &self.cache {
-            cache.purge(self.generation);
-        }
-    }
-}
-
-/// The next [`LoadedVersion::generation`].
-pub fn next_generation() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// What runs a version's requests (see [`crate::request`], which matches on it).
-pub enum Runner {
-    /// The version's instances, behind its scheduler: one answer per request.
-    Batched(Scheduler),
-    /// A decoupled model's instances (`model_transaction_policy { decoupled: true }`): any
-    /// number of answers per request, streamed; unary calls are refused.
-    Decoupled(Scheduler),
-    /// An ensemble: no instances of its own; its steps run on the composing models.
-    Ensemble(Arc<EnsemblePlan>),
-}
-
-impl LoadedVersion {
-    /// The plan of an ensemble version.
-    pub fn plan(&self) -> Option<&Arc<EnsemblePlan>> {
-        match &self.runner {
-            Runner::Ensemble(plan) => Some(plan),
-            Runner::Batched(_) | Runner::Decoupled(_) => None,
-        }
-    }
-
-    /// Requests waiting in the version's queue; 0 for an ensemble (its steps queue on the
-    /// composing models).
-    pub fn queue_depth(&self) -> usize {
-        match &self.runner {
-            Runner::Batched(scheduler) | Runner::Decoupled(scheduler) => scheduler.queue_depth(),
-            Runner::Ensemble(_) => 0,
-        }
-    }
-}
 
 /// What a model is built from.
 #[derive(Clone, Debug)]
@@ -158,7 +93,7 @@ pub fn build(
             &selected,
         ));
     }
-    let complete = config::complete(&input.name, raw, &dirs, backends, input.options)
+    let complete = complete(&input.name, raw, &dirs, backends, input.options)
         .map_err(|e| fail(e.to_string(), &selected))?;
     let config = Arc::new(complete);
     let labels = Arc::new(Labels::load(&config, &input.dir).map_err(|e| fail(e, &selected))?);
@@ -507,9 +442,14 @@ mod tests {
             let options = CompleteOptions {
                 auto_complete: false,
             };
-            let valid =
-                config::complete("m", raw, std::slice::from_ref(&version), &backends, options)
-                    .unwrap();
+            let valid = crate::backend::complete(
+                "m",
+                raw,
+                std::slice::from_ref(&version),
+                &backends,
+                options,
+            )
+            .unwrap();
             let handles = (&Arc::new(Health::default()), backends.server());
             instance_contexts("m", 1, dir.path(), &version, &Arc::new(valid), handles)
                 .into_iter()

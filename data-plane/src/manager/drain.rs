@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::build::{LoadedVersion, Runner};
+use crate::request::{LoadedVersion, Runner};
 
 /// How long an unload waits for the requests its versions accepted.
 pub(super) const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);

@@ -16,7 +16,6 @@
 //! that use it, and the cache's own gauges.
 
 pub mod config;
-pub mod window;
 
 use std::sync::Arc;
 
@@ -25,9 +24,10 @@ use nereid_telemetry::{Collect, Family, Kind, Labels, Value};
 
 pub use self::config::{LatencyMetrics, MetricsConfig, MetricsConfigError};
 use crate::custom_metrics::CustomMetrics;
-use crate::manager::{LoadedVersion, ModelManager};
+use crate::manager::ModelManager;
+use crate::request::LoadedVersion;
 use crate::request::cache::ResponseCache;
-use crate::stats::{FailureReason, Latency};
+use crate::stats::{FailureReason, Latency, window};
 use crate::system_metrics::SystemMetrics;
 
 /// Collects the data plane's metric families on demand (a scrape, an export tick).
@@ -412,8 +412,8 @@ mod tests {
     use super::*;
     use crate::backend::Health;
     use crate::config::ValidModelConfig;
-    use crate::manager::Runner;
     use crate::repository::Fingerprint;
+    use crate::request::Runner;
     use crate::scheduler::Scheduler;
     use crate::scheduler::policy::BatchPolicy;
     use crate::stats::{LoadReport, RequestTimings, VersionStats};

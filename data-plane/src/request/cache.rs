@@ -30,8 +30,8 @@ use std::time::Duration;
 use nereid_proto::{ParamValue, Tensor};
 use parking_lot::Mutex;
 
-use super::classification::Classify;
 use crate::backend::ModelResponse;
+use crate::classification::Classify;
 use crate::request_check::ValidRequest;
 
 /// Bytes counted for an entry besides its outputs' data and names (key, bookkeeping).

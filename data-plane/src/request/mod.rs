@@ -19,15 +19,16 @@
 //! A step that every request needs before it runs (the response cache lookup, reading inputs
 //! from shared memory) goes between the check and [`LoadedVersion::run`], where the request is
 //! already valid and no runner has seen it. After `run`, the classification extension
-//! ([`classification`]) turns outputs asked for with `classification: k` into their top k
+//! ([`crate::classification`]) turns outputs asked for with `classification: k` into their top k
 //! classes, and a cache miss stores the final answer ([`cache`]).
 
 pub(crate) mod cache;
-pub(crate) mod classification;
 pub(crate) mod outcome;
 mod stream;
+mod version;
 
 pub(crate) use stream::single;
+pub use version::{LoadedVersion, Runner, next_generation};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,8 +40,8 @@ use nereid_telemetry::RequestTrace;
 use self::cache::CacheKey;
 use self::outcome::{Outcome, backend_error, record_phases};
 use crate::backend::ModelResponse;
+use crate::classification;
 use crate::ensemble::{self, EnsembleRequest};
-use crate::manager::{LoadedVersion, ModelManager, Runner};
 use crate::request_check::{self, ValidRequest};
 use crate::stats::FailureReason;
 
@@ -51,8 +52,9 @@ pub(crate) type StepFn<'a> =
 
 /// What a request needs from the server around it.
 pub(crate) struct RunContext<'a> {
-    /// For an ensemble: whether its composing models are available.
-    pub manager: &'a ModelManager,
+    /// For an ensemble: why it cannot run now (a composing model that is not loaded), as the
+    /// manager, which knows the other models, says (`ModelManager::unavailable`).
+    pub unavailable: &'a (dyn Fn(&LoadedVersion) -> Option<String> + Sync + 'a),
     /// For an ensemble: how its steps run.
     pub step: &'a StepFn<'a>,
     /// The request's trace, when it is sampled.
@@ -158,7 +160,7 @@ impl LoadedVersion {
                 Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)))
             }
             Runner::Ensemble(plan) => {
-                if let Some(reason) = ctx.manager.unavailable(self) {
+                if let Some(reason) = (ctx.unavailable)(self) {
                     let e = ServiceError::unavailable(format!(
                         "ensemble '{}' is not available: {reason}",
                         self.name

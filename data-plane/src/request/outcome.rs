@@ -19,8 +19,8 @@ use std::time::Instant;
 use nereid_proto::ServiceError;
 use nereid_telemetry::RequestTrace;
 
+use super::LoadedVersion;
 use crate::backend::BackendError;
-use crate::manager::LoadedVersion;
 use crate::scheduler::ExecTimings;
 use crate::stats::{FailureReason, RequestTimings};
 

@@ -23,10 +23,10 @@ use nereid_proto::{
 };
 use tokio::sync::mpsc;
 
-use super::classification::{self, Classify};
 use super::outcome::{Outcome, backend_error};
+use super::{LoadedVersion, Runner};
 use crate::backend::{ModelResponse, StreamEvent};
-use crate::manager::{LoadedVersion, Runner};
+use crate::classification::{self, Classify};
 use crate::request_check;
 use crate::stats::FailureReason;
 

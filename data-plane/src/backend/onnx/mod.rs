@@ -37,7 +37,7 @@ use self::instance::OnnxInstance;
 use self::options::SessionSettings;
 use self::providers::GpuPlan;
 use self::signature::ModelSignature;
-use super::{Backend, BackendError, BackendInstance, DeviceKind, InstanceContext};
+use super::{Backend, BackendError, BackendInstance, DeviceKind, InstanceContext, Platforms};
 
 /// The ONNX Runtime backend. Cheap to create: the library is loaded by the first model that
 /// needs it.
@@ -136,6 +136,14 @@ impl Backend for OnnxRuntimeBackend {
 
     fn default_model_filename(&self) -> &'static str {
         "model.onnx"
+    }
+
+    fn platforms(&self) -> Platforms {
+        Platforms {
+            names: &["onnxruntime_onnx"],
+            implied: Some("onnxruntime_onnx"),
+            files: &[("model.onnx", Some("onnxruntime_onnx"))],
+        }
     }
 
     /// The loaded library must have the CUDA execution provider (`onnxruntime-gpu`).

@@ -1,4 +1,5 @@
-//! The fuzz target's way into the stub protocol's decoder (see `crate::fuzzing`; not an API).
+//! The fuzz target's way into the stub protocol's decoder (see the crate's `fuzzing` module;
+//! not an API).
 //!
 //! ```text
 //!  bytes ─► frame::read_frame (one frame at a time, as either connection is read)

@@ -47,7 +47,7 @@ use self::runtime::RuntimeDir;
 use self::settings::StubSettings;
 use self::stub::{Stub, StubSpec};
 use super::params::Params;
-use super::{Backend, BackendError, BackendInstance, InstanceContext, ServerHandle};
+use super::{Backend, BackendError, BackendInstance, InstanceContext, Platforms, ServerHandle};
 use crate::config::parameters;
 
 /// The Python backend.
@@ -122,6 +122,15 @@ impl Backend for PythonBackend {
 
     fn default_model_filename(&self) -> &'static str {
         "model.py"
+    }
+
+    /// No platform name; a `model.py` is a Python model.
+    fn platforms(&self) -> Platforms {
+        Platforms {
+            names: &[],
+            implied: None,
+            files: &[("model.py", None)],
+        }
     }
 
     /// One stub process per instance.

@@ -31,7 +31,7 @@ mod runtime;
 #[cfg(all(test, feature = "torch"))]
 mod tests;
 
-use super::{Backend, BackendError, BackendInstance, InstanceContext};
+use super::{Backend, BackendError, BackendInstance, InstanceContext, Platforms};
 
 /// The PyTorch backend. Cheap to create; libtorch is linked in (feature `torch`) or absent.
 #[derive(Default)]
@@ -47,6 +47,16 @@ impl Backend for PyTorchBackend {
 
     fn default_model_filename(&self) -> &'static str {
         "model.pt"
+    }
+
+    /// TorchScript (`model.pt`, Triton writes its platform in) and AOTInductor packages
+    /// (`model.pt2`, no platform written).
+    fn platforms(&self) -> Platforms {
+        Platforms {
+            names: &["pytorch_libtorch", "libtorch", "torch_aoti"],
+            implied: None,
+            files: &[("model.pt", Some("pytorch_libtorch")), ("model.pt2", None)],
+        }
     }
 
     /// libtorch must see a CUDA device (a CUDA build of libtorch, a driver and a GPU).

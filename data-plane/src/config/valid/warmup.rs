@@ -1,6 +1,6 @@
 //! The typed `model_warmup` settings of a config. Only typed here: whether a sample fits the
 //! model (batch size, inputs, dims, data files) is checked when the samples are built
-//! (`crate::warmup`), whose messages become the load failure reason.
+//! (the `warmup` module, a layer up), whose messages become the load failure reason.
 
 use std::collections::BTreeMap;
 

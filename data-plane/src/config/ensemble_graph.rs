@@ -1,8 +1,9 @@
 //! An ensemble's data flow from its own config alone: which step reads and which produces every
 //! tensor, an order the steps can run in, and the mistakes that need no other model's config
 //! (empty steps, unmapped and doubly produced tensors, unused inputs, unwritten outputs,
-//! cycles). `nereid check-config` reports these through `config::validate`; a load repeats them
-//! in [`super::plan`] before looking at the composing models.
+//! cycles). `nereid check-config` reports these through [`super::validate`]; a load repeats them
+//! in the ensemble planner (`ensemble::plan`) before looking at the composing models. Here, below
+//! both, so that validation needs nothing from the ensemble module.
 //!
 //! ```text
 //! steps ─► producer of every tensor (ensemble input or one step output)
@@ -12,8 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::step_label;
-use crate::config::EnsembleStep;
+use super::EnsembleStep;
 
 /// One step, its maps sorted by the composing model's tensor name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,6 +222,11 @@ pub fn topological_order(steps: &[StepNode]) -> Result<Vec<usize>, Vec<usize>> {
         }
         walk.push(next);
     }
+}
+
+/// `step N (model 'm')`: how messages name a step (N is its position in the config).
+pub(crate) fn step_label(index: usize, model: &str) -> String {
+    format!("step {index} (model '{model}')")
 }
 
 #[cfg(test)]

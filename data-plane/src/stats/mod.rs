@@ -2,13 +2,15 @@
 //!
 //! Counters are updated once per request by the server after the request finishes (success or
 //! failure), under a short mutex that is never held across an await. The same counters feed
-//! the Prometheus metrics ([`crate::metrics`]), with a few things only the metrics report:
+//! the Prometheus metrics (the `metrics` module, which reads them), with a few things only the metrics report:
 //!
 //! ```text
 //! submit ─► PendingMark (pending += 1) ─► batch starts executing / request dropped (pending -= 1)
 //! success ─► cumulative counters + recent-latency windows (summaries) + first-response histogram
 //! load    ─► LoadReport (how long the version took to load, the memory it holds)
 //! ```
+
+pub mod window;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use nereid_proto::pb::inference::{
 };
 use parking_lot::Mutex;
 
-use crate::metrics::window::Window;
+use self::window::Window;
 
 /// Upper bounds of `nv_inference_first_response_histogram_ms`'s buckets (Triton's defaults).
 pub const FIRST_RESPONSE_BUCKETS_MS: [f64; 4] = [100.0, 500.0, 2000.0, 5000.0];
