@@ -1,12 +1,16 @@
-//! The scheduler with a mock backend instance (sleeps for the number of milliseconds its input
-//! holds, returns its input): batching across instances, preserve_ordering, queue bounds.
-//! The short sleeps only order submissions; assertions leave wide margins.
+//! The scheduler with a gated mock backend instance (it announces the first value of its batch
+//! at a [`Gate`] and waits there until the test releases that value, then returns its input):
+//! batching across instances, preserve_ordering, queue bounds. The gate, not sleeps, decides
+//! what runs when, so each test orders its events exactly.
 
+use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
+use futures::poll;
 use nereid_proto::{DataType, ServiceError, Tensor};
+use nereid_test_support::Gate;
 
 use crate::backend::{BackendError, BackendInstance, BatchInputs};
 use crate::config::text::parse_model_config;
@@ -16,9 +20,10 @@ use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
 use crate::stats::VersionStats;
 
-struct Sleepy;
+/// Waits at its gate under the first value of each batch it executes.
+struct Gated(Gate<u32>);
 
-impl BackendInstance for Sleepy {
+impl BackendInstance for Gated {
     fn execute(
         &mut self,
         inputs: &BatchInputs<'_>,
@@ -29,7 +34,7 @@ impl BackendInstance for Sleepy {
             .data()
             .get(..4)
             .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()));
-        std::thread::sleep(Duration::from_millis(u64::from(first)));
+        self.0.pass(first);
         Ok(vec![inputs[0].clone().renamed(outputs[0].clone())])
     }
 }
@@ -47,14 +52,15 @@ fn config(batching: &str) -> ValidModelConfig {
     ValidModelConfig::try_from(wire).unwrap()
 }
 
-fn scheduler(batching: &str, instances: usize) -> (Scheduler, Arc<VersionStats>) {
+fn scheduler(batching: &str, instances: usize) -> (Scheduler, Arc<VersionStats>, Gate<u32>) {
     let config = config(batching);
     let stats = Arc::new(VersionStats::default());
+    let gate = Gate::new();
     let instances = (0..instances)
         .map(|i| {
             (
                 format!("m_{i}"),
-                Box::new(Sleepy) as Box<dyn BackendInstance>,
+                Box::new(Gated(gate.clone())) as Box<dyn BackendInstance>,
             )
         })
         .collect();
@@ -67,15 +73,16 @@ fn scheduler(batching: &str, instances: usize) -> (Scheduler, Arc<VersionStats>)
         64,
     )
     .unwrap();
-    (s, stats)
+    (s, stats, gate)
 }
 
-fn request(delay_ms: u32) -> ValidRequest {
+/// A request whose execution waits at the gate under `key`.
+fn request(key: u32) -> ValidRequest {
     let t = Tensor::new(
         "x",
         DataType::Uint32,
         vec![1, 1],
-        Bytes::copy_from_slice(&delay_ms.to_le_bytes()),
+        Bytes::copy_from_slice(&key.to_le_bytes()),
     )
     .unwrap();
     ValidRequest {
@@ -87,67 +94,77 @@ fn request(delay_ms: u32) -> ValidRequest {
     }
 }
 
+/// Generous: only a broken scheduler ever waits this long.
+const STUCK: Duration = Duration::from_secs(30);
+
 #[tokio::test]
 async fn preserve_ordering_holds_back_faster_answers() {
-    let (s, _) = scheduler(
+    let (s, _, gate) = scheduler(
         "max_batch_size: 1 dynamic_batching { preserve_ordering: true }",
         2,
     );
-    let s = Arc::new(s);
-    let start = Instant::now();
-    let slow = tokio::spawn({
-        let s = s.clone();
-        async move { s.submit(request(300)).await.map(|_| start.elapsed()) }
-    });
-    // Make sure the slow one is queued first.
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let fast = s.submit(request(1)).await.map(|_| start.elapsed()).unwrap();
-    assert!(slow.await.unwrap().is_ok());
-    // The fast request ran on the second instance at once, but its answer waited for the
-    // slow one (300 ms) that arrived before it.
-    assert!(
-        fast >= Duration::from_millis(290),
-        "answered out of order after {fast:?}"
+    let mut slow = pin!(s.submit(request(1)));
+    assert!(poll!(&mut slow).is_pending());
+    assert_eq!(gate.arrival().await, 1, "the first request runs");
+    let mut fast = pin!(s.submit(request(2)));
+    assert!(poll!(&mut fast).is_pending());
+    assert_eq!(
+        gate.arrival().await,
+        2,
+        "the second runs on the other instance"
     );
+    gate.release(2);
+    // The instance that ran the second request takes the next one only after it has handed
+    // the second one's answer over, so once the third runs, that answer was given or held.
+    let mut third = pin!(s.submit(request(3)));
+    assert!(poll!(&mut third).is_pending());
+    assert_eq!(gate.arrival().await, 3);
+    assert!(
+        poll!(&mut fast).is_pending(),
+        "the second request was answered before the first"
+    );
+    gate.release(1);
+    slow.await.unwrap();
+    fast.await.unwrap();
+    gate.release(3);
+    third.await.unwrap();
 }
 
 #[tokio::test]
 async fn without_preserve_ordering_the_fast_answer_comes_first() {
-    let (s, _) = scheduler("max_batch_size: 1 dynamic_batching { }", 2);
-    let s = Arc::new(s);
-    let start = Instant::now();
-    let slow = tokio::spawn({
-        let s = s.clone();
-        async move { s.submit(request(300)).await.map(|_| start.elapsed()) }
-    });
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let fast = s.submit(request(1)).await.map(|_| start.elapsed()).unwrap();
-    assert!(
-        fast < Duration::from_millis(250),
-        "the fast answer waited: {fast:?}"
-    );
-    assert!(slow.await.unwrap().is_ok());
+    let (s, _, gate) = scheduler("max_batch_size: 1 dynamic_batching { }", 2);
+    let mut slow = pin!(s.submit(request(1)));
+    assert!(poll!(&mut slow).is_pending());
+    assert_eq!(gate.arrival().await, 1);
+    gate.release(2);
+    // The first request is still held at the gate while the second is answered.
+    tokio::time::timeout(STUCK, s.submit(request(2)))
+        .await
+        .expect("the second answer waited for the first")
+        .unwrap();
+    assert!(poll!(&mut slow).is_pending());
+    gate.release(1);
+    slow.await.unwrap();
 }
 
 #[tokio::test]
 async fn requests_queued_behind_a_busy_instance_form_one_batch() {
-    let (s, stats) = scheduler("max_batch_size: 8 dynamic_batching { }", 1);
-    let s = Arc::new(s);
-    let busy = tokio::spawn({
-        let s = s.clone();
-        async move { s.submit(request(200)).await.is_ok() }
-    });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let waiting: Vec<_> = (0..4)
-        .map(|_| {
-            let s = s.clone();
-            tokio::spawn(async move { s.submit(request(0)).await.is_ok() })
-        })
-        .collect();
-    assert!(busy.await.unwrap());
-    for w in waiting {
-        assert!(w.await.unwrap());
+    let (s, stats, gate) = scheduler("max_batch_size: 8 dynamic_batching { }", 1);
+    let mut busy = pin!(s.submit(request(1)));
+    assert!(poll!(&mut busy).is_pending());
+    assert_eq!(gate.arrival().await, 1);
+    // Queued while the only instance is busy.
+    let mut waiting: Vec<_> = (0..4).map(|_| Box::pin(s.submit(request(0)))).collect();
+    for w in &mut waiting {
+        assert!(poll!(w).is_pending());
     }
+    gate.release(0);
+    gate.release(1);
+    busy.await.unwrap();
+    for w in waiting {
+        w.await.unwrap();
+    }
+    assert_eq!(gate.history(), [1, 0], "two executions");
     let snapshot = stats.snapshot("m", 1);
     assert_eq!(snapshot.inference_count, 5);
     assert_eq!(
@@ -158,25 +175,23 @@ async fn requests_queued_behind_a_busy_instance_form_one_batch() {
 
 #[tokio::test]
 async fn a_full_queue_is_an_overload_error() {
-    let (s, _) = scheduler(
+    let (s, _, gate) = scheduler(
         "max_batch_size: 1 dynamic_batching { default_queue_policy { max_queue_size: 1 } }",
         1,
     );
-    let s = Arc::new(s);
-    let running = tokio::spawn({
-        let s = s.clone();
-        async move { s.submit(request(200)).await.is_ok() }
-    });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let queued = tokio::spawn({
-        let s = s.clone();
-        async move { s.submit(request(0)).await.is_ok() }
-    });
-    tokio::time::sleep(Duration::from_millis(30)).await;
-    let err = s.submit(request(0)).await.unwrap_err();
+    let mut running = pin!(s.submit(request(1)));
+    assert!(poll!(&mut running).is_pending());
+    assert_eq!(gate.arrival().await, 1);
+    let mut queued = pin!(s.submit(request(2)));
+    assert!(poll!(&mut queued).is_pending());
+    let err = s.submit(request(3)).await.unwrap_err();
     assert!(
         matches!(err, ServiceError::Overloaded(ref m) if m.starts_with("Exceeds maximum queue size")),
         "{err:?}"
     );
-    assert!(running.await.unwrap() && queued.await.unwrap());
+    gate.release(1);
+    gate.release(2);
+    running.await.unwrap();
+    queued.await.unwrap();
+    assert_eq!(gate.history(), [1, 2], "the refused request never ran");
 }

@@ -1,15 +1,19 @@
 //! The sequence batcher with a mock accumulator instance: per row, `OUTPUT = INPUT +
 //! (START ? 0 : STATE_IN)`, `STATE_OUT = OUTPUT`, and it echoes the START / END / CORRID controls.
-//! Every execution logs its rows' correlation ids, so tests see how batches were formed.
+//! Every execution logs its rows' correlation ids, so tests see how batches were formed, and
+//! waits at a [`Gate`] under its first row's INPUT, so a test holds a request running (an open
+//! gate: no waits).
 //! These are end-to-end: state, controls and messages through the engine's threads. The batching
 //! decisions themselves (slots, backlog, oldest batches, idle release) are tested without threads
 //! or sleeps beside the code, in `sequence/slots/tests.rs`.
 
+use std::pin::pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
+use futures::poll;
 use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor};
+use nereid_test_support::Gate;
 use parking_lot::Mutex;
 
 use crate::backend::{BackendError, BackendInstance, BatchInputs};
@@ -23,7 +27,7 @@ use crate::stats::VersionStats;
 type Log = Arc<Mutex<Vec<Vec<u64>>>>;
 
 struct Accumulator {
-    delay: Duration,
+    gate: Gate<i64>,
     log: Log,
 }
 
@@ -61,7 +65,9 @@ impl BackendInstance for Accumulator {
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
         let inputs = inputs.joined()?;
-        std::thread::sleep(self.delay);
+        if let Some(first) = inputs.iter().find(|t| t.name() == "INPUT") {
+            self.gate.pass(ints(first)[0]);
+        }
         let get = |name: &str| {
             inputs
                 .iter()
@@ -114,7 +120,7 @@ fn scheduler(
     max_batch: usize,
     strategy: &str,
     instances: usize,
-    delay_ms: u64,
+    gate: Gate<i64>,
 ) -> (Arc<Scheduler>, Log) {
     let mut wire = parse_model_config(&format!(
         r#"name: "m" backend: "identity" max_batch_size: {max_batch}
@@ -131,7 +137,7 @@ fn scheduler(
     let instances = (0..instances)
         .map(|i| {
             let instance = Accumulator {
-                delay: Duration::from_millis(delay_ms),
+                gate: gate.clone(),
                 log: log.clone(),
             };
             (
@@ -183,7 +189,7 @@ fn values(r: Result<JobResult, ServiceError>) -> (i64, i64, i64) {
 
 #[tokio::test]
 async fn interleaved_sequences_keep_their_own_state_and_controls() {
-    let (s, _) = scheduler(4, "", 1, 0);
+    let (s, _) = scheduler(4, "", 1, Gate::opened());
     assert_eq!(
         values(s.submit(request(1, 10, true, false)).await),
         (10, 1, 0)
@@ -209,14 +215,22 @@ async fn interleaved_sequences_keep_their_own_state_and_controls() {
 #[tokio::test]
 async fn requests_of_a_sequence_run_in_order_one_at_a_time() {
     for strategy in ["direct { }", "oldest { max_candidate_sequences: 4 }"] {
-        let (s, log) = scheduler(4, strategy, 2, 5);
-        let (a, b, c) = futures::join!(
-            s.submit(request(7, 1, true, false)),
-            s.submit(request(7, 2, false, false)),
-            s.submit(request(7, 3, false, true))
-        );
+        let gate = Gate::new();
+        let (s, log) = scheduler(4, strategy, 2, gate.clone());
+        let mut a = pin!(s.submit(request(7, 1, true, false)));
+        let mut b = pin!(s.submit(request(7, 2, false, false)));
+        let mut c = pin!(s.submit(request(7, 3, false, true)));
+        assert!(poll!(&mut a).is_pending() && poll!(&mut b).is_pending());
+        assert!(poll!(&mut c).is_pending());
+        // Each request runs alone, and the next one of the sequence stays queued while it
+        // runs, although the second instance is idle.
+        for (value, queued) in [(1, 2), (2, 1), (3, 0)] {
+            assert_eq!(gate.arrival().await, value, "{strategy}");
+            assert_eq!(s.queue_depth(), queued, "{strategy}: while {value} runs");
+            gate.release(value);
+        }
         assert_eq!(
-            (values(a).0, values(b).0, values(c).0),
+            (values(a.await).0, values(b.await).0, values(c.await).0),
             (1, 3, 6),
             "{strategy}"
         );
@@ -229,7 +243,7 @@ async fn requests_of_a_sequence_run_in_order_one_at_a_time() {
 
 #[tokio::test]
 async fn a_sequence_must_start_and_ends_with_end() {
-    let (s, _) = scheduler(4, "", 1, 0);
+    let (s, _) = scheduler(4, "", 1, Gate::opened());
     let e = s.submit(request(3, 1, false, false)).await.unwrap_err();
     assert_eq!(
         e.message(),
@@ -249,7 +263,7 @@ async fn a_sequence_must_start_and_ends_with_end() {
 
 #[tokio::test]
 async fn a_new_start_restarts_a_live_sequence() {
-    let (s, _) = scheduler(4, "", 1, 0);
+    let (s, _) = scheduler(4, "", 1, Gate::opened());
     values(s.submit(request(4, 10, true, false)).await);
     assert_eq!(values(s.submit(request(4, 1, true, false)).await).0, 1);
     assert_eq!(values(s.submit(request(4, 1, false, false)).await).0, 2);
@@ -257,7 +271,7 @@ async fn a_new_start_restarts_a_live_sequence() {
 
 #[tokio::test]
 async fn a_string_id_is_refused_by_an_integer_corrid_control() {
-    let (s, _) = scheduler(1, "", 1, 0);
+    let (s, _) = scheduler(1, "", 1, Gate::opened());
     let mut r = request(0, 1, true, false);
     r.sequence = Some(SequenceFlags {
         id: CorrelationId::String("abc".into()),
@@ -271,27 +285,33 @@ async fn a_string_id_is_refused_by_an_integer_corrid_control() {
 #[tokio::test]
 async fn refusing_the_queue_answers_waiting_requests_and_lets_the_running_one_finish() {
     for strategy in ["direct { }", "oldest { max_candidate_sequences: 4 }"] {
-        let (s, _) = scheduler(4, strategy, 1, 100);
-        let refuse = async {
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while s.queue_depth() < 2 {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{strategy}: nothing queued"
-                );
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            s.refuse_queued("model 'm' version 1 is unloading")
-        };
-        let (a, b, c, refused) = futures::join!(
-            s.submit(request(7, 1, true, false)),
-            s.submit(request(7, 2, false, false)),
-            s.submit(request(7, 3, false, true)),
-            refuse
+        let gate = Gate::new();
+        let (s, _) = scheduler(4, strategy, 1, gate.clone());
+        let mut a = pin!(s.submit(request(7, 1, true, false)));
+        let mut b = pin!(s.submit(request(7, 2, false, false)));
+        let mut c = pin!(s.submit(request(7, 3, false, true)));
+        assert!(poll!(&mut a).is_pending() && poll!(&mut b).is_pending());
+        assert!(poll!(&mut c).is_pending());
+        assert_eq!(
+            gate.arrival().await,
+            1,
+            "{strategy}: the first request runs"
         );
+        assert_eq!(s.queue_depth(), 2, "{strategy}");
+        let refused = s.refuse_queued("model 'm' version 1 is unloading");
         assert_eq!(refused, 2, "{strategy}");
-        assert_eq!(values(a).0, 1, "{strategy}: the running request finishes");
-        for r in [b, c] {
+        gate.release(1);
+        assert_eq!(
+            values(a.await).0,
+            1,
+            "{strategy}: the running request finishes"
+        );
+        assert_eq!(
+            gate.history(),
+            [1],
+            "{strategy}: the refused requests never ran"
+        );
+        for r in [b.await, c.await] {
             assert!(
                 matches!(&r, Err(ServiceError::Unavailable(m)) if m == "model 'm' version 1 is unloading"),
                 "{strategy}: {r:?}"

@@ -1,0 +1,22 @@
+//! What Nereid's tests share, so they stop copying it: a seeded generator ([`Rng`]), FP32
+//! tensor builders ([`fp32`], [`floats`]), [`eventually`] (poll a condition up to a deadline
+//! instead of sleeping before an assertion) and a [`Gate`] (a test backend or fake server
+//! signals "started" and waits for "release", so a test orders events without sleeping).
+//!
+//! Only ever a dev-dependency: nothing here belongs in a shipped binary.
+//!
+//! The rule these serve: no fixed sleeps in tests. A test that waits for something to happen
+//! waits on a [`Gate`] or polls with [`eventually`]; a test whose subject is timing runs on
+//! tokio's paused clock (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`).
+
+#![forbid(unsafe_code)]
+
+mod eventually;
+mod gate;
+mod rng;
+mod tensor;
+
+pub use eventually::{eventually, eventually_async, eventually_some};
+pub use gate::Gate;
+pub use rng::Rng;
+pub use tensor::{floats, fp32, fp32_1d};

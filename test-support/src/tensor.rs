@@ -1,0 +1,46 @@
+//! FP32 tensors from values and back, as nearly every inference test builds them.
+
+use bytes::Bytes;
+use nereid_proto::{DataType, Tensor};
+
+/// An FP32 tensor named `name` of `shape` holding `values` (little-endian, as on the wire).
+/// Panics when `values` does not fill `shape`: the test itself is wrong.
+pub fn fp32(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    match Tensor::new(name, DataType::Fp32, shape, Bytes::from(data)) {
+        Ok(t) => t,
+        Err(e) => panic!("test tensor '{name}': {e}"),
+    }
+}
+
+/// A 1-D FP32 tensor of `values`.
+pub fn fp32_1d(name: &str, values: &[f32]) -> Tensor {
+    fp32(name, vec![values.len() as i64], values)
+}
+
+/// The values of an FP32 tensor.
+pub fn floats(t: &Tensor) -> Vec<f32> {
+    assert_eq!(
+        t.datatype(),
+        DataType::Fp32,
+        "tensor '{}' is not FP32",
+        t.name()
+    );
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip() {
+        let t = fp32("x", vec![2, 2], &[1.0, -2.5, 0.0, 7.25]);
+        assert_eq!(t.shape(), &[2, 2]);
+        assert_eq!(floats(&t), [1.0, -2.5, 0.0, 7.25]);
+        assert_eq!(fp32_1d("y", &[3.0]).shape(), &[1]);
+    }
+}
