@@ -5,7 +5,7 @@
 //! ```text
 //! flag values ──► RestrictedApis::parse ──► category ─► (header key, value)   (startup; errors
 //!                                                                              name the flag)
-//! HTTP  Route ─────────► http_category ─┐
+//! HTTP  Route ─────────► http_category ─┐   (http::routes)
 //! gRPC  /pkg.Service/Rpc ► grpc_category ┴─► RestrictedApis::check(category, header lookup)
 //!                                             ├─ not restricted, or the header has the value: Ok
 //!                                             └─ else: HTTP 403 "This API is restricted, …",
@@ -24,8 +24,6 @@ use std::fmt;
 
 use http::HeaderMap;
 use http::header::HeaderName;
-
-use crate::http::routes::{ModelAction, Route};
 
 /// A group of endpoints that can be put behind a header, named as Triton names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -247,31 +245,6 @@ pub fn grpc_refusal(missing: &RequiredHeader) -> String {
         "This protocol is restricted, expecting header '{}'",
         missing.key
     )
-}
-
-/// The category of an HTTP endpoint, as Triton's `http_server.cc` files them.
-pub fn http_category(route: &Route) -> ApiCategory {
-    match route {
-        Route::Live | Route::Ready => ApiCategory::Health,
-        Route::ServerMetadata => ApiCategory::Metadata,
-        Route::AllModelStats => ApiCategory::Statistics,
-        Route::Model { action, .. } => match action {
-            ModelAction::Metadata => ApiCategory::Metadata,
-            ModelAction::Ready => ApiCategory::Health,
-            ModelAction::Config => ApiCategory::ModelConfig,
-            ModelAction::Stats => ApiCategory::Statistics,
-            ModelAction::Infer | ModelAction::Generate | ModelAction::GenerateStream => {
-                ApiCategory::Inference
-            }
-            ModelAction::TraceSetting => ApiCategory::Trace,
-        },
-        Route::RepositoryIndex { .. }
-        | Route::RepositoryLoad { .. }
-        | Route::RepositoryUnload { .. } => ApiCategory::ModelRepository,
-        Route::SystemSharedMemory { .. } | Route::CudaSharedMemory(..) => ApiCategory::SharedMemory,
-        Route::TraceSetting => ApiCategory::Trace,
-        Route::Logging => ApiCategory::Logging,
-    }
 }
 
 /// The category of a gRPC method path (`/inference.GRPCInferenceService/ModelInfer`), as

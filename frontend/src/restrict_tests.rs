@@ -3,7 +3,7 @@
 use http::{HeaderMap, HeaderValue};
 
 use super::*;
-use crate::http::routes::parse_route;
+use crate::http::routes::{http_category, parse_route};
 
 fn values(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()

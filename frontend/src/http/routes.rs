@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::HttpError;
 use super::{HttpState, generate, infer, metadata, repository, settings, shm};
-use crate::restrict::{http_category, http_refusal};
+use crate::restrict::{ApiCategory, http_refusal};
 use nereid_proto::ServiceError;
 
 /// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
@@ -261,6 +261,31 @@ pub async fn dispatch(State(state): State<Arc<HttpState>>, request: Request) -> 
         Route::Logging => settings::logging(&state, request).await,
     };
     result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The category of an HTTP endpoint, as Triton's `http_server.cc` files them.
+pub fn http_category(route: &Route) -> ApiCategory {
+    match route {
+        Route::Live | Route::Ready => ApiCategory::Health,
+        Route::ServerMetadata => ApiCategory::Metadata,
+        Route::AllModelStats => ApiCategory::Statistics,
+        Route::Model { action, .. } => match action {
+            ModelAction::Metadata => ApiCategory::Metadata,
+            ModelAction::Ready => ApiCategory::Health,
+            ModelAction::Config => ApiCategory::ModelConfig,
+            ModelAction::Stats => ApiCategory::Statistics,
+            ModelAction::Infer | ModelAction::Generate | ModelAction::GenerateStream => {
+                ApiCategory::Inference
+            }
+            ModelAction::TraceSetting => ApiCategory::Trace,
+        },
+        Route::RepositoryIndex { .. }
+        | Route::RepositoryLoad { .. }
+        | Route::RepositoryUnload { .. } => ApiCategory::ModelRepository,
+        Route::SystemSharedMemory { .. } | Route::CudaSharedMemory(..) => ApiCategory::SharedMemory,
+        Route::TraceSetting => ApiCategory::Trace,
+        Route::Logging => ApiCategory::Logging,
+    }
 }
 
 #[cfg(test)]
