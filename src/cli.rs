@@ -91,9 +91,9 @@ pub struct ServeArgs {
     /// Ready only when every model loaded successfully (false: ready once started).
     #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_readiness: bool,
-    /// Exit at startup if any model fails to load (Triton's default is true; Nereid keeps
-    /// serving the models that loaded unless this is set).
-    #[arg(long, env = "NEREID_EXIT_ON_ERROR", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    /// Exit (status 1) at startup if any model fails to load, as Triton by default;
+    /// `--exit-on-error=false` keeps serving the models that loaded.
+    #[arg(long, env = "NEREID_EXIT_ON_ERROR", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub exit_on_error: bool,
     #[command(flatten)]
     pub frontend: FrontendArgs,
@@ -420,6 +420,9 @@ mod tests {
         assert_eq!(c.http_addr.unwrap().port(), 8000);
         let c = parse(&["--strict-model-config=true"]).unwrap();
         assert!(!c.manager.auto_complete);
+        // Triton's default: a model that fails at startup stops the server.
+        assert!(parse(&[]).unwrap().exit_on_error);
+        assert!(!parse(&["--exit-on-error=false"]).unwrap().exit_on_error);
     }
 
     /// A directory removed when dropped.
@@ -483,6 +486,8 @@ mod tests {
         assert_eq!(w.agent.heartbeat_interval, Duration::from_millis(250));
         assert_eq!(w.agent.repository, work.path().join("models"));
         assert!(w.agent.repository.is_dir());
+        // A worker keeps serving when an assigned model fails; the control plane sees it.
+        assert!(!w.serve.exit_on_error);
         assert_eq!(w.advertise_host, "127.0.0.1");
         assert!(w.serve.manager.cluster_managed);
         assert_eq!(w.serve.manager.control_mode, ControlMode::Explicit);

@@ -200,7 +200,7 @@ pub async fn run_with(
         .map_err(|e| ServeError::Startup(e.to_string()))?;
     if config.exit_on_error && !manager.all_ready() {
         return Err(ServeError::Startup(
-            "a model failed to load and --exit-on-error is set (see the errors above)".into(),
+            "a model failed to load and --exit-on-error is on (see the errors above; --exit-on-error=false serves the models that loaded)".into(),
         ));
     }
 

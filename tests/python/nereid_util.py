@@ -84,7 +84,8 @@ class Server:
     """One `nereid serve` process on free localhost ports, logging to a file."""
 
     def __init__(self, repo, workdir, extra_args=(), name="server", suite_defaults=True):
-        """`suite_defaults`: the suite's own flags (lenient readiness, debug logs, client shared
+        """`suite_defaults`: the suite's own flags (lenient readiness, serving on when a model
+        fails at startup, as the test repository's broken models do, debug logs, client shared
         memory on for the shared-memory tests); off for a server started exactly as a user would,
         with only `extra_args`."""
         self.repo = Path(repo)
@@ -95,7 +96,8 @@ class Server:
             NEREID_BIN, "serve",
             "--model-repository", str(self.repo),
             *loopback_listen_args(self.http_port, self.grpc_port, self.metrics_port),
-            *(("--strict-readiness", "false", "--log-verbose", "1", "--allow-client-shm=true")
+            *(("--strict-readiness", "false", "--exit-on-error=false", "--log-verbose", "1",
+               "--allow-client-shm=true")
               if suite_defaults else ()),
             *extra_args,
         ]
