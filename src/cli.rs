@@ -11,6 +11,7 @@ use crate::common_args::{
     AuthTokenArgs, FrontendArgs, ListenArgs, MetricsArgs, ModelArgs, PythonArgs,
     control_plane_addrs, parse_bool,
 };
+use crate::forward_args::ForwardArgs;
 use crate::telemetry_args::TelemetryArgs;
 
 #[derive(Parser, Debug)]
@@ -98,6 +99,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub frontend: FrontendArgs,
     #[command(flatten)]
+    pub forward: ForwardArgs,
+    #[command(flatten)]
     pub tls: crate::tls_args::PortTlsArgs,
     #[command(flatten)]
     pub models: ModelArgs,
@@ -141,7 +144,8 @@ impl ServeArgs {
             return Err("--repository-poll-secs must be at least 1".into());
         }
         let (frontend, models) = (self.frontend, self.models);
-        let frontend_options = frontend.options()?;
+        let mut frontend_options = frontend.options()?;
+        self.forward.apply(&mut frontend_options)?;
         if models.model_queue_size == 0 {
             return Err("--model-queue-size must be at least 1".into());
         }
@@ -227,6 +231,8 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub frontend: FrontendArgs,
     #[command(flatten)]
+    pub forward: ForwardArgs,
+    #[command(flatten)]
     pub tls: crate::tls_args::PortTlsArgs,
     #[command(flatten)]
     pub cluster_tls: crate::cluster_tls_args::ClusterTlsArgs,
@@ -293,6 +299,7 @@ impl WorkerArgs {
             strict_readiness: self.strict_readiness,
             exit_on_error: false,
             frontend: self.frontend,
+            forward: self.forward,
             tls: self.tls,
             models: self.models,
             strict_model_config: None,

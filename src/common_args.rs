@@ -241,6 +241,8 @@ impl FrontendArgs {
             },
             grpc_max_message_size: self.grpc_max_message_size,
             grpc_stream_buffer: self.grpc_stream_buffer,
+            // Set by `serve` and `worker` from their forwarding flags (crate::forward_args).
+            ..Default::default()
         })
     }
 }

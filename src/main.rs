@@ -13,6 +13,7 @@ mod cluster_tls_args;
 mod common_args;
 mod control_plane_args;
 mod ctl;
+mod forward_args;
 mod ort_library;
 mod router_args;
 mod telemetry_args;

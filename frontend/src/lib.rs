@@ -39,6 +39,7 @@
 
 mod budget;
 mod cuda;
+mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod grpc;
@@ -53,6 +54,7 @@ mod serve;
 mod shm;
 
 pub use budget::{BUDGET_FLAG, BudgetExceeded, DEFAULT_MAX_BUFFERED_REQUEST_BYTES, RequestBudget};
+pub use forward::HeaderForward;
 /// The `ModelStreamInfer` skeleton, generic over a [`StreamHandler`]: the typed handler and the
 /// router's pass-through share its reading, request orders, error reporting and cancellation.
 pub use grpc::{

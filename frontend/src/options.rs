@@ -9,6 +9,7 @@
 
 use nereid_proto::codec::RequestLimits;
 
+use crate::forward::HeaderForward;
 use crate::grpc::GrpcConfig;
 use crate::http::HttpConfig;
 use crate::restrict::RestrictedApis;
@@ -28,6 +29,10 @@ pub struct FrontendOptions {
     pub grpc_max_message_size: usize,
     /// `--grpc-stream-buffer`: [`GrpcConfig::stream_response_buffer`].
     pub grpc_stream_buffer: usize,
+    /// `--http-header-forward-pattern`: [`HttpConfig::header_forward`].
+    pub http_header_forward: HeaderForward,
+    /// `--grpc-header-forward-pattern`: [`GrpcConfig::header_forward`].
+    pub grpc_header_forward: HeaderForward,
 }
 
 impl Default for FrontendOptions {
@@ -39,6 +44,8 @@ impl Default for FrontendOptions {
             limits: RequestLimits::default(),
             grpc_max_message_size: grpc.max_message_size,
             grpc_stream_buffer: grpc.stream_response_buffer,
+            http_header_forward: HeaderForward::default(),
+            grpc_header_forward: HeaderForward::default(),
         }
     }
 }
@@ -51,6 +58,7 @@ impl FrontendOptions {
             shared_memory,
             restricted: self.http_restricted.clone(),
             limits: self.limits,
+            header_forward: self.http_header_forward.clone(),
         }
     }
 
@@ -62,6 +70,7 @@ impl FrontendOptions {
             shared_memory,
             restricted: self.grpc_restricted.clone(),
             limits: self.limits,
+            header_forward: self.grpc_header_forward.clone(),
         }
     }
 }

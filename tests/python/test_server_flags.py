@@ -1,7 +1,11 @@
-"""Triton's repository and server flags (issue 36): `--exit-on-error` (on by default).
+"""Triton's repository and server flags (issue 36): header forwarding and `--exit-on-error` (on
+by default).
 
-`py_params` answers with the parameters its request carried (as JSON in OUT).
-
+- Header forwarding: `py_params` answers with the parameters its request carried (as JSON in
+  OUT), so what `--http-header-forward-pattern` / `--grpc-header-forward-pattern` forwarded is
+  what the model saw. The same repository and flags run on Nereid and on the real Triton 2.51
+  (`make triton-ref`); what each model saw must be equal, through tritonclient's HTTP and gRPC
+  clients and a gRPC stream.
 - `--exit-on-error`: a repository with one broken model stops `serve` (as it stops Triton) unless
   `--exit-on-error=false`.
 """
@@ -14,10 +18,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from nereid_util import NEREID_BIN, free_port, loopback_listen_args
 from test_python_parameters import PARAMS, config
 from triton_util import nereid_like_triton
+
+HTTP_PATTERN = "my_header.*|dup|triton_"
+# Case-sensitive: the lower-case `my_header_*` metadata gRPC sends does not match MY_HEADER.
+GRPC_PATTERN = "(?-i)MY_HEADER.*|my_grpc_.*|dup|triton_"
+FORWARD_FLAGS = ["--http-header-forward-pattern", HTTP_PATTERN,
+                 "--grpc-header-forward-pattern", GRPC_PATTERN]
+HEADERS = {"my_header_1": "one", "my_header_2": "two words, \"quoted\"", "my_grpc_a": "ga",
+           "unrelated": "no"}
 
 
 def write_repo(path, broken=False):
@@ -32,6 +46,18 @@ def write_repo(path, broken=False):
     return path
 
 
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from triton_util import TRITON_BIN, start_pair
+    if not Path(TRITON_BIN).exists():
+        pytest.skip(f"{TRITON_BIN} missing: run `make triton-ref`")
+    work = tmp_path_factory.mktemp("forward_diff")
+    servers = start_pair(write_repo(work / "repo"), work, FORWARD_FLAGS)
+    yield servers
+    for s in servers:
+        s.stop()
+
+
 def inputs(module):
     tensor = module.InferInput("IN", [1], "INT32")
     tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
@@ -42,6 +68,16 @@ def seen(result):
     return json.loads(result.as_numpy("OUT")[0])
 
 
+def http_seen(server, headers, parameters=None):
+    # Copies of `headers`: tritonclient's HTTP client adds its own to the dict it is given.
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    try:
+        return seen(client.infer("py_params", inputs(httpclient), headers=dict(headers),
+                                 parameters=parameters))
+    finally:
+        client.close()
+
+
 def grpc_seen(server, headers, parameters=None):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
@@ -49,6 +85,66 @@ def grpc_seen(server, headers, parameters=None):
                                  parameters=parameters))
     finally:
         client.close()
+
+
+def stream_seen(server, headers):
+    answers = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: answers.append((result, error)),
+                            headers=dict(headers))
+        client.async_stream_infer("py_params", inputs(grpcclient), parameters={"n": 3})
+        client.stop_stream()
+    finally:
+        client.close()
+    assert len(answers) == 1, answers
+    result, error = answers[0]
+    assert error is None, error
+    return seen(result)
+
+
+def test_http_headers_reach_the_model_as_in_triton(pair):
+    nereid, triton = pair
+    ours, theirs = (http_seen(s, HEADERS, {"client": "yes"}) for s in pair)
+    assert ours == theirs, (ours, theirs)
+    assert ours == {"client": "yes", "my_header_1": "one",
+                    "my_header_2": "two words, \"quoted\""}, ours
+
+
+def test_grpc_metadata_reaches_the_model_as_in_triton(pair):
+    ours, theirs = (grpc_seen(s, HEADERS, {"client": "yes"}) for s in pair)
+    assert ours == theirs, (ours, theirs)
+    # The gRPC pattern is case-sensitive: my_header_* are not MY_HEADER*.
+    assert ours == {"client": "yes", "my_grpc_a": "ga"}, ours
+
+
+def test_stream_metadata_reaches_every_request_as_in_triton(pair):
+    ours, theirs = (stream_seen(s, HEADERS) for s in pair)
+    assert ours == theirs, (ours, theirs)
+    assert ours == {"n": 3, "my_grpc_a": "ga"}, ours
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_header_replaces_the_request_parameter_of_its_name_as_in_triton(pair, protocol):
+    call = http_seen if protocol == "http" else grpc_seen
+    ours, theirs = (call(s, {"dup": "from-header"}, {"dup": "from-body"}) for s in pair)
+    assert ours == theirs, (ours, theirs)
+    assert ours == {"dup": "from-header"}, ours
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_reserved_header_names_are_refused(pair, protocol):
+    """Current Triton refuses a matching header named like a reserved parameter or starting
+    with triton_ ("Header '...' is reserved for Triton usage and cannot be forwarded.");
+    Triton 2.51 predates that check (docs/compatibility.md says so)."""
+    nereid, _ = pair
+    call = http_seen if protocol == "http" else grpc_seen
+    with pytest.raises(InferenceServerException) as refused:
+        call(nereid, {"triton_x": "1", "my_header_1": "one"})
+    message = str(refused.value)
+    assert "Header 'triton_x' is reserved for Triton usage and cannot be forwarded." in message
+    expected = "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
+    assert expected in message or refused.value.status() == expected, message
 
 
 # ---------------------------------------------------------------------------------------------

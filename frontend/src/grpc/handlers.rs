@@ -102,7 +102,8 @@ impl GrpcInferenceService for GrpcFrontend {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
-        let (mut request, shm_plan) = infer::decode_call(request, &self.config.limits)?;
+        let (mut request, shm_plan) =
+            infer::decode_call(request, &self.config.limits, &self.config.header_forward)?;
         let shm = &self.config.shared_memory;
         resolve_inputs(shm, &mut request, shm_plan.inputs).await?;
         let hook = nereid_proto::ResponseHook::new();
@@ -123,11 +124,16 @@ impl GrpcInferenceService for GrpcFrontend {
     ) -> RpcResult<Self::ModelStreamInferStream> {
         let mode = ErrorMode::from_metadata(request.metadata());
         let context = infer::request_context(request.metadata(), std::time::Instant::now());
+        let mut forwarded = nereid_proto::Parameters::new();
+        let forwarded = (self.config.header_forward)
+            .apply_grpc(request.metadata(), &mut forwarded)
+            .map(|()| forwarded);
         Ok(Response::new(stream::serve_stream(
             self.service.clone(),
             request.into_inner(),
             mode,
             context,
+            forwarded,
             self.config.stream_response_buffer,
             self.config.limits,
         )))

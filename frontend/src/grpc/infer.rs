@@ -11,6 +11,7 @@
 
 use std::time::Instant;
 
+use crate::forward::HeaderForward;
 use crate::shm::Written;
 use nereid_proto::codec::{RequestLimits, decode_stream_request};
 use nereid_proto::pb::inference::{ModelInferRequest, ModelInferResponse};
@@ -20,16 +21,20 @@ use nereid_proto::{
 };
 use tonic::metadata::MetadataMap;
 
-/// Validates and converts a unary `ModelInfer` call within `limits`, its metadata included; its
-/// shared-memory tensors come back beside it, still to be read and written.
+/// Validates and converts a unary `ModelInfer` call within `limits`, its metadata included (the
+/// entries `forward` matches become parameters, after the message's own); its shared-memory
+/// tensors come back beside it, still to be read and written.
 pub(crate) fn decode_call(
     call: tonic::Request<ModelInferRequest>,
     limits: &RequestLimits,
+    forward: &HeaderForward,
 ) -> ServiceResult<(InferRequest, ShmPlan)> {
     let context = request_context(call.metadata(), Instant::now());
+    let (metadata, _, message) = call.into_parts();
     // A unary call ignores `triton_enable_empty_final_response`.
-    let decoded = decode_stream_request(call.into_inner(), limits)?;
+    let decoded = decode_stream_request(message, limits)?;
     let mut request = decoded.request;
+    forward.apply_grpc(&metadata, &mut request.parameters)?;
     request.context = context;
     Ok((request, decoded.shm))
 }

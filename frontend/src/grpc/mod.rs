@@ -42,6 +42,7 @@ mod tests;
 
 use std::sync::Arc;
 
+use crate::forward::HeaderForward;
 use crate::restrict::{RestrictedApis, grpc_category, grpc_refusal};
 use crate::shm::SharedMemory;
 use nereid_proto::InferenceService;
@@ -68,6 +69,9 @@ pub struct GrpcConfig {
     /// Input / output counts and tensor sizes an infer request may have (the HTTP frontend
     /// checks the same).
     pub limits: RequestLimits,
+    /// Metadata copied into `ModelInfer` and `ModelStreamInfer` requests' parameters
+    /// (`--grpc-header-forward-pattern`); default: none.
+    pub header_forward: HeaderForward,
 }
 
 impl GrpcConfig {
@@ -85,6 +89,7 @@ impl Default for GrpcConfig {
             shared_memory: SharedMemory::default(),
             restricted: RestrictedApis::default(),
             limits: RequestLimits::default(),
+            header_forward: HeaderForward::default(),
         }
     }
 }

@@ -56,7 +56,7 @@ use nereid_proto::pb::inference::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
 use nereid_proto::{
-    InferenceService, RequestContext, ServiceError, ServiceResult, StreamedResponse,
+    InferenceService, Parameters, RequestContext, ServiceError, ServiceResult, StreamedResponse,
 };
 
 /// Response parameter marking a request's last response.
@@ -159,12 +159,15 @@ where
 /// Starts serving one `ModelStreamInfer` rpc over `service` (see [`serve_with`]). Every
 /// request of the stream carries `context`, read from the rpc's metadata: the stream's trace
 /// context and deadline are those of each of its requests. Each request is decoded within
-/// `limits`; one beyond them is answered with its error like any bad request.
+/// `limits`; one beyond them is answered with its error like any bad request. `forwarded` are
+/// the stream's metadata forwarded as parameters (`--grpc-header-forward-pattern`), added to each
+/// request's own; when forwarding failed, each request is answered with that error.
 pub(crate) fn serve_stream<S>(
     service: Arc<dyn InferenceService>,
     requests: S,
     mode: ErrorMode,
     context: RequestContext,
+    forwarded: ServiceResult<Parameters>,
     buffer: usize,
     limits: RequestLimits,
 ) -> Responses
@@ -174,6 +177,7 @@ where
     let handler = TypedStream {
         service,
         context,
+        forwarded,
         limits,
         decoupled: DecoupledModels::default(),
     };
@@ -374,6 +378,8 @@ async fn stream_task<H, S>(
 struct TypedStream {
     service: Arc<dyn InferenceService>,
     context: RequestContext,
+    /// The stream's forwarded metadata, or why forwarding it failed.
+    forwarded: ServiceResult<Parameters>,
     limits: RequestLimits,
     decoupled: DecoupledModels,
 }
@@ -385,9 +391,11 @@ impl StreamHandler for TypedStream {
 
     async fn place(&mut self, message: ModelInferRequest) -> Placed<Self::Ready> {
         let origin = Origin::of(&message);
-        let decoded = codec::decode_stream_request(message, &self.limits).map(|mut r| {
+        let decoded = codec::decode_stream_request(message, &self.limits).and_then(|mut r| {
             r.request.context = self.context.clone();
-            r
+            let forwarded = self.forwarded.clone()?;
+            r.request.parameters.extend(forwarded);
+            Ok(r)
         });
         let (sequence, ordered) = match &decoded {
             Ok(r) => {

@@ -522,6 +522,7 @@ async fn a_slow_reader_holds_back_the_model_and_dropping_it_cancels() {
         requests,
         ErrorMode::InBand,
         Default::default(),
+        Ok(Default::default()),
         buffer,
         Default::default(),
     );

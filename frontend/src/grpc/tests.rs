@@ -497,3 +497,45 @@ async fn restricted_rpcs_need_the_metadata_and_limits_apply() {
     );
     assert!(h.fake.requests().is_empty());
 }
+
+#[tokio::test]
+async fn forwarded_metadata_becomes_string_parameters() {
+    let h = Harness::start(GrpcConfig {
+        header_forward: crate::forward::HeaderForward::new("^x-fwd-|triton_").unwrap(),
+        ..Default::default()
+    })
+    .await;
+    let call = |metadata: &[(&'static str, &str)]| {
+        let mut request = tonic::Request::new(ModelInferRequest {
+            model_name: "echo".into(),
+            inputs: vec![raw_input("a", "UINT8", vec![1])],
+            raw_input_contents: vec![Bytes::from(vec![1u8])],
+            ..Default::default()
+        });
+        for (key, value) in metadata {
+            request.metadata_mut().insert(*key, value.parse().unwrap());
+        }
+        request
+    };
+    bounded(
+        h.client()
+            .model_infer(call(&[("x-fwd-a", "a"), ("x-other", "no")])),
+    )
+    .await
+    .unwrap();
+    let seen = h.fake.last_request().unwrap().parameters;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen["x-fwd-a"],
+        nereid_proto::ParamValue::String("a".into())
+    );
+
+    let status = bounded(h.client().model_infer(call(&[("triton_x", "1")])))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "Header 'triton_x' is reserved for Triton usage and cannot be forwarded."
+    );
+}

@@ -54,6 +54,8 @@ pub async fn infer(
         }
     };
     let mut request = decoded.request;
+    // Like Triton, after the body's own parameters: a forwarded header replaces one of its name.
+    (state.config.header_forward).apply_http(&parts.headers, &mut request.parameters)?;
     let shm = &state.config.shared_memory;
     resolve_inputs(shm, &mut request, decoded.shm.inputs).await?;
     request.context = request_context(&parts.headers);

@@ -64,6 +64,7 @@ pub(crate) use raw_request::decode_raw;
 
 use std::sync::Arc;
 
+use crate::forward::HeaderForward;
 use crate::restrict::RestrictedApis;
 use crate::shm::SharedMemory;
 use nereid_proto::InferenceService;
@@ -83,6 +84,9 @@ pub struct HttpConfig {
     /// Input / output counts and tensor sizes an infer request may have (the gRPC frontend
     /// checks the same).
     pub limits: RequestLimits,
+    /// Headers copied into infer requests' parameters (`--http-header-forward-pattern`);
+    /// default: none.
+    pub header_forward: HeaderForward,
 }
 
 impl HttpConfig {
@@ -97,6 +101,7 @@ impl Default for HttpConfig {
             shared_memory: SharedMemory::default(),
             restricted: RestrictedApis::default(),
             limits: RequestLimits::default(),
+            header_forward: HeaderForward::default(),
         }
     }
 }

@@ -260,3 +260,42 @@ async fn output_format_follows_binary_data_then_binary_data_output() {
     assert_eq!(reply.header("content-type"), Some("application/json"));
     assert_eq!(reply.json()["outputs"][0]["name"], "y");
 }
+
+#[tokio::test]
+async fn forwarded_headers_become_string_parameters() {
+    let fake = Arc::new(fake());
+    let config = HttpConfig {
+        header_forward: crate::forward::HeaderForward::new("^x-fwd-|triton_").unwrap(),
+        ..Default::default()
+    };
+    let app = router(fake.clone(), config);
+    let body = json!({
+        "parameters": {"x-fwd-b": 1, "keep": true},
+        "inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [1.0]}]
+    });
+    let mut request = post_json(URI, &body);
+    let headers = request.headers_mut();
+    headers.insert("X-Fwd-A", "a".parse().unwrap());
+    headers.insert("x-fwd-b", "from header".parse().unwrap());
+    headers.insert("x-other", "no".parse().unwrap());
+    let reply = send(&app, request).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    let seen = last_request(&fake).parameters;
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(seen["x-fwd-a"], ParamValue::String("a".into()));
+    assert_eq!(seen["x-fwd-b"], ParamValue::String("from header".into()));
+    assert_eq!(seen["keep"], ParamValue::Bool(true));
+
+    // A reserved name is refused before the service is called.
+    let mut request = post_json(URI, &body);
+    request
+        .headers_mut()
+        .insert("triton_x", "1".parse().unwrap());
+    let reply = send(&app, request).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reply.error(),
+        "Header 'triton_x' is reserved for Triton usage and cannot be forwarded."
+    );
+    assert!(fake.requests().is_empty());
+}
