@@ -1,8 +1,9 @@
 //! Flags of the infer frontends that only the data plane's own frontends honour (`serve` and
-//! `worker`, not the router's pass-through): Triton's header forwarding.
+//! `worker`, not the router's pass-through): Triton's header forwarding and gRPC infer response
+//! compression.
 
 use clap::Args;
-use nereid_frontend::{FrontendOptions, HeaderForward};
+use nereid_frontend::{FrontendOptions, HeaderForward, InferCompression};
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct ForwardArgs {
@@ -17,10 +18,26 @@ pub struct ForwardArgs {
     /// reserved name).
     #[arg(long, env = "NEREID_GRPC_HEADER_FORWARD_PATTERN")]
     pub grpc_header_forward_pattern: Option<String>,
+    /// none|low|medium|high: compress ModelInfer and ModelStreamInfer responses with gzip for
+    /// clients that accept it (any level but none; tonic has one gzip level). Costs CPU, saves
+    /// bandwidth on large outputs over slow links.
+    #[arg(
+        long,
+        env = "NEREID_GRPC_INFER_RESPONSE_COMPRESSION_LEVEL",
+        default_value = "none",
+        value_parser = parse_compression
+    )]
+    pub grpc_infer_response_compression_level: InferCompression,
+}
+
+fn parse_compression(s: &str) -> Result<InferCompression, String> {
+    InferCompression::from_name(s)
+        .ok_or_else(|| format!("expected none, low, medium or high, got '{s}'"))
 }
 
 impl ForwardArgs {
-    /// Sets the forwarding patterns in `options`, or says which is not a regular expression.
+    /// Sets the forwarding patterns and the compression in `options`, or says which pattern is
+    /// not a regular expression.
     pub fn apply(&self, options: &mut FrontendOptions) -> Result<(), String> {
         let compile = |flag: &str, pattern: &Option<String>| {
             HeaderForward::new(pattern.as_deref().unwrap_or(""))
@@ -34,6 +51,7 @@ impl ForwardArgs {
             "--grpc-header-forward-pattern",
             &self.grpc_header_forward_pattern,
         )?;
+        options.grpc_infer_compression = self.grpc_infer_response_compression_level;
         Ok(())
     }
 }
@@ -41,7 +59,7 @@ impl ForwardArgs {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
-    use nereid_frontend::HeaderForward;
+    use nereid_frontend::{HeaderForward, InferCompression};
 
     use crate::cli::{Cli, Command};
 
@@ -58,14 +76,17 @@ mod tests {
     }
 
     #[test]
-    fn forwarding_flags_reach_the_frontend_options() {
+    fn forwarding_and_compression_flags_reach_the_frontend_options() {
         let c = parse(&[]).unwrap();
         assert_eq!(c.frontend.http_header_forward, HeaderForward::default());
+        assert_eq!(c.frontend.grpc_infer_compression, InferCompression::None);
         let c = parse(&[
             "--http-header-forward-pattern",
             "my_.*",
             "--grpc-header-forward-pattern",
             "(?-i)x-.*",
+            "--grpc-infer-response-compression-level",
+            "HIGH",
         ])
         .unwrap();
         assert_eq!(
@@ -76,7 +97,9 @@ mod tests {
             c.frontend.grpc_header_forward,
             HeaderForward::new("(?-i)x-.*").unwrap()
         );
+        assert_eq!(c.frontend.grpc_infer_compression, InferCompression::High);
         let grpc = c.frontend.grpc_config(Default::default());
+        assert_eq!(grpc.infer_compression, InferCompression::High);
         assert!(grpc.header_forward.is_enabled());
         assert!(
             c.frontend
@@ -87,10 +110,15 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_pattern_is_refused_naming_the_flag() {
+    fn bad_values_are_refused_naming_the_flag() {
         let e = parse(&["--http-header-forward-pattern", "(open"]).unwrap_err();
         assert!(
             e.contains("--http-header-forward-pattern is not a valid regular expression"),
+            "{e}"
+        );
+        let e = parse(&["--grpc-infer-response-compression-level", "max"]).unwrap_err();
+        assert!(
+            e.contains("expected none, low, medium or high, got 'max'"),
             "{e}"
         );
     }

@@ -61,7 +61,7 @@ pub use grpc::{
     DecoupledModels, ErrorMode, Flow, GRPC_ERROR_KEY, Origin, Outbox, Placed, SequenceKey,
     StreamHandler, Turn, serve_stream_with, shared_memory_refused,
 };
-pub use grpc::{GrpcConfig, grpc_request_context, open_routes, restrict, routes};
+pub use grpc::{GrpcConfig, InferCompression, grpc_request_context, open_routes, restrict, routes};
 pub use http::{
     HttpConfig, HttpError, ModelAction, Route as HttpRoute, http_request_context, parse_route,
     read_body, router,

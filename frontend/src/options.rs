@@ -10,7 +10,7 @@
 use nereid_proto::codec::RequestLimits;
 
 use crate::forward::HeaderForward;
-use crate::grpc::GrpcConfig;
+use crate::grpc::{GrpcConfig, InferCompression};
 use crate::http::HttpConfig;
 use crate::restrict::RestrictedApis;
 use crate::shm::SharedMemory;
@@ -33,6 +33,8 @@ pub struct FrontendOptions {
     pub http_header_forward: HeaderForward,
     /// `--grpc-header-forward-pattern`: [`GrpcConfig::header_forward`].
     pub grpc_header_forward: HeaderForward,
+    /// `--grpc-infer-response-compression-level`: [`GrpcConfig::infer_compression`].
+    pub grpc_infer_compression: InferCompression,
 }
 
 impl Default for FrontendOptions {
@@ -46,6 +48,7 @@ impl Default for FrontendOptions {
             grpc_stream_buffer: grpc.stream_response_buffer,
             http_header_forward: HeaderForward::default(),
             grpc_header_forward: HeaderForward::default(),
+            grpc_infer_compression: InferCompression::None,
         }
     }
 }
@@ -71,6 +74,7 @@ impl FrontendOptions {
             restricted: self.grpc_restricted.clone(),
             limits: self.limits,
             header_forward: self.grpc_header_forward.clone(),
+            infer_compression: self.grpc_infer_compression,
         }
     }
 }

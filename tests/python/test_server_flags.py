@@ -1,26 +1,34 @@
-"""Triton's repository and server flags (issue 36): header forwarding and `--exit-on-error` (on
-by default).
+"""Triton's repository and server flags (issue 36): header forwarding, gRPC infer response
+compression and `--exit-on-error` (on by default).
 
 - Header forwarding: `py_params` answers with the parameters its request carried (as JSON in
   OUT), so what `--http-header-forward-pattern` / `--grpc-header-forward-pattern` forwarded is
   what the model saw. The same repository and flags run on Nereid and on the real Triton 2.51
   (`make triton-ref`); what each model saw must be equal, through tritonclient's HTTP and gRPC
   clients and a gRPC stream.
+- Compression: with `--grpc-infer-response-compression-level high`, a ModelInfer answer to a
+  client that accepts gzip is gzip-compressed (read off the wire with the raw HTTP/2 client: the
+  message's compressed flag and `grpc-encoding`), other rpcs are not, and tritonclient reads it.
 - `--exit-on-error`: a repository with one broken model stops `serve` (as it stops Triton) unless
   `--exit-on-error=false`.
 """
 
+import gzip
 import json
 import shutil
+import struct
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.service_pb2 as pb
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+import h2_raw
 from nereid_util import NEREID_BIN, free_port, loopback_listen_args
 from test_python_parameters import PARAMS, config
 from triton_util import nereid_like_triton
@@ -145,6 +153,106 @@ def test_reserved_header_names_are_refused(pair, protocol):
     assert "Header 'triton_x' is reserved for Triton usage and cannot be forwarded." in message
     expected = "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
     assert expected in message or refused.value.status() == expected, message
+
+
+# ---------------------------------------------------------------------------------------------
+# --grpc-infer-response-compression-level
+
+
+@pytest.fixture(scope="module")
+def compressing(tmp_path_factory):
+    work = tmp_path_factory.mktemp("compress")
+    server = nereid_like_triton(write_repo(work / "repo"), work,
+                                ["--grpc-infer-response-compression-level", "high"],
+                                name="compressing").start()
+    yield server
+    assert server.stop() == 0
+
+
+def raw_call(port, path, message, accept="gzip"):
+    """One unary gRPC call over a raw HTTP/2 connection, announcing `accept` as the encodings
+    the client takes; returns (response header fields, [(compressed flag, message bytes)])."""
+    body = message.SerializeToString()
+    with h2_raw.H2Connection(port) as h2:
+        block = h2_raw.encode_headers([
+            (":method", "POST"), (":scheme", "http"), (":path", path),
+            (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
+            ("te", "trailers"), ("grpc-accept-encoding", accept),
+        ])
+        h2.send(h2_raw.frame(h2_raw.HEADERS, h2_raw.END_HEADERS, 1, block))
+        h2.send(h2_raw.data_frame(1, h2_raw.grpc_prefix(len(body)) + body, end_stream=True))
+        data = b""
+        deadline = time.monotonic() + 30
+        while 1 not in h2.ended:
+            got = h2.read_frame(deadline)
+            assert got is not None, "connection closed before the answer"
+            kind, _, stream, payload = got
+            if kind == h2_raw.DATA and stream == 1:
+                data += payload
+        fields = h2.fields(1)
+    messages = []
+    while data:
+        flag, length = struct.unpack(">BI", data[:5])
+        messages.append((flag, data[5:5 + length]))
+        data = data[5 + length:]
+    return fields, messages
+
+
+def infer_message():
+    return pb.ModelInferRequest(
+        model_name="py_params",
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="IN", datatype="INT32", shape=[1])],
+        raw_input_contents=[np.array([1], dtype=np.int32).tobytes()])
+
+
+def test_infer_responses_are_gzip_compressed_for_clients_that_accept_it(compressing):
+    port = compressing.grpc_port
+    fields, messages = raw_call(port, h2_raw.MODEL_INFER, infer_message())
+    assert fields.get("grpc-status") == "0", fields
+    assert fields.get("grpc-encoding") == "gzip", fields
+    [(flag, payload)] = messages
+    assert flag == 1, "the message is not marked compressed"
+    response = pb.ModelInferResponse.FromString(gzip.decompress(payload))
+    assert response.model_name == "py_params"
+    assert json.loads(response.raw_output_contents[0][4:]) == {}
+
+    # A client that takes only identity gets it uncompressed.
+    fields, [(flag, payload)] = raw_call(port, h2_raw.MODEL_INFER, infer_message(), "identity")
+    assert flag == 0 and "grpc-encoding" not in fields, fields
+    assert pb.ModelInferResponse.FromString(payload).model_name == "py_params"
+
+    # Other rpcs are never compressed, as in Triton.
+    fields, [(flag, payload)] = raw_call(
+        port, "/inference.GRPCInferenceService/ServerMetadata", pb.ServerMetadataRequest())
+    assert flag == 0 and "grpc-encoding" not in fields, fields
+    assert pb.ServerMetadataResponse.FromString(payload).name == "triton"
+
+
+def test_tritonclient_reads_compressed_answers(compressing):
+    client = grpcclient.InferenceServerClient(compressing.grpc_url)
+    try:
+        for algorithm in (None, "gzip", "deflate"):
+            result = client.infer("py_params", inputs(grpcclient), parameters={"k": "v"},
+                                  compression_algorithm=algorithm)
+            assert seen(result) == {"k": "v"}, algorithm
+        assert client.get_server_metadata().name == "triton"
+    finally:
+        client.close()
+
+
+def test_infer_responses_are_not_compressed_by_default(pair):
+    nereid, _ = pair
+    fields, [(flag, _)] = raw_call(nereid.grpc_port, h2_raw.MODEL_INFER, infer_message())
+    assert flag == 0 and "grpc-encoding" not in fields, fields
+
+
+def test_bad_compression_level_stops_the_server(tmp_path):
+    out = subprocess.run([NEREID_BIN, "serve", "--model-repository", str(tmp_path),
+                          *loopback_listen_args(0, 0, 0),
+                          "--grpc-infer-response-compression-level", "max"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "expected none, low, medium or high, got 'max'" in out.stderr, out.stderr
 
 
 # ---------------------------------------------------------------------------------------------

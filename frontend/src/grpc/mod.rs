@@ -72,6 +72,35 @@ pub struct GrpcConfig {
     /// Metadata copied into `ModelInfer` and `ModelStreamInfer` requests' parameters
     /// (`--grpc-header-forward-pattern`); default: none.
     pub header_forward: HeaderForward,
+    /// `--grpc-infer-response-compression-level`: whether `ModelInfer` and `ModelStreamInfer`
+    /// responses are gzip-compressed for clients that accept it.
+    pub infer_compression: InferCompression,
+}
+
+/// `--grpc-infer-response-compression-level`, Triton's values. Any level but `none` compresses
+/// the infer rpcs' responses with gzip when the client's `grpc-accept-encoding` lists it (tonic
+/// compresses at one level, flate2's 6, whichever level is asked for); other rpcs' responses
+/// are never compressed, as in Triton.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InferCompression {
+    #[default]
+    None,
+    Low,
+    Medium,
+    High,
+}
+
+impl InferCompression {
+    /// The level named as in Triton's flag (any case), or `None` for an unknown name.
+    pub fn from_name(name: &str) -> Option<InferCompression> {
+        match name.to_ascii_lowercase().as_str() {
+            "none" => Some(InferCompression::None),
+            "low" => Some(InferCompression::Low),
+            "medium" => Some(InferCompression::Medium),
+            "high" => Some(InferCompression::High),
+            _ => None,
+        }
+    }
 }
 
 impl GrpcConfig {
@@ -90,6 +119,7 @@ impl Default for GrpcConfig {
             restricted: RestrictedApis::default(),
             limits: RequestLimits::default(),
             header_forward: HeaderForward::default(),
+            infer_compression: InferCompression::None,
         }
     }
 }
@@ -109,15 +139,43 @@ pub fn open_routes(
     config: GrpcConfig,
 ) -> tonic::service::Routes {
     let frontend = Arc::new(handlers::GrpcFrontend::new(service, config.clone()));
-    let inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
+    let mut inference = GrpcInferenceServiceServer::from_arc(frontend.clone())
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
         .accept_compressed(tonic::codec::CompressionEncoding::Deflate);
+    let compress = config.infer_compression != InferCompression::None;
+    if compress {
+        inference = inference.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+    }
     let health = HealthServer::from_arc(frontend)
         .max_decoding_message_size(config.max_message_size)
         .max_encoding_message_size(config.max_message_size);
-    tonic::service::Routes::new(inference).add_service(health)
+    let routes = tonic::service::Routes::new(inference).add_service(health);
+    if !compress {
+        return routes;
+    }
+    // tonic compresses every rpc of a service alike; like Triton, only the infer rpcs' answers
+    // are compressed: for the others the client's accepted encodings are hidden from tonic.
+    let router = routes
+        .into_axum_router()
+        .layer(axum::middleware::map_request(uncompressed_unless_infer));
+    tonic::service::Routes::from(router)
+}
+
+/// The infer rpcs, whose responses `--grpc-infer-response-compression-level` compresses.
+const COMPRESSED_RPCS: [&str; 2] = [
+    "/inference.GRPCInferenceService/ModelInfer",
+    "/inference.GRPCInferenceService/ModelStreamInfer",
+];
+
+/// Removes `grpc-accept-encoding` from calls of rpcs other than [`COMPRESSED_RPCS`], so tonic
+/// answers them uncompressed.
+async fn uncompressed_unless_infer(mut call: axum::extract::Request) -> axum::extract::Request {
+    if !COMPRESSED_RPCS.contains(&call.uri().path()) {
+        call.headers_mut().remove("grpc-accept-encoding");
+    }
+    call
 }
 
 /// `routes` behind the restricted-API check: a call to an rpc of a restricted category
