@@ -14,6 +14,7 @@ mod common_args;
 mod control_plane_args;
 mod ctl;
 mod forward_args;
+mod grpc_keepalive_args;
 mod ort_library;
 mod router_args;
 mod telemetry_args;

@@ -84,6 +84,8 @@ pub struct PortTlsArgs {
     /// is at its connection limit or busy (capped by net.core.somaxconn).
     #[arg(long, env = "NEREID_LISTEN_BACKLOG", default_value_t = nereid_frontend::DEFAULT_LISTEN_BACKLOG)]
     pub listen_backlog: u32,
+    #[command(flatten)]
+    pub grpc_keepalive: crate::grpc_keepalive_args::GrpcKeepaliveArgs,
 }
 
 /// One port's TLS flags, named for messages.
@@ -180,6 +182,7 @@ impl PortTlsArgs {
             max_concurrent_streams: self.max_concurrent_streams,
             request_budget: RequestBudget::new(self.max_buffered_request_bytes),
             backlog: self.listen_backlog,
+            grpc_keepalive: self.grpc_keepalive.keepalive()?,
         })
     }
 }

@@ -45,6 +45,7 @@ pub mod fuzzing;
 mod grpc;
 mod grpc_buffer;
 mod http;
+mod keepalive;
 mod listener;
 mod listener_http;
 mod offload;
@@ -69,6 +70,7 @@ pub use http::{
 /// The `Inference-Header-Content-Length` header name and its parsing, and how a JSON parameter
 /// value is read, as the typed path applies them (the router's pass-through scan uses the same).
 pub use http::{INFER_HEADER_CONTENT_LENGTH, header_length, param_value};
+pub use keepalive::GrpcKeepalive;
 pub use listener::{
     Conn, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS, PortConfig,
 };

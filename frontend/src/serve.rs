@@ -33,6 +33,7 @@ use crate::budget::RequestBudget;
 use crate::grpc::{GrpcConfig, routes};
 use crate::grpc_buffer::BufferMessagesLayer;
 use crate::http::{HttpConfig, router};
+use crate::keepalive::GrpcKeepalive;
 use crate::listener::{Conn, DEFAULT_LISTEN_BACKLOG, PortConfig, accept_task};
 use crate::listener_http::{DEFAULT_MAX_CONCURRENT_STREAMS, HttpServing, HttpTimeouts, serve_http};
 use nereid_proto::InferenceService;
@@ -113,6 +114,8 @@ pub struct PortsConfig {
     pub request_budget: RequestBudget,
     /// Accept backlog of every listening port.
     pub backlog: u32,
+    /// HTTP/2 keepalive pings and connection ages of the gRPC port.
+    pub grpc_keepalive: GrpcKeepalive,
 }
 
 impl Default for PortsConfig {
@@ -128,6 +131,7 @@ impl Default for PortsConfig {
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             request_budget: RequestBudget::default(),
             backlog: DEFAULT_LISTEN_BACKLOG,
+            grpc_keepalive: GrpcKeepalive::default(),
         }
     }
 }
@@ -145,6 +149,7 @@ impl PortsConfig {
     /// How a gRPC port whose messages may be `max_message_size` bytes serves its connections.
     pub fn grpc_serving(&self, max_message_size: usize) -> GrpcServing {
         GrpcServing {
+            keepalive: self.grpc_keepalive,
             max_concurrent_streams: self.max_concurrent_streams,
             budget: self.request_budget.clone(),
             max_message_size,
@@ -158,6 +163,8 @@ pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 64;
 /// How a gRPC port serves its connections once accepted.
 #[derive(Clone, Debug)]
 pub struct GrpcServing {
+    /// Keepalive pings and connection ages.
+    pub keepalive: GrpcKeepalive,
     /// HTTP/2 streams one connection may have open at once.
     pub max_concurrent_streams: u32,
     /// Where message bytes are charged while they arrive.
@@ -266,7 +273,8 @@ pub async fn serve_grpc_port(
     let incoming = incoming(what, listener, port, stop);
     // Large HTTP/2 windows: many concurrent streams share one client connection, and tensors
     // are often bigger than the 64 KiB defaults.
-    let result = tonic::transport::Server::builder()
+    let result = (serving.keepalive)
+        .configure(tonic::transport::Server::builder())
         .initial_connection_window_size(Some(16 * 1024 * 1024))
         .initial_stream_window_size(Some(4 * 1024 * 1024))
         .max_frame_size(Some(1024 * 1024))

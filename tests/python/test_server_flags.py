@@ -1,5 +1,5 @@
 """Triton's repository and server flags (issue 36): header forwarding, gRPC infer response
-compression and `--exit-on-error` (on by default).
+compression, gRPC keepalive and connection age, and `--exit-on-error` (on by default).
 
 - Header forwarding: `py_params` answers with the parameters its request carried (as JSON in
   OUT), so what `--http-header-forward-pattern` / `--grpc-header-forward-pattern` forwarded is
@@ -9,6 +9,9 @@ compression and `--exit-on-error` (on by default).
 - Compression: with `--grpc-infer-response-compression-level high`, a ModelInfer answer to a
   client that accepts gzip is gzip-compressed (read off the wire with the raw HTTP/2 client: the
   message's compressed flag and `grpc-encoding`), other rpcs are not, and tritonclient reads it.
+- Keepalive: the gRPC port pings every `--grpc-keepalive-time` ms and closes a connection that
+  does not answer within `--grpc-keepalive-timeout`; `--grpc-max-connection-age` sends GOAWAY
+  (`--grpc-max-connection-age-grace` and the ping-policing flags are accepted only).
 - `--exit-on-error`: a repository with one broken model stops `serve` (as it stops Triton) unless
   `--exit-on-error=false`.
 """
@@ -253,6 +256,79 @@ def test_bad_compression_level_stops_the_server(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "expected none, low, medium or high, got 'max'" in out.stderr, out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# gRPC keepalive and connection age
+
+
+class SilentH2(h2_raw.H2Connection):
+    """Counts the server's PINGs; answers them only when `answer` is set."""
+
+    def __init__(self, port, answer):
+        self.pings, self.answer = 0, answer
+        super().__init__(port)
+
+    def _record(self, kind, flags, stream, payload):
+        if kind == h2_raw.PING and not flags & h2_raw.ACK:
+            self.pings += 1
+            if not self.answer:
+                return
+        super()._record(kind, flags, stream, payload)
+
+
+@pytest.fixture(scope="module")
+def keepalive_server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("keepalive")
+    flags = ["--grpc-keepalive-time", "300", "--grpc-keepalive-timeout", "1000",
+             # Accepted for compatibility only.
+             "--grpc-keepalive-permit-without-calls", "1",
+             "--grpc-http2-max-pings-without-data", "0",
+             "--grpc-http2-min-recv-ping-interval-without-data", "100",
+             "--grpc-http2-max-ping-strikes", "0"]
+    server = nereid_like_triton(write_repo(work / "repo"), work, flags, name="keepalive").start()
+    yield server
+    assert server.stop() == 0
+
+
+def test_the_grpc_port_pings_and_drops_silent_clients(keepalive_server):
+    port = keepalive_server.grpc_port
+    with SilentH2(port, answer=True) as h2:
+        h2.settings()
+        h2.wait_for(lambda: h2.pings >= 3, 10, "three keepalive pings")
+        assert not h2.closed
+    with SilentH2(port, answer=False) as h2:
+        h2.settings()
+        started = time.monotonic()
+        assert h2.read_until_closed(15), "a client that never answers pings is kept"
+        assert h2.pings >= 1
+        # One interval, then the timeout.
+        assert time.monotonic() - started < 10
+
+
+def test_max_connection_age_sends_goaway(tmp_path):
+    server = nereid_like_triton(write_repo(tmp_path / "repo"), tmp_path,
+                                ["--grpc-max-connection-age", "500",
+                                 "--grpc-max-connection-age-grace", "500"],
+                                name="aged").start()
+    try:
+        with h2_raw.H2Connection(server.grpc_port) as h2:
+            # A stream left open keeps the connection after GOAWAY (the grace is not enforced:
+            # tonic has no such setting), so the GOAWAY can be read before the close.
+            h2.send(h2_raw.grpc_headers(
+                1, server.grpc_port, path="/inference.GRPCInferenceService/ModelStreamInfer"))
+            h2.settings()
+            h2.wait_for(lambda: h2.goaway is not None, 10, "GOAWAY at the connection's age")
+            assert h2.goaway == 0, h2.goaway
+            # Ending the stream lets the connection close.
+            h2.send(h2_raw.data_frame(1, b"", end_stream=True))
+            assert h2.read_until_closed(10), "the connection stays open after its calls"
+        # New connections are served.
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert client.is_server_live()
+        client.close()
+    finally:
+        assert server.stop() == 0
 
 
 # ---------------------------------------------------------------------------------------------
