@@ -29,7 +29,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 mod common;
-use common::{floats, fp32, ort_library, workspace};
+use common::{ort_library, workspace};
+use nereid_test_support::{floats, fp32};
 
 const NODE: &str = "w1";
 const TOKEN: &str = "t0ken";
@@ -226,18 +227,8 @@ async fn serve_fake(fake: &Arc<Fake>) -> (SocketAddr, tokio::task::JoinHandle<()
 }
 
 /// Polls `f` until it returns `Some`, for at most `secs` seconds.
-async fn eventually<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually<T>(what: &str, secs: u64, f: impl FnMut() -> Option<T>) -> T {
+    nereid_test_support::eventually_some(what, Duration::from_secs(secs), f).await
 }
 
 fn report_of(fake: &Fake, replica: u64, state: ReplicaState) -> Option<ReportReplicaRequest> {

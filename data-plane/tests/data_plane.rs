@@ -11,7 +11,8 @@ use nereid_data_plane::{Backends, ControlMode, DataPlane};
 use nereid_proto::{InferRequest, InferenceService, LoadRequest, ServiceError, UnloadRequest};
 
 mod common;
-use common::{data_plane, floats, fp32, ort_library, workspace};
+use common::{data_plane, ort_library, workspace};
+use nereid_test_support::{floats, fp32};
 
 fn fixture(name: &str) -> PathBuf {
     workspace()

@@ -14,7 +14,8 @@ use nereid_proto::{
 };
 
 mod common;
-use common::{data_plane, floats, ort_library, workspace};
+use common::{data_plane, ort_library, workspace};
+use nereid_test_support::floats;
 
 /// `add_sub`: INPUT0, INPUT1 FP32 [4] -> OUTPUT0 = a + b, OUTPUT1 = a - b (ONNX Runtime).
 const ADD_SUB: &str = r#"
@@ -170,7 +171,7 @@ fn plane(repo: &Path, mode: ControlMode, startup: &[&str]) -> Arc<DataPlane> {
 }
 
 fn fp32(name: &str, values: &[f32]) -> Tensor {
-    common::fp32(name, vec![1, values.len() as i64], values)
+    nereid_test_support::fp32(name, vec![1, values.len() as i64], values)
 }
 
 fn request(model: &str, inputs: Vec<Tensor>) -> InferRequest {

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use nereid_data_plane::backend::{
@@ -19,7 +19,8 @@ use nereid_proto::{
 };
 
 mod common;
-use common::{data_plane, floats, workspace};
+use common::{data_plane, workspace};
+use nereid_test_support::{eventually_async, floats, fp32_1d};
 
 /// The interpreter every fixture runs with (`make setup` creates it).
 fn python() -> PathBuf {
@@ -89,10 +90,6 @@ fn context(repo: &Path, model: &str, instance: &str, health: &Arc<Health>) -> In
     }
 }
 
-fn fp32(name: &str, values: &[f32]) -> Tensor {
-    common::fp32(name, vec![values.len() as i64], values)
-}
-
 fn request(model: &str, inputs: Vec<Tensor>) -> InferRequest {
     InferRequest {
         model_name: model.into(),
@@ -103,14 +100,11 @@ fn request(model: &str, inputs: Vec<Tensor>) -> InferRequest {
 
 /// Polls (the way a client polls readiness) until `ready` says so or 60 s pass.
 async fn wait_until_ready(dp: &DataPlane, model: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dp.model_ready(model, None).await.unwrap() {
-        assert!(
-            Instant::now() < deadline,
-            "model '{model}' did not become ready again"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("model '{model}' is ready again");
+    eventually_async(&what, Duration::from_secs(60), || async {
+        dp.model_ready(model, None).await.unwrap()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,7 +114,10 @@ async fn serves_fp32_and_bytes_models() {
     assert!(dp.server_ready().await);
 
     let response = dp
-        .infer(request("add_one", vec![fp32("INPUT0", &[1.0, 2.5, -4.0])]))
+        .infer(request(
+            "add_one",
+            vec![fp32_1d("INPUT0", &[1.0, 2.5, -4.0])],
+        ))
         .await
         .unwrap();
     assert_eq!(response.outputs.len(), 1);
@@ -148,7 +145,7 @@ async fn a_raising_execute_fails_only_its_request() {
     let dp = plane(repo.path()).await;
 
     let err = dp
-        .infer(request("raises", vec![fp32("INPUT0", &[-1.0])]))
+        .infer(request("raises", vec![fp32_1d("INPUT0", &[-1.0])]))
         .await
         .unwrap_err();
     assert!(matches!(err, ServiceError::Internal(_)), "{err:?}");
@@ -157,7 +154,7 @@ async fn a_raising_execute_fails_only_its_request() {
         "{err:?}"
     );
     let err = dp
-        .infer(request("raises", vec![fp32("INPUT0", &[0.0])]))
+        .infer(request("raises", vec![fp32_1d("INPUT0", &[0.0])]))
         .await
         .unwrap_err();
     assert!(
@@ -165,7 +162,7 @@ async fn a_raising_execute_fails_only_its_request() {
         "a TritonError response keeps its INVALID_ARG class: {err:?}"
     );
     let ok = dp
-        .infer(request("raises", vec![fp32("INPUT0", &[5.0])]))
+        .infer(request("raises", vec![fp32_1d("INPUT0", &[5.0])]))
         .await
         .unwrap();
     assert_eq!(floats(&ok.outputs[0]), vec![5.0]);
@@ -221,7 +218,7 @@ async fn a_crashing_stub_is_restarted() {
     let pid_of =
         |outputs: &[Tensor]| i64::from_le_bytes(outputs[1].data()[..8].try_into().unwrap());
     let first = dp
-        .infer(request("crasher", vec![fp32("INPUT0", &[7.0])]))
+        .infer(request("crasher", vec![fp32_1d("INPUT0", &[7.0])]))
         .await
         .unwrap();
     let mut pid = pid_of(&first.outputs);
@@ -231,7 +228,7 @@ async fn a_crashing_stub_is_restarted() {
         (2.0, "was killed by signal 9 (SIGKILL)"),
     ] {
         let err = dp
-            .infer(request("crasher", vec![fp32("INPUT0", &[trigger])]))
+            .infer(request("crasher", vec![fp32_1d("INPUT0", &[trigger])]))
             .await
             .unwrap_err();
         // Triton's reason, naming the instance (`crasher_0`, or `crasher_0_0` where the group
@@ -252,7 +249,7 @@ async fn a_crashing_stub_is_restarted() {
 
         wait_until_ready(&dp, "crasher").await;
         let ok = dp
-            .infer(request("crasher", vec![fp32("INPUT0", &[4.0])]))
+            .infer(request("crasher", vec![fp32_1d("INPUT0", &[4.0])]))
             .await
             .unwrap();
         assert_eq!(floats(&ok.outputs[0]), vec![4.0]);
@@ -269,7 +266,7 @@ fn dropping_an_instance_finalizes_and_cleans_up() {
     let ctx = context(repo.path(), "crasher", "cleanup_check_0", &health);
     let mut instance = PythonBackend::new(None).load_instance(&ctx).unwrap();
     assert!(instance.request_level());
-    let inputs = vec![fp32("INPUT0", &[3.0])];
+    let inputs = vec![fp32_1d("INPUT0", &[3.0])];
     let outputs = vec!["PID".to_string(), "OUTPUT0".to_string()];
     let params = Parameters::new();
     let view = RequestView {
@@ -405,19 +402,19 @@ async fn a_bls_model_calls_another_model() {
     let repo = repository(&["bls", "add_one"]);
     let dp = plane(repo.path()).await;
     let response = dp
-        .infer(request("bls", vec![fp32("INPUT0", &[1.0, 2.0])]))
+        .infer(request("bls", vec![fp32_1d("INPUT0", &[1.0, 2.0])]))
         .await
         .unwrap();
     assert_eq!(floats(&response.outputs[0]), vec![4.0, 6.0]);
 
     let err = dp
-        .infer(request("bls", vec![fp32("INPUT0", &[-1.0])]))
+        .infer(request("bls", vec![fp32_1d("INPUT0", &[-1.0])]))
         .await
         .unwrap_err();
     assert!(err.message().contains("missing_model"), "{err:?}");
     // The calling model keeps serving.
     let again = dp
-        .infer(request("bls", vec![fp32("INPUT0", &[0.0])]))
+        .infer(request("bls", vec![fp32_1d("INPUT0", &[0.0])]))
         .await
         .unwrap();
     assert_eq!(floats(&again.outputs[0]), vec![2.0]);

@@ -12,9 +12,9 @@ use nereid_data_plane::{
     Backends, ControlMode, DataPlane, DataPlaneConfig, ManagerConfig, ModelManager,
 };
 use nereid_proto::{InferRequest, InferenceService, ServiceError, ServiceResult, UnloadRequest};
+use nereid_test_support::{eventually, floats, fp32};
 
 mod common;
-use common::{floats, fp32};
 
 /// `slow`: an identity model, one instance, one request per execution of `delay_ms`.
 fn repository(delay_ms: u64) -> tempfile::TempDir {
@@ -73,14 +73,8 @@ fn request(i: usize) -> InferRequest {
     }
 }
 
-/// Polls `done` every 5 ms for at most 10 s.
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+/// How long a wait for the data plane's own progress may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Requests of `slow` received and not answered yet.
 fn in_flight(dp: &DataPlane) -> u64 {
@@ -104,7 +98,10 @@ async fn accept(
             })
         })
         .collect();
-    wait_until("every request is in flight", || in_flight(dp) == n as u64).await;
+    eventually("every request is in flight", PATIENCE, || {
+        in_flight(dp) == n as u64
+    })
+    .await;
     tasks
 }
 
@@ -116,7 +113,7 @@ async fn start_unload(dp: &Arc<DataPlane>) -> tokio::task::JoinHandle<ServiceRes
             .unload_model("slow", UnloadRequest::new(false))
             .await
     });
-    wait_until("the unload has started", || {
+    eventually("the unload has started", PATIENCE, || {
         dp.manager().get("slow", None).is_err()
     })
     .await;

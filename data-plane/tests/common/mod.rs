@@ -1,5 +1,6 @@
 //! Helpers shared by the data plane's integration tests: where the workspace and its ONNX
-//! Runtime library are, a data plane over a test repository, and FP32 tensors.
+//! Runtime library are, and a data plane over a test repository. FP32 tensors and waiting
+//! helpers come from `nereid-test-support`, shared with the other crates' tests.
 //!
 //! Each test file compiles this module on its own and uses part of it.
 #![allow(dead_code)]
@@ -7,11 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use nereid_data_plane::{
     Backends, ControlMode, DataPlane, DataPlaneConfig, ManagerConfig, ModelManager,
 };
-use nereid_proto::{DataType, Tensor};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -68,18 +67,4 @@ pub fn data_plane(
         },
         manager,
     ))
-}
-
-/// An FP32 tensor of `shape` holding `values`.
-pub fn fp32(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Tensor::new(name, DataType::Fp32, shape, Bytes::from(bytes)).unwrap()
-}
-
-/// The values of an FP32 tensor.
-pub fn floats(t: &Tensor) -> Vec<f32> {
-    t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }
