@@ -186,6 +186,7 @@ impl ServeArgs {
             telemetry: self.telemetry.to_config("nereid")?,
             ports,
             allow_client_shm: self.listen.allow_client_shm,
+            http_on_grpc_port: false,
         })
     }
 }
@@ -313,6 +314,9 @@ impl WorkerArgs {
         {
             serve.ports.grpc.tls = Some(tls.grpc.clone());
         }
+        // The HTTP port is outside the cluster's mutual TLS (kubelet probes reach it), so the
+        // router forwards HTTP inference to the gRPC port, which serves the HTTP API too.
+        serve.http_on_grpc_port = cluster_tls.is_some();
         serve.telemetry = self.telemetry.to_config("nereid-worker")?;
         Ok(WorkerConfig {
             serve,

@@ -62,6 +62,9 @@ pub struct ServeConfig {
     pub ports: nereid_frontend::PortsConfig,
     /// `--allow-client-shm`: clients may register system and CUDA shared-memory regions.
     pub allow_client_shm: bool,
+    /// Serve the HTTP API on the gRPC port too (paths under `/v2/`): a worker under cluster
+    /// TLS, whose router forwards HTTP inference over the mutual-TLS gRPC connection.
+    pub http_on_grpc_port: bool,
 }
 
 /// Why the server could not start.
@@ -221,6 +224,7 @@ pub async fn run_with(
                 .http_config(config.http_max_input_size, shared_memory.clone()),
             grpc_config: config.frontend.grpc_config(shared_memory),
             ports,
+            http_on_grpc_port: config.http_on_grpc_port,
         },
         &stop_rx,
     );

@@ -568,6 +568,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         telemetry: Default::default(),
         ports: Default::default(),
         allow_client_shm: false,
+        http_on_grpc_port: false,
     };
     let agent = AgentConfig {
         control_plane: vec![cp_addr.to_string()],

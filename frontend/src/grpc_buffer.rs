@@ -37,6 +37,8 @@ const PREFIX: usize = 5;
 pub struct BufferMessagesLayer {
     budget: RequestBudget,
     max_message_size: usize,
+    /// The port serves the HTTP API too: bodies of [`HTTP_API_PREFIX`] paths are not gRPC.
+    http_api: bool,
 }
 
 impl BufferMessagesLayer {
@@ -46,6 +48,17 @@ impl BufferMessagesLayer {
         BufferMessagesLayer {
             budget,
             max_message_size,
+            http_api: false,
+        }
+    }
+
+    /// For a port that serves the HTTP API beside gRPC: requests under [`HTTP_API_PREFIX`]
+    /// (routed to the HTTP routes, never to tonic) keep their body as it comes, still charged
+    /// to the budget.
+    pub fn serving_http_api(self) -> Self {
+        BufferMessagesLayer {
+            http_api: true,
+            ..self
         }
     }
 }
@@ -82,14 +95,60 @@ where
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let layer = &self.layer;
+        let http_api = layer.http_api && request.uri().path().starts_with(HTTP_API_PREFIX);
         let request = request.map(|body| {
-            Body::new(BufferedMessages::new(
-                body,
-                layer.budget.lease(),
-                layer.max_message_size,
-            ))
+            if http_api {
+                Body::new(ChargedBody {
+                    inner: body,
+                    lease: layer.budget.lease(),
+                })
+            } else {
+                Body::new(BufferedMessages::new(
+                    body,
+                    layer.budget.lease(),
+                    layer.max_message_size,
+                ))
+            }
         });
         self.inner.call(request)
+    }
+}
+
+/// Paths of the HTTP API where a gRPC port serves it too ([`BufferMessagesLayer::serving_http_api`]).
+pub const HTTP_API_PREFIX: &str = "/v2/";
+
+/// A request body of the HTTP API on a gRPC port: its bytes pass on as they come, charged to the
+/// budget until the body is dropped (the HTTP routes read it whole, within their size limit).
+struct ChargedBody {
+    inner: Body,
+    lease: Lease,
+}
+
+impl hyper::body::Body for ChargedBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if let Some(Ok(frame)) = &frame
+            && let Some(data) = frame.data_ref()
+            && let Err(e) = this.lease.grow(data.len())
+        {
+            return Poll::Ready(Some(Err(Status::resource_exhausted(e.to_string()))));
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        hyper::body::Body::is_end_stream(&self.inner)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        hyper::body::Body::size_hint(&self.inner)
     }
 }
 
@@ -382,6 +441,27 @@ mod tests {
             err.message().contains("--max-buffered-request-bytes"),
             "{err}"
         );
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_http_api_body_passes_as_it_comes_within_the_budget() {
+        let budget = RequestBudget::new(100);
+        let chunks = vec![b"{\"inputs\"".to_vec(), b":[]}".to_vec()];
+        let body = ChargedBody {
+            inner: body_of(chunks),
+            lease: budget.lease(),
+        };
+        let all = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&all[..], b"{\"inputs\":[]}");
+        assert_eq!(budget.used(), 0);
+
+        let body = ChargedBody {
+            inner: body_of(vec![vec![b' '; 60], vec![b' '; 60]]),
+            lease: budget.lease(),
+        };
+        let err = body.collect().await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert_eq!(budget.used(), 0);
     }
 

@@ -31,7 +31,7 @@ use tokio_stream::StreamExt;
 
 use crate::budget::RequestBudget;
 use crate::grpc::{GrpcConfig, routes};
-use crate::grpc_buffer::BufferMessagesLayer;
+use crate::grpc_buffer::{BufferMessagesLayer, HTTP_API_PREFIX};
 use crate::http::{HttpConfig, router};
 use crate::keepalive::GrpcKeepalive;
 use crate::listener::{Conn, DEFAULT_LISTEN_BACKLOG, PortConfig, accept_task};
@@ -153,6 +153,7 @@ impl PortsConfig {
             max_concurrent_streams: self.max_concurrent_streams,
             budget: self.request_budget.clone(),
             max_message_size,
+            http_api: None,
         }
     }
 }
@@ -171,6 +172,10 @@ pub struct GrpcServing {
     pub budget: RequestBudget,
     /// The largest message the port's services decode.
     pub max_message_size: usize,
+    /// The HTTP API served on this port too, for HTTP/2 requests whose path starts with
+    /// `/v2/`: a worker under cluster TLS, so that the router forwards HTTP inference as bytes
+    /// over the mutual-TLS connection its gRPC calls use.
+    pub http_api: Option<axum::Router>,
 }
 
 /// The listeners of a server (`None`: that service is off) and how its frontends behave.
@@ -182,6 +187,8 @@ pub struct Frontends {
     pub http_config: HttpConfig,
     pub grpc_config: GrpcConfig,
     pub ports: PortsConfig,
+    /// Serve the HTTP API on the gRPC port as well ([`GrpcServing::http_api`]).
+    pub http_on_grpc_port: bool,
 }
 
 /// Starts every configured frontend on `servers`; each stops gracefully once `stop` is true.
@@ -195,7 +202,7 @@ pub fn spawn(
     if let Some(listener) = frontends.http {
         let tls = ports.http.tls.is_some();
         tracing::info!(addr = ?listener.local_addr().ok(), tls, "HTTP service listening");
-        let app = router(service.clone(), frontends.http_config);
+        let app = router(service.clone(), frontends.http_config.clone());
         servers.spawn(serve_http_port(
             "HTTP",
             listener,
@@ -206,7 +213,10 @@ pub fn spawn(
         ));
     }
     if let Some(listener) = frontends.grpc {
-        let serving = ports.grpc_serving(frontends.grpc_config.max_message_size);
+        let mut serving = ports.grpc_serving(frontends.grpc_config.max_message_size);
+        if frontends.http_on_grpc_port {
+            serving.http_api = Some(router(service.clone(), frontends.http_config));
+        }
         let grpc_routes = routes(service, frontends.grpc_config);
         let served = serve_grpc_port(
             "gRPC",
@@ -271,6 +281,19 @@ pub async fn serve_grpc_port(
     // for their calls. In that order a client reconnecting on GOAWAY reaches another listener
     // on the port (--reuse-port), and no accepted connection is dropped unserved.
     let incoming = incoming(what, listener, port, stop);
+    let mut buffering = BufferMessagesLayer::new(serving.budget, serving.max_message_size);
+    let routes = match serving.http_api {
+        Some(http) => {
+            buffering = buffering.serving_http_api();
+            let path = format!("{HTTP_API_PREFIX}{{*rest}}");
+            tonic::service::Routes::from(
+                routes
+                    .into_axum_router()
+                    .route_service(&path, http.into_service()),
+            )
+        }
+        None => routes,
+    };
     // Large HTTP/2 windows: many concurrent streams share one client connection, and tensors
     // are often bigger than the 64 KiB defaults.
     let result = (serving.keepalive)
@@ -279,10 +302,7 @@ pub async fn serve_grpc_port(
         .initial_stream_window_size(Some(4 * 1024 * 1024))
         .max_frame_size(Some(1024 * 1024))
         .max_concurrent_streams(serving.max_concurrent_streams)
-        .layer(BufferMessagesLayer::new(
-            serving.budget,
-            serving.max_message_size,
-        ))
+        .layer(buffering)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, std::future::pending::<()>())
         .await;

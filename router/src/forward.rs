@@ -30,6 +30,7 @@ use tonic::metadata::MetadataValue;
 use crate::error::{RouterError, RouterResult};
 use crate::raw_codec::{RawCodec, RawMessage};
 use crate::wire::{WorkerRequest, classify_status, decode_response};
+use nereid_cluster_client::error_chain;
 
 /// The method the pass-through path calls on workers (and serves to clients).
 pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -201,6 +202,28 @@ impl Workers {
             message: e.to_string(),
         })?;
         Ok(grpc)
+    }
+
+    /// Sends an HTTP request (the HTTP API, under cluster TLS) on the gRPC channel to `addr`;
+    /// the request's URI is only its path, the channel adds the worker's scheme and authority.
+    pub async fn send_http(
+        &self,
+        addr: &str,
+        request: axum::http::Request<tonic::body::Body>,
+    ) -> RouterResult<axum::http::Response<tonic::body::Body>> {
+        use tonic::codegen::Service;
+        let unreachable = |message: String| RouterError::Unreachable {
+            addr: addr.to_string(),
+            message,
+        };
+        let mut channel = self.channel(addr)?;
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
+            .await
+            .map_err(|e| unreachable(error_chain(&e)))?;
+        channel
+            .call(request)
+            .await
+            .map_err(|e| unreachable(error_chain(&e)))
     }
 
     /// Forwards one `ModelInfer` as bytes (the pass-through path): `message` goes out as it

@@ -16,9 +16,9 @@
 //!   ◄─ the worker's status, headers and body; or the router's own error as {"error": ...}
 //! ```
 //!
-//! Not used with cluster TLS (`--cluster-tls-*`): the workers' HTTP ports are not part of the
-//! cluster's mutual TLS, so HTTP inference then takes the typed path, over the TLS gRPC
-//! connections. The worker's response is not validated.
+//! With cluster TLS (`--cluster-tls-*`) the bytes go to the worker's gRPC port instead, whose
+//! mutual TLS the workers' HTTP ports lack (see `http_forward`). The worker's response is not
+//! validated.
 
 use std::sync::Arc;
 
@@ -40,18 +40,14 @@ use crate::passthrough::checked_version;
 use crate::service::{Answer, Payload, RouterService};
 
 /// The router's HTTP application: the typed routes of `nereid_frontend`, with inference taken
-/// by the pass-through path unless `pass_through` is off.
+/// by the pass-through path.
 pub fn http_app(
     router: Arc<RouterService>,
     config: HttpConfig,
     shared_memory_off: String,
-    pass_through: bool,
 ) -> axum::Router {
     let service: Arc<dyn InferenceService> = router.clone();
     let typed = nereid_frontend::router(service, config.clone());
-    if !pass_through {
-        return typed;
-    }
     let state = Arc::new(HttpPassThrough {
         router,
         config,

@@ -130,8 +130,8 @@ pub async fn run(
         .frontend
         .http_config(config.http_max_input_size, shared_memory);
     // HTTP and gRPC are served here rather than by `nereid_frontend::spawn`: their inference
-    // takes the pass-through paths (`http_passthrough`, `passthrough`). HTTP pass-through
-    // needs plaintext worker ports: with cluster TLS, HTTP inference goes over gRPC.
+    // takes the pass-through paths (`http_passthrough`, `passthrough`). With cluster TLS, HTTP
+    // inference goes as HTTP/2 to the workers' gRPC ports (`http_forward`).
     nereid_frontend::spawn(
         &mut servers,
         service,
@@ -142,19 +142,14 @@ pub async fn run(
             http_config: http_config.clone(),
             grpc_config: grpc_config.clone(),
             ports: ports.clone(),
+            http_on_grpc_port: false,
         },
         &stop_rx,
     );
     if let Some(listener) = http {
         let tls = ports.http.tls.is_some();
         tracing::info!(addr = ?listener.local_addr().ok(), tls, "HTTP service listening");
-        let pass_through = !config.service.forward.dial.is_tls();
-        let app = http_app(
-            router.clone(),
-            http_config,
-            SHARED_MEMORY_OFF.to_string(),
-            pass_through,
-        );
+        let app = http_app(router.clone(), http_config, SHARED_MEMORY_OFF.to_string());
         servers.spawn(nereid_frontend::serve_http_port(
             "HTTP",
             listener,

@@ -163,9 +163,10 @@ impl RouterService {
         table: Arc<SharedTable>,
         rng: Box<dyn RandomSource>,
     ) -> RouterService {
+        let workers = Arc::new(Workers::new(config.forward.clone()));
         RouterService {
-            workers: Arc::new(Workers::new(config.forward.clone())),
-            http_workers: HttpWorkers::new(config.forward.connect_timeout),
+            workers: workers.clone(),
+            http_workers: HttpWorkers::new(&config.forward, workers),
             routing: Arc::new(Mutex::new(Routing {
                 chooser: Chooser::new(config.sequence_idle_timeout, rng),
                 outstanding: HashMap::new(),

@@ -147,7 +147,6 @@ async fn router_with(nodes: Vec<Node>, config: RouterServiceConfig) -> SocketAdd
         Arc::new(router),
         HttpConfig::default(),
         "not on the router".into(),
-        true,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -185,7 +185,7 @@ impl RouterService {
                 Ok(Answer::Grpc(answer))
             }
             Payload::Http { headers, body } => {
-                let Some(addr) = target.http_addr.as_deref() else {
+                let Some(addr) = self.http_workers.address(&target) else {
                     return Ok(Answer::NoHttpAddress);
                 };
                 let path = format!("/v2/models/{model}/versions/{}/infer", target.version);

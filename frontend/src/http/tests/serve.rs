@@ -65,3 +65,107 @@ async fn chunked_upload_over_the_limit_is_refused() {
             .contains("maximum allowed input size of 64 bytes")
     );
 }
+
+/// A gRPC port spawned with `http_on_grpc_port` (a worker under cluster TLS): HTTP/2 requests
+/// under `/v2/` reach the HTTP routes, with their JSON body intact, while gRPC calls on the
+/// same connection still reach the gRPC services.
+#[tokio::test]
+async fn a_grpc_port_with_the_http_api_answers_both() {
+    use nereid_proto::pb::inference::ServerLiveRequest;
+    use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use tonic::codegen::Service;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service: Arc<dyn nereid_proto::InferenceService> = Arc::new(fake());
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    crate::spawn(
+        &mut servers,
+        service,
+        crate::Frontends {
+            http: None,
+            grpc: Some(listener),
+            metrics: None,
+            http_config: HttpConfig::default(),
+            grpc_config: crate::GrpcConfig::default(),
+            ports: crate::PortsConfig::default(),
+            http_on_grpc_port: true,
+        },
+        &stop,
+    );
+    let mut channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    let json = r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1.5,2.5]}]}"#;
+    let request = Request::builder()
+        .method("POST")
+        .uri("/v2/models/echo/versions/1/infer")
+        .header("content-type", "application/json")
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            Bytes::from(json),
+        )))
+        .unwrap();
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = channel.call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["model_name"], "echo", "{answer}");
+    assert_eq!(answer["outputs"][0]["data"], serde_json::json!([1.5, 2.5]));
+
+    let live = GrpcInferenceServiceClient::new(channel)
+        .server_live(ServerLiveRequest {})
+        .await
+        .unwrap();
+    assert!(live.into_inner().live);
+    stop_tx.send(true).unwrap();
+    while servers.join_next().await.is_some() {}
+}
+
+/// Without the option the gRPC port has no HTTP routes: tonic answers UNIMPLEMENTED.
+#[tokio::test]
+async fn a_plain_grpc_port_has_no_http_api() {
+    use tonic::codegen::Service;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    crate::spawn(
+        &mut servers,
+        Arc::new(fake()),
+        crate::Frontends {
+            http: None,
+            grpc: Some(listener),
+            metrics: None,
+            http_config: HttpConfig::default(),
+            grpc_config: crate::GrpcConfig::default(),
+            ports: crate::PortsConfig::default(),
+            http_on_grpc_port: false,
+        },
+        &stop,
+    );
+    let mut channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let request = Request::builder()
+        .method("POST")
+        .uri("/v2/models/echo/infer")
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            Bytes::from("{}"),
+        )))
+        .unwrap();
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .unwrap();
+    let response = channel.call(request).await.unwrap();
+    assert_eq!(response.headers()["grpc-status"], "12", "{response:?}");
+}
