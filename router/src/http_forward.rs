@@ -53,8 +53,9 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// How HTTP inference reaches workers.
 pub enum HttpWorkers {
-    /// The pooled HTTP client to workers' HTTP ports.
-    Plain(Client<HttpConnector, Body>),
+    /// The pooled HTTP client to workers' HTTP ports (boxed: it is 300 bytes, the other
+    /// variant a pointer).
+    Plain(Box<Client<HttpConnector, Body>>),
     /// Cluster TLS: the gRPC connections of `Workers`, to workers' gRPC ports.
     OverGrpc(Arc<Workers>),
 }
@@ -72,7 +73,7 @@ impl HttpWorkers {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(IDLE_TIMEOUT)
             .build(connector);
-        HttpWorkers::Plain(client)
+        HttpWorkers::Plain(Box::new(client))
     }
 
     /// Where HTTP inference for `target` goes: its HTTP address (`None` when it reports none),
