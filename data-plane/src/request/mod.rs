@@ -21,6 +21,10 @@
 //! already valid and no runner has seen it. After `run`, the classification extension
 //! ([`crate::classification`]) turns outputs asked for with `classification: k` into their top k
 //! classes, and a cache miss stores the final answer ([`cache`]).
+//!
+//! [`LoadedVersion`] and its [`Runner`] are defined here too (`version.rs`), beside the path
+//! that runs them: the manager builds versions and hands them out, this module serves them, and
+//! it needs nothing from the manager (an ensemble asks [`RunContext::unavailable`]).
 
 pub(crate) mod cache;
 pub(crate) mod outcome;

@@ -9,6 +9,8 @@
 //! success ─► cumulative counters + recent-latency windows (summaries) + first-response histogram
 //! load    ─► LoadReport (how long the version took to load, the memory it holds)
 //! ```
+//!
+//! [`window`] keeps the recent observations the latency summaries' quantiles are computed from.
 
 pub mod window;
 
