@@ -67,7 +67,8 @@ pub enum Answer {
     Fail(ServiceError),
     /// Never answers.
     Hang,
-    /// The echo, after this long.
+    /// The echo, after this long on the wall clock: a model slower than a deadline, for the
+    /// tests whose subject is wall time (deadlines, cancellation); the only sleeps of this fake.
     Delay(Duration),
 }
 

@@ -6,7 +6,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{StreamExt, stream};
@@ -24,6 +23,7 @@ use nereid_router::{
     PassThroughConfig, RawCodec, RawMessage, RouterService, RouterServiceConfig, SharedTable,
     SplitMix64, grpc_routes,
 };
+use nereid_test_support::Gate;
 use prost::Message;
 use tonic::codegen::{BoxFuture, http};
 use tonic::{Code, Status};
@@ -44,11 +44,25 @@ struct Seen {
 }
 
 /// A worker serving `echo` (not decoupled) and `dec` (decoupled) on the wire. Each request is
-/// answered with one frame (see [`answer`]) after `delay_ms` (a request parameter), or, for
-/// the id `fail`, with an error: in-band, or as INVALID_ARGUMENT when asked for statuses.
-#[derive(Clone, Default)]
+/// answered with one frame (see [`answer`]), or, for the id `fail`, with an error: in-band, or
+/// as INVALID_ARGUMENT when asked for statuses. A request with the parameter `held` waits at
+/// `held` under its id until the test releases it; `sent` records each id once its frame has
+/// been handed to the worker's gRPC stream.
+#[derive(Clone)]
 struct FakeWorker {
     seen: Arc<Mutex<Vec<Seen>>>,
+    held: Gate<String>,
+    sent: Gate<String>,
+}
+
+impl Default for FakeWorker {
+    fn default() -> Self {
+        FakeWorker {
+            seen: Arc::default(),
+            held: Gate::new(),
+            sent: Gate::opened(),
+        }
+    }
 }
 
 /// The frame the fake worker sends for `request`: its id, model and version (as the worker read
@@ -79,15 +93,8 @@ fn bool_param(v: bool) -> InferParameter {
     }
 }
 
-fn delay_of(request: &ModelInferRequest) -> u64 {
-    match request
-        .parameters
-        .get("delay_ms")
-        .and_then(|p| p.parameter_choice.clone())
-    {
-        Some(ParameterChoice::Int64Param(ms)) => ms as u64,
-        _ => 0,
-    }
+fn is_held(request: &ModelInferRequest) -> bool {
+    request.parameters.contains_key("held")
 }
 
 type Frames = futures::stream::BoxStream<'static, Result<Bytes, Status>>;
@@ -99,7 +106,8 @@ impl FakeWorker {
             grpc_error,
         });
         let request = ModelInferRequest::decode(message).unwrap();
-        let delay = Duration::from_millis(delay_of(&request));
+        let held = is_held(&request).then(|| (self.held.clone(), request.id.clone()));
+        let (sent, id) = (self.sent.clone(), request.id.clone());
         let item = if request.id != "fail" {
             Ok(answer(&request))
         } else if grpc_error {
@@ -120,11 +128,16 @@ impl FakeWorker {
                 .encode_to_vec(),
             ))
         };
-        stream::once(async move {
-            tokio::time::sleep(delay).await;
+        let answered = stream::once(async move {
+            if let Some((gate, id)) = held {
+                gate.pass_async(id).await;
+            }
             item
-        })
-        .boxed()
+        });
+        // Polled for after the frame was taken: the frame is on its way to the router.
+        let recorded =
+            stream::once(async move { sent.pass_async(id).await }).filter_map(|()| async { None });
+        answered.chain(recorded).boxed()
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -283,7 +296,8 @@ async fn setup() -> (FakeWorker, SocketAddr) {
     (worker, router_addr)
 }
 
-fn request(model: &str, id: &str, delay_ms: i64) -> ModelInferRequest {
+/// A request of `model` named `id`; `held`: the fake worker holds it until the test releases it.
+fn request(model: &str, id: &str, held: bool) -> ModelInferRequest {
     let mut request = ModelInferRequest {
         model_name: model.into(),
         id: id.into(),
@@ -296,20 +310,19 @@ fn request(model: &str, id: &str, delay_ms: i64) -> ModelInferRequest {
         raw_input_contents: vec![Bytes::from_static(&[7, 0, 0, 0])],
         ..Default::default()
     };
-    if delay_ms > 0 {
-        request.parameters.insert(
-            "delay_ms".into(),
-            InferParameter {
-                parameter_choice: Some(ParameterChoice::Int64Param(delay_ms)),
-            },
-        );
+    if held {
+        request.parameters.insert("held".into(), bool_param(true));
     }
     request
 }
 
-/// Sends `messages` on one `ModelStreamInfer` to `addr` (then half-closes) and collects what
-/// comes back: every frame's bytes, and the status that ended the rpc.
-async fn call(addr: SocketAddr, messages: Vec<Bytes>, grpc_error: bool) -> (Vec<Bytes>, Status) {
+/// Sends `messages` on one `ModelStreamInfer` to `addr` (then half-closes) and returns what
+/// comes back: the frames, or the status that refused the rpc.
+async fn open(
+    addr: SocketAddr,
+    messages: Vec<Bytes>,
+    grpc_error: bool,
+) -> Result<tonic::Streaming<Bytes>, Status> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -323,8 +336,14 @@ async fn call(addr: SocketAddr, messages: Vec<Bytes>, grpc_error: bool) -> (Vec<
             .insert("triton_grpc_error", "true".parse().unwrap());
     }
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(STREAM_PATH);
-    let mut frames = match grpc.streaming(call, path, RawCodec).await {
-        Ok(response) => response.into_inner(),
+    let response = grpc.streaming(call, path, RawCodec).await?;
+    Ok(response.into_inner())
+}
+
+/// [`open`], collecting every frame's bytes and the status that ended the rpc.
+async fn call(addr: SocketAddr, messages: Vec<Bytes>, grpc_error: bool) -> (Vec<Bytes>, Status) {
+    let mut frames = match open(addr, messages, grpc_error).await {
+        Ok(frames) => frames,
         Err(status) => return (Vec::new(), status),
     };
     let mut got = Vec::new();
@@ -349,7 +368,7 @@ fn id_of(frame: &Bytes) -> String {
 async fn bytes_go_through_unchanged_but_for_the_version() {
     bounded(async {
         let (worker, router) = setup().await;
-        let sent = Bytes::from(request("echo", "r1", 0).encode_to_vec());
+        let sent = Bytes::from(request("echo", "r1", false).encode_to_vec());
         let (frames, status) = call(router, vec![sent.clone()], false).await;
         assert_eq!(status.code(), Code::Ok, "{status:?}");
 
@@ -373,7 +392,7 @@ async fn bytes_go_through_unchanged_but_for_the_version() {
         );
 
         // A client that names the version is forwarded byte for byte.
-        let mut named = request("echo", "r2", 0);
+        let mut named = request("echo", "r2", false);
         named.model_version = "1".into();
         let sent = Bytes::from(named.encode_to_vec());
         let (frames, _) = call(router, vec![sent.clone()], false).await;
@@ -386,22 +405,39 @@ async fn bytes_go_through_unchanged_but_for_the_version() {
 #[tokio::test]
 async fn answers_keep_request_order_unless_the_model_is_decoupled() {
     bounded(async {
-        let (_worker, router) = setup().await;
-        // The first request's worker answers 300 ms after the second's.
+        let (worker, router) = setup().await;
+        // Both requests reach the worker; it answers the second one first, then the first.
         let messages = |model: &str| {
             vec![
-                Bytes::from(request(model, "slow", 300).encode_to_vec()),
-                Bytes::from(request(model, "fast", 0).encode_to_vec()),
+                Bytes::from(request(model, "slow", true).encode_to_vec()),
+                Bytes::from(request(model, "fast", true).encode_to_vec()),
             ]
         };
-        let (frames, status) = call(router, messages("echo"), false).await;
-        assert_eq!(status.code(), Code::Ok, "{status:?}");
-        let ids: Vec<String> = frames.iter().map(id_of).collect();
+        let answer_fast_first = async || {
+            worker.held.arrived(&"slow".into()).await;
+            worker.held.arrived(&"fast".into()).await;
+            worker.held.release("fast".into());
+            worker.sent.arrived(&"fast".into()).await;
+        };
+
+        let mut frames = open(router, messages("echo"), false).await.unwrap();
+        answer_fast_first().await;
+        worker.held.release("slow".into());
+        let mut ids = Vec::new();
+        while let Some(frame) = frames.next().await {
+            ids.push(id_of(&frame.unwrap()));
+        }
         assert_eq!(ids, ["slow", "fast"], "request order");
 
-        let (frames, _) = call(router, messages("dec"), false).await;
-        let ids: Vec<String> = frames.iter().map(id_of).collect();
-        assert_eq!(ids, ["fast", "slow"], "decoupled: as produced");
+        let mut frames = open(router, messages("dec"), false).await.unwrap();
+        answer_fast_first().await;
+        // Relayed as produced: the client has the second answer while the first is held.
+        let first = frames.next().await.unwrap().unwrap();
+        assert_eq!(id_of(&first), "fast", "decoupled: as produced");
+        worker.held.release("slow".into());
+        let second = frames.next().await.unwrap().unwrap();
+        assert_eq!(id_of(&second), "slow");
+        assert!(frames.next().await.is_none());
     })
     .await;
 }
@@ -410,12 +446,12 @@ async fn answers_keep_request_order_unless_the_model_is_decoupled() {
 async fn errors_are_answered_in_band_naming_the_request() {
     bounded(async {
         let (worker, router) = setup().await;
-        let mut bad_version = request("echo", "bad", 0);
+        let mut bad_version = request("echo", "bad", false);
         bad_version.model_version = "one".into();
         let messages = vec![
             Bytes::from(bad_version.encode_to_vec()),
-            Bytes::from(request("echo", "fail", 0).encode_to_vec()),
-            Bytes::from(request("echo", "ok", 0).encode_to_vec()),
+            Bytes::from(request("echo", "fail", false).encode_to_vec()),
+            Bytes::from(request("echo", "ok", false).encode_to_vec()),
         ];
         let (frames, status) = call(router, messages, false).await;
         assert_eq!(status.code(), Code::Ok, "the stream stays open: {status:?}");
@@ -450,18 +486,18 @@ async fn errors_are_answered_in_band_naming_the_request() {
 async fn triton_grpc_error_turns_errors_into_a_status() {
     bounded(async {
         let (worker, router) = setup().await;
-        let mut bad_version = request("echo", "bad", 0);
+        let mut bad_version = request("echo", "bad", false);
         bad_version.model_version = "one".into();
         let messages = vec![
             Bytes::from(bad_version.encode_to_vec()),
-            Bytes::from(request("echo", "ok", 0).encode_to_vec()),
+            Bytes::from(request("echo", "ok", false).encode_to_vec()),
         ];
         let (frames, status) = call(router, messages, true).await;
         assert!(frames.is_empty(), "{frames:?}");
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 
         // The worker's error ends the rpc with its own class.
-        let messages = vec![Bytes::from(request("echo", "fail", 0).encode_to_vec())];
+        let messages = vec![Bytes::from(request("echo", "fail", false).encode_to_vec())];
         let (frames, status) = call(router, messages, true).await;
         assert!(frames.is_empty(), "{frames:?}");
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -495,7 +531,7 @@ async fn an_unreachable_worker_is_the_request_error() {
             shared_memory_off: String::new(),
         };
         let router = serve(grpc_routes(Arc::new(service), config)).await;
-        let messages = vec![Bytes::from(request("echo", "r1", 0).encode_to_vec())];
+        let messages = vec![Bytes::from(request("echo", "r1", false).encode_to_vec())];
         let (frames, status) = call(router, messages, false).await;
         assert_eq!(status.code(), Code::Ok, "{status:?}");
         let failed = decode(&frames[0]);
