@@ -68,6 +68,12 @@ impl Cluster for Fake {
     async fn activate(&self, _: Request<ActivateRequest>) -> R<ActivateResponse> {
         Err(Status::unimplemented("fake"))
     }
+    async fn leave_node(
+        &self,
+        _: Request<nereid_proto::pb::cluster::LeaveNodeRequest>,
+    ) -> R<nereid_proto::pb::cluster::LeaveNodeResponse> {
+        Err(Status::unimplemented("fake"))
+    }
     type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, Status>> + Send>>;
     async fn watch(&self, _: Request<WatchRequest>) -> R<Self::WatchStream> {
         Err(Status::unimplemented("fake"))

@@ -41,6 +41,8 @@ struct Fake {
     registrations: Mutex<Vec<RegisterNodeRequest>>,
     heartbeats: Mutex<Vec<HeartbeatRequest>>,
     reports: Mutex<Vec<ReportReplicaRequest>>,
+    /// Node ids of `LeaveNode` calls.
+    leaves: Mutex<Vec<String>>,
     watches: Mutex<Vec<u64>>,
     snapshot: Mutex<Option<WatchEvent>>,
     deltas: Mutex<Option<broadcast::Sender<WatchEvent>>>,
@@ -135,6 +137,17 @@ impl Cluster for Svc {
         authorized(&r)?;
         self.reports.lock().push(r.into_inner());
         Ok(Response::new(ReportReplicaResponse { revision: 1 }))
+    }
+
+    async fn leave_node(
+        &self,
+        r: Request<nereid_proto::pb::cluster::LeaveNodeRequest>,
+    ) -> Result<Response<nereid_proto::pb::cluster::LeaveNodeResponse>, Status> {
+        authorized(&r)?;
+        self.leaves.lock().push(r.into_inner().node_id);
+        Ok(Response::new(
+            nereid_proto::pb::cluster::LeaveNodeResponse { revision: 1 },
+        ))
     }
 
     type WatchStream = ReceiverStream<Result<WatchEvent, Status>>;
@@ -602,12 +615,15 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
         (fake.registrations.lock().len() == 2).then_some(())
     })
     .await;
+    assert!(fake.leaves.lock().is_empty());
     stop_tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(20), worker)
         .await
         .expect("the worker stops")
         .unwrap()
         .unwrap();
+    // On the way down the worker told the control plane it leaves.
+    assert_eq!(fake.leaves.lock().len(), 1);
     server.abort();
 }
 

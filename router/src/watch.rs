@@ -144,6 +144,12 @@ mod tests {
         ) -> Result<Response<nereid_proto::pb::cluster::ActivateResponse>, Status> {
             Err(Status::unimplemented("fake"))
         }
+        async fn leave_node(
+            &self,
+            _: Request<nereid_proto::pb::cluster::LeaveNodeRequest>,
+        ) -> Result<Response<nereid_proto::pb::cluster::LeaveNodeResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
         type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
         async fn watch(
             &self,

@@ -235,8 +235,18 @@ def test_workers_follow_placement_fail_over_and_drain(cluster_dir, example_repo)
             assert now == before, (now, before)
         # Observed continuously until well past the new leader's grace period.
         holds_for(all_up_and_ready, 2 * HEARTBEAT_TIMEOUT_MS / 1000)
+
+        # A worker stopped with SIGTERM tells the control plane it leaves before it exits: its
+        # node is down as soon as the process is gone, not a heartbeat timeout later.
+        leaving = by_id[hosts[1]]
+        assert leaving.stop() == 0, f"{leaving.name} exits cleanly\n{leaving.log_tail()}"
+        code, node = new_leader.api(
+            "GET", f"/api/v1/nodes/{leaving.node_id}?consistency=linearizable")
+        assert code == 200 and node["node"]["status"] == "NODE_STATUS_DOWN", (
+            node, leaving.log_tail())
+        assert "left the cluster" in leaving.log_tail(), leaving.log_tail()
         for p in workers + survivors:
-            assert p.stop() == 0, f"{p.name} exits cleanly on SIGTERM\n{p.log_tail()}"
+            assert p.stop() in (0, None), f"{p.name} exits cleanly on SIGTERM\n{p.log_tail()}"
     finally:
         stop_all(workers + cps)
 

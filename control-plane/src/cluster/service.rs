@@ -8,6 +8,7 @@
 //!  Heartbeat    ─► soft: heard from + utilization; unknown node ─► reregister
 //!  ReportReplica ─► unloaded ? RemoveReplica : SetReplicaState  (the replica must be the node's)
 //!  Activate     ─► soft: demand for the model (scale from zero), wakes placement
+//!  LeaveNode    ─► soft: forget the node's heartbeats ─► write SetNodeStatus Down
 //!  Watch        ─► WatchHub: snapshot or retained deltas, then live deltas
 //! ```
 
@@ -26,7 +27,7 @@ use crate::consensus::Consensus;
 use crate::convert;
 use crate::forward::{LeaderChannels, was_forwarded};
 use crate::leader::soft::SoftState;
-use crate::state::{ClusterState, Command, EntityKind, StateError};
+use crate::state::{ClusterState, Command, EntityKind, NodeStatus, StateError};
 use crate::watch::WatchHub;
 
 pub struct ClusterService {
@@ -233,6 +234,46 @@ impl Cluster for ClusterService {
         self.soft.activate(&model, Instant::now());
         Ok(Response::new(pb::ActivateResponse {
             renew_after_ms: (self.soft.scale_to_zero_after() / 2).as_millis() as u64,
+        }))
+    }
+
+    /// Marks a leaving worker's node down at once; an unknown node is refused, one already
+    /// down answers as a success (a retried call).
+    async fn leave_node(
+        &self,
+        request: Request<pb::LeaveNodeRequest>,
+    ) -> Result<Response<pb::LeaveNodeResponse>, Status> {
+        if let Some(mut leader) = self.leader_client(&request)? {
+            return leader
+                .leave_node(self.leader.request(request.into_inner()))
+                .await;
+        }
+        let id = request.into_inner().node_id;
+        if id.is_empty() {
+            return Err(ApiError::from(StateError::invalid(
+                "leave node",
+                "node_id",
+                "must not be empty",
+            ))
+            .into());
+        }
+        let state = self.state_with(|s| s.node(&id).is_some()).await?;
+        if state.node(&id).is_none() {
+            return Err(ApiError::from(StateError::not_found(EntityKind::Node, &id)).into());
+        }
+        // Forgotten first, so that the liveness round does not turn it up again.
+        self.soft.left(&id);
+        let applied = self
+            .consensus
+            .write(Command::SetNodeStatus {
+                id: id.clone(),
+                status: NodeStatus::Down,
+            })
+            .await
+            .map_err(ApiError::from)?;
+        tracing::info!(node = %id, "node left the cluster");
+        Ok(Response::new(pb::LeaveNodeResponse {
+            revision: applied.revision.max(self.revision()),
         }))
     }
 

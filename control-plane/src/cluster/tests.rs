@@ -188,3 +188,53 @@ async fn a_bad_registration_names_the_field() {
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("addresses"), "{}", err.message());
 }
+
+#[tokio::test]
+async fn a_leaving_node_is_down_at_once_and_up_again_when_it_registers() {
+    use crate::state::NodeStatus;
+    use std::time::Instant;
+
+    let (consensus, soft, svc) = service();
+    svc.register_node(Request::new(register("w1")))
+        .await
+        .unwrap();
+    let status = |c: &MemoryConsensus| c.local_state().node("w1").unwrap().status;
+    assert_eq!(status(&consensus), NodeStatus::Up);
+
+    let left = svc
+        .leave_node(Request::new(pb::LeaveNodeRequest {
+            node_id: "w1".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status(&consensus), NodeStatus::Down);
+    assert!(left.revision >= consensus.local_state().revision());
+    // The liveness round does not bring it back: it was forgotten, not just silent.
+    let nodes = [("w1", NodeStatus::Down)];
+    assert!(soft.liveness_transitions(nodes, Instant::now()).is_empty());
+    // A retried leave is a success; registering again brings the node back.
+    svc.leave_node(Request::new(pb::LeaveNodeRequest {
+        node_id: "w1".into(),
+    }))
+    .await
+    .unwrap();
+    svc.register_node(Request::new(register("w1")))
+        .await
+        .unwrap();
+    let transitions = soft.liveness_transitions(nodes, Instant::now());
+    assert_eq!(transitions, vec![("w1".to_string(), NodeStatus::Up)]);
+
+    for (id, code) in [("", Code::InvalidArgument), ("ghost", Code::NotFound)] {
+        let err = svc
+            .leave_node(Request::new(pb::LeaveNodeRequest { node_id: id.into() }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{err:?}");
+        assert!(
+            err.message()
+                .contains(if id.is_empty() { "node_id" } else { id }),
+            "{err:?}"
+        );
+    }
+}

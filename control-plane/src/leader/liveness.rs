@@ -42,6 +42,11 @@ impl Liveness {
         }
     }
 
+    /// The node said it leaves: it counts as unheard-of (so down) until its next heartbeat.
+    pub fn forget(&mut self, node: &str) {
+        self.last_seen.remove(node);
+    }
+
     /// Time since the node's last heartbeat, if this leader heard one.
     pub fn silence(&self, node: &str, now: Instant) -> Option<Duration> {
         self.last_seen
@@ -109,6 +114,19 @@ mod tests {
         live.heartbeat("b", now);
         let got = live.transitions([("a", NodeStatus::Up), ("b", NodeStatus::Down)], now);
         assert_eq!(got, vec![("b".to_string(), NodeStatus::Up)]);
+    }
+
+    #[test]
+    fn a_node_that_left_stays_down_until_it_is_heard_again() {
+        let start = Instant::now();
+        let mut live = Liveness::new(T, start);
+        live.heartbeat("a", start + ms(2500));
+        live.forget("a");
+        let now = start + ms(3000);
+        assert!(live.transitions([("a", NodeStatus::Down)], now).is_empty());
+        live.heartbeat("a", now);
+        let got = live.transitions([("a", NodeStatus::Down)], now);
+        assert_eq!(got, vec![("a".to_string(), NodeStatus::Up)]);
     }
 
     #[test]

@@ -198,6 +198,13 @@ impl SoftState {
         }
     }
 
+    /// A node said it leaves (`LeaveNode`): it is down until it is heard from again.
+    pub fn left(&self, node: &str) {
+        let mut inner = self.inner.lock();
+        inner.liveness.forget(node);
+        inner.last_heartbeat.remove(node);
+    }
+
     /// Status changes for the nodes of the state; see [`Liveness::transitions`].
     pub fn liveness_transitions<'a>(
         &self,

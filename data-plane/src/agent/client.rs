@@ -85,6 +85,11 @@ impl ControlPlane {
         }
     }
 
+    /// How many control-plane addresses there are.
+    pub fn addresses(&self) -> usize {
+        self.client.node_count()
+    }
+
     /// The address in use.
     pub fn current_addr(&self) -> &str {
         self.client.current_address()

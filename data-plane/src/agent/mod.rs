@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nereid_proto::pb::cluster::{
-    GpuUtilization, NodeAddresses, NodeCapacity, RegisterNodeRequest, ReplicaState,
-    ReportReplicaRequest, WatchRequest,
+    GpuUtilization, LeaveNodeRequest, NodeAddresses, NodeCapacity, RegisterNodeRequest,
+    ReplicaState, ReportReplicaRequest, WatchRequest,
 };
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, watch};
@@ -203,9 +203,51 @@ pub async fn run(
             _ = stopped(stop.clone()) => break 'watch,
         }
     }
+    // Heartbeats end before the leave, so that none arrives after it and turns the node up.
     tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    leave(&cp, &node).await;
     tracing::info!("agent stopped");
     Ok(())
+}
+
+/// How long a stopping worker waits for the control plane to acknowledge that it leaves.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Tells the control plane this node leaves (it marks the node down at once, so routers stop
+/// choosing it and its replicas are placed elsewhere), one attempt per control-plane address
+/// within [`LEAVE_TIMEOUT`]. Without an answer the heartbeat timeout does the same, later.
+async fn leave(cp: &ControlPlane, node: &str) {
+    let request = LeaveNodeRequest {
+        node_id: node.to_string(),
+    };
+    let attempts = async {
+        let mut last = None;
+        for _ in 0..cp.addresses().max(1) {
+            let r = cp.request(request.clone(), true);
+            match cp.once(|mut c| async move { c.leave_node(r).await }).await {
+                Ok(answer) => return Ok(answer.revision),
+                Err(failure) => {
+                    cp.fail_over(Some(&failure));
+                    last = Some(failure);
+                }
+            }
+        }
+        Err(last)
+    };
+    match tokio::time::timeout(LEAVE_TIMEOUT, attempts).await {
+        Ok(Ok(revision)) => tracing::info!(node, revision, "left the cluster"),
+        Ok(Err(failure)) => tracing::warn!(
+            node,
+            error = ?failure.map(|f| f.to_string()),
+            "the control plane did not take the leave; the heartbeat timeout will mark the node down"
+        ),
+        Err(_) => tracing::warn!(
+            node,
+            timeout_ms = LEAVE_TIMEOUT.as_millis() as u64,
+            "no answer to the leave; the heartbeat timeout will mark the node down"
+        ),
+    }
 }
 
 /// Resolves once `stop` is set.
