@@ -397,17 +397,43 @@ pub struct InferResponse {
     pub outputs: Vec<Tensor>,
 }
 
-/// Parses a version as it arrives on the wire ("" = latest).
-pub fn parse_version(model: &str, version: &str) -> ServiceResult<Option<i64>> {
+/// Parses a version as it arrives on the wire ("" = latest), as Triton reads it: C's `stol`
+/// (leading blanks, an optional sign, the digits; anything after them is ignored), refusing
+/// text without digits, a value out of range and a negative version with Triton's words.
+/// `_model` is not named in Triton's message; callers pass it for context they may add.
+pub fn parse_version(_model: &str, version: &str) -> ServiceResult<Option<i64>> {
     if version.is_empty() {
         return Ok(None);
     }
-    match version.parse::<i64>() {
-        Ok(v) if v >= 0 => Ok(Some(v)),
-        _ => Err(ServiceError::invalid(format!(
-            "model '{model}': version '{version}' is not a non-negative integer"
-        ))),
+    let Some(parsed) = stol(version) else {
+        return Err(ServiceError::invalid(format!(
+            "failed to get model version from specified version string '{version}' (details: stol), version should be an integral value > 0"
+        )));
+    };
+    if parsed < 0 {
+        return Err(ServiceError::invalid(format!(
+            "invalid model version specified '{version}' , version should be an integral value > 0"
+        )));
     }
+    Ok(Some(parsed))
+}
+
+/// The leading integer of `text` as C's `strtol` reads it (base 10): `None` without digits or
+/// out of `i64` range.
+fn stol(text: &str) -> Option<i64> {
+    let rest = text.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    let (negative, rest) = match rest.as_bytes().first() {
+        Some(b'-') => (true, &rest[1..]),
+        Some(b'+') => (false, &rest[1..]),
+        _ => (false, rest),
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return None;
+    }
+    let magnitude: i128 = rest[..digits].parse().ok()?;
+    let value = if negative { -magnitude } else { magnitude };
+    i64::try_from(value).ok()
 }
 
 #[cfg(test)]
@@ -420,6 +446,37 @@ mod tests {
             push_bytes_element(&mut v, e);
         }
         Bytes::from(v)
+    }
+
+    #[test]
+    fn versions_read_as_triton_reads_them() {
+        assert_eq!(parse_version("m", "").unwrap(), None);
+        for (text, want) in [
+            ("3", 3),
+            ("0", 0),
+            (" 2", 2),
+            ("+4", 4),
+            ("1x", 1),
+            ("7 ", 7),
+        ] {
+            assert_eq!(parse_version("m", text).unwrap(), Some(want), "{text:?}");
+        }
+        for text in ["abc", "x1", "-", " ", "99999999999999999999"] {
+            let err = parse_version("m", text).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "failed to get model version from specified version string '{text}' (details: stol), version should be an integral value > 0"
+                )),
+                "{err}"
+            );
+        }
+        let err = parse_version("m", "-1").unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "invalid model version specified '-1' , version should be an integral value > 0"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

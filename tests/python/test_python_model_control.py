@@ -233,3 +233,22 @@ def test_same_answers_as_triton(pair):
             assert "error" in ours, (step, ours, theirs)
         else:
             assert ours == theirs, (step, ours, theirs)
+
+
+def test_version_strings_read_as_triton_reads_them(pair):
+    """A gRPC model version is read as Triton reads it (leading digits; text after them is
+    ignored), and one that is not a version is refused with Triton's own words."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    def ask(server, version):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            return ("ready", client.is_model_ready("py_control", model_version=version),
+                    client.get_model_metadata("py_control", model_version=version).name)
+        except InferenceServerException as e:
+            return ("error", e.status(), e.message())
+
+    nereid, triton = pair
+    for version in ["abc", "-1", "1x", " 1", "99999999999999999999", "1"]:
+        assert ask(nereid, version) == ask(triton, version), version

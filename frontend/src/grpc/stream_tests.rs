@@ -357,7 +357,7 @@ async fn errors_come_back_in_band_and_the_stream_stays_open() {
     assert_eq!(r2.len(), 1);
     assert_eq!(
         r2[0].error_message,
-        "model 'count': version 'x' is not a non-negative integer"
+        "failed to get model version from specified version string 'x' (details: stol), version should be an integral value > 0"
     );
     assert_eq!(infer_response(r2[0]).model_version, "x");
     let r3 = for_id(&all, "r3");
