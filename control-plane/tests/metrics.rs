@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nereid_control_plane::AuthToken;
 use nereid_control_plane::{Listeners, NodeConfig, serve};
+use nereid_test_support::eventually_ok;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config(data_dir: &std::path::Path) -> NodeConfig {
@@ -80,21 +81,19 @@ async fn a_single_node_reports_itself_leader_and_the_cluster_families() {
         let _ = stop_rx.await;
     }));
 
-    // Poll until the node has elected itself (bounded; no sleeps beyond the poll interval).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let text = loop {
-        let last = scrape(addr).await;
-        if let Ok(text) = &last
-            && value(text, "nereid_raft_is_leader") == Some(1.0)
-        {
-            break text.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no leader within 20 s; last scrape: {last:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Poll until the node has elected itself and applied its first entry (the leader's blank
+    // entry: applied a moment after the election, not with it).
+    let ready = |text: &str| {
+        value(text, "nereid_raft_is_leader") == Some(1.0)
+            && value(text, "nereid_raft_applied_index").is_some_and(|a| a >= 1.0)
     };
+    let text = eventually_ok("the node is leader", Duration::from_secs(20), || async {
+        match scrape(addr).await {
+            Ok(text) if ready(&text) => Ok(text),
+            last => Err(format!("scrape {last:?}")),
+        }
+    })
+    .await;
 
     assert!(
         value(&text, "nereid_raft_term").is_some_and(|t| t >= 1.0),

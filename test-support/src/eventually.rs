@@ -5,6 +5,7 @@
 //! returns as soon as the condition holds. It is measured on the wall clock, so it means the
 //! same under `#[tokio::test(start_paused = true)]`, where the paused clock jumps ahead.
 
+use std::fmt::Display;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ pub async fn eventually_some<T>(
         if let Some(v) = look() {
             return v;
         }
-        poller.pause().await;
+        poller.pause(None).await;
     }
 }
 
@@ -42,7 +43,27 @@ where
 {
     let mut poller = Poller::new(what, deadline);
     while !done().await {
-        poller.pause().await;
+        poller.pause(None).await;
+    }
+}
+
+/// Awaits `attempt()` until it gives `Ok` and returns that value (a server that must come up,
+/// a scrape that must show a leader); panics naming `what` and the last error if it still
+/// fails after `deadline`.
+pub async fn eventually_ok<T, E, F, Fut>(what: &str, deadline: Duration, mut attempt: F) -> T
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut poller = Poller::new(what, deadline);
+    loop {
+        // Only the message lives on: `E` need not be `Send` for the future to be.
+        let last = match attempt().await {
+            Ok(v) => return v,
+            Err(e) => e.to_string(),
+        };
+        poller.pause(Some(last.as_str())).await;
     }
 }
 
@@ -68,13 +89,19 @@ impl<'a> Poller<'a> {
         }
     }
 
-    async fn pause(&mut self) {
+    /// Fails the test if the deadline has passed (showing `last`, what the last look saw),
+    /// else waits before the next look.
+    async fn pause(&mut self, last: Option<&str>) {
         let waited = self.started.elapsed();
-        assert!(
-            waited < self.deadline,
-            "timed out after {waited:?} waiting until {}",
-            self.what
-        );
+        if waited >= self.deadline {
+            match last {
+                Some(last) => panic!(
+                    "timed out after {waited:?} waiting until {}; last: {last}",
+                    self.what
+                ),
+                None => panic!("timed out after {waited:?} waiting until {}", self.what),
+            }
+        }
         self.looks += 1;
         if self.looks <= YIELDS {
             tokio::task::yield_now().await;
@@ -136,6 +163,18 @@ mod tests {
     async fn a_condition_that_stays_false_fails_naming_it() {
         // The wall-clock deadline, 0: the first look that fails is past it.
         eventually("never", Duration::ZERO, || false).await;
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "waiting until up; last: refused 2")]
+    async fn a_failing_attempt_fails_with_its_last_error() {
+        let mut n = 0;
+        eventually_ok("up", Duration::from_millis(20), || {
+            n += 1;
+            let n = n;
+            async move { Err::<(), _>(format!("refused {}", n.min(2))) }
+        })
+        .await;
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ mod gate;
 mod rng;
 mod tensor;
 
-pub use eventually::{eventually, eventually_async, eventually_some};
+pub use eventually::{eventually, eventually_async, eventually_ok, eventually_some};
 pub use gate::Gate;
 pub use rng::Rng;
 pub use tensor::{floats, fp32, fp32_1d};

@@ -14,8 +14,9 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use nereid_test_support::eventually_ok;
 use tempfile::TempDir;
 
 use super::EtcdTls;
@@ -151,8 +152,7 @@ impl EtcdServer {
 
     /// Polls etcd's status until it answers; etcd starts in well under a second.
     async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        eventually_ok("etcd answers", Duration::from_secs(20), || async {
             let answer = async {
                 let options = self.certs.is_some().then(|| {
                     self.tls("ca", Some("ca"))
@@ -164,12 +164,11 @@ impl EtcdServer {
                 client.status().await.map_err(|e| e.to_string())
             };
             match tokio::time::timeout(Duration::from_secs(2), answer).await {
-                Ok(Ok(_)) => return,
-                Ok(Err(e)) if Instant::now() > deadline => panic!("etcd never answered: {e}"),
-                Err(_) if Instant::now() > deadline => panic!("etcd never answered"),
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                Ok(answered) => answered.map(drop),
+                Err(_) => Err("no answer within 2 s".to_string()),
             }
-        }
+        })
+        .await;
     }
 }
 
