@@ -4,37 +4,13 @@
 
 use std::collections::BTreeSet;
 
+use nereid_test_support::Rng;
+
 use super::*;
 use crate::testing::{model, node};
 
 const STEPS: usize = 2_000;
 const SEEDS: [u64; 4] = [1, 0x9e37_79b9_7f4a_7c15, 42, 0xdead_beef];
-
-/// xorshift64: deterministic, no dependencies.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// Names mostly valid and colliding (so commands interact), some invalid.
 const MODELS: [&str; 3] = ["a", "b", "c"];
@@ -214,7 +190,7 @@ fn run(
     ClusterState,
     Tally,
 ) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_state(seed);
     let mut s = ClusterState::new();
     let mut commands = Vec::with_capacity(STEPS);
     let mut results = Vec::with_capacity(STEPS);
@@ -311,7 +287,7 @@ fn random_walks_reach_ready_replicas() {
     // Guards the generator: a walk that never reaches Ready would leave the transition
     // checks above untested on their most important path.
     let ready_seen = SEEDS.iter().any(|&seed| {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::from_state(seed);
         let mut s = ClusterState::new();
         (0..STEPS).any(|_| {
             let cmd = random_command(&mut rng, &s);

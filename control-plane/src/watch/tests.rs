@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use nereid_proto::pb::cluster as pb;
+use nereid_test_support::Rng;
 use pb::watch_event::Event;
 
 use super::*;
@@ -249,22 +250,6 @@ async fn streams_end_when_the_hub_stops() {
     assert!(s.next().await.is_none());
 }
 
-/// A small deterministic generator (xorshift), so failures reproduce from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn random_command(rng: &mut Rng, replicas: &[u64]) -> Command {
     let models = ["a", "b", "c"];
     let nodes = ["n1", "n2", "n3"];
@@ -323,7 +308,7 @@ async fn a_client_mirrors_the_state_from_events_across_reconnects() {
         let c = MemoryConsensus::new(1);
         // A small ring and channel, so resumes hit both deltas and snapshots.
         let hub = WatchHub::with_capacity(&c, 16, 8);
-        let mut rng = Rng(seed);
+        let mut rng = Rng::from_state(seed);
         let mut mirror = Mirror::default();
         let mut stream = Box::pin(hub.stream(0));
         let (mut snapshots, mut deltas) = (0, 0);
