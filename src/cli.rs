@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// Seconds between repository scans in poll mode.
     #[arg(long, env = "NEREID_REPOSITORY_POLL_SECS", default_value_t = 15)]
     pub repository_poll_secs: u64,
+    /// Read each model's config from `configs/<NAME>.pbtxt` where the model has one (else
+    /// `config.pbtxt`), as Triton's flag: per-hardware configs such as `h100.pbtxt`.
+    #[arg(long, env = "NEREID_MODEL_CONFIG_NAME", value_name = "NAME", value_parser = parse_config_name)]
+    pub model_config_name: Option<String>,
     /// Ready only when every model loaded successfully (false: ready once started).
     #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_readiness: bool,
@@ -167,6 +171,7 @@ impl ServeArgs {
                 cluster_managed: false,
                 rate_limit,
                 response_cache_bytes,
+                config_name: self.model_config_name,
             },
             data_plane: DataPlaneConfig {
                 server_name: frontend.id,
@@ -189,6 +194,16 @@ impl ServeArgs {
             http_on_grpc_port: false,
         })
     }
+}
+
+/// A `--model-config-name`: a file name stem, not a path.
+fn parse_config_name(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.contains(['/', '\\']) || text == "." || text == ".." {
+        return Err(format!(
+            "'{text}' is not a config name: give the file name under configs/ without '.pbtxt' (e.g. h100)"
+        ));
+    }
+    Ok(text.to_string())
 }
 
 #[derive(Args, Debug)]
@@ -297,6 +312,7 @@ impl WorkerArgs {
             model_control_mode: ControlModeArg::Explicit,
             load_model: Vec::new(),
             repository_poll_secs: 15,
+            model_config_name: None,
             strict_readiness: self.strict_readiness,
             exit_on_error: false,
             frontend: self.frontend,
@@ -402,6 +418,9 @@ mod tests {
 
     #[test]
     fn cache_config_in_tritons_form() {
+        assert_eq!(parse(&[]).unwrap().manager.config_name, None);
+        let c = parse(&["--model-config-name", "h100"]).unwrap();
+        assert_eq!(c.manager.config_name.as_deref(), Some("h100"));
         assert_eq!(parse(&[]).unwrap().manager.response_cache_bytes, None);
         let c = parse(&["--cache-config=local,size=1048576"]).unwrap();
         assert_eq!(c.manager.response_cache_bytes, Some(1_048_576));

@@ -294,6 +294,7 @@ async fn the_agent_follows_its_assignments() {
             cluster_managed: true,
             rate_limit: Default::default(),
             response_cache_bytes: None,
+            config_name: None,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -498,6 +499,7 @@ async fn the_agent_follows_its_assignments() {
             cluster_managed: true,
             rate_limit: Default::default(),
             response_cache_bytes: None,
+            config_name: None,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -562,6 +564,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
             cluster_managed: false,
             rate_limit: Default::default(),
             response_cache_bytes: None,
+            config_name: None,
         },
         data_plane: DataPlaneConfig {
             server_name: "nereid".into(),
@@ -700,6 +703,7 @@ parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{}" }} }}
             cluster_managed: true,
             rate_limit: Default::default(),
             response_cache_bytes: None,
+            config_name: None,
         },
         Backends::new(None).with_gpu_count(4),
     ));

@@ -73,7 +73,7 @@ async fn plane(repo: &Path) -> Arc<DataPlane> {
 /// An instance context for the `Backend` API, from a repository made by [`repository`].
 fn context(repo: &Path, model: &str, instance: &str, health: &Arc<Health>) -> InstanceContext {
     let dir = repo.join(model);
-    let mut config = nereid_data_plane::config::read_config_file(&dir).unwrap();
+    let mut config = nereid_data_plane::config::read_config_file(&dir, None).unwrap();
     config.name = model.to_string();
     nereid_data_plane::config::fill_defaults(&mut config);
     let config = nereid_data_plane::config::ValidModelConfig::try_from(config).unwrap();

@@ -49,6 +49,7 @@ async fn plane(repo: &Path, drain: Duration) -> Arc<DataPlane> {
             cluster_managed: false,
             rate_limit: Default::default(),
             response_cache_bytes: None,
+            config_name: None,
         },
         Backends::new(None),
     )

@@ -99,7 +99,7 @@ where
                 continue;
             }
         };
-        if let Ok(nested) = config::read_config_file(&dir) {
+        if let Ok(nested) = config::read_config_file(&dir, None) {
             pending.extend(step_models(&nested).into_iter().map(|m| (m, depth + 1)));
         }
         done.linked.insert(name);

@@ -111,7 +111,7 @@ pub fn load_config(
     versions: &BTreeSet<i64>,
     gpus: &BTreeSet<u32>,
 ) -> Result<ModelConfig, String> {
-    let base = config::read_config_file(model_dir).map_err(|e| e.to_string())?;
+    let base = config::read_config_file(model_dir, None).map_err(|e| e.to_string())?;
     let options = SerializeOptions::new()
         .use_proto_field_name(true)
         .stringify_64_bit_integers(false)

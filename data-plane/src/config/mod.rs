@@ -60,10 +60,28 @@ pub const ENSEMBLE_PLATFORM: &str = "ensemble";
 /// The config file name inside a model directory.
 pub const CONFIG_FILE: &str = "config.pbtxt";
 
-/// Reads `<model_dir>/config.pbtxt`. A missing file gives an empty config (auto-complete or
-/// validation decides whether that is enough).
-pub fn read_config_file(model_dir: &Path) -> Result<ModelConfig, ConfigError> {
-    let path = model_dir.join(CONFIG_FILE);
+/// The folder of a model directory holding named configs (`--model-config-name`).
+pub const CONFIGS_DIR: &str = "configs";
+
+/// The config file a model directory is read from: `configs/<name>.pbtxt` when a config name
+/// is set (`--model-config-name`) and that file exists, else `config.pbtxt`, as in Triton.
+pub fn config_path(model_dir: &Path, config_name: Option<&str>) -> PathBuf {
+    if let Some(name) = config_name {
+        let named = model_dir.join(CONFIGS_DIR).join(format!("{name}.pbtxt"));
+        if named.is_file() {
+            return named;
+        }
+    }
+    model_dir.join(CONFIG_FILE)
+}
+
+/// Reads the model directory's config file ([`config_path`]). A missing file gives an empty
+/// config (auto-complete or validation decides whether that is enough).
+pub fn read_config_file(
+    model_dir: &Path,
+    config_name: Option<&str>,
+) -> Result<ModelConfig, ConfigError> {
+    let path = config_path(model_dir, config_name);
     match std::fs::read_to_string(&path) {
         Ok(text) => parse_config_text(&path, &text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
@@ -194,6 +212,24 @@ pub fn fill_defaults_with_gpus(config: &mut ModelConfig, gpus: &GpuDefaults) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_named_config_is_read_where_the_model_has_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CONFIG_FILE), "max_batch_size: 1").unwrap();
+        std::fs::create_dir(dir.path().join(CONFIGS_DIR)).unwrap();
+        std::fs::write(dir.path().join("configs/h100.pbtxt"), "max_batch_size: 8").unwrap();
+        let batch = |name| read_config_file(dir.path(), name).unwrap().max_batch_size;
+        assert_eq!(batch(None), 1);
+        assert_eq!(batch(Some("h100")), 8);
+        // No configs/a100.pbtxt: the default config, as in Triton.
+        assert_eq!(batch(Some("a100")), 1);
+        std::fs::write(dir.path().join("configs/bad.pbtxt"), "max_batch_size: [").unwrap();
+        let err = read_config_file(dir.path(), Some("bad"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("configs/bad.pbtxt"), "{err}");
+    }
 
     #[test]
     fn defaults_fill_instance_groups_and_policy() {

@@ -43,6 +43,8 @@ pub struct BuildInput {
     pub rate_limiter: Arc<RateLimiter>,
     /// The server's response cache (`--cache-config`), for versions whose config enables it.
     pub cache: Option<Arc<ResponseCache>>,
+    /// `--model-config-name` ([`config::config_path`]).
+    pub config_name: Option<String>,
 }
 
 /// A built model, or why it failed (with the versions that were attempted).
@@ -72,7 +74,8 @@ pub fn build(
     };
     let raw = match &input.config_override {
         Some(c) => c.clone(),
-        None => config::read_config_file(&input.dir).map_err(|e| fail(e.to_string(), &[]))?,
+        None => config::read_config_file(&input.dir, input.config_name.as_deref())
+            .map_err(|e| fail(e.to_string(), &[]))?,
     };
     let available = repository::version_dirs(&input.dir);
     // The policy comes from the raw config (auto-complete never changes it).

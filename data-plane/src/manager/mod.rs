@@ -83,6 +83,9 @@ pub struct ManagerConfig {
     /// Bytes of the response cache (`--cache-config local,size=N`); `None`: no cache, and
     /// `response_cache { enable: true }` in a config is ignored, as in Triton.
     pub response_cache_bytes: Option<usize>,
+    /// `--model-config-name`: read `configs/<name>.pbtxt` where a model has it, else
+    /// `config.pbtxt` ([`config::config_path`]).
+    pub config_name: Option<String>,
 }
 
 /// A model's lifecycle state as the repository index shows it.
@@ -164,6 +167,11 @@ pub struct ModelManager {
 }
 
 impl ModelManager {
+    /// `--model-config-name`, when set.
+    fn config_name(&self) -> Option<&str> {
+        self.config.config_name.as_deref()
+    }
+
     pub fn new(config: ManagerConfig, backends: Backends) -> ModelManager {
         ModelManager {
             rate_limiter: RateLimiter::new(&config.rate_limit),
@@ -238,7 +246,7 @@ impl ModelManager {
                 let steps = scan
                     .models
                     .get(&name)
-                    .and_then(|dir| config::read_config_file(&dir.path).ok())
+                    .and_then(|dir| config::read_config_file(&dir.path, self.config_name()).ok())
                     .map(|c| config::composing_models(&c))
                     .unwrap_or_default();
                 (name, steps)
@@ -381,6 +389,7 @@ impl ModelManager {
             queue_capacity: self.config.queue_capacity,
             rate_limiter: self.rate_limiter.clone(),
             cache: self.cache.clone(),
+            config_name: self.config.config_name.clone(),
         };
         let backends = self.backends.clone();
         let view = self.models_view(chain);
@@ -438,7 +447,7 @@ impl ModelManager {
                 config_override: None,
             } => self.synced_scan(Some(name)).await.ok().and_then(|scan| {
                 let dir = scan.models.get(name)?;
-                config::read_config_file(&dir.path).ok()
+                config::read_config_file(&dir.path, self.config_name()).ok()
             }),
         };
         let Some(config) = config else { return };
@@ -662,7 +671,7 @@ impl ModelManager {
             .models
             .iter()
             .filter_map(|(name, dir)| {
-                let config = config::read_config_file(&dir.path).ok()?;
+                let config = config::read_config_file(&dir.path, self.config_name()).ok()?;
                 Some((name, config::composing_models(&config)))
             })
             .filter(|(_, steps)| !steps.is_empty())

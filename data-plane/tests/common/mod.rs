@@ -57,6 +57,7 @@ pub fn data_plane(
             cluster_managed: false,
             rate_limit: Default::default(),
             response_cache_bytes: None,
+            config_name: None,
         },
         backends,
     ));

@@ -23,7 +23,7 @@ fn model_dir(name: &str) -> PathBuf {
 }
 
 fn config(name: &str) -> ModelConfig {
-    crate::config::read_config_file(&model_dir(name)).unwrap()
+    crate::config::read_config_file(&model_dir(name), None).unwrap()
 }
 
 fn context(config: ModelConfig, device: DeviceKind) -> InstanceContext {
