@@ -33,6 +33,17 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
         ));
     }
 
+    let mut tags: Vec<&String> = config.metric_tags.keys().collect();
+    tags.sort();
+    for key in tags {
+        let valid = key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !key.is_empty();
+        if !valid {
+            errors.push(format!(
+                "metric_tags key '{key}' of model '{m}' is not usable as a metric label: use letters, digits and '_' (it is exported as the label '_{key}')"
+            ));
+        }
+    }
+
     let mut names = HashSet::new();
     for input in &config.input {
         check_tensor(
@@ -394,6 +405,17 @@ mod tests {
             c.backend = "onnxruntime".into();
         }
         validate(&c)
+    }
+
+    #[test]
+    fn metric_tags_keys_must_be_label_names() {
+        assert!(errors_of(r#"metric_tags { key: "team_1" value: "a b" }"#).is_empty());
+        let errors = errors_of(r#"metric_tags { key: "team-1" value: "x" }"#);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("metric_tags key 'team-1' of model 'm'"),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!                                              └─► OTLP export (the lead's exporter)
 //! ```
 //!
-//! Every per-model series carries `model` and `version` labels; failures add `reason`. With a
+//! Every per-model series carries `model` and `version` labels (after one `_<key>` label per
+//! `metric_tags` entry of the model's config, as in Triton); failures add `reason`. With a
 //! response cache (`--cache-config`), Triton's `nv_cache_*` families: per model for versions
 //! that use it, and the cache's own gauges.
 
@@ -91,6 +92,20 @@ struct Row<'a> {
 
 type Pick = fn(&Row<'_>) -> Option<f64>;
 
+/// A version's labels: one `_<key>` per `metric_tags` entry of its config (sorted, as Triton
+/// writes them), then `model` and `version`.
+fn model_labels(v: &LoadedVersion) -> Labels {
+    let mut tags: Vec<(&String, &String)> = v.config.wire().metric_tags.iter().collect();
+    tags.sort();
+    let mut labels = Labels::none();
+    for (key, value) in tags {
+        labels = labels.and(&format!("_{key}"), value.as_str());
+    }
+    labels
+        .and("model", v.name.as_str())
+        .and("version", v.version.to_string())
+}
+
 /// The per-model families over `versions`, as `latencies` selects them.
 pub fn model_families(versions: &[Arc<LoadedVersion>], latencies: &LatencyMetrics) -> Vec<Family> {
     let rows: Vec<Row<'_>> = versions
@@ -98,7 +113,7 @@ pub fn model_families(versions: &[Arc<LoadedVersion>], latencies: &LatencyMetric
         .map(|v| Row {
             version: v,
             stats: v.stats.snapshot(&v.name, v.version),
-            labels: Labels::of([("model", v.name.as_str())]).and("version", v.version.to_string()),
+            labels: model_labels(v),
         })
         .collect();
     let mut out = Vec::new();
@@ -420,7 +435,11 @@ mod tests {
 
     /// A version with no instances (nothing executes), whose statistics the test fills.
     fn version(name: &str) -> Arc<LoadedVersion> {
-        let config = Arc::new(ValidModelConfig::unchecked(ModelConfig::default()));
+        version_with(name, ModelConfig::default())
+    }
+
+    fn version_with(name: &str, wire: ModelConfig) -> Arc<LoadedVersion> {
+        let config = Arc::new(ValidModelConfig::unchecked(wire));
         let stats = Arc::new(VersionStats::default());
         let scheduler = Scheduler::start(
             name,
@@ -463,6 +482,20 @@ mod tests {
             memory_bytes: 4096,
         });
         v
+    }
+
+    #[test]
+    fn metric_tags_become_labels_before_model_and_version() {
+        let mut wire = ModelConfig::default();
+        wire.metric_tags.insert("team".into(), "vision".into());
+        wire.metric_tags.insert("cost_center".into(), "42".into());
+        let v = version_with("t", wire);
+        let text = render_prometheus(&model_families(&[v], &LatencyMetrics::default()));
+        let line = "nv_inference_request_success{_cost_center=\"42\",_team=\"vision\",model=\"t\",version=\"1\"} 0\n";
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+        assert!(text.contains(
+            "nv_inference_request_failure{_cost_center=\"42\",_team=\"vision\",model=\"t\",version=\"1\",reason=\"BACKEND\"} 0\n"
+        ));
     }
 
     #[test]
