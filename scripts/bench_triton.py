@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests/python"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gen_python_models  # noqa: E402
+from bench_footprint import descendants  # noqa: E402
 from nereid_util import http_raw  # noqa: E402
 from triton_util import start_pair  # noqa: E402
 
@@ -43,27 +44,19 @@ SHAPES = {"identity_large": ["--shape", "INPUT0:262144"]}
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def cpu_seconds(pid):
+    """utime+stime of `pid` in seconds (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def tree_cpu_seconds(pid):
     """utime+stime of `pid` itself and of every live descendant (the Python stubs), in seconds."""
-    children = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        children.setdefault(int(fields[1]), []).append((int(entry.name), fields))
-    total, todo = 0, [pid]
-    own = Path(f"/proc/{pid}/stat").read_text()
-    fields = own[own.rindex(")") + 2:].split()
-    server = int(fields[11]) + int(fields[12])
-    while todo:
-        for child, f in children.get(todo.pop(), []):
-            total += int(f[11]) + int(f[12])
-            todo.append(child)
-    return server / TICKS, total / TICKS
+    return cpu_seconds(pid), sum(cpu_seconds(child) for child in descendants(pid))
 
 
 def inference_count(server, model):

@@ -23,6 +23,18 @@ _spec = importlib.util.spec_from_file_location("gen_models", ROOT / "scripts/gen
 gen_models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen_models)
 
+# A Python model answering its FP32 input `x` as its output `y` (Python-backend repositories
+# that the reference Triton serves too).
+PYTHON_IDENTITY_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
+"""
+
 # Every server started by the suite, so failure reports can show their logs.
 SERVERS = []
 

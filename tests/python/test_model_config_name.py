@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from nereid_util import http_json
+from nereid_util import PYTHON_IDENTITY_MODEL, http_json
 
-IDENTITY = textwrap.dedent("""
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            return [pb_utils.InferenceResponse([pb_utils.Tensor(
-                "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
-    """)
+IDENTITY = PYTHON_IDENTITY_MODEL
 
 
 def config(name, which, dims):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from nereid_util import http_json, managed_server
+from nereid_util import PYTHON_IDENTITY_MODEL, http_json, managed_server
 
 CONTROL = textwrap.dedent("""
     import json
@@ -72,14 +72,7 @@ CONTROL_CONFIG = textwrap.dedent("""
     """)
 
 
-IDENTITY = textwrap.dedent("""
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            return [pb_utils.InferenceResponse([pb_utils.Tensor(
-                "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
-    """)
+IDENTITY = PYTHON_IDENTITY_MODEL
 
 IDENTITY_CONFIG = textwrap.dedent("""
     name: "ident"

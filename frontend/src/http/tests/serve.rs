@@ -66,23 +66,22 @@ async fn chunked_upload_over_the_limit_is_refused() {
     );
 }
 
-/// A gRPC port spawned with `http_on_grpc_port` (a worker under cluster TLS): HTTP/2 requests
-/// under `/v2/` reach the HTTP routes, with their JSON body intact, while gRPC calls on the
-/// same connection still reach the gRPC services.
-#[tokio::test]
-async fn a_grpc_port_with_the_http_api_answers_both() {
-    use nereid_proto::pb::inference::ServerLiveRequest;
-    use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-    use tonic::codegen::Service;
-
+/// The fake service's gRPC port, spawned as `nereid_frontend::spawn` serves it, with or
+/// without the HTTP API on it; a channel to it, and the sender that stops it.
+async fn grpc_port(
+    http_on_grpc_port: bool,
+) -> (
+    tonic::transport::Channel,
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinSet<()>,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let service: Arc<dyn nereid_proto::InferenceService> = Arc::new(fake());
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     crate::spawn(
         &mut servers,
-        service,
+        Arc::new(fake()),
         crate::Frontends {
             http: None,
             grpc: Some(listener),
@@ -90,29 +89,51 @@ async fn a_grpc_port_with_the_http_api_answers_both() {
             http_config: HttpConfig::default(),
             grpc_config: crate::GrpcConfig::default(),
             ports: crate::PortsConfig::default(),
-            http_on_grpc_port: true,
+            http_on_grpc_port,
         },
         &stop,
     );
-    let mut channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
+    (channel, stop_tx, servers)
+}
 
-    let json = r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1.5,2.5]}]}"#;
+/// POSTs `body` to `path` on `channel` as an HTTP/2 request (what the router does under
+/// cluster TLS).
+async fn post_h2(
+    channel: &mut tonic::transport::Channel,
+    path: &str,
+    body: &'static str,
+) -> axum::http::Response<tonic::body::Body> {
+    use tonic::codegen::Service;
     let request = Request::builder()
         .method("POST")
-        .uri("/v2/models/echo/versions/1/infer")
+        .uri(path)
         .header("content-type", "application/json")
         .body(tonic::body::Body::new(http_body_util::Full::new(
-            Bytes::from(json),
+            Bytes::from_static(body.as_bytes()),
         )))
         .unwrap();
     std::future::poll_fn(|cx| channel.poll_ready(cx))
         .await
         .unwrap();
-    let response = channel.call(request).await.unwrap();
+    channel.call(request).await.unwrap()
+}
+
+/// A gRPC port spawned with `http_on_grpc_port` (a worker under cluster TLS): HTTP/2 requests
+/// under `/v2/` reach the HTTP routes, with their JSON body intact, while gRPC calls on the
+/// same connection still reach the gRPC services.
+#[tokio::test]
+async fn a_grpc_port_with_the_http_api_answers_both() {
+    use nereid_proto::pb::inference::ServerLiveRequest;
+    use nereid_proto::pb::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+
+    let (mut channel, stop_tx, mut servers) = grpc_port(true).await;
+    let json = r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[1.5,2.5]}]}"#;
+    let response = post_h2(&mut channel, "/v2/models/echo/versions/1/infer", json).await;
     assert_eq!(response.status(), StatusCode::OK);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let answer: Value = serde_json::from_slice(&body).unwrap();
@@ -131,41 +152,7 @@ async fn a_grpc_port_with_the_http_api_answers_both() {
 /// Without the option the gRPC port has no HTTP routes: tonic answers UNIMPLEMENTED.
 #[tokio::test]
 async fn a_plain_grpc_port_has_no_http_api() {
-    use tonic::codegen::Service;
-
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-    let mut servers = tokio::task::JoinSet::new();
-    crate::spawn(
-        &mut servers,
-        Arc::new(fake()),
-        crate::Frontends {
-            http: None,
-            grpc: Some(listener),
-            metrics: None,
-            http_config: HttpConfig::default(),
-            grpc_config: crate::GrpcConfig::default(),
-            ports: crate::PortsConfig::default(),
-            http_on_grpc_port: false,
-        },
-        &stop,
-    );
-    let mut channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let request = Request::builder()
-        .method("POST")
-        .uri("/v2/models/echo/infer")
-        .body(tonic::body::Body::new(http_body_util::Full::new(
-            Bytes::from("{}"),
-        )))
-        .unwrap();
-    std::future::poll_fn(|cx| channel.poll_ready(cx))
-        .await
-        .unwrap();
-    let response = channel.call(request).await.unwrap();
+    let (mut channel, _stop_tx, _servers) = grpc_port(false).await;
+    let response = post_h2(&mut channel, "/v2/models/echo/infer", "{}").await;
     assert_eq!(response.headers()["grpc-status"], "12", "{response:?}");
 }
