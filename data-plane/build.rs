@@ -27,6 +27,10 @@ fn main() {
 }
 
 /// `NEREID_BUILTIN_STUB_CORE`: `<target>/<profile>/libnereid_stub_core.so` of this build.
+#[allow(
+    clippy::expect_used,
+    reason = "cargo always sets OUT_DIR for build scripts"
+)]
 fn stub_core_path() {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     // OUT_DIR is <target>/<profile>/build/<crate>-<hash>/out.

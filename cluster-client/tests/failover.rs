@@ -1,6 +1,7 @@
 //! The client against fake control-plane nodes on 127.0.0.1:0: a pass follows a listed
 //! leader hint past other nodes, stops at a refusal the policy does not retry, reports the
 //! unreachable and an unlisted leader; the node in use moves to a named leader.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -99,6 +99,7 @@ fn registry() -> ClusterState {
         available_versions: vec![1, 2],
         traffic: Default::default(),
     };
+    #[allow(clippy::expect_used, reason = "a fixed, valid model")]
     state
         .apply(Command::UpsertModel(model))
         .expect("the fixed model is valid");

@@ -1,6 +1,7 @@
 //! A real single-node control plane (Raft on disk in a temporary directory, every listener on
 //! 127.0.0.1:0) serves `/metrics`: once it has elected itself, the Raft and cluster families are
 //! there over HTTP, and the endpoint stops with the node.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

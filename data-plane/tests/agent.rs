@@ -6,6 +6,7 @@
 //! Loading then Ready with measured memory, the model answers inference, the repository API
 //! refuses client loads, an Unloading delta unloads it and the agent reports it unloaded, and a
 //! source the worker cannot read fails the replica with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -2,6 +2,7 @@
 //! installed): the `model.py` fixtures in `tests/python_models/` load through the data plane
 //! (or the `Backend` API where a test needs to see a sink or a health board directly), and run
 //! in real stub processes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};

@@ -5,6 +5,7 @@
 //!
 //! One test in a binary of its own: the C heap is the whole process's, so no other test may
 //! allocate beside the loads measured here.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::path::Path;
 use std::sync::Arc;

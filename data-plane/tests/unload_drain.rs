@@ -3,6 +3,7 @@
 //! then are refused UNAVAILABLE), and requests arriving during the unload are refused
 //! UNAVAILABLE, which a router retries on another replica, never "Request for unknown model".
 //! A worker whose replica the control plane moved away unloads it this way.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::path::Path;
 use std::sync::Arc;

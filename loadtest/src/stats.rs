@@ -26,6 +26,7 @@ use serde::Serialize;
 /// Highest latency the histogram tracks, in microseconds (1 hour); longer ones saturate.
 const MAX_LATENCY_US: u64 = 3_600_000_000;
 
+#[allow(clippy::expect_used, reason = "constant bounds")]
 fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)
         .expect("constant histogram bounds are valid (1 <= low, high >= 2 * low, 3 sigfigs)")

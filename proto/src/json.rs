@@ -11,6 +11,10 @@ use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor, Seria
 use crate::pb::DESCRIPTOR_POOL;
 
 /// The reflection descriptor of a generated message type.
+#[allow(
+    clippy::expect_used,
+    reason = "the pool is built from the same protos as the generated types"
+)]
 pub fn descriptor<M: Name>() -> MessageDescriptor {
     DESCRIPTOR_POOL
         .get_message_by_name(&M::full_name())
@@ -18,6 +22,10 @@ pub fn descriptor<M: Name>() -> MessageDescriptor {
 }
 
 /// Views a generated message as a [`DynamicMessage`].
+#[allow(
+    clippy::expect_used,
+    reason = "a message's own encoding decodes with its own descriptor"
+)]
 pub fn to_dynamic<M: Message + Name>(message: &M) -> DynamicMessage {
     DynamicMessage::decode(descriptor::<M>(), message.encode_to_vec().as_slice())
         .expect("a message decodes with its own descriptor")

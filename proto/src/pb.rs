@@ -12,6 +12,10 @@ use prost_reflect::DescriptorPool;
 
 /// Descriptors of every message Nereid knows (Triton's `grpc_service`, `model_config`, health).
 pub static DESCRIPTOR_POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    #[allow(
+        clippy::expect_used,
+        reason = "build.rs wrote this descriptor set from the protos compiled into this crate"
+    )]
     DescriptorPool::decode(
         include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin")).as_ref(),
     )

@@ -2,6 +2,7 @@
 //! frontends (in-process, on 127.0.0.1:0) in front of one fake worker (a tonic server over a
 //! recording service) that keeps the `RequestContext` its gRPC frontend read from the router's
 //! metadata.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::net::SocketAddr;
 use std::sync::Arc;

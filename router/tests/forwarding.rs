@@ -1,5 +1,6 @@
 //! The router against two in-process fake workers (tonic servers on 127.0.0.1:0 serving
 //! `nereid_frontend::routes` over an echo service), with the routing table fed directly.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

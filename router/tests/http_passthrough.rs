@@ -1,6 +1,7 @@
 //! The HTTP pass-through end to end: the router's HTTP application (`nereid_router::http_app`,
 //! in-process on 127.0.0.1:0) in front of recording HTTP workers (axum on 127.0.0.1:0 that
 //! answer with what they received), and, for the fallback, a gRPC echo worker.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

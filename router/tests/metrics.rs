@@ -1,6 +1,7 @@
 //! The router's `/metrics` against two in-process fake workers (the harness of
 //! `forwarding.rs`): request outcomes, outstanding requests per replica, retries and ejections,
 //! read back over HTTP in the Prometheus text format.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::net::SocketAddr;
 use std::sync::Arc;

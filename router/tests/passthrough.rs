@@ -1,6 +1,7 @@
 //! The pass-through path end to end: the router's gRPC routes (`nereid_router::grpc_routes`,
 //! in-process on 127.0.0.1:0) in front of two echo workers. Responses through the router are
 //! compared with the same call made to a worker directly.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! `serve::run` starts on free ports with no reachable control plane, and a shutdown signal
 //! makes it return promptly.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::time::Duration;
 

@@ -2,6 +2,7 @@
 //! in-process on 127.0.0.1:0) in front of a fake worker that speaks the wire directly: it
 //! records every request's bytes and metadata and echoes each request on its own stream, so
 //! the tests see what the router forwards and relays byte for byte.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

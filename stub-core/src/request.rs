@@ -173,22 +173,14 @@ impl InferenceRequest {
         trace: Option<&Bound<'_, PyAny>>,
         parameters: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let required = |arg: &str, value: Option<&Bound<'_, PyAny>>| -> PyResult<()> {
-            if value.is_none() {
-                return Err(PyTypeError::new_err(format!(
-                    "InferenceRequest() missing required argument '{arg}'"
-                )));
-            }
-            Ok(())
+        let missing = |arg: &str| {
+            PyTypeError::new_err(format!(
+                "InferenceRequest() missing required argument '{arg}'"
+            ))
         };
-        required("inputs", inputs)?;
-        required("requested_output_names", requested_output_names)?;
-        required("model_name", model_name)?;
-        let (inputs, names, model_name) = (
-            inputs.expect("checked"),
-            requested_output_names.expect("checked"),
-            model_name.expect("checked"),
-        );
+        let inputs = inputs.ok_or_else(|| missing("inputs"))?;
+        let names = requested_output_names.ok_or_else(|| missing("requested_output_names"))?;
+        let model_name = model_name.ok_or_else(|| missing("model_name"))?;
         let model_name = match model_name.cast::<PyString>() {
             Ok(name) if !name.to_cow()?.is_empty() => name.to_cow()?.into_owned(),
             _ => {

@@ -36,6 +36,7 @@ pub struct Mapping {
 // SAFETY: the mapping is plain shared memory; who reads or writes which range is decided by the
 // protocol (a segment is written only while its writer holds it busy), not by the thread.
 unsafe impl Send for Mapping {}
+// SAFETY: as for Send: concurrent access to a range is ruled out by the protocol, not by `&`.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
@@ -344,7 +345,12 @@ impl StubSegments {
             );
         }
         segment.busy = true;
-        let mapping = segment.mapping.as_ref().expect("mapped above");
+        let mapping = segment.mapping.as_ref().ok_or_else(|| {
+            format!(
+                "shared-memory segment {}{} is not mapped",
+                self.prefix, segment.id
+            )
+        })?;
         Ok(Acquired {
             id: segment.id.clone(),
             ptr: mapping.at(0),

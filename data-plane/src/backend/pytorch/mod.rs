@@ -29,6 +29,11 @@ mod instance;
 #[cfg(feature = "torch")]
 mod runtime;
 #[cfg(all(test, feature = "torch"))]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails by panicking"
+)]
 mod tests;
 
 use super::{Backend, BackendError, BackendInstance, InstanceContext, Platforms};
