@@ -41,7 +41,6 @@ Differences from Triton worth knowing
   (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` fails that request).
 """
 
-import asyncio
 import base64
 import enum
 import itertools
@@ -547,6 +546,8 @@ async def _request_async_exec(request, decoupled):
     if decoupled:
         return _request_exec(request, True)
     channel = _require_channel("InferenceRequest.async_exec()")
+    import asyncio  # already loaded: this coroutine runs on an asyncio loop
+
     sink = _FutureSink(asyncio.get_running_loop())
     channel.submit_bls(request, False, sink)
     return await sink.future

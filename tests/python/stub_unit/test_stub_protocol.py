@@ -181,6 +181,25 @@ def test_execute_raising_or_returning_wrong_count_fails_batch(parent):
     assert "InferenceRequest(s) size is:2, and InferenceResponse(s) size is:1" in reply["error"]["message"]
 
 
+def test_a_synchronous_model_does_not_load_asyncio(parent):
+    """asyncio costs a stub about 3.5 MB: it is imported only for a model's awaitables."""
+    assert parent.init("""
+        import sys
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                loaded = np.array(["asyncio" in sys.modules], dtype=np.bool_)
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("LOADED", loaded)])
+                        for _ in requests]
+    """)["error"] is None
+    parent.execute([{"inputs": []}])
+    reply = parent.recv_op("execute_done")
+    loaded = parent.outputs(reply["responses"][0], reply["segment"])["LOADED"]
+    np.testing.assert_array_equal(loaded, [False])
+
+
 def test_async_execute(parent):
     assert parent.init("""
         import asyncio
