@@ -24,7 +24,7 @@ use nereid_proto::{
 use nereid_router::SharedTable;
 use nereid_router::SplitMix64;
 use nereid_router::{RouterService, RouterServiceConfig};
-use nereid_test_support::eventually;
+use nereid_test_support::{eventually, serve_routes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -46,21 +46,6 @@ fn recording_worker() -> FakeService {
 /// Serves `service` over gRPC on a free port (until the test's runtime ends).
 async fn serve_grpc(service: Arc<dyn InferenceService>) -> SocketAddr {
     serve_routes(nereid_frontend::routes(service, Default::default())).await
-}
-
-/// Serves gRPC `routes` on a free port (until the test's runtime ends).
-async fn serve_routes(routes: tonic::service::Routes) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    addr
 }
 
 /// Serves `service` over HTTP on a free port (until the test's runtime ends).

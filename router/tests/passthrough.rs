@@ -17,6 +17,7 @@ use nereid_proto::pb::inference::{
     InferParameter, InferTensorContents, ModelInferRequest, ModelInferResponse,
 };
 use nereid_router::{PassThroughConfig, RawCodec, RawMessage, RouterService, grpc_routes};
+use nereid_test_support::serve_routes;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -37,18 +38,7 @@ fn config(restricted: &[&str]) -> PassThroughConfig {
 
 /// Serves the router's gRPC routes on a free port (until the test's runtime ends).
 async fn serve_router(router: Arc<RouterService>, config: PassThroughConfig) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let routes = grpc_routes(router, config);
-    tokio::spawn(async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    addr
+    serve_routes(grpc_routes(router, config)).await
 }
 
 async fn client(addr: SocketAddr) -> GrpcInferenceServiceClient<Channel> {

@@ -24,7 +24,7 @@ use nereid_router::{
     PassThroughConfig, RawCodec, RawMessage, RouterService, RouterServiceConfig, SharedTable,
     SplitMix64, grpc_routes,
 };
-use nereid_test_support::Gate;
+use nereid_test_support::{Gate, serve_routes};
 use prost::Message;
 use tonic::codegen::{BoxFuture, http};
 use tonic::{Code, Status};
@@ -235,20 +235,6 @@ impl tonic::codegen::Service<http::Request<axum::body::Body>> for Rpc {
     }
 }
 
-async fn serve(routes: tonic::service::Routes) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    addr
-}
-
 fn replica(id: u64, model: &str) -> Replica {
     Replica {
         id,
@@ -266,7 +252,7 @@ async fn setup() -> (FakeWorker, SocketAddr) {
     let router = axum::Router::new()
         .route_service(STREAM_PATH, Rpc::Stream(StreamRoute(worker.clone())))
         .route_service(CONFIG_PATH, Rpc::Config(ConfigRoute));
-    let worker_addr = serve(tonic::service::Routes::from(router)).await;
+    let worker_addr = serve_routes(tonic::service::Routes::from(router)).await;
     let table = Arc::new(SharedTable::default());
     let model = |name: &str| Model {
         name: name.into(),
@@ -293,7 +279,7 @@ async fn setup() -> (FakeWorker, SocketAddr) {
         },
         shared_memory_off: "not on the router".into(),
     };
-    let router_addr = serve(grpc_routes(Arc::new(service), config)).await;
+    let router_addr = serve_routes(grpc_routes(Arc::new(service), config)).await;
     (worker, router_addr)
 }
 
@@ -531,7 +517,7 @@ async fn an_unreachable_worker_is_the_request_error() {
             grpc: GrpcConfig::default(),
             shared_memory_off: String::new(),
         };
-        let router = serve(grpc_routes(Arc::new(service), config)).await;
+        let router = serve_routes(grpc_routes(Arc::new(service), config)).await;
         let messages = vec![Bytes::from(request("echo", "r1", false).encode_to_vec())];
         let (frames, status) = call(router, messages, false).await;
         assert_eq!(status.code(), Code::Ok, "{status:?}");

@@ -1,6 +1,7 @@
 //! What Nereid's tests share, so they stop copying it: a seeded generator ([`Rng`]), FP32
 //! tensor builders ([`fp32`], [`floats`]), [`eventually`] (poll a condition up to a deadline
-//! instead of sleeping before an assertion) and a [`Gate`] (a test backend or fake server
+//! instead of sleeping before an assertion), [`serve_routes`] (gRPC routes on a free port) and a
+//! [`Gate`] (a test backend or fake server
 //! signals "started" and waits for "release", so a test orders events without sleeping).
 //!
 //! Only ever a dev-dependency: nothing here belongs in a shipped binary.
@@ -10,13 +11,17 @@
 //! tokio's paused clock (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`).
 
 #![forbid(unsafe_code)]
+// Only tests call it, and a test fails by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod eventually;
 mod gate;
+mod grpc;
 mod rng;
 mod tensor;
 
 pub use eventually::{eventually, eventually_async, eventually_ok, eventually_some};
 pub use gate::Gate;
+pub use grpc::serve_routes;
 pub use rng::Rng;
 pub use tensor::{floats, fp32, fp32_1d};
