@@ -31,12 +31,10 @@ has numpy).
 
 import argparse
 import ctypes
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,8 +44,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests/python"))
 
 import gen_python_models  # noqa: E402
+from nereid_util import free_port, http_json, http_raw  # noqa: E402
 
 REPOS = {
     "empty": [],
@@ -83,38 +83,6 @@ def write_repository(path, counts):
         (model / "config.pbtxt").write_text(config + "\n")
         (model / "1" / "model.py").write_text(gen_python_models.IDENTITY)
     return path
-
-
-def free_port(taken):
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
-            taken.add(port)
-            return port
-
-
-def http_status(port, path, timeout=1.0):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        response.read()
-        return response.status
-    finally:
-        conn.close()
-
-
-def http_post_json(port, path, body, timeout=10.0):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("POST", path, body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
 
 
 def _child_setup():
@@ -199,8 +167,7 @@ def measure_one(kind, binary, repo_src, workdir, run, ready_timeout, exit_timeou
     """Start one server on a fresh copy of the repository, measure it, stop it."""
     repo = workdir / f"repo_{kind}_{run}"
     shutil.copytree(repo_src, repo)
-    taken = set()
-    http_port, grpc_port, metrics_port = (free_port(taken) for _ in range(3))
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     args = [binary]
     if kind == "nereid":
         args.append("serve")
@@ -233,7 +200,8 @@ def measure_one(kind, binary, repo_src, workdir, run, ready_timeout, exit_timeou
             if proc.poll() is not None:
                 fail(f"exited with {proc.returncode} before ready")
             try:
-                if http_status(http_port, "/v2/health/ready") == 200:
+                if http_raw(f"127.0.0.1:{http_port}", "GET", "/v2/health/ready",
+                            timeout=1.0)[0] == 200:
                     break
             except OSError:
                 pass
@@ -256,8 +224,8 @@ def measure_one(kind, binary, repo_src, workdir, run, ready_timeout, exit_timeou
         }
         result["mappings"] = mappings_by_file(pid)
         # A sanity check, after the measurement: every model of the repository is READY.
-        status, body = http_post_json(http_port, "/v2/repository/index", {})
-        rows = json.loads(body) if status == 200 else []
+        status, rows = http_json(f"127.0.0.1:{http_port}", "POST", "/v2/repository/index", {})
+        rows = rows if status == 200 else []
         result["models_ready"] = sum(1 for r in rows if r.get("state") == "READY")
 
         t_term = time.monotonic()
