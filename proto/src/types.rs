@@ -400,8 +400,7 @@ pub struct InferResponse {
 /// Parses a version as it arrives on the wire ("" = latest), as Triton reads it: C's `stol`
 /// (leading blanks, an optional sign, the digits; anything after them is ignored), refusing
 /// text without digits, a value out of range and a negative version with Triton's words.
-/// `_model` is not named in Triton's message; callers pass it for context they may add.
-pub fn parse_version(_model: &str, version: &str) -> ServiceResult<Option<i64>> {
+pub fn parse_version(version: &str) -> ServiceResult<Option<i64>> {
     if version.is_empty() {
         return Ok(None);
     }
@@ -450,7 +449,7 @@ mod tests {
 
     #[test]
     fn versions_read_as_triton_reads_them() {
-        assert_eq!(parse_version("m", "").unwrap(), None);
+        assert_eq!(parse_version("").unwrap(), None);
         for (text, want) in [
             ("3", 3),
             ("0", 0),
@@ -459,10 +458,10 @@ mod tests {
             ("1x", 1),
             ("7 ", 7),
         ] {
-            assert_eq!(parse_version("m", text).unwrap(), Some(want), "{text:?}");
+            assert_eq!(parse_version(text).unwrap(), Some(want), "{text:?}");
         }
         for text in ["abc", "x1", "-", " ", "99999999999999999999"] {
-            let err = parse_version("m", text).unwrap_err().to_string();
+            let err = parse_version(text).unwrap_err().to_string();
             assert!(
                 err.contains(&format!(
                     "failed to get model version from specified version string '{text}' (details: stol), version should be an integral value > 0"
@@ -470,7 +469,7 @@ mod tests {
                 "{err}"
             );
         }
-        let err = parse_version("m", "-1").unwrap_err().to_string();
+        let err = parse_version("-1").unwrap_err().to_string();
         assert!(
             err.contains(
                 "invalid model version specified '-1' , version should be an integral value > 0"
@@ -551,9 +550,9 @@ mod tests {
 
     #[test]
     fn version_parsing() {
-        assert_eq!(parse_version("m", "").unwrap(), None);
-        assert_eq!(parse_version("m", "3").unwrap(), Some(3));
-        assert!(parse_version("m", "x").is_err());
-        assert!(parse_version("m", "-1").is_err());
+        assert_eq!(parse_version("").unwrap(), None);
+        assert_eq!(parse_version("3").unwrap(), Some(3));
+        assert!(parse_version("x").is_err());
+        assert!(parse_version("-1").is_err());
     }
 }

@@ -87,7 +87,7 @@ pub(crate) fn checked_version(
     for input in inputs {
         limits.check_shape(model, &input.name, &input.shape)?;
     }
-    let version = parse_version(model, version)?;
+    let version = parse_version(version)?;
     if let Some(tensor) = shared_memory {
         return Err(ServiceError::unsupported(format!(
             "{tensor} names a shared-memory region; system shared memory is not available: {shared_memory_off}"

@@ -65,7 +65,7 @@ impl GrpcInferenceService for GrpcFrontend {
         request: Request<ModelReadyRequest>,
     ) -> RpcResult<ModelReadyResponse> {
         let r = request.into_inner();
-        let version = nereid_proto::parse_version(&r.name, &r.version)?;
+        let version = nereid_proto::parse_version(&r.version)?;
         let ready = self.service.model_ready(&r.name, version).await?;
         Ok(Response::new(ModelReadyResponse { ready }))
     }
@@ -87,7 +87,7 @@ impl GrpcInferenceService for GrpcFrontend {
         request: Request<ModelMetadataRequest>,
     ) -> RpcResult<ModelMetadataResponse> {
         let r = request.into_inner();
-        let version = nereid_proto::parse_version(&r.name, &r.version)?;
+        let version = nereid_proto::parse_version(&r.version)?;
         let m = self.service.model_metadata(&r.name, version).await?;
         Ok(Response::new(ModelMetadataResponse {
             name: m.name,
@@ -144,7 +144,7 @@ impl GrpcInferenceService for GrpcFrontend {
         request: Request<ModelConfigRequest>,
     ) -> RpcResult<ModelConfigResponse> {
         let r = request.into_inner();
-        let version = nereid_proto::parse_version(&r.name, &r.version)?;
+        let version = nereid_proto::parse_version(&r.version)?;
         let config = self.service.model_config(&r.name, version).await?;
         Ok(Response::new(ModelConfigResponse {
             config: Some(config),
@@ -156,7 +156,7 @@ impl GrpcInferenceService for GrpcFrontend {
         request: Request<ModelStatisticsRequest>,
     ) -> RpcResult<ModelStatisticsResponse> {
         let r = request.into_inner();
-        let version = nereid_proto::parse_version(&r.name, &r.version)?;
+        let version = nereid_proto::parse_version(&r.version)?;
         let model_stats = self.service.model_statistics(&r.name, version).await?;
         Ok(Response::new(ModelStatisticsResponse { model_stats }))
     }

@@ -73,7 +73,7 @@ pub async fn generate(
     request: Request,
     streaming: bool,
 ) -> Result<Response, HttpError> {
-    let version = parse_version(model, version)?;
+    let version = parse_version(version)?;
     let metadata = state.service.model_metadata(model, version).await?;
     let (parts, body) = request.into_parts();
     require_identity(&parts.headers)?;

@@ -28,7 +28,7 @@ pub async fn infer(
     request: Request,
 ) -> Result<Response, HttpError> {
     let received = Instant::now();
-    let version = parse_version(model, version)?;
+    let version = parse_version(version)?;
     let (parts, body) = request.into_parts();
     let limit = state.config.max_input_size;
     let body = read_body(&parts.headers, body, limit).await?;

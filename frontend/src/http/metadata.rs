@@ -93,7 +93,7 @@ pub async fn model_metadata(
     name: &str,
     version: &str,
 ) -> Result<Response, HttpError> {
-    let version = parse_version(name, version)?;
+    let version = parse_version(version)?;
     let metadata = service.model_metadata(name, version).await?;
     to_json(&ModelMetadataJson {
         name: &metadata.name,
@@ -111,7 +111,7 @@ pub async fn model_ready(
     name: &str,
     version: &str,
 ) -> Result<Response, HttpError> {
-    let version = parse_version(name, version)?;
+    let version = parse_version(version)?;
     if service.model_ready(name, version).await? {
         Ok(StatusCode::OK.into_response())
     } else {
@@ -125,7 +125,7 @@ pub async fn model_config(
     name: &str,
     version: &str,
 ) -> Result<Response, HttpError> {
-    let version = parse_version(name, version)?;
+    let version = parse_version(version)?;
     let config = service.model_config(name, version).await?;
     to_json(&message_to_json(&config))
 }
@@ -136,7 +136,7 @@ pub async fn model_stats(
     name: &str,
     version: &str,
 ) -> Result<Response, HttpError> {
-    let version = parse_version(name, version)?;
+    let version = parse_version(version)?;
     let stats = service.model_statistics(name, version).await?;
     let model_stats: Vec<serde_json::Value> = stats.iter().map(message_to_json).collect();
     to_json(&serde_json::json!({ "model_stats": model_stats }))

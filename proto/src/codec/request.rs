@@ -98,7 +98,7 @@ pub fn decode_stream_request(
         outputs,
         raw_input_contents,
     } = request;
-    let model_version = types::parse_version(&model_name, &model_version)?;
+    let model_version = types::parse_version(&model_version)?;
     let (parameters, empty_final_response) = request_parameters(parameters)?;
     let (options, parameters) = RequestOptions::split(parameters)?;
 
