@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body, replicas
+from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body
 from nereid_util import gen_models, wait_until
 from test_cluster import start_control_plane, stop_all
 
@@ -54,8 +54,19 @@ class ClientLoop(threading.Thread):
 
 
 def hosts(cp):
-    """Per model, the (node, state) of each replica."""
-    return {m: [(r["node"], r["state"]) for r in replicas(cp, m)] for m in MODELS}
+    """Per model, the (node, state) of each replica, from one snapshot of the placement table.
+
+    One read, not one per model: reads per model straddle the moment a move ends and the next
+    begins, and would see more moves in flight than the budget ever allowed."""
+    code, body = cp.api("GET", "/api/v1/placements?consistency=linearizable")
+    assert code == 200, (code, body)
+    per_model = {m: [] for m in MODELS}
+    for r in body.get("replicas", []):
+        if r["model"] in per_model:
+            per_model[r["model"]].append((r["node"], r["state"]))
+    for reps in per_model.values():
+        reps.sort()
+    return per_model
 
 
 def test_a_worker_that_joins_late_receives_replicas_without_failed_requests(tmp_path,
