@@ -16,10 +16,12 @@
 pub mod text {
     pub use nereid_proto::{TextError, parse_model_config};
 }
+mod batch_io;
 pub(crate) mod ensemble_graph;
 mod valid;
 pub(crate) mod validate;
 
+pub use batch_io::{BatchInputKind, BatchInputSpec, RaggedBatching, ScatterOutput};
 pub use valid::{
     Accelerator, ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec,
     InstanceGroup, OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl,

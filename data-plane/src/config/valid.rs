@@ -23,6 +23,7 @@ use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_instance_group::Kind;
 
 use super::ConfigError;
+use super::batch_io::RaggedBatching;
 use super::validate;
 
 mod batching;
@@ -68,6 +69,8 @@ pub struct ValidModelConfig {
     pub batch_input_targets: Vec<String>,
     /// The outputs `batch_output` entries produce.
     pub batch_output_targets: Vec<String>,
+    /// `allow_ragged_batch` inputs, `batch_input` and `batch_output`, typed.
+    pub ragged: RaggedBatching,
     /// `response_cache { enable: true }`: answers may come from the server's response cache
     /// (only when the server runs one, `--cache-config`).
     pub response_cache: bool,
@@ -426,6 +429,7 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
             .iter()
             .flat_map(|b| b.target_name.iter().cloned())
             .collect(),
+        ragged: RaggedBatching::from_wire(&wire),
         response_cache: wire.response_cache.as_ref().is_some_and(|c| c.enable),
         wire: Arc::new(wire),
     })

@@ -176,6 +176,7 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
         }
         check_sequence_batching(&mut errors, m, sb);
     }
+    super::batch_io::check(&mut errors, config);
     check_response_cache(&mut errors, config);
     errors
 }
