@@ -11,6 +11,11 @@
 //!
 //! So a batch's bytes are copied once, straight into the backend's input buffer, instead of
 //! being joined into a new tensor first and copied into the backend after.
+//!
+//! Ragged batching ([`BatchInputs::ragged`]): an `allow_ragged_batch` input may differ in shape
+//! between the requests; its parts are concatenated and the batch shape is one dimension, the
+//! total element count (even for a batch of one), as Triton's backends hand it to a model. The
+//! `batch_input` tensors the scheduler generated for the batch follow the requests' inputs.
 
 use std::borrow::Cow;
 
@@ -61,6 +66,31 @@ impl<'a> BatchInputs<'a> {
             .enumerate()
             .map(|(i, proto)| BatchInput::joining(proto, i, requests))
             .collect::<Result<_, _>>()?;
+        Ok(BatchInputs { inputs })
+    }
+
+    /// A batch of a model with ragged batching: the inputs named in `ragged` are flattened
+    /// and may differ in shape between requests (the others join as in [`BatchInputs::new`]);
+    /// `generated` (the batch inputs) follow as they are.
+    pub fn ragged(
+        requests: &[&'a [Tensor]],
+        ragged: &[String],
+        generated: &'a [Tensor],
+    ) -> Result<BatchInputs<'a>, BackendError> {
+        let mut inputs = Vec::new();
+        if let Some(first) = requests.first() {
+            for (i, proto) in first.iter().enumerate() {
+                let input = if ragged.iter().any(|r| r == proto.name()) {
+                    BatchInput::flattening(proto, i, requests)?
+                } else if requests.len() == 1 {
+                    BatchInput::single(proto)
+                } else {
+                    BatchInput::joining(proto, i, requests)?
+                };
+                inputs.push(input);
+            }
+        }
+        inputs.extend(generated.iter().map(BatchInput::single));
         Ok(BatchInputs { inputs })
     }
 
@@ -144,6 +174,38 @@ impl<'a> BatchInput<'a> {
         })
     }
 
+    /// Ragged input `index` of every request: any shapes, concatenated into one dimension.
+    fn flattening(
+        proto: &'a Tensor,
+        index: usize,
+        requests: &[&'a [Tensor]],
+    ) -> Result<BatchInput<'a>, BackendError> {
+        let mut parts = Vec::with_capacity(requests.len());
+        let mut elements = 0usize;
+        let mut byte_len = 0usize;
+        for request in requests {
+            let part = request
+                .get(index)
+                .filter(|t| t.name() == proto.name() && t.datatype() == proto.datatype())
+                .ok_or_else(|| {
+                    BackendError::Execution(format!(
+                        "batched requests disagree on ragged input '{}'",
+                        proto.name()
+                    ))
+                })?;
+            elements += part.element_count();
+            byte_len += part.data().len();
+            parts.push(part);
+        }
+        Ok(BatchInput {
+            name: proto.name(),
+            datatype: proto.datatype(),
+            shape: Cow::Owned(vec![elements as i64]),
+            parts,
+            byte_len,
+        })
+    }
+
     pub fn name(&self) -> &'a str {
         self.name
     }
@@ -194,11 +256,20 @@ impl<'a> BatchInput<'a> {
         Ok(())
     }
 
-    /// The batch as one tensor: the request's own tensor (no copy) for a batch of one, else the
+    /// The batch as one tensor: the request's own bytes (no copy) for a batch of one, else the
     /// parts joined into new bytes (one copy).
     pub fn joined(&self) -> Result<Tensor, BackendError> {
         if let [only] = self.parts.as_slice() {
-            return Ok((*only).clone());
+            if only.shape() == &*self.shape {
+                return Ok((*only).clone());
+            }
+            return Tensor::new(
+                self.name,
+                self.datatype,
+                self.shape.to_vec(),
+                only.data().clone(),
+            )
+            .map_err(|e| BackendError::Execution(e.to_string()));
         }
         let mut data = BytesMut::with_capacity(self.byte_len);
         for part in &self.parts {
@@ -278,6 +349,38 @@ mod tests {
         }
         let missing: Vec<Tensor> = Vec::new();
         assert!(BatchInputs::new(&[&a, &missing]).is_err());
+    }
+
+    #[test]
+    fn ragged_inputs_concatenate_flat_and_generated_inputs_follow() {
+        let a = vec![
+            i32s("r", vec![1, 3], &[1, 2, 3]),
+            i32s("x", vec![1, 1], &[7]),
+        ];
+        let b = vec![i32s("r", vec![1, 2], &[4, 5]), i32s("x", vec![1, 1], &[8])];
+        let generated = vec![i32s("INDEX", vec![2], &[3, 5])];
+        let ragged = vec!["r".to_string()];
+        let batch = BatchInputs::ragged(&[&a, &b], &ragged, &generated).unwrap();
+        let names: Vec<&str> = batch.iter().map(BatchInput::name).collect();
+        assert_eq!(names, ["r", "x", "INDEX"]);
+        let joined = batch.joined().unwrap();
+        assert_eq!(
+            (joined[0].shape(), values(joined[0].data())),
+            (&[5i64][..], vec![1, 2, 3, 4, 5])
+        );
+        assert_eq!(joined[1].shape(), &[2, 1]);
+        assert_eq!(values(joined[2].data()), [3, 5]);
+
+        // A batch of one is flattened too, without copying its bytes.
+        let one = BatchInputs::ragged(&[&a], &ragged, &[]).unwrap();
+        let r = &one.joined().unwrap()[0];
+        assert_eq!(r.shape(), &[3]);
+        assert_eq!(r.data().as_ptr(), a[0].data().as_ptr());
+        assert_eq!(one.get("x").unwrap().shape(), &[1, 1]);
+
+        // Non-ragged inputs must still agree.
+        let c = vec![i32s("r", vec![1, 1], &[6]), i32s("x", vec![1, 2], &[8, 9])];
+        assert!(BatchInputs::ragged(&[&a, &c], &ragged, &[]).is_err());
     }
 
     #[test]

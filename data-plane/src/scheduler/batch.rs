@@ -4,6 +4,10 @@
 //!
 //! A batch of one request passes its tensors through untouched. Splitting never copies: each
 //! request's output is a `Bytes` slice of the batch output.
+//!
+//! A `batch_output` of a ragged model is not split by batch size but scattered
+//! ([`scatter_output`]): each request takes the next part of the output, of the shape
+//! `ragged::scatter_shapes` worked out from its source input.
 
 use bytes::Bytes;
 use nereid_proto::{Tensor, bytes_elements, element_count};
@@ -45,6 +49,49 @@ pub fn split_output(output: &Tensor, batch_sizes: &[usize]) -> Result<Vec<Tensor
         .map_err(|e| BackendError::Execution(e.to_string()))?;
         parts.push(part);
         row += n;
+    }
+    Ok(parts)
+}
+
+/// Scatters a batch output into consecutive parts of the given shapes, one per request (in
+/// batch order). Elements left over at the end are dropped, as Triton does.
+pub fn scatter_output(output: &Tensor, shapes: &[Vec<i64>]) -> Result<Vec<Tensor>, BackendError> {
+    let counts = shapes
+        .iter()
+        .map(|s| element_count(s).unwrap_or(0))
+        .collect::<Vec<usize>>();
+    let needed: usize = counts.iter().sum();
+    let have = output.element_count();
+    if needed > have {
+        return Err(BackendError::Execution(format!(
+            "output '{}' has {have} elements (shape {:?}), but its batch_output scatter needs {needed} for the batch's requests",
+            output.name(),
+            output.shape()
+        )));
+    }
+    let data = output.data();
+    // Byte offset of every element start (and the end), for BYTES; fixed sizes multiply.
+    let element_offsets = output
+        .datatype()
+        .element_size()
+        .is_none()
+        .then(|| bytes_row_offsets(data, 1, have));
+    let offset = |element: usize| match (&element_offsets, output.datatype().element_size()) {
+        (Some(offsets), _) => offsets[element],
+        (None, size) => element * size.unwrap_or(0),
+    };
+    let mut parts = Vec::with_capacity(shapes.len());
+    let mut at = 0usize;
+    for (shape, n) in shapes.iter().zip(counts) {
+        let part = Tensor::new(
+            output.name(),
+            output.datatype(),
+            shape.clone(),
+            data.slice(offset(at)..offset(at + n)),
+        )
+        .map_err(|e| BackendError::Execution(e.to_string()))?;
+        parts.push(part);
+        at += n;
     }
     Ok(parts)
 }
@@ -123,6 +170,26 @@ mod tests {
         let second: Vec<&[u8]> = bytes_elements(parts[1].data()).collect();
         assert_eq!(first, vec![&b"a"[..], b"bb"]);
         assert_eq!(second, vec![&b""[..], b"dddd"]);
+    }
+
+    #[test]
+    fn scatter_cuts_consecutive_parts_of_the_given_shapes() {
+        let t = i32s("y", vec![7], &[1, 2, 3, 4, 5, 6, 7]);
+        let parts = scatter_output(&t, &[vec![1, 3], vec![1, 2], vec![1, 1]]).unwrap();
+        assert_eq!(parts[0].shape(), &[1, 3]);
+        assert_eq!(values(&parts[0]), [1, 2, 3]);
+        assert_eq!(values(&parts[1]), [4, 5]);
+        assert_eq!(values(&parts[2]), [6], "the rest is dropped");
+        assert!(scatter_output(&t, &[vec![1, 8]]).is_err());
+
+        let mut v = Vec::new();
+        for s in [&b"a"[..], b"bb", b"ccc"] {
+            push_bytes_element(&mut v, s);
+        }
+        let t = Tensor::new("s", DataType::Bytes, vec![3], Bytes::from(v)).unwrap();
+        let parts = scatter_output(&t, &[vec![1, 1], vec![1, 2]]).unwrap();
+        let second: Vec<&[u8]> = bytes_elements(parts[1].data()).collect();
+        assert_eq!(second, vec![&b"bb"[..], b"ccc"]);
     }
 
     #[test]

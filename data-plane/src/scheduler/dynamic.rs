@@ -150,7 +150,9 @@ impl Feed for DynamicFeed {
         let queue_policy = &policies[level.min(policies.len() - 1)];
         Ok(Filing {
             level,
-            shape: shape_key(&request.inputs, policy.max_batch_size > 0),
+            shape: shape_key(&request.inputs, policy.max_batch_size > 0, |name| {
+                policy.ragged.is_ragged(name)
+            }),
             deadline: queue_policy
                 .timeout_for(request.options.timeout_us)
                 .map(|t| now + t),
@@ -169,12 +171,16 @@ impl Feed for DynamicFeed {
     fn produced(&self, _tag: &mut (), _outputs: Option<(&[String], &[Tensor])>) {}
 }
 
-/// What must be equal for two requests to share a batch.
-fn shape_key(inputs: &[Tensor], batching: bool) -> ShapeKey {
+/// What must be equal for two requests to share a batch: the inputs' names, datatypes and
+/// shapes past the batch dimension, except the shapes of ragged inputs (`allow_ragged_batch`),
+/// which a batch concatenates whatever they are.
+fn shape_key(inputs: &[Tensor], batching: bool, ragged: impl Fn(&str) -> bool) -> ShapeKey {
     inputs
         .iter()
         .map(|t| {
-            let dims = if batching {
+            let dims = if ragged(t.name()) {
+                &[]
+            } else if batching {
                 t.shape().get(1..).unwrap_or(&[])
             } else {
                 t.shape()
@@ -182,4 +188,38 @@ fn shape_key(inputs: &[Tensor], batching: bool) -> ShapeKey {
             (t.name().to_string(), t.datatype().as_wire(), dims.to_vec())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use nereid_proto::DataType;
+
+    use super::*;
+
+    fn f32s(name: &str, shape: Vec<i64>) -> Tensor {
+        let n: i64 = shape.iter().product();
+        Tensor::new(
+            name,
+            DataType::Fp32,
+            shape,
+            Bytes::from(vec![0u8; n as usize * 4]),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn ragged_inputs_leave_their_shapes_out_of_the_key() {
+        let short = [f32s("r", vec![1, 3]), f32s("x", vec![1, 2])];
+        let long = [f32s("r", vec![1, 5]), f32s("x", vec![1, 2])];
+        let other = [f32s("r", vec![1, 5]), f32s("x", vec![1, 4])];
+        let key = |inputs: &[Tensor], ragged: bool| shape_key(inputs, true, |n| ragged && n == "r");
+        assert_ne!(key(&short, false), key(&long, false));
+        assert_eq!(key(&short, true), key(&long, true));
+        assert_ne!(
+            key(&long, true),
+            key(&other, true),
+            "other inputs still must agree"
+        );
+    }
 }

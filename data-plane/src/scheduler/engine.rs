@@ -44,6 +44,7 @@ use tokio::sync::oneshot;
 use super::queue::Decision;
 use super::{JobResult, timer};
 use crate::backend::{BackendError, BackendInstance};
+use crate::config::RaggedBatching;
 use crate::rate_limit::{Grant, InstanceLimit};
 use crate::request_check::ValidRequest;
 use crate::stats::{PendingMark, VersionStats};
@@ -162,6 +163,8 @@ struct Shared<B: Batcher> {
     stats: Arc<VersionStats>,
     /// Rate-limiter registrations by instance index (see [`EngineConfig::limits`]).
     limits: Vec<Option<InstanceLimit>>,
+    /// See [`EngineConfig::ragged`].
+    ragged: RaggedBatching,
 }
 
 /// Handle to a running engine; dropping it stops the engine.
@@ -178,6 +181,9 @@ pub(super) struct EngineConfig {
     pub(super) stats: Arc<VersionStats>,
     /// Per instance (by index; missing: not limited): the rate limiter's hold on it.
     pub(super) limits: Vec<Option<InstanceLimit>>,
+    /// The model's ragged batching: batch inputs generated and batch outputs scattered around
+    /// each joined execution.
+    pub(super) ragged: RaggedBatching,
 }
 
 impl<B: Batcher> Engine<B> {
@@ -209,6 +215,7 @@ impl<B: Batcher> Engine<B> {
                 .then(|| Mutex::new(Reorder::default())),
             stats: config.stats,
             limits: config.limits,
+            ragged: config.ragged,
         });
         // Built first: if a thread cannot start, dropping it stops those already started.
         let engine = Engine {

@@ -8,6 +8,8 @@
 //!                                   │
 //!                                   ▼
 //!                     engine::Engine<B: Batcher> ─► instance threads ─► batch.rs (join / split)
+//!                                                                      ragged.rs (batch inputs,
+//!                                                                      batch output shapes)
 //! ```
 //!
 //! Batches form only when an instance is free, so under load they grow by themselves; the
@@ -22,6 +24,7 @@ mod dynamic;
 mod engine;
 pub mod policy;
 pub mod queue;
+pub mod ragged;
 pub mod sequence;
 mod timer;
 
@@ -86,12 +89,14 @@ impl Scheduler {
         queue_capacity: usize,
     ) -> Result<Scheduler, BackendError> {
         let count = instances.len();
+        let ragged = policy.ragged.clone();
         let config = |timer, preserve_ordering| EngineConfig {
             model: model.to_string(),
             timer,
             preserve_ordering,
             stats,
             limits,
+            ragged,
         };
         let kind = match policy.sequence.clone() {
             Some(sequence_policy) => {

@@ -3,7 +3,7 @@
 //! when absent; `sequence_batching` hands the version to the sequence batcher) and each priority
 //! level's queue policy (timeouts, timeout action, maximum queue size).
 
-use crate::config::{DynamicBatching, ValidModelConfig};
+use crate::config::{DynamicBatching, RaggedBatching, ValidModelConfig};
 
 use super::sequence::SequencePolicy;
 
@@ -19,6 +19,9 @@ pub struct BatchPolicy {
     pub batching: DynamicBatching,
     /// Present when the config has `sequence_batching`: the sequence batcher replaces the queue.
     pub sequence: Option<SequencePolicy>,
+    /// Ragged inputs, batch inputs and batch outputs (empty for most models): which inputs
+    /// stay out of the shape key, and what the engine generates and scatters per batch.
+    pub ragged: RaggedBatching,
 }
 
 impl BatchPolicy {
@@ -31,12 +34,14 @@ impl BatchPolicy {
                 max_batch_size,
                 batching: db.clone(),
                 sequence: None,
+                ragged: config.ragged.clone(),
             },
             None => BatchPolicy {
                 dynamic: false,
                 max_batch_size,
                 batching: DynamicBatching::default(),
                 sequence: SequencePolicy::from_config(config),
+                ragged: config.ragged.clone(),
             },
         }
     }

@@ -249,6 +249,7 @@ mod tests {
                 queue_policies: vec![QueuePolicy::default(); levels],
             },
             sequence: None,
+            ragged: Default::default(),
         }
     }
 

@@ -8,6 +8,11 @@
 //!   joined:        run_joined (concat + execute) ─► split_per_request ─┐
 //!   request-level: execute_requests (one result per request) ──────────┴► answer each
 //! ```
+//!
+//! With ragged batching (the model's `batch_input` / `batch_output` / `allow_ragged_batch`),
+//! `run_joined` adds the batch inputs `ragged::batch_inputs` computes and flattens the ragged
+//! inputs, and `split_per_request` scatters batch outputs by the shapes of `ragged::scatter_plan`.
+//! Request-level backends get neither, as Triton's Python backend does not.
 
 use std::time::Instant;
 
@@ -17,7 +22,8 @@ use super::{Batcher, Entry, Feed, Shared};
 use crate::backend::{
     BackendError, BackendInstance, BatchInputs, ModelResponse, Phases, RequestView,
 };
-use crate::scheduler::{ExecTimings, JobResult, batch, request_view};
+use crate::config::RaggedBatching;
+use crate::scheduler::{ExecTimings, JobResult, batch, ragged, request_view};
 
 /// Per request, its outputs in the order of the names it was run for (with the response
 /// parameters the model set), or its error.
@@ -85,11 +91,18 @@ impl<B: Batcher> Shared<B> {
             .iter()
             .map(|e| e.job.request.inputs.as_slice())
             .collect();
-        let result = run_joined(instance, &inputs, &names);
+        let scatter =
+            ragged::scatter_plan(&self.ragged, &names, &inputs).map_err(BackendError::InvalidInput);
+        let result = scatter.and_then(|scatter| {
+            let ran = run_joined(instance, &inputs, &names, &self.ragged)?;
+            Ok((ran, scatter))
+        });
         drop(inputs);
         let infer_done = Instant::now();
         let (input_done, per_request) = match result {
-            Ok((input_done, outputs)) => (input_done, split_per_request(outputs, &sizes)),
+            Ok(((input_done, outputs), scatter)) => {
+                (input_done, split_per_request(outputs, &sizes, &scatter))
+            }
             Err(e) => (infer_done, Err(e)),
         };
         let finished = Instant::now();
@@ -218,28 +231,38 @@ fn run_joined(
     instance: &mut dyn BackendInstance,
     requests: &[&[Tensor]],
     outputs: &[String],
+    ragged: &RaggedBatching,
 ) -> Result<(Instant, Vec<Tensor>), BackendError> {
-    let batch_inputs = BatchInputs::new(requests)?;
+    let generated;
+    let batch_inputs = if ragged.is_empty() {
+        BatchInputs::new(requests)?
+    } else {
+        generated = ragged::batch_inputs(ragged, requests).map_err(BackendError::InvalidInput)?;
+        BatchInputs::ragged(requests, &ragged.ragged_inputs, &generated)?
+    };
     let input_done = Instant::now();
     let outputs = instance.execute(&batch_inputs, outputs)?;
     Ok((input_done, outputs))
 }
 
 /// Splits each batch output back per request (`sizes` in batch order): per request, its part
-/// of every output, in output order. The one place the engine splits outputs.
+/// of every output, in output order; `scatter[k]`, when present, gives the shapes output `k` is
+/// scattered into instead. The one place the engine splits outputs.
 fn split_per_request(
     outputs: Vec<Tensor>,
     sizes: &[usize],
+    scatter: &[Option<Vec<Vec<i64>>>],
 ) -> Result<Vec<Vec<Tensor>>, BackendError> {
     let mut per_request: Vec<Vec<Tensor>> = sizes
         .iter()
         .map(|_| Vec::with_capacity(outputs.len()))
         .collect();
-    for output in &outputs {
-        for (mine, part) in per_request
-            .iter_mut()
-            .zip(batch::split_output(output, sizes)?)
-        {
+    for (k, output) in outputs.iter().enumerate() {
+        let parts = match scatter.get(k) {
+            Some(Some(shapes)) => batch::scatter_output(output, shapes)?,
+            _ => batch::split_output(output, sizes)?,
+        };
+        for (mine, part) in per_request.iter_mut().zip(parts) {
             mine.push(part);
         }
     }
