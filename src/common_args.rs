@@ -162,7 +162,8 @@ pub struct FrontendArgs {
     /// `<api>[,<api>...]:<key>=<value>` (repeatable; `;` separates values in the env var): a
     /// request to them without header <key> set to exactly <value> gets 403. APIs: health,
     /// metadata, inference, shared-memory, model-config, model-repository, statistics, trace,
-    /// logging; each in one value only.
+    /// logging, openai (the OpenAI-compatible `/v1/` routes, whose clients send API keys as
+    /// `openai:authorization=Bearer <key>`; docs/openai.md); each in one value only.
     #[arg(long, env = "NEREID_HTTP_RESTRICTED_API", value_delimiter = ';')]
     pub http_restricted_api: Vec<String>,
     /// Put gRPC rpc categories behind a metadata header, same form and APIs as

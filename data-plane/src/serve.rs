@@ -219,9 +219,13 @@ pub async fn run_with(
             http,
             grpc,
             metrics: metrics_listener.map(|l| (l, metrics.clone().router())),
-            http_config: config
-                .frontend
-                .http_config(config.http_max_input_size, shared_memory.clone()),
+            http_config: nereid_frontend::HttpConfig {
+                // Where the OpenAI chat route finds a model's tokenizer_config.json.
+                model_repositories: config.manager.repositories.clone(),
+                ..config
+                    .frontend
+                    .http_config(config.http_max_input_size, shared_memory.clone())
+            },
             grpc_config: config.frontend.grpc_config(shared_memory),
             ports,
             http_on_grpc_port: config.http_on_grpc_port,

@@ -12,7 +12,9 @@
 //!
 //! Entry points, all re-exported here:
 //! - [`router`] and [`HttpConfig`]: the axum router of the HTTP frontend (JSON, binary tensor
-//!   extension, compression, generate, repository and settings endpoints).
+//!   extension, compression, generate, repository and settings endpoints), with the
+//!   OpenAI-compatible routes under `/v1/` (`openai`: models, completions, chat completions,
+//!   embeddings, streamed as server-sent events; docs/openai.md).
 //! - [`routes`] and [`GrpcConfig`]: the tonic routes of `inference.GRPCInferenceService` and
 //!   `grpc.health.v1.Health`.
 //! - [`spawn`], [`Frontends`], [`bind`], [`BindError`], [`stopped`]: running them on listeners
@@ -37,6 +39,7 @@
 //! The domain types, the `InferenceService` trait and the gRPC codec live in `nereid-proto`, so a
 //! crate that only implements or calls the service does not depend on this one.
 
+mod app;
 mod budget;
 mod cuda;
 mod forward;
@@ -49,11 +52,14 @@ mod keepalive;
 mod listener;
 mod listener_http;
 mod offload;
+mod openai;
 mod options;
 mod restrict;
 mod serve;
 mod shm;
 
+/// The HTTP application: KServe v2 routes and the OpenAI-compatible `/v1/` routes.
+pub use app::router;
 pub use budget::{BUDGET_FLAG, BudgetExceeded, DEFAULT_MAX_BUFFERED_REQUEST_BYTES, RequestBudget};
 pub use forward::HeaderForward;
 /// The `ModelStreamInfer` skeleton, generic over a [`StreamHandler`]: the typed handler and the
@@ -65,7 +71,7 @@ pub use grpc::{
 pub use grpc::{GrpcConfig, InferCompression, grpc_request_context, open_routes, restrict, routes};
 pub use http::{
     HttpConfig, HttpError, ModelAction, Route as HttpRoute, http_request_context, parse_route,
-    read_body, router,
+    read_body,
 };
 /// The `Inference-Header-Content-Length` header name and its parsing, and how a JSON parameter
 /// value is read, as the typed path applies them (the router's pass-through scan uses the same).

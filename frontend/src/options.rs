@@ -62,6 +62,7 @@ impl FrontendOptions {
             restricted: self.http_restricted.clone(),
             limits: self.limits,
             header_forward: self.http_header_forward.clone(),
+            model_repositories: Vec::new(),
         }
     }
 

@@ -37,11 +37,14 @@ pub enum ApiCategory {
     Statistics,
     Trace,
     Logging,
+    /// The OpenAI-compatible routes under `/v1/` (Nereid's own category; Triton's OpenAI
+    /// frontend is a separate process with its own `--openai-restricted-api`).
+    OpenAi,
 }
 
 impl ApiCategory {
-    /// Every category, in Triton's order.
-    pub const ALL: [ApiCategory; 9] = [
+    /// Every category, in Triton's order, then Nereid's own.
+    pub const ALL: [ApiCategory; 10] = [
         ApiCategory::Health,
         ApiCategory::Metadata,
         ApiCategory::Inference,
@@ -51,6 +54,7 @@ impl ApiCategory {
         ApiCategory::Statistics,
         ApiCategory::Trace,
         ApiCategory::Logging,
+        ApiCategory::OpenAi,
     ];
 
     /// The name used in the flags.
@@ -65,6 +69,7 @@ impl ApiCategory {
             ApiCategory::Statistics => "statistics",
             ApiCategory::Trace => "trace",
             ApiCategory::Logging => "logging",
+            ApiCategory::OpenAi => "openai",
         }
     }
 

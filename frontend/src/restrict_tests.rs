@@ -71,7 +71,7 @@ fn bad_values_name_the_flag_and_what_is_wrong() {
     let e = err("inference,metrics:k=v");
     assert_eq!(
         e,
-        "--http-restricted-api 'inference,metrics:k=v': unknown API 'metrics'; the APIs are health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging"
+        "--http-restricted-api 'inference,metrics:k=v': unknown API 'metrics'; the APIs are health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging, openai"
     );
     let e = RestrictedApis::parse_grpc(&values(&["health:a=1", "metadata,health:b=2"]))
         .unwrap_err()

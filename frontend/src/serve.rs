@@ -29,10 +29,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
+use crate::app::router;
 use crate::budget::RequestBudget;
 use crate::grpc::{GrpcConfig, routes};
 use crate::grpc_buffer::{BufferMessagesLayer, HTTP_API_PREFIX};
-use crate::http::{HttpConfig, router};
+use crate::http::HttpConfig;
 use crate::keepalive::GrpcKeepalive;
 use crate::listener::{Conn, DEFAULT_LISTEN_BACKLOG, PortConfig, accept_task};
 use crate::listener_http::{DEFAULT_MAX_CONCURRENT_STREAMS, HttpServing, HttpTimeouts, serve_http};

@@ -340,7 +340,7 @@ async fn a_region_registered_over_http_serves_grpc() {
     obj.fill(4, &a);
     let shm = SharedMemory::enabled();
     let fake = Arc::new(fake());
-    let http = crate::http::router(
+    let http = crate::router(
         fake.clone(),
         crate::http::HttpConfig {
             shared_memory: shm.clone(),

@@ -64,6 +64,12 @@ impl HttpError {
         self
     }
 
+    /// The status and message, for a frontend that writes its own error body (the OpenAI
+    /// routes).
+    pub(crate) fn into_parts(self) -> (StatusCode, String) {
+        (self.status, self.message)
+    }
+
     #[cfg(test)]
     pub fn status(&self) -> StatusCode {
         self.status

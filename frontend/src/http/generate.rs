@@ -163,6 +163,27 @@ pub fn decode_generate(
         )));
     }
 
+    let mut request = request_from_keys(
+        model,
+        version,
+        top.into_iter().chain(nested),
+        inputs,
+        max_input_size,
+    )?;
+    request.id = id.unwrap_or_default();
+    Ok(request)
+}
+
+/// The request for `model` from flat keys, as the generate endpoints map them: a key naming
+/// one of `inputs` becomes that input (a scalar or flat array, shaped by the metadata), any
+/// other a request parameter. The OpenAI routes build their requests through this too.
+pub fn request_from_keys(
+    model: &str,
+    version: Option<i64>,
+    keys: impl IntoIterator<Item = (String, Value)>,
+    inputs: &[TensorMetadata],
+    max_input_size: usize,
+) -> ServiceResult<InferRequest> {
     let mut mapper = Mapper {
         inputs,
         max_input_size,
@@ -170,14 +191,13 @@ pub fn decode_generate(
         tensors: Vec::new(),
         parameters: Parameters::new(),
     };
-    for (key, value) in top.into_iter().chain(nested) {
+    for (key, value) in keys {
         mapper.map(key, value)?;
     }
     let (options, parameters) = RequestOptions::split(mapper.parameters)?;
     Ok(InferRequest {
         model_name: model.to_string(),
         model_version: version,
-        id: id.unwrap_or_default(),
         options,
         parameters,
         inputs: mapper.tensors,
@@ -365,8 +385,8 @@ async fn single_response(mut responses: ResponseStream) -> Result<Response, Http
     Ok(http)
 }
 
-/// One server-sent event: `data: <json>\n\n`.
-fn event(json: &Value) -> Bytes {
+/// One server-sent event: `data: <json>\n\n` (the OpenAI routes' events too).
+pub fn event(json: &Value) -> Bytes {
     let mut chunk = b"data: ".to_vec();
     // Writing a `Value` to a Vec cannot fail: its keys are strings and there is no I/O.
     serde_json::to_writer(&mut chunk, json).unwrap_or_default();

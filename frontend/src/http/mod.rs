@@ -24,7 +24,8 @@
 //! every error ─► error::HttpError ─► {"error":"<message>"} (one exhaustive status match)
 //! ```
 //!
-//! [`router`] is the whole public surface: the caller owns the listener and graceful shutdown
+//! The crate's `router` (module `app`) serves these routes, with the OpenAI-compatible ones
+//! under `/v1/` beside them; the caller owns the listener and graceful shutdown
 //! (`axum::serve(listener, router).with_graceful_shutdown(..)`). A client that disconnects drops
 //! the handler future (or, for `generate_stream`, the response body), which drops the in-flight
 //! `InferenceService` future or stream and so cancels the request. System and CUDA shared
@@ -57,11 +58,17 @@ pub use error::HttpError;
 pub use infer_request::request_context as http_request_context;
 pub use routes::{ModelAction, Route, parse_route};
 
+/// What the OpenAI-compatible routes (the `openai` module) share with the generate endpoints: the state, the
+/// mapping of flat keys to a model's inputs, the request context, the error body.
+pub(crate) use generate::{event as sse_event, request_from_keys};
+pub(crate) use infer_request::request_context;
+
 /// What the fuzz targets drive ([`crate::fuzzing`]).
 pub(crate) use infer_request::decode_json;
 pub use infer_request::{INFER_HEADER_CONTENT_LENGTH, header_length, param_value};
 pub(crate) use raw_request::decode_raw;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::forward::HeaderForward;
@@ -87,6 +94,10 @@ pub struct HttpConfig {
     /// Headers copied into infer requests' parameters (`--http-header-forward-pattern`);
     /// default: none.
     pub header_forward: HeaderForward,
+    /// The local model repositories (`--model-repository`), where the OpenAI chat route looks
+    /// for a model's `tokenizer_config.json`; empty (the router): every model gets the default
+    /// chat template.
+    pub model_repositories: Vec<PathBuf>,
 }
 
 impl HttpConfig {
@@ -102,6 +113,7 @@ impl Default for HttpConfig {
             restricted: RestrictedApis::default(),
             limits: RequestLimits::default(),
             header_forward: HeaderForward::default(),
+            model_repositories: Vec::new(),
         }
     }
 }
@@ -110,13 +122,4 @@ impl Default for HttpConfig {
 pub(crate) struct HttpState {
     pub service: Arc<dyn InferenceService>,
     pub config: HttpConfig,
-}
-
-/// An axum router serving the KServe v2 / Triton HTTP API over `service`, ready for
-/// `axum::serve(listener, router).with_graceful_shutdown(..)`.
-pub fn router(service: Arc<dyn InferenceService>, config: HttpConfig) -> axum::Router {
-    let state = Arc::new(HttpState { service, config });
-    axum::Router::new()
-        .fallback(routes::dispatch)
-        .with_state(state)
 }

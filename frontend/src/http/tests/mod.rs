@@ -20,7 +20,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
-use super::{HttpConfig, router};
+use super::HttpConfig;
+use crate::router;
 use nereid_proto::testing::{Answer, FakeEvent, FakeModel, FakeService, Step, tensor};
 use nereid_proto::{InferRequest, ModelIndexEntry, ServiceError, TensorMetadata};
 

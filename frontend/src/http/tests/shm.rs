@@ -7,7 +7,8 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use super::{fake, get, last_request, post, post_json, send};
-use crate::http::{HttpConfig, router};
+use crate::http::HttpConfig;
+use crate::router;
 use crate::shm::SharedMemory;
 use crate::shm::test_object::TestObject;
 
