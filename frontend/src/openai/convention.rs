@@ -41,12 +41,31 @@ pub enum ModelKind {
 pub struct GenerationModel {
     /// Every input, for shaping the values sent (`request_from_keys`).
     pub inputs: Vec<TensorMetadata>,
+    /// The outputs' names.
+    pub outputs: Vec<String>,
 }
 
 impl GenerationModel {
     /// Whether the model declares the input `name`.
     pub fn has_input(&self, name: &str) -> bool {
         self.inputs.iter().any(|i| i.name == name)
+    }
+
+    /// The outputs to ask for: `text_output`, and each count or reason whose `return_*` input
+    /// the request sets. Named explicitly, so that other outputs the model declares but does
+    /// not produce on every response are not expected.
+    pub fn requested_outputs(&self) -> Vec<&str> {
+        let mut names = vec![TEXT_OUTPUT];
+        for (flag, output) in [
+            (RETURN_NUM_INPUT_TOKENS, NUM_INPUT_TOKENS),
+            (RETURN_NUM_OUTPUT_TOKENS, NUM_OUTPUT_TOKENS),
+            (RETURN_FINISH_REASON, FINISH_REASON),
+        ] {
+            if self.has_input(flag) && self.outputs.iter().any(|o| o == output) {
+                names.push(output);
+            }
+        }
+        names
     }
 }
 
@@ -75,6 +94,7 @@ pub fn classify(metadata: &ModelMetadata) -> Result<ModelKind, String> {
     if bytes_input(TEXT_INPUT) && bytes_output(TEXT_OUTPUT) {
         return Ok(ModelKind::Generation(GenerationModel {
             inputs: metadata.inputs.clone(),
+            outputs: metadata.outputs.iter().map(|o| o.name.clone()).collect(),
         }));
     }
     let input = pick(&metadata.inputs, TEXT_INPUT, "BYTES");
@@ -136,6 +156,22 @@ mod tests {
         };
         assert!(g.has_input("stream"));
         assert!(!g.has_input("sampling_parameters"));
+        assert_eq!(g.requested_outputs(), ["text_output"]);
+        let counted = metadata(
+            &[
+                ("text_input", "BYTES"),
+                ("return_num_output_tokens", "BOOL"),
+            ],
+            &[
+                ("text_output", "BYTES"),
+                ("num_output_tokens", "UINT32"),
+                ("finish_reason", "BYTES"),
+            ],
+        );
+        let Ok(ModelKind::Generation(g)) = classify(&counted) else {
+            panic!("not generation");
+        };
+        assert_eq!(g.requested_outputs(), ["text_output", "num_output_tokens"]);
     }
 
     #[test]

@@ -29,8 +29,8 @@ use super::convention::{
 use super::types::Sampling;
 use crate::http::{HttpState, request_from_keys};
 use nereid_proto::{
-    DataType, InferResponse, RequestContext, ServiceError, ServiceResult, StreamedResponse, Tensor,
-    bytes_elements,
+    DataType, InferResponse, RequestContext, RequestedOutput, ServiceError, ServiceResult,
+    StreamedResponse, Tensor, bytes_elements,
 };
 
 /// One response's share of the completion.
@@ -65,8 +65,18 @@ pub async fn start(state: &HttpState, ask: Generate<'_>) -> ServiceResult<Pieces
         &ask.model.inputs,
         state.config.max_input_size,
     )?;
+    let outputs = ask
+        .model
+        .requested_outputs()
+        .into_iter()
+        .map(|name| RequestedOutput {
+            name: name.to_string(),
+            ..RequestedOutput::default()
+        })
+        .collect();
     let request = nereid_proto::InferRequest {
         context: ask.context,
+        outputs,
         ..request
     };
     let responses = state.service.infer_stream(request).await?;
@@ -139,7 +149,8 @@ fn piece(response: InferResponse) -> ServiceResult<Piece> {
             NUM_OUTPUT_TOKENS => piece.output_tokens = count_of(output),
             FINISH_REASON => {
                 let reason = text_of(output)?;
-                if !reason.is_empty() {
+                // The vLLM backend writes Python's `None` while the generation goes on.
+                if !reason.is_empty() && reason != "None" {
                     piece.finish_reason = Some(reason);
                 }
             }
@@ -270,6 +281,7 @@ mod tests {
                     shape: vec![1],
                 })
                 .collect(),
+            outputs: vec!["text_output".into()],
         }
     }
 
