@@ -19,14 +19,14 @@ use crate::backend::{
     Health, InstanceContext, Phases, RequestView, ServerHandle, complete,
 };
 use crate::classification::Labels;
-use crate::config::{self, GroupKind, InstanceGroup, ValidModelConfig};
+use crate::config::{self, GroupKind, InstanceGroup, RaggedBatching, ValidModelConfig};
 use crate::ensemble;
 use crate::rate_limit::{InstanceNeeds, RateLimiter, ResourceKey};
 use crate::repository::{self, Fingerprint};
 use crate::request::cache::ResponseCache;
 use crate::request::{LoadedVersion, Runner, next_generation};
-use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
+use crate::scheduler::{self, Scheduler};
 use crate::stats::{LoadReport, VersionStats};
 use crate::warmup::{WarmupSample, warmup_samples};
 
@@ -254,7 +254,12 @@ fn load_version(
                 )
             })?;
             let mut instance = backend.load_instance(ctx).map_err(load_error)?;
-            warm_up(instance.as_mut(), &samples, &ctx.instance_name)?;
+            warm_up(
+                instance.as_mut(),
+                &samples,
+                &config.ragged,
+                &ctx.instance_name,
+            )?;
             instances.push((ctx.instance_name.clone(), instance));
             limits.push(limit);
         }
@@ -370,15 +375,17 @@ fn rate_limit_needs(group: &InstanceGroup, device: DeviceKind) -> InstanceNeeds 
 }
 
 /// Runs every warmup sample `count` times on a freshly loaded instance; the first failure
-/// fails the load with its reason.
+/// fails the load with its reason. `ragged`: the model's ragged batching, which a sample gets
+/// as a batch of one does (its batch inputs generated, its ragged inputs flattened).
 fn warm_up(
     instance: &mut dyn BackendInstance,
     samples: &[WarmupSample],
+    ragged: &RaggedBatching,
     instance_name: &str,
 ) -> Result<(), String> {
     for sample in samples {
         for _ in 0..sample.count.max(1) {
-            run_sample(instance, sample).map_err(|e| {
+            run_sample(instance, sample, ragged).map_err(|e| {
                 format!(
                     "instance '{instance_name}' failed warmup sample '{}': {e}",
                     sample.name
@@ -393,11 +400,19 @@ fn warm_up(
 fn run_sample(
     instance: &mut dyn BackendInstance,
     sample: &WarmupSample,
+    ragged: &RaggedBatching,
 ) -> Result<(), BackendError> {
     if !instance.request_level() {
-        return instance
-            .execute(&BatchInputs::single(&sample.inputs), &sample.outputs)
-            .map(drop);
+        if ragged.is_empty() {
+            return instance
+                .execute(&BatchInputs::single(&sample.inputs), &sample.outputs)
+                .map(drop);
+        }
+        let requests = [sample.inputs.as_slice()];
+        let generated = scheduler::ragged::batch_inputs(ragged, &requests)
+            .map_err(BackendError::InvalidInput)?;
+        let inputs = BatchInputs::ragged(&requests, &ragged.ragged_inputs, &generated)?;
+        return instance.execute(&inputs, &sample.outputs).map(drop);
     }
     let parameters = Default::default();
     let view = RequestView {
