@@ -200,7 +200,8 @@ impl Feed for SequenceFeed {
     }
 
     /// Each request's full input list (its inputs, controls and state, sorted by name so
-    /// requests batch); requests with the same signature form one execution.
+    /// requests batch); requests with the same signature (ragged inputs' shapes left out) form
+    /// one execution.
     fn executions(&self, batch: Vec<Entry<SequenceTag>>) -> Vec<Vec<Entry<SequenceTag>>> {
         let mut groups: Vec<(ShapeKey, Vec<Entry<SequenceTag>>)> = Vec::new();
         for mut entry in batch {
@@ -215,11 +216,13 @@ impl Feed for SequenceFeed {
             let key: ShapeKey = inputs
                 .iter()
                 .map(|t| {
-                    (
-                        t.name().to_string(),
-                        t.datatype().as_wire(),
-                        t.shape().get(1..).unwrap_or(&[]).to_vec(),
-                    )
+                    let ragged = self.policy.ragged_inputs.iter().any(|r| r == t.name());
+                    let dims = if ragged {
+                        &[]
+                    } else {
+                        t.shape().get(1..).unwrap_or(&[])
+                    };
+                    (t.name().to_string(), t.datatype().as_wire(), dims.to_vec())
                 })
                 .collect();
             request.inputs = inputs;

@@ -21,6 +21,8 @@ pub struct SequencePolicy {
     pub batching: SequenceBatching,
     /// `max_batch_size > 0`: generated tensors carry a batch dimension of 1.
     batch_dim: bool,
+    /// Inputs with `allow_ragged_batch`: requests whose shapes of them differ still batch.
+    pub ragged_inputs: Vec<String>,
 }
 
 impl SequencePolicy {
@@ -30,6 +32,7 @@ impl SequencePolicy {
         Some(SequencePolicy {
             batching: sb.clone(),
             batch_dim: config.batching(),
+            ragged_inputs: config.ragged.ragged_inputs.clone(),
         })
     }
 
