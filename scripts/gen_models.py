@@ -605,6 +605,92 @@ def write_ensemble_models(repo):
         write_identity(repo, name, head + config)
 
 
+# ---------------------------------------------------------------------------------------------
+# Ragged batching (tests/python/test_ragged_batching.py)
+
+
+def ragged_sum_onnx():
+    """Ragged batching as Triton's ONNX Runtime backend feeds it: INPUT FP32 [n] is every
+    request's values concatenated; INDEX INT32 [requests] where each request's values end
+    (BATCH_ACCUMULATED_ELEMENT_COUNT); COUNT FP32 [requests] each request's element count
+    (BATCH_ELEMENT_COUNT). SUM [requests, 1] = each request's sum, N [requests, 1] = COUNT,
+    DOUBLED [n] = INPUT * 2 (a batch output, scattered back by INPUT's shapes)."""
+    def const(name, values, dtype):
+        return numpy_helper.from_array(np.array(values, dtype=dtype), name)
+
+    return _model(
+        [
+            # C0 = [0, cumsum(INPUT)]; sum_i = C0[end_i] - C0[end_{i-1}] (end_{-1} = 0).
+            helper.make_node("CumSum", ["INPUT", "axis0"], ["csum"]),
+            helper.make_node("Concat", ["zero_f", "csum"], ["c0"], axis=0),
+            helper.make_node("Gather", ["c0", "INDEX"], ["at_end"], axis=0),
+            helper.make_node("Slice", ["at_end", "start0", "minus1", "axis0"], ["prev_ends"]),
+            helper.make_node("Concat", ["zero_f", "prev_ends"], ["at_start"], axis=0),
+            helper.make_node("Sub", ["at_end", "at_start"], ["sums"]),
+            helper.make_node("Unsqueeze", ["sums", "axis1"], ["SUM"]),
+            helper.make_node("Unsqueeze", ["COUNT", "axis1"], ["N"]),
+            helper.make_node("Mul", ["INPUT", "two"], ["DOUBLED"]),
+        ],
+        [
+            _vi("INPUT", TensorProto.FLOAT, ["n"]),
+            _vi("INDEX", TensorProto.INT32, ["requests"]),
+            _vi("COUNT", TensorProto.FLOAT, ["requests"]),
+        ],
+        [
+            _vi("SUM", TensorProto.FLOAT, ["requests", 1]),
+            _vi("N", TensorProto.FLOAT, ["requests", 1]),
+            _vi("DOUBLED", TensorProto.FLOAT, ["n"]),
+        ],
+        [
+            const("axis0", [0], np.int64),
+            const("axis1", [1], np.int64),
+            const("start0", [0], np.int64),
+            const("minus1", [-1], np.int64),
+            const("zero_f", [0.0], np.float32),
+            const("two", [2.0], np.float32),
+        ],
+    )
+
+
+RAGGED_BATCH_IO = """batch_input [
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX" data_type: TYPE_INT32 source_input: "INPUT" },
+  { kind: BATCH_ELEMENT_COUNT target_name: "COUNT" data_type: TYPE_FP32 source_input: "INPUT" }
+]
+batch_output [
+  { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "DOUBLED" source_input: "INPUT" }
+]
+"""
+
+# model name -> (what replaces RAGGED_BATCH_IO, a needle of its load error)
+BROKEN_RAGGED = {
+    "ragged_unknown_source": (RAGGED_BATCH_IO.replace('source_input: "INPUT" },\n  { kind: BATCH_ELEMENT',
+                                                      'source_input: "NOPE" },\n  { kind: BATCH_ELEMENT'),
+                              "batch_input[0]: unknown source input name 'NOPE'"),
+    "ragged_int64": (RAGGED_BATCH_IO.replace("TYPE_INT32", "TYPE_INT64"),
+                     "batch_input[0]: batch input data_type must be TYPE_INT32 or TYPE_FP32"),
+}
+
+
+def write_ragged_models(repo, queue_delay_us=2_000_000):
+    """`ragged_sum` (see ragged_sum_onnx) with dynamic batching that waits up to
+    `queue_delay_us` for a full batch of 4, and one model per load-time error of BROKEN_RAGGED."""
+    def config(name, batch_io):
+        return config_text(
+            name, 8, [("INPUT", "FP32", [-1])],
+            [("SUM", "FP32", [1]), ("N", "FP32", [1]), ("DOUBLED", "FP32", [-1])],
+            extra=batch_io
+            + f"dynamic_batching {{ preferred_batch_size: [ 4 ] max_queue_delay_microseconds: {queue_delay_us} }}\n"
+            + "instance_group [ { kind: KIND_CPU, count: 1 } ]\n"
+            + 'model_warmup [ { name: "ragged" batch_size: 1 inputs { key: "INPUT" value: '
+            + "{ data_type: TYPE_FP32 dims: [ 3 ] zero_data: true } } } ]\n",
+            comment="Ragged batching: per-request sums of a ragged INPUT (see scripts/gen_models.py).",
+        ).replace('dims: [ -1 ]\n  }\n]\noutput', 'dims: [ -1 ]\n    allow_ragged_batch: true\n  }\n]\noutput', 1)
+    write_model(repo, "ragged_sum", {1: ragged_sum_onnx()}, config("ragged_sum", RAGGED_BATCH_IO))
+    for name, (batch_io, _) in BROKEN_RAGGED.items():
+        write_model(repo, name, {1: ragged_sum_onnx()}, config(name, batch_io))
+    return repo
+
+
 def write_repository(out_dir, which="test"):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
