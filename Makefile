@@ -7,8 +7,11 @@ NEREID      := target/release/nereid
 EXAMPLES    := docs/examples/model_repository
 CARGO_FLAGS ?= --locked
 BENCH_OUT   ?= target/bench
-# The PyTorch backend (cargo feature `torch`) is built in; torch-sys compiles against the libtorch
-# of the wheel `make setup` installs, and the binaries find it through their RUNPATH.
+# The PyTorch backend is a library of its own (crate nereid-torch-backend,
+# libnereid_torch_backend.so next to the binary), the only thing that links libtorch: torch-sys
+# compiles against the libtorch of the wheel `make setup` installs and the library finds it
+# through its RUNPATH. The server opens it on the first PyTorch model load. The cargo feature
+# `torch` runs the backend's tests against it.
 FEATURES    := --features nereid/torch
 TORCH_ENV    = LIBTORCH="$$(cat $(VENV)/libtorch-path)"
 
@@ -32,10 +35,11 @@ triton-ref: .venv-triton/tritonserver
 	bash scripts/triton_ref.sh
 
 ## build: target/release/nereid with the ONNX Runtime, PyTorch and Python backends, runnable as is
-## (ONNX Runtime, libtorch and the Python stub's compiled core libnereid_stub_core.so, which lies
-## next to the binary, are found without env vars).
+## (ONNX Runtime, the PyTorch backend library libnereid_torch_backend.so with libtorch, and the
+## Python stub's compiled core libnereid_stub_core.so, the two libraries lying next to the
+## binary, are found without env vars).
 build: setup
-	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) $(FEATURES) -p nereid -p nereid-loadtest -p nereid-stub-core
+	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) $(FEATURES) -p nereid -p nereid-loadtest -p nereid-stub-core -p nereid-torch-backend
 	cp -f "$$(cat $(VENV)/ort-lib-path)" target/release/
 
 ## examples: the example model repository under docs/examples/ (ONNX examples, the
@@ -113,7 +117,8 @@ fuzz-smoke:
 ## $(BENCH_OUT)/footprint.json.
 bench: build triton-ref
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
-	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) --features torch -p nereid-data-plane --example inprocess_ort --example inprocess_torch
+	cargo build --release $(CARGO_FLAGS) -p nereid-data-plane --example inprocess_ort
+	$(TORCH_ENV) cargo build --release $(CARGO_FLAGS) -p nereid-torch-backend --example inprocess_torch
 	bash scripts/bench.sh $(BENCH_OUT)
 	bash scripts/bench_torch.sh $(BENCH_OUT)
 	bash scripts/bench_cpu.sh $(BENCH_OUT)
@@ -134,7 +139,7 @@ bench: build triton-ref
 ## workspace linted) and about a minute when only workspace crates changed since the last run.
 CYCLE_FREE := src proto/src frontend/src telemetry/src data-plane/src loadtest/src \
               control-plane/src router/src cluster-client/src tls/src remote-repository/src \
-              stub-protocol/src stub-core/src test-support/src
+              stub-protocol/src stub-core/src test-support/src torch-abi/src torch-backend/src
 lint: lint-fast setup
 	$(TORCH_ENV) cargo clippy --release $(CARGO_FLAGS) --workspace --all-targets $(FEATURES) -- -D warnings
 

@@ -386,6 +386,10 @@ def check_dockerfile(f: Failures) -> None:
     if not any("/out/nereid " in c and "libnereid_stub_core.so" in c for c in copies):
         f.add(rel(docker), "the runtime image must copy libnereid_stub_core.so next to the nereid binary "
                            "(the Python backend's compiled stub core)")
+    # Likewise the PyTorch backend library, opened on the first PyTorch model load.
+    if not any("/out/nereid " in c and "libnereid_torch_backend.so" in c for c in copies):
+        f.add(rel(docker), "the runtime image must copy libnereid_torch_backend.so next to the nereid binary "
+                           "(the PyTorch backend library)")
 
 
 def main() -> int:

@@ -23,6 +23,7 @@
 mod batch_inputs;
 mod complete;
 mod identity;
+mod library_path;
 mod onnx;
 mod params;
 mod python;

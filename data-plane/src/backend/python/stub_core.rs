@@ -1,40 +1,28 @@
 //! Finds the stub's compiled core, `libnereid_stub_core.so` (crate `nereid-stub-core`, built by
-//! `make build` next to the `nereid` binary), without environment variables: first next to the
-//! running executable (a deployment copies the two together), then where this build put it.
+//! `make build` next to the `nereid` binary), without environment variables, where
+//! `backend/library_path.rs` looks for Nereid's libraries: next to the running executable (a
+//! deployment copies the two together), `/opt/nereid`, then where this build put it.
 //! The runtime directory gets a copy named `nereid_stub_core.abi3.so`, so a rebuild under a
 //! running server does not change what its stubs import.
 
 use std::path::{Path, PathBuf};
+
+use crate::backend::library_path;
 
 /// The library's file name as cargo builds it.
 pub const LIBRARY_NAME: &str = "libnereid_stub_core.so";
 /// The name Python imports it by (`import nereid_stub_core`; abi3 suffix).
 pub const MODULE_FILE: &str = "nereid_stub_core.abi3.so";
 
-/// Where this build's cargo put the library (data-plane/build.rs).
-const BUILTIN: Option<&str> = option_env!("NEREID_BUILTIN_STUB_CORE");
-
 /// The library to copy, or an error naming every place looked at.
 pub fn locate() -> Result<PathBuf, String> {
-    let beside_exe = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(LIBRARY_NAME)));
-    let candidates: Vec<PathBuf> = beside_exe
-        .into_iter()
-        .chain(BUILTIN.map(PathBuf::from))
-        .collect();
-    candidates
-        .iter()
-        .find(|path| path.is_file())
-        .cloned()
-        .ok_or_else(|| missing_message(&candidates))
+    library_path::locate(LIBRARY_NAME).map_err(|places| missing_message(&places))
 }
 
 fn missing_message(candidates: &[PathBuf]) -> String {
-    let places: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
     format!(
         "the Python backend's compiled stub core {LIBRARY_NAME} was not found (looked at {}); build it with `make build` (cargo build --release -p nereid-stub-core) and keep it next to the nereid binary",
-        places.join(", ")
+        library_path::list(candidates)
     )
 }
 

@@ -1,33 +1,30 @@
 //! PyTorch backend (`backend: "pytorch"`, `platform: "pytorch_libtorch"`): TorchScript models
-//! (`model.pt`) run by libtorch through `tch`, behind the cargo feature `torch`.
+//! (`model.pt`) run by libtorch in the PyTorch backend library `libnereid_torch_backend.so`
+//! (crate `nereid-torch-backend`), which this module opens on the first PyTorch model load, as
+//! Triton opens its backends. The `nereid` binary does not link libtorch, so a server without
+//! PyTorch models never maps it.
 //!
 //! ```text
 //!  auto_complete       nothing to fill: a TorchScript file does not describe its I/O (Triton's
 //!                      backend does not auto-complete either); the config lists them
-//!  load_instance(ctx)  ─► runtime::load: settings, device, signature ─► binding ─► CModule
-//!                      ─► TorchInstance (one per instance; weights shared on request)
+//!  load_instance(ctx)  ─► runtime::load: settings, library (dlopen once), device, signature
+//!                      ─► binding ─► library load ─► TorchInstance (one per instance; weights
+//!                      shared on request)
+//!  execute             ─► instance: inputs lent in place ─► library ─► outputs in our buffers
 //! ```
 //! Pure parts: `settings.rs` (parameters), `signature.rs` (forward()'s arguments, read from
-//! the file), `binding.rs` (Triton's naming conventions). libtorch parts, compiled only with the
-//! feature: `runtime.rs`, `instance.rs`, `convert.rs`. Without the feature, every PyTorch model
-//! fails to load with a message saying how to get a build that has the backend.
+//! the file), `binding.rs` (Triton's naming conventions), `elements.rs` (datatypes). The C ABI
+//! boundary: `library.rs`. Without the library, every PyTorch model fails to load with a
+//! message saying how to build it.
 
-// Used by the libtorch parts only; tested without them.
-#[cfg_attr(not(feature = "torch"), allow(dead_code))]
 mod binding;
-#[cfg_attr(not(feature = "torch"), allow(dead_code))]
-mod settings;
-#[cfg_attr(not(feature = "torch"), allow(dead_code))]
-mod signature;
-
-#[cfg(feature = "torch")]
-mod convert;
-#[cfg(feature = "torch")]
-mod cuda;
-#[cfg(feature = "torch")]
+mod elements;
 mod instance;
-#[cfg(feature = "torch")]
+mod library;
 mod runtime;
+mod settings;
+mod signature;
+// Against real libtorch: they need libnereid_torch_backend.so built (feature `torch`).
 #[cfg(all(test, feature = "torch"))]
 #[allow(
     clippy::unwrap_used,
@@ -38,10 +35,9 @@ mod tests;
 
 use super::{Backend, BackendError, BackendInstance, InstanceContext, Platforms};
 
-/// The PyTorch backend. Cheap to create; libtorch is linked in (feature `torch`) or absent.
+/// The PyTorch backend. Cheap to create: the library (and libtorch) is opened by the first load.
 #[derive(Default)]
 pub struct PyTorchBackend {
-    #[cfg(feature = "torch")]
     shared: runtime::SharedModules,
 }
 
@@ -64,35 +60,16 @@ impl Backend for PyTorchBackend {
         }
     }
 
-    /// libtorch must see a CUDA device (a CUDA build of libtorch, a driver and a GPU).
+    /// libtorch must see a CUDA device (a CUDA build of libtorch, a driver and a GPU). Asked
+    /// only for a PyTorch model on a host with GPUs; opens the library.
     fn gpu_support(&self) -> Result<(), String> {
-        #[cfg(feature = "torch")]
-        {
-            runtime::cuda_support()
-        }
-        #[cfg(not(feature = "torch"))]
-        {
-            Err(
-                "this nereid binary was built without the PyTorch backend (cargo feature 'torch')"
-                    .into(),
-            )
-        }
+        runtime::cuda_support()
     }
 
     fn load_instance(
         &self,
         ctx: &InstanceContext,
     ) -> Result<Box<dyn BackendInstance>, BackendError> {
-        #[cfg(feature = "torch")]
-        {
-            runtime::load(&self.shared, ctx)
-        }
-        #[cfg(not(feature = "torch"))]
-        {
-            Err(BackendError::Load(format!(
-                "unable to load model '{}': this nereid binary was built without the PyTorch backend (cargo feature 'torch'); `make build` builds it in",
-                ctx.model_name
-            )))
-        }
+        runtime::load(&self.shared, ctx)
     }
 }

@@ -1,32 +1,35 @@
-//! Loading a TorchScript instance with libtorch (feature `torch`), and the libtorch settings
-//! that are process-wide.
+//! Loading a TorchScript instance through the PyTorch backend library, and the libtorch
+//! settings that are process-wide.
 //!
 //! ```text
-//!  load(ctx) ─► settings ─► datatypes ─► device (KIND_GPU needs a CUDA libtorch and GPU)
+//!  load(ctx) ─► settings ─► datatypes ─► the library (opened on the first PyTorch model)
+//!            ─► device (KIND_GPU needs a CUDA libtorch and GPU)
 //!            ─► process-wide threads (first model that sets them wins, as in Triton)
 //!            ─► forward() signature ─► input/output binding
-//!            ─► CModule::load_on_device (or the shared copy) ─► eval ─► TorchInstance
+//!            ─► library load of the module (or the shared copy) ─► TorchInstance
 //! ```
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
-use nereid_proto::DataType;
 use parking_lot::Mutex;
-use tch::{CModule, Device};
 
 use super::binding::{bind_inputs, bind_outputs};
-use super::convert::kind_of;
+use super::elements::element_type;
 use super::instance::TorchInstance;
+use super::library::{TorchLibrary, TorchModule, library};
 use super::settings::TorchSettings;
 use super::signature;
 use crate::backend::{BackendError, BackendInstance, DeviceKind, InstanceContext};
 use crate::config::ValidModelConfig;
 
+/// A shared module's key: its file and CUDA device (`None`: the CPU).
+type ModuleKey = (PathBuf, Option<usize>);
+
 /// Modules loaded with `ENABLE_WEIGHT_SHARING`, by file and device, while an instance holds them.
 #[derive(Default)]
-pub(crate) struct SharedModules(Mutex<HashMap<(PathBuf, String), Weak<CModule>>>);
+pub(crate) struct SharedModules(Mutex<HashMap<ModuleKey, Weak<TorchModule>>>);
 
 impl SharedModules {
     /// How many shared modules are alive.
@@ -63,7 +66,9 @@ pub(crate) fn load(
             "config.pbtxt lists no outputs; the PyTorch backend needs them listed (a TorchScript file does not name its outputs)".into(),
         ));
     }
-    let device = device(ctx.device).map_err(|e| BackendError::Load(format!("{label}: {e}")))?;
+    let torch = library().map_err(unable)?;
+    let device =
+        device(torch, ctx.device).map_err(|e| BackendError::Load(format!("{label}: {e}")))?;
     let file = &ctx.model_path;
     if !file.is_file() {
         return Err(BackendError::Load(format!(
@@ -71,7 +76,7 @@ pub(crate) fn load(
             file.display()
         )));
     }
-    apply_process_settings(model, &settings);
+    apply_process_settings(torch, model, &settings);
 
     let signature = match signature::read(file) {
         Ok(sig) => Some(sig),
@@ -85,21 +90,20 @@ pub(crate) fn load(
     let binding = bind_inputs(&inputs, signature.as_ref()).map_err(unable)?;
     let output_indices = bind_outputs(&outputs).map_err(unable)?;
 
-    let module = module(shared, file, device, settings.weight_sharing)
+    let module = module(torch, shared, file, device, settings.weight_sharing)
         .map_err(|e| BackendError::Load(format!("{label}: {e}")))?;
     tracing::info!(
         model = %model,
         version = ctx.version,
         instance = %ctx.instance_name,
-        device = ?device,
-        intra_op_threads = tch::get_num_threads(),
+        device = ?ctx.device,
+        intra_op_threads = torch.num_threads(),
         optimized_execution = settings.optimized_execution,
         weight_sharing = settings.weight_sharing,
         "loaded TorchScript module"
     );
     Ok(Box::new(TorchInstance::new(
         module,
-        device,
         config,
         settings,
         binding,
@@ -121,7 +125,7 @@ fn check_datatypes(config: &ValidModelConfig) -> Result<(), String> {
                 .map(|o| ("output", &o.name, o.datatype)),
         );
     for (kind, name, d) in ios {
-        if d != DataType::Bytes && kind_of(d).is_none() {
+        if element_type(d).is_none() {
             return Err(format!(
                 "{kind} '{name}': data type {} is not supported by the PyTorch backend (libtorch has no tensor of that type)",
                 d.to_config().as_str_name()
@@ -131,23 +135,33 @@ fn check_datatypes(config: &ValidModelConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether libtorch can run on a GPU here; `Err` says what is missing.
+/// Whether libtorch can run on a GPU here (opens the library); `Err` says what is missing.
 pub(super) fn cuda_support() -> Result<(), String> {
-    super::cuda::cuda_devices().map(|_| ())
+    let count = library()?.cuda_device_count()?;
+    if count == 0 {
+        return Err("libtorch sees no CUDA device (no GPU or driver here)".into());
+    }
+    Ok(())
 }
 
-/// The libtorch device of an instance. `KIND_GPU` needs libtorch to see that GPU.
-fn device(kind: DeviceKind) -> Result<Device, String> {
+/// The CUDA device of an instance (`None`: the CPU). `KIND_GPU` needs libtorch to see that GPU.
+fn device(torch: &TorchLibrary, kind: DeviceKind) -> Result<Option<usize>, String> {
     match kind {
-        DeviceKind::Cpu => Ok(Device::Cpu),
+        DeviceKind::Cpu => Ok(None),
         DeviceKind::Gpu { device_id } => {
-            let count = super::cuda::cuda_devices().map_err(|why| {
-                format!(
-                    "KIND_GPU (GPU {device_id}) requested, but libtorch cannot use CUDA here: {why}; use KIND_CPU to run this model on the CPU"
-                )
-            })?;
+            let count = torch
+                .cuda_device_count()
+                .and_then(|n| match n {
+                    0 => Err("libtorch sees no CUDA device (no GPU or driver here)".into()),
+                    n => Ok(n),
+                })
+                .map_err(|why| {
+                    format!(
+                        "KIND_GPU (GPU {device_id}) requested, but libtorch cannot use CUDA here: {why}; use KIND_CPU to run this model on the CPU"
+                    )
+                })?;
             match usize::try_from(device_id) {
-                Ok(id) if (device_id as i64) < count => Ok(Device::Cuda(id)),
+                Ok(id) if (device_id as i64) < count => Ok(Some(id)),
                 _ => Err(format!(
                     "KIND_GPU (GPU {device_id}) requested, but libtorch sees {count} CUDA device(s)"
                 )),
@@ -160,47 +174,34 @@ fn device(kind: DeviceKind) -> Result<Device, String> {
 /// loads take the cache's lock (held across the load, so one file is not loaded twice); other
 /// instances load in parallel.
 fn module(
+    torch: &'static TorchLibrary,
     shared: &SharedModules,
     file: &std::path::Path,
-    device: Device,
+    device: Option<usize>,
     sharing: bool,
-) -> Result<Arc<CModule>, String> {
+) -> Result<Arc<TorchModule>, String> {
     if !sharing {
-        return load_module(file, device).map(Arc::new);
+        return torch.load_module(file, device).map(Arc::new);
     }
-    let key = (file.to_path_buf(), format!("{device:?}"));
+    let key = (file.to_path_buf(), device);
     let mut cache = shared.0.lock();
     if let Some(module) = cache.get(&key).and_then(Weak::upgrade) {
         return Ok(module);
     }
-    let module = Arc::new(load_module(file, device)?);
+    let module = Arc::new(torch.load_module(file, device)?);
     cache.retain(|_, m| m.strong_count() > 0);
     cache.insert(key, Arc::downgrade(&module));
     Ok(module)
 }
 
-fn load_module(file: &std::path::Path, device: Device) -> Result<CModule, String> {
-    let mut module = CModule::load_on_device(file, device).map_err(|e| {
-        format!(
-            "cannot load TorchScript file '{}': {}",
-            file.display(),
-            super::instance::first_line(&e.to_string())
-        )
-    })?;
-    module
-        .f_set_eval()
-        .map_err(|e| format!("cannot switch the module to eval mode: {e}"))?;
-    Ok(module)
-}
-
 /// Thread counts are process-wide in libtorch: the first model that sets one wins; a later,
 /// different value is reported and ignored (Triton's rule).
-fn apply_process_settings(model: &str, settings: &TorchSettings) {
+fn apply_process_settings(torch: &TorchLibrary, model: &str, settings: &TorchSettings) {
     let mut threads = THREADS.lock();
     if let Some(n) = settings.intra_op_threads {
         match threads.0 {
             None => {
-                tch::set_num_threads(n);
+                torch.set_num_threads(n);
                 threads.0 = Some(n);
             }
             Some(set) if set != n => tracing::warn!(
@@ -213,14 +214,14 @@ fn apply_process_settings(model: &str, settings: &TorchSettings) {
     if let Some(n) = settings.inter_op_threads {
         match threads.1 {
             None => {
-                // libtorch refuses once its inter-op pool has started; tch reports that by
-                // panicking, which must not take the loading thread down.
-                match std::panic::catch_unwind(|| tch::set_num_interop_threads(n)) {
-                    Ok(()) => threads.1 = Some(n),
-                    Err(_) => tracing::warn!(
+                // libtorch refuses once its inter-op pool has started.
+                if torch.set_num_interop_threads(n) {
+                    threads.1 = Some(n);
+                } else {
+                    tracing::warn!(
                         model = %model, requested = n,
                         "INTER_OP_THREAD_COUNT: libtorch's inter-op pool has already started; ignoring"
-                    ),
+                    );
                 }
             }
             Some(set) if set != n => tracing::warn!(

@@ -128,7 +128,6 @@ fn split_top_level(text: &str) -> Vec<&str> {
 }
 
 /// Reads the root module's `forward()` signature from a TorchScript file.
-#[cfg(feature = "torch")]
 pub(crate) fn read(model_file: &std::path::Path) -> Result<ForwardSignature, String> {
     use std::io::Read;
 

@@ -1,5 +1,7 @@
-//! Tests against real libtorch and the TorchScript models in `tests/models/pytorch/`, whose
-//! `expected.json` holds PyTorch's own outputs (regenerate with scripts/gen_torch_models.py).
+//! Tests against real libtorch, through the PyTorch backend library (`libnereid_torch_backend.so`,
+//! built first: `cargo build --release -p nereid-torch-backend`), and the TorchScript models in
+//! `tests/models/pytorch/`, whose `expected.json` holds PyTorch's own outputs (regenerate with
+//! scripts/gen_torch_models.py).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -321,5 +323,5 @@ fn parameters_keep_results_and_weights_can_be_shared() {
     let _second = load_with(&backend, c).unwrap();
     assert_eq!(backend.shared.len(), 1);
     drop(first);
-    assert_eq!(tch::get_num_threads(), 1);
+    assert_eq!(super::library::library().unwrap().num_threads(), 1);
 }

@@ -1,16 +1,16 @@
-//! libtorch's CUDA half, loaded at run time so one `nereid` binary runs on a CPU-only libtorch
+//! libtorch's CUDA half, loaded at run time so one backend library runs on a CPU-only libtorch
 //! and uses the GPU with a CUDA build of libtorch (the one the `torch` wheel ships).
 //!
 //! libtorch registers CUDA with the core library when `libtorch_cuda.so` is loaded (its static
-//! initialisers install the CUDA hooks). The binary references no symbol of that library, so
+//! initialisers install the CUDA hooks). This library references no symbol of that one, so
 //! the linker's `--as-needed` drops it and `torch::cuda::is_available()` would say false even
-//! on a GPU machine. Here it is opened once, by name, on first use — found through the binary's
-//! RUNPATH (the libtorch it was built against) or `LD_LIBRARY_PATH` — and kept loaded for the
+//! on a GPU machine. Here it is opened once, by name, on first use — found through this
+//! library's RUNPATH (the libtorch it was built against) or `LD_LIBRARY_PATH` — and kept loaded for the
 //! life of the process. A CPU-only libtorch has no such file: the error says so, and every
 //! CPU path works as before.
 //!
 //! Why `unsafe` is allowed here: opening a shared library runs its initialisers, which Rust
-//! cannot check. The library is libtorch's own, of the same directory the binary links, and it
+//! cannot check. The library is libtorch's own, of the same directory this library links, and it
 //! is never unloaded (its hooks stay registered in the core library).
 //!
 //! ```text
@@ -42,7 +42,7 @@ fn load() -> &'static Result<(), String> {
 }
 
 /// How many CUDA devices libtorch can use here; `Err` says why none.
-pub(super) fn cuda_devices() -> Result<i64, String> {
+pub(crate) fn cuda_devices() -> Result<i64, String> {
     load().clone()?;
     match tch::Cuda::device_count() {
         0 => Err("libtorch sees no CUDA device (no GPU or driver here)".into()),
