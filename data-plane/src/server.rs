@@ -30,8 +30,8 @@ use futures::future::BoxFuture;
 use nereid_proto::pb::inference::{ModelConfig, ModelStatistics};
 use nereid_proto::{
     DataType, InferRequest, InferResponse, InferenceService, LoadRequest, ModelIndexEntry,
-    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
-    UnloadRequest, message_from_json,
+    ModelLoadReport, ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult,
+    TensorMetadata, UnloadRequest, message_from_json,
 };
 
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
@@ -111,6 +111,19 @@ impl InferenceService for DataPlane {
             return false;
         }
         !self.config.strict_readiness || self.manager.all_ready()
+    }
+
+    async fn model_load(&self, name: &str) -> Option<ModelLoadReport> {
+        let versions: Vec<_> = self
+            .manager
+            .all_versions()
+            .into_iter()
+            .filter(|v| v.name == name)
+            .collect();
+        (!versions.is_empty()).then(|| ModelLoadReport {
+            pending_requests: versions.iter().map(|v| v.stats.pending_count()).sum(),
+            in_flight_requests: versions.iter().map(|v| v.stats.in_flight()).sum(),
+        })
     }
 
     fn server_metadata(&self) -> ServerMetadata {

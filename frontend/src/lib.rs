@@ -54,6 +54,7 @@ mod listener_http;
 mod offload;
 mod openai;
 mod options;
+mod orca;
 mod restrict;
 mod serve;
 mod shm;

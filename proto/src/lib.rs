@@ -44,8 +44,8 @@ pub use datatype::DataType;
 pub use error::{ServiceError, ServiceResult};
 pub use json::{message_from_json, message_to_json, to_dynamic};
 pub use service::{
-    Credential, InferenceService, LoadRequest, ModelIndexEntry, ModelMetadata, ResponseStream,
-    ServerMetadata, StreamedResponse, TensorMetadata, UnloadRequest,
+    Credential, InferenceService, LoadRequest, ModelIndexEntry, ModelLoadReport, ModelMetadata,
+    ResponseStream, ServerMetadata, StreamedResponse, TensorMetadata, UnloadRequest,
 };
 pub use settings::{LogSettings, LogValue, TraceSettings, TraceSettingsUpdate};
 pub use shm_ref::{SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION, ShmInput, ShmOutput, ShmPlan, ShmRef};

@@ -108,6 +108,16 @@ impl UnloadRequest {
     }
 }
 
+/// How loaded a model is right now, summed over its versions: what the ORCA
+/// `endpoint-load-metrics` response header reports to a load balancer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelLoadReport {
+    /// Requests received and not executing yet (`nv_inference_pending_request_count`).
+    pub pending_requests: u64,
+    /// Requests received and not answered yet, queued or executing.
+    pub in_flight_requests: u64,
+}
+
 /// One item of a streamed request's answer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamedResponse {
@@ -158,6 +168,12 @@ pub trait InferenceService: Send + Sync + 'static {
                 last: true,
             })
         })))
+    }
+    /// The model's current load; `None` where the service does not measure it (the router)
+    /// or the model is not loaded.
+    async fn model_load(&self, name: &str) -> Option<ModelLoadReport> {
+        let _ = name;
+        None
     }
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>>;
     async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()>;

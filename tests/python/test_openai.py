@@ -432,3 +432,22 @@ def test_disconnect_mid_stream_cancels(server):
     wait_until(report.exists, 30, "the model's cancel report")
     sent = int(report.read_text().split()[-1])
     assert 1 <= sent < 2000, report.read_text()
+
+
+def test_orca_load_metrics_header(server):
+    """`endpoint-load-metrics-format: json|text` asks for the model's load on the answer, on the
+    OpenAI routes and on /generate (Triton's ORCA header); no header without the ask."""
+    body = {"model": "tiny_llm", "prompt": "a", "max_tokens": 1}
+    _, hdrs, _ = http_raw(server.http_url, "POST", "/v1/completions", body,
+                          {"Content-Type": "application/json",
+                           "endpoint-load-metrics-format": "json"})
+    kind, _, report = hdrs["endpoint-load-metrics"].partition(" ")
+    assert kind == "JSON"
+    assert set(json.loads(report)["named_metrics"]) == {"pending_requests", "in_flight_requests"}
+    status, hdrs, _ = http_raw(server.http_url, "POST", "/v2/models/plain/generate",
+                               {"x": [1, 2]}, {"endpoint-load-metrics-format": "text"})
+    assert status == 200
+    assert hdrs["endpoint-load-metrics"].startswith("TEXT named_metrics.pending_requests="), hdrs
+    _, hdrs, _ = http_raw(server.http_url, "POST", "/v1/completions", body,
+                          {"Content-Type": "application/json"})
+    assert "endpoint-load-metrics" not in hdrs

@@ -12,6 +12,7 @@
 //!        /generate          exactly one response; application/json
 //!        /generate_stream   text/event-stream; charset=utf-8; `data: <json>\n\n` per response,
 //!                           sent as it arrives
+//!        both               `endpoint-load-metrics` when asked for (crate::orca)
 //! ```
 //!
 //! Rules, as Triton's `HandleGenerate`:
@@ -30,7 +31,8 @@
 //! parameter named `id`); reserved parameter keys (`sequence_id`, `priority`, ...) act as on
 //! `/infer` and `triton_*` keys are refused; a key given both at the top level and inside
 //! `parameters` is a 400; a BYTES output that is not UTF-8 is refused by name rather than
-//! written as invalid JSON; `/generate` without exactly one response answers 500 (Triton's
+//! written as invalid JSON; the ORCA header reports queue figures, not Triton's TensorRT-LLM
+//! KV-cache ones; `/generate` without exactly one response answers 500 (Triton's
 //! error class) where Triton writes the error after a 200 status line.
 
 use std::collections::BTreeMap;
@@ -51,6 +53,7 @@ use super::error::HttpError;
 use super::infer_request::{bad_parameter, param_value, request_context};
 use super::json_body::{MAX_REQUEST_DEPTH, parse_json};
 use super::tensor_json::{JsonData, bytes_are_utf8, decode_data, describe};
+use crate::orca;
 use nereid_proto::{
     DataType, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions, ResponseStream,
     ServiceError, ServiceResult, StreamedResponse, Tensor, TensorMetadata, element_count,
@@ -82,11 +85,13 @@ pub async fn generate(
     let mut request = decode_generate(model, version, &body, &metadata.inputs, limit)?;
     request.context = request_context(&parts.headers);
     let responses = state.service.infer_stream(request).await?;
-    if streaming {
-        event_stream(responses).await
+    let mut response = if streaming {
+        event_stream(responses).await?
     } else {
-        single_response(responses).await
-    }
+        single_response(responses).await?
+    };
+    orca::annotate(state.service.as_ref(), &parts.headers, model, &mut response).await;
+    Ok(response)
 }
 
 /// Refuses a compressed request body, as Triton does on these endpoints.

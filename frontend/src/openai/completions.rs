@@ -23,6 +23,7 @@ use super::sse::{StreamStart, respond};
 use super::template;
 use super::types::{ChatRequest, CompletionRequest, Sampling, StreamMode};
 use crate::http::{HttpState, request_context};
+use crate::orca;
 
 /// What both routes hand to [`run`].
 struct Job {
@@ -121,7 +122,9 @@ async fn run(
             tally: Tally::new(prompt, job.sampling.max_tokens),
             include_usage: job.mode.include_usage,
         };
-        return respond(start, pieces).await;
+        let mut response = respond(start, pieces).await?;
+        orca::annotate(state.service.as_ref(), headers, &job.model, &mut response).await;
+        return Ok(response);
     }
     let answers = try_join_all(job.prompts.iter().map(|prompt| async {
         let mut pieces = ask(state, headers, &job, &model, prompt).await?;
@@ -151,7 +154,9 @@ async fn run(
         .into_iter()
         .map(|(text, tally)| (text, tally.finish_reason()))
         .collect();
-    Ok(json_response(envelope.complete(choices, usage)))
+    let mut response = json_response(envelope.complete(choices, usage));
+    orca::annotate(state.service.as_ref(), headers, &job.model, &mut response).await;
+    Ok(response)
 }
 
 /// A 200 with a JSON body.

@@ -22,6 +22,7 @@ use super::errors::OpenAiError;
 use super::models::resolve;
 use super::types::EmbeddingRequest;
 use crate::http::{HttpState, request_context, request_from_keys};
+use crate::orca;
 use nereid_proto::{DataType, InferRequest, ServiceError, ServiceResult};
 
 /// Texts in flight at once for one request.
@@ -67,12 +68,14 @@ pub async fn embeddings(
         .iter()
         .map(|t| t.split_whitespace().count())
         .sum();
-    Ok(json_response(json!({
+    let mut response = json_response(json!({
         "object": "list",
         "data": data,
         "model": request.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    })))
+    }));
+    orca::annotate(state.service.as_ref(), headers, name, &mut response).await;
+    Ok(response)
 }
 
 /// One text's vector, as little-endian f32 bytes.
