@@ -202,13 +202,15 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
     repo = write_repo(tmp_path_factory.mktemp("openai_keyed_repo"))
-    args = ["--http-restricted-api", f"openai:authorization=Bearer {KEY}"]
+    # The key for /v1/, and Triton's `inference` category, which covers /v1/'s inference too.
+    args = ["--http-restricted-api", f"openai:authorization=Bearer {KEY}",
+            "--http-restricted-api", "inference:x-infer=ok"]
     yield from managed_server(repo, tmp_path_factory.mktemp("logs"), args, "server_openai_key")
 
 
-def client(server, key="unused"):
+def client(server, key="unused", headers=None):
     return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key=key, max_retries=0,
-                         timeout=60)
+                         timeout=60, default_headers=headers)
 
 
 def test_models_lists_generation_and_embedding_models(server):
@@ -384,7 +386,13 @@ def test_api_key_required_and_accepted(keyed_server):
     assert error_of(e)["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         client(keyed_server, "wrong").completions.create(model="tiny_llm", prompt="a")
-    r = client(keyed_server, KEY).completions.create(model="tiny_llm", prompt="a", max_tokens=1)
+    assert "tiny_llm" in [m.id for m in client(keyed_server, KEY).models.list()]
+    # The right key, but not the `inference` category's header: 403.
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        client(keyed_server, KEY).completions.create(model="tiny_llm", prompt="a")
+    assert "x-infer" in error_of(e)["message"]
+    r = client(keyed_server, KEY, {"x-infer": "ok"}).completions.create(
+        model="tiny_llm", prompt="a", max_tokens=1)
     assert r.choices[0].text == "a"
     # The KServe routes are not in the category.
     assert http_raw(keyed_server.http_url, "GET", "/v2/models/tiny_llm")[0] == 200
