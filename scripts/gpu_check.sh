@@ -6,8 +6,9 @@
 #     command: bash scripts/gpu_check.sh device      carry: [".gpu"]      timeout_s: 540
 #
 # What travels (64 MiB per call, working tree included): .gpu/nereid.xz (stripped, no libtorch:
-# the Python backend and CUDA shared memory), .gpu/nereid-torch.xz (stripped, PyTorch backend
-# built against the device's torch version, run with the device's torch libraries),
+# the Python backend and CUDA shared memory), .gpu/libnereid_torch_backend.so.xz (stripped,
+# the PyTorch backend library built against the device's torch version, run with the device's
+# torch libraries; beside a copy of the binary it makes `nereid-torch`),
 # .gpu/site/ (tritonclient's pure-Python gRPC client and utils, out of the wheel in
 # .venv/wheels, and python-rapidjson; the device has grpcio, protobuf, numpy, torch, CuPy and
 # pytest) and the Python
@@ -36,11 +37,13 @@ prepare() {
     cd "$ROOT"
     grep -qs '^/.gpu/$' .git/info/exclude || echo '/.gpu/' >>.git/info/exclude
     rm -rf "$GPU_DIR" && mkdir -p "$GPU_DIR/site"
-    # Two binaries of HEAD, built in a worktree (target/gpu-torch/src) so the project's own
-    # target/ and lock file are untouched: a plain one (the Python backend, CUDA shared memory,
-    # metrics; no libtorch needed) and one with the PyTorch backend against the device's
-    # torch: the torch wheel's libtorch (headers and libraries only; its CUDA part is opened at
-    # run time, see backend/pytorch/cuda.rs) and the tch release made for it.
+    # The binary of HEAD and its PyTorch backend library, built in a worktree
+    # (target/gpu-torch/src) so the project's own target/ and lock file are untouched: the
+    # binary alone is `nereid` (the Python backend, CUDA shared memory, metrics; no libtorch
+    # needed), and beside libnereid_torch_backend.so it is `nereid-torch`, the library built
+    # against the device's torch: the torch wheel's libtorch (headers and libraries only; its
+    # CUDA part is opened at run time, see torch-backend/src/cuda.rs) and the tch release made
+    # for it.
     local wheels=target/gpu-torch/wheels lt=target/gpu-torch/libtorch src=target/gpu-torch/src
     mkdir -p "$wheels"
     ls "$wheels"/torch-$DEVICE_TORCH-*.whl >/dev/null 2>&1 ||
@@ -54,7 +57,7 @@ prepare() {
     git worktree remove --force "$src" 2>/dev/null || rm -rf "$src"
     git worktree prune
     git worktree add --detach "$src" HEAD
-    sed -i "s/^tch = { version = \"=[0-9.]*\"/tch = { version = \"=$DEVICE_TCH\"/" "$src/data-plane/Cargo.toml"
+    sed -i "s/^tch = \"=[0-9.]*\"/tch = \"=$DEVICE_TCH\"/" "$src/torch-backend/Cargo.toml"
     local out="$ROOT/target/gpu-torch/target"
     # Seeded once with a copy of the project's release dependencies (a plain copy, not links:
     # cargo rewrites some outputs in place), so only what differs is compiled.
@@ -65,9 +68,9 @@ prepare() {
     strip -o "$GPU_DIR/nereid" "$out/release/nereid"
     (cd "$src" && cargo update -q -p tch --precise "$DEVICE_TCH" &&
         LIBTORCH="$ROOT/$lt/torch" CARGO_TARGET_DIR="$out" \
-            cargo build --release --features nereid/torch -p nereid)
-    strip -o "$GPU_DIR/nereid-torch" "$out/release/nereid"
-    xz -T0 -6 -f "$GPU_DIR/nereid-torch" "$GPU_DIR/nereid"
+            cargo build --release -p nereid-torch-backend)
+    strip -o "$GPU_DIR/libnereid_torch_backend.so" "$out/release/libnereid_torch_backend.so"
+    xz -T0 -6 -f "$GPU_DIR/libnereid_torch_backend.so" "$GPU_DIR/nereid"
     # tritonclient's Python packages (no perf_analyzer binaries, no HTTP client deps).
     local wheel
     wheel=$(ls .venv/wheels/tritonclient-*.whl | head -1)
@@ -97,20 +100,23 @@ device() {
     OUT=${OUT:-$ROOT/.gpu/out}
     mkdir -p "$OUT" /tmp/gpu
     xz -dc "$GPU_DIR/nereid.xz" >/tmp/gpu/nereid && chmod +x /tmp/gpu/nereid
-    xz -dc "$GPU_DIR/nereid-torch.xz" >/tmp/gpu/nereid-torch && chmod +x /tmp/gpu/nereid-torch
+    # nereid-torch: the same binary with the PyTorch backend library beside it, where it looks.
+    mkdir -p /tmp/gpu/torch && cp /tmp/gpu/nereid /tmp/gpu/torch/nereid-torch
+    xz -dc "$GPU_DIR/libnereid_torch_backend.so.xz" >/tmp/gpu/torch/libnereid_torch_backend.so
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu/pydeps \
         "$GPU_DIR"/wheels/*.whl
     export PYTHONPATH="$GPU_DIR/site:/tmp/gpu/pydeps${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     export GRPC_ENABLE_FORK_SUPPORT=false
     nvidia-smi | tee "$OUT/nvidia-smi.txt" || true
-    # The device's libtorch, for nereid-torch (it fails to start if the ABI differs: reported).
+    # The device's libtorch, for nereid-torch's backend library (a TorchScript load fails, with
+    # the loader's reason, if the ABI differs: reported).
     local torch_lib
     torch_lib=$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
     set +e
     NEREID_BIN=/tmp/gpu/nereid timeout 120 python3 -m pytest tests/python/test_dlpack.py -q -x \
         --noconftest -p no:cacheprovider 2>&1 | tee "$OUT/test_dlpack.txt"
     NEREID_BIN=/tmp/gpu/nereid LD_LIBRARY_PATH="$torch_lib" timeout 300 python3 scripts/gpu_check.py \
-        --nereid /tmp/gpu/nereid --nereid-torch /tmp/gpu/nereid-torch \
+        --nereid /tmp/gpu/nereid --nereid-torch /tmp/gpu/torch/nereid-torch \
         --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_check.txt"
     set -e
     tar -czf "$OUT/logs.tar.gz" -C /tmp gpu/logs 2>/dev/null || true
