@@ -3,7 +3,8 @@ tests/models/pytorch (scripted and traced, an MLP, a small conv net, two-in/two-
 forward() argument names, a dict input, every shared datatype, BYTES as List[str]) give PyTorch's own outputs
 (stored in expected.json); dynamic batching joins concurrent requests; an ensemble runs an ONNX
 step then a TorchScript step; bad inputs get 400 / INVALID_ARGUMENT and the server keeps
-serving; a KIND_GPU instance group fails to load with its reason on this GPU-less machine."""
+serving; a KIND_GPU instance group fails to load with its reason on this GPU-less machine;
+libtorch is mapped into the server only when the first PyTorch model loads."""
 
 import json
 import shutil
@@ -16,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from nereid_util import ROOT, gen_models, managed_server
+from nereid_util import ROOT, gen_models, http_raw, managed_server
 
 MODELS = ROOT / "tests/models/pytorch"
 FIXTURES = ["mlp_script", "conv_trace", "add_sub_script", "types_script", "dict_script",
@@ -233,3 +234,29 @@ def test_bytes_that_a_list_of_strings_cannot_hold_are_refused(client):
     assert "input 'INPUT__0': element 1 is not UTF-8 text without NUL bytes" in e.message()
     assert e.status() in ("400", "StatusCode.INVALID_ARGUMENT"), e.status()
     test_outputs_match_pytorch(client, "strings_script")
+
+
+def libtorch_mapped(pid):
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return "libtorch_cpu.so" in maps, "libnereid_torch_backend.so" in maps
+
+
+def test_libtorch_is_loaded_only_when_a_pytorch_model_needs_it(tmp_path):
+    """An ONNX-only server does not map libtorch; loading a TorchScript model maps it (the
+    backend library, opened on that load) and the log says so."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    gen_models.write_model(repo, "onnx_double", {1: gen_models.scale_onnx(2.0)},
+                           gen_models.config_text("onnx_double", 8, [("x", "FP32", [4])],
+                                                  [("y", "FP32", [4])]))
+    shutil.copytree(MODELS / "mlp_script", repo / "mlp_script",
+                    ignore=shutil.ignore_patterns("expected.json"))
+    args = ["--model-control-mode", "explicit", "--load-model", "onnx_double"]
+    for server in managed_server(repo, tmp_path, args, "server_lazy_torch"):
+        assert http_raw(server.http_url, "GET", "/v2/models/onnx_double/ready")[0] == 200
+        assert libtorch_mapped(server.proc.pid) == (False, False)
+        assert "loaded libtorch" not in server.log_path.read_text()
+        status, _, body = http_raw(server.http_url, "POST", "/v2/repository/models/mlp_script/load")
+        assert status == 200, body
+        assert libtorch_mapped(server.proc.pid) == (True, True)
+        assert "loaded libtorch (the PyTorch backend library)" in server.log_path.read_text()
