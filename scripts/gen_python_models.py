@@ -20,6 +20,10 @@ Models:
                      (dynamic batching with preferred sizes, priorities and queue policies,
                      named instance groups, parameters, version policy, the oldest sequence
                      strategy, optional inputs, warm-up): the model-config answers are compared.
+- ragged_sum_py      ragged batching: INPUT FP32 [-1] with allow_ragged_batch, a batch_input and
+                     a batch_output, dynamic batching with a 1 s queue delay. Per request: SUM of
+                     INPUT, NINPUTS (the inputs the model was given: the Python backend gets no
+                     batch inputs) and BATCH (the requests of its execute call).
 """
 
 import argparse
@@ -76,6 +80,20 @@ SEQUENCE = HEADER + textwrap.dedent("""
                     self.sums.pop(cid, None)
                 responses.append(pb_utils.InferenceResponse([
                     pb_utils.Tensor("OUTPUT", np.full(x.shape, total, dtype=np.int32))]))
+            return responses
+""")
+
+RAGGED_SUM = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("SUM", np.array([[x.sum()]], dtype=np.float32)),
+                    pb_utils.Tensor("NINPUTS", np.array([[len(r.inputs())]], dtype=np.int32)),
+                    pb_utils.Tensor("BATCH", np.array([[len(requests)]], dtype=np.int32)),
+                ]))
             return responses
 """)
 
@@ -182,6 +200,19 @@ MODELS = {
         'model_warmup [ { name: "w" batch_size: 1 inputs { key: "A" value: {'
         " data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } } } ]",
     ]), identity_source("A")),
+    "ragged_sum_py": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 8",
+        'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]',
+        'output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] },'
+        ' { name: "NINPUTS" data_type: TYPE_INT32 dims: [ 1 ] },'
+        ' { name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] } ]',
+        'batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX"'
+        ' data_type: TYPE_INT32 source_input: "INPUT" } ]',
+        'batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "SUM"'
+        ' source_input: "INPUT" } ]',
+        "dynamic_batching { max_queue_delay_microseconds: 1000000 }",
+    ]), RAGGED_SUM),
 }
 
 

@@ -7,6 +7,7 @@ docs/compatibility.md (section "Differences from Triton 2.51"), with the reason.
 must match. Timings (`ns`, `last_inference`) are masked; JSON objects compare without key order.
 """
 
+import concurrent.futures
 import importlib.util
 import json
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from nereid_util import ROOT, http_raw, wait_until
@@ -515,3 +517,31 @@ def test_decoupled_response_statistics(pair):
     assert reported["response_stats"] == {}, "Triton now reports response_stats: count them too"
     both_grpc(pair, "grpc_stats_repeat_decoupled",
               lambda c: c.get_inference_statistics("repeat_decoupled", as_json=True))
+
+
+def test_ragged_requests_batch_into_one_python_execution(pair):
+    """Ragged batching on the Python backend: three concurrent requests whose ragged INPUT
+    lengths differ (2, 3, 5) wait out the 1 s queue delay and reach the model in one execute
+    call (BATCH 3, one execution); the model gets each request's own INPUT and no batch input
+    (NINPUTS 1); every answer and the execution count match Triton's."""
+    def run(server):
+        def one(n):
+            with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+                i = httpclient.InferInput("INPUT", [1, n], "FP32")
+                i.set_data_from_numpy(np.arange(n, dtype=np.float32).reshape(1, n))
+                r = c.infer("ragged_sum_py", [i])
+                return [r.as_numpy(o).tolist() for o in ("SUM", "NINPUTS", "BATCH")]
+
+        def executions():
+            body = http_answer(server, "GET", "/v2/models/ragged_sum_py/stats")["body"]
+            return body["model_stats"][0]["execution_count"]
+
+        before = executions()
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(one, [2, 3, 5]))
+        return answers, executions() - before
+
+    nereid, triton = (run(s) for s in pair)
+    assert triton == ([[[[1.0]], [[1]], [[3]]], [[[3.0]], [[1]], [[3]]],
+                       [[[10.0]], [[1]], [[3]]]], 1), f"Triton answered {triton}"
+    assert nereid == triton
