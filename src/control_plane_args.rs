@@ -86,6 +86,14 @@ pub struct ControlPlaneArgs {
     /// replicas more than another, or memory use is more than 20 points apart. 0 turns it off.
     #[arg(long, env = "NEREID_REBALANCE_MAX_MOVES", default_value_t = 2)]
     pub rebalance_max_moves: u32,
+    /// Model cache (more models than memory): when a replica finds no node with room (a request
+    /// for a model scaled to zero, a scale up), evict the least recently used idle replicas of
+    /// one node that were placed at least this many milliseconds ago (pinned replicas, those
+    /// serving requests or holding a live sequence always stay). Raise it if models are evicted
+    /// and loaded again too often; 0 turns eviction off (placement then refuses what does not
+    /// fit).
+    #[arg(long, env = "NEREID_EVICT_MIN_RESIDENCY_MS", default_value_t = 60_000)]
+    pub evict_min_residency_ms: u64,
     /// Raft heartbeat between control-plane nodes, in milliseconds; also the timeout of one
     /// heartbeat. At most a third of the minimum --election-timeout-ms.
     #[arg(long, env = "NEREID_RAFT_HEARTBEAT_MS", default_value_t = 50)]
@@ -282,6 +290,8 @@ impl ControlPlaneArgs {
             placement_interval: Duration::from_millis(self.placement_interval_ms.max(10)),
             scale_to_zero_after: Duration::from_secs(self.scale_to_zero_after_secs.max(1)),
             rebalance_max_moves: self.rebalance_max_moves,
+            evict_min_residency: (self.evict_min_residency_ms > 0)
+                .then(|| Duration::from_millis(self.evict_min_residency_ms)),
             raft_heartbeat: Duration::from_millis(self.raft_heartbeat_ms),
             election_timeout_min: Duration::from_millis(self.election_timeout_ms.min),
             election_timeout_max: Duration::from_millis(self.election_timeout_ms.max),

@@ -5,16 +5,23 @@
 //! GET /metrics ─► ControlPlaneCollector::collect
 //!                   ├─ Consensus::status()      ─► raft_families   (term, leader, log indexes)
 //!                   ├─ Consensus::local_state() ─► cluster_families (nodes, replicas, models)
-//!                   └─ PlacementDecisions        ─► nereid_placement_decisions_total{action}
+//!                   ├─ PlacementDecisions        ─► nereid_placement_decisions_total{action}
+//!                   └─ CacheStats                ─► nereid_cache_* (evictions, cold starts)
 //! leader::task::round ─► each committed placement command ─► PlacementDecisions::add
+//! leader soft state ─► evictions decided, activations without a ready replica ─► CacheStats
 //! ```
 //!
 //! Every node, leader or follower, reports the state it has applied, so the cluster families of
 //! a lagging follower lag with it. Only the leader commits placement decisions; a node's counter
 //! covers the terms it led since it started.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use nereid_telemetry::Value;
+use parking_lot::Mutex;
 
 use nereid_telemetry::{Collect, Family, Labels};
 
@@ -197,9 +204,109 @@ pub fn cluster_families(state: &ClusterState) -> Vec<Family> {
 }
 
 /// Everything `nereid control-plane` reports on `/metrics`.
+/// Upper bounds (seconds) of the cold-start latency histogram's buckets.
+const COLD_START_BUCKETS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+/// The model cache's counters on this node as leader: evictions and cold starts per model, and
+/// how long cold starts took (activation without a ready replica until one is ready).
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    inner: Mutex<CacheCounts>,
+}
+
+#[derive(Debug, Default)]
+struct CacheCounts {
+    evictions: BTreeMap<String, u64>,
+    cold_starts: BTreeMap<String, u64>,
+    /// Per bucket of [`COLD_START_BUCKETS`] (not cumulative), then the sum and count.
+    latency: [u64; COLD_START_BUCKETS.len()],
+    latency_sum: f64,
+    latency_count: u64,
+}
+
+impl CacheStats {
+    /// A replica of `model` was evicted to make room.
+    pub fn evicted(&self, model: &str) {
+        *self
+            .inner
+            .lock()
+            .evictions
+            .entry(model.to_string())
+            .or_default() += 1;
+    }
+
+    /// A router activated `model` while no replica of it was ready.
+    pub fn cold_start(&self, model: &str) {
+        *self
+            .inner
+            .lock()
+            .cold_starts
+            .entry(model.to_string())
+            .or_default() += 1;
+    }
+
+    /// A cold start ended with a ready replica after `took`.
+    pub fn cold_start_took(&self, took: Duration) {
+        let s = took.as_secs_f64();
+        let mut c = self.inner.lock();
+        if let Some(b) = COLD_START_BUCKETS.iter().position(|&le| s <= le) {
+            c.latency[b] += 1;
+        }
+        c.latency_sum += s;
+        c.latency_count += 1;
+    }
+
+    pub fn families(&self) -> Vec<Family> {
+        let c = self.inner.lock();
+        let per_model = |name: &str, help: &str, counts: &BTreeMap<String, u64>| {
+            let mut f = Family::counter(name, help);
+            for (model, n) in counts {
+                f.number(Labels::of([("model", model.as_str())]), *n as f64);
+            }
+            f
+        };
+        let mut cumulative = 0;
+        let buckets = COLD_START_BUCKETS
+            .iter()
+            .zip(c.latency)
+            .map(|(&le, n)| {
+                cumulative += n;
+                (le, cumulative)
+            })
+            .collect();
+        let mut latency = Family::new(
+            "nereid_cache_cold_start_seconds",
+            "Time from an activation that found no ready replica to a ready replica.",
+            nereid_telemetry::Kind::Histogram,
+        );
+        latency.sample(
+            Labels::none(),
+            Value::Histogram {
+                buckets,
+                sum: c.latency_sum,
+                count: c.latency_count,
+            },
+        );
+        vec![
+            per_model(
+                "nereid_cache_evictions_total",
+                "Replicas evicted (least recently used, idle) to make room for another model.",
+                &c.evictions,
+            ),
+            per_model(
+                "nereid_cache_cold_starts_total",
+                "Activations of a model that had no ready replica (scale from zero, or after an eviction).",
+                &c.cold_starts,
+            ),
+            latency,
+        ]
+    }
+}
+
 pub struct ControlPlaneCollector {
     pub consensus: Arc<dyn Consensus>,
     pub decisions: Arc<PlacementDecisions>,
+    pub cache: Arc<CacheStats>,
 }
 
 impl Collect for ControlPlaneCollector {
@@ -207,6 +314,7 @@ impl Collect for ControlPlaneCollector {
         let mut families = raft_families(&self.consensus.status());
         families.extend(cluster_families(&self.consensus.local_state()));
         families.push(self.decisions.family());
+        families.extend(self.cache.families());
         families
     }
 }

@@ -82,6 +82,9 @@ pub struct NodeConfig {
     pub scale_to_zero_after: Duration,
     /// Rebalancing moves in flight at most; 0 turns rebalancing off.
     pub rebalance_max_moves: u32,
+    /// Model cache: when a replica finds no room, evict least-recently-used idle replicas
+    /// placed at least this long ago; `None` turns eviction off.
+    pub evict_min_residency: Option<Duration>,
     pub raft_heartbeat: Duration,
     /// A follower campaigns a random time in `election_timeout_min..election_timeout_max`
     /// after the dead leader's lease (`election_timeout_max`) ends; see `RaftConfig`.
@@ -243,7 +246,8 @@ pub async fn serve(
     let soft = Arc::new(
         SoftState::new(config.heartbeat_timeout)
             .with_scale_to_zero_after(config.scale_to_zero_after)
-            .with_rebalance_max_moves(config.rebalance_max_moves),
+            .with_rebalance_max_moves(config.rebalance_max_moves)
+            .with_min_residency(config.evict_min_residency),
     );
     let hub = Arc::new(WatchHub::spawn(consensus.as_ref()));
     let leader_channels = Arc::new(
@@ -261,6 +265,7 @@ pub async fn serve(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let decisions = Arc::new(PlacementDecisions::default());
+    let cache_stats = soft.cache_stats();
     let leader_task = tokio::spawn(task::run(
         consensus.clone(),
         soft,
@@ -312,6 +317,7 @@ pub async fn serve(
         let app = prometheus_router(Arc::new(ControlPlaneCollector {
             consensus: consensus.clone(),
             decisions,
+            cache: cache_stats,
         }));
         tokio::spawn(nereid_frontend::serve_metrics_port(
             "control-plane metrics",

@@ -12,11 +12,16 @@
 //!   scaling: a model with an autoscale policy wants the autoscaler's count
 //!   ([`ClusterState::wanted_replicas`], `crate::autoscale`) instead of its floor. The memory
 //!   estimate is `resources.memory_bytes`; the measured memory is the largest any replica of
-//!   that version reported. Likewise for GPUs: `resources.gpus` GPUs per replica, each needing
+//!   that version reported (or, once none is left, what the leader remembers of them:
+//!   [`crate::placement::Cache::remembered`]). Likewise for GPUs: `resources.gpus` GPUs per replica, each needing
 //!   `resources.gpu_memory_bytes` until a replica reported its measured GPU memory.
 //! - [`CurrentReplica`]: every replica not `Unloading` (those are already leaving), `ready`
 //!   when `Ready`, with its assigned GPUs. A `Failed` replica still counts (not ready) and keeps its slot: whoever
 //!   retires failed replicas marks them `Unloading`, and the next plan replaces them.
+//! - [`cache_floors`]: per model, the replicas eviction must leave it ([`crate::placement::Cache::floor`]):
+//!   what it keeps without activations (`min_replicas` or the autoscaler's count).
+
+use std::collections::BTreeMap;
 
 use crate::placement::{self, CurrentReplica, GpuView, Load, ModelView, NodeView, Plan};
 use crate::state::{ClusterState, ModelSpec, NodeStatus, ReplicaState};
@@ -51,16 +56,24 @@ pub fn model_views(state: &ClusterState, load: &Load) -> Vec<ModelView> {
     let mut views = Vec::new();
     for spec in state.models().values() {
         for version in spec.served_versions() {
+            let remembered = load
+                .cache
+                .remembered
+                .get(&(spec.name.clone(), version))
+                .copied()
+                .unwrap_or_default();
             let measured = state
                 .replicas_of(&spec.name)
                 .filter(|r| r.version == version)
                 .filter_map(|r| r.measured_memory_bytes)
-                .max();
+                .max()
+                .or(remembered.0);
             let measured_gpu = state
                 .replicas_of(&spec.name)
                 .filter(|r| r.version == version)
                 .filter_map(|r| r.measured_gpu_memory_bytes)
-                .max();
+                .max()
+                .or(remembered.1);
             views.push(ModelView {
                 name: spec.name.clone(),
                 version,
@@ -106,13 +119,32 @@ pub fn current_replicas(state: &ClusterState) -> Vec<CurrentReplica> {
         .collect()
 }
 
+/// Per model, the replicas (per served version) that eviction leaves it: its count without
+/// activations.
+pub fn cache_floors(state: &ClusterState) -> BTreeMap<String, u32> {
+    state
+        .models()
+        .values()
+        .map(|spec| (spec.name.clone(), state.wanted_replicas(spec)))
+        .collect()
+}
+
+/// `load` with the state's [`cache_floors`], as placement needs it.
+pub fn with_floors(state: &ClusterState, mut load: Load) -> Load {
+    if load.cache.evict {
+        load.cache.floor = cache_floors(state);
+    }
+    load
+}
+
 /// The plan for the whole cluster as `state` stands, with `load` breaking ties.
 pub fn plan_for(state: &ClusterState, load: &Load) -> Plan {
+    let load = with_floors(state, load.clone());
     placement::plan(
         &node_views(state),
-        &model_views(state, load),
+        &model_views(state, &load),
         &current_replicas(state),
-        load,
+        &load,
     )
 }
 

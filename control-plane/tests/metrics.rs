@@ -30,6 +30,7 @@ fn config(data_dir: &std::path::Path) -> NodeConfig {
         placement_interval: Duration::from_millis(50),
         scale_to_zero_after: Duration::from_secs(60),
         rebalance_max_moves: 2,
+        evict_min_residency: Some(Duration::from_secs(60)),
         raft_heartbeat: Duration::from_millis(50),
         election_timeout_min: Duration::from_millis(200),
         election_timeout_max: Duration::from_millis(400),

@@ -116,6 +116,21 @@ fn replica_table(replicas: &[Replica], with_reason: bool) -> String {
     t.render()
 }
 
+/// A model's memory per replica as placement counts it: the measured figure where a replica
+/// measured one (`24.1 MiB measured`), else the declared one (`16.0 MiB declared`).
+fn model_memory(status: &ModelStatus) -> String {
+    let declared = status
+        .model
+        .as_ref()
+        .and_then(|m| m.resources)
+        .map_or(0, |r| r.memory_bytes);
+    match status.measured_memory_bytes {
+        0 if declared == 0 => "-".into(),
+        0 => format!("{} declared", bytes(declared)),
+        measured => format!("{} measured", bytes(measured)),
+    }
+}
+
 pub fn model_list(response: &ListModelsResponse) -> String {
     let mut t = Table::new(&["NAME", "READY", "WANTED", "VERSIONS", "MEMORY", "SOURCE"]);
     for status in &response.models {
@@ -125,7 +140,7 @@ pub fn model_list(response: &ListModelsResponse) -> String {
             format!("{}/{}", status.ready_replicas, status.replicas.len()),
             replicas_wanted(m.min_replicas, m.max_replicas),
             version_policy(m.version_policy.as_ref()),
-            bytes(m.resources.as_ref().map_or(0, |r| r.memory_bytes)),
+            model_memory(status),
             m.source.clone(),
         ]);
     }
@@ -151,7 +166,7 @@ pub fn model(status: &ModelStatus) -> String {
             ("traffic", traffic(&m.traffic)),
             ("replicas", replicas_wanted(m.min_replicas, m.max_replicas)),
             ("ready", status.ready_replicas.to_string()),
-            ("memory", bytes(resources.memory_bytes)),
+            ("memory", model_memory(status)),
             (
                 "cpu",
                 if resources.cpu_millis == 0 {
@@ -374,6 +389,7 @@ mod tests {
                 replicas: vec![Replica::default(), Replica::default()],
                 ready_replicas: 1,
                 revision: 7,
+                ..Default::default()
             }],
             revision: 7,
         };
@@ -382,6 +398,30 @@ mod tests {
             "NAME      READY  WANTED  VERSIONS  MEMORY  SOURCE\n\
              resnet50  1/2    2       latest:1  -       file:///models/resnet50\n"
         );
+    }
+
+    #[test]
+    fn model_memory_is_the_measured_figure_where_a_replica_measured_one() {
+        let mut status = ModelStatus {
+            model: Some(Model {
+                name: "simple".into(),
+                resources: Some(nereid_proto::pb::cluster::Resources {
+                    memory_bytes: 16 << 20,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(model_memory(&status), "16.0 MiB declared");
+        status.measured_memory_bytes = 24 << 20;
+        assert_eq!(model_memory(&status), "24.0 MiB measured");
+        let list = model_list(&ListModelsResponse {
+            models: vec![status.clone()],
+            revision: 1,
+        });
+        assert!(list.contains("24.0 MiB measured"), "{list}");
+        assert!(model(&status).contains("24.0 MiB measured"));
     }
 
     #[test]

@@ -57,6 +57,7 @@ impl Management for Fake {
             replicas: vec![],
             ready_replicas: 0,
             revision: 5,
+            ..Default::default()
         }))
     }
     async fn scale_model(&self, _: Request<ScaleModelRequest>) -> R<ModelStatus> {

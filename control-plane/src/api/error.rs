@@ -55,6 +55,10 @@ pub enum ApiError {
     PermissionDenied(String),
     #[error("control plane unavailable: {0}")]
     Unavailable(String),
+    /// No node can take what was asked for (a model's replica: no memory, nothing to evict);
+    /// the message says why. A capacity problem, not an outage: the router answers 503.
+    #[error("{0}")]
+    NoCapacity(String),
     #[error("internal error: {0}")]
     Internal(String),
     /// The leader's own answer to a call this node forwarded, passed on as it came.
@@ -146,6 +150,7 @@ impl From<ApiError> for tonic::Status {
             ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => {
                 tonic::Status::unavailable(message)
             }
+            ApiError::NoCapacity(_) => tonic::Status::resource_exhausted(message),
             ApiError::Unauthenticated(_) => tonic::Status::unauthenticated(message),
             ApiError::PermissionDenied(_) => tonic::Status::permission_denied(message),
             ApiError::Internal(_) => tonic::Status::internal(message),
@@ -170,6 +175,7 @@ impl IntoResponse for ApiError {
             ApiError::NotLeader { .. } | ApiError::NoLeader(_) | ApiError::Unavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            ApiError::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -200,7 +206,9 @@ fn http_status_of(code: tonic::Code) -> StatusCode {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::FailedPrecondition | Code::AlreadyExists => StatusCode::CONFLICT,
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
-        Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
         // The management API never relays these by design; a leader that sends one hit a fault.
@@ -208,7 +216,6 @@ fn http_status_of(code: tonic::Code) -> StatusCode {
         | Code::Cancelled
         | Code::Unknown
         | Code::OutOfRange
-        | Code::ResourceExhausted
         | Code::Aborted
         | Code::Unimplemented
         | Code::Internal

@@ -9,10 +9,22 @@ use crate::convert::{model_from_pb, model_to_pb, plan_to_decisions, replica_to_p
 use crate::state::{ClusterState, Command, EntityKind, ModelSpec, ReplicaState, StateError};
 use crate::views;
 
-/// A model and its replicas as `state` has them.
+/// A model and its replicas as `state` has them, with the memory a replica measured (the
+/// largest over its served versions, as placement counts it; 0 until one did).
 fn model_status(spec: &ModelSpec, state: &ClusterState) -> pb::ModelStatus {
     let replicas: Vec<_> = state.replicas_of(&spec.name).collect();
+    let served = spec.served_versions();
+    let measured = |of: fn(&crate::state::Replica) -> Option<u64>| {
+        replicas
+            .iter()
+            .filter(|r| served.contains(&r.version))
+            .filter_map(|r| of(r))
+            .max()
+            .unwrap_or(0)
+    };
     pb::ModelStatus {
+        measured_memory_bytes: measured(|r| r.measured_memory_bytes),
+        measured_gpu_memory_bytes: measured(|r| r.measured_gpu_memory_bytes),
         model: Some(model_to_pb(spec)),
         ready_replicas: replicas
             .iter()

@@ -7,7 +7,10 @@
 //!  RegisterNode ─► write RegisterNode ─► soft: heard from      (leader)
 //!  Heartbeat    ─► soft: heard from + utilization; unknown node ─► reregister
 //!  ReportReplica ─► unloaded ? RemoveReplica : SetReplicaState  (the replica must be the node's)
-//!  Activate     ─► soft: demand for the model (scale from zero), wakes placement
+//!  Activate     ─► soft: demand for the model (scale from zero), wakes placement; without a
+//!                 live replica, a plan that cannot place one even with the minimum residency
+//!                 over (no room, nothing idle and unpinned to evict) answers
+//!                 RESOURCE_EXHAUSTED naming why (the router's 503)
 //!  LeaveNode    ─► soft: forget the node's heartbeats ─► write SetNodeStatus Down
 //!  Watch        ─► WatchHub: snapshot or retained deltas, then live deltas
 //! ```
@@ -26,8 +29,10 @@ use crate::api::error::ApiError;
 use crate::consensus::Consensus;
 use crate::convert;
 use crate::forward::{LeaderChannels, was_forwarded};
+use crate::leader::Observations;
 use crate::leader::soft::SoftState;
-use crate::state::{ClusterState, Command, EntityKind, NodeStatus, StateError};
+use crate::state::{ClusterState, Command, EntityKind, NodeStatus, ReplicaState, StateError};
+use crate::views;
 use crate::watch::WatchHub;
 
 pub struct ClusterService {
@@ -231,7 +236,29 @@ impl Cluster for ClusterService {
             )))
             .into());
         }
-        self.soft.activate(&model, Instant::now());
+        let now = Instant::now();
+        self.soft.activate(&model, now);
+        let mut replicas = state.replicas_of(&model);
+        if !replicas.any(|r| r.state == ReplicaState::Ready) {
+            self.soft.cold_start(&model, now);
+        }
+        let live = state
+            .replicas_of(&model)
+            .any(|r| r.state != ReplicaState::Unloading);
+        if !live {
+            // Replicas too young to evict will not be for long: the request waits for them
+            // (the leader places the model once they may go). Anything else is final now.
+            let mut load = self.soft.load();
+            load.cache.min_residency_ms = 0;
+            let plan = views::plan_for(&state, &load);
+            if let Some(unplaced) = plan.unplaced.iter().find(|u| u.model == model) {
+                return Err(ApiError::NoCapacity(format!(
+                    "model '{model}' cannot be loaded: {}",
+                    unplaced.reason
+                ))
+                .into());
+            }
+        }
         Ok(Response::new(pb::ActivateResponse {
             renew_after_ms: (self.soft.scale_to_zero_after() / 2).as_millis() as u64,
         }))

@@ -4,8 +4,10 @@
 //!
 //! The leader's loop ([`task`]) turns heartbeats into liveness transitions ([`liveness`]) and
 //! the state into placement rounds (`crate::views` → `placement::plan` → [`round`]), recording each
-//! round's decisions per model with their [`inputs`] in [`soft`].
+//! round's decisions per model with their [`inputs`] in [`soft`]. The model cache's recency
+//! (what eviction reads) is kept in [`cache`].
 
+pub mod cache;
 pub mod inputs;
 pub mod liveness;
 pub mod round;

@@ -7,13 +7,16 @@
 //!  remove on a down node       ─► SetReplicaState(Unloading), RemoveReplica   (nobody will report)
 //!  remove Loading/Ready/Failed ─► SetReplicaState(Unloading)   (the worker unloads, then reports)
 //!  Unloading on a down/unknown node ─► RemoveReplica
+//!  add after evictions (model cache) ─► one chain: SetReplicaState(Unloading) per victim,
+//!                                       then AddReplica (break-before-make: the node never
+//!                                       holds more than its capacity)
 //! ```
 //!
 //! Pure: reads the state, returns commands. [`chains`] splits them into independent sequences
 //! (the commands for one replica stay in order) that the leader task writes concurrently, so
-//! Raft can batch many into one disk flush.
+//! Raft can batch many into one disk flush; [`plan_chains`] does both, evictions included.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::placement::Plan;
 use crate::state::{ClusterState, Command, NodeStatus, ReplicaState};
@@ -51,6 +54,49 @@ pub fn commands_for(state: &ClusterState, plan: &Plan) -> Vec<Command> {
             out.push(Command::RemoveReplica { id: replica.id });
         }
     }
+    out
+}
+
+/// The chains that carry out `plan`: one per addition that evicts (its victims' unloading
+/// first, then the addition), then [`chains`] of the rest of [`commands_for`].
+pub fn plan_chains(state: &ClusterState, plan: &Plan) -> Vec<Vec<Command>> {
+    let victims: BTreeSet<u64> = plan
+        .add
+        .iter()
+        .flat_map(|a| a.evicted.iter().map(|e| e.replica))
+        .collect();
+    let (evicting, rest): (Vec<_>, Vec<_>) = plan
+        .add
+        .iter()
+        .cloned()
+        .partition(|a| !a.evicted.is_empty());
+    let mut out: Vec<Vec<Command>> = evicting
+        .iter()
+        .map(|a| {
+            let single = Plan {
+                add: vec![a.clone()],
+                ..Default::default()
+            };
+            let mut chain: Vec<Command> = a.evicted.iter().map(|e| unloading(e.replica)).collect();
+            chain.extend(
+                commands_for(state, &single)
+                    .into_iter()
+                    .filter(|c| matches!(c, Command::AddReplica { .. })),
+            );
+            chain
+        })
+        .collect();
+    let rest = Plan {
+        add: rest,
+        remove: plan
+            .remove
+            .iter()
+            .filter(|r| !victims.contains(&r.replica))
+            .cloned()
+            .collect(),
+        unplaced: Vec::new(),
+    };
+    out.extend(chains(commands_for(state, &rest)));
     out
 }
 
@@ -106,6 +152,7 @@ mod tests {
                 gpus: vec![0, 2],
                 skipped: vec!["node a: no GPU".into()],
                 moves: None,
+                evicted: Vec::new(),
             }],
             ..Default::default()
         };

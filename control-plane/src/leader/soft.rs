@@ -3,7 +3,8 @@
 //! model. Lost on a leader change by design: a new leader rebuilds it from heartbeats (and waits
 //! one heartbeat timeout before declaring anyone down) and from activations (and assumes demand
 //! for every model that runs replicas above its floor, so a leader change scales nothing to
-//! zero before routers had a chance to renew).
+//! zero before routers had a chance to renew). The model cache's part (recency, placement
+//! times, cold starts) is in [`super::cache`].
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -13,9 +14,11 @@ use nereid_proto::pb::cluster as pb;
 use parking_lot::Mutex;
 
 use super::Observations;
+use super::cache::Recency;
 use super::liveness::Liveness;
 use crate::autoscale::{Autoscaler, Decision, observe};
-use crate::placement::{Load, Move, Plan, Rebalance};
+use crate::metrics::CacheStats;
+use crate::placement::{Load, Move, Plan, Reason, Rebalance};
 use crate::state::{ClusterState, NodeStatus, ReplicaState};
 
 /// How many placement records each model keeps.
@@ -24,12 +27,20 @@ const HISTORY_PER_MODEL: usize = 32;
 /// How long an activation keeps a model scaled from zero, unless configured.
 pub const DEFAULT_SCALE_TO_ZERO_AFTER: Duration = Duration::from_secs(300);
 
+/// How long a placed replica stays before it may be evicted, unless configured.
+pub const DEFAULT_MIN_RESIDENCY: Duration = Duration::from_secs(60);
+
 /// Shared between the leader task, the cluster service (heartbeats) and the management API.
 pub struct SoftState {
     heartbeat_timeout: Duration,
     scale_to_zero_after: Duration,
     /// Rebalancing moves in flight at most (0: off).
     rebalance_max_moves: u32,
+    /// Model cache: evict least-recently-used idle replicas to make room (`None`: off), and
+    /// how long a placed replica stays at least.
+    min_residency: Option<Duration>,
+    /// Evictions and cold starts, for metrics.
+    cache_stats: std::sync::Arc<CacheStats>,
     /// Wakes the leader loop for a round before its timer (an activation).
     wake: Notify,
     /// The autoscaler's clock starts here (milliseconds since).
@@ -49,6 +60,8 @@ struct Inner {
     autoscaler: Autoscaler,
     /// Rebalancing moves this leader started that may still be in flight.
     moves: Vec<Move>,
+    /// The model cache's recency, placement times and cold starts.
+    recency: Recency,
 }
 
 impl SoftState {
@@ -57,6 +70,8 @@ impl SoftState {
             heartbeat_timeout,
             scale_to_zero_after: DEFAULT_SCALE_TO_ZERO_AFTER,
             rebalance_max_moves: 0,
+            min_residency: Some(DEFAULT_MIN_RESIDENCY),
+            cache_stats: Default::default(),
             wake: Notify::new(),
             epoch: Instant::now(),
             inner: Mutex::new(Inner {
@@ -67,10 +82,52 @@ impl SoftState {
                 last_recorded: HashMap::new(),
                 autoscaler: Autoscaler::new(),
                 moves: Vec::new(),
+                recency: Recency::default(),
             }),
         }
     }
 
+    /// The model cache: `Some(residency)` evicts least-recently-used idle replicas placed at
+    /// least that long ago when a replica finds no room; `None` turns eviction off.
+    pub fn with_min_residency(mut self, min_residency: Option<Duration>) -> Self {
+        self.min_residency = min_residency;
+        self
+    }
+
+    /// Evictions and cold starts counted by this node as leader.
+    pub fn cache_stats(&self) -> std::sync::Arc<CacheStats> {
+        self.cache_stats.clone()
+    }
+
+    /// A router activated `model` and no replica of it was ready: a cold start begins (its
+    /// latency is observed once a replica is ready, [`Self::note_replicas`]).
+    pub fn cold_start(&self, model: &str, now: Instant) {
+        self.cache_stats.cold_start(model);
+        self.inner.lock().recency.activated(model, true, now);
+    }
+
+    /// Notes placement times of `state`'s replicas and observes the cold starts now over.
+    pub fn note_replicas(&self, state: &ClusterState, now: Instant) {
+        let done = self.inner.lock().recency.note_replicas(state, now);
+        for (_, took) in done {
+            self.cache_stats.cold_start_took(took);
+        }
+    }
+
+    /// A plan was decided: the models it evicts lose their activation (only a new request
+    /// brings them back), and the evictions are counted.
+    pub fn evicting(&self, state: &ClusterState, plan: &Plan) {
+        let mut inner = self.inner.lock();
+        for removal in &plan.remove {
+            if !matches!(removal.reason, Reason::Evicted { .. }) {
+                continue;
+            }
+            if let Some(r) = state.replica(removal.replica) {
+                inner.demand.remove(&r.model);
+                self.cache_stats.evicted(&r.model);
+            }
+        }
+    }
     /// How many rebalancing moves may be in flight at once; 0 (the default) turns rebalancing
     /// off.
     pub fn with_rebalance_max_moves(mut self, max_moves: u32) -> Self {
@@ -137,6 +194,7 @@ impl SoftState {
     pub fn activate(&self, model: &str, now: Instant) {
         let fresh = {
             let mut inner = self.inner.lock();
+            inner.recency.activated(model, false, now);
             let previous = inner.demand.insert(model.to_string(), now);
             previous.is_none_or(|t| now.saturating_duration_since(t) > self.scale_to_zero_after)
         };
@@ -166,6 +224,7 @@ impl SoftState {
         inner.last_recorded.clear();
         inner.demand.clear();
         inner.autoscaler = Autoscaler::new();
+        inner.recency = Recency::default();
         // Moves of an earlier term are not known here: a replica and its replacement both
         // count as healthy, and the surplus rule removes the not-ready or the busier one.
         inner.moves.clear();
@@ -194,6 +253,7 @@ impl SoftState {
         let mut inner = self.inner.lock();
         inner.liveness.heartbeat(node, now);
         if let Some(hb) = heartbeat {
+            inner.recency.heartbeat(&hb, now);
             inner.last_heartbeat.insert(node.to_string(), hb);
         }
     }
@@ -203,6 +263,7 @@ impl SoftState {
         let mut inner = self.inner.lock();
         inner.liveness.forget(node);
         inner.last_heartbeat.remove(node);
+        inner.recency.forget_node(node);
     }
 
     /// Status changes for the nodes of the state; see [`Liveness::transitions`].
@@ -296,6 +357,10 @@ impl Observations for SoftState {
             rebalance: Rebalance {
                 max_moves: self.rebalance_max_moves,
                 in_flight: inner.moves.clone(),
+            },
+            cache: match self.min_residency {
+                Some(residency) => inner.recency.to_cache(self.epoch, now, residency),
+                None => Default::default(),
             },
         }
     }

@@ -4,9 +4,11 @@
 //! ```text
 //!  round: liveness transitions ─► SetNodeStatus writes
 //!         heartbeats' load ─► autoscaler ─► SetAutoscaledReplicas writes (count changes only)
-//!         state ─► views ─► plan(load, moves in flight) ─► record decisions per model,
-//!                                                          remember the moves it starts
-//!                                         └──────► commands_for ─► writes, in order
+//!         state ─► note placement times, cold starts over (model cache)
+//!         state ─► views ─► plan(load, moves in flight, cache) ─► record decisions per model,
+//!                                                    remember the moves it starts,
+//!                                                    forget evicted models' activations
+//!                                         └──────► plan_chains ─► writes, in order
 //!                                                  (each committed one counted: metrics)
 //! ```
 //!
@@ -23,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::Observations;
 use super::inputs::describe_inputs;
-use super::round::{chains, commands_for};
+use super::round::plan_chains;
 use super::soft::SoftState;
 use nereid_proto::pb::cluster as pb;
 
@@ -33,7 +35,7 @@ use crate::convert::plan_to_decisions;
 use crate::metrics::{PlacementDecisions, placement_action};
 use crate::placement::plan;
 use crate::state::{ClusterState, Command, ReplicaState};
-use crate::views::{current_replicas, model_views, node_views};
+use crate::views::{current_replicas, model_views, node_views, with_floors};
 
 /// Placement commands in flight at once. Raft batches concurrent writes into one append (one
 /// fsync), so placing thousands of replicas does not cost one disk flush each.
@@ -157,8 +159,9 @@ pub async fn round(
 
     let state = consensus.local_state();
     soft.prune_moves(&state);
+    soft.note_replicas(&state, Instant::now());
     let nodes = node_views(&state);
-    let load = soft.load();
+    let load = with_floors(&state, soft.load());
     let decided = plan(
         &nodes,
         &model_views(&state, &load),
@@ -179,7 +182,8 @@ pub async fn round(
         soft.record(model, state.revision(), decisions, inputs.clone());
     }
     soft.start_moves(&state, &decided);
-    let writes = chains(commands_for(&state, &decided))
+    soft.evicting(&state, &decided);
+    let writes = plan_chains(&state, &decided)
         .into_iter()
         .map(|chain| async move {
             for cmd in chain {

@@ -316,6 +316,7 @@ async fn a_round_scales_an_autoscaled_model_on_heartbeat_load_and_explains_it() 
             version: 2,
             queue_depth: 6,
             in_flight: 8,
+            ..Default::default()
         }],
         ..Default::default()
     };
@@ -418,5 +419,70 @@ async fn a_late_worker_receives_replicas_make_before_break_within_the_budget() {
         rules.contains(&("add".into(), "Rebalance".into()))
             && rules.contains(&("remove".into(), "Rebalance".into())),
         "{rules:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_activation_without_room_evicts_the_least_recently_used_idle_model_in_one_round() {
+    let soft = SoftState::new(TIMEOUT).with_min_residency(Some(Duration::ZERO));
+    soft.begin_term(Instant::now() - Duration::from_secs(60));
+    let c = Arc::new(MemoryConsensus::new(1));
+    let mut small = node("a");
+    // Room for two replicas as measured (512 MiB each) and not for a third (1 GiB declared).
+    small.capacity.memory_bytes = 3 << 29;
+    write(&c, Command::RegisterNode(small)).await;
+    soft.heard_from("a", Instant::now(), None);
+    for name in ["old", "warm", "new"] {
+        let mut m = model(name, 0);
+        m.max_replicas = 1;
+        write(&c, Command::UpsertModel(m)).await;
+    }
+    let decisions = PlacementDecisions::default();
+    for name in ["old", "warm"] {
+        soft.activate(name, Instant::now());
+        round(&*c, &soft, &decisions).await.unwrap();
+        set_ready(&c, name).await;
+    }
+    round(&*c, &soft, &decisions).await.unwrap();
+    // "warm" was used after "old": "old" is the least recently used.
+    soft.activate("warm", Instant::now());
+    soft.activate("new", Instant::now());
+    round(&*c, &soft, &decisions).await.unwrap();
+    assert_eq!(replicas_of(&c, "old")[0].1, ReplicaState::Unloading);
+    assert_eq!(replicas_of(&c, "warm")[0].1, ReplicaState::Ready);
+    let placed = c.local_state();
+    let new = placed.replicas_of("new").next().expect("new is placed");
+    assert!(
+        new.placement_reason
+            .contains("placed after evicting old v2"),
+        "{}",
+        new.placement_reason
+    );
+    let old = soft.placement_history("old");
+    let last = &old.last().expect("recorded").decisions[0];
+    assert_eq!(last.rule, "Evicted");
+    assert!(
+        last.explanation
+            .starts_with("evicted to make room for new v2")
+    );
+    assert!(
+        !soft.load().demanded.contains("old"),
+        "its activation is forgotten"
+    );
+    let metrics = nereid_telemetry::render_prometheus(&soft.cache_stats().families());
+    assert!(
+        metrics.contains("nereid_cache_evictions_total{model=\"old\"} 1"),
+        "{metrics}"
+    );
+
+    // The next rounds change nothing: "old" is not brought back, "new" is not evicted.
+    set_ready(&c, "new").await;
+    round(&*c, &soft, &decisions).await.unwrap();
+    round(&*c, &soft, &decisions).await.unwrap();
+    assert_eq!(replicas_of(&c, "new")[0].1, ReplicaState::Ready);
+    assert_eq!(
+        replicas_of(&c, "old").len(),
+        1,
+        "still only the unloading one"
     );
 }

@@ -45,6 +45,24 @@ impl fmt::Display for Reason {
                 "not enough nodes: all {eligible_nodes} up, undrained nodes already hold a \
                  replica of this model version"
             ),
+            Reason::Evicted {
+                for_model,
+                version,
+                idle_ms,
+            } => {
+                write!(
+                    f,
+                    "evicted to make room for {for_model} v{version}: the least recently used \
+                     idle replica on its node"
+                )?;
+                match idle_ms {
+                    Some(ms) => write!(f, " (its model last used {:.1} s ago)", *ms as f64 / 1e3),
+                    None => write!(f, " (its model not used since this leader started)"),
+                }
+            }
+            Reason::CacheFull { cause, held } => {
+                write!(f, "{cause}; nothing can be evicted to make room: {held}")
+            }
             Reason::NoGpuCapacity {
                 gpus,
                 needed_per_gpu,
@@ -74,6 +92,8 @@ impl Reason {
             Reason::NoCapacity { .. } => "NoCapacity",
             Reason::NotEnoughNodes { .. } => "NotEnoughNodes",
             Reason::NoGpuCapacity { .. } => "NoGpuCapacity",
+            Reason::Evicted { .. } => "Evicted",
+            Reason::CacheFull { .. } => "CacheFull",
         }
     }
 }
@@ -97,14 +117,26 @@ impl Addition {
         note
     }
 
-    /// The reason in words, with the GPU note when there is one.
+    /// The reason in words, with the GPU note and the replicas evicted for it, when there are.
     pub fn explanation(&self) -> String {
+        let mut out = self.reason.to_string();
         let note = self.gpu_note();
-        if note.is_empty() {
-            self.reason.to_string()
-        } else {
-            format!("{}; {note}", self.reason)
+        if !note.is_empty() {
+            out.push_str("; ");
+            out.push_str(&note);
         }
+        if !self.evicted.is_empty() {
+            let names: Vec<String> = self
+                .evicted
+                .iter()
+                .map(|e| format!("{} v{} (replica {})", e.model, e.version, e.replica))
+                .collect();
+            out.push_str(&format!(
+                "; placed after evicting {} (least recently used, idle)",
+                names.join(", ")
+            ));
+        }
+        out
     }
 }
 

@@ -32,12 +32,22 @@
 //! [`Addition::moves`] names the replica it replaces; later plans treat that replica like a
 //! drained one (kept until enough replicas are ready elsewhere, then removed). The rule and why
 //! it cannot oscillate are in `rebalance.rs`.
+//!
+//! Model cache ([`Cache`], on when the leader sets `evict`): a missing replica that no node has
+//! room for may take the place of least-recently-used idle replicas on one node — they are
+//! removed ([`Reason::Evicted`]) and the replica added ([`Addition::evicted`]) in the same plan.
+//! Which replicas may go and how the node is chosen are in `evict.rs`.
 
+mod evict;
 mod explain;
 mod plan;
 mod pool;
 mod rebalance;
 
+#[cfg(test)]
+mod evict_proptests;
+#[cfg(test)]
+mod evict_tests;
 #[cfg(test)]
 mod gpu_tests;
 #[cfg(test)]
@@ -128,13 +138,43 @@ pub struct CurrentReplica {
 
 /// Soft state the leader observed: per-node utilization in `0.0..=1.0` from heartbeats, used
 /// only to break ties (nodes without an entry count as idle), the models routers asked to
-/// activate recently (scale from zero; see `views::model_views`), and the rebalancing budget
-/// with the moves in flight.
+/// activate recently (scale from zero; see `views::model_views`), the rebalancing budget
+/// with the moves in flight, and what eviction needs to know (the model cache).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Load {
     pub node_utilization: BTreeMap<String, f64>,
     pub demanded: BTreeSet<String>,
     pub rebalance: Rebalance,
+    pub cache: Cache,
+}
+
+/// The model cache (more models than memory): what eviction needs to know. With `evict` off
+/// (the default) a replica that does not fit stays unplaced, as without a cache.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cache {
+    /// Make room for a missing replica by evicting least-recently-used idle replicas.
+    pub evict: bool,
+    /// The leader's clock in milliseconds (any epoch; the times below are on the same clock).
+    pub now_ms: u64,
+    /// A replica placed less than this long ago is never evicted (hysteresis: what was just
+    /// loaded for a request stays long enough to serve it and the ones after it).
+    pub min_residency_ms: u64,
+    /// Per model: when a request for it was last seen (a worker's heartbeat counted one, or a
+    /// router activated it). A model without an entry counts as used at 0, the least recent.
+    pub last_used_ms: BTreeMap<String, u64>,
+    /// Per replica id: when it was placed, as far as the leader knows. A replica without an
+    /// entry is never evicted.
+    pub placed_at_ms: BTreeMap<u64, u64>,
+    /// Per model: replicas per served version it keeps whatever its recency (`min_replicas`,
+    /// or the autoscaler's count): those are pinned. A model without an entry is never evicted.
+    pub floor: BTreeMap<String, u32>,
+    /// (model, version, node) with requests in flight or queued, or a live sequence, in the
+    /// latest heartbeats: such replicas are serving and never evicted.
+    pub busy: BTreeSet<(String, i64, String)>,
+    /// Per (model, version): the largest host and GPU memory its replicas measured, kept by the
+    /// leader after they are gone, so a model evicted and loaded again is placed on its
+    /// measured figure (`views::model_views` uses it when no replica measured one now).
+    pub remembered: BTreeMap<(String, i64), (Option<u64>, Option<u64>)>,
 }
 
 /// Rebalancing: how many moves may be in flight at once (0, the default, turns it off) and the
@@ -198,6 +238,17 @@ pub enum Reason {
     },
     /// Unplaced: every up, undrained node already holds a replica of this model version.
     NotEnoughNodes { eligible_nodes: usize },
+    /// Remove: the replica was idle and the least recently used on its node, and a replica of
+    /// `for_model` `version` needed its room. `idle_ms`: how long ago its model was last used
+    /// (`None`: not since this leader started).
+    Evicted {
+        for_model: String,
+        version: i64,
+        idle_ms: Option<u64>,
+    },
+    /// Unplaced: `cause` (no memory or GPU room) and nothing can be evicted to make room;
+    /// `held` says what keeps the replicas that could have made room.
+    CacheFull { cause: Box<Reason>, held: String },
     /// Unplaced: nodes with enough host memory exist, but none has `gpus` GPUs with
     /// `needed_per_gpu` bytes free each; `skipped` says why, node by node (bounded).
     NoGpuCapacity {
@@ -222,6 +273,17 @@ pub struct Addition {
     /// For a rebalancing move: the id of the replica this one replaces (it stays until this one
     /// is ready).
     pub moves: Option<u64>,
+    /// The replicas evicted to make room for this one (model cache), least recently used
+    /// first; their removals are in the same plan.
+    pub evicted: Vec<Evicted>,
+}
+
+/// A replica removed to make room for an [`Addition`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evicted {
+    pub replica: u64,
+    pub model: String,
+    pub version: i64,
 }
 
 /// A replica to unload.

@@ -10,7 +10,8 @@
 //! 6. missing replicas are added on the eligible node with the most free memory that does not
 //!    hold the model version yet, ties broken by load then node id; a GPU model takes the first
 //!    such node that also has enough GPUs with room, and its GPUs with the most free memory;
-//!    when none fits the rest is reported `unplaced`.
+//!    when none fits and eviction is on, least-recently-used idle replicas of one node make
+//!    room (`evict.rs`); otherwise the rest is reported `unplaced`.
 //!
 //! 7. a replica being moved away (an in-flight [`super::Move`] whose new replica exists) is
 //!    treated like a drained one: kept until enough replicas are ready elsewhere, then removed
@@ -23,6 +24,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::evict::Evictor;
 use super::pool::{Charge, NodePool};
 use super::rebalance;
 use super::{
@@ -61,6 +63,15 @@ pub fn plan(
         .iter()
         .map(|m| (m.replica, m))
         .collect();
+    let mut evictor = load.cache.evict.then(|| {
+        Evictor::new(
+            &load.cache,
+            &by_key,
+            replicas,
+            &load.rebalance.in_flight,
+            &pool,
+        )
+    });
     let mut out = Plan::default();
 
     for (key, group) in &groups {
@@ -87,7 +98,7 @@ pub fn plan(
             .get(&(model.name.as_str(), model.version))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-        plan_model(model, group, &moves, &mut pool, &mut out);
+        plan_model(model, group, &moves, &mut pool, evictor.as_mut(), &mut out);
     }
     if load.rebalance.max_moves > 0 {
         rebalance::plan_moves(&by_key, replicas, &load.rebalance, &mut pool, &mut out);
@@ -100,7 +111,9 @@ pub fn plan(
             b.node.as_str(),
         ))
     });
+    // Stable: an eviction (pushed first) wins over the owning model's own removal of it.
     out.remove.sort_by_key(|r| r.replica);
+    out.remove.dedup_by_key(|r| r.replica);
     out.unplaced
         .sort_by(|a, b| (a.model.as_str(), a.version).cmp(&(b.model.as_str(), b.version)));
     out
@@ -130,6 +143,7 @@ fn plan_model(
     group: &[&CurrentReplica],
     moves: &BTreeMap<u64, &Move>,
     pool: &mut NodePool,
+    mut evictor: Option<&mut Evictor>,
     out: &mut Plan,
 ) {
     let wanted = model.replicas_wanted as usize;
@@ -237,8 +251,24 @@ fn plan_model(
             pool.pick_gpus(bytes, model.gpus, gpu_bytes, &hosting)
                 .map(|p| (p.node, p.gpus, p.skipped))
         };
+        let picked = match (picked, evictor.as_deref_mut()) {
+            (
+                Err(why @ (Reason::NoCapacity { .. } | Reason::NoGpuCapacity { .. })),
+                Some(evictor),
+            ) => match evictor.make_room(model, &hosting, pool, out) {
+                Some(room) => Ok((room.node, room.gpus, Vec::new(), room.evicted)),
+                None => Err(match evictor.held() {
+                    Some(held) => Reason::CacheFull {
+                        cause: Box::new(why),
+                        held,
+                    },
+                    None => why,
+                }),
+            },
+            (picked, _) => picked.map(|(i, gpus, skipped)| (i, gpus, skipped, Vec::new())),
+        };
         match picked {
-            Ok((i, gpus, skipped)) => {
+            Ok((i, gpus, skipped, evicted)) => {
                 pool.charge(
                     i,
                     &Charge {
@@ -256,6 +286,7 @@ fn plan_model(
                     gpus,
                     skipped,
                     moves: None,
+                    evicted,
                 });
             }
             Err(why) => {

@@ -25,6 +25,7 @@ pub(crate) struct GpuPick {
 /// ties broken by lower load, then by node id (nodes are indexed in id order).
 type Key = (Reverse<u64>, u32, usize);
 
+#[derive(Clone)]
 pub(crate) struct PoolNode<'a> {
     pub view: &'a NodeView,
     pub used: u64,
@@ -116,6 +117,16 @@ impl PoolNode<'_> {
             }
         }
     }
+
+    /// Gives back what [`Self::charge`] took (a replica leaving in this very plan).
+    pub fn release(&mut self, charge: &Charge) {
+        self.used = self.used.saturating_sub(charge.memory);
+        for index in charge.gpus {
+            if let Some(at) = self.view.gpus.iter().position(|g| g.index == *index) {
+                self.gpu_used[at] = self.gpu_used[at].saturating_sub(charge.gpu_memory);
+            }
+        }
+    }
 }
 
 impl<'a> NodePool<'a> {
@@ -179,6 +190,17 @@ impl<'a> NodePool<'a> {
         let node = &mut self.nodes[index];
         let was = node.key(index);
         node.charge(charge);
+        if self.candidates.remove(&was) {
+            self.candidates.insert(self.nodes[index].key(index));
+        }
+    }
+
+    /// Releases what a replica evicted in this plan held on a node (its removal is written
+    /// before the addition that takes its room).
+    pub fn release(&mut self, index: usize, charge: &Charge) {
+        let node = &mut self.nodes[index];
+        let was = node.key(index);
+        node.release(charge);
         if self.candidates.remove(&was) {
             self.candidates.insert(self.nodes[index].key(index));
         }

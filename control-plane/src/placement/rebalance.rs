@@ -211,6 +211,7 @@ pub(super) fn plan_moves(
             gpus: found.gpus,
             skipped: Vec::new(),
             moves: Some(c.replica.id),
+            evicted: Vec::new(),
         });
         budget -= 1;
     }

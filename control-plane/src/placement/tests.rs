@@ -50,6 +50,7 @@ fn add(model: &str, node: &str, reason: Reason) -> Addition {
         gpus: Vec::new(),
         skipped: Vec::new(),
         moves: None,
+        evicted: Vec::new(),
     }
 }
 

@@ -1,8 +1,10 @@
 //! Heartbeats: every interval the node's utilization, the versions it serves, and the measured
 //! memory of its replicas. A control plane that answers `reregister` gets a new RegisterNode.
 //!
-//! Per version it sends the queue depth (requests waiting for an instance) and the requests in
-//! flight (received, not answered yet). Per GPU that NVML reports ([`crate::probe::gpu`]; none without
+//! Per version it sends the queue depth (requests waiting for an instance), the requests in
+//! flight (received, not answered yet), the requests received since it loaded (the control
+//! plane's model cache reads recency from it) and, for a sequence-batched model, how long a
+//! sequence stays live after its last request. Per GPU that NVML reports ([`crate::probe::gpu`]; none without
 //! NVML) the busy fraction and memory used and total.
 
 use std::sync::Arc;
@@ -77,6 +79,11 @@ pub async fn run(
                 version: v.version,
                 queue_depth: v.queue_depth() as u64,
                 in_flight: v.stats.in_flight(),
+                requests: v.stats.received(),
+                sequence_idle_ms: v
+                    .config
+                    .sequence()
+                    .map_or(0, |s| s.max_idle.as_millis() as u64),
             })
             .collect();
         let replica_memory = {

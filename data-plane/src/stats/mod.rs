@@ -170,6 +170,9 @@ pub struct VersionStats {
     in_flight: AtomicU64,
     /// Requests handed to the scheduler that have not started executing.
     pending: AtomicU64,
+    /// Requests received since the version loaded (heartbeats report it: the control plane's
+    /// model cache evicts the least recently used models first).
+    received: AtomicU64,
     load: Mutex<Option<LoadReport>>,
 }
 
@@ -202,6 +205,12 @@ impl VersionStats {
     /// A request for this version arrived; pair with [`VersionStats::request_finished`].
     pub fn request_started(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.received.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests received since the version loaded.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
     }
 
     pub fn request_finished(&self) {
