@@ -667,7 +667,8 @@ BROKEN_RAGGED = {
                                                       'source_input: "NOPE" },\n  { kind: BATCH_ELEMENT'),
                               "batch_input[0]: unknown source input name 'NOPE'"),
     "ragged_int64": (RAGGED_BATCH_IO.replace("TYPE_INT32", "TYPE_INT64"),
-                     "batch_input[0]: batch input data_type must be TYPE_INT32 or TYPE_FP32"),
+                     "batch_input[0]: batch input data type must be TYPE_INT32 or TYPE_FP32 for ragged_int64 "
+                     "(data_type is TYPE_INT64)"),
 }
 
 

@@ -144,7 +144,8 @@ fn input_kind(kind: i32) -> Option<BatchInputKind> {
 
 /// Triton's checks of `batch_input` and `batch_output` (its `ValidateBatchIO`), plus one it
 /// leaves to the backend: a batch input's target must not be a declared input (a client would
-/// send it, and the server would feed it too). Each message names the entry and the field.
+/// send it, and the server would feed it too). Each message is Triton's, prefixed with the entry
+/// (`batch_input[i]: `) and, where Triton's does not say, followed by the value at fault.
 pub(crate) fn check(errors: &mut Vec<String>, config: &ModelConfig) {
     let m = &config.name;
     let inputs: HashSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
@@ -172,7 +173,7 @@ pub(crate) fn check(errors: &mut Vec<String>, config: &ModelConfig) {
             ConfigDataType::TypeInt32 | ConfigDataType::TypeFp32
         ) {
             errors.push(format!(
-                "{entry}: batch input data_type must be TYPE_INT32 or TYPE_FP32, got {} for {m}",
+                "{entry}: batch input data type must be TYPE_INT32 or TYPE_FP32 for {m} (data_type is {})",
                 datatype.as_str_name()
             ));
         }
@@ -325,7 +326,7 @@ mod tests {
                 r#"batch_input [{target_name: ["n"] data_type: TYPE_INT64 source_input: ["x"]}]"#
             ),
             [
-                "batch_input[0]: batch input data_type must be TYPE_INT32 or TYPE_FP32, got TYPE_INT64 for r"
+                "batch_input[0]: batch input data type must be TYPE_INT32 or TYPE_FP32 for r (data_type is TYPE_INT64)"
             ]
         );
         let collide = errors_of(
