@@ -109,10 +109,10 @@ impl<'a> Evictor<'a> {
                 .contains(&(r.model.clone(), r.version, r.node.clone()))
             {
                 held.busy += 1;
-            } else if !cache
+            } else if cache
                 .placed_at_ms
                 .get(&r.id)
-                .is_some_and(|&at| cache.now_ms.saturating_sub(at) >= cache.min_residency_ms)
+                .is_none_or(|&at| cache.now_ms.saturating_sub(at) < cache.min_residency_ms)
             {
                 held.recent += 1;
             } else {
