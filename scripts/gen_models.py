@@ -16,6 +16,8 @@ queue size limits, REJECT and DELAY queue timeouts, and warmup samples that load
 Set `ensemble` (tests/python/test_ensemble.py): ensembles (`platform: "ensemble"`) over small
 ONNX and identity models, good ones (pipeline, diamond, batching) and one per load-time error
 (see `write_ensemble_models`).
+`write_ragged_models` (tests/python/test_ragged_batching.py, not in a set): `ragged_sum`, ragged
+batching with batch inputs and a batch output, and configs whose batch_input fails to load.
 
 Output is deterministic and the script is idempotent: each model directory it writes is
 replaced as a whole. Needs the `onnx` and `numpy` packages. Importable: tests call
