@@ -140,6 +140,16 @@ fn pinned_busy_recent_and_loading_replicas_stay() {
 }
 
 #[test]
+fn a_replica_bigger_than_any_node_is_not_a_reason_to_evict() {
+    let (nodes, mut models, replicas) = full_node();
+    models[2].memory_estimate_bytes = 3 * GIB;
+    let c = cache(&replicas, &[("old", 1_000), ("recent", 2_000)]);
+    let p = plan(&nodes, &models, &replicas, &load(c));
+    assert!(p.remove.is_empty(), "{p:?}");
+    assert_eq!(p.unplaced[0].reason.rule(), "NoCapacity");
+}
+
+#[test]
 fn unknown_placement_time_or_floor_protects_a_replica() {
     let (nodes, models, replicas) = full_node();
     let mut c = cache(&replicas, &[]);

@@ -255,16 +255,18 @@ fn plan_model(
             (
                 Err(why @ (Reason::NoCapacity { .. } | Reason::NoGpuCapacity { .. })),
                 Some(evictor),
-            ) => match evictor.make_room(model, &hosting, pool, out) {
-                Some(room) => Ok((room.node, room.gpus, Vec::new(), room.evicted)),
-                None => Err(match evictor.held() {
-                    Some(held) => Reason::CacheFull {
-                        cause: Box::new(why),
-                        held,
-                    },
-                    None => why,
-                }),
-            },
+            ) if pool.has_capacity_for(bytes, &hosting) => {
+                match evictor.make_room(model, &hosting, pool, out) {
+                    Some(room) => Ok((room.node, room.gpus, Vec::new(), room.evicted)),
+                    None => Err(match evictor.held() {
+                        Some(held) => Reason::CacheFull {
+                            cause: Box::new(why),
+                            held,
+                        },
+                        None => why,
+                    }),
+                }
+            }
             (picked, _) => picked.map(|(i, gpus, skipped)| (i, gpus, skipped, Vec::new())),
         };
         match picked {

@@ -206,6 +206,14 @@ impl<'a> NodePool<'a> {
         }
     }
 
+    /// Whether some eligible node outside `exclude` has `bytes` of capacity at all (empty or
+    /// not): if none has, no eviction can make room.
+    pub fn has_capacity_for(&self, bytes: u64, exclude: &BTreeSet<usize>) -> bool {
+        self.candidates.iter().any(|&(_, _, i)| {
+            !exclude.contains(&i) && self.nodes[i].view.memory_capacity_bytes >= bytes
+        })
+    }
+
     /// The best eligible node outside `exclude` with at least `bytes` free, or the reason there
     /// is none.
     pub fn pick(&self, bytes: u64, exclude: &BTreeSet<usize>) -> Result<usize, Reason> {
