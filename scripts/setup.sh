@@ -136,7 +136,8 @@ chmod +x "$VENV/perf_analyzer"
 
 TORCH_DIR=$SITE/torch
 [ -f "$TORCH_DIR/lib/libtorch_cpu.so" ] || { echo "setup: libtorch_cpu.so not found under $TORCH_DIR" >&2; exit 1; }
-# LIBTORCH for torch-sys's build; the build bakes $TORCH_DIR/lib into the binary's RUNPATH.
+# LIBTORCH for torch-sys's build; the build bakes $TORCH_DIR/lib into the RUNPATH of the PyTorch
+# backend library (libnereid_torch_backend.so; the nereid binary does not link libtorch).
 echo "$TORCH_DIR" > "$VENV/libtorch-path"
 
 # The path the build bakes into the binary as its default ONNX Runtime library.
