@@ -1,5 +1,5 @@
 //! `GET /v1/models`, `GET /v1/models/{id}`, and the lookup every route starts with: a model's
-//! kind ([`convention::classify`]) from `InferenceService::model_metadata`.
+//! kind ([`classify`]) from `InferenceService::model_metadata`.
 //!
 //! The list holds the ready models that serve some `/v1/` route (generation or embedding);
 //! the rest of the repository is left out, as it is of no use to an OpenAI client.
