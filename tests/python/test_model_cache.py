@@ -1,11 +1,12 @@
 """More models than memory, end to end: a control plane, two workers whose memory
-(`--memory-capacity`) holds three 64 MiB replicas each, one pinned model (min_replicas 1) and ten
+(`--memory-capacity`) holds three 64 MiB replicas each, one pinned model (min_replicas 2, one
+replica on each worker) and ten
 cacheable ones (min_replicas 0, identity backend: it measures no C heap, so placement counts
 the declared 64 MiB). tritonclient requests over all ten through the router, twice round, all
 succeed: each model not loaded is activated, and the leader evicts the least recently used idle
 replica to make room. Evictions show in the placement history and the leader's metrics, the
-pinned replica is never touched, and no node ever holds more than its capacity. A model too big
-for any node even after evictions gets a 503 that says why."""
+pinned replicas are never touched, and no node ever holds more than its capacity. A model that
+fits a node but not beside its pinned replica gets a 503 that says why."""
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from test_cluster import start_control_plane, stop_all
 
 MIB = 1 << 20
 MODEL_MEMORY = 64 * MIB
-# Three replicas per worker: with the pinned one, five places for ten cacheable models.
+# Three replicas per worker: with the pinned ones, four places for ten cacheable models.
 CAPACITY = 3 * MODEL_MEMORY + 32 * MIB
 CACHED = [f"c{i:02}" for i in range(10)]
 READY = "REPLICA_STATE_READY"
@@ -82,12 +83,13 @@ def test_requests_over_more_models_than_memory_all_succeed_evicting_the_least_re
         wait_until(lambda: len(cp.api("GET", "/api/v1/nodes")[1].get("nodes", [])) == 2, 30,
                    "both workers registered")
         code, body = cp.api("POST", "/api/v1/models",
-                            model_body("pinned", sources["pinned"], replicas=1,
+                            model_body("pinned", sources["pinned"], replicas=2,
                                        memory=MODEL_MEMORY))
         assert code == 200, (code, body)
-        pinned = wait_replicas(cp, "pinned", lambda r: [x for x in r if x["state"] == READY],
-                               "the pinned replica ready")
-        pinned_id = pinned[0]["id"]
+        pinned = wait_replicas(cp, "pinned",
+                               lambda r: len([x for x in r if x["state"] == READY]) == 2,
+                               "the pinned replicas ready")
+        pinned_ids = sorted(r["id"] for r in pinned)
         for name in CACHED:
             body = model_body(name, sources[name], replicas=0, memory=MODEL_MEMORY)
             body["max_replicas"] = 1
@@ -105,9 +107,9 @@ def test_requests_over_more_models_than_memory_all_succeed_evicting_the_least_re
         live = [r for r in placements(cp) if r["state"] != UNLOADING]
         assert len(live) <= 6, live
 
-        # The pinned replica served throughout, never evicted.
+        # The pinned replicas served throughout, never evicted.
         now = [r for r in placements(cp) if r["model"] == "pinned"]
-        assert [(r["id"], r["state"]) for r in now] == [(pinned_id, READY)], now
+        assert sorted((r["id"], r["state"]) for r in now) == [(i, READY) for i in pinned_ids], now
 
         # Evictions explained in the history of evicted and placed models alike.
         evicted, placed_after = 0, 0
@@ -136,8 +138,8 @@ def test_requests_over_more_models_than_memory_all_succeed_evicting_the_least_re
         assert 'nereid_cache_evictions_total{model="pinned"}' not in text
         assert "nereid_cache_cold_start_seconds_count" in text
 
-        # A model no node can hold even after evicting every idle replica: 503, and why.
-        body = model_body("huge", sources["c00"], replicas=0, memory=4 * CAPACITY)
+        # A model that fits an empty node, but no node once its pinned replica stays: 503, why.
+        body = model_body("huge", sources["c00"], replicas=0, memory=CAPACITY - 32 * MIB)
         body["max_replicas"] = 1
         code, answer = cp.api("POST", "/api/v1/models", body)
         assert code == 200, (code, answer)
@@ -150,6 +152,7 @@ def test_requests_over_more_models_than_memory_all_succeed_evicting_the_least_re
         message = refused.value.message()
         assert "model 'huge' cannot be loaded" in message, message
         assert "nothing can be evicted" in message, message
+        assert "2 pinned" in message, message
         check_capacity(cp)
     finally:
         stop_all(procs)
