@@ -25,6 +25,8 @@ mod errors;
 mod generation;
 mod models;
 mod response;
+#[cfg(test)]
+mod route_tests;
 mod sse;
 mod template;
 mod types;
