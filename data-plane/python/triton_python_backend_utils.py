@@ -54,7 +54,6 @@ import sys
 
 import numpy as np
 
-import nereid_dlpack
 import nereid_stub_core as _core
 
 # The stub sets this to its channel object; see the module docstring for what it provides.
@@ -303,12 +302,14 @@ class _CapsuleSource:
 # arrays are copied into C order). Inputs from the server are views on its shared memory, made
 # when first asked for. A tensor from `from_dlpack` of GPU memory stays on its GPU (`_device`,
 # a nereid_dlpack.DeviceMemory; `_array` is its host copy once one was needed). The DLPack side
-# is here, called by the compiled methods.
+# is here, called by the compiled methods; nereid_dlpack is imported by the first of them a model
+# calls (0.3 MiB per stub that most models never use).
 Tensor = _core.Tensor
 
 
 def _copy_to_host(name, device):
     """Host copy of GPU tensor `name` (made when it first leaves the stub, kept by the tensor)."""
+    import nereid_dlpack
     try:
         return nereid_dlpack.copy_to_host(device)
     except nereid_dlpack.DLPackError as e:
@@ -317,6 +318,7 @@ def _copy_to_host(name, device):
 
 def _tensor_dlpack(tensor, kwargs):
     """`Tensor.__dlpack__` / `to_dlpack`: a capsule sharing the tensor's memory."""
+    import nereid_dlpack
     if tensor._datatype == "BYTES":
         raise TritonModelException("DLPack does not have support for string tensors.")
     memory = tensor._device
@@ -345,6 +347,7 @@ def _tensor_dlpack(tensor, kwargs):
 
 
 def _tensor_dlpack_device(tensor):
+    import nereid_dlpack
     memory = tensor._device
     if memory is not None:
         return (nereid_dlpack.KDL_CUDA, memory.device_id)
@@ -355,6 +358,7 @@ def _tensor_from_dlpack(name, dlpack_object):
     """`Tensor.from_dlpack`: a tensor sharing the memory of a DLPack producer (an object with
     `__dlpack__` and `__dlpack_device__`: torch tensors, CuPy and NumPy arrays) or of a DLPack
     capsule. CPU memory becomes a NumPy view; CUDA memory stays on its GPU (`is_cpu()` is False)."""
+    import nereid_dlpack
     if not isinstance(name, str) or name == "":
         raise TritonModelException("Tensor name cannot be an empty string.")
     try:
