@@ -349,6 +349,49 @@ async fn explain_shows_replicas_and_pending_decisions() {
 }
 
 #[tokio::test]
+async fn a_model_shows_its_measured_replica_memory_once_a_replica_measured_it() {
+    let (svc, consensus) = setup();
+    let dir = repo(&[1]);
+    svc.deploy_model(deploy_req(model("m", dir.path(), VersionPolicy::All)))
+        .await
+        .unwrap();
+    consensus
+        .write(Command::RegisterNode(node("a")))
+        .await
+        .unwrap();
+    let got = svc.get_model(model_ref("m")).await.unwrap().into_inner();
+    assert_eq!(got.measured_memory_bytes, 0, "nothing measured yet");
+    let placed = consensus
+        .write(Command::AddReplica {
+            model: "m".into(),
+            version: 1,
+            node: "a".into(),
+            reason: String::new(),
+            gpus: Vec::new(),
+        })
+        .await
+        .unwrap();
+    consensus
+        .write(Command::SetReplicaState {
+            id: placed.replica_id.unwrap(),
+            state: crate::state::ReplicaState::Loading,
+            measured_memory_bytes: Some(24 << 20),
+            measured_gpu_memory_bytes: None,
+        })
+        .await
+        .unwrap();
+    let got = svc.get_model(model_ref("m")).await.unwrap().into_inner();
+    assert_eq!(got.measured_memory_bytes, 24 << 20);
+    assert_eq!(got.model.unwrap().resources.unwrap().memory_bytes, 1 << 20);
+    let listed = svc
+        .list_models(tonic::Request::new(Default::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.models[0].measured_memory_bytes, 24 << 20);
+}
+
+#[tokio::test]
 async fn nodes_drain_undrain_and_placements() {
     let (svc, consensus) = setup();
     for id in ["a", "b"] {

@@ -238,3 +238,75 @@ async fn a_leaving_node_is_down_at_once_and_up_again_when_it_registers() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_activation_with_nothing_to_evict_is_refused_naming_why() {
+    let (consensus, soft, svc) = service();
+    svc.register_node(Request::new(register("w1")))
+        .await
+        .unwrap();
+    let model = |name: &str, min: u32, gib: u64| ModelSpec {
+        name: name.into(),
+        source: format!("file:///models/{name}"),
+        version_policy: VersionPolicy::Latest { n: 1 },
+        config_override: None,
+        min_replicas: min,
+        max_replicas: 1,
+        resources: Resources {
+            memory_bytes: gib << 30,
+            ..Default::default()
+        },
+        labels: Default::default(),
+        available_versions: vec![1],
+        traffic: Default::default(),
+    };
+    for spec in [
+        model("pinned", 1, 6),
+        model("big", 0, 4),
+        model("small", 0, 1),
+    ] {
+        consensus.write(Command::UpsertModel(spec)).await.unwrap();
+    }
+    let placed = consensus
+        .write(Command::AddReplica {
+            model: "pinned".into(),
+            version: 1,
+            node: "w1".into(),
+            reason: String::new(),
+            gpus: Vec::new(),
+        })
+        .await
+        .unwrap();
+    for state in [ReplicaState::Loading, ReplicaState::Ready] {
+        consensus
+            .write(Command::SetReplicaState {
+                id: placed.replica_id.unwrap(),
+                state,
+                measured_memory_bytes: None,
+                measured_gpu_memory_bytes: None,
+            })
+            .await
+            .unwrap();
+    }
+    let activate = |model: &str| {
+        Request::new(pb::ActivateRequest {
+            model: model.into(),
+        })
+    };
+    let refused = svc.activate(activate("big")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    let message = refused.message();
+    assert!(
+        message.starts_with("model 'big' cannot be loaded: no capacity"),
+        "{message}"
+    );
+    assert!(message.contains("nothing can be evicted"), "{message}");
+    assert!(message.contains("1 pinned"), "{message}");
+    svc.activate(activate("small")).await.unwrap();
+    assert!(soft.load().demanded.contains("small"));
+    let metrics = nereid_telemetry::render_prometheus(&soft.cache_stats().families());
+    assert!(
+        metrics.contains("nereid_cache_cold_starts_total{model=\"big\"} 1"),
+        "{metrics}"
+    );
+}
