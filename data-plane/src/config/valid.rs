@@ -65,11 +65,8 @@ pub struct ValidModelConfig {
     /// `optimization.execution_accelerators.gpu_execution_accelerator`, in config order: what a
     /// backend adds for its GPU instances (ONNX Runtime: `tensorrt`, `cuda`).
     pub gpu_accelerators: Vec<Accelerator>,
-    /// The inputs `batch_input` entries feed (the server computes them, clients do not send them).
-    pub batch_input_targets: Vec<String>,
-    /// The outputs `batch_output` entries produce.
-    pub batch_output_targets: Vec<String>,
-    /// `allow_ragged_batch` inputs, `batch_input` and `batch_output`, typed.
+    /// `allow_ragged_batch` inputs, `batch_input` (the inputs the server computes; clients do
+    /// not send them) and `batch_output` (the outputs scattered back by input shape).
     pub ragged: RaggedBatching,
     /// `response_cache { enable: true }`: answers may come from the server's response cache
     /// (only when the server runs one, `--cache-config`).
@@ -419,16 +416,6 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
                     .collect(),
             })
             .collect(),
-        batch_input_targets: wire
-            .batch_input
-            .iter()
-            .flat_map(|b| b.target_name.iter().cloned())
-            .collect(),
-        batch_output_targets: wire
-            .batch_output
-            .iter()
-            .flat_map(|b| b.target_name.iter().cloned())
-            .collect(),
         ragged: RaggedBatching::from_wire(&wire),
         response_cache: wire.response_cache.as_ref().is_some_and(|c| c.enable),
         wire: Arc::new(wire),
@@ -506,8 +493,8 @@ mod tests {
         assert!(c.sequence().is_none());
         assert_eq!(c.graph_level, 1);
         assert!(c.input("a").unwrap().allow_ragged_batch);
-        assert_eq!(c.batch_input_targets, vec!["n"]);
-        assert_eq!(c.batch_output_targets, vec!["y"]);
+        assert_eq!(c.ragged.inputs[0].targets, vec!["n"]);
+        assert_eq!(c.ragged.scatter[0].output, "y");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! ```text
 //!  every model input  ── must be named by the config (input, batch_input, sequence control/state)
 //!  every config input/output ── must exist in the model, same datatype, compatible shape
+//!  every batch_input target ── must be a model input of the batch input's datatype
 //! ```
 //! Shapes: with `max_batch_size > 0` the model's first dimension must be dynamic (-1) and the
 //! rest must match the config's `dims` (or `reshape.shape` when given); without batching the whole
@@ -52,6 +53,17 @@ pub(crate) fn validate(config: &ValidModelConfig, sig: &ModelSignature) -> Resul
         }
         check_dims(model, dims, batching).map_err(|e| format!("{prefix}, {e}"))?;
     }
+    for spec in &config.ragged.inputs {
+        for target in &spec.targets {
+            let Some(model) = sig.input(target) else {
+                return Err(format!(
+                    "{prefix}, batch input target '{target}' is not an input of the model; model inputs are: {}",
+                    sig.input_names()
+                ));
+            };
+            check_datatype(spec.datatype, model, "input").map_err(|e| format!("{prefix}, {e}"))?;
+        }
+    }
     for output in &config.outputs {
         let Some(model) = sig.output(&output.name) else {
             return Err(format!(
@@ -61,7 +73,7 @@ pub(crate) fn validate(config: &ValidModelConfig, sig: &ModelSignature) -> Resul
             ));
         };
         check_datatype(output.datatype, model, "output").map_err(|e| format!("{prefix}, {e}"))?;
-        if config.batch_output_targets.contains(&output.name) {
+        if config.ragged.scatter_of(&output.name).is_some() {
             continue; // a batch output's shape need not match the model's
         }
         let dims = output.reshape.as_ref().unwrap_or(&output.dims);
@@ -73,7 +85,13 @@ pub(crate) fn validate(config: &ValidModelConfig, sig: &ModelSignature) -> Resul
 /// Every model input must be fed by something the config declares, or the model could never run.
 fn check_input_coverage(config: &ValidModelConfig, sig: &ModelSignature) -> Result<(), String> {
     let mut declared: Vec<&str> = config.inputs.iter().map(|i| i.name.as_str()).collect();
-    declared.extend(config.batch_input_targets.iter().map(String::as_str));
+    declared.extend(
+        config
+            .ragged
+            .inputs
+            .iter()
+            .flat_map(|b| b.targets.iter().map(String::as_str)),
+    );
     if let Some(seq) = config.sequence() {
         declared.extend(seq.control_inputs.iter().map(String::as_str));
         declared.extend(seq.states.iter().map(|s| s.input_name.as_str()));
@@ -321,6 +339,36 @@ mod tests {
         cfg.inputs[0].reshape = Some(Vec::new());
         cfg.outputs[0].reshape = Some(Vec::new());
         assert_eq!(validate(&cfg, &batched), Ok(()));
+    }
+
+    #[test]
+    fn batch_input_targets_must_be_model_inputs_of_their_datatype() {
+        use crate::config::{BatchInputKind, BatchInputSpec};
+        let ragged = ModelSignature {
+            inputs: vec![sig("x", F, &[-1]), sig("INDEX", DataType::Int32, &[-1])],
+            outputs: vec![sig("y", F, &[-1, 1])],
+        };
+        let mut cfg = config(8, &[("x", F, &[-1])], &[("y", F, &[1])]);
+        cfg.inputs[0].allow_ragged_batch = true;
+        let spec = |target: &str, datatype| BatchInputSpec {
+            kind: BatchInputKind::AccumulatedElementCount,
+            targets: vec![target.into()],
+            datatype,
+            source: "x".into(),
+        };
+        cfg.ragged.inputs = vec![spec("INDEX", DataType::Int32)];
+        assert_eq!(validate(&cfg, &ragged), Ok(()));
+        cfg.ragged.inputs = vec![spec("INDEX", F)];
+        assert_eq!(
+            validate(&cfg, &ragged).unwrap_err(),
+            "unable to load model 'm', configuration expects datatype TYPE_FP32 for input 'INDEX', model provides TYPE_INT32"
+        );
+        cfg.ragged.inputs = vec![spec("INDEX", DataType::Int32), spec("NOPE", F)];
+        assert!(
+            validate(&cfg, &ragged)
+                .unwrap_err()
+                .contains("batch input target 'NOPE' is not an input of the model")
+        );
     }
 
     #[test]
