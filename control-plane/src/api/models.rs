@@ -10,21 +10,27 @@ use crate::state::{ClusterState, Command, EntityKind, ModelSpec, ReplicaState, S
 use crate::views;
 
 /// A model and its replicas as `state` has them, with the memory a replica measured (the
-/// largest over its served versions, as placement counts it; 0 until one did).
-fn model_status(spec: &ModelSpec, state: &ClusterState) -> pb::ModelStatus {
+/// largest over its served versions, as placement counts it; with no replica left, what the
+/// leader remembers of them, `remembered`; 0 until one measured).
+fn model_status(
+    spec: &ModelSpec,
+    state: &ClusterState,
+    remembered: (Option<u64>, Option<u64>),
+) -> pb::ModelStatus {
     let replicas: Vec<_> = state.replicas_of(&spec.name).collect();
     let served = spec.served_versions();
-    let measured = |of: fn(&crate::state::Replica) -> Option<u64>| {
+    let measured = |of: fn(&crate::state::Replica) -> Option<u64>, kept: Option<u64>| {
         replicas
             .iter()
             .filter(|r| served.contains(&r.version))
             .filter_map(|r| of(r))
             .max()
+            .or(kept)
             .unwrap_or(0)
     };
     pb::ModelStatus {
-        measured_memory_bytes: measured(|r| r.measured_memory_bytes),
-        measured_gpu_memory_bytes: measured(|r| r.measured_gpu_memory_bytes),
+        measured_memory_bytes: measured(|r| r.measured_memory_bytes, remembered.0),
+        measured_gpu_memory_bytes: measured(|r| r.measured_gpu_memory_bytes, remembered.1),
         model: Some(model_to_pb(spec)),
         ready_replicas: replicas
             .iter()
@@ -46,6 +52,11 @@ fn find<'a>(state: &'a ClusterState, name: &str) -> Result<&'a ModelSpec, ApiErr
 }
 
 impl ManagementService {
+    /// [`model_status`] with what the leader remembers of the model's measured memory.
+    fn status_of(&self, spec: &ModelSpec, state: &ClusterState) -> pb::ModelStatus {
+        model_status(spec, state, self.observations.remembered_memory(&spec.name))
+    }
+
     /// Validates the model, lists its source's version folders and writes it (create or
     /// replace). The answer reflects the write.
     pub async fn deploy(&self, req: pb::DeployModelRequest) -> Result<pb::ModelStatus, ApiError> {
@@ -60,10 +71,7 @@ impl ManagementService {
             .write(Command::UpsertModel(spec.clone()))
             .await?;
         let state = self.state_at_least(applied.revision).await?;
-        Ok(model_status(
-            state.model(&spec.name).unwrap_or(&spec),
-            &state,
-        ))
+        Ok(self.status_of(state.model(&spec.name).unwrap_or(&spec), &state))
     }
 
     pub async fn scale(&self, req: pb::ScaleModelRequest) -> Result<pb::ModelStatus, ApiError> {
@@ -77,7 +85,7 @@ impl ManagementService {
             })
             .await?;
         let state = self.state_at_least(applied.revision).await?;
-        Ok(model_status(find(&state, &req.name)?, &state))
+        Ok(self.status_of(find(&state, &req.name)?, &state))
     }
 
     /// Replaces the model's traffic split (no weights: clears it).
@@ -94,7 +102,7 @@ impl ManagementService {
             })
             .await?;
         let state = self.state_at_least(applied.revision).await?;
-        Ok(model_status(find(&state, &req.name)?, &state))
+        Ok(self.status_of(find(&state, &req.name)?, &state))
     }
 
     /// Removes the model; its replicas unload.
@@ -112,7 +120,7 @@ impl ManagementService {
     pub async fn model(&self, req: pb::ModelRef) -> Result<pb::ModelStatus, ApiError> {
         required("name", &req.name)?;
         let state = self.read(req.consistency).await?;
-        Ok(model_status(find(&state, &req.name)?, &state))
+        Ok(self.status_of(find(&state, &req.name)?, &state))
     }
 
     pub async fn models(
@@ -124,7 +132,7 @@ impl ManagementService {
             models: state
                 .models()
                 .values()
-                .map(|m| model_status(m, &state))
+                .map(|m| self.status_of(m, &state))
                 .collect(),
             revision: state.revision(),
         })

@@ -122,6 +122,14 @@ impl Recency {
         done
     }
 
+    /// The largest memory (host, per GPU) any version of `model` measured.
+    pub fn remembered(&self, model: &str) -> (Option<u64>, Option<u64>) {
+        self.measured
+            .iter()
+            .filter(|((m, _), _)| m == model)
+            .fold((None, None), |acc, (_, m)| (acc.0.max(m.0), acc.1.max(m.1)))
+    }
+
     /// Placement's view at `now`, times in milliseconds since `epoch` (the floors are the
     /// state's: `views::cache_floors`).
     pub fn to_cache(&self, epoch: Instant, now: Instant, min_residency: Duration) -> Cache {
@@ -219,5 +227,52 @@ mod tests {
         );
         r.forget_node("a");
         assert!(r.seen.is_empty());
+    }
+
+    #[test]
+    fn measured_memory_is_remembered_after_the_replicas_are_gone() {
+        use crate::state::Command;
+        let mut state = ClusterState::new();
+        state
+            .apply(Command::RegisterNode(crate::testing::node("a")))
+            .unwrap();
+        state
+            .apply(Command::UpsertModel(crate::testing::model("m")))
+            .unwrap();
+        let id = state
+            .apply(Command::AddReplica {
+                model: "m".into(),
+                version: 2,
+                node: "a".into(),
+                reason: String::new(),
+                gpus: Vec::new(),
+            })
+            .unwrap()
+            .replica_id
+            .unwrap();
+        state
+            .apply(Command::SetReplicaState {
+                id,
+                state: ReplicaState::Loading,
+                measured_memory_bytes: Some(24 << 20),
+                measured_gpu_memory_bytes: None,
+            })
+            .unwrap();
+        let mut r = Recency::default();
+        r.note_replicas(&state, Instant::now());
+        state
+            .apply(Command::SetReplicaState {
+                id,
+                state: ReplicaState::Unloading,
+                measured_memory_bytes: None,
+                measured_gpu_memory_bytes: None,
+            })
+            .unwrap();
+        state.apply(Command::RemoveReplica { id }).unwrap();
+        r.note_replicas(&state, Instant::now());
+        assert_eq!(r.remembered("m"), (Some(24 << 20), None));
+        let c = r.to_cache(Instant::now(), Instant::now(), Duration::ZERO);
+        assert_eq!(c.remembered[&("m".to_string(), 2)], (Some(24 << 20), None));
+        assert!(c.placed_at_ms.is_empty(), "the replica is gone");
     }
 }

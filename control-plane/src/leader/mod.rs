@@ -36,6 +36,10 @@ pub trait Observations: Send + Sync + 'static {
 
     /// Per-node load, as placement uses it to break ties.
     fn load(&self) -> Load;
+
+    /// The largest host and GPU memory `model`'s replicas measured, as the leader remembers it
+    /// after they are gone (model cache: an evicted model is placed again on it).
+    fn remembered_memory(&self, model: &str) -> (Option<u64>, Option<u64>);
 }
 
 /// Observations that know nothing, for tests of the API without a leader.
@@ -58,5 +62,9 @@ impl Observations for NoObservations {
 
     fn load(&self) -> Load {
         Load::default()
+    }
+
+    fn remembered_memory(&self, _model: &str) -> (Option<u64>, Option<u64>) {
+        (None, None)
     }
 }

@@ -339,6 +339,10 @@ impl Observations for SoftState {
             .unwrap_or_default()
     }
 
+    fn remembered_memory(&self, model: &str) -> (Option<u64>, Option<u64>) {
+        self.inner.lock().recency.remembered(model)
+    }
+
     fn load(&self) -> Load {
         let inner = self.inner.lock();
         let now = Instant::now();
