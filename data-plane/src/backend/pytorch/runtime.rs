@@ -33,7 +33,7 @@ pub(crate) struct SharedModules(Mutex<HashMap<ModuleKey, Weak<TorchModule>>>);
 
 impl SharedModules {
     /// How many shared modules are alive.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "torch"))]
     pub fn len(&self) -> usize {
         self.0
             .lock()
