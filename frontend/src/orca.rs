@@ -9,6 +9,12 @@
 //!                             JSON {"named_metrics":{"pending_requests":2,"in_flight_requests":3}}
 //! ```
 //!
+//! Over gRPC (what the router asks of a worker when it opens a stream, see `nereid_router`'s
+//! `load` module): request metadata `endpoint-load-metrics-format` and
+//! `endpoint-load-metrics-model` (the model whose load to report, since a stream names its
+//! model only in its messages) ─► the same value in the response's initial metadata
+//! `endpoint-load-metrics`, taken before the stream's first request is read.
+//!
 //! Triton fills `named_metrics` with the TensorRT-LLM backend's KV-cache figures
 //! (`kv_cache_utilization`, `max_token_capacity`); Nereid has no KV cache of its own to report,
 //! so it names the queue figures every model has. The generate endpoints and the OpenAI routes
@@ -17,6 +23,7 @@
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde_json::json;
+use tonic::metadata::{MetadataMap, MetadataValue};
 
 use nereid_proto::{InferenceService, ModelLoadReport};
 
@@ -24,6 +31,10 @@ use nereid_proto::{InferenceService, ModelLoadReport};
 pub const FORMAT_HEADER: &str = "endpoint-load-metrics-format";
 /// The response header carrying it.
 pub const METRICS_HEADER: &str = "endpoint-load-metrics";
+
+/// The gRPC request metadata naming the model to report on (a stream's messages name it, its
+/// metadata does not).
+pub const MODEL_KEY: &str = "endpoint-load-metrics-model";
 
 /// The report's two forms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +45,12 @@ pub enum Format {
 
 /// The format the request asks for, if any.
 pub fn requested(headers: &HeaderMap) -> Option<Format> {
-    let value = headers.get(FORMAT_HEADER)?.to_str().ok()?.trim();
+    parse_format(headers.get(FORMAT_HEADER)?.to_str().ok()?)
+}
+
+/// `text` or `json` (any case), else `None`.
+fn parse_format(value: &str) -> Option<Format> {
+    let value = value.trim();
     if value.eq_ignore_ascii_case("text") {
         Some(Format::Text)
     } else if value.eq_ignore_ascii_case("json") {
@@ -76,6 +92,26 @@ pub async fn annotate(
     };
     if let Ok(value) = HeaderValue::from_str(&header_value(format, load)) {
         response.headers_mut().insert(METRICS_HEADER, value);
+    }
+}
+
+/// Adds the report on the model that gRPC request `metadata` names to `response` when the
+/// metadata asks for one (see the module docs).
+pub async fn annotate_grpc(
+    service: &dyn InferenceService,
+    metadata: &MetadataMap,
+    response: &mut MetadataMap,
+) {
+    let get = |key| metadata.get(key).and_then(|v| v.to_str().ok());
+    let (Some(format), Some(model)) = (get(FORMAT_HEADER).and_then(parse_format), get(MODEL_KEY))
+    else {
+        return;
+    };
+    let Some(load) = service.model_load(model).await else {
+        return;
+    };
+    if let Ok(value) = MetadataValue::try_from(header_value(format, load)) {
+        response.insert(METRICS_HEADER, value);
     }
 }
 

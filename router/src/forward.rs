@@ -24,10 +24,11 @@ use tonic::transport::{Channel, Endpoint};
 use futures::{Stream, StreamExt};
 use nereid_proto::pb::inference::InferParameter;
 use nereid_proto::pb::inference::infer_parameter::ParameterChoice;
-use nereid_proto::{RequestContext, StreamedResponse, TRACEPARENT, TRACESTATE};
+use nereid_proto::{ModelLoadReport, RequestContext, StreamedResponse, TRACEPARENT, TRACESTATE};
 use tonic::metadata::MetadataValue;
 
 use crate::error::{RouterError, RouterResult};
+use crate::load::parse_text_report;
 use crate::raw_codec::{RawCodec, RawMessage};
 use crate::wire::{WorkerRequest, classify_status, decode_response};
 use nereid_cluster_client::error_chain;
@@ -43,6 +44,12 @@ const EMPTY_FINAL_RESPONSE_KEY: &str = "triton_enable_empty_final_response";
 const FINAL_RESPONSE_KEY: &str = "triton_final_response";
 /// Stream metadata asking for errors as gRPC statuses.
 const GRPC_ERROR_KEY: &str = "triton_grpc_error";
+/// Stream metadata asking for the worker's ORCA load report, and its form.
+const LOAD_FORMAT_KEY: &str = "endpoint-load-metrics-format";
+/// Stream metadata naming the model to report on.
+const LOAD_MODEL_KEY: &str = "endpoint-load-metrics-model";
+/// The worker's initial metadata carrying the report.
+const LOAD_METRICS_KEY: &str = "endpoint-load-metrics";
 
 fn bool_param(v: bool) -> InferParameter {
     InferParameter {
@@ -281,12 +288,17 @@ impl Workers {
     /// Opens a `ModelStreamInfer` carrying the one request, and yields its answers as
     /// [`StreamedResponse`]s until the worker ends the stream. Errors come back as gRPC
     /// statuses (`triton_grpc_error`), which end the stream.
+    ///
+    /// The worker is asked for its ORCA load report on the model (see `crate::load`), returned
+    /// beside the stream when it gave one.
     pub async fn infer_stream(
         &self,
         addr: &str,
         request: WorkerRequest,
-    ) -> RouterResult<impl Stream<Item = RouterResult<StreamedResponse>> + Send + 'static + use<>>
-    {
+    ) -> RouterResult<(
+        impl Stream<Item = RouterResult<StreamedResponse>> + Send + 'static + use<>,
+        Option<ModelLoadReport>,
+    )> {
         let WorkerRequest {
             mut message,
             context,
@@ -300,16 +312,25 @@ impl Workers {
             &context,
             &model,
         )?;
-        call.metadata_mut()
-            .insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
-        let responses = self
+        let metadata = call.metadata_mut();
+        metadata.insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
+        metadata.insert(LOAD_FORMAT_KEY, MetadataValue::from_static("text"));
+        if let Ok(v) = MetadataValue::try_from(model.as_str()) {
+            metadata.insert(LOAD_MODEL_KEY, v);
+        }
+        let opened = self
             .client(addr)?
             .model_stream_infer(call)
             .await
-            .map_err(|s| classify_infer_status(addr, &model, &context, s))?
-            .into_inner();
+            .map_err(|s| classify_infer_status(addr, &model, &context, s))?;
+        let load = opened
+            .metadata()
+            .get(LOAD_METRICS_KEY)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_text_report);
+        let responses = opened.into_inner();
         let addr = addr.to_string();
-        Ok(responses.map(move |item| {
+        let responses = responses.map(move |item| {
             let message = item.map_err(|s| classify_infer_status(&addr, &model, &context, s))?;
             let Some(mut response) = message.infer_response else {
                 return Err(RouterError::BadResponse {
@@ -335,7 +356,8 @@ impl Workers {
                 response: Some(decode_response(&addr, response)?),
                 last,
             })
-        }))
+        });
+        Ok((responses, load))
     }
 
     pub async fn model_metadata(

@@ -4,14 +4,18 @@
 //! ```text
 //! control plane ──Watch──► watch::watch_task ──► table::SharedTable (routing table)
 //!                                                        │
-//! client ──► nereid_frontend http / grpc ► service::RouterService ─┤ choice::Chooser (p2c,
-//!                                          (admission limit)      │ affinity, version)
+//! client ──► nereid_frontend http / grpc ► service::RouterService ─┤ choice::Chooser (p2c on
+//!                                          (admission limit)      │ load::LoadBook, affinity,
+//!                                                                 │ version)
 //!                                                                 ▼
 //!                                          forward::Workers ──gRPC (pooled HTTP/2)──► worker
 //! ```
 //!
 //! - `table`: the routing table built from watch events.
 //! - `choice`: pure replica choice.
+//! - `load`: workers' load reports (ORCA, asked for on every stream the router opens) and the
+//!   load choice weighs: the router's own outstanding requests plus the work a worker reported
+//!   from elsewhere.
 //! - `version`: pure version resolution (traffic split, served versions).
 //! - `random`: the seeded generator choice and splits draw from.
 //! - `wire`: the shared codec (`nereid_proto::codec`) on the client side, its errors as
@@ -46,6 +50,7 @@ mod grpc_routes;
 mod http_forward;
 mod http_passthrough;
 mod http_scan;
+mod load;
 mod metrics;
 mod passthrough;
 mod random;

@@ -6,7 +6,8 @@
 //! infer (typed), ModelInfer bytes, HTTP infer bytes
 //!   ─► route (service::route): admission, trace, with_retry (service::retry: choice, scale
 //!      from zero, retry once, hedging, ejection), send the payload in its own form
-//! infer_stream ─► the same choice ─► the worker's ModelStreamInfer (one request per stream)
+//! infer_stream ─► the same choice ─► the worker's ModelStreamInfer (one request per stream),
+//!      asking for the worker's load report, which choice then weighs (crate::load)
 //! metadata, config, statistics ─► a ready replica of the model (same retry)
 //! live, ready, model ready, repository index ─► the routing table
 //! no ready replica of a min_replicas-0 model ─► activate::Activator (scale from zero), wait
@@ -35,8 +36,8 @@ use nereid_proto::pb::inference::{
 };
 use nereid_proto::{
     InferRequest, InferResponse, InferenceService, LoadRequest, LogSettings, ModelIndexEntry,
-    ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult, TensorMetadata,
-    TraceSettings, TraceSettingsUpdate, UnloadRequest,
+    ModelLoadReport, ModelMetadata, ResponseStream, ServerMetadata, ServiceError, ServiceResult,
+    TensorMetadata, TraceSettings, TraceSettingsUpdate, UnloadRequest,
 };
 use nereid_telemetry::Tracer;
 use nereid_telemetry::logging::LogControl;
@@ -47,6 +48,7 @@ use crate::choice::{Ask, Chooser};
 use crate::error::{RouterError, RouterResult};
 use crate::forward::{ForwardConfig, Workers};
 use crate::http_forward::HttpWorkers;
+use crate::load::{DEFAULT_REPORT_TTL, LoadBook};
 use crate::metrics::{Classify, ModelCounters, Outcome, RouterMetrics};
 use crate::random::{RandomSource, SplitMix64};
 use crate::table::{Endpoint, SharedTable};
@@ -87,6 +89,10 @@ pub struct RouterServiceConfig {
     /// the first attempt goes on (a hedge): when its replica leaves the routing table's ready
     /// set (its node was marked down), or when the attempt has taken longer than this bound.
     pub hedge: HedgeConfig,
+    /// How long a worker's load report (asked for on every stream the router opens) counts in
+    /// replica choice; after it the router weighs its own counts alone until the next report
+    /// (see `crate::load`).
+    pub load_report_ttl: Duration,
     pub forward: ForwardConfig,
 }
 
@@ -99,15 +105,18 @@ impl Default for RouterServiceConfig {
             ejection: Duration::from_secs(5),
             scale_from_zero_wait: Duration::from_secs(60),
             hedge: HedgeConfig::default(),
+            load_report_ttl: DEFAULT_REPORT_TTL,
             forward: ForwardConfig::default(),
         }
     }
 }
 
-/// Replica choice and the outstanding requests it weighs, under one short lock.
+/// Replica choice and the load it weighs (outstanding requests, workers' reports), under one
+/// short lock.
 struct Routing {
     chooser: Chooser,
     outstanding: HashMap<u64, usize>,
+    load: LoadBook,
 }
 
 /// Counts one request against its replica until dropped.
@@ -170,6 +179,7 @@ impl RouterService {
             routing: Arc::new(Mutex::new(Routing {
                 chooser: Chooser::new(config.sequence_idle_timeout, rng),
                 outstanding: HashMap::new(),
+                load: LoadBook::new(config.load_report_ttl),
             })),
             admission: Arc::new(Semaphore::new(config.max_in_flight)),
             activator: None,
@@ -297,13 +307,15 @@ impl RouterService {
         let Routing {
             chooser,
             outstanding,
+            load,
         } = &mut *guard;
+        let now = Instant::now();
         let endpoint = chooser.choose(
             &table,
             ask,
-            |id| outstanding.get(&id).copied().unwrap_or(0),
+            |id| load.estimate(id, outstanding.get(&id).copied().unwrap_or(0), now),
             exclude,
-            Instant::now(),
+            now,
         )?;
         *outstanding.entry(endpoint.replica).or_default() += 1;
         let replica = endpoint.replica;
@@ -321,12 +333,16 @@ impl RouterService {
         let wire = encode_request(&request).map_err(ServiceError::from)?;
         let ask = ask_of(&request);
         let deadline = wire.context.deadline;
+        let model: &str = &request.model_name;
         let (stream, permit) = self
             .open_admitted(&ask, deadline, |target, guard| {
                 let mut wire = wire.clone();
                 wire.message.model_version = target.version.to_string();
                 async move {
-                    let responses = self.workers.infer_stream(&target.addr, wire).await?;
+                    let (responses, load) = self.workers.infer_stream(&target.addr, wire).await?;
+                    if let Some(load) = load {
+                        self.note_load(model, &target, load);
+                    }
                     Ok(responses.map(move |item| {
                         let _held = &guard;
                         item.map_err(ServiceError::from)
@@ -365,6 +381,20 @@ impl RouterService {
         let retry = ask.sequence.is_none();
         let opened = self.with_retry_guarded(ask, retry, deadline, open).await?;
         Ok((opened, permit))
+    }
+
+    /// Notes `load`, reported by `target`'s worker as a stream this router counts against it
+    /// opened.
+    fn note_load(&self, model: &str, target: &Endpoint, load: ModelLoadReport) {
+        let mut r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
+        let own = r.outstanding.get(&target.replica).copied().unwrap_or(0);
+        r.load.report(
+            model,
+            target.replica,
+            load,
+            own.saturating_sub(1),
+            Instant::now(),
+        );
     }
 
     fn ask<'a>(model: &'a str, version: Option<i64>) -> Ask<'a> {
@@ -498,6 +528,13 @@ impl InferenceService for RouterService {
             )));
         }
         self.tracer.settings().apply(model, update)
+    }
+
+    /// The last fresh load report a worker gave for `name` (the worker this router last opened
+    /// a stream to for it), so the router's ORCA header passes a worker's figures through.
+    async fn model_load(&self, name: &str) -> Option<ModelLoadReport> {
+        let r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
+        r.load.latest(name, Instant::now())
     }
 
     async fn log_settings(&self, update: Option<LogSettings>) -> ServiceResult<LogSettings> {

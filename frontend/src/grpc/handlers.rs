@@ -123,12 +123,14 @@ impl GrpcInferenceService for GrpcFrontend {
         request: Request<tonic::Streaming<ModelInferRequest>>,
     ) -> RpcResult<Self::ModelStreamInferStream> {
         let mode = ErrorMode::from_metadata(request.metadata());
+        let mut load = tonic::metadata::MetadataMap::new();
+        crate::orca::annotate_grpc(self.service.as_ref(), request.metadata(), &mut load).await;
         let context = infer::request_context(request.metadata(), std::time::Instant::now());
         let mut forwarded = nereid_proto::Parameters::new();
         let forwarded = (self.config.header_forward)
             .apply_grpc(request.metadata(), &mut forwarded)
             .map(|()| forwarded);
-        Ok(Response::new(stream::serve_stream(
+        let mut response = Response::new(stream::serve_stream(
             self.service.clone(),
             request.into_inner(),
             mode,
@@ -136,7 +138,9 @@ impl GrpcInferenceService for GrpcFrontend {
             forwarded,
             self.config.stream_response_buffer,
             self.config.limits,
-        )))
+        ));
+        *response.metadata_mut() = load;
+        Ok(response)
     }
 
     async fn model_config(
