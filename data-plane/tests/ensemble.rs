@@ -1,7 +1,8 @@
 //! Ensembles end to end, in process: identity-backend and ONNX Runtime (`add_sub.onnx`)
 //! composing models wired into pipelines, a diamond and a nested ensemble; batching of
 //! ensemble traffic by the composing model's scheduler; load order at startup; explicit loads
-//! that bring composing models along, `unload_dependents`; a composing model that goes away;
+//! that bring composing models along, `unload_dependents`; `max_inflight_requests` holding a
+//! step to its limit; a composing model that goes away;
 //! load-time errors in the repository index and the load API.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails by panicking
 
@@ -332,6 +333,46 @@ async fn ensemble_traffic_is_batched_by_the_composing_model() {
         "6 concurrent ensemble requests ran in {} executions of 'slow'",
         slow.execution_count
     );
+}
+
+/// `max_inflight_requests: 2`: however many ensemble requests come at once, the step's model
+/// never holds more than 2 of them, so its dynamic batcher (which batches 6 unthrottled
+/// requests, see above) never forms a batch of more than 2.
+#[tokio::test]
+async fn max_inflight_requests_bounds_what_a_step_holds_at_once() {
+    let repo = repository();
+    let throttled = ensemble(
+        8,
+        IO_IN_OUT,
+        &[("slow", &[("INPUT0", "IN")], &[("OUTPUT0", "OUT")])],
+    )
+    .replace(
+        "ensemble_scheduling {",
+        "ensemble_scheduling { max_inflight_requests: 2",
+    );
+    write_model(repo.path(), "throttled", &throttled, false);
+    let dp = plane(repo.path(), ControlMode::None, &[]);
+    dp.manager().load_startup_models().await.unwrap();
+    let calls = (0..6).map(|i| {
+        let dp = dp.clone();
+        async move {
+            let values = [i as f32; 4];
+            let r = dp
+                .infer(request("throttled", vec![fp32("IN", &values)]))
+                .await
+                .unwrap();
+            assert_eq!(floats(&r.outputs[0]), values);
+        }
+    });
+    futures::future::join_all(calls).await;
+    let slow = &dp.model_statistics("slow", None).await.unwrap()[0];
+    assert_eq!(slow.inference_count, 6);
+    let sizes: Vec<u64> = slow.batch_stats.iter().map(|b| b.batch_size).collect();
+    assert!(
+        sizes.iter().all(|&n| n <= 2),
+        "'slow' ran batches of sizes {sizes:?} under max_inflight_requests 2"
+    );
+    assert!(slow.execution_count >= 3, "{}", slow.execution_count);
 }
 
 #[tokio::test]

@@ -4,7 +4,9 @@
 //! tensors = the request's inputs
 //! loop: Progress::start_ready (pure) ─► one InferRequest per ready step: its mapped tensors
 //!       renamed to the model's input names, its mapped outputs requested, the request's id,
-//!       options and custom parameters ─► infer(...) (all running steps awaited together)
+//!       options and custom parameters ─► a place among the step's in-flight requests
+//!       (`max_inflight_requests`, [`super::limit`]) ─► infer(...) (all running steps awaited
+//!       together; the place is freed when the step answers)
 //!     ─► a step answers: outputs renamed to ensemble tensors ─► Progress::finish
 //!     ─► a step fails: the ensemble request fails with it (the other steps are dropped,
 //!        which cancels them)
@@ -135,7 +137,11 @@ where
                 ..Default::default()
             };
             let call = infer(request);
-            running.push(async move { (index, call.await) });
+            let limits = &plan.limits;
+            running.push(async move {
+                let _place = limits.acquire(index).await;
+                (index, call.await)
+            });
         }
         let Some((index, result)) = running.next().await else {
             break;
@@ -220,6 +226,7 @@ mod tests {
     use nereid_proto::{DataType, ParamValue};
 
     use super::*;
+    use crate::ensemble::limit::StepLimits;
     use crate::ensemble::plan::PlanStep;
 
     fn step(
@@ -258,6 +265,7 @@ mod tests {
                 ),
             ],
             order: vec![1, 2, 0],
+            limits: StepLimits::unlimited(),
         }
     }
 
@@ -454,6 +462,7 @@ mod tests {
             name: "e".into(),
             steps: vec![step("gone", &[("x", "IN")], &[("y", "OUT")], &[])],
             order: vec![0],
+            limits: StepLimits::unlimited(),
         };
         let e = execute(&missing, request(&["OUT"]), |r| {
             std::future::ready(run_model(&r))
@@ -482,5 +491,67 @@ mod tests {
             matches!(&e, ServiceError::Internal(m) if m == "ensemble 'e' step 1 (model 'left'): the model returned no output 'z'"),
             "{e:?}"
         );
+    }
+
+    /// `requests` concurrent requests through a one-step ensemble limited to `max` in flight;
+    /// the step holds every request until the test saw how many run at once. Returns the most
+    /// seen at once.
+    async fn most_at_once(max: u32, requests: usize) -> usize {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let plan = EnsemblePlan {
+            name: "e".into(),
+            steps: vec![step("slow", &[("x", "IN")], &[("y", "OUT")], &[])],
+            order: vec![0],
+            limits: StepLimits::new(max, 1),
+        };
+        let now = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let expected = if max == 0 {
+            requests
+        } else {
+            (max as usize).min(requests)
+        };
+        let infer = |_r: InferRequest| {
+            let (now, most, mut gate) = (now.clone(), most.clone(), gate.clone());
+            async move {
+                let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(running, Ordering::SeqCst);
+                let _ = gate.wait_for(|open| *open).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok(InferResponse {
+                    outputs: vec![fp32("y", &[1.0])],
+                    ..Default::default()
+                })
+            }
+        };
+        let runs = futures::future::join_all(
+            (0..requests).map(|_| execute(&plan, request(&["OUT"]), infer)),
+        );
+        let watcher = async {
+            while now.load(Ordering::SeqCst) < expected {
+                tokio::task::yield_now().await;
+            }
+            // Every request had its chance to start before the gate opens.
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(
+                plan.limits.in_flight(0),
+                if max == 0 { 0 } else { expected }
+            );
+            let _ = open.send(true);
+        };
+        let (results, ()) = tokio::join!(runs, watcher);
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert_eq!(plan.limits.in_flight(0), 0, "every place is given back");
+        most.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn max_inflight_requests_bounds_a_step_across_requests() {
+        assert_eq!(most_at_once(2, 6).await, 2);
+        assert_eq!(most_at_once(1, 3).await, 1);
+        assert_eq!(most_at_once(0, 6).await, 6, "0 is unlimited");
     }
 }

@@ -18,6 +18,7 @@
 //! exactly one producer: an ensemble input or one step.
 
 pub mod execute;
+pub mod limit;
 pub mod plan;
 
 pub use execute::{EnsembleRequest, execute};

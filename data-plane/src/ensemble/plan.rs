@@ -15,8 +15,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::{DataType, format_shape};
 
+use super::limit::StepLimits;
 use super::step_label;
 use crate::config::ValidModelConfig;
 use crate::config::ensemble_graph::{self as graph, StepNode};
@@ -33,6 +35,9 @@ pub struct EnsemblePlan {
     pub steps: Vec<PlanStep>,
     /// Every step once, each after the steps it reads from.
     pub order: Vec<usize>,
+    /// `ensemble_scheduling.max_inflight_requests`: how many requests each step may have in
+    /// flight at once, across the ensemble's requests.
+    pub limits: StepLimits,
 }
 
 /// Builds the plan of the ensemble `config` (complete and validated). `lookup(model, version)`
@@ -86,11 +91,21 @@ pub fn plan(
     if errors.is_empty() {
         Ok(EnsemblePlan {
             name: e.clone(),
+            limits: StepLimits::new(max_inflight_requests(config), graph.steps.len()),
             steps: graph.steps,
             order: graph.order,
         })
     } else {
         Err(errors.join("; "))
+    }
+}
+
+/// `ensemble_scheduling.max_inflight_requests` of the ensemble (0: unlimited).
+fn max_inflight_requests(config: &ValidModelConfig) -> u32 {
+    match &config.wire().scheduling_choice {
+        Some(SchedulingChoice::EnsembleScheduling(s)) => s.max_inflight_requests,
+        Some(SchedulingChoice::DynamicBatching(_) | SchedulingChoice::SequenceBatching(_))
+        | None => 0,
     }
 }
 
@@ -399,10 +414,30 @@ mod tests {
         assert_eq!(p.name, "e");
         assert_eq!(p.order, vec![0, 1]);
         assert_eq!(p.steps[1].after, vec![0]);
+        assert_eq!(p.limits, StepLimits::unlimited());
         assert_eq!(
             p.steps[1].outputs,
             vec![("sum".to_string(), "OUT".to_string())]
         );
+    }
+
+    #[test]
+    fn max_inflight_requests_limits_every_step() {
+        let steps = [
+            step("scale", &[("x", "IN")], &[("y", "scaled")]),
+            step("addsub", &[("a", "scaled"), ("b", "IN")], &[("sum", "OUT")]),
+        ]
+        .join(", ");
+        let e = config(
+            "e",
+            &format!(
+                r#"platform: "ensemble" max_batch_size: 8 {IO}
+                   ensemble_scheduling {{ max_inflight_requests: 3 step [ {steps} ] }}"#
+            ),
+        );
+        let p = plan_of(&e).unwrap();
+        assert_eq!(p.limits, StepLimits::new(3, 2));
+        assert_eq!(p.limits.max(), 3);
     }
 
     #[test]
