@@ -53,6 +53,13 @@ pub struct RouterArgs {
     /// p99 through this router, within this floor and --hedge-ceiling-secs.
     #[arg(long, env = "NEREID_HEDGE_FLOOR_MS", default_value_t = 1000)]
     pub hedge_floor_ms: u64,
+    /// How long (milliseconds) a worker's load report counts in replica choice. The router
+    /// asks for one on every stream it opens and weighs the work a worker reported from
+    /// elsewhere (other routers, direct clients) on top of its own requests; after this long
+    /// it weighs its own count alone until its next stream there. Longer: fewer streams sent
+    /// to learn a busy worker's load; shorter: a drained worker is found sooner.
+    #[arg(long, env = "NEREID_LOAD_REPORT_TTL_MS", default_value_t = 2000)]
+    pub load_report_ttl_ms: u64,
     /// Longest time (seconds) an attempt runs before it is hedged; also the attempt timeout
     /// until the router has seen enough requests of a model. A replica that leaves the routing
     /// table's ready set (its node marked down) is hedged at once.
@@ -120,6 +127,7 @@ impl RouterArgs {
                 max_in_flight: self.max_in_flight,
                 sequence_idle_timeout: Duration::from_secs(self.sequence_idle_timeout_secs),
                 ejection: RouterServiceConfig::default().ejection,
+                load_report_ttl: Duration::from_millis(self.load_report_ttl_ms),
                 scale_from_zero_wait: Duration::from_secs(self.scale_from_zero_wait_secs),
                 hedge: HedgeConfig {
                     floor: Duration::from_millis(self.hedge_floor_ms),

@@ -88,6 +88,23 @@ fn with_context<T>(
     Ok(call)
 }
 
+/// Asks the worker for its ORCA load report on `model` in a stream's initial metadata (see
+/// `crate::load`).
+fn ask_for_load(metadata: &mut tonic::metadata::MetadataMap, model: &str) {
+    metadata.insert(LOAD_FORMAT_KEY, MetadataValue::from_static("text"));
+    if let Ok(v) = MetadataValue::try_from(model) {
+        metadata.insert(LOAD_MODEL_KEY, v);
+    }
+}
+
+/// The load report in a worker's initial metadata, when it sent one.
+fn load_report(metadata: &tonic::metadata::MetadataMap) -> Option<ModelLoadReport> {
+    metadata
+        .get(LOAD_METRICS_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_text_report)
+}
+
 /// Classifies a failed infer call; with a deadline set, a call it cut short (CANCELLED, as tonic
 /// reports its own timeout, or DEADLINE_EXCEEDED) is [`RouterError::DeadlineExceeded`].
 fn classify_infer_status(
@@ -255,7 +272,8 @@ impl Workers {
     /// `message` goes out as it is, and the worker's response frames come back undecoded until
     /// it ends the stream. With `grpc_error` the worker is asked for errors as statuses
     /// (`triton_grpc_error`), else it reports them in-band as frames. Context and errors as
-    /// [`Self::infer`]; a status that ends the stream is its last item.
+    /// [`Self::infer`]; a status that ends the stream is its last item. The worker's load
+    /// report comes beside the stream, as for [`Self::infer_stream`].
     pub async fn infer_stream_raw(
         &self,
         addr: &str,
@@ -263,7 +281,10 @@ impl Workers {
         context: &RequestContext,
         model: &str,
         grpc_error: bool,
-    ) -> RouterResult<impl Stream<Item = RouterResult<bytes::Bytes>> + Send + 'static + use<>> {
+    ) -> RouterResult<(
+        impl Stream<Item = RouterResult<bytes::Bytes>> + Send + 'static + use<>,
+        Option<ModelLoadReport>,
+    )> {
         let mut call = with_context(
             futures::stream::once(async move { message }),
             context,
@@ -273,16 +294,19 @@ impl Workers {
             call.metadata_mut()
                 .insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
         }
+        ask_for_load(call.metadata_mut(), model);
         let mut grpc = self.raw_client(addr).await?;
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(MODEL_STREAM_INFER_PATH);
-        let frames = grpc
+        let opened = grpc
             .streaming(call, path, RawCodec)
             .await
-            .map_err(|s| classify_infer_status(addr, model, context, s))?
-            .into_inner();
+            .map_err(|s| classify_infer_status(addr, model, context, s))?;
+        let load = load_report(opened.metadata());
+        let frames = opened.into_inner();
         let (addr, model, context) = (addr.to_string(), model.to_string(), context.clone());
-        Ok(frames
-            .map(move |frame| frame.map_err(|s| classify_infer_status(&addr, &model, &context, s))))
+        let frames = frames
+            .map(move |frame| frame.map_err(|s| classify_infer_status(&addr, &model, &context, s)));
+        Ok((frames, load))
     }
 
     /// Opens a `ModelStreamInfer` carrying the one request, and yields its answers as
@@ -312,22 +336,15 @@ impl Workers {
             &context,
             &model,
         )?;
-        let metadata = call.metadata_mut();
-        metadata.insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
-        metadata.insert(LOAD_FORMAT_KEY, MetadataValue::from_static("text"));
-        if let Ok(v) = MetadataValue::try_from(model.as_str()) {
-            metadata.insert(LOAD_MODEL_KEY, v);
-        }
+        call.metadata_mut()
+            .insert(GRPC_ERROR_KEY, MetadataValue::from_static("true"));
+        ask_for_load(call.metadata_mut(), &model);
         let opened = self
             .client(addr)?
             .model_stream_infer(call)
             .await
             .map_err(|s| classify_infer_status(addr, &model, &context, s))?;
-        let load = opened
-            .metadata()
-            .get(LOAD_METRICS_KEY)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_text_report);
+        let load = load_report(opened.metadata());
         let responses = opened.into_inner();
         let addr = addr.to_string();
         let responses = responses.map(move |item| {

@@ -13,7 +13,7 @@
 //!   LoadBook::report(r, N, own requests outstanding on r then, not counting this one, now)
 //!     external(r) = N - own            (work r has that this router did not send)
 //! choose ─► power of two choices on estimate(r) = own outstanding now + external(r)
-//!           (external counts while the report is fresh: `load_report_ttl`, 2 s)
+//!           (external counts while the report is fresh: `--load-report-ttl-ms`, 2000)
 //! ```
 //!
 //! Why this signal: it costs no extra call (the report rides on the stream the router opens

@@ -385,7 +385,7 @@ impl RouterService {
 
     /// Notes `load`, reported by `target`'s worker as a stream this router counts against it
     /// opened.
-    fn note_load(&self, model: &str, target: &Endpoint, load: ModelLoadReport) {
+    pub(crate) fn note_load(&self, model: &str, target: &Endpoint, load: ModelLoadReport) {
         let mut r = self.routing.lock().unwrap_or_else(|p| p.into_inner());
         let own = r.outstanding.get(&target.replica).copied().unwrap_or(0);
         r.load.report(

@@ -12,6 +12,7 @@
 //!        run (one task per request, after its start turn)
 //!          RouterService::open_admitted: permit, choice, scale from zero, retry before opening
 //!            ─► Workers::infer_stream_raw(client bytes + version field) ─► worker stream
+//!               (its load report noted for choice, see crate::load)
 //!          each worker frame ─► Outbox (its send turn) ─► client, bytes unchanged
 //!          the worker's stream ends ─► the request is done
 //! ```
@@ -286,10 +287,13 @@ impl RouterService {
                 tail: version_suffix(&scanned.model_version, &target.version.to_string()),
             };
             async move {
-                let frames = self
+                let (frames, load) = self
                     .workers
                     .infer_stream_raw(&target.addr, raw, context, &scanned.model_name, grpc_error)
                     .await?;
+                if let Some(load) = load {
+                    self.note_load(&scanned.model_name, &target, load);
+                }
                 Ok(frames.map(move |frame| {
                     let _held = &guard;
                     frame
