@@ -114,7 +114,8 @@ fuzz-smoke:
 ## on the same Python-backend models under perf_analyzer, with CPU per inference
 ## (scripts/bench_triton.py): $(BENCH_OUT)/triton.json. Then the footprint beside Triton (time to
 ## ready, PSS of the server and of its stubs, exit time; scripts/bench_footprint.py):
-## $(BENCH_OUT)/footprint.json.
+## $(BENCH_OUT)/footprint.json. Then the OpenAI route against /generate_stream on one streaming
+## model (time to first token, tokens/s; scripts/bench_openai.py): $(BENCH_OUT)/openai.txt.
 bench: build triton-ref
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	cargo build --release $(CARGO_FLAGS) -p nereid-data-plane --example inprocess_ort
@@ -128,6 +129,7 @@ bench: build triton-ref
 	target/release/nereid-loadtest placement-sim --json > $(BENCH_OUT)/placement-sim.json
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_triton.py $(BENCH_OUT)
 	$(PYTHON) scripts/bench_footprint.py --nereid $(NEREID) --out $(BENCH_OUT)
+	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_openai.py | tee $(BENCH_OUT)/openai.txt
 	NEREID=target/release/nereid LOADTEST=target/release/nereid-loadtest bash scripts/bench_proxies.sh $(BENCH_OUT)
 
 ## lint: what CI enforces, first in `make test`. lint-fast (5 s): rustfmt's check, and no import
