@@ -95,6 +95,12 @@ pub async fn annotate(
     }
 }
 
+/// The format and model gRPC request `metadata` asks a report in and on, if it asks.
+fn grpc_asked(metadata: &MetadataMap) -> Option<(Format, &str)> {
+    let get = |key| metadata.get(key).and_then(|v| v.to_str().ok());
+    Some((parse_format(get(FORMAT_HEADER)?)?, get(MODEL_KEY)?))
+}
+
 /// Adds the report on the model that gRPC request `metadata` names to `response` when the
 /// metadata asks for one (see the module docs).
 pub async fn annotate_grpc(
@@ -102,9 +108,7 @@ pub async fn annotate_grpc(
     metadata: &MetadataMap,
     response: &mut MetadataMap,
 ) {
-    let get = |key| metadata.get(key).and_then(|v| v.to_str().ok());
-    let (Some(format), Some(model)) = (get(FORMAT_HEADER).and_then(parse_format), get(MODEL_KEY))
-    else {
+    let Some((format, model)) = grpc_asked(metadata) else {
         return;
     };
     let Some(load) = service.model_load(model).await else {
@@ -139,5 +143,18 @@ mod tests {
         assert_eq!(requested(&headers), Some(Format::Json));
         headers.insert(FORMAT_HEADER, HeaderValue::from_static("xml"));
         assert_eq!(requested(&headers), None);
+    }
+
+    #[test]
+    fn grpc_metadata_asks_with_a_format_and_a_model() {
+        let mut metadata = MetadataMap::new();
+        assert_eq!(grpc_asked(&metadata), None);
+        metadata.insert(FORMAT_HEADER, MetadataValue::from_static("text"));
+        // A stream's metadata must name the model: its messages are read later.
+        assert_eq!(grpc_asked(&metadata), None);
+        metadata.insert(MODEL_KEY, MetadataValue::from_static("tiny_llm"));
+        assert_eq!(grpc_asked(&metadata), Some((Format::Text, "tiny_llm")));
+        metadata.insert(FORMAT_HEADER, MetadataValue::from_static("yaml"));
+        assert_eq!(grpc_asked(&metadata), None);
     }
 }
