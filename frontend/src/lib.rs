@@ -27,7 +27,8 @@
 //! - [`RequestBudget`]: the server-wide bound on bytes of requests still arriving (`budget`),
 //!   charged by HTTP bodies (`listener_http`) and gRPC messages (`grpc_buffer`, which also
 //!   keeps tonic from reserving a message's declared length before its bytes arrive).
-//! - `orca`: the ORCA `endpoint-load-metrics` header on the generate and OpenAI routes.
+//! - `orca`: the ORCA `endpoint-load-metrics` header on the generate and OpenAI routes, and in
+//!   `ModelStreamInfer`'s initial metadata when asked (the router asks, to weigh workers' load).
 //! - [`RestrictedApis`] (in [`HttpConfig`] and [`GrpcConfig`]): Triton's restricted APIs,
 //!   endpoint categories put behind a header (`restrict`); [`RequestLimits`]: the request-level
 //!   bounds both frontends check before decoding tensor data; [`FrontendOptions`]: both, with
