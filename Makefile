@@ -116,6 +116,8 @@ fuzz-smoke:
 ## ready, PSS of the server and of its stubs, exit time; scripts/bench_footprint.py):
 ## $(BENCH_OUT)/footprint.json. Then the OpenAI route against /generate_stream on one streaming
 ## model (time to first token, tokens/s; scripts/bench_openai.py): $(BENCH_OUT)/openai.txt.
+## Then the model cache (200 models, memory for 20, a Zipf mix through a router;
+## scripts/bench_model_cache.py): $(BENCH_OUT)/model-cache.json.
 bench: build triton-ref
 	cargo build --release $(CARGO_FLAGS) -p nereid-loadtest --example rtt_floor
 	cargo build --release $(CARGO_FLAGS) -p nereid-data-plane --example inprocess_ort
@@ -130,6 +132,7 @@ bench: build triton-ref
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_triton.py $(BENCH_OUT)
 	$(PYTHON) scripts/bench_footprint.py --nereid $(NEREID) --out $(BENCH_OUT)
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_openai.py | tee $(BENCH_OUT)/openai.txt
+	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_model_cache.py --out $(BENCH_OUT)/model-cache.json
 	NEREID=target/release/nereid LOADTEST=target/release/nereid-loadtest bash scripts/bench_proxies.sh $(BENCH_OUT)
 
 ## lint: what CI enforces, first in `make test`. lint-fast (5 s): rustfmt's check, and no import
