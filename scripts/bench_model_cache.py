@@ -2,7 +2,7 @@
 """The model cache (more models than memory, docs/cluster.md) under a Zipf request mix.
 
 usage: NEREID_BIN=target/release/nereid .venv/bin/python scripts/bench_model_cache.py \
-           [--models 200] [--fit 20] [--requests 1500] [--concurrency 4] [--seed 1] \
+           [--models 200] [--fit 20] [--requests 2000] [--concurrency 4] [--seed 1] \
            [--zipf-s 1.1] [--residency-ms 2000] [--out model-cache.json]
 
 Starts a cluster on 127.0.0.1 (one control plane, two workers, one router; the processes of
@@ -231,7 +231,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", type=int, default=200)
     ap.add_argument("--fit", type=int, default=20, help="models the capped cluster holds")
-    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--zipf-s", type=float, default=1.1)
