@@ -11,10 +11,15 @@
 //!   ─► report: p50/max time per kind of round, adds/removes, unplaced replicas, and packing
 //! ```
 //!
+//! With `--cache`, the model cache instead (`cache.rs`): every model `min_replicas` 0, Zipf
+//! requests per leader round, eviction of least recently used idle replicas; hit rate, loads,
+//! evictions and plan time.
+//!
 //! Applying a plan makes every added replica ready at once, so each round starts settled.
 //! Packing efficiency is the memory of placed replicas over the capacity of the nodes that host
 //! at least one; utilization is over every up node.
 
+mod cache;
 mod cluster;
 mod report;
 
@@ -65,6 +70,25 @@ pub struct PlacementSimArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Simulate the model cache instead (more models than memory, every model `min_replicas`
+    /// 0): Zipf-distributed requests, placement evicting least recently used idle replicas.
+    #[arg(long)]
+    pub cache: bool,
+    /// With --cache: requests in all.
+    #[arg(long, default_value_t = 50_000)]
+    pub cache_requests: usize,
+    /// With --cache: requests per leader round.
+    #[arg(long, default_value_t = 500)]
+    pub cache_batch: usize,
+    /// With --cache: Zipf exponent of model popularity.
+    #[arg(long, default_value_t = 1.1)]
+    pub cache_zipf: f64,
+    /// With --cache: simulated time per leader round (ms).
+    #[arg(long, default_value_t = 1_000)]
+    pub cache_round_ms: u64,
+    /// With --cache: minimum residency before eviction (ms), as `--evict-min-residency-ms`.
+    #[arg(long, default_value_t = 60_000)]
+    pub cache_min_residency_ms: u64,
 }
 
 /// A positive byte count (`512Mi`, `16Gi`...), see [`parse_bytes`].
@@ -144,6 +168,9 @@ pub fn run(args: &PlacementSimArgs, out: &mut dyn Write) -> Result<(), String> {
         sizes,
         &mut rng,
     );
+    if args.cache {
+        return run_cache(args, &mut cluster, &mut rng, out);
+    }
     let samples = args.rounds.max(1);
 
     // Initial placement: the same pure input timed several times, applied once.
@@ -226,6 +253,55 @@ pub fn run(args: &PlacementSimArgs, out: &mut dyn Write) -> Result<(), String> {
         .map_err(|e| format!("cannot write the report: {e}"))
 }
 
+/// `--cache`: the model cache simulation on the generated cluster, reported as a table or JSON.
+fn run_cache(
+    args: &PlacementSimArgs,
+    cluster: &mut Cluster,
+    rng: &mut SplitMix64,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    if !(args.cache_zipf > 0.0 && args.cache_zipf.is_finite()) {
+        return Err("--cache-zipf must be a positive number".into());
+    }
+    let sim = cache::CacheSim {
+        requests: args.cache_requests,
+        batch: args.cache_batch,
+        zipf: args.cache_zipf,
+        round_ms: args.cache_round_ms,
+        min_residency_ms: args.cache_min_residency_ms,
+    };
+    let report = cache::run(cluster, &sim, rng);
+    let text = if args.json {
+        let v = json!({
+            "settings": {
+                "nodes": args.nodes,
+                "models": args.models,
+                "seed": args.seed,
+                "requests": args.cache_requests,
+                "batch": args.cache_batch,
+                "zipf": args.cache_zipf,
+                "round_ms": args.cache_round_ms,
+                "min_residency_ms": args.cache_min_residency_ms,
+            },
+            "cache": report.to_json(),
+        });
+        serde_json::to_string_pretty(&v).map_err(|e| e.to_string())? + "\n"
+    } else {
+        format!(
+            "placement-sim --cache: {} nodes, {} models (all min_replicas 0), Zipf {}, {} requests in rounds of {}, seed {}\n\n{}",
+            args.nodes,
+            args.models,
+            args.cache_zipf,
+            args.cache_requests,
+            args.cache_batch,
+            args.seed,
+            report.to_table()
+        )
+    };
+    out.write_all(text.as_bytes())
+        .map_err(|e| format!("cannot write the report: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +351,36 @@ mod tests {
         assert_eq!(v["initial_packing"]["replicas_placed"], 120);
         let e = v["final_packing"]["packing_efficiency"].as_f64().unwrap();
         assert!(e > 0.0 && e <= 1.0);
+    }
+
+    #[test]
+    fn cache_mode_reports_json() {
+        let a = args(&[
+            "--nodes",
+            "4",
+            "--models",
+            "60",
+            "--cache",
+            "--cache-requests",
+            "600",
+            "--cache-batch",
+            "20",
+            "--cache-min-residency-ms",
+            "2000",
+            "--json",
+            "--model-memory-min",
+            "4Gi",
+            "--model-memory-max",
+            "4Gi",
+            "--node-memory",
+            "32Gi",
+        ]);
+        let mut out = Vec::new();
+        run(&a, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["cache"]["requests"], 600);
+        assert!(v["cache"]["evictions"].as_u64().unwrap() > 0, "{v}");
+        assert!(v["cache"]["final_replicas"].as_u64().unwrap() <= 32, "{v}");
     }
 
     #[test]
