@@ -110,7 +110,8 @@ fuzz-smoke:
 ## in-process through tch vs served, c=1 and c=32): $(BENCH_OUT)/torch.json. Then the server's CPU
 ## time per inference (scripts/bench_cpu.sh; NEREID_BASELINE=<binary> compares two builds):
 ## $(BENCH_OUT)/cpu.json. Then the placement simulator (1,000 nodes × 10,000 models):
-## $(BENCH_OUT)/placement-sim.json. Last, Nereid versus the real Triton server (make triton-ref)
+## $(BENCH_OUT)/placement-sim.json, and its model cache (1,000 nodes × 100,000 models, Zipf
+## requests, LRU eviction): $(BENCH_OUT)/model-cache-sim.json. Last, Nereid versus the real Triton server (make triton-ref)
 ## on the same Python-backend models under perf_analyzer, with CPU per inference
 ## (scripts/bench_triton.py): $(BENCH_OUT)/triton.json. Then the footprint beside Triton (time to
 ## ready, PSS of the server and of its stubs, exit time; scripts/bench_footprint.py):
@@ -129,6 +130,7 @@ bench: build triton-ref
 	mkdir -p $(BENCH_OUT)
 	target/release/nereid-loadtest placement-sim
 	target/release/nereid-loadtest placement-sim --json > $(BENCH_OUT)/placement-sim.json
+	target/release/nereid-loadtest placement-sim --cache --models 100000 --cache-requests 600000 --cache-batch 2000 --json > $(BENCH_OUT)/model-cache-sim.json
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_triton.py $(BENCH_OUT)
 	$(PYTHON) scripts/bench_footprint.py --nereid $(NEREID) --out $(BENCH_OUT)
 	NEREID_BIN=$(CURDIR)/$(NEREID) $(PYTHON) scripts/bench_openai.py | tee $(BENCH_OUT)/openai.txt
