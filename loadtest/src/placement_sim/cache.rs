@@ -227,8 +227,8 @@ pub fn run(cluster: &mut Cluster, sim: &CacheSim, rng: &mut SplitMix64) -> Cache
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::cluster::{ModelSizes, Weighted};
+    use super::*;
 
     const GIB: u64 = 1 << 30;
 
