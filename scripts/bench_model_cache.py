@@ -3,7 +3,8 @@
 
 usage: NEREID_BIN=target/release/nereid .venv/bin/python scripts/bench_model_cache.py \
            [--models 200] [--fit 20] [--requests 2000] [--concurrency 4] [--seed 1] \
-           [--zipf-s 1.1] [--residency-ms 2000] [--out model-cache.json]
+           [--zipf-s 1.1] [--residency-ms 2000] [--out model-cache.json] \
+           [--keep DIR]
 
 Starts a cluster on 127.0.0.1 (one control plane, two workers, one router; the processes of
 tests/python/cluster_util.py, as tests/python/test_model_cache.py does), deploys `--models`
@@ -238,6 +239,9 @@ def main():
     ap.add_argument("--residency-ms", type=int, default=2000,
                     help="the control plane's --evict-min-residency-ms")
     ap.add_argument("--out", default="model-cache.json")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="run each phase in DIR/<phase> and keep its logs (default: a "
+                         "temporary directory, removed)")
     args = ap.parse_args()
 
     names = [f"m{i:03}" for i in range(args.models)]
@@ -248,6 +252,9 @@ def main():
     rows = []
     for label, capacity in phases:
         with tempfile.TemporaryDirectory(prefix="nereid-bench-cache-") as tmp:
+            if args.keep:
+                tmp = Path(args.keep) / label.replace(" ", "-")
+                tmp.mkdir(parents=True, exist_ok=False)
             print(f"phase {label}: {args.requests} requests over {args.models} models, "
                   f"{capacity // MIB} MiB per worker ...", file=sys.stderr, flush=True)
             rows.append(run_phase(label, Path(tmp), names, capacity, mix, args.concurrency,
