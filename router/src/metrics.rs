@@ -228,7 +228,7 @@ impl RouterMetrics {
         );
         let mut activations = Family::counter(
             "nereid_router_scale_from_zero_total",
-            "Scale-from-zero activations this router started, by model.",
+            "Requests that found no ready replica of a min_replicas 0 model and waited for its activation (the model cache's misses), by model.",
         );
         for (model, c) in &models {
             let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
