@@ -20,19 +20,16 @@ weight 1/k^s over a seeded shuffle of the names). Two phases on the same mix:
   cold starts are first touches only.
 
 Hit or cold start, per request: each client thread scrapes the router's
-`nereid_router_scale_from_zero_total{model=...}` (docs/cluster-metrics.md: the scale-from-zero
-activations the router started because a request found no ready replica) right before it sends
-a request and right after the answer. A request whose model's counter moved in that window is
-a cold start: either it started the activation itself, or another request for the same model
-did while this one was in flight, and then this one found no ready replica either (an
-activation starts only when none is ready, and a request sent while one is ready is routed to
-it, not made to wait). A request whose window saw no activation of its model was served by a
-replica that was ready when it was sent: a hit. It is a count of events the router reports, not
-a guess from latency; a renewal of a running activation is not counted by the router, so a
-request that joins one started before it was sent and still running after it answered is
-counted a hit (rare: a window straddles the start of any activation it waits on, unless the
-request was sent while that activation was running, which the after-scrape of the thread's
-previous request bounds from below). The leader's own counters (`nereid_cache_cold_starts_total`,
+`nereid_router_scale_from_zero_total{model=...}` (docs/cluster-metrics.md: every request that
+found no ready replica of its model and waited for an activation, whether it started the
+activation or joined a running one) right before it sends a request and right after the answer.
+A request whose model's counter moved in that window is a cold start: the router counted it (or
+another request for the same model, in flight at the same time, that found no ready replica
+either, so this one was sent while none was ready or while the one it used was going away). A
+request whose window saw no such count was served by a replica that was ready when it was sent:
+a hit. It is a count of events the router reports, not a guess from latency; over a run the
+router's cold requests and the leader's cold starts agree to a few (requests joining a running
+activation). The leader's own counters (`nereid_cache_cold_starts_total`,
 `nereid_cache_evictions_total`, `nereid_cache_cold_start_seconds`) are read from its metrics
 endpoint before and after each phase and reported beside.
 
