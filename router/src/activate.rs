@@ -106,6 +106,11 @@ impl Activator {
         self.wait_ready(model, started, limit).await
     }
 
+    /// How long a request waits at most for an activated model to become ready.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
     /// Renews the activation of `model` in the background when it is due.
     pub fn keep_alive(self: &Arc<Self>, model: &str) {
         if !self.due(model, Instant::now()) {

@@ -83,11 +83,12 @@ impl RouterService {
         }
         let exclude = HashSet::from([endpoint.replica]);
         let Ok((other, guard)) = self.pick(ask, &exclude) else {
+            // No replica to hedge on (the stalled one was the model's only one, e.g. evicted
+            // by the model cache): its answer, or the retry an error that did not run allows.
             let result = first.await;
-            if let Err(e) = &result {
-                self.note_failure(&endpoint, e);
-            }
-            return result;
+            return self
+                .retry_on_failure(ask, true, deadline, &endpoint, result, attempt)
+                .await;
         };
         tracing::info!(
             model = ask.model,
@@ -142,7 +143,13 @@ impl RouterService {
         }
         tracing::debug!(replica = endpoint.replica, addr = %endpoint.addr, error = %err, "retrying on another replica");
         let exclude = HashSet::from([endpoint.replica]);
-        let Ok((endpoint, guard)) = self.pick(ask, &exclude) else {
+        let picked = match self.pick(ask, &exclude) {
+            Err(RouterError::NoReadyReplica { .. }) => {
+                Box::pin(self.reactivate(ask, deadline, endpoint)).await
+            }
+            other => other,
+        };
+        let Ok((endpoint, guard)) = picked else {
             return Err(err);
         };
         self.counters(ask.model)
@@ -153,6 +160,43 @@ impl RouterService {
             self.note_failure(&endpoint, e);
         }
         second
+    }
+
+    /// The retry of a request whose only replica went away under it (the model cache evicted
+    /// it, or its node left, and the worker unloaded it before this router's table said so): a
+    /// model that requests may start is activated again and waited for, as a request that
+    /// found no replica is ([`Self::pick_or_activate`]), and the request goes to a replica
+    /// other than `failed`. Any other model: no replica.
+    async fn reactivate(
+        &self,
+        ask: &Ask<'_>,
+        deadline: Option<Instant>,
+        failed: &Endpoint,
+    ) -> RouterResult<(Endpoint, InFlight)> {
+        let exclude = HashSet::from([failed.replica]);
+        let activator = match self.activator_for(ask.model) {
+            Some(a) if ask.sequence.is_none() || ask.start => a,
+            _ => return self.pick(ask, &exclude),
+        };
+        self.counters(ask.model)
+            .scale_from_zero
+            .fetch_add(1, Ordering::Relaxed);
+        activator.scale_from_zero(ask.model, deadline).await?;
+        // The activation may have returned on the stale entry of `failed`: wait (within the
+        // activation's bound) for a ready replica other than it.
+        let (model, version) = (ask.model, failed.version);
+        let limit = deadline.map_or(activator.wait(), |d| {
+            d.saturating_duration_since(Instant::now())
+                .min(activator.wait())
+        });
+        self.table
+            .wait_until(limit, |t| {
+                t.ready(model, version)
+                    .iter()
+                    .any(|e| e.replica != failed.replica)
+            })
+            .await;
+        self.pick(ask, &exclude)
     }
 
     /// Resolves when an attempt on `endpoint` should be hedged: its replica left the routing
