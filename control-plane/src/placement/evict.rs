@@ -109,11 +109,13 @@ impl<'a> Evictor<'a> {
                 .contains(&(r.model.clone(), r.version, r.node.clone()))
             {
                 held.busy += 1;
-            } else if cache
-                .placed_at_ms
-                .get(&r.id)
-                .is_none_or(|&at| cache.now_ms.saturating_sub(at) < cache.min_residency_ms)
-            {
+            } else if cache.placed_at_ms.get(&r.id).is_none_or(|&at| {
+                // Resident and idle for the minimum residency: counted from its placement or
+                // its model's last use, whichever is later, so a replica in steady use is never
+                // the only one old enough to go (the hot set stays when the cache turns over).
+                let last = cache.last_used_ms.get(&r.model).map_or(at, |&u| u.max(at));
+                cache.now_ms.saturating_sub(last) < cache.min_residency_ms
+            }) {
                 held.recent += 1;
             } else {
                 by_node.entry(i).or_default().push(Candidate {
@@ -270,7 +272,10 @@ impl<'a> Evictor<'a> {
                 h.busy,
                 "serving requests or holding a live sequence".to_string(),
             ),
-            (h.recent, format!("placed less than {residency} ago")),
+            (
+                h.recent,
+                format!("placed or used less than {residency} ago"),
+            ),
             (h.moving, "part of a rebalancing move".to_string()),
         ] {
             if n > 0 {

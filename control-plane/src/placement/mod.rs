@@ -156,8 +156,9 @@ pub struct Cache {
     pub evict: bool,
     /// The leader's clock in milliseconds (any epoch; the times below are on the same clock).
     pub now_ms: u64,
-    /// A replica placed less than this long ago is never evicted (hysteresis: what was just
-    /// loaded for a request stays long enough to serve it and the ones after it).
+    /// A replica placed, or whose model was used, less than this long ago is never evicted
+    /// (hysteresis: what was just loaded for a request stays long enough to serve it and the
+    /// ones after it, and a model in steady use stays whatever its replica's age).
     pub min_residency_ms: u64,
     /// Per model: when a request for it was last seen (a worker's heartbeat counted one, or a
     /// router activated it). A model without an entry counts as used at 0, the least recent.
