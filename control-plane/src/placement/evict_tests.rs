@@ -131,7 +131,10 @@ fn pinned_busy_recent_and_loading_replicas_stay() {
     let p = plan(&nodes, &models, &replicas, &load(c.clone()));
     assert!(evicted(&p).is_empty(), "placed a second ago: it stays");
     let text = p.unplaced[0].reason.to_string();
-    assert!(text.contains("1 placed or used less than 60 s ago"), "{text}");
+    assert!(
+        text.contains("1 placed or used less than 60 s ago"),
+        "{text}"
+    );
 
     c.placed_at_ms.insert(2, 0);
     replicas[1].ready = false;
