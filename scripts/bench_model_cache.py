@@ -61,9 +61,10 @@ import tritonclient.http as httpclient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/python"))
 
-from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body  # noqa: E402
-from nereid_util import free_port, gen_models, http_raw, wait_until  # noqa: E402
-from test_cluster import start_control_plane, stop_all  # noqa: E402
+from cluster_util import model_body  # noqa: E402
+from nereid_util import gen_models, http_raw, wait_until  # noqa: E402
+from test_cluster import stop_all  # noqa: E402
+from test_model_cache import start_capped_cluster  # noqa: E402
 
 MIB = 1 << 20
 MODEL_MEMORY = 64 * MIB
@@ -117,24 +118,10 @@ def run_phase(label, workdir, names, capacity, mix, concurrency, residency_ms):
     sources = {name: gen_models.write_identity(repo, name,
                                                gen_models.identity_backend_config(name, 0))
                for name in names}
-    cp_metrics = free_port()
-    token, cps = start_control_plane(workdir, n=1, extra=[
-        "--evict-min-residency-ms", str(residency_ms),
-        "--allow-metrics", "--metrics-port", str(cp_metrics), "--metrics-address", "127.0.0.1"])
+    cps, workers, router, cp_metrics = start_capped_cluster(workdir, residency_ms, capacity)
     cp = cps[0]
-    workers = [WorkerProcess(f"w{i}", workdir, token, [cp.grpc_addr]) for i in (1, 2)]
-    for w in workers:
-        w.args += ["--memory-capacity", str(capacity)]
-    router = RouterProcess(workdir, token, [cp.grpc_addr])
     procs = [*cps, *workers, router]
     try:
-        leader_of(cps)
-        for p in (*workers, router):
-            p.spawn()
-        for p in (*workers, router):
-            p.wait_live()
-        wait_until(lambda: len(cp.api("GET", "/api/v1/nodes")[1].get("nodes", [])) == 2, 30,
-                   "both workers registered")
         for name in names:
             body = model_body(name, sources[name], replicas=0, memory=MODEL_MEMORY)
             body["max_replicas"] = 1

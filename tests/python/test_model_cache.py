@@ -57,23 +57,21 @@ def check_capacity(cp):
     return used
 
 
-@pytest.mark.timeout(120)
-def test_requests_over_more_models_than_memory_all_succeed_evicting_the_least_recently_used(
-        tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    sources = {name: identity(repo, name) for name in ["pinned", *CACHED]}
+def start_capped_cluster(workdir, residency_ms, capacity):
+    """One control plane (eviction after `residency_ms`, metrics on a free port), two workers
+    whose `--memory-capacity` is `capacity` bytes and a router, all live and the workers
+    registered. Returns (control planes, workers, router, the control plane's metrics port);
+    the caller stops them (stop_all)."""
     metrics_port = free_port()
-    token, cps = start_control_plane(tmp_path, n=1, extra=[
-        "--evict-min-residency-ms", "300",
+    token, cps = start_control_plane(workdir, n=1, extra=[
+        "--evict-min-residency-ms", str(residency_ms),
         "--allow-metrics", "--metrics-port", str(metrics_port),
         "--metrics-address", "127.0.0.1"])
     cp = cps[0]
-    workers = [WorkerProcess(f"w{i}", tmp_path, token, [cp.grpc_addr]) for i in (1, 2)]
+    workers = [WorkerProcess(f"w{i}", workdir, token, [cp.grpc_addr]) for i in (1, 2)]
     for w in workers:
-        w.args += ["--memory-capacity", str(CAPACITY)]
-    router = RouterProcess(tmp_path, token, [cp.grpc_addr])
-    procs = [*cps, *workers, router]
+        w.args += ["--memory-capacity", str(capacity)]
+    router = RouterProcess(workdir, token, [cp.grpc_addr])
     try:
         leader_of(cps)
         for p in (*workers, router):
@@ -82,6 +80,22 @@ def test_requests_over_more_models_than_memory_all_succeed_evicting_the_least_re
             p.wait_live()
         wait_until(lambda: len(cp.api("GET", "/api/v1/nodes")[1].get("nodes", [])) == 2, 30,
                    "both workers registered")
+    except BaseException:
+        stop_all([router, *workers, *cps])
+        raise
+    return cps, workers, router, metrics_port
+
+
+@pytest.mark.timeout(120)
+def test_requests_over_more_models_than_memory_all_succeed_evicting_the_least_recently_used(
+        tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    sources = {name: identity(repo, name) for name in ["pinned", *CACHED]}
+    cps, workers, router, metrics_port = start_capped_cluster(tmp_path, 300, CAPACITY)
+    cp = cps[0]
+    procs = [*cps, *workers, router]
+    try:
         code, body = cp.api("POST", "/api/v1/models",
                             model_body("pinned", sources["pinned"], replicas=2,
                                        memory=MODEL_MEMORY))
