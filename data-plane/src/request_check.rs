@@ -320,8 +320,8 @@ pub fn dims_match(config: &[i64], request: &[i64]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
-    use nereid_proto::{DataType, RequestedOutput};
+    use nereid_proto::RequestedOutput;
+    use nereid_test_support::fp32_zeros;
 
     fn valid(text: &str) -> ValidModelConfig {
         ValidModelConfig::unchecked(crate::config::text::parse_model_config(text).unwrap())
@@ -335,17 +335,6 @@ mod tests {
         )
     }
 
-    fn fp32(name: &str, shape: Vec<i64>) -> Tensor {
-        let n: i64 = shape.iter().product();
-        Tensor::new(
-            name,
-            DataType::Fp32,
-            shape,
-            Bytes::from(vec![0u8; n as usize * 4]),
-        )
-        .unwrap()
-    }
-
     fn request(inputs: Vec<Tensor>) -> InferRequest {
         InferRequest {
             model_name: "m".into(),
@@ -357,28 +346,31 @@ mod tests {
 
     #[test]
     fn accepts_a_good_request() {
-        let v = check(&config(), request(vec![fp32("a", vec![3, 2])])).unwrap();
+        let v = check(&config(), request(vec![fp32_zeros("a", vec![3, 2])])).unwrap();
         assert_eq!(v.batch_size, 3);
         assert_eq!(v.outputs, vec!["y"]);
     }
 
     #[test]
     fn refuses_with_triton_messages() {
-        let e = check(&config(), request(vec![fp32("a", vec![5, 2])])).unwrap_err();
+        let e = check(&config(), request(vec![fp32_zeros("a", vec![5, 2])])).unwrap_err();
         assert_eq!(
             e.message(),
             "[request id: r1] inference request batch-size must be <= 4 for 'm'"
         );
-        let e = check(&config(), request(vec![fp32("a", vec![1, 3])])).unwrap_err();
+        let e = check(&config(), request(vec![fp32_zeros("a", vec![1, 3])])).unwrap_err();
         assert!(e.message().starts_with("[request id: r1] unexpected shape for input 'a' for model 'm'. Expected [-1,2], got [1,3]."));
-        let e = check(&config(), request(vec![fp32("zz", vec![1, 2])])).unwrap_err();
+        let e = check(&config(), request(vec![fp32_zeros("zz", vec![1, 2])])).unwrap_err();
         assert_eq!(
             e.message(),
             "[request id: r1] unexpected inference input 'zz' for model 'm'"
         );
         let e = check(
             &config(),
-            request(vec![fp32("a", vec![1, 2]), fp32("b", vec![1, 2])]),
+            request(vec![
+                fp32_zeros("a", vec![1, 2]),
+                fp32_zeros("b", vec![1, 2]),
+            ]),
         )
         .unwrap_err();
         assert_eq!(
@@ -395,9 +387,9 @@ mod tests {
         let e = check(
             &config(),
             request(vec![
-                fp32("a", vec![1, 2]),
-                fp32("zz", vec![1, 2]),
-                fp32("b", vec![1, 2]),
+                fp32_zeros("a", vec![1, 2]),
+                fp32_zeros("zz", vec![1, 2]),
+                fp32_zeros("b", vec![1, 2]),
             ]),
         )
         .unwrap_err();
@@ -406,7 +398,7 @@ mod tests {
             "[request id: r1] expected number of inputs between 1 and 2 but got 3 inputs for model 'm'. Got input(s) ['b','zz','a'], but missing required input(s) ]. Please provide all required input(s)."
         );
         // No batch-dimension note for a model that does not batch.
-        let e = check(&unbatched(), request(vec![fp32("a", vec![3])])).unwrap_err();
+        let e = check(&unbatched(), request(vec![fp32_zeros("a", vec![3])])).unwrap_err();
         assert_eq!(
             e.message(),
             "[request id: r1] unexpected shape for input 'a' for model 'u'. Expected [2], got [3]. "
@@ -432,21 +424,21 @@ mod tests {
 
     #[test]
     fn sequence_models_need_an_id_and_batch_size_one() {
-        let mut r = request(vec![fp32("a", vec![1, 2])]);
+        let mut r = request(vec![fp32_zeros("a", vec![1, 2])]);
         r.model_name = "s".into();
         let e = check(&sequence_config(), r).unwrap_err();
         assert_eq!(
             e.message(),
             "[request id: r1] inference request to model 's' must specify a non-zero or non-empty correlation ID"
         );
-        let mut r = request(vec![fp32("a", vec![2, 2])]);
+        let mut r = request(vec![fp32_zeros("a", vec![2, 2])]);
         r.options.sequence_id = Some(CorrelationId::Uint(7));
         let e = check(&sequence_config(), r).unwrap_err();
         assert_eq!(
             e.message(),
             "[request id: r1] inference request to model 's' must specify batch-size 1 due to requirements of sequence batcher"
         );
-        let mut r = request(vec![fp32("a", vec![1, 2])]);
+        let mut r = request(vec![fp32_zeros("a", vec![1, 2])]);
         r.options.sequence_id = Some(CorrelationId::String("x".into()));
         r.options.sequence_start = true;
         r.outputs = vec![RequestedOutput {
@@ -463,13 +455,13 @@ mod tests {
                 end: false
             })
         );
-        let v = check(&config(), request(vec![fp32("a", vec![1, 2])])).unwrap();
+        let v = check(&config(), request(vec![fp32_zeros("a", vec![1, 2])])).unwrap();
         assert_eq!(v.sequence, None);
     }
 
     #[test]
     fn checks_requested_outputs() {
-        let mut r = request(vec![fp32("a", vec![1, 2])]);
+        let mut r = request(vec![fp32_zeros("a", vec![1, 2])]);
         r.id.clear();
         r.outputs = vec![RequestedOutput {
             name: "nope".into(),

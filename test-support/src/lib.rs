@@ -24,4 +24,4 @@ pub use eventually::{eventually, eventually_async, eventually_ok, eventually_som
 pub use gate::Gate;
 pub use grpc::serve_routes;
 pub use rng::Rng;
-pub use tensor::{floats, fp32, fp32_1d};
+pub use tensor::{floats, fp32, fp32_1d, fp32_zeros};

@@ -13,6 +13,12 @@ pub fn fp32(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
     }
 }
 
+/// An FP32 tensor named `name` of `shape`, all zeros: for tests about shapes, not values.
+pub fn fp32_zeros(name: &str, shape: Vec<i64>) -> Tensor {
+    let n: i64 = shape.iter().product();
+    fp32(name, shape, &vec![0.0; usize::try_from(n).unwrap_or(0)])
+}
+
 /// A 1-D FP32 tensor of `values`.
 pub fn fp32_1d(name: &str, values: &[f32]) -> Tensor {
     fp32(name, vec![values.len() as i64], values)

@@ -192,27 +192,15 @@ fn shape_key(inputs: &[Tensor], batching: bool, ragged: impl Fn(&str) -> bool) -
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-    use nereid_proto::DataType;
+    use nereid_test_support::fp32_zeros;
 
     use super::*;
 
-    fn f32s(name: &str, shape: Vec<i64>) -> Tensor {
-        let n: i64 = shape.iter().product();
-        Tensor::new(
-            name,
-            DataType::Fp32,
-            shape,
-            Bytes::from(vec![0u8; n as usize * 4]),
-        )
-        .unwrap()
-    }
-
     #[test]
     fn ragged_inputs_leave_their_shapes_out_of_the_key() {
-        let short = [f32s("r", vec![1, 3]), f32s("x", vec![1, 2])];
-        let long = [f32s("r", vec![1, 5]), f32s("x", vec![1, 2])];
-        let other = [f32s("r", vec![1, 5]), f32s("x", vec![1, 4])];
+        let short = [fp32_zeros("r", vec![1, 3]), fp32_zeros("x", vec![1, 2])];
+        let long = [fp32_zeros("r", vec![1, 5]), fp32_zeros("x", vec![1, 2])];
+        let other = [fp32_zeros("r", vec![1, 5]), fp32_zeros("x", vec![1, 4])];
         let key = |inputs: &[Tensor], ragged: bool| shape_key(inputs, true, |n| ragged && n == "r");
         assert_ne!(key(&short, false), key(&long, false));
         assert_eq!(key(&short, true), key(&long, true));

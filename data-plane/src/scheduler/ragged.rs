@@ -178,6 +178,8 @@ pub fn scatter_shapes(template: &[i64], sources: &[&[i64]]) -> Result<Vec<Vec<i6
 
 #[cfg(test)]
 mod tests {
+    use nereid_test_support::fp32_zeros;
+
     use super::*;
 
     fn spec(kind: BatchInputKind, datatype: DataType) -> BatchInputSpec {
@@ -319,11 +321,6 @@ mod tests {
         assert!(e.contains("INT32"), "{e}");
     }
 
-    fn f32s(name: &str, shape: Vec<i64>) -> Tensor {
-        let n = element_count(&shape).unwrap();
-        Tensor::new(name, DataType::Fp32, shape, Bytes::from(vec![0u8; n * 4])).unwrap()
-    }
-
     #[test]
     fn a_batch_gets_every_target_and_a_scatter_plan() {
         let ragged = RaggedBatching {
@@ -338,15 +335,15 @@ mod tests {
                 shape: vec![-1, -1],
             }],
         };
-        let a = [f32s("INPUT", vec![1, 2])];
-        let b = [f32s("INPUT", vec![1, 3])];
+        let a = [fp32_zeros("INPUT", vec![1, 2])];
+        let b = [fp32_zeros("INPUT", vec![1, 3])];
         let generated = batch_inputs(&ragged, &[&a, &b]).unwrap();
         let names: Vec<&str> = generated.iter().map(Tensor::name).collect();
         assert_eq!(names, ["A", "B"]);
         assert_eq!(ints(&generated[1]), [2, 5]);
         let plan = scatter_plan(&ragged, &["SUM".into(), "OUT".into()], &[&a, &b]).unwrap();
         assert_eq!(plan, vec![None, Some(vec![vec![1, 2], vec![1, 3]])]);
-        let other = [f32s("OTHER", vec![1, 1])];
+        let other = [fp32_zeros("OTHER", vec![1, 1])];
         assert!(
             batch_inputs(&ragged, &[&a, &other])
                 .unwrap_err()
