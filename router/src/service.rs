@@ -435,20 +435,19 @@ impl InferenceService for RouterService {
         }
     }
 
+    /// An unknown model or version is not ready (no error), as on a worker and in Triton:
+    /// gRPC `ready: false`, HTTP 400 "Model version not ready". Before the first snapshot the
+    /// table cannot tell, which is the 503 of `missing_model`.
     async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool> {
         let table = self.table.load();
-        if table.model(name).is_none() {
+        if !table.synced() {
             return Err(table.missing_model(name).into());
         }
+        if table.model(name).is_none() {
+            return Ok(false);
+        }
         Ok(match version {
-            Some(v) if !table.has_version(name, v) => {
-                return Err(RouterError::UnknownVersion {
-                    model: name.to_string(),
-                    version: v,
-                }
-                .into());
-            }
-            Some(v) => !table.ready(name, v).is_empty(),
+            Some(v) => table.has_version(name, v) && !table.ready(name, v).is_empty(),
             None => !table.ready_versions(name).is_empty(),
         })
     }

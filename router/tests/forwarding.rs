@@ -118,6 +118,9 @@ async fn worker_errors_pass_through_and_admission_is_bounded() {
         let meta = router.model_metadata("echo", None).await.unwrap();
         assert!(meta.platform == "w1" || meta.platform == "w2");
         assert!(router.model_ready("echo", None).await.unwrap());
+        // Unknown models and versions are not ready, without an error (as on a worker).
+        assert!(!router.model_ready("nope", None).await.unwrap());
+        assert!(!router.model_ready("echo", Some(99)).await.unwrap());
         assert!(router.server_ready().await);
 
         let (_workers, full, _) = cluster(0).await;
