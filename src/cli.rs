@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use nereid_data_plane::{AgentConfig, ControlMode, DataPlaneConfig, ManagerConfig, ServeConfig};
+use nereid_agent::AgentConfig;
+use nereid_data_plane::{ControlMode, DataPlaneConfig, ManagerConfig, ServeConfig};
 
 use crate::common_args::{
     AuthTokenArgs, FrontendArgs, ListenArgs, MetricsArgs, ModelArgs, PythonArgs,

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             init_logging(args.frontend.log_verbose, &args.frontend.log_format);
             match args.into_config(std::env::var("NEREID_AUTH_TOKEN").ok()) {
                 Ok(config) => run_async(|| {
-                    nereid_data_plane::run_worker(
+                    nereid_agent::run_worker(
                         config.serve,
                         config.agent,
                         config.advertise_host,

@@ -15,16 +15,19 @@
 //!
 //! Entry points (re-exported here; the modules behind them are private):
 //! - [`serve`] with [`ServeConfig`]: `nereid serve`, until a shutdown future resolves;
-//!   [`run_worker`] with [`AgentConfig`]: `nereid worker` (the same, plus the agent);
-//!   [`run_agent`]: the agent alone, over a [`ModelManager`] the caller built.
+//!   [`serve_with`]: the same with a [`Companion`] task started beside the server once it
+//!   listens ([`Started`]), which is how `nereid worker` (crate `nereid-agent`) runs its agent.
 //! - [`DataPlane`] ([`DataPlaneConfig`]): the `InferenceService` over a [`ModelManager`]
-//!   ([`ManagerConfig`], [`ControlMode`]), for callers that bring their own frontends.
+//!   ([`ManagerConfig`], [`ControlMode`]), for callers that bring their own frontends;
+//!   [`LoadSource`]: where [`ModelManager::load`] takes a model from (the worker's agent loads
+//!   what the control plane assigns through it).
 //! - [`check_paths`] ([`CheckOptions`]): `nereid check-config`, a lint as strict as loading.
 //! - [`MetricsConfig`]: what the metrics endpoint reports; [`hostname`]: the default node id.
 //! - [`mirror_repository`]: an object-store repository URL (`s3://`, `gs://`, `as://`) as the
-//!   local directory the manager scans, kept up to date from the store at each scan.
+//!   local directory the manager scans, kept up to date from the store at each scan;
+//!   [`fetch_model`]: one model folder of a store, mirrored (a worker's `s3://` model source).
 //!
-//! Two modules stay public because other code is written against them:
+//! Three modules stay public because other code is written against them:
 //! - [`backend`]: the `Backend` / `BackendInstance` traits and the
 //!   [`InstanceContext`](backend::InstanceContext) a backend loads from: what a backend built
 //!   outside this crate would implement, and what the Python backend's tests and the
@@ -34,8 +37,10 @@
 //!   from its `InstanceContext`, and what builds one from a `config.pbtxt` outside a load
 //!   (`read_config_file` / `parse_config_text`, `fill_defaults`, then `try_from`, which
 //!   validates); completion by a backend and the lint stay inside the crate.
+//! - [`probe`]: what the node measures about itself (host memory and CPU, GPUs through NVML,
+//!   the C heap), which the worker's agent also reports to the control plane (capacity,
+//!   heartbeats).
 
-mod agent;
 pub mod backend;
 mod check;
 mod classification;
@@ -46,7 +51,7 @@ mod ensemble;
 pub mod fuzzing;
 mod manager;
 mod metrics;
-mod probe;
+pub mod probe;
 mod rate_limit;
 mod repository;
 mod request;
@@ -59,16 +64,16 @@ mod system_metrics;
 mod ticker;
 mod warmup;
 
-pub use agent::worker::run as run_worker;
-pub use agent::{AgentConfig, AgentError, run as run_agent};
 pub use backend::Backends;
 pub use check::{CheckOptions, Checked, check_paths};
-pub use manager::{ControlMode, ManagerConfig, ModelManager};
+pub use manager::{ControlMode, LoadSource, ManagerConfig, ModelManager};
 pub use metrics::{LatencyMetrics, MetricsConfig, MetricsConfigError};
 pub use nereid_remote_repository::{RemoteError, default_cache_dir, is_remote};
 pub use probe::host::hostname;
 pub use rate_limit::RateLimitConfig;
-pub use repository::remote::mirror_repository;
+pub use repository::remote::{fetch_model, mirror_repository};
 pub use request::cache::{CacheConfigError, parse_cache_config};
-pub use serve::{ServeConfig, ServeError, run as serve};
+pub use serve::{
+    Companion, ServeConfig, ServeError, Started, run as serve, run_with as serve_with,
+};
 pub use server::{DataPlane, DataPlaneConfig};

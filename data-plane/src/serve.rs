@@ -83,9 +83,13 @@ pub enum ServeError {
 /// What a task started alongside the server (the worker's agent) gets: the models, the bound
 /// data-plane addresses, and a flag set when the server stops.
 pub struct Started {
+    /// The server's models.
     pub manager: Arc<ModelManager>,
+    /// The bound HTTP address; `None` when HTTP is off.
     pub http_addr: Option<SocketAddr>,
+    /// The bound gRPC address; `None` when gRPC is off.
     pub grpc_addr: Option<SocketAddr>,
+    /// Set to `true` when the server starts to shut down.
     pub stop: watch::Receiver<bool>,
 }
 

@@ -11,9 +11,9 @@ use std::future::Future;
 
 use tokio::sync::oneshot;
 
-use super::AgentConfig;
-use crate::manager::ControlMode;
-use crate::serve::{self, Companion, ServeConfig, ServeError, Started};
+use nereid_data_plane::{Companion, ControlMode, ServeConfig, ServeError, Started, serve_with};
+
+use crate::AgentConfig;
 
 /// Removes the symlinks a previous run left in the repository (nothing is loaded from it at
 /// start: the control plane's snapshot decides).
@@ -61,7 +61,7 @@ pub async fn run(
             if agent.data_grpc.is_empty() {
                 agent.data_grpc = addr(started.grpc_addr);
             }
-            if let Err(e) = super::run(agent, started.manager, started.stop).await {
+            if let Err(e) = crate::run(agent, started.manager, started.stop).await {
                 tracing::error!(error = %e, "agent failed");
                 let _ = failed_tx.send(e.to_string());
             }
@@ -75,7 +75,7 @@ pub async fn run(
             Ok(reason) = failed_rx => { *failure_seen.lock() = Some(reason); }
         }
     };
-    serve::run_with(config, stop, Some(companion)).await?;
+    serve_with(config, stop, Some(companion)).await?;
     match failure.lock().take() {
         Some(reason) => Err(ServeError::Startup(reason)),
         None => Ok(()),

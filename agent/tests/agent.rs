@@ -13,9 +13,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nereid_agent::{AgentConfig, run as run_agent, run_worker};
 use nereid_data_plane::{
-    AgentConfig, Backends, ControlMode, DataPlane, DataPlaneConfig, ManagerConfig, ModelManager,
-    ServeConfig, run_agent, run_worker,
+    Backends, ControlMode, DataPlane, DataPlaneConfig, ManagerConfig, ModelManager, ServeConfig,
 };
 use nereid_proto::pb::cluster::cluster_server::{Cluster, ClusterServer};
 use nereid_proto::pb::cluster::{

@@ -4,7 +4,7 @@
 //! Per version it sends the queue depth (requests waiting for an instance), the requests in
 //! flight (received, not answered yet), the requests received since it loaded (the control
 //! plane's model cache reads recency from it) and, for a sequence-batched model, how long a
-//! sequence stays live after its last request. Per GPU that NVML reports ([`crate::probe::gpu`]; none without
+//! sequence stays live after its last request. Per GPU that NVML reports ([`nereid_data_plane::probe::gpu`]; none without
 //! NVML) the busy fraction and memory used and total.
 
 use std::sync::Arc;
@@ -17,9 +17,9 @@ use tokio::sync::{Notify, watch};
 use super::client::ControlPlane;
 use super::reconcile::Local;
 use super::state::ClusterMirror;
-use crate::manager::ModelManager;
-use crate::probe::gpu::Gpus;
-use crate::probe::host;
+use nereid_data_plane::ModelManager;
+use nereid_data_plane::probe::gpu::Gpus;
+use nereid_data_plane::probe::host;
 
 /// The replicas of `node` that are served here, with their measured memory.
 pub fn replica_memory(mirror: &ClusterMirror, node: &str, local: &Local) -> Vec<ReplicaMemory> {
@@ -125,7 +125,7 @@ mod tests {
     use nereid_proto::pb::cluster::Replica;
 
     use super::*;
-    use crate::agent::reconcile::LocalModel;
+    use crate::reconcile::LocalModel;
 
     #[test]
     fn replica_memory_covers_served_replicas_of_this_node() {

@@ -25,7 +25,7 @@ use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::{message_from_json, to_dynamic};
 use prost_reflect::SerializeOptions;
 
-use crate::config;
+use nereid_data_plane::config;
 
 /// Where a worker mirrors object-store sources: beside its repository of links.
 pub fn cache_dir(repository: &Path) -> PathBuf {
@@ -35,8 +35,8 @@ pub fn cache_dir(repository: &Path) -> PathBuf {
 /// The local directory of a source: a `file://` directory as it is, an object-store model
 /// folder (`s3://`, `gs://`, `as://`, `az://`) after it is mirrored into `cache`.
 pub async fn fetch_source(uri: &str, cache: &Path) -> Result<PathBuf, String> {
-    if crate::is_remote(uri) {
-        crate::repository::remote::fetch_model(uri, cache).await
+    if nereid_data_plane::is_remote(uri) {
+        nereid_data_plane::fetch_model(uri, cache).await
     } else {
         source_dir(uri)
     }

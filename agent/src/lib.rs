@@ -1,5 +1,10 @@
-//! The worker agent (`nereid worker`): follows the control plane's assignments on this node's
-//! data plane.
+//! `nereid-agent`: the worker agent (`nereid worker`), which follows the control plane's
+//! assignments on this node's data plane. All of a worker's cluster traffic is here; the data
+//! plane (`nereid-data-plane`) knows nothing of the cluster.
+//!
+//! Entry points: [`run_worker`] (`nereid worker`: the data plane's serve loop in explicit mode
+//! with the agent beside it, set up by an [`AgentConfig`]) and [`run`] (the agent alone, over a
+//! [`ModelManager`] the caller built); [`AgentError`] when the agent cannot start.
 //!
 //! ```text
 //! RegisterNode (id, addresses, capacity) ──► heartbeat task (every interval; `reregister` ─┐
@@ -15,9 +20,9 @@
 //! Models are served from a private repository directory of symlinks to their `file://`
 //! sources, or to the local mirror of their `s3://` / `gs://` / `as://` sources ([`source`]);
 //! the data plane runs in explicit mode and refuses client loads and
-//! unloads ([`crate::manager::ManagerConfig::cluster_managed`]). Memory per replica is what the
-//! data plane measured when it built the version ([`crate::stats::LoadReport`]): the C heap its
-//! load kept ([`crate::probe::heap`], in-process backends, loads measured one at a time) or its
+//! unloads ([`ManagerConfig::cluster_managed`](nereid_data_plane::ManagerConfig::cluster_managed)). Memory per replica is what the
+//! data plane measured when it built the version (its `LoadReport`): the C heap its
+//! load kept ([`nereid_data_plane::probe::heap`], in-process backends, loads measured one at a time) or its
 //! Python stubs' anonymous memory; the same model measures the same on every worker. GPU
 //! memory per replica is the growth of device memory used (NVML) on the GPUs the control
 //! plane assigned the model here, per GPU ([`gpu_growth_per_gpu`]); 0 without NVML or without
@@ -25,13 +30,13 @@
 //! concurrent allocation skews the figure; placement takes the largest figure reported for a
 //! version.
 
-pub mod client;
-pub mod companions;
-pub mod heartbeat;
-pub mod reconcile;
-pub mod source;
-pub mod state;
-pub mod worker;
+mod client;
+mod companions;
+mod heartbeat;
+mod reconcile;
+mod source;
+mod state;
+mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -46,11 +51,13 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_stream::StreamExt;
 
-use crate::manager::{LoadSource, ModelManager};
-use crate::probe::{gpu, host};
 use client::ControlPlane;
+use nereid_data_plane::probe::{gpu, host};
+use nereid_data_plane::{LoadSource, ModelManager};
 use reconcile::{Local, LocalModel, Op, Report};
 use state::ClusterMirror;
+
+pub use worker::run as run_worker;
 
 /// Settings of the agent.
 #[derive(Clone, Debug)]

@@ -23,7 +23,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use super::source;
-use crate::config;
+use nereid_data_plane::config;
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 
