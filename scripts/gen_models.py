@@ -504,7 +504,8 @@ BROKEN_ENSEMBLES = {
     "ens_bad_step_input": ["input 'INPUT1' of model 'ens_addsub' is not mapped"],
     "ens_bad_instance_group": ["instance group should not be specified for ensemble"],
     "ens_bad_warmup": ["model_warmup can not be specified for ensemble"],
-    "ens_bad_decoupled": ["'ens_decoupled'", "decoupled"],
+    "ens_bad_decoupled": ["in ensemble ens_bad_decoupled, step of model 'ens_addsub' receives "
+                          "inputs originated from different decoupled models"],
 }
 
 
@@ -535,7 +536,7 @@ def write_ensemble_models(repo):
         comment="Slow copy with dynamic batching: concurrent ensemble requests share executions."))
     write_identity(repo, "ens_decoupled", identity_backend_config(
         "ens_decoupled", 8, extra="model_transaction_policy { decoupled: true }\n",
-        comment="Decoupled: an ensemble over it must not load (not supported yet)."))
+        comment="Decoupled: an ensemble step may not read its output beside an ensemble input."))
 
     sum_diff = [("SUM", "FP32", [4]), ("DIFF", "FP32", [4])]
     out = [("OUT", "FP32", [4])]
@@ -597,7 +598,8 @@ def write_ensemble_models(repo):
 ]
 """),
         "ens_bad_decoupled": ensemble_config("ens_bad_decoupled", 8, f4, out, [
-            ("ens_decoupled", {"INPUT0": "IN"}, {"OUTPUT0": "OUT"})]),
+            ("ens_decoupled", {"INPUT0": "IN"}, {"OUTPUT0": "MID"}),
+            ("ens_addsub", {"INPUT0": "MID", "INPUT1": "IN"}, {"OUTPUT0": "OUT"})]),
     }
     assert set(bad) == set(BROKEN_ENSEMBLES)
     for name, config in {**good, **bad}.items():

@@ -4,7 +4,14 @@
 //! infer: shutdown gate ─► trace (sampled) ─► manager.get(model, version)
 //!        ─► LoadedVersion::infer (crate::request: check, count, run on the version's runner)
 //!        ensemble steps come back through infer_model (never refused while draining)
+//! infer_stream: shutdown gate ─► RequestPath::stream_model: a decoupled model's or decoupled
+//!        ensemble's responses (LoadedVersion::infer_stream), any other model's one answer;
+//!        a decoupled ensemble's steps come back through stream_model
 //! ```
+//!
+//! The request path runs on owned handles ([`RequestPath`]: the manager and the tracer), so a
+//! decoupled ensemble's response stream, which outlives the call that started it, can still
+//! run its steps.
 //!
 //! This module only adapts [`InferenceService`] to the model manager and the request path; it
 //! holds no request logic of its own.
@@ -35,7 +42,7 @@ use nereid_proto::{
 };
 
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
-use crate::request::RunContext;
+use crate::request::{RunContext, StreamContext};
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
@@ -242,7 +249,7 @@ impl InferenceService for DataPlane {
                 "Server is shutting down and has stopped accepting new requests.",
             ));
         }
-        self.infer_model(request).await
+        self.path().infer_model(request).await
     }
 
     async fn infer_stream(&self, request: InferRequest) -> ServiceResult<ResponseStream> {
@@ -251,15 +258,7 @@ impl InferenceService for DataPlane {
                 "Server is shutting down and has stopped accepting new requests.",
             ));
         }
-        let started = Instant::now();
-        let loaded = self
-            .manager
-            .get(&request.model_name, request.model_version)?;
-        if loaded.streams() {
-            return loaded.infer_stream(request, started);
-        }
-        // Every other model answers once, through the unary path (traced like any infer).
-        Ok(crate::request::single(self.infer(request).await?))
+        self.path().stream_model(request).await
     }
 
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>> {
@@ -318,12 +317,49 @@ impl InferenceService for DataPlane {
     }
 }
 
-impl DataPlane {
+/// The request path on owned handles: what runs one model's requests, a client's or an
+/// ensemble step's.
+#[derive(Clone)]
+struct RequestPath {
+    manager: Arc<ModelManager>,
+    tracer: Tracer,
+}
+
+impl RequestPath {
     /// One request to one model: a client's, or an ensemble step's (never refused while the
     /// server drains, so an ensemble that is running finishes). Boxed: ensembles recurse
     /// through it.
-    fn infer_model(&self, request: InferRequest) -> BoxFuture<'_, ServiceResult<InferResponse>> {
-        Box::pin(self.run_request(request))
+    fn infer_model(
+        &self,
+        request: InferRequest,
+    ) -> BoxFuture<'static, ServiceResult<InferResponse>> {
+        let path = self.clone();
+        Box::pin(async move { path.run_request(request).await })
+    }
+
+    /// One streamed request: a decoupled model's (or decoupled ensemble's) responses as they
+    /// come, any other model's one answer (through the unary path, traced like any infer).
+    /// Never refused while the server drains: a decoupled ensemble's steps come through here.
+    fn stream_model(
+        &self,
+        request: InferRequest,
+    ) -> BoxFuture<'static, ServiceResult<ResponseStream>> {
+        let path = self.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let loaded = path
+                .manager
+                .get(&request.model_name, request.model_version)?;
+            if loaded.streams() {
+                let steps = path.clone();
+                let ctx = StreamContext {
+                    unavailable: &|loaded| path.manager.unavailable(loaded),
+                    step: Arc::new(move |r| steps.stream_model(r)),
+                };
+                return loaded.infer_stream(request, started, ctx);
+            }
+            Ok(crate::request::single(path.run_request(request).await?))
+        })
     }
 
     /// Runs one request, traced when the tracer samples it.
@@ -370,13 +406,23 @@ impl DataPlane {
         let loaded = self
             .manager
             .get(&request.model_name, request.model_version)?;
-        let step = |r| self.infer_model(r);
+        let step = |r| -> BoxFuture<'_, ServiceResult<InferResponse>> { self.infer_model(r) };
         let ctx = RunContext {
             unavailable: &|loaded| self.manager.unavailable(loaded),
             step: &step,
             trace,
         };
         loaded.infer(request, started, ctx).await
+    }
+}
+
+impl DataPlane {
+    /// The request path, on this data plane's manager and tracer.
+    fn path(&self) -> RequestPath {
+        RequestPath {
+            manager: self.manager.clone(),
+            tracer: self.tracer.clone(),
+        }
     }
 
     /// The repository API loads and unloads only in explicit mode, and never on a worker whose

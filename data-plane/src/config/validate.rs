@@ -227,11 +227,8 @@ fn check_ensemble(errors: &mut Vec<String>, config: &ModelConfig) {
             "model_warmup can not be specified for ensemble '{m}' (warm up its composing models instead)"
         ));
     }
-    if decoupled(config) {
-        errors.push(format!(
-            "ensemble '{m}': decoupled ensembles (model_transaction_policy {{ decoupled: true }}) are not supported by Nereid yet"
-        ));
-    }
+    // `model_transaction_policy` of an ensemble is computed at load from its steps (whatever
+    // the file says): see `ensemble::plan::completed_config`.
     let steps = super::ensemble_steps(config);
     let inputs: Vec<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
     let outputs: Vec<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
@@ -534,7 +531,6 @@ mod tests {
                 "instance group should not be specified for ensemble 'm'",
                 "optimization should not be specified for ensemble 'm'",
                 "model_warmup can not be specified for ensemble 'm' (warm up its composing models instead)",
-                "ensemble 'm': decoupled ensembles (model_transaction_policy { decoupled: true }) are not supported by Nereid yet",
             ]
         );
         // The data flow is checked too (the details are graph's tests).

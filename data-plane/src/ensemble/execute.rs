@@ -174,7 +174,7 @@ where
 /// A step's failure as the ensemble's: the same class (a composing model's 400 stays a 400),
 /// the message prefixed with the ensemble and the step. A composing model that is not there
 /// (any more) makes the ensemble unavailable rather than "not found".
-fn step_error(plan: &EnsemblePlan, index: usize, error: ServiceError) -> ServiceError {
+pub(super) fn step_error(plan: &EnsemblePlan, index: usize, error: ServiceError) -> ServiceError {
     let step = &plan.steps[index];
     let prefix = format!(
         "ensemble '{}' {}: ",
@@ -191,7 +191,7 @@ fn step_error(plan: &EnsemblePlan, index: usize, error: ServiceError) -> Service
 }
 
 /// The step's outputs renamed to the ensemble tensors they become.
-fn step_outputs(
+pub(super) fn step_outputs(
     plan: &EnsemblePlan,
     index: usize,
     response: InferResponse,
@@ -227,6 +227,7 @@ mod tests {
 
     use super::*;
     use crate::ensemble::limit::StepLimits;
+    use crate::ensemble::origin::Origins;
     use crate::ensemble::plan::PlanStep;
 
     fn step(
@@ -266,6 +267,7 @@ mod tests {
             ],
             order: vec![1, 2, 0],
             limits: StepLimits::unlimited(),
+            origins: Origins::none(3),
         }
     }
 
@@ -463,6 +465,7 @@ mod tests {
             steps: vec![step("gone", &[("x", "IN")], &[("y", "OUT")], &[])],
             order: vec![0],
             limits: StepLimits::unlimited(),
+            origins: Origins::none(1),
         };
         let e = execute(&missing, request(&["OUT"]), |r| {
             std::future::ready(run_model(&r))
@@ -503,6 +506,7 @@ mod tests {
             steps: vec![step("slow", &[("x", "IN")], &[("y", "OUT")], &[])],
             order: vec![0],
             limits: StepLimits::new(max, 1),
+            origins: Origins::none(1),
         };
         let now = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));

@@ -10,6 +10,9 @@
 //!            model through the data plane's own infer (its scheduler batches it with other
 //!            traffic) ─► its outputs become ensemble tensors ─► start what is now ready
 //!          ─► the requested ensemble outputs
+//! decoupled ensemble (a decoupled step; origin::analyze at load): stream::execute_stream:
+//!            flow::Flow numbers iterations (each response of a decoupled step is one more),
+//!            runs each step once per iteration, streams each complete response
 //! ```
 //!
 //! An ensemble has no instances and no scheduler of its own. A step's `input_map` maps the
@@ -18,11 +21,15 @@
 //! exactly one producer: an ensemble input or one step.
 
 pub mod execute;
+pub mod flow;
 pub mod limit;
+pub mod origin;
 pub mod plan;
+pub mod stream;
 
 pub use execute::{EnsembleRequest, execute};
-pub use plan::{EnsemblePlan, plan};
+pub use plan::{EnsemblePlan, completed_config, plan};
+pub use stream::{EnsembleStreamed, StepStream, execute_stream};
 
 /// The `platform` of ensemble configs (defined in `config`, which validates them).
 pub use crate::config::ENSEMBLE_PLATFORM as PLATFORM;

@@ -3,10 +3,12 @@
 //!
 //! ```text
 //! graph::analyze(declared steps) ─► per step: circular dependency through other ensembles?
-//!   ─► composing config (lookup: loaded? that version served?) ─► decoupled? batch size?
+//!   ─► composing config (lookup: loaded? that version served?) ─► batch size?
 //!   ─► input_map / output_map keys are the model's tensors, every required input mapped
 //! ─► per tensor: producer (ensemble input or step output) and each reader agree on data type
 //!    and full shape (batch dimension included, -1 matches any size)
+//! ─► decoupled origins ([`super::origin`]): no step mixes them; decoupled step ⇒ the
+//!    ensemble is decoupled
 //! ```
 //!
 //! Pure: the composing models' configs come from a lookup function, so the manager decides
@@ -15,10 +17,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use nereid_proto::pb::inference::ModelTransactionPolicy;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::{DataType, format_shape};
 
 use super::limit::StepLimits;
+use super::origin::{self, Origins};
 use super::step_label;
 use crate::config::ValidModelConfig;
 use crate::config::ensemble_graph::{self as graph, StepNode};
@@ -38,6 +42,17 @@ pub struct EnsemblePlan {
     /// `ensemble_scheduling.max_inflight_requests`: how many requests each step may have in
     /// flight at once, across the ensemble's requests.
     pub limits: StepLimits,
+    /// Which steps are decoupled and where every step's inputs come from; a plan with a
+    /// decoupled step streams ([`EnsemblePlan::decoupled`]).
+    pub origins: Origins,
+}
+
+impl EnsemblePlan {
+    /// Whether the ensemble is decoupled (some step is): it answers through a response
+    /// stream, and its config says `model_transaction_policy { decoupled: true }`.
+    pub fn decoupled(&self) -> bool {
+        self.origins.decoupled()
+    }
 }
 
 /// Builds the plan of the ensemble `config` (complete and validated). `lookup(model, version)`
@@ -88,16 +103,42 @@ pub fn plan(
         }
     }
     check_tensors(&mut errors, config, &graph.steps, &composing);
-    if errors.is_empty() {
-        Ok(EnsemblePlan {
+    if !errors.is_empty() {
+        return Err(errors.join("; "));
+    }
+    let decoupled: Vec<bool> = composing
+        .iter()
+        .map(|c| c.as_ref().is_some_and(|m| m.decoupled))
+        .collect();
+    match origin::analyze(e, &graph.steps, &graph.order, &decoupled) {
+        Ok(origins) => Ok(EnsemblePlan {
             name: e.clone(),
             limits: StepLimits::new(max_inflight_requests(config), graph.steps.len()),
             steps: graph.steps,
             order: graph.order,
-        })
-    } else {
-        Err(errors.join("; "))
+            origins,
+        }),
+        Err(errors) => Err(errors.join("; ")),
     }
+}
+
+/// `config` as a loaded ensemble answers it: `model_transaction_policy { decoupled }` says
+/// what the plan found (whatever the file said), as in Triton.
+pub fn completed_config(
+    config: &ValidModelConfig,
+    plan: &EnsemblePlan,
+) -> Result<ValidModelConfig, String> {
+    let decoupled = plan.decoupled();
+    let mut wire = config.wire().clone();
+    let current = wire
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled);
+    if current == decoupled {
+        return Ok(config.clone());
+    }
+    wire.model_transaction_policy = Some(ModelTransactionPolicy { decoupled });
+    ValidModelConfig::try_from(wire).map_err(|e| e.to_string())
 }
 
 /// `ensemble_scheduling.max_inflight_requests` of the ensemble (0: unlimited).
@@ -148,11 +189,6 @@ fn check_step(
     let e = &ensemble.name;
     let m = &step.model;
     let label = step_label(index, m);
-    if model.decoupled {
-        errors.push(format!(
-            "ensemble '{e}' {label}: composing model '{m}' is decoupled (model_transaction_policy {{ decoupled: true }}); ensembles of decoupled models are not supported by Nereid yet"
-        ));
-    }
     if ensemble.max_batch_size > 0
         && model.max_batch_size > 0
         && model.max_batch_size < ensemble.max_batch_size
@@ -479,17 +515,47 @@ mod tests {
     }
 
     #[test]
-    fn refuses_decoupled_composing_models() {
-        let e = plan_of(&ensemble(
-            "e",
-            8,
-            IO,
-            &step("dec", &[("x", "IN")], &[("y", "OUT")]),
-        ))
-        .unwrap_err();
+    fn a_decoupled_step_makes_the_ensemble_decoupled() {
+        let steps = [
+            step("dec", &[("x", "IN")], &[("y", "MID")]),
+            step("scale", &[("x", "MID")], &[("y", "OUT")]),
+        ]
+        .join(", ");
+        let e = ensemble("e", 8, IO, &steps);
+        let p = plan_of(&e).unwrap();
+        assert!(p.decoupled());
+        assert_eq!(p.origins.decoupled_steps, vec![true, false]);
+        let completed = completed_config(&e, &p).unwrap();
+        assert!(completed.decoupled);
         assert_eq!(
-            e,
-            "ensemble 'e' step 0 (model 'dec'): composing model 'dec' is decoupled (model_transaction_policy { decoupled: true }); ensembles of decoupled models are not supported by Nereid yet"
+            completed.wire().model_transaction_policy,
+            Some(ModelTransactionPolicy { decoupled: true })
+        );
+        // A file that says decoupled over plain steps is corrected too.
+        let plain = config(
+            "e",
+            &format!(
+                r#"platform: "ensemble" max_batch_size: 8 {IO}
+                   model_transaction_policy {{ decoupled: true }}
+                   ensemble_scheduling {{ step [ {} ] }}"#,
+                step("scale", &[("x", "IN")], &[("y", "OUT")])
+            ),
+        );
+        let p = plan_of(&plain).unwrap();
+        assert!(!p.decoupled());
+        assert!(!completed_config(&plain, &p).unwrap().decoupled);
+    }
+
+    #[test]
+    fn a_step_may_not_mix_decoupled_origins() {
+        let steps = [
+            step("dec", &[("x", "IN")], &[("y", "MID")]),
+            step("addsub", &[("a", "MID"), ("b", "IN")], &[("sum", "OUT")]),
+        ]
+        .join(", ");
+        assert_eq!(
+            plan_of(&ensemble("e", 8, IO, &steps)).unwrap_err(),
+            "in ensemble e, step of model 'addsub' receives inputs originated from different decoupled models"
         );
     }
 

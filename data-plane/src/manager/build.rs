@@ -98,7 +98,17 @@ pub fn build(
     }
     let complete = complete(&input.name, raw, &dirs, backends, input.options)
         .map_err(|e| fail(e.to_string(), &selected))?;
-    let config = Arc::new(complete);
+    let mut config = Arc::new(complete);
+    let mut plan = None;
+    if config.platform == ensemble::PLATFORM {
+        let planned = ensemble::plan(&config, |model, version| models.config(model, version))
+            .map_err(|e| fail(e, &selected))?;
+        // Its config says whether it is decoupled, as the plan found.
+        config = Arc::new(
+            ensemble::completed_config(&config, &planned).map_err(|e| fail(e, &selected))?,
+        );
+        plan = Some(Arc::new(planned));
+    }
     let labels = Arc::new(Labels::load(&config, &input.dir).map_err(|e| fail(e, &selected))?);
     let versions = VersionsInput {
         config: &config,
@@ -106,10 +116,7 @@ pub fn build(
         selected: &selected,
         dirs: &dirs,
     };
-    if config.platform == ensemble::PLATFORM {
-        let plan = ensemble::plan(&config, |model, version| models.config(model, version))
-            .map_err(|e| fail(e, &selected))?;
-        let plan = Arc::new(plan);
+    if let Some(plan) = plan {
         // No instances of its own: a running version is kept while its plan is unchanged too.
         return build_versions(
             input,

@@ -5,11 +5,14 @@
 //! LoadedVersion::infer(InferRequest)            LoadedVersion::infer_stream (decoupled only)
 //!   Outcome::start (in flight; one outcome)       Outcome::start
 //!   request_check::check ─► ValidRequest          request_check::check ─► ValidRequest
-//!   response cache lookup (hit: answer now)       stream::run (responses as they come)
+//!   response cache lookup (hit: answer now)       stream::run (responses as they come), or
+//!                                                 stream::run_ensemble for a decoupled
+//!                                                 ensemble (ensemble::execute_stream)
 //!   ┄┄ cross-cutting steps go here ┄┄
 //!   LoadedVersion::run(ValidRequest) ─ match runner:
 //!     Batched(scheduler)  ─► submit ─► queue, batch, instance ─► outputs
 //!     Decoupled(_)        ─► refused (UNSUPPORTED): only the streaming path serves it
+//!                            (so is an ensemble with a decoupled step)
 //!     Ensemble(plan)      ─► ensemble::execute, each step back through `RunContext::step`
 //!   ─► classification::apply ─► response cache insert (on a miss) ─► InferResponse
 //!      (outputs + the response parameters the model set; an ensemble's carry none)
@@ -65,6 +68,15 @@ pub(crate) struct RunContext<'a> {
     pub trace: Option<&'a mut RequestTrace>,
 }
 
+/// What a streamed request needs from the server around it (a decoupled ensemble's steps).
+pub(crate) struct StreamContext<'a> {
+    /// As [`RunContext::unavailable`].
+    pub unavailable: &'a (dyn Fn(&LoadedVersion) -> Option<String> + Sync + 'a),
+    /// How a decoupled ensemble's steps run: each a response stream, owned by the ensemble's
+    /// own stream.
+    pub step: ensemble::StepStream,
+}
+
 impl LoadedVersion {
     /// Runs `request` (which arrived at `started`) on this version and answers it.
     pub(crate) async fn infer(
@@ -74,7 +86,7 @@ impl LoadedVersion {
         ctx: RunContext<'_>,
     ) -> ServiceResult<InferResponse> {
         let mut outcome = Outcome::start(self.clone(), started);
-        if let Runner::Decoupled(_) = self.runner {
+        if self.streams() {
             return Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)));
         }
         let mut valid = request_check::check(&self.config, request)
@@ -118,20 +130,34 @@ impl LoadedVersion {
         Ok(self.response(id, answer))
     }
 
-    /// Whether this version answers through a response stream (a decoupled model); every
-    /// other version answers once, through [`LoadedVersion::infer`].
+    /// Whether this version answers through a response stream (a decoupled model, or an
+    /// ensemble with a decoupled step); every other version answers once, through
+    /// [`LoadedVersion::infer`].
     pub(crate) fn streams(&self) -> bool {
-        matches!(self.runner, Runner::Decoupled(_))
+        match &self.runner {
+            Runner::Decoupled(_) => true,
+            Runner::Ensemble(plan) => plan.decoupled(),
+            Runner::Batched(_) => false,
+        }
     }
 
-    /// Runs `request` on a decoupled version and streams its responses as the model sends
-    /// them. Any other version is refused: its callers take [`LoadedVersion::infer`].
+    /// Runs `request` on a decoupled version and streams its responses as the model (or the
+    /// decoupled ensemble) sends them. Any other version is refused: its callers take
+    /// [`LoadedVersion::infer`].
     pub(crate) fn infer_stream(
         self: &Arc<Self>,
         request: InferRequest,
         started: Instant,
+        ctx: StreamContext<'_>,
     ) -> ServiceResult<ResponseStream> {
-        stream::run(self.clone(), request, started)
+        match &self.runner {
+            Runner::Ensemble(plan) if plan.decoupled() => {
+                stream::run_ensemble(self.clone(), plan.clone(), request, started, ctx)
+            }
+            Runner::Ensemble(_) | Runner::Batched(_) | Runner::Decoupled(_) => {
+                stream::run(self.clone(), request, started)
+            }
+        }
     }
 
     /// Runs a checked request (whose id is `id`) on whatever serves this version; failures are

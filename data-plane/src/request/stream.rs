@@ -9,6 +9,10 @@
 //!   queue rejection / execute failed as a whole ─► StreamEvent::Failed ends the stream
 //! ```
 //!
+//! A decoupled ensemble streams through [`run_ensemble`]: its checked request goes to
+//! `ensemble::execute_stream`, whose items become this version's responses; the outcome is
+//! counted when the last item (or an error) goes out, as cancelled if the client drops it first.
+//!
 //! Plain `infer` refuses decoupled models the way Triton does (UNSUPPORTED). The stream ends
 //! when the model sent its final flag or dropped every sender (a crashed stub). The request's
 //! [`Outcome`] lives in the task that awaits the scheduler, so a stream counts as in flight
@@ -24,9 +28,10 @@ use nereid_proto::{
 use tokio::sync::mpsc;
 
 use super::outcome::{Outcome, backend_error};
-use super::{LoadedVersion, Runner};
+use super::{LoadedVersion, Runner, StreamContext};
 use crate::backend::{ModelResponse, StreamEvent};
 use crate::classification::{self, Classify};
+use crate::ensemble::{self, EnsemblePlan, EnsembleRequest, EnsembleStreamed};
 use crate::request_check;
 use crate::stats::FailureReason;
 
@@ -93,6 +98,66 @@ pub(super) fn run(
         }
     });
     Ok(responses(loaded, id, classify, events))
+}
+
+/// Runs `request` on a decoupled ensemble version (`plan`) and streams its responses.
+pub(super) fn run_ensemble(
+    loaded: Arc<LoadedVersion>,
+    plan: Arc<EnsemblePlan>,
+    request: InferRequest,
+    started: Instant,
+    ctx: StreamContext<'_>,
+) -> ServiceResult<ResponseStream> {
+    let mut outcome = Outcome::start(loaded.clone(), started);
+    if let Some(reason) = (ctx.unavailable)(&loaded) {
+        let e = ServiceError::unavailable(format!(
+            "ensemble '{}' is not available: {reason}",
+            loaded.name
+        ));
+        return Err(outcome.failed(FailureReason::Other, e));
+    }
+    let mut valid =
+        request_check::check(&loaded.config, request).map_err(|e| outcome.refused_unchecked(e))?;
+    let id = valid.id.clone();
+    let classify = std::mem::take(&mut valid.classify);
+    let batch_size = valid.batch_size;
+    let request = EnsembleRequest {
+        id: valid.id,
+        options: valid.options,
+        parameters: valid.parameters,
+        inputs: valid.inputs,
+        outputs: valid.outputs,
+    };
+    let items = ensemble::execute_stream(plan, request, ctx.step);
+    // Taken by the item that ends the stream; dropped with the stream otherwise (cancelled).
+    let mut outcome = Some(outcome);
+    let stream = items.map(move |item| {
+        let item = item.and_then(|EnsembleStreamed { outputs, last }| {
+            let response = outputs
+                .map(|tensors| {
+                    let batching = loaded.config.batching();
+                    classification::apply(tensors, &classify, &loaded.labels, batching)
+                })
+                .transpose()?
+                .map(|tensors| loaded.response(id.clone(), tensors.into()));
+            Ok(StreamedResponse { response, last })
+        });
+        match item {
+            Ok(streamed) => {
+                if streamed.last
+                    && let Some(mut outcome) = outcome.take()
+                {
+                    outcome.ensemble_succeeded(batch_size);
+                }
+                Ok(streamed)
+            }
+            Err(e) => Err(match outcome.take() {
+                Some(mut outcome) => outcome.refused(e),
+                None => e,
+            }),
+        }
+    });
+    Ok(stream.boxed())
 }
 
 /// Turns the backend's events into stream items, holding one response back so the response

@@ -1,0 +1,406 @@
+//! Running one request through a decoupled ensemble (a plan with a decoupled step), as a
+//! stream of responses.
+//!
+//! ```text
+//! Flow::start_ready ─► one InferRequest per (step, iteration), as in `execute`, through
+//!   `step` (a response stream: a decoupled model's responses, any other model's one answer),
+//!   after a place among the step's in-flight requests (`max_inflight_requests`)
+//! every response of every running step (all polled together) ─► its outputs ─► Flow::record
+//!   ─► complete ensemble responses ─► held back one, so that the last one carries `last`
+//! nothing left running ─► the held response with last = true (or a flag-only last item)
+//! a step fails ─► the held response, then the error, and the stream ends (running steps are
+//!   dropped, which cancels them)
+//! ```
+//!
+//! Nothing is spawned: the stream is the request. A client that goes away drops it, and with
+//! it every step still running.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::stream::{self, BoxStream, SelectAll};
+use futures::{FutureExt, StreamExt};
+use nereid_proto::{
+    InferRequest, InferResponse, Parameters, RequestedOutput, ResponseStream, ServiceError,
+    ServiceResult, StreamedResponse, Tensor,
+};
+
+use super::execute::{EnsembleRequest, step_error, step_outputs};
+use super::flow::{Flow, Invocation};
+use super::plan::EnsemblePlan;
+
+/// How a streaming ensemble's step reaches its composing model: owned, because the response
+/// stream outlives the call that started it.
+pub type StepStream =
+    Arc<dyn Fn(InferRequest) -> BoxFuture<'static, ServiceResult<ResponseStream>> + Send + Sync>;
+
+/// One item of an ensemble's response stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EnsembleStreamed {
+    /// The requested outputs, in the order asked; `None` for a flag-only last item.
+    pub outputs: Option<Vec<Tensor>>,
+    /// No more items follow.
+    pub last: bool,
+}
+
+/// What one running step invocation yields: (step, iteration, one of its responses).
+type StepEvent = (usize, usize, ServiceResult<InferResponse>);
+
+/// Runs `request` through the decoupled `plan`, each step through `step`.
+pub fn execute_stream(
+    plan: Arc<EnsemblePlan>,
+    request: EnsembleRequest,
+    step: StepStream,
+) -> BoxStream<'static, ServiceResult<EnsembleStreamed>> {
+    let EnsembleRequest {
+        id,
+        options,
+        parameters,
+        inputs,
+        outputs,
+    } = request;
+    let flow = Flow::new(&plan, inputs, outputs);
+    let run = Run {
+        base: InferRequest {
+            id,
+            options,
+            parameters,
+            ..Default::default()
+        },
+        plan,
+        flow,
+        step,
+        running: SelectAll::new(),
+        out: VecDeque::new(),
+        held: None,
+        done: false,
+    };
+    stream::unfold(run, |mut run| async move {
+        let item = run.next().await?;
+        Some((item, run))
+    })
+    .boxed()
+}
+
+/// The driver's state: the flow, the running invocations, what is ready to go out.
+struct Run {
+    plan: Arc<EnsemblePlan>,
+    /// Id, options and parameters every step request carries.
+    base: InferRequest,
+    flow: Flow,
+    step: StepStream,
+    running: SelectAll<BoxStream<'static, StepEvent>>,
+    out: VecDeque<ServiceResult<EnsembleStreamed>>,
+    /// The latest complete response, sent when the next one is complete (not last) or when
+    /// nothing is left running (last).
+    held: Option<Vec<Tensor>>,
+    done: bool,
+}
+
+impl Run {
+    async fn next(&mut self) -> Option<ServiceResult<EnsembleStreamed>> {
+        loop {
+            if let Some(item) = self.out.pop_front() {
+                return Some(item);
+            }
+            if self.done {
+                return None;
+            }
+            for invocation in self.flow.start_ready(&self.plan) {
+                let call = self.invoke(invocation);
+                self.running.push(call);
+            }
+            match self.running.next().await {
+                None => {
+                    self.done = true;
+                    self.out.push_back(Ok(EnsembleStreamed {
+                        outputs: self.held.take(),
+                        last: true,
+                    }));
+                }
+                Some((step, iteration, Ok(response))) => {
+                    match step_outputs(&self.plan, step, response) {
+                        Ok(outputs) => {
+                            let complete = self.flow.record(&self.plan, step, iteration, outputs);
+                            for response in complete {
+                                if let Some(previous) = self.held.replace(response) {
+                                    self.out.push_back(Ok(EnsembleStreamed {
+                                        outputs: Some(previous),
+                                        last: false,
+                                    }));
+                                }
+                            }
+                        }
+                        Err(e) => self.fail(e),
+                    }
+                }
+                Some((step, _, Err(e))) => {
+                    let e = step_error(&self.plan, step, e);
+                    self.fail(e);
+                }
+            }
+        }
+    }
+
+    /// Ends the stream with `error`, after the response held back; running steps are dropped.
+    fn fail(&mut self, error: ServiceError) {
+        if let Some(previous) = self.held.take() {
+            self.out.push_back(Ok(EnsembleStreamed {
+                outputs: Some(previous),
+                last: false,
+            }));
+        }
+        self.out.push_back(Err(error));
+        self.running = SelectAll::new();
+        self.done = true;
+    }
+
+    /// The responses of one step invocation, after a place among the step's in-flight
+    /// requests (held until its stream ends).
+    fn invoke(&self, invocation: Invocation) -> BoxStream<'static, StepEvent> {
+        let Invocation {
+            step: index,
+            iteration,
+            inputs,
+        } = invocation;
+        let node = &self.plan.steps[index];
+        let request = InferRequest {
+            model_name: node.model.clone(),
+            model_version: node.version,
+            id: self.base.id.clone(),
+            options: self.base.options.clone(),
+            parameters: self.base.parameters.clone(),
+            inputs,
+            outputs: node
+                .outputs
+                .iter()
+                .map(|(output, _)| RequestedOutput {
+                    name: output.clone(),
+                    parameters: Parameters::new(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let call = (self.step)(request);
+        let limits = self.plan.limits.clone();
+        async move {
+            let place = limits.acquire(index).await;
+            (place, call.await)
+        }
+        .into_stream()
+        .flat_map(move |(place, result)| match result {
+            Ok(responses) => responses
+                .filter_map(|item| {
+                    std::future::ready(match item {
+                        Ok(StreamedResponse {
+                            response: Some(r), ..
+                        }) => Some(Ok(r)),
+                        Ok(StreamedResponse { response: None, .. }) => None,
+                        Err(e) => Some(Err(e)),
+                    })
+                })
+                .map(move |r| {
+                    // The place is given back when this step's stream is dropped.
+                    let _place = &place;
+                    (index, iteration, r)
+                })
+                .boxed(),
+            Err(e) => stream::once(std::future::ready((index, iteration, Err(e)))).boxed(),
+        })
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+    use nereid_proto::DataType;
+
+    use super::*;
+    use crate::ensemble::limit::StepLimits;
+    use crate::ensemble::origin::{Origin, Origins};
+    use crate::ensemble::plan::PlanStep;
+
+    fn ints(name: &str, values: &[i32]) -> Tensor {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::new(
+            name,
+            DataType::Int32,
+            vec![values.len() as i64],
+            Bytes::from(bytes),
+        )
+        .unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<i32> {
+        t.data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn step(model: &str, input: (&str, &str), output: (&str, &str)) -> PlanStep {
+        PlanStep {
+            model: model.into(),
+            version: None,
+            inputs: vec![(input.0.into(), input.1.into())],
+            outputs: vec![(output.0.into(), output.1.into())],
+            after: Vec::new(),
+        }
+    }
+
+    /// IN -> repeat (decoupled: one response per element) -> R -> double -> OUT.
+    fn plan() -> Arc<EnsemblePlan> {
+        Arc::new(EnsemblePlan {
+            name: "e".into(),
+            steps: vec![
+                step("repeat", ("IN", "IN"), ("OUT", "R")),
+                step("double", ("x", "R"), ("y", "OUT")),
+            ],
+            order: vec![0, 1],
+            limits: StepLimits::unlimited(),
+            origins: Origins {
+                steps: vec![Origin::Request, Origin::Step(0)],
+                decoupled_steps: vec![true, false],
+            },
+        })
+    }
+
+    fn response(model: &str, tensor: Tensor) -> ServiceResult<StreamedResponse> {
+        Ok(StreamedResponse {
+            response: Some(InferResponse {
+                model_name: model.into(),
+                outputs: vec![tensor],
+                ..Default::default()
+            }),
+            last: false,
+        })
+    }
+
+    /// repeat and double as stream functions; `fail_on`: double fails for this value.
+    fn models(fail_on: Option<i32>, log: Arc<Mutex<Vec<String>>>) -> StepStream {
+        Arc::new(move |r: InferRequest| {
+            log.lock().unwrap().push(r.model_name.clone());
+            let input = values(&r.inputs[0]);
+            let model = r.model_name.clone();
+            async move {
+                let items: Vec<ServiceResult<StreamedResponse>> = match model.as_str() {
+                    "repeat" => input
+                        .iter()
+                        .map(|v| response("repeat", ints("OUT", &[*v])))
+                        .collect(),
+                    _ if fail_on == Some(input[0]) => {
+                        vec![Err(ServiceError::invalid("bad value"))]
+                    }
+                    _ => vec![response(
+                        "double",
+                        ints("y", &input.iter().map(|v| v * 2).collect::<Vec<_>>()),
+                    )],
+                };
+                Ok(stream::iter(items).boxed())
+            }
+            .boxed()
+        })
+    }
+
+    fn request(values: &[i32]) -> EnsembleRequest {
+        EnsembleRequest {
+            id: "r1".into(),
+            inputs: vec![ints("IN", values)],
+            outputs: vec!["OUT".into()],
+            ..Default::default()
+        }
+    }
+
+    async fn collect(values: &[i32], fail_on: Option<i32>) -> Vec<ServiceResult<EnsembleStreamed>> {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        execute_stream(plan(), request(values), models(fail_on, log))
+            .collect()
+            .await
+    }
+
+    fn answers(items: &[ServiceResult<EnsembleStreamed>]) -> Vec<(Option<Vec<i32>>, bool)> {
+        items
+            .iter()
+            .map(|i| {
+                let i = i.as_ref().unwrap();
+                (i.outputs.as_ref().map(|o| values(&o[0])), i.last)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn every_decoupled_response_runs_the_next_step_and_the_last_is_final() {
+        let items = collect(&[1, 2, 3], None).await;
+        assert_eq!(
+            answers(&items),
+            vec![
+                (Some(vec![2]), false),
+                (Some(vec![4]), false),
+                (Some(vec![6]), true)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn no_response_is_a_flag_only_final_item() {
+        let items = collect(&[], None).await;
+        assert_eq!(answers(&items), vec![(None, true)]);
+    }
+
+    #[tokio::test]
+    async fn a_failing_step_ends_the_stream_after_what_was_complete() {
+        let items = collect(&[1, 2, 3], Some(2)).await;
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert_eq!(answers(&items[..1]), vec![(Some(vec![2]), false)]);
+        assert_eq!(
+            items[1],
+            Err(ServiceError::InvalidArgument(
+                "ensemble 'e' step 1 (model 'double'): bad value".into()
+            ))
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_stream_drops_the_running_steps() {
+        // repeat never answers; the stream is dropped after its first poll.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tx = Arc::new(Mutex::new(Some(tx)));
+        let step: StepStream = Arc::new(move |_r| {
+            let tx = tx.clone();
+            async move {
+                let guard = DropSignal(tx.lock().unwrap().take());
+                Ok(stream::pending::<ServiceResult<StreamedResponse>>()
+                    .map(move |i| {
+                        let _ = &guard;
+                        i
+                    })
+                    .boxed())
+            }
+            .boxed()
+        });
+        let mut s = execute_stream(plan(), request(&[1]), step);
+        assert!(
+            futures::poll!(s.next()).is_pending(),
+            "nothing to answer yet"
+        );
+        drop(s);
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx)
+            .await
+            .expect("the running step was not dropped")
+            .unwrap();
+    }
+
+    struct DropSignal(Option<tokio::sync::oneshot::Sender<()>>);
+
+    impl Drop for DropSignal {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
