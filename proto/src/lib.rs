@@ -53,7 +53,7 @@ pub use trace_context::{
     GRPC_TIMEOUT, MAX_TRACESTATE_LEN, TRACEPARENT, TRACESTATE, TraceContext, parse_grpc_timeout,
 };
 pub use types::{
-    CorrelationId, InferRequest, InferResponse, OpenSpan, ParamValue, Parameters,
+    CorrelationId, Frontend, InferRequest, InferResponse, OpenSpan, ParamValue, Parameters,
     RESERVED_PARAMETER_KEYS, RequestContext, RequestOptions, RequestedOutput, ResponseHook,
     SEQUENCE_PARAMETER_KEYS, Tensor, bytes_elements, count_bytes_elements, element_count,
     format_shape, parse_version, push_bytes_element,

@@ -296,6 +296,16 @@ pub struct RequestContext {
     pub received: Option<Instant>,
     /// Where a traced request's open span waits for the frontend to encode the response.
     pub response_hook: ResponseHook,
+    /// The frontend that received the request (`None`: an internal call, such as an ensemble
+    /// step or a BLS call); Triton's trace files name a request's timestamps after it.
+    pub frontend: Option<Frontend>,
+}
+
+/// A client-facing frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frontend {
+    Http,
+    Grpc,
 }
 
 /// A traced request's root span, left open by the service until the frontend has encoded the

@@ -7,8 +7,10 @@
 //! - `trace_config`: Triton's trace settings (`--trace-config`, the trace setting API) and
 //!   the sampling decision; `tracer`: a traced request's spans; `span`: span records, W3C
 //!   ids and the clock; `otlp`: the batching OTLP exporter (gRPC or HTTP/protobuf) for spans
-//!   and metrics; `startup`: the flags (`--trace-config`, OTLP metric export, `OTEL_*`) and
-//!   the running pieces with their shutdown.
+//!   and metrics; `triton_trace` and `triton_file`: Triton's own trace mode (its JSON trace
+//!   objects, and the files they go to with `log-frequency` rotation); `startup`: the flags
+//!   (`--trace-config`, OTLP metric export, `OTEL_*`) and the running pieces with their
+//!   shutdown.
 //! - [`logging`]: the process's log subscriber (text or JSON) with run-time control behind
 //!   `/v2/logging`.
 //!
@@ -27,6 +29,8 @@ mod span;
 mod startup;
 mod trace_config;
 mod tracer;
+mod triton_file;
+mod triton_trace;
 
 pub use metrics::{Collect, Family, Kind, Labels, Value, prometheus_router, render_prometheus};
 pub use span::{AttrValue, SpanKind};

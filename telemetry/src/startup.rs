@@ -4,11 +4,13 @@
 //!
 //! ```text
 //! --trace-config level=TIMESTAMPS            global trace settings (level ×N, rate, count, mode)
+//! --trace-config mode=triton|opentelemetry   Triton's JSON trace files (Triton's default) or OTLP;
+//!                                            without `mode`, an `opentelemetry,` item picks OTLP
 //! --trace-config opentelemetry,url=URL       span endpoint (default http://localhost:4318/v1/traces)
 //! --trace-config opentelemetry,protocol=grpc  Nereid extension: OTLP/gRPC instead of HTTP
 //! --trace-config opentelemetry,resource=k=v  resource attributes (×N; service.name among them)
 //! --trace-config opentelemetry,bsp_max_queue_size=N | bsp_schedule_delay=MS | bsp_max_export_batch_size=N
-//! --trace-config triton,file=F | triton,log-frequency=N   accepted, reported; Nereid writes no files
+//! --trace-config triton,file=F | triton,log-frequency=N   the trace file; a new F.<n> every N traces
 //! env: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL,
 //!      OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES       (flags win over the environment)
 //! ```
@@ -21,8 +23,10 @@ use tokio::task::JoinHandle;
 use crate::logging::LogControl;
 use crate::metrics::Collect;
 use crate::otlp::{Batching, Endpoint, Protocol, ResourceAttributes, SpanExporter};
-use crate::trace_config::{Settings, TraceSettingsStore, parse_levels};
+use crate::trace_config::{Settings, TraceMode, TraceSettingsStore, parse_levels};
 use crate::tracer::{SpanSink, Tracer};
+use crate::triton_file::TraceFile;
+use crate::triton_trace::TritonSink;
 
 /// Default OTLP/HTTP span endpoint, as Triton's.
 pub const DEFAULT_TRACES_URL: &str = "http://localhost:4318/v1/traces";
@@ -69,6 +73,7 @@ impl TelemetryConfig {
         let mut protocol = None;
         let mut resource: Vec<(String, String)> = Vec::new();
         let mut batching = Batching::default();
+        let mut mode = None;
         for item in trace_config {
             let bad = |what: String| format!("--trace-config '{item}': {what}");
             let (section, setting) = match item.split_once(',') {
@@ -90,15 +95,17 @@ impl TelemetryConfig {
                 (None, "level") => levels.push(value.to_string()),
                 (None, "rate") => trace.rate = number(1)? as u64,
                 (None, "count") => trace.count = number(-1)?,
-                (None, "mode") => match value {
-                    "opentelemetry" => {}
-                    "triton" => {
-                        return Err(bad(
-                            "trace mode 'triton' writes trace files, which Nereid does not; use mode=opentelemetry (OTLP export)".into(),
-                        ));
-                    }
-                    other => return Err(bad(format!("unknown trace mode '{other}'"))),
-                },
+                (None, "mode") => {
+                    mode = Some(match value {
+                        "opentelemetry" => TraceMode::OpenTelemetry,
+                        "triton" => TraceMode::Triton,
+                        other => {
+                            return Err(bad(format!(
+                                "unknown trace mode '{other}'; expected triton or opentelemetry"
+                            )));
+                        }
+                    })
+                }
                 (Some("triton"), "file") => trace.file = value.to_string(),
                 (Some("triton"), "log-frequency") => trace.log_frequency = number(0)? as u64,
                 (Some("opentelemetry"), "url") => url = Some(value.to_string()),
@@ -138,6 +145,15 @@ impl TelemetryConfig {
         if !levels.is_empty() {
             trace.level = parse_levels(&levels).map_err(|e| format!("--trace-config: {e}"))?;
         }
+        // Triton's default mode, unless the items configure only OpenTelemetry.
+        let otel_items = trace_config
+            .iter()
+            .any(|item| item.starts_with("opentelemetry,"));
+        trace.mode = mode.unwrap_or(if otel_items {
+            TraceMode::OpenTelemetry
+        } else {
+            TraceMode::Triton
+        });
         let spans = endpoint(
             url,
             protocol,
@@ -248,8 +264,10 @@ fn endpoint(
 pub struct Telemetry {
     pub tracer: Tracer,
     pub logs: Arc<LogControl>,
-    spans: Arc<SpanExporter>,
-    span_task: JoinHandle<()>,
+    /// The OTLP span exporter and its task (OpenTelemetry mode).
+    spans: Option<(Arc<SpanExporter>, JoinHandle<()>)>,
+    /// The trace file writer (Triton's mode).
+    triton: Option<Arc<TritonSink>>,
     metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
     metrics_task: Option<JoinHandle<()>>,
 }
@@ -262,16 +280,30 @@ impl Telemetry {
         logs: Arc<LogControl>,
         metrics: Option<Arc<dyn Collect>>,
     ) -> Result<Telemetry, String> {
-        let (spans, span_task) =
-            SpanExporter::start(&config.spans, &config.resource, config.batching)?;
         let settings = Arc::new(TraceSettingsStore::new(config.trace.clone()));
-        let sink: Arc<dyn SpanSink> = spans.clone();
-        let tracer = Tracer::new(settings, Some(sink));
+        let (tracer, spans, triton) = match config.trace.mode {
+            TraceMode::OpenTelemetry => {
+                let (spans, span_task) =
+                    SpanExporter::start(&config.spans, &config.resource, config.batching)?;
+                let sink: Arc<dyn SpanSink> = spans.clone();
+                let tracer = Tracer::new(settings, Some(sink));
+                (tracer, Some((spans, span_task)), None)
+            }
+            TraceMode::Triton => {
+                // Without a file Triton takes traces and writes them nowhere; so does Nereid.
+                let file = match config.trace.file.as_str() {
+                    "" => None,
+                    path => Some(TraceFile::start(path)?),
+                };
+                let sink = Arc::new(TritonSink::new(settings.clone(), file));
+                (Tracer::triton(settings, sink.clone()), None, Some(sink))
+            }
+        };
         let mut telemetry = Telemetry {
             tracer,
             logs,
             spans,
-            span_task,
+            triton,
             metrics_stop: None,
             metrics_task: None,
         };
@@ -309,14 +341,24 @@ impl Telemetry {
         Ok(())
     }
 
-    /// Flushes queued spans and a last metric export, waiting at most `deadline`.
+    /// Flushes queued spans (or writes the trace file's rest) and a last metric export,
+    /// waiting at most `deadline`.
     pub async fn shutdown(self, deadline: Duration) {
-        self.spans.shutdown();
+        let span_task = self.spans.map(|(spans, task)| {
+            spans.shutdown();
+            task
+        });
         if let Some(stop) = self.metrics_stop {
             let _ = stop.send(());
         }
+        let triton = self.triton;
         let wait = async {
-            let _ = self.span_task.await;
+            if let Some(task) = span_task {
+                let _ = task.await;
+            }
+            if let Some(sink) = &triton {
+                sink.close().await;
+            }
             if let Some(task) = self.metrics_task {
                 let _ = task.await;
             }
@@ -379,6 +421,27 @@ mod tests {
     }
 
     #[test]
+    fn the_mode_is_tritons_unless_chosen_or_only_opentelemetry_is_configured() {
+        let mode = |items: &[&str]| parse(items, &[]).unwrap().trace.mode;
+        assert_eq!(mode(&[]), TraceMode::Triton);
+        assert_eq!(mode(&["triton,file=/tmp/t.json"]), TraceMode::Triton);
+        assert_eq!(
+            mode(&["opentelemetry,url=http://c:4318"]),
+            TraceMode::OpenTelemetry
+        );
+        assert_eq!(mode(&["mode=opentelemetry"]), TraceMode::OpenTelemetry);
+        assert_eq!(
+            mode(&["mode=triton", "opentelemetry,url=http://c:4318"]),
+            TraceMode::Triton
+        );
+        let c = parse(&["triton,file=/tmp/t.json", "triton,log-frequency=5"], &[]).unwrap();
+        assert_eq!(
+            (c.trace.file.as_str(), c.trace.log_frequency),
+            ("/tmp/t.json", 5)
+        );
+    }
+
+    #[test]
     fn environment_fills_what_flags_leave() {
         let c = parse(
             &[],
@@ -405,7 +468,10 @@ mod tests {
         let cases = [
             ("rate=0", "'rate' must be an integer ≥ 1"),
             ("level=LOUD", "must be OFF, TIMESTAMPS or TENSORS"),
-            ("mode=triton", "does not; use mode=opentelemetry"),
+            (
+                "mode=zipkin",
+                "unknown trace mode 'zipkin'; expected triton or",
+            ),
             ("opentelemetry,protocol=udp", "protocol must be"),
             (
                 "opentelemetry,colour=red",

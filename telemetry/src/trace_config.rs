@@ -2,11 +2,11 @@
 //! time (global and per model), and the sampling decision they drive.
 //!
 //! ```text
-//! --trace-config level=TIMESTAMPS --trace-config rate=100 --trace-config mode=opentelemetry
-//! --trace-config opentelemetry,url=http://collector:4318/v1/traces
-//!        │ parse_flags (pure)
+//! --trace-config level=TIMESTAMPS --trace-config rate=100 --trace-config mode=triton
+//! --trace-config triton,file=/tmp/trace.json | opentelemetry,url=http://collector:4318/v1/traces
+//!        │ TelemetryConfig::parse (startup.rs, pure)
 //!        ▼
-//! StartupTrace { settings (global), exporter: OtlpConfig }
+//! Settings (global: level, rate, count, log_frequency, file, mode)
 //!        │
 //! TraceSettingsStore ── GET/POST /v2/trace/setting, /v2/models/{m}/trace/setting
 //!        │                 (validated updates; null clears a model key / restores a global one)
@@ -17,7 +17,11 @@
 //! (the first, then every rate-th), until `trace_count` traces were taken (-1: no limit). A
 //! request whose caller sent a sampled W3C `traceparent` is traced whenever the level is not
 //! OFF — the caller already decided, so a trace across router → worker → ensemble steps is never
-//! cut in the middle.
+//! cut in the middle. (In Triton's mode the tracer takes only its own requests' contexts as
+//! parents: see `tracer`.)
+//!
+//! As in Triton, `trace_file` cannot be set through the API (501), `trace_mode` is accepted and
+//! ignored, and in Triton's mode without a file every update is refused.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -25,8 +29,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use nereid_proto::{ServiceError, ServiceResult, TraceSettings, TraceSettingsUpdate};
 use parking_lot::RwLock;
 
-/// What a trace records. Nereid's spans carry timestamps; TENSORS is accepted for Triton
-/// compatibility and records the same spans.
+/// What a trace records: timestamps, and with TENSORS (in Triton's mode) the request's input
+/// and output tensors too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TraceLevel {
     Timestamps,
@@ -42,6 +46,24 @@ impl TraceLevel {
     }
 }
 
+/// Where traces go: Triton's JSON trace files, or OTLP spans.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TraceMode {
+    /// Triton's default: JSON trace files (`triton,file=...`), see `triton_file`.
+    #[default]
+    Triton,
+    OpenTelemetry,
+}
+
+impl TraceMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceMode::Triton => "triton",
+            TraceMode::OpenTelemetry => "opentelemetry",
+        }
+    }
+}
+
 /// The settings one scope (global, or a model's overrides) resolves to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -52,6 +74,8 @@ pub struct Settings {
     pub count: i64,
     pub log_frequency: u64,
     pub file: String,
+    /// Set at startup only.
+    pub mode: TraceMode,
 }
 
 impl Default for Settings {
@@ -63,6 +87,7 @@ impl Default for Settings {
             count: -1,
             log_frequency: 0,
             file: String::new(),
+            mode: TraceMode::Triton,
         }
     }
 }
@@ -86,8 +111,9 @@ pub const KEYS: [&str; 6] = [
     "trace_mode",
 ];
 
-/// The exporter mode Nereid implements.
-pub const MODE: &str = "opentelemetry";
+/// Triton's answer to an update while Triton's mode has no trace file.
+pub const NO_TRACE_FILE: &str =
+    "Attempting to set invalid trace setting :trace file name is not given";
 
 /// Per-scope sampling state: requests seen and traces left.
 #[derive(Debug)]
@@ -169,6 +195,37 @@ impl TraceSettingsStore {
         take_one(&counters.left)
     }
 
+    /// The mode chosen at startup.
+    pub fn mode(&self) -> TraceMode {
+        self.startup.mode
+    }
+
+    /// The trace file chosen at startup (empty: none).
+    pub fn file(&self) -> &str {
+        &self.startup.file
+    }
+
+    /// The `log_frequency` that applies to `model`'s traces.
+    pub fn log_frequency(&self, model: &str) -> u64 {
+        let models = self.models.read();
+        let global = self.global.read();
+        models
+            .get(model)
+            .and_then(|m| m.overrides.log_frequency)
+            .unwrap_or(global.0.log_frequency)
+    }
+
+    /// Whether `model`'s traces record tensors (level TENSORS).
+    pub fn tensors(&self, model: &str) -> bool {
+        let models = self.models.read();
+        let global = self.global.read();
+        models
+            .get(model)
+            .and_then(|m| m.overrides.level.as_ref())
+            .unwrap_or(&global.0.level)
+            .contains(&TraceLevel::Tensors)
+    }
+
     /// The settings of `model` (`None`: global) after applying `update`. Whether the model
     /// exists is the caller's check: it owns the model registry.
     pub fn apply(
@@ -177,6 +234,9 @@ impl TraceSettingsStore {
         update: Option<TraceSettingsUpdate>,
     ) -> ServiceResult<TraceSettings> {
         if let Some(update) = update {
+            if self.startup.mode == TraceMode::Triton && self.startup.file.is_empty() {
+                return Err(ServiceError::invalid(NO_TRACE_FILE));
+            }
             let parsed = parse_update(&update)?;
             match model {
                 None => self.update_global(parsed),
@@ -289,7 +349,7 @@ impl TraceSettingsStore {
             ],
         );
         out.insert("trace_file".into(), vec![global.0.file.clone()]);
-        out.insert("trace_mode".into(), vec![MODE.to_string()]);
+        out.insert("trace_mode".into(), vec![global.0.mode.name().to_string()]);
         out
     }
 }
@@ -328,15 +388,12 @@ fn parse_update(update: &TraceSettingsUpdate) -> ServiceResult<Vec<(Key, Option<
             "trace_count" => Key::Count,
             "log_frequency" => Key::LogFrequency,
             "trace_file" => {
-                return Err(ServiceError::invalid(
-                    "trace_file cannot be set through the API: Nereid exports traces over OTLP (see --trace-config)",
+                return Err(ServiceError::unsupported(
+                    "trace file location can not be updated through network protocol",
                 ));
             }
-            "trace_mode" => {
-                return Err(ServiceError::invalid(
-                    "trace_mode cannot be changed through the API; it is set at startup with --trace-config mode=opentelemetry",
-                ));
-            }
+            // Triton accepts the key and keeps the startup mode.
+            "trace_mode" => continue,
             other => {
                 return Err(ServiceError::invalid(format!(
                     "unknown trace setting '{other}'; expected one of {}",
@@ -433,12 +490,28 @@ mod tests {
             .collect()
     }
 
+    /// Off, in the OpenTelemetry mode (which takes updates without a trace file).
+    fn off() -> Settings {
+        Settings {
+            mode: TraceMode::OpenTelemetry,
+            ..Settings::default()
+        }
+    }
+
     fn on(rate: u64, count: i64) -> Settings {
         Settings {
             level: vec![TraceLevel::Timestamps],
             rate,
             count,
-            ..Settings::default()
+            ..off()
+        }
+    }
+
+    fn triton(file: &str) -> Settings {
+        Settings {
+            mode: TraceMode::Triton,
+            file: file.into(),
+            ..on(1, -1)
         }
     }
 
@@ -457,7 +530,7 @@ mod tests {
 
     #[test]
     fn off_traces_nothing_even_with_a_sampled_parent() {
-        let store = TraceSettingsStore::new(Settings::default());
+        let store = TraceSettingsStore::new(off());
         assert!(store.all_off());
         assert!(!store.sample("m", Some(true)));
         let on = TraceSettingsStore::new(on(1000, -1));
@@ -469,7 +542,7 @@ mod tests {
 
     #[test]
     fn model_overrides_and_clearing_them() {
-        let store = TraceSettingsStore::new(Settings::default());
+        let store = TraceSettingsStore::new(off());
         let s = store
             .apply(
                 Some("m"),
@@ -510,7 +583,7 @@ mod tests {
 
     #[test]
     fn bad_updates_name_the_key_and_change_nothing() {
-        let store = TraceSettingsStore::new(Settings::default());
+        let store = TraceSettingsStore::new(off());
         let cases: [(&str, &[&str], &str); 6] = [
             ("trace_rate", &["0"], "'trace_rate' must be at least 1"),
             ("trace_rate", &["x"], "'trace_rate' must be an integer"),
@@ -526,8 +599,31 @@ mod tests {
             assert_eq!(store.report(None)["trace_count"], ["-1"], "nothing applied");
         }
         let err = store
-            .apply(None, Some(update(&[("trace_mode", Some(&["triton"]))])))
+            .apply(None, Some(update(&[("trace_file", Some(&["/tmp/x"]))])))
             .unwrap_err();
-        assert!(err.to_string().contains("trace_mode"), "{err}");
+        assert!(matches!(err, ServiceError::Unsupported(_)), "{err}");
+        assert!(err.to_string().contains("can not be updated"), "{err}");
+    }
+
+    #[test]
+    fn the_mode_is_reported_and_updates_of_it_are_ignored_as_in_triton() {
+        let otel = TraceSettingsStore::new(on(1, -1));
+        let s = otel
+            .apply(None, Some(update(&[("trace_mode", Some(&["triton"]))])))
+            .unwrap();
+        assert_eq!(s["trace_mode"], ["opentelemetry"]);
+        // Triton's mode without a file refuses every update with Triton's words.
+        let no_file = TraceSettingsStore::new(triton(""));
+        assert_eq!(no_file.report(None)["trace_mode"], ["triton"]);
+        let err = no_file
+            .apply(None, Some(update(&[("trace_rate", Some(&["2"]))])))
+            .unwrap_err();
+        assert_eq!(err, ServiceError::invalid(NO_TRACE_FILE));
+        let with_file = TraceSettingsStore::new(triton("/tmp/t.json"));
+        let s = with_file
+            .apply(None, Some(update(&[("log_frequency", Some(&["3"]))])))
+            .unwrap();
+        assert_eq!(s["log_frequency"], ["3"]);
+        assert_eq!(s["trace_file"], ["/tmp/t.json"]);
     }
 }

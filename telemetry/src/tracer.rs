@@ -9,36 +9,64 @@
 //!                    ├─ child_context()             traceparent for a step / a forwarded call
 //!                    ├─ done(at) + ResponseHook     the frontend closes it after encoding:
 //!                    │                              `send` = [done, sent]
-//!                    └─ end / drop ─► SpanSink ─► exporter (bounded; full ⇒ dropped, counted)
+//!                    ├─ response(at)                a streamed response handed on
+//!                    └─ end / drop ─► Output::Spans: SpanSink ─► OTLP exporter (bounded; full ⇒
+//!                                     dropped, counted)
+//!                                 └► Output::Triton: TritonSink ─► JSON trace file
 //! ```
+//!
+//! In Triton's mode (`triton_trace`) the request's phases become Triton's timestamps:
+//!
+//! ```text
+//! HTTP_RECV_START / GRPC_WAITREAD_START   the frontend began receiving (`received`)
+//! HTTP_RECV_END / GRPC_WAITREAD_END       the service took the request (Tracer::start)
+//!   = REQUEST_START; QUEUE_START          the checks passed (end of `receive`)
+//! COMPUTE_START, COMPUTE_INPUT_END        `compute_input`
+//! COMPUTE_OUTPUT_START, COMPUTE_END       `compute_output`
+//! REQUEST_END = INFER_RESPONSE_COMPLETE   done (a stream: each response)
+//! HTTP_SEND_START/END, GRPC_SEND_START/END `send` (a stream: each response's hand-over)
+//! ```
+//!
+//! Only a request that came through a frontend has the frontend's stamps; an ensemble step or a
+//! BLS call is a child trace (`parent_id`) with the model's stamps alone, as in Triton. There a
+//! parent counts only when it is an open trace of this process: Triton ignores a client's W3C
+//! context, so such a request is sampled by the rate like any other.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use nereid_proto::{OpenSpan, RequestContext, TraceContext};
+use nereid_proto::{Frontend, OpenSpan, RequestContext, TraceContext};
 
 use crate::span::{
     AttrValue, SpanId, SpanKind, SpanRecord, TraceId, context_for, hex, new_span_id, new_trace_id,
     parent_of, unix_nanos,
 };
 use crate::trace_config::TraceSettingsStore;
+use crate::triton_trace::{Ids, TensorRecord, TritonSink, TritonTrace};
 
 /// Where finished spans go (the OTLP exporter, or a test's collector).
 pub trait SpanSink: Send + Sync + 'static {
     fn export(&self, spans: Vec<SpanRecord>);
 }
 
+/// Where a finished trace goes: the mode's sink.
+#[derive(Clone)]
+pub(crate) enum Output {
+    Spans(Arc<dyn SpanSink>),
+    Triton(Arc<TritonSink>),
+}
+
 /// Decides and records traces for one process.
 #[derive(Clone)]
 pub struct Tracer {
     settings: Arc<TraceSettingsStore>,
-    sink: Option<Arc<dyn SpanSink>>,
+    output: Option<Output>,
 }
 
 impl std::fmt::Debug for Tracer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tracer")
-            .field("exporting", &self.sink.is_some())
+            .field("exporting", &self.output.is_some())
             .finish()
     }
 }
@@ -47,7 +75,18 @@ impl Tracer {
     /// A tracer that samples by `settings` and ships to `sink` (`None`: never traces, but the
     /// settings API still works).
     pub fn new(settings: Arc<TraceSettingsStore>, sink: Option<Arc<dyn SpanSink>>) -> Tracer {
-        Tracer { settings, sink }
+        Tracer {
+            settings,
+            output: sink.map(Output::Spans),
+        }
+    }
+
+    /// A tracer in Triton's mode, writing through `sink`.
+    pub(crate) fn triton(settings: Arc<TraceSettingsStore>, sink: Arc<TritonSink>) -> Tracer {
+        Tracer {
+            settings,
+            output: Some(Output::Triton(sink)),
+        }
     }
 
     /// A tracer that never traces, with default settings.
@@ -68,11 +107,15 @@ impl Tracer {
         model: &str,
         context: &RequestContext,
     ) -> Option<RequestTrace> {
-        let sink = self.sink.as_ref()?;
+        let output = self.output.as_ref()?;
         if self.settings.all_off() {
             return None;
         }
-        let parent = context.trace.as_ref().and_then(parent_of);
+        let begun = Instant::now();
+        let mut parent = context.trace.as_ref().and_then(parent_of);
+        if let Output::Triton(sink) = output {
+            parent = parent.filter(|(_, span, _)| sink.is_open(span));
+        }
         if !self.settings.sample(model, parent.map(|p| p.2)) {
             return None;
         }
@@ -80,10 +123,21 @@ impl Tracer {
             Some((trace, span, _)) => (trace, Some(span)),
             None => (new_trace_id(), None),
         };
+        let span_id = new_span_id();
+        let triton = match output {
+            Output::Triton(sink) => Some(sink.begin(span_id, parent_span_id)),
+            Output::Spans(_) => None,
+        };
+        let tensors = triton.is_some() && self.settings.tensors(model);
         Some(RequestTrace {
-            sink: sink.clone(),
+            output: output.clone(),
+            triton,
+            begun,
+            frontend: context.frontend,
+            responses: Vec::new(),
+            tensors: tensors.then(Vec::new),
             trace_id,
-            span_id: new_span_id(),
+            span_id,
             parent_span_id,
             tracestate: context
                 .trace
@@ -103,7 +157,16 @@ impl Tracer {
 
 /// The open root span of one traced request and its finished children.
 pub struct RequestTrace {
-    sink: Arc<dyn SpanSink>,
+    output: Output,
+    /// Its ids in Triton's mode.
+    triton: Option<Ids>,
+    /// When the service took the request (Tracer::start).
+    begun: Instant,
+    frontend: Option<Frontend>,
+    /// When each streamed response was handed on (empty: a unary answer).
+    responses: Vec<Instant>,
+    /// The tensors recorded, when the level asks for them (Triton's mode, TENSORS).
+    tensors: Option<Vec<TensorRecord>>,
     trace_id: TraceId,
     span_id: SpanId,
     parent_span_id: Option<SpanId>,
@@ -131,6 +194,35 @@ impl RequestTrace {
 
     pub fn attribute(&mut self, key: &str, value: AttrValue) {
         self.attributes.push((key.to_string(), value));
+    }
+
+    /// Whether the trace records tensors (Triton's mode with level TENSORS): only then is
+    /// [`RequestTrace::tensor`] worth its formatting.
+    pub fn wants_tensors(&self) -> bool {
+        self.tensors.is_some()
+    }
+
+    /// Records a tensor: `input` (Triton's `TENSOR_QUEUE_INPUT`) or an output
+    /// (`TENSOR_BACKEND_OUTPUT`); `data` and `shape` comma-separated.
+    pub fn tensor(&mut self, input: bool, name: &str, data: String, shape: String, dtype: &str) {
+        if let Some(tensors) = &mut self.tensors {
+            tensors.push(TensorRecord {
+                activity: if input {
+                    "TENSOR_QUEUE_INPUT"
+                } else {
+                    "TENSOR_BACKEND_OUTPUT"
+                },
+                name: name.to_string(),
+                data,
+                shape,
+                dtype: dtype.to_string(),
+            });
+        }
+    }
+
+    /// A streamed response was handed on at `at`.
+    pub fn response(&mut self, at: Instant) {
+        self.responses.push(at);
     }
 
     /// Marks the request failed with `message`.
@@ -233,6 +325,12 @@ impl RequestTrace {
         }
         self.ended = true;
         let mut spans = std::mem::take(&mut self.children);
+        if let Output::Triton(sink) = &self.output {
+            let sink = sink.clone();
+            let trace = self.triton_trace(&spans, at);
+            sink.finish(self.span_id, trace);
+            return;
+        }
         spans.push(SpanRecord {
             trace_id: self.trace_id,
             span_id: self.span_id,
@@ -244,7 +342,78 @@ impl RequestTrace {
             attributes: std::mem::take(&mut self.attributes),
             error: self.error.take(),
         });
-        self.sink.export(spans);
+        if let Output::Spans(sink) = &self.output {
+            sink.export(spans);
+        }
+    }
+
+    /// The trace in Triton's terms (see the module docs for the timestamps).
+    fn triton_trace(&mut self, phases: &[SpanRecord], at: Instant) -> TritonTrace {
+        let ids = self.triton.unwrap_or(Ids {
+            id: 0,
+            parent: None,
+            root: 0,
+        });
+        let phase = |name: &str| phases.iter().find(|s| s.name == name);
+        let begun = unix_nanos(self.begun.max(self.start));
+        let received = unix_nanos(self.start);
+        let done = unix_nanos(self.done.unwrap_or(at));
+        let mut stamps: Vec<(&'static str, u64)> = Vec::with_capacity(16);
+        let frontend = self.frontend.filter(|_| ids.parent.is_none());
+        if frontend == Some(Frontend::Http) {
+            stamps.push(("HTTP_RECV_START", received));
+            stamps.push(("HTTP_RECV_END", begun));
+        }
+        stamps.push(("REQUEST_START", begun));
+        let queued = phase("receive").map_or(begun, |p| p.end_unix_nanos.max(begun));
+        stamps.push(("QUEUE_START", queued));
+        if let Some(p) = phase("compute_input") {
+            stamps.push(("COMPUTE_START", p.start_unix_nanos));
+            stamps.push(("COMPUTE_INPUT_END", p.end_unix_nanos));
+        }
+        if let Some(p) = phase("compute_output") {
+            stamps.push(("COMPUTE_OUTPUT_START", p.start_unix_nanos));
+            stamps.push(("COMPUTE_END", p.end_unix_nanos));
+        }
+        stamps.push(("REQUEST_END", done));
+        if let Some(frontend) = frontend {
+            let (send_start, send_end) = match frontend {
+                Frontend::Http => ("HTTP_SEND_START", "HTTP_SEND_END"),
+                Frontend::Grpc => {
+                    stamps.push(("GRPC_WAITREAD_START", received));
+                    stamps.push(("GRPC_WAITREAD_END", begun));
+                    ("GRPC_SEND_START", "GRPC_SEND_END")
+                }
+            };
+            if self.responses.is_empty() {
+                let (start, end) = phase("send").map_or((done, unix_nanos(at)), |p| {
+                    (p.start_unix_nanos, p.end_unix_nanos)
+                });
+                stamps.push(("INFER_RESPONSE_COMPLETE", done));
+                stamps.push((send_start, start));
+                stamps.push((send_end, end));
+            }
+            for r in &self.responses {
+                let ns = unix_nanos(*r);
+                stamps.push(("INFER_RESPONSE_COMPLETE", ns));
+                stamps.push((send_start, ns));
+                stamps.push((send_end, ns));
+            }
+        }
+        let text = |key: &str| {
+            self.attributes.iter().find_map(|(k, v)| match v {
+                AttrValue::Text(t) if k == key => Some(t.clone()),
+                _ => None,
+            })
+        };
+        TritonTrace {
+            ids,
+            model: text("model.name").unwrap_or_default(),
+            version: text("model.version").and_then(|v| v.parse().ok()),
+            request_id: text("request.id").unwrap_or_default(),
+            stamps,
+            tensors: self.tensors.take().unwrap_or_default(),
+        }
     }
 }
 
