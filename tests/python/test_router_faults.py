@@ -8,6 +8,7 @@ import importlib.util
 import os
 import signal
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -32,12 +33,12 @@ def ready_nodes(r):
     return sorted(x["node"] for x in r if x["state"] == READY)
 
 
-def start_cluster(workdir, n_control_planes):
+def start_cluster(workdir, n_control_planes, router_extra=()):
     """Control plane, two workers and a router, all told every control-plane address."""
     token, cps = start_control_plane(workdir, n=n_control_planes)
     addrs = [cp.grpc_addr for cp in cps]
     workers = [WorkerProcess(f"w{i}", workdir, token, addrs) for i in (1, 2)]
-    router = RouterProcess(workdir, token, addrs)
+    router = RouterProcess(workdir, token, addrs, extra=router_extra)
     leader_of(cps)
     for p in [*workers, router]:
         p.spawn()
@@ -150,33 +151,59 @@ def router_hedges(router, model):
     return sum(float(line[len(series):]) for line in text.splitlines() if line.startswith(series))
 
 
+# The hung-worker test's attempt timeout floor: well under the hang it holds (the heartbeat
+# timeout and more), so a bound at the hang's length tells hedged requests from hostages.
+HEDGE_FLOOR_MS = 200
+
+
 @pytest.mark.timeout(120)
 def test_a_hung_worker_does_not_hold_requests_hostage(tmp_path):
+    """Correctness, not speed: no request fails, and none waits out the whole hang. The worker
+    stays stopped until the control plane has marked it down and the other worker has served
+    more, so the hang outlasts both ways a stalled attempt is hedged (the attempt timeout, here
+    at least HEDGE_FLOOR_MS, and the mark-down); the load's slowest request must be faster than
+    the time the worker was held stopped."""
     repo = gen_models.write_repository(tmp_path / "repo", "example")
-    cps, workers, router = start_cluster(tmp_path, 1)
+    cps, workers, router = start_cluster(tmp_path, 1,
+                                         router_extra=("--hedge-floor-ms", str(HEDGE_FLOOR_MS)))
     load = None
     victim, survivor = workers
     stopped = False
     try:
-        deploy_on_both(leader_of(cps), workers, "simple", repo / "simple")
+        cp = leader_of(cps)
+        deploy_on_both(cp, workers, "simple", repo / "simple")
         wait_until(lambda: run_simple(router) and all(inference_count(w, "simple") > 0
                                                       for w in workers),
                    30, "the router sends to both workers")
         load = LoadtestRun(tmp_path, "load_worker_stop", router.grpc_url, "simple",
                            duration_s=8.0).start()
         wait_load_flowing(load, workers, "simple")
+        # The attempt timeout follows the model's p99 once the router has seen 100 requests
+        # (the ceiling before): let the load pass that first.
+        base = sum(inference_count(w, "simple") for w in workers)
+        wait_until(lambda: sum(inference_count(w, "simple") for w in workers) > base + 200, 10,
+                   "the router saw enough requests to time attempts", interval_s=0.05)
+        stopped_at = time.monotonic()
         os.kill(victim.proc.pid, signal.SIGSTOP)
         stopped = True
         # Requests sent to the hung worker are hedged to the other one (at the attempt timeout,
         # or when the control plane marks the node down), and the other one keeps serving.
         wait_until(lambda: router_hedges(router, "simple") > 0, 15, "a stalled attempt hedged",
                    interval_s=0.05)
+        wait_until(lambda: node_status(cp, victim.node_id) != "NODE_STATUS_UP", 15,
+                   f"{victim.node_id} marked down", interval_s=0.05)
         served = inference_count(survivor, "simple")
         wait_until(lambda: inference_count(survivor, "simple") > served + 50, 10,
                    "the survivor serves while the other worker hangs", interval_s=0.05)
         os.kill(victim.proc.pid, signal.SIGCONT)
         stopped = False
-        assert_no_failed_request(load.result(), "worker SIGSTOPped mid-load")
+        held_us = (time.monotonic() - stopped_at) * 1e6
+        assert load.running(), "the load outlasts the hang"
+        level = load.result()
+        assert_no_failed_request(level, "worker SIGSTOPped mid-load")
+        assert level["max_us"] < held_us, (
+            f"a request waited {level['max_us'] / 1e6:.2f}s, the whole {held_us / 1e6:.2f}s "
+            f"hang (p99 {level['p99_us'] / 1e6:.3f}s): held hostage, not hedged\n{level['output']}")
     finally:
         if stopped:
             os.kill(victim.proc.pid, signal.SIGCONT)
