@@ -20,11 +20,11 @@ use std::collections::BTreeMap;
 use nereid_proto::pb::cluster as pb;
 use pb::version_policy::Policy;
 
-use crate::placement::Plan;
 use crate::state::{
     ClusterState, Gpu, ModelSpec, Node, NodeAddresses, NodeCapacity, NodeSpec, NodeStatus, Replica,
     ReplicaState, Resources, StateError, VersionPolicy,
 };
+use nereid_placement::Plan;
 
 // ----- models ---------------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! The two decision cores are pure and tested without sockets: `state` applies commands to the
-//! registry and bumps one global revision; `placement` computes the desired placement from
+//! registry and bumps one global revision; `placement` (the crate `nereid-placement`, which the
+//! load generator's simulator runs too) computes the desired placement from
 //! views of nodes, models, the current placement and load. Networking, consensus and storage
 //! wrap around them.
 //!
@@ -20,8 +21,6 @@
 //!   `nereid control-plane`'s life; [`NodeError`] when it cannot start.
 //! - [`AuthToken`]: the management API's bearer token, part of [`NodeConfig`].
 //! - [`Store`], [`EtcdConfig`]: where the state of record lives (Nereid's Raft, or etcd).
-//! - [`plan`] over [`NodeView`], [`ModelView`], [`CurrentReplica`] and [`Load`], giving a
-//!   [`Plan`]: the pure placement core, which `nereid-loadtest placement-sim` times.
 //! - [`parse_bytes`]: byte sizes as the flags write them (`512Mi`, `16Gi`).
 
 mod api;
@@ -36,18 +35,15 @@ pub mod fuzzing;
 mod leader;
 mod metrics;
 mod node;
-mod placement;
 mod raft;
 mod source;
 mod state;
 #[cfg(test)]
 mod testing;
-mod units;
 mod views;
 mod watch;
 
 pub use api::AuthToken;
 pub use etcd::{EtcdConfig, EtcdTls};
+pub use nereid_placement::parse_bytes;
 pub use node::{Listeners, NodeConfig, NodeError, Store, run, serve};
-pub use placement::{CurrentReplica, Load, ModelView, NodeView, Plan, plan};
-pub use units::parse_bytes;

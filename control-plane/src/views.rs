@@ -1,5 +1,5 @@
 //! The placement function's inputs built from the state of record: the one place that decides
-//! how models, nodes and replicas look to [`crate::placement::plan`]. The management API uses
+//! how models, nodes and replicas look to [`nereid_placement::plan`]. The management API uses
 //! it to explain placement; the leader's placement loop uses it to decide.
 //!
 //! - [`NodeView`]: memory capacity and GPUs (index, total memory) from the node's registration,
@@ -13,18 +13,18 @@
 //!   ([`ClusterState::wanted_replicas`], `crate::autoscale`) instead of its floor. The memory
 //!   estimate is `resources.memory_bytes`; the measured memory is the largest any replica of
 //!   that version reported (or, once none is left, what the leader remembers of them:
-//!   [`crate::placement::Cache::remembered`]). Likewise for GPUs: `resources.gpus` GPUs per replica, each needing
+//!   [`nereid_placement::Cache::remembered`]). Likewise for GPUs: `resources.gpus` GPUs per replica, each needing
 //!   `resources.gpu_memory_bytes` until a replica reported its measured GPU memory.
 //! - [`CurrentReplica`]: every replica not `Unloading` (those are already leaving), `ready`
 //!   when `Ready`, with its assigned GPUs. A `Failed` replica still counts (not ready) and keeps its slot: whoever
 //!   retires failed replicas marks them `Unloading`, and the next plan replaces them.
-//! - [`cache_floors`]: per model, the replicas eviction must leave it ([`crate::placement::Cache::floor`]):
+//! - [`cache_floors`]: per model, the replicas eviction must leave it ([`nereid_placement::Cache::floor`]):
 //!   what it keeps without activations (`min_replicas` or the autoscaler's count).
 
 use std::collections::BTreeMap;
 
-use crate::placement::{self, CurrentReplica, GpuView, Load, ModelView, NodeView, Plan};
 use crate::state::{ClusterState, ModelSpec, NodeStatus, ReplicaState};
+use nereid_placement::{CurrentReplica, GpuView, Load, ModelView, NodeView, Plan};
 
 /// Every registered node, in id order.
 pub fn node_views(state: &ClusterState) -> Vec<NodeView> {
@@ -140,7 +140,7 @@ pub fn with_floors(state: &ClusterState, mut load: Load) -> Load {
 /// The plan for the whole cluster as `state` stands, with `load` breaking ties.
 pub fn plan_for(state: &ClusterState, load: &Load) -> Plan {
     let load = with_floors(state, load.clone());
-    placement::plan(
+    nereid_placement::plan(
         &node_views(state),
         &model_views(state, &load),
         &current_replicas(state),

@@ -8,7 +8,7 @@
 //!                              └─► stats::Recorder ◄── measure (warm-up, windows, stability)
 //!        report (table, CSV, JSON)      sweep: reload the model per grid point, then run_levels
 //!
-//! placement-sim: synthetic views ─► nereid_control_plane::plan, timed per round
+//! placement-sim: synthetic views ─► nereid_placement::plan, timed per round
 //! ```
 //!
 //! The pure parts (range parsing, input JSON, stability, schedules, report formatting, sweep

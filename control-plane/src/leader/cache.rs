@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use nereid_proto::pb::cluster as pb;
 
-use crate::placement::Cache;
 use crate::state::{ClusterState, ReplicaState};
+use nereid_placement::Cache;
 
 /// How long a cold start is waited for before it is forgotten (its replica never got ready).
 const COLD_START_GIVE_UP: Duration = Duration::from_secs(600);

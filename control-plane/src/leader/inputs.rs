@@ -1,8 +1,7 @@
 //! The inputs a placement round decided on, in words, as placement records keep them.
 
-use crate::placement::{Load, NodeView};
 use crate::state::ClusterState;
-use crate::units::format_bytes;
+use nereid_placement::{Load, NodeView, format_bytes};
 
 /// One line per node placement considered: status, memory used of capacity, load, and per GPU
 /// the memory its replicas hold of its total.

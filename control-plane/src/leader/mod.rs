@@ -19,7 +19,7 @@ mod tests;
 
 use nereid_proto::pb::cluster as pb;
 
-use crate::placement::Load;
+use nereid_placement::Load;
 
 /// The leader's soft state as the management API sees it.
 pub trait Observations: Send + Sync + 'static {

@@ -18,8 +18,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::placement::Plan;
 use crate::state::{ClusterState, Command, NodeStatus, ReplicaState};
+use nereid_placement::Plan;
 
 /// The commands that carry out `plan` against `state`, in a safe order: additions first
 /// (make-before-break), then removals.
@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn an_addition_carries_its_gpus_and_their_explanation_into_the_log() {
-        use crate::placement::{Addition, Reason};
+        use nereid_placement::{Addition, Reason};
         let plan = Plan {
             add: vec![Addition {
                 model: "llm".into(),

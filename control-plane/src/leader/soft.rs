@@ -18,8 +18,8 @@ use super::cache::Recency;
 use super::liveness::Liveness;
 use crate::autoscale::{Autoscaler, Decision, observe};
 use crate::metrics::CacheStats;
-use crate::placement::{Load, Move, Plan, Reason, Rebalance};
 use crate::state::{ClusterState, NodeStatus, ReplicaState};
+use nereid_placement::{Load, Move, Plan, Reason, Rebalance};
 
 /// How many placement records each model keeps.
 const HISTORY_PER_MODEL: usize = 32;

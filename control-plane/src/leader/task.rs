@@ -33,9 +33,9 @@ use crate::autoscale::Decision;
 use crate::consensus::{Consensus, ConsensusError};
 use crate::convert::plan_to_decisions;
 use crate::metrics::{PlacementDecisions, placement_action};
-use crate::placement::plan;
 use crate::state::{ClusterState, Command, ReplicaState};
 use crate::views::{current_replicas, model_views, node_views, with_floors};
+use nereid_placement::plan;
 
 /// Placement commands in flight at once. Raft batches concurrent writes into one append (one
 /// fsync), so placing thousands of replicas does not cost one disk flush each.

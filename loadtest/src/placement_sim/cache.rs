@@ -1,7 +1,7 @@
 //! `placement-sim --cache`: the model cache (more models than memory) at scale. Every model is
 //! cacheable (`min_replicas` 0, floor 0); requests arrive in leader rounds, Zipf-distributed
 //! over the models; the control plane's pure `plan` makes room by evicting least recently used
-//! idle replicas ([`nereid_control_plane::plan`] with `Load::cache`), as the leader does.
+//! idle replicas ([`nereid_placement::plan`] with `Load::cache`), as the leader does.
 //!
 //! ```text
 //! per round (one leader round, `--cache-batch` requests):

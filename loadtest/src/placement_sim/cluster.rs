@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use nereid_control_plane::{CurrentReplica, Load, ModelView, NodeView, Plan};
+use nereid_placement::{CurrentReplica, Load, ModelView, NodeView, Plan};
 
 use crate::rng::SplitMix64;
 
@@ -94,7 +94,7 @@ impl Cluster {
     }
 
     pub fn plan(&self) -> Plan {
-        nereid_control_plane::plan(&self.nodes, &self.models, &self.replicas, &self.load)
+        nereid_placement::plan(&self.nodes, &self.models, &self.replicas, &self.load)
     }
 
     /// Applies `plan` as if every worker answered at once: additions become ready replicas,

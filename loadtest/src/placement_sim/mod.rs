@@ -1,5 +1,5 @@
 //! `nereid-loadtest placement-sim`: times the control plane's pure placement function
-//! ([`nereid_control_plane::plan`]) on a synthetic cluster, no server involved.
+//! ([`nereid_placement::plan`]) on a synthetic cluster, no server involved.
 //!
 //! ```text
 //! generate nodes (weighted memory sizes) + models (skewed sizes), seeded
@@ -23,7 +23,7 @@ mod cache;
 mod cluster;
 mod report;
 
-use nereid_control_plane::parse_bytes;
+use nereid_placement::parse_bytes;
 use std::io::Write;
 use std::time::{Duration, Instant};
 

@@ -26,8 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::plan::{ModelKey, replica_charge};
-use super::pool::{Charge, NodePool, PoolNode};
+use super::pool::{Charge, ModelKey, NodePool, PoolNode, replica_charge};
 use super::{Addition, CurrentReplica, ModelView, Plan, Reason, Rebalance};
 
 /// Memory spread (most used fraction minus least used, in parts per million) above which

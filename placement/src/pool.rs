@@ -6,7 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Load, NodeView, Reason};
+use super::{CurrentReplica, Load, ModelView, NodeView, Reason};
 use crate::units::format_bytes;
 
 /// How many skipped nodes an explanation names before it summarizes the rest.
@@ -97,6 +97,28 @@ pub(crate) struct NodePool<'a> {
     nodes: Vec<PoolNode<'a>>,
     by_id: BTreeMap<&'a str, usize>,
     candidates: BTreeSet<Key>,
+}
+
+/// A model version: (name, version).
+pub(crate) type ModelKey<'a> = (&'a str, i64);
+
+/// What a replica holds, host memory and on each of its GPUs: its own measurement, else the
+/// model's, else the model's estimate.
+pub(crate) fn replica_charge<'a>(
+    replica: &'a CurrentReplica,
+    model: Option<&ModelView>,
+) -> Charge<'a> {
+    Charge {
+        memory: replica
+            .memory_bytes
+            .or_else(|| model.map(ModelView::replica_memory_bytes))
+            .unwrap_or(0),
+        gpus: &replica.gpus,
+        gpu_memory: replica
+            .gpu_memory_bytes
+            .or_else(|| model.map(ModelView::replica_gpu_memory_bytes))
+            .unwrap_or(0),
+    }
 }
 
 /// What a replica takes from its node: host memory, and memory on each of its GPUs.

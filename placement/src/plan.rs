@@ -25,13 +25,11 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::evict::Evictor;
-use super::pool::{Charge, NodePool};
+use super::pool::{Charge, ModelKey, NodePool, replica_charge};
 use super::rebalance;
 use super::{
     Addition, CurrentReplica, Load, ModelView, Move, NodeView, Plan, Reason, Removal, Unplaced,
 };
-
-pub(super) type ModelKey<'a> = (&'a str, i64);
 
 /// Computes the changes that move `replicas` towards the placement `models` want on `nodes`.
 /// Pure and deterministic: the same input always gives the same plan.
@@ -117,25 +115,6 @@ pub fn plan(
     out.unplaced
         .sort_by(|a, b| (a.model.as_str(), a.version).cmp(&(b.model.as_str(), b.version)));
     out
-}
-
-/// What a replica holds, host memory and on each of its GPUs: its own measurement, else the
-/// model's, else the model's estimate.
-pub(super) fn replica_charge<'a>(
-    replica: &'a CurrentReplica,
-    model: Option<&ModelView>,
-) -> Charge<'a> {
-    Charge {
-        memory: replica
-            .memory_bytes
-            .or_else(|| model.map(ModelView::replica_memory_bytes))
-            .unwrap_or(0),
-        gpus: &replica.gpus,
-        gpu_memory: replica
-            .gpu_memory_bytes
-            .or_else(|| model.map(ModelView::replica_gpu_memory_bytes))
-            .unwrap_or(0),
-    }
 }
 
 fn plan_model(

@@ -1,3 +1,10 @@
+//! `nereid-placement`: the cluster's placement core, with no I/O, consensus or storage, so that
+//! the control plane's leader (`nereid-control-plane`, which builds the views from its state)
+//! and the load generator's placement simulator (`nereid-loadtest placement-sim`) run the same
+//! code. Entry points: [`plan`] over [`NodeView`], [`ModelView`], [`CurrentReplica`] and
+//! [`Load`], giving a [`Plan`]; [`parse_bytes`] and [`format_bytes`]: byte sizes as operators
+//! write them (`512Mi`, `2Gi`) and as explanations show them (`2.0 GiB`).
+//!
 //! Placement: a pure function from (nodes, models, current replicas, load) to a [`Plan`] of
 //! replicas to add, replicas to remove and replicas that cannot be placed, each with the
 //! [`Reason`] (the rule that fired) that `GET /api/v1/models/{name}/placement` shows.
@@ -12,7 +19,7 @@
 //!                 unplaced: what no node can take, with the reason
 //! ```
 //!
-//! The function never talks to the `state` module: callers build the views, so the core stays
+//! The function never sees the control plane's state: callers build the views, so the core stays
 //! pure and is tested by properties (`proptests.rs`). Memory is counted conservatively: a replica
 //! being removed still holds its memory in this round (make-before-break may load the new replica
 //! before the old one unloads), so applying a plan in any order never over-commits a node. The
@@ -43,6 +50,7 @@ mod explain;
 mod plan;
 mod pool;
 mod rebalance;
+mod units;
 
 #[cfg(test)]
 mod evict_proptests;
@@ -62,6 +70,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use plan::plan;
+pub use units::{format_bytes, parse_bytes};
 
 /// A worker node as placement sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
