@@ -144,9 +144,10 @@ bench: build triton-ref
 ## C++ of torch-sys among them) are the ones they build and run, not a second set. On 2 cores
 ## clippy adds about 7 min to a fresh `make test` (the dependencies are type-checked once, the
 ## workspace linted) and about a minute when only workspace crates changed since the last run.
-CYCLE_FREE := src proto/src frontend/src telemetry/src data-plane/src loadtest/src \
-              control-plane/src router/src cluster-client/src tls/src remote-repository/src \
-              stub-protocol/src stub-core/src test-support/src torch-abi/src torch-backend/src
+CYCLE_FREE := src proto/src frontend/src telemetry/src data-plane/src agent/src loadtest/src \
+              control-plane/src placement/src router/src cluster-client/src tls/src \
+              remote-repository/src stub-protocol/src stub-core/src test-support/src torch-abi/src \
+              torch-backend/src
 lint: lint-fast setup
 	$(TORCH_ENV) cargo clippy --release $(CARGO_FLAGS) --workspace --all-targets $(FEATURES) -- -D warnings
 
