@@ -42,7 +42,7 @@ use nereid_proto::{
 };
 
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
-use crate::request::{RunContext, StreamContext};
+use crate::request::{RunContext, Runner, StreamContext};
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
@@ -352,9 +352,19 @@ impl RequestPath {
                 .get(&request.model_name, request.model_version)?;
             if loaded.streams() {
                 let steps = path.clone();
+                // A decoupled model's request is traced on its stream (a decoupled ensemble's
+                // is not yet).
+                let trace = matches!(loaded.runner, Runner::Decoupled(_))
+                    .then(|| {
+                        let model = &request.model_name;
+                        path.tracer
+                            .start("InferRequest", SpanKind::Server, model, &request.context)
+                    })
+                    .flatten();
                 let ctx = StreamContext {
                     unavailable: &|loaded| path.manager.unavailable(loaded),
                     step: Arc::new(move |r| steps.stream_model(r)),
+                    trace,
                 };
                 return loaded.infer_stream(request, started, ctx);
             }

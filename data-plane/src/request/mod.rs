@@ -75,6 +75,8 @@ pub(crate) struct StreamContext<'a> {
     /// How a decoupled ensemble's steps run: each a response stream, owned by the ensemble's
     /// own stream.
     pub step: ensemble::StepStream,
+    /// The request's trace, when it is sampled (a decoupled model's).
+    pub trace: Option<RequestTrace>,
 }
 
 impl LoadedVersion {
@@ -155,7 +157,7 @@ impl LoadedVersion {
                 stream::run_ensemble(self.clone(), plan.clone(), request, started, ctx)
             }
             Runner::Ensemble(_) | Runner::Batched(_) | Runner::Decoupled(_) => {
-                stream::run(self.clone(), request, started)
+                stream::run(self.clone(), request, started, ctx.trace)
             }
         }
     }

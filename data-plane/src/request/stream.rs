@@ -16,7 +16,9 @@
 //! Plain `infer` refuses decoupled models the way Triton does (UNSUPPORTED). The stream ends
 //! when the model sent its final flag or dropped every sender (a crashed stub). The request's
 //! [`Outcome`] lives in the task that awaits the scheduler, so a stream counts as in flight
-//! until the model has finished with it.
+//! until the model has finished with it. A traced request's trace is shared by that task (which
+//! records its phases) and the response stream (which records each response handed on, and
+//! the end); it ships once both are done with it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,7 +29,10 @@ use nereid_proto::{
 };
 use tokio::sync::mpsc;
 
-use super::outcome::{Outcome, backend_error};
+use nereid_telemetry::{AttrValue, RequestTrace};
+use parking_lot::Mutex;
+
+use super::outcome::{Outcome, backend_error, record_phases};
 use super::{LoadedVersion, Runner, StreamContext};
 use crate::backend::{ModelResponse, StreamEvent};
 use crate::classification::{self, Classify};
@@ -59,6 +64,7 @@ pub(super) fn run(
     loaded: Arc<LoadedVersion>,
     request: InferRequest,
     started: Instant,
+    trace: Option<RequestTrace>,
 ) -> ServiceResult<ResponseStream> {
     if !matches!(loaded.runner, Runner::Decoupled(_)) {
         return Err(ServiceError::internal(format!(
@@ -71,6 +77,14 @@ pub(super) fn run(
         request_check::check(&loaded.config, request).map_err(|e| outcome.refused_unchecked(e))?;
     let id = valid.id.clone();
     let classify = std::mem::take(&mut valid.classify);
+    let trace = trace.map(|mut t| {
+        t.attribute("model.version", AttrValue::Text(loaded.version.to_string()));
+        if !id.is_empty() {
+            t.attribute("request.id", AttrValue::Text(id.clone()));
+        }
+        Arc::new(Mutex::new(t))
+    });
+    let task_trace = trace.clone();
     let (sink, events) = mpsc::unbounded_channel();
     let failures = sink.clone();
     valid.stream = Some(sink);
@@ -80,9 +94,13 @@ pub(super) fn run(
         let Runner::Decoupled(scheduler) = &loaded.runner else {
             return;
         };
+        let submitted = Instant::now();
         let error = match scheduler.submit(valid).await {
             Ok(result) => match result.outputs {
                 Ok(_) => {
+                    if let Some(trace) = &task_trace {
+                        record_phases(&mut trace.lock(), submitted, &result.timings);
+                    }
                     outcome.succeeded(result.timings);
                     None
                 }
@@ -97,7 +115,36 @@ pub(super) fn run(
             let _ = failures.send(StreamEvent::Failed(e));
         }
     });
-    Ok(responses(loaded, id, classify, events))
+    let stream = responses(loaded, id, classify, events);
+    Ok(match trace {
+        Some(trace) => traced(stream, trace),
+        None => stream,
+    })
+}
+
+/// Records in `trace` each response `stream` hands on; the last item (or an error) ends the
+/// request.
+fn traced(stream: ResponseStream, trace: Arc<Mutex<RequestTrace>>) -> ResponseStream {
+    stream
+        .inspect(move |item| {
+            let now = Instant::now();
+            let mut trace = trace.lock();
+            match item {
+                Ok(r) => {
+                    if r.response.is_some() {
+                        trace.response(now);
+                    }
+                    if r.last {
+                        trace.done(now);
+                    }
+                }
+                Err(e) => {
+                    trace.fail(e.to_string());
+                    trace.done(now);
+                }
+            }
+        })
+        .boxed()
 }
 
 /// Runs `request` on a decoupled ensemble version (`plan`) and streams its responses.

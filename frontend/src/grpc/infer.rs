@@ -16,8 +16,8 @@ use crate::shm::Written;
 use nereid_proto::codec::{RequestLimits, decode_stream_request};
 use nereid_proto::pb::inference::{ModelInferRequest, ModelInferResponse};
 use nereid_proto::{
-    GRPC_TIMEOUT, InferRequest, RequestContext, ServiceResult, ShmPlan, TRACEPARENT, TRACESTATE,
-    TraceContext, parse_grpc_timeout,
+    Frontend, GRPC_TIMEOUT, InferRequest, RequestContext, ServiceResult, ShmPlan, TRACEPARENT,
+    TRACESTATE, TraceContext, parse_grpc_timeout,
 };
 use tonic::metadata::MetadataMap;
 
@@ -75,6 +75,7 @@ pub fn request_context(metadata: &MetadataMap, now: Instant) -> RequestContext {
         trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
         deadline,
         received: Some(now),
+        frontend: Some(Frontend::Grpc),
         ..Default::default()
     }
 }

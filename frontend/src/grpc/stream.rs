@@ -393,6 +393,8 @@ impl StreamHandler for TypedStream {
         let origin = Origin::of(&message);
         let decoded = codec::decode_stream_request(message, &self.limits).and_then(|mut r| {
             r.request.context = self.context.clone();
+            // Each request of the stream is traced on its own, from when it was read.
+            r.request.context.received = Some(std::time::Instant::now());
             let forwarded = self.forwarded.clone()?;
             r.request.parameters.extend(forwarded);
             Ok(r)

@@ -76,6 +76,7 @@ pub async fn generate(
     request: Request,
     streaming: bool,
 ) -> Result<Response, HttpError> {
+    let received = std::time::Instant::now();
     let version = parse_version(version)?;
     let metadata = state.service.model_metadata(model, version).await?;
     let (parts, body) = request.into_parts();
@@ -84,6 +85,7 @@ pub async fn generate(
     let body = read_body(&parts.headers, body, limit).await?;
     let mut request = decode_generate(model, version, &body, &metadata.inputs, limit)?;
     request.context = request_context(&parts.headers);
+    request.context.received = Some(received);
     let responses = state.service.infer_stream(request).await?;
     let mut response = if streaming {
         event_stream(responses).await?

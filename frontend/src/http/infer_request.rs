@@ -28,7 +28,7 @@ use super::json_body::{MAX_REQUEST_DEPTH, parse_request_json};
 use super::tensor_json::{decode_data, describe};
 use nereid_proto::codec::RequestLimits;
 use nereid_proto::{
-    DataType, InferRequest, ParamValue, Parameters, RequestContext, RequestOptions,
+    DataType, Frontend, InferRequest, ParamValue, Parameters, RequestContext, RequestOptions,
     RequestedOutput, ServiceError, ServiceResult, ShmInput, ShmOutput, ShmPlan, ShmRef,
     TRACEPARENT, TRACESTATE, Tensor, TraceContext, element_count, format_shape,
 };
@@ -74,6 +74,7 @@ pub fn request_context(headers: &HeaderMap) -> RequestContext {
     };
     RequestContext {
         trace: TraceContext::from_values(text(TRACEPARENT), text(TRACESTATE)),
+        frontend: Some(Frontend::Http),
         ..Default::default()
     }
 }
