@@ -262,6 +262,7 @@ impl Channel {
             model_name: r.model_name.clone(),
             model_version: r.model_version,
             timeout_us: r.timeout,
+            trace: r.trace_context(py),
         };
         drop(r);
         self.write_message(
@@ -482,6 +483,7 @@ impl Channel {
                 request.timeout_us,
                 request.parameters,
                 state,
+                request.trace,
             );
             list.append(Bound::new(py, request).map_err(py_err)?)
                 .map_err(py_err)?;

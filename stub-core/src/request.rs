@@ -123,7 +123,9 @@ impl InferenceRequest {
         timeout: u64,
         parameters: Map<String, Value>,
         state: Bound<'_, RequestState>,
+        trace: Option<String>,
     ) -> Self {
+        let py = state.py();
         InferenceRequest {
             request_id,
             correlation_id,
@@ -136,8 +138,17 @@ impl InferenceRequest {
             parameters,
             state: Some(state.unbind()),
             preferred_memory: None,
-            trace: None,
+            // `request.trace()`: the trace's context, which a BLS call passes on with
+            // `trace=request.trace()` to become a child of this request's trace.
+            trace: trace.map(|t| PyString::new(py, &t).into_any().unbind()),
         }
+    }
+
+    /// The trace context a BLS request was given (`trace=request.trace()`), if any.
+    pub fn trace_context(&self, py: Python<'_>) -> Option<String> {
+        self.trace
+            .as_ref()
+            .and_then(|t| t.bind(py).extract::<String>().ok())
     }
 
     fn state<'py>(&self, py: Python<'py>, what: &str) -> PyResult<&Bound<'py, RequestState>> {

@@ -95,6 +95,11 @@ pub struct RequestObject {
     pub model_version: i64,
     #[serde(default)]
     pub timeout_us: u64,
+    /// The W3C `traceparent` of the request's trace (parent → stub, when the request is
+    /// traced), or of the trace a BLS call belongs to (stub → parent: the model passed
+    /// `trace=request.trace()`, as in Triton).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 fn latest_version() -> i64 {

@@ -30,7 +30,9 @@
 //! Only a request that came through a frontend has the frontend's stamps; an ensemble step or a
 //! BLS call is a child trace (`parent_id`) with the model's stamps alone, as in Triton. There a
 //! parent counts only when it is an open trace of this process: Triton ignores a client's W3C
-//! context, so such a request is sampled by the rate like any other.
+//! context, so such a request is sampled by the rate like any other; and a request from no
+//! frontend without such a parent (a BLS call made without `trace=request.trace()`) is not
+//! traced.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -115,6 +117,11 @@ impl Tracer {
         let mut parent = context.trace.as_ref().and_then(parent_of);
         if let Output::Triton(sink) = output {
             parent = parent.filter(|(_, span, _)| sink.is_open(span));
+            // As in Triton, an internal call (a BLS call without `trace=request.trace()`, a
+            // warm-up) is traced only as a child.
+            if parent.is_none() && context.frontend.is_none() {
+                return None;
+            }
         }
         if !self.settings.sample(model, parent.map(|p| p.2)) {
             return None;

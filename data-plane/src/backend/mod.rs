@@ -220,6 +220,12 @@ pub enum StreamEvent {
 /// Where a decoupled request's responses go.
 pub type ResponseSink = tokio::sync::mpsc::UnboundedSender<StreamEvent>;
 
+/// The request parameter that carries a traced request's W3C `traceparent` to its backend,
+/// set by the request path ([`crate::request`]) so the calls a model makes (Python BLS) can
+/// join the request's trace; the Python backend takes it out before the model sees the
+/// parameters, the other backends ignore it.
+pub const TRACE_PARAMETER: &str = "nereid_traceparent";
+
 /// One request of a batch, as request-level backends (Python) see it: what Triton's
 /// `pb_utils.InferenceRequest` exposes.
 #[derive(Debug)]

@@ -41,12 +41,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use nereid_proto::{InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult};
+use nereid_proto::{
+    InferRequest, InferResponse, ParamValue, ResponseStream, ServiceError, ServiceResult,
+};
 use nereid_telemetry::RequestTrace;
 
 use self::cache::CacheKey;
 use self::outcome::{Outcome, backend_error, record_phases};
-use crate::backend::ModelResponse;
+use crate::backend::{ModelResponse, TRACE_PARAMETER};
 use crate::classification;
 use crate::ensemble::{self, EnsembleRequest};
 use crate::request_check::{self, ValidRequest};
@@ -174,6 +176,13 @@ impl LoadedVersion {
     ) -> ServiceResult<ModelResponse> {
         match &self.runner {
             Runner::Batched(scheduler) => {
+                let mut request = request;
+                if let Some(trace) = ctx.trace.as_deref() {
+                    let traceparent = trace.context().traceparent().to_string();
+                    request
+                        .parameters
+                        .insert(TRACE_PARAMETER.into(), ParamValue::String(traceparent));
+                }
                 let submitted = Instant::now();
                 let result = scheduler
                     .submit(request)

@@ -25,7 +25,8 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use nereid_proto::{
-    InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult, StreamedResponse,
+    InferRequest, InferResponse, ParamValue, ResponseStream, ServiceError, ServiceResult,
+    StreamedResponse,
 };
 use tokio::sync::mpsc;
 
@@ -34,7 +35,7 @@ use parking_lot::Mutex;
 
 use super::outcome::{Outcome, backend_error, record_phases};
 use super::{LoadedVersion, Runner, StreamContext};
-use crate::backend::{ModelResponse, StreamEvent};
+use crate::backend::{ModelResponse, StreamEvent, TRACE_PARAMETER};
 use crate::classification::{self, Classify};
 use crate::ensemble::{self, EnsemblePlan, EnsembleRequest, EnsembleStreamed};
 use crate::request_check;
@@ -78,6 +79,10 @@ pub(super) fn run(
     let id = valid.id.clone();
     let classify = std::mem::take(&mut valid.classify);
     let trace = trace.map(|mut t| {
+        let traceparent = t.context().traceparent().to_string();
+        valid
+            .parameters
+            .insert(TRACE_PARAMETER.into(), ParamValue::String(traceparent));
         t.attribute("model.version", AttrValue::Text(loaded.version.to_string()));
         if !id.is_empty() {
             t.attribute("request.id", AttrValue::Text(id.clone()));

@@ -4,13 +4,13 @@
 
 use bytes::Bytes;
 use nereid_proto::{
-    CorrelationId, DataType, InferRequest, InferResponse, ParamValue, Parameters, RequestOptions,
-    RequestedOutput, ServiceError, Tensor,
+    CorrelationId, DataType, InferRequest, InferResponse, ParamValue, Parameters, RequestContext,
+    RequestOptions, RequestedOutput, ServiceError, Tensor, TraceContext,
 };
 use serde_json::{Map, Number, Value};
 
 use super::shm::Packer;
-use crate::backend::{BackendError, RequestView};
+use crate::backend::{BackendError, RequestView, TRACE_PARAMETER};
 use nereid_stub_protocol::message::{
     CorrelationValue, ErrorCode, ErrorObject, RequestObject, TensorRef,
 };
@@ -29,17 +29,23 @@ pub fn request_object<'a>(
     model: &ModelInfo,
     packer: &mut Packer<'a>,
 ) -> RequestObject {
+    let mut parameters = parameters_to_json(view.parameters);
+    let trace = match parameters.remove(TRACE_PARAMETER) {
+        Some(Value::String(traceparent)) => Some(traceparent),
+        _ => None,
+    };
     RequestObject {
         request_id: view.id.to_string(),
         correlation_id: correlation_value(view.correlation_id),
         flags: view.flags,
-        parameters: parameters_to_json(view.parameters),
+        parameters,
         inputs: view.inputs.iter().map(|t| tensor_ref(t, packer)).collect(),
         requested_output_names: view.outputs.to_vec(),
         key: Some(view.key),
         model_name: model.name.clone(),
         model_version: model.version,
         timeout_us: 0,
+        trace,
     }
 }
 
@@ -168,6 +174,14 @@ pub fn bls_request(request: RequestObject, inputs: Vec<Tensor>) -> Result<InferR
     }
     options.sequence_start |= request.flags & 1 != 0;
     options.sequence_end |= request.flags & 2 != 0;
+    // A call made with `trace=request.trace()` is a child of the calling request's trace.
+    let context = RequestContext {
+        trace: request
+            .trace
+            .as_deref()
+            .and_then(|t| TraceContext::parse(t, None)),
+        ..Default::default()
+    };
     Ok(InferRequest {
         model_name: request.model_name,
         model_version,
@@ -183,6 +197,7 @@ pub fn bls_request(request: RequestObject, inputs: Vec<Tensor>) -> Result<InferR
                 parameters: Parameters::new(),
             })
             .collect(),
+        context,
         ..Default::default()
     })
 }
