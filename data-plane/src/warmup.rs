@@ -14,14 +14,22 @@
 //! length-prefixed elements, exactly one item's element count). Random data is random bytes
 //! for integers, 0/1 for `BOOL`, finite values in [-1, 1] for floats (Triton's raw random
 //! bytes can be NaN); random `BYTES` elements are empty, as in Triton.
+//!
+//! A `sequence_batching` model's sample also feeds its control and state inputs, as its
+//! requests get them: a sample may set them by name, as in Triton (a control's dims are `[1]`,
+//! a state's those of its initial value); those it leaves out are generated: START, READY and
+//! END true (the sample is a whole sequence), CORRID 0, and the state's initial value.
 
 use std::path::{Component, Path};
 
 use bytes::Bytes;
-use nereid_proto::{DataType, Tensor, count_bytes_elements, element_count, format_shape};
+use nereid_proto::{
+    CorrelationId, DataType, Tensor, count_bytes_elements, element_count, format_shape,
+};
 
 use crate::config::{InputSpec, ValidModelConfig, WarmupData, WarmupInput, WarmupSetting};
-use crate::request_check::dims_match;
+use crate::request_check::{SequenceFlags, dims_match};
+use crate::scheduler::sequence::SequencePolicy;
 
 /// The folder under the model directory that holds warmup data files (Triton's `warmup/`).
 pub const WARMUP_DATA_FOLDER: &str = "warmup";
@@ -47,6 +55,10 @@ pub fn warmup_samples(
     model_dir: &Path,
 ) -> Result<Vec<WarmupSample>, String> {
     let mut samples = Vec::with_capacity(config.warmup.len());
+    let sequence = match config.warmup.iter().any(|w| w.batch_size > 0) {
+        true => SequencePolicy::load(config, model_dir)?,
+        false => None,
+    };
     for (index, setting) in config.warmup.iter().enumerate() {
         if setting.batch_size == 0 {
             tracing::debug!(model = %config.name, sample = %setting.name, "skipping batch 0 warmup sample");
@@ -57,7 +69,13 @@ pub fn warmup_samples(
         } else {
             format!("model '{}' warmup sample '{}'", config.name, setting.name)
         };
-        samples.push(sample(config, model_dir, setting, &label)?);
+        let mut sample = sample(config, model_dir, setting, &label)?;
+        if let Some(policy) = &sequence {
+            let batch_dim = config.batching().then_some(setting.batch_size);
+            let generated = sequence_inputs(policy, setting, batch_dim, model_dir, &label)?;
+            sample.inputs.extend(generated);
+        }
+        samples.push(sample);
     }
     Ok(samples)
 }
@@ -81,10 +99,16 @@ fn sample(
         ));
     }
     // The inputs are sorted by name, so the first unknown one is the same on every load.
+    let fed_by_batcher = |name: &str| {
+        config.sequence().is_some_and(|sb| {
+            sb.control_inputs.iter().any(|c| c == name)
+                || sb.states.iter().any(|s| s.input_name == name)
+        })
+    };
     let mut unknown = setting
         .inputs
         .keys()
-        .filter(|name| config.input(name).is_none());
+        .filter(|name| config.input(name).is_none() && !fed_by_batcher(name));
     if let Some(name) = unknown.next() {
         return Err(format!(
             "{label}: input '{name}' is not an input of the model"
@@ -113,6 +137,68 @@ fn sample(
         outputs: config.outputs.iter().map(|o| o.name.clone()).collect(),
         count: setting.count.max(1),
     })
+}
+
+/// The control and state inputs of a sequence model's sample: those the sample sets, else the
+/// batcher's own for a one-request sequence (START, READY, END; CORRID 0; the initial state),
+/// repeated `batch` times.
+fn sequence_inputs(
+    policy: &SequencePolicy,
+    setting: &WarmupSetting,
+    batch: Option<u32>,
+    model_dir: &Path,
+    label: &str,
+) -> Result<Vec<Tensor>, String> {
+    let whole = SequenceFlags {
+        id: CorrelationId::Uint(0),
+        start: true,
+        end: true,
+    };
+    let generated = policy
+        .control_inputs(&whole)
+        .into_iter()
+        .chain(policy.initial_states());
+    let mut inputs = Vec::new();
+    for tensor in generated {
+        let name = tensor.name().to_string();
+        let tensor = match setting.inputs.get(&name) {
+            Some(warmup) => {
+                // Shaped as the batcher shapes it: one item is the tensor without its batch
+                // dimension.
+                let item_dims = match batch {
+                    Some(_) => tensor.shape().get(1..).unwrap_or(&[]).to_vec(),
+                    None => tensor.shape().to_vec(),
+                };
+                let spec = InputSpec {
+                    name: name.clone(),
+                    datatype: tensor.datatype(),
+                    dims: item_dims,
+                    reshape: None,
+                    optional: false,
+                    allow_ragged_batch: false,
+                };
+                let label = format!("{label} input '{name}'");
+                input_tensor(&spec, warmup, batch, model_dir, &label)?
+            }
+            None => repeat_item(tensor, batch).map_err(|e| format!("{label}: {e}"))?,
+        };
+        inputs.push(tensor);
+    }
+    Ok(inputs)
+}
+
+/// A tensor of one batch item (batch dimension 1 when `batch` is set) repeated `batch` times.
+fn repeat_item(tensor: Tensor, batch: Option<u32>) -> Result<Tensor, String> {
+    let Some(b) = batch else {
+        return Ok(tensor);
+    };
+    let mut shape = tensor.shape().to_vec();
+    if let Some(first) = shape.first_mut() {
+        *first = i64::from(b);
+    }
+    let data = tensor.data().repeat(b as usize);
+    Tensor::new(tensor.name(), tensor.datatype(), shape, Bytes::from(data))
+        .map_err(|e| e.message().to_string())
 }
 
 /// The tensor for one input of a sample; `batch` is the batch dimension to prepend, if any.

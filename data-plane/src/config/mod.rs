@@ -25,8 +25,8 @@ pub use batch_io::{BatchInputKind, BatchInputSpec, RaggedBatching, ScatterOutput
 pub use valid::{
     Accelerator, ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec,
     InstanceGroup, OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl,
-    SequenceStrategy, StateIo, TimeoutAction, ValidModelConfig, WarmupData, WarmupInput,
-    WarmupSetting,
+    SequenceStrategy, StateIo, TimeoutAction, Utilization, ValidModelConfig, WarmupData,
+    WarmupInput, WarmupSetting,
 };
 pub(crate) use valid::{composing_models, ensemble_steps, parameters};
 

@@ -31,7 +31,7 @@ mod warmup;
 
 pub use self::batching::{
     ControlKind, DynamicBatching, QueuePolicy, SequenceBatching, SequenceControl, SequenceStrategy,
-    StateIo, TimeoutAction,
+    StateIo, TimeoutAction, Utilization,
 };
 pub use self::warmup::{WarmupData, WarmupInput, WarmupSetting};
 

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
 use nereid_proto::pb::inference::model_input::Format;
 use nereid_proto::pb::inference::model_instance_group::Kind;
+use nereid_proto::pb::inference::model_sequence_batching::State as StateConfig;
 use nereid_proto::pb::inference::model_sequence_batching::control::Kind as ControlKind;
 use nereid_proto::pb::inference::model_sequence_batching::initial_state::StateData;
 use nereid_proto::pb::inference::{
@@ -318,17 +319,75 @@ fn check_sequence_batching(errors: &mut Vec<String>, m: &str, sb: &ModelSequence
                 state.input_name
             ));
         }
-        if state
-            .initial_state
-            .iter()
-            .any(|i| matches!(i.state_data, Some(StateData::DataFile(_))))
-        {
+        check_initial_state(errors, state);
+    }
+}
+
+/// Triton's checks of a state's `initial_state` (its wording: the messages name the state).
+fn check_initial_state(errors: &mut Vec<String>, state: &StateConfig) {
+    let input = &state.input_name;
+    let initial = match &state.initial_state[..] {
+        [] => return,
+        [initial] => initial,
+        many => {
             errors.push(format!(
-                "sequence batching state '{}' of {m}: initial_state 'data_file' is not supported by Nereid yet; use 'zero_data'",
-                state.input_name
+                "initial_state field for state input '{input}' must contain exactly one or zero element. Found '{}' elements.",
+                many.len()
             ));
+            return;
+        }
+    };
+    if initial.data_type != state.data_type {
+        errors.push(format!(
+            "The data type used for 'initial_state' field of state '{input}' does not match the state data type."
+        ));
+    }
+    if initial.name.is_empty() {
+        errors.push(format!(
+            "Field 'name' must be set when using initial_state for state input '{input}'."
+        ));
+    }
+    if initial.dims.len() != state.dims.len() {
+        errors.push(format!(
+            "Number of dimensions in 'initial_state' doesn't match the size of 'state' dimensions for state input '{input}'. {} != {}",
+            initial.dims.len(),
+            state.dims.len()
+        ));
+    } else {
+        for (&init, &dim) in initial.dims.iter().zip(&state.dims) {
+            if init < 0 {
+                errors.push(format!(
+                    "'initial_state' field for state input name '{input}' contains variable dimensions."
+                ));
+                break;
+            }
+            if dim >= 0 && init != dim {
+                errors.push(format!(
+                    "'initial_state' dim for input name '{input}' doesn't match 'state' dim description. {init} != {dim}"
+                ));
+                break;
+            }
         }
     }
+    match &initial.state_data {
+        Some(StateData::DataFile(file)) if file.is_empty() => errors.push(format!(
+            "initial_state of state input '{input}': 'data_file' must name a file under the model's initial_state folder"
+        )),
+        Some(StateData::DataFile(file)) if !is_plain_relative(file) => errors.push(format!(
+            "initial_state of state input '{input}': 'data_file' '{file}' must be a relative path inside the model's initial_state folder"
+        )),
+        Some(_) => {}
+        None => errors.push(format!(
+            "initial_state setting expects state'{input}' to have state_data set"
+        )),
+    }
+}
+
+/// A relative path that stays inside its folder (no root, no `..`).
+fn is_plain_relative(file: &str) -> bool {
+    std::path::Path::new(file)
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
 fn check_tensor(
@@ -474,6 +533,72 @@ mod tests {
                 "sequence batching specifies multiple CONTROL_SEQUENCE_START tensors for m",
                 "sequence batching control 'fp32_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_READY for m",
                 "sequence batching must specify 'data_type' TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING for CONTROL_SEQUENCE_CORRID for m",
+            ]
+        );
+    }
+
+    #[test]
+    fn reports_initial_state_problems_in_tritons_words() {
+        let state = |initial: &str| {
+            errors_of(&format!(
+                r#"sequence_batching {{ state [{{input_name: "si" output_name: "so"
+                     data_type: TYPE_INT32 dims: [2, -1] {initial} }}] }}"#
+            ))
+        };
+        let ok = state(
+            r#"initial_state { name: "i" data_type: TYPE_INT32 dims: [2, 3] data_file: "f" }"#,
+        );
+        assert!(ok.is_empty(), "{ok:?}");
+        assert_eq!(
+            state(
+                r#"initial_state { name: "i" data_type: TYPE_FP32 dims: [2, 3] zero_data: true }"#
+            ),
+            vec![
+                "The data type used for 'initial_state' field of state 'si' does not match the state data type."
+            ]
+        );
+        assert_eq!(
+            state(r#"initial_state { data_type: TYPE_INT32 dims: [2, 3] zero_data: true }"#),
+            vec!["Field 'name' must be set when using initial_state for state input 'si'."]
+        );
+        assert_eq!(
+            state(r#"initial_state { name: "i" data_type: TYPE_INT32 dims: [2] zero_data: true }"#),
+            vec![
+                "Number of dimensions in 'initial_state' doesn't match the size of 'state' dimensions for state input 'si'. 1 != 2"
+            ]
+        );
+        assert_eq!(
+            state(
+                r#"initial_state { name: "i" data_type: TYPE_INT32 dims: [2, -1] zero_data: true }"#
+            ),
+            vec!["'initial_state' field for state input name 'si' contains variable dimensions."]
+        );
+        assert_eq!(
+            state(
+                r#"initial_state { name: "i" data_type: TYPE_INT32 dims: [3, 1] zero_data: true }"#
+            ),
+            vec![
+                "'initial_state' dim for input name 'si' doesn't match 'state' dim description. 3 != 2"
+            ]
+        );
+        assert_eq!(
+            state(r#"initial_state { name: "i" data_type: TYPE_INT32 dims: [2, 1] }"#),
+            vec!["initial_state setting expects state'si' to have state_data set"]
+        );
+        assert_eq!(
+            state(
+                r#"initial_state { name: "i" data_type: TYPE_INT32 dims: [2, 1] data_file: "../x" }"#
+            ),
+            vec![
+                "initial_state of state input 'si': 'data_file' '../x' must be a relative path inside the model's initial_state folder"
+            ]
+        );
+        let two = r#"initial_state [{ name: "a" data_type: TYPE_INT32 dims: [2, 1] zero_data: true },
+                                    { name: "b" data_type: TYPE_INT32 dims: [2, 1] zero_data: true }]"#;
+        assert_eq!(
+            state(two),
+            vec![
+                "initial_state field for state input 'si' must contain exactly one or zero element. Found '2' elements."
             ]
         );
     }

@@ -284,9 +284,10 @@ fn load_version(
     };
     let (instances, limits) = loaded;
     let stats = Arc::new(VersionStats::default());
+    let policy = BatchPolicy::load(config, &input.dir)?;
     let scheduler = Scheduler::start(
         &input.name,
-        BatchPolicy::from_config(config),
+        policy,
         instances,
         limits,
         stats.clone(),

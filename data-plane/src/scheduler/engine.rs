@@ -125,6 +125,20 @@ pub(super) trait Feed: Send + Sync + 'static {
     /// What a request's execution produced (`names[k]` is `outputs[k]`; `None`: it failed),
     /// shown before it is answered.
     fn produced(&self, tag: &mut Self::Tag, outputs: Option<(&[String], &[Tensor])>);
+    /// Dummy requests to run an execution with, so that each request keeps a fixed position in
+    /// the batch (the sequence batcher's `direct` slots); `None`: the execution as it is.
+    fn padding(&self, _execution: &[Entry<Self::Tag>]) -> Option<Padding> {
+        None
+    }
+}
+
+/// How an execution is padded with dummy requests.
+pub(super) struct Padding {
+    /// Per position of the padded batch: `Some(k)`, the execution's `k`-th request; `None`, a
+    /// dummy.
+    pub(super) layout: Vec<Option<usize>>,
+    /// A dummy's inputs (one request's worth).
+    pub(super) dummy: Vec<Tensor>,
 }
 
 /// Holds answers back until every earlier request has been answered (`preserve_ordering`).

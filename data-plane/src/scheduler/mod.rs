@@ -35,13 +35,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use nereid_proto::ServiceError;
+use nereid_proto::{Parameters, ServiceError, Tensor};
 
 use self::dynamic::{DynamicBatcher, DynamicFeed};
 use self::engine::{Engine, EngineConfig};
 use self::policy::BatchPolicy;
 use self::sequence::{SequenceBatcher, SequenceFeed};
 use crate::backend::{BackendError, BackendInstance, ModelResponse, RequestView};
+use crate::config::SequenceStrategy;
 use crate::rate_limit::InstanceLimit;
 use crate::request_check::ValidRequest;
 use crate::stats::VersionStats;
@@ -107,9 +108,17 @@ impl Scheduler {
                     count,
                     queue_capacity,
                 );
+                // `oldest`'s preserve_ordering: answers in acceptance order across sequences.
+                let preserve_ordering = matches!(
+                    sequence_policy.batching.strategy,
+                    SequenceStrategy::Oldest {
+                        preserve_ordering: true,
+                        ..
+                    }
+                );
                 let feed = SequenceFeed::new(model, sequence_policy);
                 Kind::Sequence(Engine::start(
-                    config("seqtimer", false),
+                    config("seqtimer", preserve_ordering),
                     batcher,
                     feed,
                     instances,
@@ -166,9 +175,10 @@ impl Scheduler {
     }
 }
 
+static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
+
 /// What a request-level backend sees of a request.
 pub(crate) fn request_view(request: &ValidRequest) -> RequestView<'_> {
-    static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
     let (correlation_id, flags) = match &request.sequence {
         Some(s) => (Some(&s.id), u32::from(s.start) | (u32::from(s.end) << 1)),
         None => (None, 0),
@@ -182,5 +192,24 @@ pub(crate) fn request_view(request: &ValidRequest) -> RequestView<'_> {
         correlation_id,
         flags,
         stream: request.stream.as_ref(),
+    }
+}
+
+/// What a request-level backend sees of a dummy request that pads a batch (no id, no
+/// correlation id, no flags; it asks for `outputs`).
+pub(crate) fn padding_view<'a>(
+    inputs: &'a [Tensor],
+    outputs: &'a [String],
+    parameters: &'a Parameters,
+) -> RequestView<'a> {
+    RequestView {
+        key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+        id: "",
+        inputs,
+        outputs,
+        parameters,
+        correlation_id: None,
+        flags: 0,
+        stream: None,
     }
 }

@@ -3,6 +3,8 @@
 //! when absent; `sequence_batching` hands the version to the sequence batcher) and each priority
 //! level's queue policy (timeouts, timeout action, maximum queue size).
 
+use std::path::Path;
+
 use crate::config::{DynamicBatching, RaggedBatching, ValidModelConfig};
 
 use super::sequence::SequencePolicy;
@@ -25,7 +27,18 @@ pub struct BatchPolicy {
 }
 
 impl BatchPolicy {
-    /// The policy of a validated config.
+    /// The policy of a version of the model in `model_dir`: [`BatchPolicy::from_config`], with
+    /// the sequence batcher's `initial_state` data files read. `Err` is the load failure reason.
+    pub fn load(config: &ValidModelConfig, model_dir: &Path) -> Result<BatchPolicy, String> {
+        let mut policy = BatchPolicy::from_config(config);
+        if policy.sequence.is_some() {
+            policy.sequence = SequencePolicy::load(config, model_dir)?;
+        }
+        Ok(policy)
+    }
+
+    /// The policy of a validated config; sequence states start from zeros even where they
+    /// name a `data_file` (see [`BatchPolicy::load`]).
     pub fn from_config(config: &ValidModelConfig) -> BatchPolicy {
         let max_batch_size = config.max_batch_size as usize;
         match config.dynamic() {

@@ -28,7 +28,7 @@ use nereid_proto::{ServiceError, Tensor};
 pub use self::controls::SequencePolicy;
 use self::controls::id_text;
 use self::slots::{Arrival, Refusal, Slots};
-use super::engine::{Batcher, Entry, Feed, Job, Refused};
+use super::engine::{Batcher, Entry, Feed, Job, Padding, Refused};
 use super::queue::{Decision, ShapeKey};
 use crate::request_check::{SequenceFlags, ValidRequest};
 
@@ -39,6 +39,8 @@ pub(super) struct SequenceTag {
     state: Option<Vec<Tensor>>,
     /// The state it left (`None`: keep the old one).
     new_state: Option<Vec<Tensor>>,
+    /// Its position in the batch (`direct`: its slot's).
+    position: usize,
 }
 
 /// The live sequences of a `sequence_batching` version.
@@ -134,6 +136,7 @@ impl Batcher for SequenceBatcher {
                             flags: t.flags,
                             state: t.state,
                             new_state: None,
+                            position: t.position,
                         },
                     })
                     .collect(),
@@ -232,6 +235,24 @@ impl Feed for SequenceFeed {
             }
         }
         groups.into_iter().map(|(_, members)| members).collect()
+    }
+
+    /// `direct` with batching: the batch spans the instance's slots up to the highest one in
+    /// it, and the slots between without a request get a dummy (READY false), as in Triton.
+    fn padding(&self, execution: &[Entry<SequenceTag>]) -> Option<Padding> {
+        if !self.policy.pads() {
+            return None;
+        }
+        let width = execution.iter().map(|e| e.tag.position + 1).max()?;
+        if width == execution.len() {
+            return None;
+        }
+        let mut layout = vec![None; width];
+        for (k, e) in execution.iter().enumerate() {
+            layout[e.tag.position] = Some(k);
+        }
+        let dummy = self.policy.padding_inputs(&execution[0].job.request.inputs);
+        Some(Padding { layout, dummy })
     }
 
     fn extra_outputs(&self) -> &[String] {

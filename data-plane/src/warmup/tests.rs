@@ -292,3 +292,94 @@ fn batch_zero_samples_are_skipped_and_unnamed_samples_get_an_index() {
     c.warmup[0].name.clear();
     assert!(error(&c, Path::new("/x")).starts_with("model 'm' warmup sample #0: batch_size 9"));
 }
+
+/// A sequence model (INT32 input "x" [1]) with START / READY / CORRID controls and one state
+/// `si` [2], and the `model_warmup` text `warmup`.
+fn sequence_config(max_batch_size: i32, warmup: &str) -> ValidModelConfig {
+    let text = format!(
+        r#"name: "m" backend: "identity" max_batch_size: {max_batch_size}
+           input [{{ name: "x" data_type: TYPE_INT32 dims: [1] }}]
+           output [{{ name: "y" data_type: TYPE_INT32 dims: [1] }}]
+           sequence_batching {{
+             control_input [
+               {{name: "START" control [{{kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1]}}]}},
+               {{name: "READY" control [{{kind: CONTROL_SEQUENCE_READY fp32_false_true: [0, 1]}}]}},
+               {{name: "CORRID" control [{{kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64}}]}}
+             ]
+             state [{{input_name: "si" output_name: "so" data_type: TYPE_INT32 dims: [2]}}]
+           }}
+           {warmup}"#
+    );
+    ValidModelConfig::unchecked(parse_model_config(&text).unwrap())
+}
+
+#[test]
+fn a_sequence_sample_gets_controls_and_initial_state() {
+    let x = r#"{ key: "x" value: { data_type: TYPE_INT32 dims: [1] zero_data: true } }"#;
+    let c = sequence_config(
+        4,
+        &format!(r#"model_warmup [{{ name: "w" batch_size: 2 inputs [{x}] }}]"#),
+    );
+    let s = &warmup_samples(&c, Path::new("/nonexistent")).unwrap()[0];
+    let names: Vec<&str> = s.inputs.iter().map(Tensor::name).collect();
+    assert_eq!(names, ["x", "START", "READY", "CORRID", "si"]);
+    // A whole sequence of one request: START and READY true, CORRID 0, initial state zeros.
+    assert_eq!(by_name(s, "START").shape(), [2, 1]);
+    assert_eq!(
+        by_name(s, "START").data().as_ref(),
+        [1i32.to_le_bytes(), 1i32.to_le_bytes()].concat()
+    );
+    assert_eq!(
+        by_name(s, "READY").data().as_ref(),
+        [1f32.to_le_bytes(), 1f32.to_le_bytes()].concat()
+    );
+    assert_eq!(by_name(s, "CORRID").data().as_ref(), [0u8; 16]);
+    assert_eq!(by_name(s, "si").shape(), [2, 2]);
+    assert_eq!(by_name(s, "si").data().as_ref(), [0u8; 16]);
+    // Without batching: no batch dimension.
+    let c = sequence_config(
+        0,
+        &format!(r#"model_warmup [{{ name: "w" batch_size: 1 inputs [{x}] }}]"#),
+    );
+    let s = &warmup_samples(&c, Path::new("/nonexistent")).unwrap()[0];
+    assert_eq!(
+        (by_name(s, "START").shape(), by_name(s, "si").shape()),
+        (&[1i64][..], &[2i64][..])
+    );
+}
+
+#[test]
+fn a_sequence_sample_may_set_controls_and_state_by_name() {
+    let c = sequence_config(
+        4,
+        r#"model_warmup [{ name: "w" batch_size: 1 inputs [
+             { key: "x" value: { data_type: TYPE_INT32 dims: [1] zero_data: true } },
+             { key: "START" value: { data_type: TYPE_INT32 dims: [1] zero_data: true } },
+             { key: "si" value: { data_type: TYPE_INT32 dims: [2] random_data: true } }
+           ] }]"#,
+    );
+    let s = &warmup_samples(&c, Path::new("/nonexistent")).unwrap()[0];
+    assert_eq!(
+        by_name(s, "START").data().as_ref(),
+        [0u8; 4],
+        "as the sample sets it"
+    );
+    assert_eq!(
+        by_name(s, "READY").data().as_ref(),
+        1f32.to_le_bytes(),
+        "generated"
+    );
+    assert_eq!(by_name(s, "si").shape(), [1, 2]);
+    // A control set with the wrong type is named.
+    let c = sequence_config(
+        4,
+        r#"model_warmup [{ name: "w" batch_size: 1 inputs [
+             { key: "x" value: { data_type: TYPE_INT32 dims: [1] zero_data: true } },
+             { key: "READY" value: { data_type: TYPE_INT32 dims: [1] zero_data: true } }
+           ] }]"#,
+    );
+    assert_eq!(
+        error(&c, Path::new("/nonexistent")),
+        "model 'm' warmup sample 'w' input 'READY': data_type TYPE_INT32 does not match the model input's TYPE_FP32"
+    );
+}

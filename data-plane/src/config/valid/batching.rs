@@ -9,6 +9,7 @@ use std::time::Duration;
 use nereid_proto::DataType;
 use nereid_proto::pb::inference::model_queue_policy::TimeoutAction as ConfigTimeoutAction;
 use nereid_proto::pb::inference::model_sequence_batching::control::Kind;
+use nereid_proto::pb::inference::model_sequence_batching::initial_state::StateData;
 use nereid_proto::pb::inference::model_sequence_batching::{Control, StrategyChoice};
 use nereid_proto::pb::inference::{ModelDynamicBatching, ModelQueuePolicy, ModelSequenceBatching};
 
@@ -157,20 +158,51 @@ pub struct SequenceBatching {
     pub controls: Vec<SequenceControl>,
     /// Implicit state: the input the state is fed through, the output it is read from.
     pub states: Vec<StateIo>,
+    /// `iterative_sequence`: the model may hand a request back to run again (Triton's
+    /// request rescheduling).
+    pub iterative: bool,
 }
 
 /// How sequences are placed on instances.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SequenceStrategy {
     /// Each live sequence holds one batch slot of one instance until it ends.
-    Direct,
+    Direct {
+        /// How long a batch may wait for more slots to have work (0: never waits).
+        max_queue_delay: Duration,
+        /// The fraction of an instance's slots that must have work before its batch runs
+        /// without waiting out `max_queue_delay` (0: never waits).
+        minimum_slot_utilization: Utilization,
+    },
     /// Up to `max_candidates` live sequences; each round batches the oldest ready requests.
     Oldest {
         max_candidates: usize,
         preferred_batch_sizes: Vec<usize>,
         max_queue_delay: Duration,
+        /// Answers leave in the order the requests were accepted, across sequences.
+        preserve_ordering: bool,
     },
 }
+
+impl SequenceStrategy {
+    /// `direct` without a queue delay (Triton's default strategy).
+    pub const DIRECT: SequenceStrategy = SequenceStrategy::Direct {
+        max_queue_delay: Duration::ZERO,
+        minimum_slot_utilization: Utilization(0.0),
+    };
+}
+
+/// A fraction in [0, 1] (`minimum_slot_utilization`), compared by its bits so configs stay `Eq`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Utilization(pub f32);
+
+impl PartialEq for Utilization {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Utilization {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ControlKind {
@@ -201,16 +233,24 @@ pub struct StateIo {
     /// The shape a sequence's state starts with, without the batch dimension; a variable
     /// dimension starts at 1.
     pub initial_dims: Vec<i64>,
+    /// `initial_state { data_file }`: the file under the model directory's `initial_state/`
+    /// folder that holds the initial value (`None`: zeros).
+    pub initial_file: Option<String>,
 }
 
 impl SequenceBatching {
     pub(super) fn from_wire(sb: &ModelSequenceBatching) -> SequenceBatching {
         let strategy = match &sb.strategy_choice {
-            None | Some(StrategyChoice::Direct(_)) => SequenceStrategy::Direct,
+            None => SequenceStrategy::DIRECT,
+            Some(StrategyChoice::Direct(d)) => SequenceStrategy::Direct {
+                max_queue_delay: Duration::from_micros(d.max_queue_delay_microseconds),
+                minimum_slot_utilization: Utilization(d.minimum_slot_utilization.clamp(0.0, 1.0)),
+            },
             Some(StrategyChoice::Oldest(o)) => SequenceStrategy::Oldest {
                 max_candidates: usize::try_from(o.max_candidate_sequences).unwrap_or(0),
                 preferred_batch_sizes: preferred_sizes(&o.preferred_batch_size),
                 max_queue_delay: Duration::from_micros(o.max_queue_delay_microseconds),
+                preserve_ordering: o.preserve_ordering,
             },
         };
         let controls = sb
@@ -226,11 +266,16 @@ impl SequenceBatching {
                     Some(init) => (init.data_type, &init.dims),
                     None => (s.data_type, &s.dims),
                 };
+                let initial_file = s.initial_state.first().and_then(|i| match &i.state_data {
+                    Some(StateData::DataFile(file)) => Some(file.clone()),
+                    Some(StateData::ZeroData(_)) | None => None,
+                });
                 StateIo {
                     input_name: s.input_name.clone(),
                     output_name: s.output_name.clone(),
                     datatype: DataType::from_config_i32(datatype).unwrap_or(DataType::Fp32),
                     initial_dims: dims.iter().map(|&d| if d < 0 { 1 } else { d }).collect(),
+                    initial_file,
                 }
             })
             .collect();
@@ -243,6 +288,7 @@ impl SequenceBatching {
             control_inputs: sb.control_input.iter().map(|c| c.name.clone()).collect(),
             controls,
             states,
+            iterative: sb.iterative_sequence,
         }
     }
 }

@@ -13,17 +13,21 @@
 //! `run_joined` adds the batch inputs `ragged::batch_inputs` computes and flattens the ragged
 //! inputs, and `split_per_request` scatters batch outputs by the shapes of `ragged::scatter_plan`.
 //! Request-level backends get neither, as Triton's Python backend does not.
+//!
+//! When the feed pads an execution ([`Feed::padding`]: the sequence batcher's `direct`
+//! strategy), dummy requests fill the batch positions between the real ones; they run with the
+//! batch, their outputs are dropped and they count in no statistics.
 
 use std::time::Instant;
 
 use nereid_proto::{ServiceError, Tensor};
 
-use super::{Batcher, Entry, Feed, Shared};
+use super::{Batcher, Entry, Feed, Padding, Shared};
 use crate::backend::{
     BackendError, BackendInstance, BatchInputs, ModelResponse, Phases, RequestView,
 };
 use crate::config::RaggedBatching;
-use crate::scheduler::{ExecTimings, JobResult, batch, ragged, request_view};
+use crate::scheduler::{ExecTimings, JobResult, batch, padding_view, ragged, request_view};
 
 /// Per request, its outputs in the order of the names it was run for (with the response
 /// parameters the model set), or its error.
@@ -86,11 +90,22 @@ impl<B: Batcher> Shared<B> {
                 names.push(o.clone());
             }
         }
-        let sizes: Vec<usize> = execution.iter().map(|e| e.job.request.batch_size).collect();
-        let inputs: Vec<&[Tensor]> = execution
-            .iter()
-            .map(|e| e.job.request.inputs.as_slice())
-            .collect();
+        let padding = self.feed.padding(&execution);
+        let real_sizes: Vec<usize> = execution.iter().map(|e| e.job.request.batch_size).collect();
+        let (inputs, sizes): (Vec<&[Tensor]>, Vec<usize>) = match &padding {
+            None => execution
+                .iter()
+                .map(|e| (e.job.request.inputs.as_slice(), e.job.request.batch_size))
+                .unzip(),
+            Some(p) => p
+                .layout
+                .iter()
+                .map(|position| match position.and_then(|k| execution.get(k)) {
+                    Some(e) => (e.job.request.inputs.as_slice(), e.job.request.batch_size),
+                    None => (p.dummy.as_slice(), 1),
+                })
+                .unzip(),
+        };
         let scatter =
             ragged::scatter_plan(&self.ragged, &names, &inputs).map_err(BackendError::InvalidInput);
         let result = scatter.and_then(|scatter| {
@@ -101,7 +116,9 @@ impl<B: Batcher> Shared<B> {
         let infer_done = Instant::now();
         let (input_done, per_request) = match result {
             Ok(((input_done, outputs), scatter)) => {
-                (input_done, split_per_request(outputs, &sizes, &scatter))
+                let split = split_per_request(outputs, &sizes, &scatter);
+                let real = split.map(|all| unpad(all, padding.as_ref(), execution.len()));
+                (input_done, real)
             }
             Err(e) => (infer_done, Err(e)),
         };
@@ -115,7 +132,7 @@ impl<B: Batcher> Shared<B> {
         match per_request {
             Ok(per_request) => {
                 self.stats.record_execution(
-                    sizes.iter().sum(),
+                    real_sizes.iter().sum(),
                     input_done - started,
                     infer_done - input_done,
                     finished - infer_done,
@@ -148,7 +165,7 @@ impl<B: Batcher> Shared<B> {
             .iter()
             .map(|e| request_names(&e.job.request.outputs, extras))
             .collect();
-        let views: Vec<RequestView<'_>> = execution
+        let mut views: Vec<RequestView<'_>> = execution
             .iter()
             .zip(&names)
             .map(|(e, names)| RequestView {
@@ -156,8 +173,27 @@ impl<B: Batcher> Shared<B> {
                 ..request_view(&e.job.request)
             })
             .collect();
+        let padding = self.feed.padding(&execution);
+        let parameters = Default::default();
+        if let Some(p) = &padding {
+            let mut real = views.into_iter().map(Some).collect::<Vec<_>>();
+            views = p
+                .layout
+                .iter()
+                .map(|position| {
+                    position
+                        .and_then(|k| real.get_mut(k).and_then(Option::take))
+                        .unwrap_or_else(|| padding_view(&p.dummy, &[], &parameters))
+                })
+                .collect();
+        }
         let mut phases = Phases::default();
-        let result = instance.execute_requests(&views, &mut phases);
+        let result = instance
+            .execute_requests(&views, &mut phases)
+            .map(|all| match &padding {
+                Some(_) if all.len() != views.len() => all,
+                _ => unpad(all, padding.as_ref(), execution.len()),
+            });
         drop(views);
         let finished = Instant::now();
         let (compute_input, compute_infer, compute_output) = phases.split(started, finished);
@@ -267,6 +303,21 @@ fn split_per_request(
         }
     }
     Ok(per_request)
+}
+
+/// The results of an execution's own requests, in execution order, out of those of its padded
+/// batch (`all` in batch order; unchanged without padding).
+fn unpad<T>(all: Vec<T>, padding: Option<&Padding>, requests: usize) -> Vec<T> {
+    let Some(padding) = padding else {
+        return all;
+    };
+    let mut real: Vec<Option<T>> = (0..requests).map(|_| None).collect();
+    for (position, result) in padding.layout.iter().zip(all) {
+        if let Some(slot) = position.and_then(|k| real.get_mut(k)) {
+            *slot = Some(result);
+        }
+    }
+    real.into_iter().flatten().collect()
 }
 
 /// The outputs a request-level backend produces for a request: those it asked for, then those

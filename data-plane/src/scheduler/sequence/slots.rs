@@ -7,7 +7,8 @@
 //! arrive(flags, request, now)         ─► queued behind its sequence (a free slot, else the backlog)
 //!                                        | refused: Full, MissingStart
 //! form_batch(instance, now)           ─► Dispatch(the next request of each ready sequence the
-//!                                        instance may run) | WaitUntil(oldest delay) | Empty
+//!                                        instance may run, with its slot position)
+//!                                        | WaitUntil(oldest + delay) | Empty
 //! finish(id, end, new state, now)     ─► the sequence is ready again; END with nothing queued
 //!                                        releases it, and the backlog's oldest takes its slot
 //! release_idle(now)                   ─► the sequences idle for max_sequence_idle, released
@@ -18,6 +19,12 @@
 //! (`max(1, max_batch_size)` per instance), so a sequence always runs on the same instance;
 //! with `oldest` there are `max_candidate_sequences` slots on no particular instance (0: as many
 //! as `direct` would have). A live sequence without a slot waits in the backlog, in order.
+//!
+//! `direct` waits, as Triton does, when both its `max_queue_delay_microseconds` and its
+//! `minimum_slot_utilization` are set: an instance's batch runs once the fraction of its slots
+//! with a ready request reaches the utilization, or once its oldest ready request has waited
+//! the delay. Each request taken carries its slot's position in the instance's batch, so the
+//! engine can pad the positions between with dummy requests (READY false).
 //! A batch holds at most one request per sequence, and a sequence's next request is formed only
 //! after the previous one finished, so its state is always the previous request's output.
 //!
@@ -56,6 +63,9 @@ pub(crate) struct Taken<T, S> {
     pub(crate) payload: T,
     /// The state it runs on; `None`: the initial state (a START, or no request ran before).
     pub(crate) state: Option<S>,
+    /// Its position in the batch: `direct`, its slot among the instance's slots (the batch is
+    /// in position order, and positions without a request are left out); `oldest`, its index.
+    pub(crate) position: usize,
 }
 
 #[derive(Debug)]
@@ -113,7 +123,7 @@ impl<T, S: Clone> Slots<T, S> {
     ) -> Slots<T, S> {
         let per_instance = max_batch_size.max(1);
         let (slots, slot_instance) = match &strategy {
-            SequenceStrategy::Direct => (
+            SequenceStrategy::Direct { .. } => (
                 instances * per_instance,
                 Some(
                     (0..instances * per_instance)
@@ -245,14 +255,28 @@ impl<T, S: Clone> Slots<T, S> {
             return Decision::Empty;
         }
         ready.sort_by_key(|(arrived, _)| *arrived);
+        let oldest = ready[0].0.0;
         let take = match &self.strategy {
-            SequenceStrategy::Direct => ready.len(),
+            SequenceStrategy::Direct {
+                max_queue_delay,
+                minimum_slot_utilization,
+            } => {
+                let waits = !max_queue_delay.is_zero() && minimum_slot_utilization.0 > 0.0;
+                // Every ready sequence of a direct instance holds one of its `max_batch` slots.
+                let utilization = ready.len() as f32 / self.max_batch as f32;
+                if waits
+                    && utilization < minimum_slot_utilization.0
+                    && now < oldest + *max_queue_delay
+                {
+                    return Decision::WaitUntil(oldest + *max_queue_delay);
+                }
+                ready.len()
+            }
             SequenceStrategy::Oldest {
                 preferred_batch_sizes,
                 max_queue_delay,
                 ..
             } => {
-                let oldest = ready[0].0.0;
                 if ready.len() >= self.max_batch || oldest + *max_queue_delay <= now {
                     ready.len().min(self.max_batch)
                 } else if let Some(&p) = preferred_batch_sizes
@@ -267,7 +291,7 @@ impl<T, S: Clone> Slots<T, S> {
             }
         };
         let mut batch = Vec::with_capacity(take);
-        for (_, id) in ready.into_iter().take(take) {
+        for (index, (_, id)) in ready.into_iter().take(take).enumerate() {
             let Some(sequence) = self.sequences.get_mut(&id) else {
                 continue;
             };
@@ -282,12 +306,18 @@ impl<T, S: Clone> Slots<T, S> {
             } else {
                 sequence.state.clone()
             };
+            let position = match (sequence.slot, self.slot_instance.is_some()) {
+                (Some(slot), true) => slot % self.max_batch,
+                _ => index,
+            };
             batch.push(Taken {
                 flags: q.flags,
                 payload: q.payload,
                 state,
+                position,
             });
         }
+        batch.sort_by_key(|t| t.position);
         Decision::Dispatch(batch)
     }
 

@@ -1,8 +1,8 @@
 //! The sequence batcher with a mock accumulator instance: per row, `OUTPUT = INPUT +
 //! (START ? 0 : STATE_IN)`, `STATE_OUT = OUTPUT`, and it echoes the START / END / CORRID controls.
-//! Every execution logs its rows' correlation ids, so tests see how batches were formed, and
-//! waits at a [`Gate`] under its first row's INPUT, so a test holds a request running (an open
-//! gate: no waits).
+//! Every execution logs its rows' (correlation id, READY), so tests see how batches were formed
+//! and padded, and waits at a [`Gate`] under its first ready row's INPUT, so a test holds a
+//! request running (an open gate: no waits).
 //! These are end-to-end: state, controls and messages through the engine's threads. The batching
 //! decisions themselves (slots, backlog, oldest batches, idle release) are tested without threads
 //! or sleeps beside the code, in `sequence/slots/tests.rs`.
@@ -24,7 +24,7 @@ use crate::scheduler::policy::BatchPolicy;
 use crate::scheduler::{JobResult, Scheduler};
 use crate::stats::VersionStats;
 
-type Log = Arc<Mutex<Vec<Vec<u64>>>>;
+type Log = Arc<Mutex<Vec<Vec<(u64, i64)>>>>;
 
 struct Accumulator {
     gate: Gate<i64>,
@@ -65,9 +65,6 @@ impl BackendInstance for Accumulator {
         outputs: &[String],
     ) -> Result<Vec<Tensor>, BackendError> {
         let inputs = inputs.joined()?;
-        if let Some(first) = inputs.iter().find(|t| t.name() == "INPUT") {
-            self.gate.pass(ints(first)[0]);
-        }
         let get = |name: &str| {
             inputs
                 .iter()
@@ -82,13 +79,13 @@ impl BackendInstance for Accumulator {
             get("CORRID")?,
             get("STATE_IN")?,
         );
-        assert!(
-            get("READY")?.iter().all(|&r| r == 1),
-            "READY must be true for every row"
-        );
+        let ready = get("READY")?;
+        if let Some(k) = ready.iter().position(|&r| r == 1) {
+            self.gate.pass(input[k]);
+        }
         self.log
             .lock()
-            .push(corrid.iter().map(|&c| c as u64).collect());
+            .push(corrid.iter().map(|&c| c as u64).zip(ready).collect());
         let sum: Vec<i64> = (0..input.len())
             .map(|i| input[i] + if start[i] == 1 { 0 } else { state[i] })
             .collect();
@@ -318,4 +315,93 @@ async fn refusing_the_queue_answers_waiting_requests_and_lets_the_running_one_fi
             );
         }
     }
+}
+
+#[tokio::test]
+async fn direct_pads_the_slots_before_the_highest_with_not_ready_requests() {
+    let (s, log) = scheduler(4, "", 1, Gate::opened());
+    // Sequences 1, 2 and 3 take slots 0, 1 and 2; 1 ends, freeing slot 0.
+    values(s.submit(request(1, 10, true, false)).await);
+    values(s.submit(request(2, 20, true, false)).await);
+    values(s.submit(request(3, 30, true, false)).await);
+    values(s.submit(request(1, 1, false, true)).await);
+    // Sequence 3 alone has work: it runs in slot 2 behind two dummies (READY false, CORRID 0),
+    // and its answer and state are its own.
+    assert_eq!(values(s.submit(request(3, 5, false, false)).await).0, 35);
+    assert_eq!(
+        log.lock().last().unwrap(),
+        &vec![(0, 0), (0, 0), (3, 1)],
+        "slot positions kept with dummies"
+    );
+    // Slot 0 never needs padding; slot 1 gets one dummy before it.
+    assert_eq!(values(s.submit(request(2, 2, false, false)).await).0, 22);
+    assert_eq!(log.lock().last().unwrap(), &vec![(0, 0), (2, 1)]);
+    assert_eq!(values(s.submit(request(3, 5, false, true)).await).0, 40);
+}
+
+#[tokio::test]
+async fn oldest_never_pads() {
+    let (s, log) = scheduler(
+        4,
+        "oldest { max_candidate_sequences: 4 }",
+        1,
+        Gate::opened(),
+    );
+    values(s.submit(request(1, 10, true, false)).await);
+    values(s.submit(request(2, 20, true, false)).await);
+    assert_eq!(values(s.submit(request(2, 1, false, true)).await).0, 21);
+    assert_eq!(log.lock().last().unwrap(), &vec![(2, 1)]);
+}
+
+#[tokio::test]
+async fn direct_waits_for_slot_utilization_and_batches_the_sequences() {
+    // Both slots must have work; the delay (60 s) is far beyond the test.
+    let strategy =
+        "direct { max_queue_delay_microseconds: 60000000 minimum_slot_utilization: 1.0 }";
+    let gate = Gate::new();
+    let (s, log) = scheduler(2, strategy, 1, gate.clone());
+    let mut a = pin!(s.submit(request(1, 10, true, false)));
+    assert!(poll!(&mut a).is_pending());
+    assert_eq!(
+        s.queue_depth(),
+        1,
+        "the first sequence waits for a second one"
+    );
+    let mut b = pin!(s.submit(request(2, 20, true, false)));
+    assert!(poll!(&mut b).is_pending());
+    assert_eq!(gate.arrival().await, 10);
+    gate.release(10);
+    assert_eq!((values(a.await).0, values(b.await).0), (10, 20));
+    assert_eq!(
+        log.lock().clone(),
+        vec![vec![(1, 1), (2, 1)]],
+        "one batch of both"
+    );
+}
+
+#[tokio::test]
+async fn oldest_preserve_ordering_answers_in_acceptance_order_across_sequences() {
+    let strategy = "oldest { max_candidate_sequences: 4 preserve_ordering: true }";
+    let gate = Gate::new();
+    let (s, _) = scheduler(4, strategy, 2, gate.clone());
+    let mut a = pin!(s.submit(request(1, 1, true, false)));
+    assert!(poll!(&mut a).is_pending());
+    assert_eq!(gate.arrival().await, 1, "sequence 1 runs on one instance");
+    let mut b = pin!(s.submit(request(2, 2, true, false)));
+    assert!(poll!(&mut b).is_pending());
+    assert_eq!(gate.arrival().await, 2, "sequence 2 on the other");
+    gate.release(2);
+    // Sequence 2's next request runs only once its first has finished and been answered
+    // (held back): when it arrives at the gate, the first one is done.
+    let mut c = pin!(s.submit(request(2, 3, false, false)));
+    assert!(poll!(&mut c).is_pending());
+    assert_eq!(gate.arrival().await, 3);
+    assert!(
+        poll!(&mut b).is_pending(),
+        "sequence 2's answer waits for sequence 1's earlier request"
+    );
+    gate.release(3);
+    gate.release(1);
+    assert_eq!(values(a.await).0, 1);
+    assert_eq!((values(b.await).0, values(c.await).0), (2, 5));
 }

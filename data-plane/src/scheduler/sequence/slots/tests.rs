@@ -14,7 +14,7 @@ fn flags(id: u64, start: bool, end: bool) -> SequenceFlags {
 }
 
 fn direct(max_batch: usize, instances: usize) -> Slots<u32, i64> {
-    Slots::new(SequenceStrategy::Direct, max_batch, IDLE, instances, 64)
+    Slots::new(SequenceStrategy::DIRECT, max_batch, IDLE, instances, 64)
 }
 
 fn oldest(
@@ -27,8 +27,26 @@ fn oldest(
         max_candidates,
         preferred_batch_sizes: preferred.to_vec(),
         max_queue_delay: Duration::from_micros(delay_us),
+        preserve_ordering: false,
     };
     Slots::new(strategy, max_batch, IDLE, 1, 64)
+}
+
+/// `direct` with `max_queue_delay_microseconds` and `minimum_slot_utilization`.
+fn direct_waiting(max_batch: usize, delay_us: u64, utilization: f32) -> Slots<u32, i64> {
+    let strategy = SequenceStrategy::Direct {
+        max_queue_delay: Duration::from_micros(delay_us),
+        minimum_slot_utilization: crate::config::Utilization(utilization),
+    };
+    Slots::new(strategy, max_batch, IDLE, 1, 64)
+}
+
+/// (payload, batch position) of each request of a dispatched batch.
+fn positions(d: Decision<Vec<Taken<u32, i64>>>) -> Vec<(u32, usize)> {
+    match d {
+        Decision::Dispatch(batch) => batch.into_iter().map(|t| (t.payload, t.position)).collect(),
+        other => panic!("expected a dispatch, got {other:?}"),
+    }
 }
 
 /// (correlation id, payload, state) of each request of a dispatched batch.
@@ -253,7 +271,7 @@ fn an_idle_sequence_is_released() {
 #[test]
 fn the_queue_is_bounded_and_cancelled_requests_leave_it() {
     let t = Instant::now();
-    let mut s: Slots<u32, i64> = Slots::new(SequenceStrategy::Direct, 4, IDLE, 1, 2);
+    let mut s: Slots<u32, i64> = Slots::new(SequenceStrategy::DIRECT, 4, IDLE, 1, 2);
     s.arrive(flags(1, true, false), 1, t).unwrap();
     s.arrive(flags(2, true, false), 2, t).unwrap();
     assert_eq!(
@@ -289,15 +307,16 @@ fn randomized_events_keep_the_sequence_invariants() {
         let instances = 1 + rng.next(2) as usize;
         let max_batch = 1 + rng.next(3) as usize;
         let strategy = if rng.next(2) == 0 {
-            SequenceStrategy::Direct
+            SequenceStrategy::DIRECT
         } else {
             SequenceStrategy::Oldest {
                 max_candidates: rng.next(4) as usize,
                 preferred_batch_sizes: vec![],
                 max_queue_delay: Duration::from_micros(rng.next(3) * 50),
+                preserve_ordering: false,
             }
         };
-        let direct = strategy == SequenceStrategy::Direct;
+        let direct = strategy == SequenceStrategy::DIRECT;
         let mut s: Slots<u32, i64> = Slots::new(strategy, max_batch, IDLE, instances, 1_000);
         let t0 = Instant::now();
         let mut now = t0;
@@ -377,4 +396,69 @@ fn randomized_events_keep_the_sequence_invariants() {
             );
         }
     }
+}
+
+#[test]
+fn direct_waits_for_slot_utilization_until_the_queue_delay() {
+    let t = Instant::now();
+    let us = Duration::from_micros;
+    // 4 slots, half must have work: one ready sequence waits for the oldest's delay.
+    let mut s = direct_waiting(4, 100, 0.5);
+    s.arrive(flags(1, true, false), 1, t).unwrap();
+    match s.form_batch(0, t + us(10)) {
+        Decision::WaitUntil(due) => assert_eq!(due, t + us(100)),
+        other => panic!("{other:?}"),
+    }
+    // A second sequence brings utilization to 2/4: both go at once.
+    s.arrive(flags(2, true, false), 2, t + us(20)).unwrap();
+    assert_eq!(payloads(s.form_batch(0, t + us(20))), vec![1, 2]);
+    s.finish(&id(1), false, Some(1), t + us(30));
+    s.finish(&id(2), false, Some(2), t + us(30));
+    // Alone again: it waits out the delay from its own arrival, then goes alone.
+    s.arrive(flags(2, false, false), 3, t + us(40)).unwrap();
+    assert!(matches!(s.form_batch(0, t + us(139)), Decision::WaitUntil(d) if d == t + us(140)));
+    assert_eq!(payloads(s.form_batch(0, t + us(140))), vec![3]);
+}
+
+#[test]
+fn direct_without_both_settings_never_waits() {
+    let t = Instant::now();
+    // A delay without a utilization, or a utilization without a delay, is no wait (Triton).
+    for mut s in [
+        direct_waiting(4, 100, 0.0),
+        direct_waiting(4, 0, 1.0),
+        direct(4, 1),
+    ] {
+        s.arrive(flags(1, true, false), 1, t).unwrap();
+        assert_eq!(payloads(s.form_batch(0, t)), vec![1]);
+    }
+    // Full utilization reached goes at once whatever the delay.
+    let mut s = direct_waiting(2, 1_000_000, 1.0);
+    s.arrive(flags(1, true, false), 1, t).unwrap();
+    assert!(matches!(s.form_batch(0, t), Decision::WaitUntil(_)));
+    s.arrive(flags(2, true, false), 2, t).unwrap();
+    assert_eq!(payloads(s.form_batch(0, t)), vec![1, 2]);
+}
+
+#[test]
+fn direct_requests_keep_their_slot_positions() {
+    let t = Instant::now();
+    let mut s = direct(3, 2);
+    // Sequences 1, 2, 3 take instance 0's slots 0, 1, 2; sequence 4 instance 1's slot 0.
+    for n in 1..=4u32 {
+        s.arrive(flags(u64::from(n), true, false), n, t).unwrap();
+    }
+    assert_eq!(positions(s.form_batch(0, t)), vec![(1, 0), (2, 1), (3, 2)]);
+    assert_eq!(positions(s.form_batch(1, t)), vec![(4, 0)]);
+    for n in 1..=3u64 {
+        s.finish(&id(n), false, Some(0), t);
+    }
+    // Only sequence 3 has work: it keeps position 2 (the engine pads 0 and 1).
+    s.arrive(flags(3, false, false), 5, t).unwrap();
+    assert_eq!(positions(s.form_batch(0, t)), vec![(5, 2)]);
+    // Oldest has no fixed positions: a batch's requests are numbered in order.
+    let mut s = oldest(4, 4, &[], 0);
+    s.arrive(flags(8, true, false), 1, t).unwrap();
+    s.arrive(flags(9, true, false), 2, t).unwrap();
+    assert_eq!(positions(s.form_batch(0, t)), vec![(1, 0), (2, 1)]);
 }
