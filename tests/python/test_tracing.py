@@ -1,4 +1,5 @@
-"""OpenTelemetry tracing, the trace/log setting APIs and OTLP metric export, end to end.
+"""Tracing (OpenTelemetry and Triton's trace files), the trace/log setting APIs and OTLP metric
+export, end to end.
 
 An OTLP receiver built on the `opentelemetry-proto` types (a grpcio `TraceService` /
 `MetricsService`, and a plain HTTP endpoint for OTLP/HTTP protobuf) runs in the test; real
@@ -7,9 +8,12 @@ the span tree of one request (root `InferRequest` under the client's W3C `tracep
 receive → queue → compute_input → compute_infer → compute_output → send), ensemble steps as
 child spans, router → worker parent/child links across processes, Triton's trace settings
 (global and per model, HTTP and gRPC, bad values named), the logging endpoint, and metric
-families arriving over OTLP with the Prometheus names."""
+families arriving over OTLP with the Prometheus names. Triton's mode (`triton,file=F`, the
+repository and requests of trace_files.py): the JSON array written at shutdown, its objects and
+timestamp names, stream requests and BLS calls as traces, `log-frequency` rotation."""
 
 import http.server
+import json
 import queue
 import threading
 import time
@@ -26,7 +30,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from tritonclient.utils import InferenceServerException
 
 from cluster_util import RouterProcess, WorkerProcess, leader_of, model_body, wait_replicas
-from nereid_util import assert_http_error, gen_models, http_json, managed_server, wait_until
+from nereid_util import (Server, assert_http_error, gen_models, http_json, managed_server,
+                         wait_until)
 from test_cluster import start_control_plane, stop_all
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -352,3 +357,139 @@ def test_router_to_worker_spans_link_across_processes(tmp_path, receiver):
                 and worker_root.end_time_unix_nano <= forward.end_time_unix_nano + 5_000_000)
     finally:
         stop_all([router, worker, *cps])
+
+
+# --------------------------------------------------------------------------------------------
+# Triton's trace mode: JSON trace files
+
+HTTP_STAMPS = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",
+               "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END",
+               "REQUEST_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC_STAMPS = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+               "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "GRPC_WAITREAD_START",
+               "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START", "GRPC_SEND_END"]
+CHILD_STAMPS = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+
+
+def by_request(traces, model, request_id):
+    (found,) = [(i, t) for i, t in traces.items() if t["header"]["model_name"] == model
+                and t["header"].get("request_id") == request_id
+                and "parent_id" not in t["header"]]
+    return found
+
+
+def children_of(traces, parent):
+    return {t["header"]["model_name"]: (i, t) for i, t in traces.items()
+            if t["header"].get("parent_id") == parent}
+
+
+def test_triton_mode_writes_one_json_array_at_shutdown(tmp_path):
+    """`triton,file=F` (log-frequency 0): nothing on disk while serving, one JSON array at
+    SIGTERM with Triton's objects; HTTP and gRPC stamps, stream requests traced one by one,
+    a decoupled request's two responses, ensemble steps and a BLS call as child traces."""
+    import trace_files
+    repo = trace_files.write_repository(tmp_path / "repo")
+    file = tmp_path / "trace.json"
+    server = Server(repo, tmp_path, trace_files.trace_args(file), name="server_trace_file")
+    server.start()
+    try:
+        wait_until(lambda: http_json(server.http_url, "GET", "/v2/health/ready")[0] == 200, 60,
+                   "ready")
+        code, settings = http_json(server.http_url, "GET", "/v2/trace/setting")
+        assert code == 200 and settings["trace_mode"] == "triton", settings
+        assert settings["trace_file"] == str(file) and settings["log_frequency"] == "0"
+        # Triton's answers: the file is not settable, a mode update is ignored.
+        code, body = http_json(server.http_url, "POST", "/v2/trace/setting",
+                               {"trace_file": "/tmp/elsewhere.json"})
+        assert_http_error((code, body), 501,
+                          "trace file location can not be updated through network protocol")
+        code, body = http_json(server.http_url, "POST", "/v2/models/add_sub/trace/setting",
+                               {"trace_mode": "opentelemetry"})
+        assert code == 200 and body["trace_mode"] == "triton", body
+        trace_files.send_requests(server)
+        assert not file.exists(), "log-frequency 0 writes only at shutdown"
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    traces = trace_files.read_traces([file])
+    _, h1 = by_request(traces, "add_sub", "h1")
+    assert h1["stamps"] == HTTP_STAMPS
+    assert h1["header"] == {"id": h1["header"]["id"], "model_name": "add_sub",
+                            "model_version": 1, "request_id": "h1"}
+    for rid in ("g1", "s1", "s2"):
+        assert by_request(traces, "add_sub", rid)[1]["stamps"] == GRPC_STAMPS, rid
+    _, d1 = by_request(traces, "repeat_decoupled", "d1")
+    assert d1["stamps"].count("GRPC_SEND_START") == 2, d1["stamps"]
+    b_id, _ = by_request(traces, "trace_bls", "b1")
+    (call,) = children_of(traces, b_id).values()
+    assert call[1]["header"]["model_name"] == "add_sub"
+    assert "request_id" not in call[1]["header"], "a BLS request has no id of its own"
+    assert call[1]["stamps"] == CHILD_STAMPS
+    e_id, e1 = by_request(traces, "trace_ens", "e1")
+    assert [s for s in e1["stamps"] if s.startswith("COMPUTE")] == []
+    steps = children_of(traces, e_id)
+    assert sorted(steps) == ["add_sub", "trace_bls"]
+    assert all(t["header"]["request_id"] == "e1" for _, t in steps.values())
+    bls_step_id = steps["trace_bls"][0]
+    assert list(children_of(traces, bls_step_id)) == ["add_sub"], "the step's BLS call"
+    # A trace and its children are written together, the children first.
+    order = [o["id"] for o in json.loads(file.read_text())]
+    assert order.index(e_id) > max(order.index(i) for i, _ in steps.values())
+
+
+def test_log_frequency_rotates_into_numbered_files(tmp_path):
+    """`triton,log-frequency=2`: F.0, F.1, ... each a JSON array of two traces (a trace counted
+    with its children), written while serving; the rest goes to the next one at shutdown."""
+    import trace_files
+    repo = trace_files.write_repository(tmp_path / "repo")
+    file = tmp_path / "trace.json"
+    args = trace_files.trace_args(file, "--trace-config", "triton,log-frequency=2")
+    server = Server(repo, tmp_path, args, name="server_trace_rotate")
+    server.start()
+    try:
+        wait_until(lambda: http_json(server.http_url, "GET", "/v2/health/ready")[0] == 200, 60,
+                   "ready")
+        trace_files.send_requests(server, decoupled=False)  # 6 top-level traces
+        wait_until(lambda: (tmp_path / "trace.json.2").exists(), 20, "three files while serving")
+        client = httpclient.InferenceServerClient(server.http_url)
+        client.update_trace_settings(settings={"log_frequency": "0"})
+        client.infer("add_sub", trace_files._inputs(httpclient), request_id="last")
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    numbered = sorted(tmp_path.glob("trace.json.*"))
+    assert [p.name for p in numbered] == ["trace.json.0", "trace.json.1", "trace.json.2"]
+    for p in numbered:
+        traces = trace_files.read_traces([p])
+        roots = [t for t in traces.values() if "parent_id" not in t["header"]]
+        assert len(roots) == 2, (p.name, roots)
+    # After the frequency went back to 0, the last trace waited for shutdown, in F itself.
+    last = trace_files.read_traces([file])
+    assert [t["header"].get("request_id") for t in last.values()] == ["last"]
+
+
+def test_opentelemetry_traces_stream_requests_and_bls_calls(receiver, tmp_path):
+    """OpenTelemetry mode: each request of a gRPC stream is its own InferRequest span tree,
+    and a BLS call made with trace=request.trace() is a child span of the calling request."""
+    import trace_files
+    repo = trace_files.write_repository(tmp_path / "repo")
+    server = Server(repo, tmp_path, trace_args(receiver), name="server_trace_otel_py")
+    server.start()
+    try:
+        wait_until(lambda: http_json(server.http_url, "GET", "/v2/health/ready")[0] == 200, 60,
+                   "ready")
+        drain(receiver)
+        trace_files.send_requests(server)
+
+        def everything(spans):
+            return len(by_name(spans, "InferRequest")) >= 11  # 7 roots, 4 children
+        spans = receiver.collect(everything, "every request's span")
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    roots = by_name(spans, "InferRequest")
+    ids = {attrs(r.attributes).get("request.id"): r for r in roots}
+    assert {"s1", "s2", "d1"} <= set(ids), sorted(i for i in ids if i)
+    assert len({ids[k].trace_id for k in ("s1", "s2", "d1")}) == 3, "one trace per request"
+    bls = ids["b1"]
+    (call,) = [r for r in roots if r.parent_span_id == bls.span_id]
+    assert attrs(call.attributes)["model.name"] == "add_sub"
+    assert call.trace_id == bls.trace_id
