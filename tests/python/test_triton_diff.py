@@ -545,3 +545,34 @@ def test_ragged_requests_batch_into_one_python_execution(pair):
     assert triton == ([[[[1.0]], [[1]], [[3]]], [[[3.0]], [[1]], [[3]]],
                        [[[10.0]], [[1]], [[3]]]], 1), f"Triton answered {triton}"
     assert nereid == triton
+
+
+def test_triton_trace_files_have_tritons_structure(tmp_path):
+    """Triton's trace mode (`triton,file=F`, level TIMESTAMPS, rate 1) on Nereid and on Triton
+    2.51, the same requests (trace_files.send_requests: HTTP, gRPC, a BLS call made with
+    trace=request.trace(), an ensemble with a BLS step, two gRPC stream requests): the files
+    written at shutdown must hold the same traces, by structure: header keys, timestamp names
+    in file order (the model's and the frontend's), and parent/child links. Values (ids,
+    nanoseconds) are not compared. Decoupled responses are left out: Triton 2.51 records them
+    differently over HTTP and gRPC."""
+    import trace_files
+    from triton_util import TritonServer, nereid_like_triton
+    repo = trace_files.write_repository(tmp_path / "repo")
+    trees = {}
+    for kind, make in (("nereid", nereid_like_triton), ("triton", TritonServer)):
+        file = tmp_path / f"{kind}_trace.json"
+        server = make(repo, tmp_path, trace_files.trace_args(file), name=f"{kind}_traced")
+        server.start()
+        try:
+            wait_until(lambda s=server: http_raw(s.http_url, "GET", "/v2/health/ready")[0] == 200,
+                       90, f"{kind} ready")
+            answer = http_answer(server, "GET", "/v2/trace/setting")
+            answer["body"]["trace_file"] = "F"
+            trees[f"{kind}_settings"] = answer
+            trace_files.send_requests(server, decoupled=False)
+        finally:
+            server.stop()
+        trees[kind] = trace_files.tree(trace_files.read_traces([file]))
+    check_same("trace_settings_triton_mode", trees["nereid_settings"], trees["triton_settings"])
+    check_same("trace_file_structure", trees["nereid"], trees["triton"])
+    assert len(trees["triton"]) == 6, trees["triton"]
