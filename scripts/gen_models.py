@@ -16,6 +16,8 @@ queue size limits, REJECT and DELAY queue timeouts, and warmup samples that load
 Set `ensemble` (tests/python/test_ensemble.py): ensembles (`platform: "ensemble"`) over small
 ONNX and identity models, good ones (pipeline, diamond, batching) and one per load-time error
 (see `write_ensemble_models`).
+`write_decoupled_ensemble_models` (tests/python/test_ensemble_decoupled.py and the differential
+suite, not in a set): Python-backend ensembles over a decoupled step, which Triton serves too.
 `write_ragged_models` (tests/python/test_ragged_batching.py, not in a set): `ragged_sum`, ragged
 batching with batch inputs and a batch output, and configs whose batch_input fails to load.
 
@@ -504,8 +506,10 @@ BROKEN_ENSEMBLES = {
     "ens_bad_step_input": ["input 'INPUT1' of model 'ens_addsub' is not mapped"],
     "ens_bad_instance_group": ["instance group should not be specified for ensemble"],
     "ens_bad_warmup": ["model_warmup can not be specified for ensemble"],
-    "ens_bad_decoupled": ["in ensemble ens_bad_decoupled, step of model 'ens_addsub' receives "
-                          "inputs originated from different decoupled models"],
+    "ens_bad_decoupled": ["in ensemble ens_bad_decoupled, step of model 'ens_bad_decoupled' "
+                          "receives inputs originated from different decoupled models",
+                          "step 1 (model 'ens_addsub') reads 'MID' from the responses of step 0 "
+                          "(model 'ens_decoupled'), 'IN' from the request"],
 }
 
 
@@ -607,6 +611,107 @@ def write_ensemble_models(repo):
         comment = f"Expected: UNAVAILABLE, reason mentions {needles}.\n" if needles else ""
         head = "".join(f"# {line}\n" for line in comment.splitlines())
         write_identity(repo, name, head + config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ensembles with a decoupled step (tests/python/test_ensemble_decoupled.py, test_triton_diff.py)
+
+DEC_REPEAT_MODEL = '''import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            for v in pb_utils.get_input_tensor_by_name(r, "IN").as_numpy():
+                if v == -1:
+                    sender.send(pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError("dec_repeat refuses -1")))
+                    continue
+                if v >= 1000:
+                    time.sleep(0.5)
+                sender.send(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+DEC_DOUBLE_MODEL = '''import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", 2 * pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+DEC_ADD_MODEL = '''import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
+            + pb_utils.get_input_tensor_by_name(r, "B").as_numpy()[:1])]) for r in requests]
+'''
+
+# Ensembles of write_decoupled_ensemble_models that must fail to load, and their reason.
+BROKEN_DECOUPLED_ENSEMBLES = {
+    "ens_dec_mixed": "in ensemble ens_dec_mixed, step of model 'ens_dec_mixed' receives inputs "
+                     "originated from different decoupled models (step 1 (model 'dec_add') reads "
+                     "'R' from the responses of step 0 (model 'dec_repeat'), 'IN' from the "
+                     "request)",
+}
+
+
+def write_decoupled_ensemble_models(repo):
+    """Python-backend models (no batching, INT32) and ensembles over them:
+      dec_repeat      decoupled: IN [-1] -> one OUT [1] per element, then the final flag alone;
+                      -1 answers an error response, an element >= 1000 waits 0.5 s first
+      dec_double      OUT = 2 IN ([1])
+      dec_add         OUT = A + B[0] (A [1], B [-1])
+      ens_dec         IN -> dec_repeat -> R -> dec_double -> OUT: decoupled itself
+      ens_dec_claims  IN [1] -> dec_double -> OUT, its file says decoupled: the load decides not
+      ens_dec_mixed   dec_add reads dec_repeat's R beside the ensemble input IN: refused
+    Returns the names written."""
+    def tensors(kind, specs):
+        items = ", ".join(f'{{ name: "{n}" data_type: TYPE_INT32 dims: [ {d} ] }}'
+                          for n, d in specs)
+        return f"{kind} [ {items} ]\n"
+
+    def python(name, source, inputs, outputs, extra=""):
+        d = repo / name
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        (d / "1" / "model.py").write_text(source)
+        (d / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+            + tensors("input", inputs) + tensors("output", outputs) + extra)
+
+    def ensemble(name, inputs, steps, extra=""):
+        d = repo / name
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        (d / "config.pbtxt").write_text(ensemble_config(
+            name, 0, [(n, "INT32", [dim]) for n, dim in inputs], [("OUT", "INT32", [1])],
+            steps, extra=extra))
+
+    python("dec_repeat", DEC_REPEAT_MODEL, [("IN", "-1")], [("OUT", "1")],
+           "model_transaction_policy { decoupled: true }\n")
+    python("dec_double", DEC_DOUBLE_MODEL, [("IN", "1")], [("OUT", "1")])
+    python("dec_add", DEC_ADD_MODEL, [("A", "1"), ("B", "-1")], [("OUT", "1")])
+    ensemble("ens_dec", [("IN", -1)], [
+        ("dec_repeat", {"IN": "IN"}, {"OUT": "R"}),
+        ("dec_double", {"IN": "R"}, {"OUT": "OUT"})])
+    ensemble("ens_dec_claims", [("IN", 1)], [("dec_double", {"IN": "IN"}, {"OUT": "OUT"})],
+             extra="model_transaction_policy { decoupled: true }\n")
+    ensemble("ens_dec_mixed", [("IN", -1)], [
+        ("dec_repeat", {"IN": "IN"}, {"OUT": "R"}),
+        ("dec_add", {"A": "R", "B": "IN"}, {"OUT": "OUT"})])
+    return ["dec_repeat", "dec_double", "dec_add", "ens_dec", "ens_dec_claims", "ens_dec_mixed"]
 
 
 # ---------------------------------------------------------------------------------------------

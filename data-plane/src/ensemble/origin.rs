@@ -11,11 +11,13 @@
 //! An origin numbers the "iterations" of the tensors it reaches: the request is iteration 0,
 //! and every response of a decoupled step is one more iteration of its outputs. A step whose
 //! inputs came from different origins could never line its inputs up by iteration, so Triton
-//! refuses it at load, with the message kept here.
+//! refuses it at load. Its message is kept word for word (Triton 2.51 names the ensemble where
+//! the step's model belongs: `step of model 'E'`), followed by what the step reads.
 
 use std::collections::HashMap;
 
 use super::plan::PlanStep;
+use super::step_label;
 
 /// Where a tensor's iterations come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,9 +83,23 @@ pub fn analyze(
             }
         }
         if mixed {
+            let sources: Vec<String> = step
+                .inputs
+                .iter()
+                .map(|(_, tensor)| {
+                    let from = match tensors.get(tensor.as_str()) {
+                        Some(Origin::Step(d)) => {
+                            format!("the responses of {}", step_label(*d, &steps[*d].model))
+                        }
+                        Some(Origin::Request) | None => "the request".to_string(),
+                    };
+                    format!("'{tensor}' from {from}")
+                })
+                .collect();
             errors.push(format!(
-                "in ensemble {ensemble}, step of model '{}' receives inputs originated from different decoupled models",
-                step.model
+                "in ensemble {ensemble}, step of model '{ensemble}' receives inputs originated from different decoupled models ({} reads {})",
+                step_label(i, &step.model),
+                sources.join(", ")
             ));
         }
         let origin = seen.unwrap_or(Origin::Request);
@@ -185,8 +201,8 @@ mod tests {
         assert_eq!(
             e,
             vec![
-                "in ensemble ens, step of model 'join' receives inputs originated from different decoupled models",
-                "in ensemble ens, step of model 'fork' receives inputs originated from different decoupled models",
+                "in ensemble ens, step of model 'ens' receives inputs originated from different decoupled models (step 1 (model 'join') reads 'R' from the responses of step 0 (model 'dec_a'), 'IN' from the request)",
+                "in ensemble ens, step of model 'ens' receives inputs originated from different decoupled models (step 3 (model 'fork') reads 'R' from the responses of step 0 (model 'dec_a'), 'S' from the responses of step 2 (model 'dec_b'))",
             ]
         );
     }

@@ -555,7 +555,7 @@ mod tests {
         .join(", ");
         assert_eq!(
             plan_of(&ensemble("e", 8, IO, &steps)).unwrap_err(),
-            "in ensemble e, step of model 'addsub' receives inputs originated from different decoupled models"
+            "in ensemble e, step of model 'e' receives inputs originated from different decoupled models (step 1 (model 'addsub') reads 'MID' from the responses of step 0 (model 'dec'), 'IN' from the request)"
         );
     }
 

@@ -6,10 +6,12 @@
 //!   `step` (a response stream: a decoupled model's responses, any other model's one answer),
 //!   after a place among the step's in-flight requests (`max_inflight_requests`)
 //! every response of every running step (all polled together) ─► its outputs ─► Flow::record
-//!   ─► complete ensemble responses ─► held back one, so that the last one carries `last`
-//! nothing left running ─► the held response with last = true (or a flag-only last item)
-//! a step fails ─► the held response, then the error, and the stream ends (running steps are
-//!   dropped, which cancels them)
+//!   ─► each complete ensemble response goes out at once (not last)
+//! nothing left running ─► a flag-only last item (as Triton 2.51: its decoupled ensembles end
+//!   with an empty final response, even right after the last data response)
+//! a step fails ─► no step starts any more; those running finish, their complete responses
+//!   still go out ─► then the (first) error, and the stream ends without a final flag, as in
+//!   Triton 2.51
 //! ```
 //!
 //! Nothing is spawned: the stream is the request. A client that goes away drops it, and with
@@ -73,7 +75,7 @@ pub fn execute_stream(
         step,
         running: SelectAll::new(),
         out: VecDeque::new(),
-        held: None,
+        failed: None,
         done: false,
     };
     stream::unfold(run, |mut run| async move {
@@ -92,9 +94,8 @@ struct Run {
     step: StepStream,
     running: SelectAll<BoxStream<'static, StepEvent>>,
     out: VecDeque<ServiceResult<EnsembleStreamed>>,
-    /// The latest complete response, sent when the next one is complete (not last) or when
-    /// nothing is left running (last).
-    held: Option<Vec<Tensor>>,
+    /// The first step failure: the request's answer once the running steps are done.
+    failed: Option<ServiceError>,
     done: bool,
 }
 
@@ -107,29 +108,32 @@ impl Run {
             if self.done {
                 return None;
             }
-            for invocation in self.flow.start_ready(&self.plan) {
-                let call = self.invoke(invocation);
-                self.running.push(call);
+            if self.failed.is_none() {
+                for invocation in self.flow.start_ready(&self.plan) {
+                    let call = self.invoke(invocation);
+                    self.running.push(call);
+                }
             }
             match self.running.next().await {
                 None => {
                     self.done = true;
-                    self.out.push_back(Ok(EnsembleStreamed {
-                        outputs: self.held.take(),
-                        last: true,
-                    }));
+                    self.out.push_back(match self.failed.take() {
+                        Some(e) => Err(e),
+                        None => Ok(EnsembleStreamed {
+                            outputs: None,
+                            last: true,
+                        }),
+                    });
                 }
                 Some((step, iteration, Ok(response))) => {
                     match step_outputs(&self.plan, step, response) {
                         Ok(outputs) => {
                             let complete = self.flow.record(&self.plan, step, iteration, outputs);
                             for response in complete {
-                                if let Some(previous) = self.held.replace(response) {
-                                    self.out.push_back(Ok(EnsembleStreamed {
-                                        outputs: Some(previous),
-                                        last: false,
-                                    }));
-                                }
+                                self.out.push_back(Ok(EnsembleStreamed {
+                                    outputs: Some(response),
+                                    last: false,
+                                }));
                             }
                         }
                         Err(e) => self.fail(e),
@@ -143,17 +147,10 @@ impl Run {
         }
     }
 
-    /// Ends the stream with `error`, after the response held back; running steps are dropped.
+    /// Remembers the first failure: no step starts any more, and the stream ends with it once
+    /// the running steps are done.
     fn fail(&mut self, error: ServiceError) {
-        if let Some(previous) = self.held.take() {
-            self.out.push_back(Ok(EnsembleStreamed {
-                outputs: Some(previous),
-                last: false,
-            }));
-        }
-        self.out.push_back(Err(error));
-        self.running = SelectAll::new();
-        self.done = true;
+        self.failed.get_or_insert(error);
     }
 
     /// The responses of one step invocation, after a place among the step's in-flight
@@ -333,14 +330,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn every_decoupled_response_runs_the_next_step_and_the_last_is_final() {
+    async fn every_decoupled_response_runs_the_next_step_and_a_flag_ends_the_stream() {
         let items = collect(&[1, 2, 3], None).await;
         assert_eq!(
             answers(&items),
             vec![
                 (Some(vec![2]), false),
                 (Some(vec![4]), false),
-                (Some(vec![6]), true)
+                (Some(vec![6]), false),
+                (None, true)
             ]
         );
     }
@@ -352,16 +350,61 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failing_step_ends_the_stream_after_what_was_complete() {
+    async fn a_failing_step_ends_the_stream_with_its_error_and_no_final_flag() {
+        // double fails on 2; 1 and 3 may or may not have run by then (steps run concurrently),
+        // but whatever was complete goes out before the error, and nothing after it.
         let items = collect(&[1, 2, 3], Some(2)).await;
-        assert_eq!(items.len(), 2, "{items:?}");
-        assert_eq!(answers(&items[..1]), vec![(Some(vec![2]), false)]);
+        let (last, before) = items.split_last().unwrap();
         assert_eq!(
-            items[1],
-            Err(ServiceError::InvalidArgument(
+            last,
+            &Err(ServiceError::InvalidArgument(
                 "ensemble 'e' step 1 (model 'double'): bad value".into()
             ))
         );
+        for (outputs, last) in answers(before) {
+            assert!(!last, "no final flag on a failed request");
+            assert!(matches!(outputs.as_deref(), Some([2] | [6])), "{outputs:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn after_a_failure_no_step_starts() {
+        // repeat fails after its first response: double runs on 1 (already started or not, it
+        // never starts once the failure is known), the error ends the stream.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let calls = log.clone();
+        let step: StepStream = Arc::new(move |r: InferRequest| {
+            calls.lock().unwrap().push(r.model_name.clone());
+            let model = r.model_name.clone();
+            let input = values(&r.inputs[0]);
+            async move {
+                let items = if model == "repeat" {
+                    vec![
+                        response("repeat", ints("OUT", &[1])),
+                        Err(ServiceError::invalid("refused")),
+                        response("repeat", ints("OUT", &[3])),
+                    ]
+                } else {
+                    vec![response("double", ints("y", &[input[0] * 2]))]
+                };
+                Ok(stream::iter(items).boxed())
+            }
+            .boxed()
+        });
+        let items: Vec<_> = execute_stream(plan(), request(&[1, 2, 3]), step)
+            .collect()
+            .await;
+        assert!(matches!(
+            items.last(),
+            Some(Err(ServiceError::InvalidArgument(_)))
+        ));
+        let doubled = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| *m == "double")
+            .count();
+        assert!(doubled <= 1, "double ran {doubled} times after the failure");
     }
 
     #[tokio::test]

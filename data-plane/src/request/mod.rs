@@ -91,7 +91,8 @@ impl LoadedVersion {
     ) -> ServiceResult<InferResponse> {
         let mut outcome = Outcome::start(self.clone(), started);
         if self.streams() {
-            return Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)));
+            // Counted nowhere: Triton refuses these in its frontends, before the model.
+            return Err(outcome.refused_unchecked(stream::refuse_unary(self)));
         }
         let mut valid = request_check::check(&self.config, request)
             .map_err(|e| outcome.refused_unchecked(e))?;
