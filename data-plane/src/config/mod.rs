@@ -18,10 +18,12 @@ pub mod text {
 }
 mod batch_io;
 pub(crate) mod ensemble_graph;
+mod model_metrics;
 mod valid;
 pub(crate) mod validate;
 
 pub use batch_io::{BatchInputKind, BatchInputSpec, RaggedBatching, ScatterOutput};
+pub use model_metrics::{FIRST_RESPONSE_HISTOGRAM, ModelMetrics};
 pub use valid::{
     Accelerator, ControlKind, DynamicBatching, EnsembleStep, GroupKind, GroupResource, InputSpec,
     InstanceGroup, OutputSpec, QueuePolicy, Scheduling, SequenceBatching, SequenceControl,

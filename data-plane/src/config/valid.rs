@@ -24,6 +24,7 @@ use nereid_proto::pb::inference::model_instance_group::Kind;
 
 use super::ConfigError;
 use super::batch_io::RaggedBatching;
+use super::model_metrics::ModelMetrics;
 use super::validate;
 
 mod batching;
@@ -71,6 +72,8 @@ pub struct ValidModelConfig {
     /// `response_cache { enable: true }`: answers may come from the server's response cache
     /// (only when the server runs one, `--cache-config`).
     pub response_cache: bool,
+    /// `model_metrics`: the model's histogram bucket overrides.
+    pub metrics: ModelMetrics,
     wire: Arc<ModelConfig>,
 }
 
@@ -418,6 +421,7 @@ fn typed(wire: ModelConfig) -> Result<ValidModelConfig, String> {
             .collect(),
         ragged: RaggedBatching::from_wire(&wire),
         response_cache: wire.response_cache.as_ref().is_some_and(|c| c.enable),
+        metrics: ModelMetrics::from_wire(&wire).map_err(|e| e.join("; "))?,
         wire: Arc::new(wire),
     })
 }

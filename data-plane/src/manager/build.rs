@@ -283,7 +283,9 @@ fn load_version(
         (loaded?, growth.unwrap_or(0))
     };
     let (instances, limits) = loaded;
-    let stats = Arc::new(VersionStats::default());
+    let stats = Arc::new(VersionStats::with_first_response_buckets(
+        config.metrics.first_response_buckets.as_deref(),
+    ));
     let policy = BatchPolicy::load(config, &input.dir)?;
     let scheduler = Scheduler::start(
         &input.name,

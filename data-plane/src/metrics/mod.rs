@@ -12,7 +12,9 @@
 //! ```
 //!
 //! Every per-model series carries `model` and `version` labels (after one `_<key>` label per
-//! `metric_tags` entry of the model's config, as in Triton); failures add `reason`. With a
+//! `metric_tags` entry of the model's config, as in Triton); failures add `reason`. A model's
+//! `model_metrics` may set the bucket bounds of its `nv_inference_first_response_histogram_ms`
+//! (its statistics count into them, `VersionStats::with_first_response_buckets`). With a
 //! response cache (`--cache-config`), Triton's `nv_cache_*` families: per model for versions
 //! that use it, and the cache's own gauges.
 
@@ -440,7 +442,9 @@ mod tests {
 
     fn version_with(name: &str, wire: ModelConfig) -> Arc<LoadedVersion> {
         let config = Arc::new(ValidModelConfig::unchecked(wire));
-        let stats = Arc::new(VersionStats::default());
+        let stats = Arc::new(VersionStats::with_first_response_buckets(
+            config.metrics.first_response_buckets.as_deref(),
+        ));
         let scheduler = Scheduler::start(
             name,
             BatchPolicy::from_config(&config),
@@ -496,6 +500,43 @@ mod tests {
         assert!(text.contains(
             "nv_inference_request_failure{_cost_center=\"42\",_team=\"vision\",model=\"t\",version=\"1\",reason=\"BACKEND\"} 0\n"
         ));
+    }
+
+    #[test]
+    fn model_metrics_buckets_replace_the_histogram_defaults() {
+        let wire = nereid_proto::parse_model_config(
+            r#"name: "h"
+               model_metrics { metric_control: [ {
+                 metric_identifier: { family: "nv_inference_first_response_histogram_ms" }
+                 histogram_options: { buckets: [ -1, 0.0, 1, 2.5 ] } } ] }"#,
+        )
+        .unwrap();
+        let v = version_with("h", wire);
+        v.stats.record_success(RequestTimings {
+            total: Duration::from_micros(1500),
+            ..Default::default()
+        });
+        let latencies = LatencyMetrics {
+            histogram: true,
+            ..Default::default()
+        };
+        let text = render_prometheus(&model_families(&[v, filled()], &latencies));
+        let h = "nv_inference_first_response_histogram_ms_bucket";
+        for line in [
+            format!("{h}{{model=\"h\",version=\"1\",le=\"-1\"}} 0\n"),
+            format!("{h}{{model=\"h\",version=\"1\",le=\"0\"}} 0\n"),
+            format!("{h}{{model=\"h\",version=\"1\",le=\"1\"}} 0\n"),
+            format!("{h}{{model=\"h\",version=\"1\",le=\"2.5\"}} 1\n"),
+            format!("{h}{{model=\"h\",version=\"1\",le=\"+Inf\"}} 1\n"),
+            // Another model keeps Triton's defaults.
+            format!("{h}{{model=\"m\",version=\"1\",le=\"5000\"}} 2\n"),
+        ] {
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("model=\"h\",version=\"1\",le=\"100\""),
+            "{text}"
+        );
     }
 
     #[test]

@@ -113,13 +113,33 @@ struct Inner {
     first_response: FirstResponse,
 }
 
-/// Cumulative first-response histogram (buckets of [`FIRST_RESPONSE_BUCKETS_MS`]).
-#[derive(Debug, Default, Clone, Copy)]
+/// Cumulative first-response histogram (buckets of [`FIRST_RESPONSE_BUCKETS_MS`] unless the
+/// model's `model_metrics` sets its own).
+#[derive(Debug, Clone)]
 struct FirstResponse {
+    /// Upper bounds of the buckets, increasing.
+    bounds: Vec<f64>,
     /// Observations at or below each bound (not yet cumulative across buckets).
-    buckets: [u64; 4],
+    buckets: Vec<u64>,
     sum_ms: f64,
     count: u64,
+}
+
+impl FirstResponse {
+    fn with_bounds(bounds: &[f64]) -> FirstResponse {
+        FirstResponse {
+            bounds: bounds.to_vec(),
+            buckets: vec![0; bounds.len()],
+            sum_ms: 0.0,
+            count: 0,
+        }
+    }
+}
+
+impl Default for FirstResponse {
+    fn default() -> FirstResponse {
+        FirstResponse::with_bounds(&FIRST_RESPONSE_BUCKETS_MS)
+    }
 }
 
 /// The latencies a successful request reports, in the order of the summaries.
@@ -202,6 +222,16 @@ impl Drop for PendingMark {
 }
 
 impl VersionStats {
+    /// Statistics whose first-response histogram has buckets with these upper bounds
+    /// (milliseconds, increasing: a model's `model_metrics` override); `None`: the defaults.
+    pub fn with_first_response_buckets(bounds: Option<&[f64]>) -> VersionStats {
+        let stats = VersionStats::default();
+        if let Some(bounds) = bounds {
+            stats.inner.lock().first_response = FirstResponse::with_bounds(bounds);
+        }
+        stats
+    }
+
     /// A request for this version arrived; pair with [`VersionStats::request_finished`].
     pub fn request_started(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -254,9 +284,10 @@ impl VersionStats {
 
     /// Time to the first (for non-decoupled models: the only) response of successful requests.
     pub fn first_response_histogram(&self) -> Histogram {
-        let h = self.inner.lock().first_response;
+        let h = self.inner.lock().first_response.clone();
         let mut cumulative = 0;
-        let buckets = FIRST_RESPONSE_BUCKETS_MS
+        let buckets = h
+            .bounds
             .iter()
             .zip(h.buckets)
             .map(|(&bound, n)| {
@@ -310,7 +341,7 @@ impl VersionStats {
         }
         let ms = t.total.as_secs_f64() * 1000.0;
         let h = &mut s.first_response;
-        if let Some(i) = FIRST_RESPONSE_BUCKETS_MS.iter().position(|&b| ms <= b) {
+        if let Some(i) = h.bounds.iter().position(|&b| ms <= b) {
             h.buckets[i] += 1;
         }
         h.sum_ms += ms;
@@ -509,6 +540,17 @@ mod tests {
             vec![(100.0, 1), (500.0, 3), (2000.0, 3), (5000.0, 3)]
         );
         assert_eq!((h.sum, h.count), (9650.0, 4));
+        // A model's own bounds (model_metrics): values above the last count only in +Inf.
+        let s = VersionStats::with_first_response_buckets(Some(&[0.0, 100.0]));
+        for ms in [0, 50, 300] {
+            s.record_success(RequestTimings {
+                total: Duration::from_millis(ms),
+                ..Default::default()
+            });
+        }
+        let h = s.first_response_histogram();
+        assert_eq!(h.buckets, vec![(0.0, 1), (100.0, 2)]);
+        assert_eq!(h.count, 3);
     }
 
     #[test]
