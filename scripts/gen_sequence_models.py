@@ -10,6 +10,18 @@
                      max_batch_size 4.
   seq_accum_oldest   the same graph with the `oldest` strategy and a 500 ms idle timeout.
   seq_corrid         INPUT INT32 [1] -> CORRID_OUT UINT64 [1]: echoes the CORRID control (UINT64).
+  seq_sum_init       INPUT INT32 [1] -> OUTPUT INT32 [1] = state_in + INPUT, no controls; the
+                     state starts from `initial_state { data_file: "init.bin" }` (INT32 100,
+                     under the model's initial_state/ folder).
+  seq_accum_warm     seq_accum with a `model_warmup` sample that sets INPUT only: the server
+                     feeds the START control and the state.
+  seq_init_missing   seq_sum_init without its data file, seq_init_short with a 2-byte one: both
+                     fail to load, with Triton's messages.
+  seq_slots          INPUT INT32 [1] with a READY control (int32) -> ROWS, READY_SUM INT32 [1]:
+                     every row gets the batch's row count and its number of READY rows, so a
+                     client sees the slot padding of the direct strategy. max_batch_size 4.
+  seq_slots_wait     seq_slots with max_batch_size 2 and direct { max_queue_delay_microseconds:
+                     WAIT_DELAY_US minimum_slot_utilization: 1.0 }: a batch waits for both slots.
 
 Deterministic and idempotent (each model directory is replaced). Needs `onnx` and `numpy`.
 Importable: tests/python/test_sequence.py calls `write_repository`.
@@ -28,6 +40,8 @@ _spec.loader.exec_module(gen_models)
 
 ACCUM_IDLE_US = 1_000_000
 OLDEST_IDLE_US = 500_000
+INITIAL_STATE = 100
+WAIT_DELAY_US = 20_000_000
 
 
 def accum_onnx():
@@ -57,6 +71,68 @@ def corrid_onnx():
         [gen_models._vi("CORRID_OUT", TensorProto.UINT64, ["batch", 1]), gen_models._vi("INPUT_OUT", TensorProto.INT32, ["batch", 1])],
         name="seq_corrid",
     )
+
+
+def sum_onnx():
+    i32 = TensorProto.INT32
+    return gen_models._model(
+        [
+            helper.make_node("Add", ["state_in", "INPUT"], ["OUTPUT"]),
+            helper.make_node("Identity", ["OUTPUT"], ["state_out"]),
+        ],
+        [gen_models._vi(n, i32, ["batch", 1]) for n in ("INPUT", "state_in")],
+        [gen_models._vi(n, i32, ["batch", 1]) for n in ("OUTPUT", "state_out")],
+        name="seq_sum_init",
+    )
+
+
+def slots_onnx():
+    i32 = TensorProto.INT32
+    zero = numpy_helper.from_array(np.array([[0]], dtype=np.int32), "zero")
+    one = numpy_helper.from_array(np.array([[1]], dtype=np.int32), "one")
+    return gen_models._model(
+        [
+            # zeros [batch, 1], then per row: the sum over the batch of ones, and of READY.
+            helper.make_node("Mul", ["INPUT", "zero"], ["zeros"]),
+            helper.make_node("Add", ["zeros", "one"], ["ones"]),
+            helper.make_node("ReduceSum", ["ones"], ["rows"], keepdims=1),
+            helper.make_node("ReduceSum", ["READY"], ["ready"], keepdims=1),
+            helper.make_node("Add", ["zeros", "rows"], ["ROWS"]),
+            helper.make_node("Add", ["zeros", "ready"], ["READY_SUM"]),
+        ],
+        [gen_models._vi(n, i32, ["batch", 1]) for n in ("INPUT", "READY")],
+        [gen_models._vi(n, i32, ["batch", 1]) for n in ("ROWS", "READY_SUM")],
+        [zero, one],
+        name="seq_slots",
+    )
+
+
+def sum_init_config(name="seq_sum_init"):
+    extra = """sequence_batching {
+  state [
+    { input_name: "state_in" output_name: "state_out" data_type: TYPE_INT32 dims: [ 1 ]
+      initial_state: { name: "hundred" data_type: TYPE_INT32 dims: [ 1 ] data_file: "init.bin" } }
+  ]
+}
+"""
+    return gen_models.config_text(name, 4, [("INPUT", "INT32", [1])], [("OUTPUT", "INT32", [1])], extra)
+
+
+def slots_config(name, max_batch_size, strategy):
+    extra = f"""sequence_batching {{
+  {strategy}
+  control_input [
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+}}
+"""
+    outputs = [("ROWS", "INT32", [1]), ("READY_SUM", "INT32", [1])]
+    return gen_models.config_text(name, max_batch_size, [("INPUT", "INT32", [1])], outputs, extra)
+
+
+WARMUP = """model_warmup [ { name: "sequence" batch_size: 2 count: 2
+  inputs { key: "INPUT" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } } ]
+"""
 
 
 def accum_config(name, strategy, idle_us):
@@ -98,6 +174,19 @@ def write_repository(repo):
         accum_config("seq_accum_oldest", "oldest { max_candidate_sequences: 4 }", OLDEST_IDLE_US),
     )
     gen_models.write_model(repo, "seq_corrid", {1: corrid_onnx()}, corrid_config())
+    d = gen_models.write_model(repo, "seq_sum_init", {1: sum_onnx()}, sum_init_config())
+    (d / "initial_state").mkdir()
+    (d / "initial_state" / "init.bin").write_bytes(np.array([INITIAL_STATE], dtype="<i4").tobytes())
+    gen_models.write_model(repo, "seq_init_missing", {1: sum_onnx()}, sum_init_config("seq_init_missing"))
+    d = gen_models.write_model(repo, "seq_init_short", {1: sum_onnx()}, sum_init_config("seq_init_short"))
+    (d / "initial_state").mkdir()
+    (d / "initial_state" / "init.bin").write_bytes(b"\x01\x02")
+    gen_models.write_model(
+        repo, "seq_accum_warm", {1: accum_onnx()}, accum_config("seq_accum_warm", "direct { }", ACCUM_IDLE_US) + WARMUP
+    )
+    gen_models.write_model(repo, "seq_slots", {1: slots_onnx()}, slots_config("seq_slots", 4, "direct { }"))
+    wait = f"direct {{ max_queue_delay_microseconds: {WAIT_DELAY_US} minimum_slot_utilization: 1.0 }}"
+    gen_models.write_model(repo, "seq_slots_wait", {1: slots_onnx()}, slots_config("seq_slots_wait", 2, wait))
     return repo
 
 
