@@ -12,18 +12,20 @@
 //! finished:   Slots::finish (END with nothing queued releases the sequence)
 //! ```
 //!
-//! Differences from Triton, by choice: a batch holds only requests that are present (no
-//! padding of empty slots, so READY is always true and the model sees a compact batch);
-//! `direct`'s `max_queue_delay_microseconds` / `minimum_slot_utilization` and `oldest`'s
-//! `preserve_ordering` are not used (requests of one sequence are always answered in order);
-//! requests whose inputs differ in names or shapes run as separate executions.
+//! `direct` batches are padded to their slots' positions with dummy requests (READY false:
+//! [`Feed::padding`]); `oldest`'s `preserve_ordering` is the engine's. With
+//! `iterative_sequence` a request without a correlation id gets one (and START) here, and every
+//! request ends its sequence (Triton's iterative sequencer when the model never reschedules;
+//! rescheduling itself is not implemented). Differences from Triton: requests whose inputs
+//! differ in names or shapes run as separate executions (Triton defers them to a later batch).
 
 mod controls;
 mod slots;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use nereid_proto::{ServiceError, Tensor};
+use nereid_proto::{CorrelationId, ServiceError, Tensor};
 
 pub use self::controls::SequencePolicy;
 use self::controls::id_text;
@@ -66,7 +68,8 @@ impl SequenceBatcher {
                 policy.batching.max_idle,
                 instances,
                 queue_capacity,
-            ),
+            )
+            .iterative(policy.batching.iterative),
         }
     }
 }
@@ -79,7 +82,16 @@ impl Batcher for SequenceBatcher {
         self.slots.queued()
     }
 
-    fn admit(&mut self, job: Job, flags: SequenceFlags, now: Instant) -> Result<(), Box<Refused>> {
+    fn admit(
+        &mut self,
+        mut job: Job,
+        flags: SequenceFlags,
+        now: Instant,
+    ) -> Result<(), Box<Refused>> {
+        // `iterative_sequence`: a request without an id runs as the sequence its ticket made.
+        if job.request.sequence.is_none() {
+            job.request.sequence = Some(flags.clone());
+        }
         let m = &self.model;
         let id = id_text(&flags.id);
         match self.slots.arrive(flags, job, now) {
@@ -170,6 +182,8 @@ pub(super) struct SequenceFeed {
     policy: SequencePolicy,
     /// The state outputs, asked of the model besides the requested outputs.
     state_outputs: Vec<String>,
+    /// `iterative_sequence`: the id of the next request that comes without one.
+    next_id: AtomicU64,
 }
 
 impl SequenceFeed {
@@ -183,6 +197,7 @@ impl SequenceFeed {
                 .map(|s| s.output_name.clone())
                 .collect(),
             policy,
+            next_id: AtomicU64::new(1),
         }
     }
 }
@@ -194,6 +209,14 @@ impl Feed for SequenceFeed {
     fn ticket(&self, request: &ValidRequest, _now: Instant) -> Result<SequenceFlags, ServiceError> {
         let m = &self.model;
         let Some(flags) = request.sequence.clone() else {
+            if self.policy.batching.iterative {
+                // Triton's iterative sequencer: a sequence of its own, started by this request.
+                return Ok(SequenceFlags {
+                    id: CorrelationId::Uint(self.next_id.fetch_add(1, Ordering::Relaxed)),
+                    start: true,
+                    end: false,
+                });
+            }
             return Err(ServiceError::invalid(format!(
                 "inference request to model '{m}' must specify a non-zero or non-empty correlation ID"
             )));

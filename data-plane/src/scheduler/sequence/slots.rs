@@ -110,6 +110,8 @@ pub(crate) struct Slots<T, S> {
     queued: usize,
     /// Arrivals so far.
     arrivals: u64,
+    /// `iterative_sequence`: every request ends its sequence once it finished.
+    iterative: bool,
 }
 
 impl<T, S: Clone> Slots<T, S> {
@@ -147,7 +149,15 @@ impl<T, S: Clone> Slots<T, S> {
             backlog: VecDeque::new(),
             queued: 0,
             arrivals: 0,
+            iterative: false,
         }
+    }
+
+    /// `iterative_sequence` (Triton's iterative sequencer without rescheduling): a sequence
+    /// ends with each request, as if every request carried END.
+    pub(crate) fn iterative(mut self, iterative: bool) -> Slots<T, S> {
+        self.iterative = iterative;
+        self
     }
 
     /// Requests queued across all sequences.
@@ -200,7 +210,7 @@ impl<T, S: Clone> Slots<T, S> {
         let Some(sequence) = self.sequences.get_mut(&flags.id) else {
             return Err((payload, Refusal::MissingStart));
         };
-        sequence.ending = flags.end;
+        sequence.ending = flags.end || self.iterative;
         sequence.last_active = now;
         sequence.queued.push_back(Queued {
             flags,
@@ -338,7 +348,7 @@ impl<T, S: Clone> Slots<T, S> {
         if new_state.is_some() {
             sequence.state = new_state;
         }
-        if end && sequence.queued.is_empty() {
+        if (end || self.iterative) && sequence.queued.is_empty() {
             self.release(id);
             return true;
         }

@@ -405,3 +405,23 @@ async fn oldest_preserve_ordering_answers_in_acceptance_order_across_sequences()
     assert_eq!(values(a.await).0, 1);
     assert_eq!((values(b.await).0, values(c.await).0), (2, 5));
 }
+
+#[tokio::test]
+async fn iterative_sequence_makes_each_request_a_sequence_of_its_own() {
+    let (s, log) = scheduler(4, "iterative_sequence: true", 1, Gate::opened());
+    // Without a correlation id: a fresh sequence each, started (START 1, no state carried).
+    for value in [3, 4] {
+        let mut r = request(0, value, false, false);
+        r.sequence = None;
+        assert_eq!(values(s.submit(r).await), (value, 1, 0));
+    }
+    let ids: Vec<u64> = log.lock().iter().map(|b| b.last().unwrap().0).collect();
+    assert!(
+        ids[0] != 0 && ids[0] != ids[1],
+        "ids given by the server: {ids:?}"
+    );
+    // With one: the sequence ends with its request, so the next must START again.
+    values(s.submit(request(9, 1, true, false)).await);
+    let e = s.submit(request(9, 1, false, false)).await.unwrap_err();
+    assert!(e.message().contains("must specify the START flag"), "{e:?}");
+}

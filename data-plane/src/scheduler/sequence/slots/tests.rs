@@ -462,3 +462,19 @@ fn direct_requests_keep_their_slot_positions() {
     s.arrive(flags(9, true, false), 2, t).unwrap();
     assert_eq!(positions(s.form_batch(0, t)), vec![(1, 0), (2, 1)]);
 }
+
+#[test]
+fn iterative_sequences_end_with_each_request() {
+    let t = Instant::now();
+    let mut s = direct(2, 1).iterative(true);
+    s.arrive(flags(1, true, false), 1, t).unwrap();
+    assert_eq!(payloads(s.form_batch(0, t)), vec![1]);
+    assert!(s.finish(&id(1), false, Some(5), t), "released without END");
+    // What follows must START again, and starts from the initial state.
+    assert_eq!(
+        s.arrive(flags(1, false, false), 2, t).unwrap_err().1,
+        Refusal::MissingStart
+    );
+    s.arrive(flags(1, true, false), 3, t).unwrap();
+    assert_eq!(taken(s.form_batch(0, t)), vec![(1, 3, None)]);
+}
