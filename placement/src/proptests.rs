@@ -513,7 +513,7 @@ fn large_cluster() -> Cluster {
 }
 
 #[test]
-#[ignore = "timing harness: cargo test --release -p nereid-control-plane -- --ignored --nocapture"]
+#[ignore = "timing harness: cargo test --release -p nereid-placement -- --ignored --nocapture"]
 fn time_1000_nodes_by_10000_models() {
     let mut c = large_cluster();
     let started = Instant::now();
