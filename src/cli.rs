@@ -94,6 +94,12 @@ pub struct ServeArgs {
     /// `config.pbtxt`), as Triton's flag: per-hardware configs such as `h100.pbtxt`.
     #[arg(long, env = "NEREID_MODEL_CONFIG_NAME", value_name = "NAME", value_parser = parse_config_name)]
     pub model_config_name: Option<String>,
+    /// Let models of the same name in different --model-repository folders all load, each in
+    /// its repository's namespace (as Triton's flag): a request naming a model found in several
+    /// namespaces fails (400, "... resolve ambiguity"); an ensemble uses the models of its own
+    /// repository first; per-model metrics get a `namespace` label.
+    #[arg(long, env = "NEREID_MODEL_NAMESPACING", default_value = "false", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub model_namespacing: bool,
     /// Ready only when every model loaded successfully (false: ready once started).
     #[arg(long, env = "NEREID_STRICT_READINESS", default_value = "true", value_parser = parse_bool, num_args = 0..=1, default_missing_value = "true")]
     pub strict_readiness: bool,
@@ -173,6 +179,7 @@ impl ServeArgs {
                 rate_limit,
                 response_cache_bytes,
                 config_name: self.model_config_name,
+                namespacing: self.model_namespacing,
             },
             data_plane: DataPlaneConfig {
                 server_name: frontend.id,
@@ -314,6 +321,7 @@ impl WorkerArgs {
             load_model: Vec::new(),
             repository_poll_secs: 15,
             model_config_name: None,
+            model_namespacing: false,
             strict_readiness: self.strict_readiness,
             exit_on_error: false,
             frontend: self.frontend,
@@ -454,6 +462,14 @@ mod tests {
         // Triton's default: a model that fails at startup stops the server.
         assert!(parse(&[]).unwrap().exit_on_error);
         assert!(!parse(&["--exit-on-error=false"]).unwrap().exit_on_error);
+        assert!(!parse(&[]).unwrap().manager.namespacing);
+        assert!(parse(&["--model-namespacing"]).unwrap().manager.namespacing);
+        assert!(
+            parse(&["--model-namespacing=true"])
+                .unwrap()
+                .manager
+                .namespacing
+        );
     }
 
     /// A directory removed when dropped.

@@ -296,6 +296,7 @@ async fn the_agent_follows_its_assignments() {
             rate_limit: Default::default(),
             response_cache_bytes: None,
             config_name: None,
+            namespacing: false,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -501,6 +502,7 @@ async fn the_agent_follows_its_assignments() {
             rate_limit: Default::default(),
             response_cache_bytes: None,
             config_name: None,
+            namespacing: false,
         },
         Backends::new(Some(ort_library())),
     ));
@@ -566,6 +568,7 @@ async fn the_worker_advertises_its_bound_ports_and_shuts_down() {
             rate_limit: Default::default(),
             response_cache_bytes: None,
             config_name: None,
+            namespacing: false,
         },
         data_plane: DataPlaneConfig {
             server_name: "nereid".into(),
@@ -705,6 +708,7 @@ parameters {{ key: "EXECUTION_ENV_PATH" value {{ string_value: "{}" }} }}
             rate_limit: Default::default(),
             response_cache_bytes: None,
             config_name: None,
+            namespacing: false,
         },
         Backends::new(None).with_gpu_count(4),
     ));

@@ -7,7 +7,9 @@
 //!
 //! Scanning is pure file-system reading with no side effects, so poll mode can rescan at will
 //! and compare [`Fingerprint`]s to see what changed. Object-store repositories are mirrored
-//! into local directories first ([`remote`]), so the scan only ever reads a disk.
+//! into local directories first ([`remote`]), so the scan only ever reads a disk. With
+//! `--model-namespacing` ([`scan_namespaced`]) a model is known by its [`namespace`] key, so
+//! the same name in two repositories is two models.
 
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -17,6 +19,7 @@ use std::time::SystemTime;
 use nereid_proto::pb::inference::ModelVersionPolicy;
 use nereid_proto::pb::inference::model_version_policy::PolicyChoice;
 
+pub mod namespace;
 pub mod remote;
 
 /// A model directory found in a repository.
@@ -24,6 +27,24 @@ pub mod remote;
 pub struct ModelDir {
     pub name: String,
     pub path: PathBuf,
+}
+
+/// [`scan`], or with namespacing every model keyed by `<repository>/<name>`
+/// ([`namespace::qualified`]): no duplicates.
+pub fn scan_namespaced(repositories: &[PathBuf], namespacing: bool) -> std::io::Result<ScanResult> {
+    if !namespacing {
+        return scan(repositories);
+    }
+    let mut out = ScanResult::default();
+    for repo in repositories {
+        let found = scan(std::slice::from_ref(repo))?;
+        let namespace = repo.display().to_string();
+        for (name, dir) in found.models {
+            out.models
+                .insert(namespace::qualified(&namespace, &name), dir);
+        }
+    }
+    Ok(out)
 }
 
 /// Lists the model directories of all repositories. A name found in two repositories is
@@ -197,6 +218,16 @@ mod tests {
         assert_eq!(scan.duplicates["dup"].len(), 2);
         let versions = version_dirs(&scan.models["m1"].path);
         assert_eq!(versions.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
+        // With namespacing each repository's models are keyed by it: no duplicates.
+        let repos = [a.path().to_path_buf(), b.path().to_path_buf()];
+        let spaced = scan_namespaced(&repos, true).unwrap();
+        let key = |repo: &tempfile::TempDir, m: &str| {
+            namespace::qualified(&repo.path().display().to_string(), m)
+        };
+        assert!(spaced.duplicates.is_empty());
+        assert_eq!(spaced.models.len(), 4);
+        assert_eq!(spaced.models[&key(&b, "dup")].path, b.path().join("dup"));
+        assert_eq!(spaced.models[&key(&a, "dup")].name, "dup");
     }
 
     #[test]

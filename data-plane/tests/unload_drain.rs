@@ -51,6 +51,7 @@ async fn plane(repo: &Path, drain: Duration) -> Arc<DataPlane> {
             rate_limit: Default::default(),
             response_cache_bytes: None,
             config_name: None,
+            namespacing: false,
         },
         Backends::new(None),
     )

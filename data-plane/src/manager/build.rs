@@ -34,6 +34,9 @@ use crate::warmup::{WarmupSample, warmup_samples};
 #[derive(Clone, Debug)]
 pub struct BuildInput {
     pub name: String,
+    /// With `--model-namespacing`, the key each composing model of an ensemble means (its
+    /// steps run on those models); empty otherwise.
+    pub composing: BTreeMap<String, String>,
     pub dir: PathBuf,
     /// A config that replaces `config.pbtxt` (repository load with `config`).
     pub config_override: Option<ModelConfig>,
@@ -98,15 +101,16 @@ pub fn build(
     }
     let complete = complete(&input.name, raw, &dirs, backends, input.options)
         .map_err(|e| fail(e.to_string(), &selected))?;
-    let mut config = Arc::new(complete);
+    let mut config = Arc::new(steps_on(complete, &input.composing));
     let mut plan = None;
     if config.platform == ensemble::PLATFORM {
         let planned = ensemble::plan(&config, |model, version| models.config(model, version))
             .map_err(|e| fail(e, &selected))?;
         // Its config says whether it is decoupled, as the plan found.
-        config = Arc::new(
+        config = Arc::new(steps_on(
             ensemble::completed_config(&config, &planned).map_err(|e| fail(e, &selected))?,
-        );
+            &input.composing,
+        ));
         plan = Some(Arc::new(planned));
     }
     let labels = Arc::new(Labels::load(&config, &input.dir).map_err(|e| fail(e, &selected))?);
@@ -145,6 +149,22 @@ pub fn build(
             .map_err(|e| fail(e, &selected))
         },
     )
+}
+
+/// `config` with its ensemble steps on the models `composing` maps their names to
+/// (namespacing); the wire config keeps the names as written.
+fn steps_on(
+    mut config: ValidModelConfig,
+    composing: &BTreeMap<String, String>,
+) -> ValidModelConfig {
+    if let config::Scheduling::Ensemble(steps) = &mut config.scheduling {
+        for step in steps {
+            if let Some(key) = composing.get(&step.model_name) {
+                step.model_name = key.clone();
+            }
+        }
+    }
+    config
 }
 
 /// What a built version runs on: its runner, and the statistics and health board the runner

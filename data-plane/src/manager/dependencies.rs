@@ -120,7 +120,16 @@ impl ModelsView {
                 path.join(" -> ")
             ));
         }
-        let versions = match self.models.get(name) {
+        // A bare name may still mean one namespaced model (`--model-namespacing`).
+        let matching = crate::repository::namespace::matching(name, self.models.keys());
+        let key = match matching.as_slice() {
+            [one] => one.as_str(),
+            [] => name,
+            many => {
+                return Err(crate::repository::namespace::ambiguity(name, many.len()));
+            }
+        };
+        let versions = match self.models.get(key) {
             None => return Err("it is not in the model repository".to_string()),
             Some(Err(why)) => return Err(why.clone()),
             Some(Ok(versions)) => versions,

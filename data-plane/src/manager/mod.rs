@@ -27,6 +27,7 @@
 mod build;
 mod dependencies;
 mod drain;
+mod namespacing;
 pub mod overrides;
 mod views;
 
@@ -86,6 +87,9 @@ pub struct ManagerConfig {
     /// `--model-config-name`: read `configs/<name>.pbtxt` where a model has it, else
     /// `config.pbtxt` ([`config::config_path`]).
     pub config_name: Option<String>,
+    /// `--model-namespacing`: the same model name in several repositories is several models,
+    /// each in its repository's namespace ([`repository::namespace`]).
+    pub namespacing: bool,
 }
 
 /// A model's lifecycle state as the repository index shows it.
@@ -221,9 +225,12 @@ impl ModelManager {
             self.synced_scan(None).await?
         };
         let names: Vec<String> = match self.config.control_mode {
-            ControlMode::Explicit if !self.config.startup_models.iter().any(|m| m == "*") => {
-                self.config.startup_models.clone()
-            }
+            ControlMode::Explicit if !self.config.startup_models.iter().any(|m| m == "*") => self
+                .config
+                .startup_models
+                .iter()
+                .flat_map(|name| self.keys_for(name, scan.models.keys()))
+                .collect(),
             _ => scan
                 .models
                 .keys()
@@ -247,7 +254,7 @@ impl ModelManager {
                     .models
                     .get(&name)
                     .and_then(|dir| config::read_config_file(&dir.path, self.config_name()).ok())
-                    .map(|c| config::composing_models(&c))
+                    .map(|c| self.composing_of(&name, &c, scan))
                     .unwrap_or_default();
                 (name, steps)
             })
@@ -281,14 +288,15 @@ impl ModelManager {
         &self,
         model: Option<&str>,
     ) -> Result<repository::ScanResult, ServiceError> {
+        let model = model.map(repository::namespace::name_of);
         repository::remote::sync(&self.config.repositories, model).await?;
         self.scan()
     }
 
     fn scan(&self) -> Result<repository::ScanResult, ServiceError> {
-        repository::scan(&self.config.repositories).map_err(|e| {
-            ServiceError::internal(format!("failed to read the model repository: {e}"))
-        })
+        repository::scan_namespaced(&self.config.repositories, self.config.namespacing).map_err(
+            |e| ServiceError::internal(format!("failed to read the model repository: {e}")),
+        )
     }
 
     fn model_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -301,9 +309,31 @@ impl ModelManager {
 
     /// Loads or reloads a model. Running versions keep serving until the new ones are ready;
     /// unchanged versions are kept as they are. In explicit mode an ensemble's composing
-    /// models that are not loaded are loaded first.
+    /// models that are not loaded are loaded first. With namespacing, a repository load of a
+    /// name loads every model of that name.
     pub async fn load(&self, name: &str, source: LoadSource) -> Result<(), ServiceError> {
-        self.load_with_chain(name, source, Vec::new()).await
+        let keys = match &source {
+            LoadSource::Repository { config_override } if self.config.namespacing => {
+                let scan = self.synced_scan(Some(name)).await?;
+                let keys = self.keys_for(name, scan.models.keys());
+                keys.into_iter()
+                    .map(|key| {
+                        let config_override = config_override.clone();
+                        (key, LoadSource::Repository { config_override })
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        if keys.is_empty() {
+            return self.load_with_chain(name, source, Vec::new()).await;
+        }
+        let mut result = Ok(());
+        for (key, source) in keys {
+            let loaded = self.load_with_chain(&key, source, Vec::new()).await;
+            result = result.and(loaded);
+        }
+        result
     }
 
     /// [`Self::load`] of a model that the explicit loads of the ensembles in `chain` (outermost
@@ -379,8 +409,18 @@ impl ModelManager {
                 entry.versions.clone()
             }
         };
+        let composing = if self.config.namespacing {
+            let scan = self.scan().unwrap_or_default();
+            let names = config::read_config_file(&dir, self.config_name())
+                .map(|c| config::composing_models(&c))
+                .unwrap_or_default();
+            self.composing_keys(name, &names, &scan)
+        } else {
+            BTreeMap::new()
+        };
         let input = BuildInput {
-            name: name.to_string(),
+            name: repository::namespace::name_of(name).to_string(),
+            composing,
             dir: dir.clone(),
             config_override,
             options: CompleteOptions {
@@ -451,7 +491,14 @@ impl ModelManager {
             }),
         };
         let Some(config) = config else { return };
-        for model in config::composing_models(&config) {
+        let names = config::composing_models(&config);
+        let keys = if self.config.namespacing {
+            self.composing_keys(name, &names, &self.scan().unwrap_or_default())
+        } else {
+            BTreeMap::new()
+        };
+        for model in names {
+            let model = keys.get(&model).cloned().unwrap_or(model);
             if chain.contains(&model) || self.is_served(&model) {
                 continue;
             }
@@ -532,6 +579,15 @@ impl ModelManager {
     /// ([`drain`]). Unloading a model that was never loaded succeeds and changes nothing, as in
     /// Triton.
     pub async fn unload(&self, name: &str) -> Result<(), ServiceError> {
+        let keys = self.keys_for(name, self.models.read().keys());
+        for key in keys {
+            self.unload_key(&key).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::unload`] of one model, by its key.
+    async fn unload_key(&self, name: &str) -> Result<(), ServiceError> {
         let lock = self.model_lock(name);
         let _guard = lock.lock().await;
         let (versions, overridden) = {
@@ -571,6 +627,15 @@ impl ModelManager {
     /// `unload_dependents`); a composing model that another loaded ensemble still uses stays.
     /// For any other model this is [`Self::unload`].
     pub async fn unload_with_composing(&self, name: &str) -> Result<(), ServiceError> {
+        let keys = self.keys_for(name, self.models.read().keys());
+        for key in keys {
+            self.unload_key_with_composing(&key).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::unload_with_composing`] of one model, by its key.
+    async fn unload_key_with_composing(&self, name: &str) -> Result<(), ServiceError> {
         let mut composing: Vec<String> = Vec::new();
         {
             let models = self.models.read();
@@ -672,7 +737,7 @@ impl ModelManager {
             .iter()
             .filter_map(|(name, dir)| {
                 let config = config::read_config_file(&dir.path, self.config_name()).ok()?;
-                Some((name, config::composing_models(&config)))
+                Some((name, self.composing_of(name, &config, &scan)))
             })
             .filter(|(_, steps)| !steps.is_empty())
             .collect();

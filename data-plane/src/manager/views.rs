@@ -9,6 +9,7 @@ use nereid_proto::{ModelIndexEntry, ServiceError};
 
 use super::dependencies::unavailable_reason;
 use super::{ModelManager, ModelState, UNLOADED, UNLOADING, drain};
+use crate::repository::namespace;
 use crate::request::LoadedVersion;
 
 impl ModelManager {
@@ -19,7 +20,8 @@ impl ModelManager {
         version: Option<i64>,
     ) -> Result<Arc<LoadedVersion>, ServiceError> {
         let models = self.models.read();
-        let Some(entry) = models.get(name) else {
+        let key = self.resolve(&models, name)?;
+        let Some(entry) = models.get(&key) else {
             return Err(ServiceError::not_found(format!(
                 "Request for unknown model: '{name}' is not found"
             )));
@@ -50,7 +52,8 @@ impl ModelManager {
     /// Whether the model (version) is known at all, and whether it is ready.
     pub fn readiness(&self, name: &str, version: Option<i64>) -> Result<bool, ServiceError> {
         let models = self.models.read();
-        let Some(entry) = models.get(name) else {
+        let key = self.resolve(&models, name)?;
+        let Some(entry) = models.get(&key) else {
             return Err(ServiceError::not_found(format!(
                 "Request for unknown model: '{name}' is not found"
             )));
@@ -80,9 +83,12 @@ impl ModelManager {
 
     /// All served versions of a model, ascending.
     pub fn versions(&self, name: &str) -> Vec<i64> {
-        self.models
-            .read()
-            .get(name)
+        let models = self.models.read();
+        let Ok(key) = self.resolve(&models, name) else {
+            return Vec::new();
+        };
+        models
+            .get(&key)
             .map(|e| e.versions.keys().copied().collect())
             .unwrap_or_default()
     }
@@ -93,6 +99,24 @@ impl ModelManager {
             .read()
             .values()
             .flat_map(|e| e.versions.values().cloned())
+            .collect()
+    }
+
+    /// Every served version of every model with its namespace (`None` without
+    /// `--model-namespacing`), for the metrics' `namespace` label.
+    pub fn all_versions_by_namespace(&self) -> Vec<(Option<String>, Arc<LoadedVersion>)> {
+        let namespacing = self.config.namespacing;
+        self.models
+            .read()
+            .iter()
+            .flat_map(|(key, e)| {
+                let namespace = namespace::namespace_of(key)
+                    .filter(|_| namespacing)
+                    .map(str::to_string);
+                e.versions
+                    .values()
+                    .map(move |v| (namespace.clone(), v.clone()))
+            })
             .collect()
     }
 
@@ -123,7 +147,7 @@ impl ModelManager {
         names.dedup();
         for name in names {
             let row = |version: String, state: &str, reason: &str| ModelIndexEntry {
-                name: name.clone(),
+                name: namespace::name_of(name).to_string(),
                 version,
                 state: state.to_string(),
                 reason: reason.to_string(),

@@ -11,7 +11,8 @@
 //!                                              └─► OTLP export (the lead's exporter)
 //! ```
 //!
-//! Every per-model series carries `model` and `version` labels (after one `_<key>` label per
+//! Every per-model series carries `model` and `version` labels (with `namespace` between them
+//! under `--model-namespacing`, as in Triton; after one `_<key>` label per
 //! `metric_tags` entry of the model's config, as in Triton); failures add `reason`. A model's
 //! `model_metrics` may set the bucket bounds of its `nv_inference_first_response_histogram_ms`
 //! (its statistics count into them, `VersionStats::with_first_response_buckets`). With a
@@ -71,7 +72,8 @@ impl DataPlaneMetrics {
 
 impl Collect for DataPlaneMetrics {
     fn collect(&self) -> Vec<Family> {
-        let mut families = model_families(&self.manager.all_versions(), &self.latencies);
+        let mut families =
+            namespaced_model_families(&self.manager.all_versions_by_namespace(), &self.latencies);
         if let Some(cache) = self.manager.response_cache() {
             families.extend(cache_families(cache));
         }
@@ -95,27 +97,33 @@ struct Row<'a> {
 type Pick = fn(&Row<'_>) -> Option<f64>;
 
 /// A version's labels: one `_<key>` per `metric_tags` entry of its config (sorted, as Triton
-/// writes them), then `model` and `version`.
-fn model_labels(v: &LoadedVersion) -> Labels {
+/// writes them), then `model`, `namespace` (with `--model-namespacing`) and `version`.
+fn model_labels(v: &LoadedVersion, namespace: Option<&str>) -> Labels {
     let mut tags: Vec<(&String, &String)> = v.config.wire().metric_tags.iter().collect();
     tags.sort();
     let mut labels = Labels::none();
     for (key, value) in tags {
         labels = labels.and(&format!("_{key}"), value.as_str());
     }
-    labels
-        .and("model", v.name.as_str())
-        .and("version", v.version.to_string())
+    labels = labels.and("model", v.name.as_str());
+    if let Some(namespace) = namespace {
+        labels = labels.and("namespace", namespace);
+    }
+    labels.and("version", v.version.to_string())
 }
 
-/// The per-model families over `versions`, as `latencies` selects them.
-pub fn model_families(versions: &[Arc<LoadedVersion>], latencies: &LatencyMetrics) -> Vec<Family> {
+/// The per-model families over `versions`, each with its namespace (`--model-namespacing`:
+/// the `namespace` label), as `latencies` selects them.
+pub fn namespaced_model_families(
+    versions: &[(Option<String>, Arc<LoadedVersion>)],
+    latencies: &LatencyMetrics,
+) -> Vec<Family> {
     let rows: Vec<Row<'_>> = versions
         .iter()
-        .map(|v| Row {
+        .map(|(namespace, v)| Row {
             version: v,
             stats: v.stats.snapshot(&v.name, v.version),
-            labels: model_labels(v),
+            labels: model_labels(v, namespace.as_deref()),
         })
         .collect();
     let mut out = Vec::new();
@@ -435,6 +443,13 @@ mod tests {
     use crate::scheduler::policy::BatchPolicy;
     use crate::stats::{LoadReport, RequestTimings, VersionStats};
 
+    /// The families of versions without namespaces.
+    fn model_families(versions: &[Arc<LoadedVersion>], latencies: &LatencyMetrics) -> Vec<Family> {
+        let versions: Vec<(Option<String>, Arc<LoadedVersion>)> =
+            versions.iter().map(|v| (None, v.clone())).collect();
+        namespaced_model_families(&versions, latencies)
+    }
+
     /// A version with no instances (nothing executes), whose statistics the test fills.
     fn version(name: &str) -> Arc<LoadedVersion> {
         version_with(name, ModelConfig::default())
@@ -537,6 +552,24 @@ mod tests {
             !text.contains("model=\"h\",version=\"1\",le=\"100\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_namespace_is_a_label_between_model_and_version() {
+        let versions = [
+            (Some("/r/addsub_repo".to_string()), version("m")),
+            (Some("/r/subadd_repo".to_string()), version("m")),
+        ];
+        let text = render_prometheus(&namespaced_model_families(
+            &versions,
+            &LatencyMetrics::default(),
+        ));
+        for ns in ["/r/addsub_repo", "/r/subadd_repo"] {
+            let line = format!(
+                "nv_inference_request_success{{model=\"m\",namespace=\"{ns}\",version=\"1\"}} 0\n"
+            );
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
     }
 
     #[test]

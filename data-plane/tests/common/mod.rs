@@ -58,6 +58,7 @@ pub fn data_plane(
             rate_limit: Default::default(),
             response_cache_bytes: None,
             config_name: None,
+            namespacing: false,
         },
         backends,
     ));
