@@ -384,6 +384,11 @@ impl RequestPath {
             return self.execute(request, None).await;
         };
         let context = request.context.clone();
+        if trace.wants_tensors() {
+            for tensor in &request.inputs {
+                trace.tensor(true, tensor);
+            }
+        }
         let span = tracing::info_span!("request", trace_id = %trace.trace_id());
         let result = self
             .execute(request, Some(&mut trace))
@@ -397,6 +402,11 @@ impl RequestPath {
                 );
                 if !response.id.is_empty() {
                     trace.attribute("request.id", AttrValue::Text(response.id.clone()));
+                }
+                if trace.wants_tensors() {
+                    for tensor in &response.outputs {
+                        trace.tensor(false, tensor);
+                    }
                 }
             }
             Err(e) => trace.fail(e.to_string()),

@@ -37,7 +37,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nereid_proto::{Frontend, OpenSpan, RequestContext, TraceContext};
+use nereid_proto::{Frontend, OpenSpan, RequestContext, Tensor, TraceContext};
 
 use crate::span::{
     AttrValue, SpanId, SpanKind, SpanRecord, TraceId, context_for, hex, new_span_id, new_trace_id,
@@ -209,21 +209,11 @@ impl RequestTrace {
         self.tensors.is_some()
     }
 
-    /// Records a tensor: `input` (Triton's `TENSOR_QUEUE_INPUT`) or an output
-    /// (`TENSOR_BACKEND_OUTPUT`); `data` and `shape` comma-separated.
-    pub fn tensor(&mut self, input: bool, name: &str, data: String, shape: String, dtype: &str) {
+    /// Records `tensor` when the trace wants tensors: an input (Triton's
+    /// `TENSOR_QUEUE_INPUT`) or an output (`TENSOR_BACKEND_OUTPUT`).
+    pub fn tensor(&mut self, input: bool, tensor: &Tensor) {
         if let Some(tensors) = &mut self.tensors {
-            tensors.push(TensorRecord {
-                activity: if input {
-                    "TENSOR_QUEUE_INPUT"
-                } else {
-                    "TENSOR_BACKEND_OUTPUT"
-                },
-                name: name.to_string(),
-                data,
-                shape,
-                dtype: dtype.to_string(),
-            });
+            tensors.push(TensorRecord::of(input, tensor));
         }
     }
 

@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use nereid_proto::{DataType, Tensor};
 use parking_lot::Mutex;
 
 use crate::span::SpanId;
@@ -49,6 +50,78 @@ pub struct TensorRecord {
     /// The dimensions, comma-separated.
     pub shape: String,
     pub dtype: String,
+}
+
+impl TensorRecord {
+    /// `tensor` as level TENSORS writes it: elements and dimensions comma-separated.
+    pub fn of(input: bool, tensor: &Tensor) -> TensorRecord {
+        let shape: Vec<String> = tensor.shape().iter().map(i64::to_string).collect();
+        TensorRecord {
+            activity: if input {
+                "TENSOR_QUEUE_INPUT"
+            } else {
+                "TENSOR_BACKEND_OUTPUT"
+            },
+            name: tensor.name().to_string(),
+            data: elements(tensor.datatype(), tensor.data()).join(","),
+            shape: shape.join(","),
+            dtype: tensor.datatype().as_wire().to_string(),
+        }
+    }
+}
+
+/// The elements of `data` (little-endian, as tensors hold them) as text.
+fn elements(datatype: DataType, data: &[u8]) -> Vec<String> {
+    fn each<const N: usize>(data: &[u8], f: impl Fn([u8; N]) -> String) -> Vec<String> {
+        data.chunks_exact(N)
+            .map(|c| {
+                let mut b = [0u8; N];
+                b.copy_from_slice(c);
+                f(b)
+            })
+            .collect()
+    }
+    match datatype {
+        DataType::Bool => data.iter().map(|b| (*b != 0).to_string()).collect(),
+        DataType::Uint8 => data.iter().map(u8::to_string).collect(),
+        DataType::Int8 => data.iter().map(|b| (*b as i8).to_string()).collect(),
+        DataType::Uint16 => each(data, |b| u16::from_le_bytes(b).to_string()),
+        DataType::Int16 => each(data, |b| i16::from_le_bytes(b).to_string()),
+        DataType::Uint32 => each(data, |b| u32::from_le_bytes(b).to_string()),
+        DataType::Int32 => each(data, |b| i32::from_le_bytes(b).to_string()),
+        DataType::Uint64 => each(data, |b| u64::from_le_bytes(b).to_string()),
+        DataType::Int64 => each(data, |b| i64::from_le_bytes(b).to_string()),
+        DataType::Fp32 => each(data, |b| f32::from_le_bytes(b).to_string()),
+        DataType::Fp64 => each(data, |b| f64::from_le_bytes(b).to_string()),
+        DataType::Fp16 => each(data, |b| f16_to_f32(u16::from_le_bytes(b)).to_string()),
+        DataType::Bf16 => each(data, |b| {
+            f32::from_bits(u32::from(u16::from_le_bytes(b)) << 16).to_string()
+        }),
+        DataType::Bytes => {
+            let mut out = Vec::new();
+            let mut rest = data;
+            while rest.len() >= 4 {
+                let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                let end = (4 + len).min(rest.len());
+                out.push(String::from_utf8_lossy(&rest[4..end]).into_owned());
+                rest = &rest[end..];
+            }
+            out
+        }
+    }
+}
+
+/// An IEEE half-precision number's value.
+fn f16_to_f32(bits: u16) -> f32 {
+    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exponent = i32::from((bits >> 10) & 0x1f);
+    let fraction = f32::from(bits & 0x3ff);
+    sign * match exponent {
+        0 => fraction * 2f32.powi(-24),
+        0x1f if fraction == 0.0 => f32::INFINITY,
+        0x1f => f32::NAN,
+        e => (1.0 + fraction / 1024.0) * 2f32.powi(e - 15),
+    }
 }
 
 /// One finished trace in Triton's terms.
@@ -290,6 +363,41 @@ mod tests {
             bare.to_json(),
             r#"{"id":1,"model_name":"m\"x"},{"id":1,"timestamps":[{"name":"REQUEST_START","ns":0}]}"#
         );
+    }
+
+    #[test]
+    fn tensors_are_written_as_comma_separated_text() {
+        let t = |dtype, shape: Vec<i64>, data: Vec<u8>| {
+            TensorRecord::of(true, &Tensor::new("x", dtype, shape, data.into()).unwrap())
+        };
+        let ints = t(
+            DataType::Int32,
+            vec![1, 2],
+            [7i32, -1].iter().flat_map(|v| v.to_le_bytes()).collect(),
+        );
+        assert_eq!((ints.data.as_str(), ints.shape.as_str()), ("7,-1", "1,2"));
+        assert_eq!(
+            (ints.activity, ints.dtype.as_str()),
+            ("TENSOR_QUEUE_INPUT", "INT32")
+        );
+        let half = t(
+            DataType::Fp16,
+            vec![3],
+            [0x3c00u16, 0xc000, 0x3800]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        );
+        assert_eq!(half.data, "1,-2,0.5");
+        let bf = t(DataType::Bf16, vec![1], 0x3fc0u16.to_le_bytes().to_vec());
+        assert_eq!(bf.data, "1.5");
+        let mut bytes = Vec::new();
+        for s in ["ab", ""] {
+            bytes.extend((s.len() as u32).to_le_bytes());
+            bytes.extend(s.as_bytes());
+        }
+        assert_eq!(t(DataType::Bytes, vec![2], bytes).data, "ab,");
+        assert_eq!(t(DataType::Bool, vec![2], vec![1, 0]).data, "true,false");
     }
 
     #[test]

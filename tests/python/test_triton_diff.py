@@ -547,13 +547,14 @@ def test_ragged_requests_batch_into_one_python_execution(pair):
     assert nereid == triton
 
 
-def test_triton_trace_files_have_tritons_structure(tmp_path):
+@pytest.mark.parametrize("tensors", [False, True], ids=["timestamps", "tensors"])
+def test_triton_trace_files_have_tritons_structure(tmp_path, tensors):
     """Triton's trace mode (`triton,file=F`, level TIMESTAMPS, rate 1) on Nereid and on Triton
     2.51, the same requests (trace_files.send_requests: HTTP, gRPC, a BLS call made with
     trace=request.trace(), an ensemble with a BLS step, two gRPC stream requests): the files
     written at shutdown must hold the same traces, by structure: header keys, timestamp names
-    in file order (the model's and the frontend's), and parent/child links. Values (ids,
-    nanoseconds) are not compared. Decoupled responses are left out: Triton 2.51 records them
+    in file order (the model's and the frontend's), with level TENSORS too the tensors
+    recorded, and parent/child links. Values (ids, nanoseconds, tensor text) are not compared. Decoupled responses are left out: Triton 2.51 records them
     differently over HTTP and gRPC."""
     import trace_files
     from triton_util import TritonServer, nereid_like_triton
@@ -561,7 +562,8 @@ def test_triton_trace_files_have_tritons_structure(tmp_path):
     trees = {}
     for kind, make in (("nereid", nereid_like_triton), ("triton", TritonServer)):
         file = tmp_path / f"{kind}_trace.json"
-        server = make(repo, tmp_path, trace_files.trace_args(file), name=f"{kind}_traced")
+        args = trace_files.trace_args(file, tensors=tensors)
+        server = make(repo, tmp_path, args, name=f"{kind}_traced")
         server.start()
         try:
             wait_until(lambda s=server: http_raw(s.http_url, "GET", "/v2/health/ready")[0] == 200,
@@ -576,3 +578,172 @@ def test_triton_trace_files_have_tritons_structure(tmp_path):
     check_same("trace_settings_triton_mode", trees["nereid_settings"], trees["triton_settings"])
     check_same("trace_file_structure", trees["nereid"], trees["triton"])
     assert len(trees["triton"]) == 6, trees["triton"]
+    assert any(root["tensors"] for root in trees["triton"]) == tensors
+
+
+# --------------------------------------------------------------------------------------------
+# Ensembles with a decoupled step (scripts/gen_models.py write_decoupled_ensemble_models): written
+# into both repositories and loaded explicitly (ens_dec_mixed must fail, and `--load-model *`
+# would stop Triton at start).
+
+@pytest.fixture(scope="module")
+def decoupled_ensembles(pair):
+    from nereid_util import gen_models
+    for server in pair:
+        gen_models.write_decoupled_ensemble_models(server.repo)
+    for name in ("ens_dec", "ens_dec_claims"):
+        both_http(pair, f"load_{name}", "POST", f"/v2/repository/models/{name}/load", {})
+    return pair
+
+
+def stream_with_flags(server, model, values):
+    """One request for `model` (IN = `values`) on a gRPC stream that asks for empty final
+    responses: ([OUT values] or {} for a flag-only response, final flag) per response, or
+    {"error": message}; up to the final flag or an error."""
+    import queue
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    out = []
+    try:
+        i = grpcclient.InferInput("IN", [len(values)], "INT32")
+        i.set_data_from_numpy(np.array(values, dtype=np.int32))
+        client.async_stream_infer(model, [i], enable_empty_final_response=True)
+        while True:
+            result, error = got.get(timeout=30)
+            if error is not None:
+                out.append({"error": error.message()})
+                return out
+            response = result.get_response(as_json=True)
+            final = response["parameters"]["triton_final_response"]["bool_param"]
+            outputs = {o["name"] for o in response.get("outputs", [])}
+            out.append((result.as_numpy("OUT").tolist() if "OUT" in outputs else {}, final))
+            if final:
+                return out
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_decoupled_ensemble_streams_like_triton(decoupled_ensembles):
+    """Every response of the decoupled step runs the next step once and goes out as it
+    completes; a flag-only final response ends the stream (also the only one when the decoupled
+    step sends nothing)."""
+    pair = decoupled_ensembles
+    for values in ([1, 2, 3], [5], []):
+        answers = [stream_with_flags(s, "ens_dec", values) for s in pair]
+        check_same(f"ensemble_decoupled_stream_{len(values)}", *answers)
+    assert answers[1] == [({}, True)]
+    assert stream_with_flags(pair[1], "ens_dec", [1, 2, 3]) == [
+        ([2], False), ([4], False), ([6], False), ({}, True)]
+
+
+def test_decoupled_ensemble_step_error_like_triton(decoupled_ensembles):
+    """dec_repeat answers an error for -1: what was complete before goes out, then the error, and
+    no final flag (the model's own text in both messages; the prefixes are each server's)."""
+    answers = [stream_with_flags(s, "ens_dec", [1, -1, 3]) for s in decoupled_ensembles]
+    shapes = [[a if isinstance(a, tuple) else "error" for a in answer] for answer in answers]
+    check_same("ensemble_decoupled_error_stream", *shapes)
+    assert shapes[1] == [([2], False), "error"], answers[1]
+    for answer in answers:
+        assert "dec_repeat refuses -1" in answer[-1]["error"], answer
+
+
+def test_decoupled_ensemble_config_and_generate_stream_like_triton(decoupled_ensembles):
+    """The config's decoupled field is the load's (ens_dec_claims' file says decoupled over a
+    plain step: false); generate_stream sends one event per response (compared by outputs:
+    Triton's events of an ensemble also carry sequence parameters)."""
+    pair = decoupled_ensembles
+    for model in ("ens_dec", "ens_dec_claims"):
+        policies = [http_answer(s, "GET", f"/v2/models/{model}/config")["body"]
+                    ["model_transaction_policy"] for s in pair]
+        check_same(f"ensemble_decoupled_config_{model}", *policies)
+        grpc_policies = [grpc_answer(s, lambda c: c.get_model_config(model, as_json=True))
+                         ["ok"]["config"]["model_transaction_policy"] for s in pair]
+        check_same(f"grpc_ensemble_decoupled_config_{model}", *grpc_policies)
+    assert policies == [{"decoupled": False}] * 2
+    events = []
+    for server in pair:
+        status, _, body = http_raw(server.http_url, "POST", "/v2/models/ens_dec/generate_stream",
+                                   json.dumps({"IN": [1, 2, 3]}).encode())
+        chunks = [json.loads(c[len("data: "):]) for c in body.decode().split("\n\n") if c]
+        events.append((status, [(c["model_name"], c["OUT"]) for c in chunks]))
+    check_same("ensemble_decoupled_generate_stream", *events)
+    assert events[1] == (200, [("ens_dec", 2), ("ens_dec", 4), ("ens_dec", 6)])
+
+
+def test_decoupled_ensemble_refusals_like_triton(decoupled_ensembles):
+    """A step mixing decoupled origins fails to load with Triton's sentence (Nereid's reason
+    then says which step reads what); unary calls answer Triton's status codes."""
+    pair = decoupled_ensembles
+    nereid, triton = [http_answer(s, "POST", "/v2/repository/models/ens_dec_mixed/load", {})
+                      for s in pair]
+    assert nereid["status"] == triton["status"] == 400
+    reason = triton["body"]["error"].split(": ", 1)[1].strip()
+    assert reason == ("in ensemble ens_dec_mixed, step of model 'ens_dec_mixed' receives inputs "
+                      "originated from different decoupled models"), triton
+    assert reason in nereid["body"]["error"], nereid
+    body = {"inputs": [t("IN", "INT32", [2], [1, 2])]}
+    answers = [http_answer(s, "POST", "/v2/models/ens_dec/infer", body) for s in pair]
+    assert answers[0]["status"] == answers[1]["status"] == 501, answers
+    grpc = [grpc_answer(s, grpc_infer("ens_dec", [("IN", "INT32", np.array([1], np.int32))]))
+            for s in pair]
+    assert grpc[0]["status"] == grpc[1]["status"] == "StatusCode.UNIMPLEMENTED", grpc
+    for answer in (answers[0]["body"]["error"], grpc[0]["message"]):
+        assert "support models with decoupled transaction policy" in answer, answer
+
+
+_seq_spec = importlib.util.spec_from_file_location("gen_sequence_models",
+                                                   ROOT / "scripts/gen_sequence_models.py")
+gen_sequence_models = importlib.util.module_from_spec(_seq_spec)
+_seq_spec.loader.exec_module(gen_sequence_models)
+
+
+@pytest.fixture(scope="module")
+def sequence_pair(tmp_path_factory):
+    """Triton and Nereid on Python-backend sequence models (scripts/gen_sequence_models.py)."""
+    assert Path(TRITON_BIN).exists(), f"{TRITON_BIN} missing: run `make triton-ref`"
+    work = tmp_path_factory.mktemp("triton_diff_sequence")
+    repo = gen_sequence_models.write_python_repository(work / "repo")
+    nereid, triton = start_pair(repo, work, [])
+    yield nereid, triton
+    for s in (nereid, triton):
+        s.stop()
+
+
+def test_direct_slot_padding_as_the_model_sees_it(sequence_pair):
+    """Direct strategy, one instance of 4 slots, one client at a time: sequences a, b, c take
+    slots 0, 1, 2 (a warm-up sample that sets the controls by name loaded the model). When only
+    c (slot 2) or only b (slot 1) has a request, the model's execute gets that many rows, the
+    slots below as requests whose READY (and START) is 0; every answer matches Triton's."""
+    def run(server):
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+            def one(sid, **flags):
+                i = httpclient.InferInput("INPUT", [1, 1], "INT32")
+                i.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+                r = c.infer("seq_slots_py", [i], sequence_id=sid, **flags)
+                return [int(r.as_numpy(o)[0, 0]) for o in ("ROWS", "READY_ROWS", "MY_READY", "MY_START")]
+            steps = [(11, {"sequence_start": True}), (12, {"sequence_start": True}),
+                     (13, {"sequence_start": True}), (13, {}), (12, {}),
+                     (11, {"sequence_end": True}), (13, {}), (12, {"sequence_end": True}),
+                     (13, {"sequence_end": True})]
+            return [one(sid, **flags) for sid, flags in steps]
+
+    nereid, triton = (run(s) for s in sequence_pair)
+    assert triton[3] == [3, 1, 1, 0], f"Triton padded slots 0 and 1: {triton}"
+    assert nereid == triton
+
+
+def test_initial_state_from_a_data_file(sequence_pair):
+    """A state whose initial_state names a data file under the model's initial_state/ folder
+    (INT32 100): a sequence's first request sees it, on Nereid as on Triton."""
+    def run(server):
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+            i = httpclient.InferInput("INPUT", [1], "INT32")
+            i.set_data_from_numpy(np.array([5], dtype=np.int32))
+            r = c.infer("seq_init_py", [i], sequence_id=21, sequence_start=True, sequence_end=True)
+            return r.as_numpy("OUTPUT").tolist()
+
+    nereid, triton = (run(s) for s in sequence_pair)
+    assert triton == [gen_sequence_models.INITIAL_STATE + 5], f"Triton answered {triton}"
+    assert nereid == triton

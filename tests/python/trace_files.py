@@ -77,9 +77,10 @@ def write_repository(path):
     return repo
 
 
-def trace_args(file, *extra):
+def trace_args(file, *extra, tensors=False):
+    levels = ["--trace-config", "level=TENSORS"] if tensors else []
     return ["--trace-config", f"triton,file={file}", "--trace-config", "level=TIMESTAMPS",
-            "--trace-config", "rate=1", *extra]
+            *levels, "--trace-config", "rate=1", *extra]
 
 
 def _inputs(module, names=("INPUT0", "INPUT1")):
@@ -157,7 +158,8 @@ CORE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
 def tree(traces):
     """A trace forest without ids or times: for each root (sorted by model and request id), its
     header keys, its timestamp names split into the model's (CORE, in file order) and the
-    frontend's (in file order), and its children's trees (sorted), recursively."""
+    frontend's (in file order), its tensors (activity and name, sorted: Triton's input order
+    varies), and its children's trees (sorted), recursively."""
     def node(i):
         t = traces[i]
         children = sorted((node(c) for c, ct in traces.items()
@@ -168,6 +170,7 @@ def tree(traces):
             "keys": sorted(t["header"]),
             "core": [s for s in t["stamps"] if s in CORE],
             "frontend": [s for s in t["stamps"] if s not in CORE],
+            "tensors": sorted(t["tensors"]),
             "children": children,
         }
     roots = [node(i) for i, t in traces.items() if "parent_id" not in t["header"]]

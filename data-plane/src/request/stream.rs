@@ -79,6 +79,11 @@ pub(super) fn run(
     let id = valid.id.clone();
     let classify = std::mem::take(&mut valid.classify);
     let trace = trace.map(|mut t| {
+        if t.wants_tensors() {
+            for tensor in &valid.inputs {
+                t.tensor(true, tensor);
+            }
+        }
         let traceparent = t.context().traceparent().to_string();
         valid
             .parameters
@@ -136,8 +141,13 @@ fn traced(stream: ResponseStream, trace: Arc<Mutex<RequestTrace>>) -> ResponseSt
             let mut trace = trace.lock();
             match item {
                 Ok(r) => {
-                    if r.response.is_some() {
+                    if let Some(response) = &r.response {
                         trace.response(now);
+                        if trace.wants_tensors() {
+                            for tensor in &response.outputs {
+                                trace.tensor(false, tensor);
+                            }
+                        }
                     }
                     if r.last {
                         trace.done(now);
