@@ -8,9 +8,11 @@ use nereid_telemetry::{MetricsExportFlags, TelemetryConfig};
 #[derive(Args, Debug, Clone, Default)]
 pub struct TelemetryArgs {
     /// Trace setting, Triton's syntax `[<mode>,]<key>=<value>` (repeat): level=OFF|TIMESTAMPS|TENSORS,
-    /// rate=N (trace one request in N), count=N (-1: no limit), mode=opentelemetry,
-    /// opentelemetry,url=URL, opentelemetry,protocol=grpc|http/protobuf,
-    /// opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_schedule_delay=MS, ...
+    /// rate=N (trace one request in N), count=N (-1: no limit), mode=triton|opentelemetry;
+    /// triton,file=PATH (Triton's JSON trace file), triton,log-frequency=N (a new PATH.<n> every
+    /// N traces; 0: one file at shutdown); opentelemetry,url=URL,
+    /// opentelemetry,protocol=grpc|http/protobuf, opentelemetry,resource=KEY=VALUE,
+    /// opentelemetry,bsp_schedule_delay=MS, ...
     #[arg(long = "trace-config", value_name = "[MODE,]KEY=VALUE")]
     pub trace_config: Vec<String>,
     /// Push metrics over OTLP to this endpoint (HTTP: the full URL, e.g.
