@@ -554,8 +554,9 @@ def test_triton_trace_files_have_tritons_structure(tmp_path, tensors):
     trace=request.trace(), an ensemble with a BLS step, two gRPC stream requests): the files
     written at shutdown must hold the same traces, by structure: header keys, timestamp names
     in file order (the model's and the frontend's), with level TENSORS too the tensors
-    recorded, and parent/child links. Values (ids, nanoseconds, tensor text) are not compared. Decoupled responses are left out: Triton 2.51 records them
-    differently over HTTP and gRPC."""
+    recorded, and parent/child links. Values (ids, nanoseconds, tensor text) are not compared.
+    Decoupled responses are left out: Triton 2.51 records them differently over HTTP and
+    gRPC."""
     import trace_files
     from triton_util import TritonServer, nereid_like_triton
     repo = trace_files.write_repository(tmp_path / "repo")
