@@ -29,9 +29,11 @@ use tonic::metadata::MetadataValue;
 
 use crate::error::{RouterError, RouterResult};
 use crate::load::parse_text_report;
+use crate::raw_call::{UnaryAnswer, head_status, request_body};
 use crate::raw_codec::{RawCodec, RawMessage};
 use crate::wire::{WorkerRequest, classify_status, decode_response};
 use nereid_cluster_client::error_chain;
+use tonic::codegen::http;
 
 /// The method the pass-through path calls on workers (and serves to clients).
 pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -252,6 +254,8 @@ impl Workers {
 
     /// Forwards one `ModelInfer` as bytes (the pass-through path): `message` goes out as it
     /// is, the worker's answer comes back undecoded. Context and errors as [`Self::infer`].
+    /// The call is framed here (`raw_call`), not by tonic's codec: HEADERS and the message's
+    /// DATA frame, which ends the stream, leave in one write.
     pub async fn infer_raw(
         &self,
         addr: &str,
@@ -259,13 +263,51 @@ impl Workers {
         context: &RequestContext,
         model: &str,
     ) -> RouterResult<bytes::Bytes> {
-        let call = with_context(message, context, model)?;
-        let mut grpc = self.raw_client(addr).await?;
-        let path = tonic::codegen::http::uri::PathAndQuery::from_static(MODEL_INFER_PATH);
-        grpc.unary(call, path, RawCodec)
+        use tonic::codegen::Service;
+        let classify = |status| classify_infer_status(addr, model, context, status);
+        let call = with_context((), context, model)?;
+        let body = request_body(&message).map_err(classify)?;
+        let mut request = http::Request::new(body);
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = http::Uri::from_static(MODEL_INFER_PATH);
+        let headers = request.headers_mut();
+        *headers = call.into_parts().0.into_headers();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+        let mut channel = self.channel(addr)?;
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
             .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| classify_infer_status(addr, model, context, s))
+            .map_err(|e| RouterError::Unreachable {
+                addr: addr.to_string(),
+                message: e.to_string(),
+            })?;
+        let response = channel
+            .call(request)
+            .await
+            .map_err(|e| classify(tonic::Status::from_error(e.into())))?;
+        let (parts, mut body) = response.into_parts();
+        if let Some(status) = head_status(parts.status, &parts.headers)
+            && status.code() != tonic::Code::Ok
+        {
+            return Err(classify(status));
+        }
+        let mut answer = UnaryAnswer::new(self.config.max_message_size);
+        let mut trailers = None;
+        while let Some(frame) = std::future::poll_fn(|cx| {
+            tonic::codegen::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+        })
+        .await
+        {
+            let frame = frame.map_err(classify)?;
+            match frame.into_data() {
+                Ok(data) => answer.push(data),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        answer.finish(trailers.as_ref()).map_err(classify)
     }
 
     /// Opens a `ModelStreamInfer` carrying one request as bytes (the stream pass-through):

@@ -20,7 +20,8 @@
 //! - `random`: the seeded generator choice and splits draw from.
 //! - `wire`: the shared codec (`nereid_proto::codec`) on the client side, its errors as
 //!   [`RouterError`]s naming the worker.
-//! - `forward`: one pooled channel per worker, calls and error classification.
+//! - `forward`: one pooled channel per worker, calls and error classification; `raw_call`
+//!   frames the pass-through's unary calls as bytes.
 //! - `passthrough`: unary gRPC `ModelInfer` forwarded as bytes (`wire_scan` reads what
 //!   routing needs, `raw_codec` moves the bytes); the router's gRPC routes.
 //! - `grpc_routes`: the router's gRPC service, assembled from the two pass-through routes and
@@ -54,6 +55,7 @@ mod load;
 mod metrics;
 mod passthrough;
 mod random;
+mod raw_call;
 mod raw_codec;
 mod serve;
 mod service;

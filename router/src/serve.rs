@@ -30,7 +30,7 @@ use crate::control::{ControlPlane, ControlPlaneConfig};
 use crate::grpc_routes::grpc_routes;
 use crate::http_passthrough::http_app;
 use crate::passthrough::PassThroughConfig;
-use crate::service::{RouterService, RouterServiceConfig};
+use crate::service::{HedgeConfig, RouterService, RouterServiceConfig};
 use crate::table::{RoutingTable, SharedTable};
 use crate::watch::watch_task;
 
@@ -124,6 +124,7 @@ pub async fn run(
     ));
 
     let mut servers = tokio::task::JoinSet::new();
+    servers.spawn(keep_timer_ahead(config.service.hedge, stop_rx.clone()));
     let shared_memory = nereid_frontend::SharedMemory::disabled(SHARED_MEMORY_OFF);
     let grpc_config = config.frontend.grpc_config(shared_memory.clone());
     let http_config = config
@@ -198,4 +199,22 @@ pub async fn run(
     let _ = watcher.await;
     telemetry.shutdown(Duration::from_secs(5)).await;
     Ok(())
+}
+
+/// Keeps one timer pending that is due before any request's attempt timeout (half the hedge
+/// floor ahead, at least 10 ms) until `stop` turns true.
+///
+/// Every request arms a timer for its attempt timeout (`RouterService::with_retry`). When
+/// that timer is the earliest one, tokio's driver must be woken to re-arm its wait: a write to
+/// its eventfd and one more `epoll_wait`, per request at low concurrency, where a request's
+/// timer is often the only one. With this timer always due sooner, arming a request's timer
+/// costs no system call. Hedging's timing does not change.
+async fn keep_timer_ahead(hedge: HedgeConfig, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let period = (hedge.floor / 2).max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
