@@ -77,6 +77,23 @@ impl From<HttpScanError> for ServiceError {
 
 type ScanResult<T> = Result<T, HttpScanError>;
 
+/// Why `header` is not a valid inference request header, naming the path to the wrong value.
+fn json_error(header: &[u8]) -> HttpScanError {
+    let mut json = serde_json::Deserializer::from_slice(header);
+    match serde_path_to_error::deserialize::<_, Header>(&mut json) {
+        Ok(_) => HttpScanError::Json("the request JSON could not be read".into()),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            match (inner.is_data(), path.as_str()) {
+                // At the top level (an object, checked above) a data error is a repeated key.
+                (true, ".") | (false, _) => HttpScanError::Json(inner.to_string()),
+                (true, _) => HttpScanError::Json(format!("'{path}': {inner}")),
+            }
+        }
+    }
+}
+
 /// What the router reads of an HTTP inference request (model and version come from the path).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HttpScanned {
@@ -183,15 +200,12 @@ pub fn scan_http_request(
         Some(_) => {}
     }
     let mut json = serde_json::Deserializer::from_slice(header);
-    let doc: Header = serde_path_to_error::deserialize(&mut json).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        match (inner.is_data(), path.as_str()) {
-            // At the top level (an object, checked above) a data error is a repeated key.
-            (true, ".") | (false, _) => HttpScanError::Json(inner.to_string()),
-            (true, _) => HttpScanError::Json(format!("'{path}': {inner}")),
-        }
-    })?;
+    // Without tracking the path (which costs a string per key): a valid header, the usual
+    // case, is read once; an invalid one again with the path, to name where it is wrong.
+    let doc = match Header::deserialize(&mut json) {
+        Ok(doc) => doc,
+        Err(_) => return Err(json_error(header)),
+    };
     json.end().map_err(|e| HttpScanError::Json(e.to_string()))?;
     let mut scanned = HttpScanned {
         id: match doc.id {
