@@ -23,6 +23,16 @@
   seq_slots_wait     seq_slots with max_batch_size 2 and direct { max_queue_delay_microseconds:
                      WAIT_DELAY_US minimum_slot_utilization: 1.0 }: a batch waits for both slots.
 
+`write_python_repository` writes Python-backend sequence models for the differential tests
+against Triton 2.51 (tests/python/test_triton_diff.py), which has only that backend:
+
+  seq_slots_py       direct, max_batch_size 4, START/READY (INT32) and CORRID (UINT64) controls;
+                     per request: ROWS (requests in its execute call), READY_ROWS (READY true
+                     among them), MY_READY, MY_START. A warm-up sample sets INPUT and the
+                     controls by name, as a Triton user must.
+  seq_init_py        max_batch_size 0, state `state_in` (INT32 [1]) whose initial_state comes from
+                     `data_file: "init.bin"` (INT32 100): OUTPUT = INPUT + state_in.
+
 Deterministic and idempotent (each model directory is replaced). Needs `onnx` and `numpy`.
 Importable: tests/python/test_sequence.py calls `write_repository`.
 """
@@ -161,6 +171,95 @@ def corrid_config():
     return gen_models.config_text(
         "seq_corrid", 4, [("INPUT", "INT32", [1])], [("CORRID_OUT", "UINT64", [1]), ("INPUT_OUT", "INT32", [1])], extra
     )
+
+
+SLOTS_PY = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def value(request, name):
+    return int(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        ready = [value(r, "READY") for r in requests]
+        out = []
+        for r, mine in zip(requests, ready):
+            row = lambda v: np.array([[v]], dtype=np.int32)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("ROWS", row(len(requests))),
+                pb_utils.Tensor("READY_ROWS", row(sum(ready))),
+                pb_utils.Tensor("MY_READY", row(mine)),
+                pb_utils.Tensor("MY_START", row(value(r, "START"))),
+            ]))
+        return out
+"""
+
+INIT_PY = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+            state = pb_utils.get_input_tensor_by_name(r, "state_in").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", (x + state).astype(np.int32))]))
+        return out
+"""
+
+SLOTS_PY_CONFIG = """backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "ROWS" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "READY_ROWS" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "MY_READY" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "MY_START" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+sequence_batching {
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+instance_group [ { count: 1 kind: KIND_CPU } ]
+model_warmup [ { name: "sequence" batch_size: 1
+  inputs { key: "INPUT" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  inputs { key: "START" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  inputs { key: "READY" value: { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  inputs { key: "CORRID" value: { data_type: TYPE_UINT64 dims: [ 1 ] zero_data: true } } } ]
+"""
+
+INIT_PY_CONFIG = """backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  state [
+    { input_name: "state_in" output_name: "state_out" data_type: TYPE_INT32 dims: [ 1 ]
+      initial_state: { name: "hundred" data_type: TYPE_INT32 dims: [ 1 ] data_file: "init.bin" } }
+  ]
+}
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def write_python_repository(repo):
+    """Python-backend sequence models, loadable by Triton 2.51 and Nereid alike."""
+    repo = Path(repo)
+    for name, config, source in (("seq_slots_py", SLOTS_PY_CONFIG, SLOTS_PY), ("seq_init_py", INIT_PY_CONFIG, INIT_PY)):
+        d = repo / name
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        (d / "config.pbtxt").write_text(config)
+        (d / "1" / "model.py").write_text(source)
+    (repo / "seq_init_py" / "initial_state").mkdir(exist_ok=True)
+    (repo / "seq_init_py" / "initial_state" / "init.bin").write_bytes(np.array([INITIAL_STATE], dtype="<i4").tobytes())
+    return repo
 
 
 def write_repository(repo):

@@ -748,3 +748,63 @@ def test_initial_state_from_a_data_file(sequence_pair):
     nereid, triton = (run(s) for s in sequence_pair)
     assert triton == [gen_sequence_models.INITIAL_STATE + 5], f"Triton answered {triton}"
     assert nereid == triton
+
+
+_seq_spec = importlib.util.spec_from_file_location("gen_sequence_models",
+                                                   ROOT / "scripts/gen_sequence_models.py")
+gen_sequence_models = importlib.util.module_from_spec(_seq_spec)
+_seq_spec.loader.exec_module(gen_sequence_models)
+
+
+@pytest.fixture(scope="module")
+def sequence_pair(tmp_path_factory):
+    """Triton and Nereid on Python-backend sequence models (scripts/gen_sequence_models.py)."""
+    assert Path(TRITON_BIN).exists(), f"{TRITON_BIN} missing: run `make triton-ref`"
+    work = tmp_path_factory.mktemp("triton_diff_sequence")
+    repo = gen_sequence_models.write_python_repository(work / "repo")
+    nereid, triton = start_pair(repo, work, [])
+    yield nereid, triton
+    for s in (nereid, triton):
+        s.stop()
+
+
+def test_direct_slot_padding_as_the_model_sees_it(sequence_pair):
+    """Direct strategy, one instance of 4 slots, one client at a time: sequences a, b, c take
+    slots 0, 1, 2 (a warm-up sample that sets the controls by name loaded the model). When only
+    c (slot 2) or only b (slot 1) has a request, the model's execute gets that many rows, the
+    slots below as requests whose READY (and START) is 0; every answer matches Triton's."""
+    def run(server):
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+            def one(sid, **flags):
+                i = httpclient.InferInput("INPUT", [1, 1], "INT32")
+                i.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+                r = c.infer("seq_slots_py", [i], sequence_id=sid, **flags)
+                return [int(r.as_numpy(o)[0, 0]) for o in ("ROWS", "READY_ROWS", "MY_READY", "MY_START")]
+            steps = [(11, {"sequence_start": True}), (12, {"sequence_start": True}),
+                     (13, {"sequence_start": True}), (13, {}), (12, {}),
+                     (11, {"sequence_end": True}), (13, {}), (12, {"sequence_end": True}),
+                     (13, {"sequence_end": True})]
+            return [one(sid, **flags) for sid, flags in steps]
+
+    nereid, triton = (run(s) for s in sequence_pair)
+    assert triton[3] == [3, 1, 1, 0], f"Triton padded slots 0 and 1: {triton}"
+    assert nereid == triton
+
+
+def test_initial_state_from_a_data_file(sequence_pair):
+    """A state whose initial_state names a data file under the model's initial_state/ folder
+    (INT32 100) reaches a Python model as its state input; Triton 2.51's Python backend never
+    updates implicit state, so every request of the sequence sees it, on Nereid as on Triton."""
+    def run(server):
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+            out = []
+            for flags in ({"sequence_start": True}, {}, {"sequence_end": True}):
+                i = httpclient.InferInput("INPUT", [1], "INT32")
+                i.set_data_from_numpy(np.array([5], dtype=np.int32))
+                r = c.infer("seq_init_py", [i], sequence_id=21, **flags)
+                out += r.as_numpy("OUTPUT").tolist()
+            return out
+
+    nereid, triton = (run(s) for s in sequence_pair)
+    assert triton == [gen_sequence_models.INITIAL_STATE + 5] * 3, f"Triton answered {triton}"
+    assert nereid == triton

@@ -153,6 +153,8 @@ impl<B: Batcher> Shared<B> {
 
     /// One execution through `execute_requests` (request-level backends: Python): each
     /// request keeps its own tensors, parameters and outputs; one result comes back per request.
+    /// The batcher's extra outputs (sequence state) are not asked for: as Triton's Python
+    /// backend, such a model's implicit state stays at its initial value.
     fn run_requests(
         &self,
         instance: &mut dyn BackendInstance,
@@ -160,18 +162,9 @@ impl<B: Batcher> Shared<B> {
         done: &mut Vec<B::Tag>,
     ) {
         let started = Instant::now();
-        let extras = self.feed.extra_outputs();
-        let names: Vec<Option<Vec<String>>> = execution
-            .iter()
-            .map(|e| request_names(&e.job.request.outputs, extras))
-            .collect();
         let mut views: Vec<RequestView<'_>> = execution
             .iter()
-            .zip(&names)
-            .map(|(e, names)| RequestView {
-                outputs: names.as_deref().unwrap_or(&e.job.request.outputs),
-                ..request_view(&e.job.request)
-            })
+            .map(|e| request_view(&e.job.request))
             .collect();
         let padding = self.feed.padding(&execution);
         let parameters = Default::default();
@@ -214,14 +207,14 @@ impl<B: Batcher> Shared<B> {
             self.stats
                 .record_execution(size, compute_input, compute_infer, compute_output);
         }
-        for ((entry, names), produced) in execution.into_iter().zip(names).zip(results) {
+        for (entry, produced) in execution.into_iter().zip(results) {
             let timings = ExecTimings {
                 queue: started.saturating_duration_since(entry.job.arrived),
                 compute_input,
                 compute_infer,
                 compute_output,
             };
-            self.answer(entry, names.as_deref(), produced, timings, done);
+            self.answer(entry, None, produced, timings, done);
         }
     }
 
@@ -318,17 +311,6 @@ fn unpad<T>(all: Vec<T>, padding: Option<&Padding>, requests: usize) -> Vec<T> {
         }
     }
     real.into_iter().flatten().collect()
-}
-
-/// The outputs a request-level backend produces for a request: those it asked for, then those
-/// the batcher needs (`None`: only those it asked for).
-fn request_names(outputs: &[String], extras: &[String]) -> Option<Vec<String>> {
-    if extras.iter().all(|x| outputs.contains(x)) {
-        return None;
-    }
-    let mut names = outputs.to_vec();
-    names.extend(extras.iter().filter(|x| !outputs.contains(x)).cloned());
-    Some(names)
 }
 
 /// The outputs `wanted`, in its order, out of `produced` (`produced[k]` is output `names[k]`).
