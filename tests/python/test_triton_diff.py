@@ -626,28 +626,40 @@ def stream_with_flags(server, model, values):
         client.close()
 
 
+def final_flag_merged(answers):
+    """A stream's answers with a trailing flag-only final response folded into the response
+    before it. Triton 2.51 puts the final flag on the response that leaves nothing in flight, so
+    whether it rides on the last data response or comes alone depends on when the decoupled
+    step's own final flag arrives (both happen on the same input); clients that do not ask for
+    empty final responses see the same either way."""
+    if len(answers) >= 2 and answers[-1] == ({}, True) and isinstance(answers[-2], tuple) \
+            and not answers[-2][1]:
+        return answers[:-2] + [(answers[-2][0], True)]
+    return answers
+
+
 def test_decoupled_ensemble_streams_like_triton(decoupled_ensembles):
     """Every response of the decoupled step runs the next step once and goes out as it
-    completes; a flag-only final response ends the stream (also the only one when the decoupled
-    step sends nothing)."""
+    completes, the last with the final flag (a flag-only final response when the decoupled step
+    sends nothing)."""
     pair = decoupled_ensembles
     for values in ([1, 2, 3], [5], []):
-        answers = [stream_with_flags(s, "ens_dec", values) for s in pair]
+        answers = [final_flag_merged(stream_with_flags(s, "ens_dec", values)) for s in pair]
         check_same(f"ensemble_decoupled_stream_{len(values)}", *answers)
     assert answers[1] == [({}, True)]
-    assert stream_with_flags(pair[1], "ens_dec", [1, 2, 3]) == [
-        ([2], False), ([4], False), ([6], False), ({}, True)]
+    assert final_flag_merged(stream_with_flags(pair[1], "ens_dec", [1, 2, 3])) == [
+        ([2], False), ([4], False), ([6], True)]
 
 
 def test_decoupled_ensemble_step_error_like_triton(decoupled_ensembles):
-    """dec_repeat answers an error for -1: what was complete before goes out, then the error, and
-    no final flag (the model's own text in both messages; the prefixes are each server's)."""
-    answers = [stream_with_flags(s, "ens_dec", [1, -1, 3]) for s in decoupled_ensembles]
-    shapes = [[a if isinstance(a, tuple) else "error" for a in answer] for answer in answers]
-    check_same("ensemble_decoupled_error_stream", *shapes)
-    assert shapes[1] == [([2], False), "error"], answers[1]
-    for answer in answers:
-        assert "dec_repeat refuses -1" in answer[-1]["error"], answer
+    """dec_repeat answers an error for -1: the stream ends with the error and no final flag; a
+    response completed before it may go out first ([2]: on Triton it depends on timing, on
+    Nereid it always does), none after it. The model's own text is in both messages; the
+    prefixes are each server's."""
+    for server in decoupled_ensembles:
+        *before, error = stream_with_flags(server, "ens_dec", [1, -1, 3])
+        assert "dec_repeat refuses -1" in error["error"], (server.name, error)
+        assert before in ([], [([2], False)]), (server.name, before)
 
 
 def test_decoupled_ensemble_config_and_generate_stream_like_triton(decoupled_ensembles):
@@ -692,62 +704,6 @@ def test_decoupled_ensemble_refusals_like_triton(decoupled_ensembles):
     assert grpc[0]["status"] == grpc[1]["status"] == "StatusCode.UNIMPLEMENTED", grpc
     for answer in (answers[0]["body"]["error"], grpc[0]["message"]):
         assert "support models with decoupled transaction policy" in answer, answer
-
-
-_seq_spec = importlib.util.spec_from_file_location("gen_sequence_models",
-                                                   ROOT / "scripts/gen_sequence_models.py")
-gen_sequence_models = importlib.util.module_from_spec(_seq_spec)
-_seq_spec.loader.exec_module(gen_sequence_models)
-
-
-@pytest.fixture(scope="module")
-def sequence_pair(tmp_path_factory):
-    """Triton and Nereid on Python-backend sequence models (scripts/gen_sequence_models.py)."""
-    assert Path(TRITON_BIN).exists(), f"{TRITON_BIN} missing: run `make triton-ref`"
-    work = tmp_path_factory.mktemp("triton_diff_sequence")
-    repo = gen_sequence_models.write_python_repository(work / "repo")
-    nereid, triton = start_pair(repo, work, [])
-    yield nereid, triton
-    for s in (nereid, triton):
-        s.stop()
-
-
-def test_direct_slot_padding_as_the_model_sees_it(sequence_pair):
-    """Direct strategy, one instance of 4 slots, one client at a time: sequences a, b, c take
-    slots 0, 1, 2 (a warm-up sample that sets the controls by name loaded the model). When only
-    c (slot 2) or only b (slot 1) has a request, the model's execute gets that many rows, the
-    slots below as requests whose READY (and START) is 0; every answer matches Triton's."""
-    def run(server):
-        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
-            def one(sid, **flags):
-                i = httpclient.InferInput("INPUT", [1, 1], "INT32")
-                i.set_data_from_numpy(np.array([[1]], dtype=np.int32))
-                r = c.infer("seq_slots_py", [i], sequence_id=sid, **flags)
-                return [int(r.as_numpy(o)[0, 0]) for o in ("ROWS", "READY_ROWS", "MY_READY", "MY_START")]
-            steps = [(11, {"sequence_start": True}), (12, {"sequence_start": True}),
-                     (13, {"sequence_start": True}), (13, {}), (12, {}),
-                     (11, {"sequence_end": True}), (13, {}), (12, {"sequence_end": True}),
-                     (13, {"sequence_end": True})]
-            return [one(sid, **flags) for sid, flags in steps]
-
-    nereid, triton = (run(s) for s in sequence_pair)
-    assert triton[3] == [3, 1, 1, 0], f"Triton padded slots 0 and 1: {triton}"
-    assert nereid == triton
-
-
-def test_initial_state_from_a_data_file(sequence_pair):
-    """A state whose initial_state names a data file under the model's initial_state/ folder
-    (INT32 100): a sequence's first request sees it, on Nereid as on Triton."""
-    def run(server):
-        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
-            i = httpclient.InferInput("INPUT", [1], "INT32")
-            i.set_data_from_numpy(np.array([5], dtype=np.int32))
-            r = c.infer("seq_init_py", [i], sequence_id=21, sequence_start=True, sequence_end=True)
-            return r.as_numpy("OUTPUT").tolist()
-
-    nereid, triton = (run(s) for s in sequence_pair)
-    assert triton == [gen_sequence_models.INITIAL_STATE + 5], f"Triton answered {triton}"
-    assert nereid == triton
 
 
 _seq_spec = importlib.util.spec_from_file_location("gen_sequence_models",

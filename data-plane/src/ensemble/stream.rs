@@ -6,18 +6,21 @@
 //!   `step` (a response stream: a decoupled model's responses, any other model's one answer),
 //!   after a place among the step's in-flight requests (`max_inflight_requests`)
 //! every response of every running step (all polled together) ─► its outputs ─► Flow::record
-//!   ─► each complete ensemble response goes out at once (not last)
-//! nothing left running ─► a flag-only last item (as Triton 2.51: its decoupled ensembles end
-//!   with an empty final response, even right after the last data response)
+//!   ─► each complete ensemble response goes out at once ─► the one that leaves nothing
+//!   running (no step started, every step's own last flag seen) carries the final flag
+//! nothing running and nothing to send ─► a flag-only final response
 //! a step fails ─► no step starts any more; those running finish, their complete responses
-//!   still go out ─► then the (first) error, and the stream ends without a final flag, as in
-//!   Triton 2.51
+//!   still go out ─► then the (first) error ends the stream, without a final flag
 //! ```
+//!
+//! This is Triton 2.51's rule. Whether the last data response or a flag-only one carries the
+//! final flag depends on when the decoupled step's own final flag comes: Nereid's decoupled
+//! models send it with their last response, so here it is the last data response.
 //!
 //! Nothing is spawned: the stream is the request. A client that goes away drops it, and with
 //! it every step still running.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -46,8 +49,17 @@ pub struct EnsembleStreamed {
     pub last: bool,
 }
 
-/// What one running step invocation yields: (step, iteration, one of its responses).
-type StepEvent = (usize, usize, ServiceResult<InferResponse>);
+/// What one running step invocation yields.
+struct StepEvent {
+    /// The invocation (unique within the request).
+    invocation: usize,
+    step: usize,
+    iteration: usize,
+    /// One of its responses; `None` for a flag-only one (or the end of its stream).
+    response: Option<ServiceResult<InferResponse>>,
+    /// The step said it sends nothing more (its final flag, or its stream ended).
+    last: bool,
+}
 
 /// Runs `request` through the decoupled `plan`, each step through `step`.
 pub fn execute_stream(
@@ -74,6 +86,8 @@ pub fn execute_stream(
         flow,
         step,
         running: SelectAll::new(),
+        live: HashSet::new(),
+        invocations: 0,
         out: VecDeque::new(),
         failed: None,
         done: false,
@@ -93,6 +107,10 @@ struct Run {
     flow: Flow,
     step: StepStream,
     running: SelectAll<BoxStream<'static, StepEvent>>,
+    /// Invocations started whose last flag has not come yet.
+    live: HashSet<usize>,
+    /// Invocations started so far (the next one's number).
+    invocations: usize,
     out: VecDeque<ServiceResult<EnsembleStreamed>>,
     /// The first step failure: the request's answer once the running steps are done.
     failed: Option<ServiceError>,
@@ -108,43 +126,80 @@ impl Run {
             if self.done {
                 return None;
             }
-            if self.failed.is_none() {
-                for invocation in self.flow.start_ready(&self.plan) {
-                    let call = self.invoke(invocation);
-                    self.running.push(call);
-                }
+            self.launch();
+            if self.live.is_empty() {
+                self.finish();
+                continue;
             }
-            match self.running.next().await {
-                None => {
-                    self.done = true;
-                    self.out.push_back(match self.failed.take() {
-                        Some(e) => Err(e),
-                        None => Ok(EnsembleStreamed {
-                            outputs: None,
-                            last: true,
-                        }),
-                    });
-                }
-                Some((step, iteration, Ok(response))) => {
-                    match step_outputs(&self.plan, step, response) {
-                        Ok(outputs) => {
-                            let complete = self.flow.record(&self.plan, step, iteration, outputs);
-                            for response in complete {
-                                self.out.push_back(Ok(EnsembleStreamed {
-                                    outputs: Some(response),
-                                    last: false,
-                                }));
-                            }
-                        }
-                        Err(e) => self.fail(e),
+            let Some(event) = self.running.next().await else {
+                // Every stream ended (each also sends a last event first): nothing is running.
+                self.live.clear();
+                continue;
+            };
+            let mut complete = Vec::new();
+            match event.response {
+                Some(Ok(response)) => match step_outputs(&self.plan, event.step, response) {
+                    Ok(outputs) => {
+                        complete =
+                            self.flow
+                                .record(&self.plan, event.step, event.iteration, outputs);
                     }
-                }
-                Some((step, _, Err(e))) => {
-                    let e = step_error(&self.plan, step, e);
+                    Err(e) => self.fail(e),
+                },
+                Some(Err(e)) => {
+                    let e = step_error(&self.plan, event.step, e);
                     self.fail(e);
+                }
+                None => {}
+            }
+            if event.last {
+                self.live.remove(&event.invocation);
+            }
+            self.launch();
+            let count = complete.len();
+            for (n, outputs) in complete.into_iter().enumerate() {
+                // The response that leaves nothing running carries the final flag.
+                let last = n + 1 == count && self.live.is_empty() && self.failed.is_none();
+                self.out.push_back(Ok(EnsembleStreamed {
+                    outputs: Some(outputs),
+                    last,
+                }));
+                if last {
+                    self.end();
                 }
             }
         }
+    }
+
+    /// Starts every ready invocation, unless a step failed.
+    fn launch(&mut self) {
+        if self.failed.is_some() || self.done {
+            return;
+        }
+        for invocation in self.flow.start_ready(&self.plan) {
+            let number = self.invocations;
+            self.invocations += 1;
+            self.live.insert(number);
+            let call = self.invoke(number, invocation);
+            self.running.push(call);
+        }
+    }
+
+    /// Nothing is running: the stream ends with the first failure, or a flag-only final item.
+    fn finish(&mut self) {
+        self.out.push_back(match self.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(EnsembleStreamed {
+                outputs: None,
+                last: true,
+            }),
+        });
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.done = true;
+        self.running = SelectAll::new();
     }
 
     /// Remembers the first failure: no step starts any more, and the stream ends with it once
@@ -153,9 +208,9 @@ impl Run {
         self.failed.get_or_insert(error);
     }
 
-    /// The responses of one step invocation, after a place among the step's in-flight
-    /// requests (held until its stream ends).
-    fn invoke(&self, invocation: Invocation) -> BoxStream<'static, StepEvent> {
+    /// The responses of one step invocation (number `number`), after a place among the step's
+    /// in-flight requests (held until its stream ends), then a last event.
+    fn invoke(&self, number: usize, invocation: Invocation) -> BoxStream<'static, StepEvent> {
         let Invocation {
             step: index,
             iteration,
@@ -181,31 +236,34 @@ impl Run {
         };
         let call = (self.step)(request);
         let limits = self.plan.limits.clone();
-        async move {
+        let event = move |response, last| StepEvent {
+            invocation: number,
+            step: index,
+            iteration,
+            response,
+            last,
+        };
+        let responses = async move {
             let place = limits.acquire(index).await;
             (place, call.await)
         }
         .into_stream()
         .flat_map(move |(place, result)| match result {
             Ok(responses) => responses
-                .filter_map(|item| {
-                    std::future::ready(match item {
-                        Ok(StreamedResponse {
-                            response: Some(r), ..
-                        }) => Some(Ok(r)),
-                        Ok(StreamedResponse { response: None, .. }) => None,
-                        Err(e) => Some(Err(e)),
-                    })
-                })
-                .map(move |r| {
+                .map(move |item| {
                     // The place is given back when this step's stream is dropped.
                     let _place = &place;
-                    (index, iteration, r)
+                    match item {
+                        Ok(StreamedResponse { response, last }) => event(response.map(Ok), last),
+                        Err(e) => event(Some(Err(e)), false),
+                    }
                 })
                 .boxed(),
-            Err(e) => stream::once(std::future::ready((index, iteration, Err(e)))).boxed(),
-        })
-        .boxed()
+            Err(e) => stream::once(std::future::ready(event(Some(Err(e)), true))).boxed(),
+        });
+        responses
+            .chain(stream::once(std::future::ready(event(None, true))))
+            .boxed()
     }
 }
 
@@ -277,7 +335,15 @@ mod tests {
         })
     }
 
-    /// repeat and double as stream functions; `fail_on`: double fails for this value.
+    fn marked_last(mut item: ServiceResult<StreamedResponse>) -> ServiceResult<StreamedResponse> {
+        if let Ok(r) = &mut item {
+            r.last = true;
+        }
+        item
+    }
+
+    /// repeat and double as stream functions, each marking its last response as Nereid's
+    /// models do; `fail_on`: double fails for this value.
     fn models(fail_on: Option<i32>, log: Arc<Mutex<Vec<String>>>) -> StepStream {
         Arc::new(move |r: InferRequest| {
             log.lock().unwrap().push(r.model_name.clone());
@@ -285,17 +351,27 @@ mod tests {
             let model = r.model_name.clone();
             async move {
                 let items: Vec<ServiceResult<StreamedResponse>> = match model.as_str() {
-                    "repeat" => input
-                        .iter()
-                        .map(|v| response("repeat", ints("OUT", &[*v])))
-                        .collect(),
+                    "repeat" => {
+                        let mut items: Vec<_> = input
+                            .iter()
+                            .map(|v| response("repeat", ints("OUT", &[*v])))
+                            .collect();
+                        match items.pop() {
+                            Some(item) => items.push(marked_last(item)),
+                            None => items.push(Ok(StreamedResponse {
+                                response: None,
+                                last: true,
+                            })),
+                        }
+                        items
+                    }
                     _ if fail_on == Some(input[0]) => {
                         vec![Err(ServiceError::invalid("bad value"))]
                     }
-                    _ => vec![response(
+                    _ => vec![marked_last(response(
                         "double",
                         ints("y", &input.iter().map(|v| v * 2).collect::<Vec<_>>()),
-                    )],
+                    ))],
                 };
                 Ok(stream::iter(items).boxed())
             }
@@ -330,17 +406,49 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn every_decoupled_response_runs_the_next_step_and_a_flag_ends_the_stream() {
-        let items = collect(&[1, 2, 3], None).await;
-        assert_eq!(
-            answers(&items),
-            vec![
-                (Some(vec![2]), false),
-                (Some(vec![4]), false),
-                (Some(vec![6]), false),
-                (None, true)
-            ]
-        );
+    async fn every_decoupled_response_runs_the_next_step_and_the_last_is_final() {
+        let items = answers(&collect(&[1, 2, 3], None).await);
+        // The doubles run concurrently: any order, the last one out carries the final flag.
+        let mut values: Vec<i32> = items.iter().map(|(o, _)| o.as_ref().unwrap()[0]).collect();
+        values.sort_unstable();
+        assert_eq!(values, [2, 4, 6]);
+        let flags: Vec<bool> = items.iter().map(|(_, last)| *last).collect();
+        assert_eq!(flags, [false, false, true]);
+    }
+
+    #[tokio::test]
+    async fn a_final_flag_after_the_last_response_goes_out_alone() {
+        // repeat sends 1, then its final flag alone, released only once double answered: when
+        // [2] is complete repeat is still running, so the stream ends with a flag-only item.
+        let answered = Arc::new(tokio::sync::Notify::new());
+        let step: StepStream = Arc::new(move |r: InferRequest| {
+            let answered = answered.clone();
+            async move {
+                if r.model_name == "repeat" {
+                    let flag = async move {
+                        answered.notified().await;
+                        Ok(StreamedResponse {
+                            response: None,
+                            last: true,
+                        })
+                    };
+                    let first = response("repeat", ints("OUT", &[1]));
+                    Ok(stream::once(std::future::ready(first))
+                        .chain(flag.into_stream())
+                        .boxed())
+                } else {
+                    let doubled = marked_last(response("double", ints("y", &[2])));
+                    Ok(stream::once(async move {
+                        answered.notify_one();
+                        doubled
+                    })
+                    .boxed())
+                }
+            }
+            .boxed()
+        });
+        let items: Vec<_> = execute_stream(plan(), request(&[1]), step).collect().await;
+        assert_eq!(answers(&items), vec![(Some(vec![2]), false), (None, true)]);
     }
 
     #[tokio::test]
