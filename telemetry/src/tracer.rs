@@ -524,4 +524,139 @@ pub(crate) mod tests {
         );
         assert!(sink.0.lock().len() <= 1);
     }
+
+    fn triton_tracer() -> (Tracer, Arc<TritonSink>) {
+        let settings = Arc::new(TraceSettingsStore::new(Settings {
+            level: vec![TraceLevel::Timestamps],
+            rate: 1,
+            ..Settings::default()
+        }));
+        let sink = Arc::new(TritonSink::new(settings.clone(), None));
+        (Tracer::triton(settings, sink.clone()), sink)
+    }
+
+    fn names(trace: &TritonTrace) -> Vec<&'static str> {
+        trace.stamps.iter().map(|(n, _)| *n).collect()
+    }
+
+    #[test]
+    fn tritons_mode_names_the_phases_as_tritons_timestamps() {
+        let (tracer, _sink) = triton_tracer();
+        let t0 = Instant::now();
+        let us = |n| t0 + Duration::from_micros(n);
+        let http = RequestContext {
+            received: Some(t0),
+            frontend: Some(Frontend::Http),
+            ..Default::default()
+        };
+        let mut trace = tracer
+            .start("InferRequest", SpanKind::Server, "m", &http)
+            .unwrap();
+        trace.attribute("model.version", AttrValue::Text("3".into()));
+        trace.attribute("request.id", AttrValue::Text("r".into()));
+        for (name, a, b) in [
+            ("receive", 0, 10),
+            ("queue", 10, 20),
+            ("compute_input", 20, 30),
+            ("compute_infer", 30, 40),
+            ("compute_output", 40, 50),
+        ] {
+            trace.phase(name, us(a), us(b));
+        }
+        trace.done(us(60));
+        trace.phase("send", us(60), us(70));
+        let phases = trace.children.clone();
+        let out = trace.triton_trace(&phases, us(70));
+        assert_eq!(
+            names(&out),
+            [
+                "HTTP_RECV_START",
+                "HTTP_RECV_END",
+                "REQUEST_START",
+                "QUEUE_START",
+                "COMPUTE_START",
+                "COMPUTE_INPUT_END",
+                "COMPUTE_OUTPUT_START",
+                "COMPUTE_END",
+                "REQUEST_END",
+                "INFER_RESPONSE_COMPLETE",
+                "HTTP_SEND_START",
+                "HTTP_SEND_END"
+            ]
+        );
+        let ns = |name| out.stamps.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert_eq!(ns("COMPUTE_END") - ns("COMPUTE_START"), 30_000);
+        assert_eq!(ns("HTTP_SEND_END") - ns("HTTP_SEND_START"), 10_000);
+        assert_eq!((out.version, out.request_id.as_str()), (Some(3), "r"));
+        let parent = trace.context();
+
+        // A call under the open request: a child with the model's stamps alone.
+        let call = RequestContext {
+            trace: Some(parent),
+            ..Default::default()
+        };
+        let mut child = tracer
+            .start("InferRequest", SpanKind::Server, "m", &call)
+            .unwrap();
+        assert_eq!(child.triton.unwrap().parent, trace.triton.map(|t| t.id));
+        let out = child.triton_trace(&[], Instant::now());
+        assert_eq!(names(&out), ["REQUEST_START", "QUEUE_START", "REQUEST_END"]);
+
+        // A gRPC stream request with two responses.
+        let grpc = RequestContext {
+            received: Some(t0),
+            frontend: Some(Frontend::Grpc),
+            ..Default::default()
+        };
+        let mut streamed = tracer
+            .start("InferRequest", SpanKind::Server, "m", &grpc)
+            .unwrap();
+        streamed.response(us(80));
+        streamed.response(us(90));
+        let out = streamed.triton_trace(&[], us(90));
+        assert_eq!(
+            names(&out),
+            [
+                "REQUEST_START",
+                "QUEUE_START",
+                "REQUEST_END",
+                "GRPC_WAITREAD_START",
+                "GRPC_WAITREAD_END",
+                "INFER_RESPONSE_COMPLETE",
+                "GRPC_SEND_START",
+                "GRPC_SEND_END",
+                "INFER_RESPONSE_COMPLETE",
+                "GRPC_SEND_START",
+                "GRPC_SEND_END"
+            ]
+        );
+    }
+
+    #[test]
+    fn tritons_mode_ignores_foreign_parents_and_untraced_internal_calls() {
+        let (tracer, _sink) = triton_tracer();
+        let client = RequestContext {
+            trace: TraceContext::parse(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                None,
+            ),
+            frontend: Some(Frontend::Grpc),
+            ..Default::default()
+        };
+        let trace = tracer
+            .start("InferRequest", SpanKind::Server, "m", &client)
+            .unwrap();
+        assert_eq!(
+            trace.triton.unwrap().parent,
+            None,
+            "a client's context is no parent"
+        );
+        let internal = RequestContext::default();
+        assert!(
+            tracer
+                .start("InferRequest", SpanKind::Server, "m", &internal)
+                .is_none(),
+            "a BLS call without trace=request.trace() is not traced"
+        );
+    }
 }
