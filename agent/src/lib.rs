@@ -17,16 +17,16 @@
 //!                                                              a task ─► result ─► plan again
 //! ```
 //!
-//! Models are served from a private repository directory of symlinks to their `file://`
-//! sources, or to the local mirror of their `s3://` / `gs://` / `as://` sources ([`source`]);
-//! the data plane runs in explicit mode and refuses client loads and
-//! unloads ([`ManagerConfig::cluster_managed`](nereid_data_plane::ManagerConfig::cluster_managed)). Memory per replica is what the
-//! data plane measured when it built the version (its `LoadReport`): the C heap its
-//! load kept ([`nereid_data_plane::probe::heap`], in-process backends, loads measured one at a time) or its
-//! Python stubs' anonymous memory; the same model measures the same on every worker. GPU
-//! memory per replica is the growth of device memory used (NVML) on the GPUs the control
-//! plane assigned the model here, per GPU ([`gpu_growth_per_gpu`]); 0 without NVML or without
-//! assigned GPUs. Device memory is shared with every other process on the GPU, so a
+//! Models are served from a private repository directory of symlinks to their `file://` sources, or
+//! to the local mirror of their `s3://` / `gs://` / `as://` sources (`source.rs`); the data plane
+//! runs in explicit mode and refuses client loads and unloads
+//! ([`ManagerConfig::cluster_managed`](nereid_data_plane::ManagerConfig::cluster_managed)). Memory
+//! per replica is what the data plane measured when it built the version (its `LoadReport`): the C
+//! heap its load kept ([`nereid_data_plane::probe::heap`], in-process backends, loads measured one
+//! at a time) or its Python stubs' anonymous memory; the same model measures the same on every
+//! worker. GPU memory per replica is the growth of device memory used (NVML) on the GPUs the
+//! control plane assigned the model here, per GPU ([`gpu_growth_per_gpu`]); 0 without NVML or
+//! without assigned GPUs. Device memory is shared with every other process on the GPU, so a
 //! concurrent allocation skews the figure; placement takes the largest figure reported for a
 //! version.
 

@@ -31,7 +31,7 @@ pub struct Gpus {
 
 impl Gpus {
     /// Initialises NVML. Never fails: without it the node has no GPUs, and the reason is
-    /// logged once (info) and kept ([`Gpus::unavailable`]).
+    /// logged once (info) and kept (`Gpus::unavailable`, which tests read).
     pub fn probe() -> Gpus {
         match Nvml::init() {
             Ok(nvml) => {

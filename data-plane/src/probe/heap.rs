@@ -8,7 +8,7 @@
 //!
 //! Unlike the resident set, the figure does not depend on what the allocator held before the
 //! load, on which pages happen to be touched, or on freed memory kept in the arenas: the same
-//! model measures the same on every worker. Loads measured here run one at a time ([`LOADS`]),
+//! model measures the same on every worker. Loads measured here run one at a time (`LOADS`),
 //! so two loads never mix their deltas. What it does not see: allocations that are not
 //! glibc's (the server binary's own Rust allocations go to mimalloc), thread stacks, and files
 //! a runtime maps instead of reading (ONNX external data mapped by ONNX Runtime). Memory that
