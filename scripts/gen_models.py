@@ -616,15 +616,9 @@ def write_ensemble_models(repo):
 # ---------------------------------------------------------------------------------------------
 # Ensembles with a decoupled step (tests/python/test_ensemble_decoupled.py, test_triton_diff.py)
 
-DEC_REPEAT_MODEL = '''import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for r in requests:
+_PY = "import time\n\nimport numpy as np\nimport triton_python_backend_utils as pb_utils\n\n\n"
+_PY_EXECUTE = _PY + "class TritonPythonModel:\n    def execute(self, requests):\n"
+DEC_REPEAT_MODEL = _PY_EXECUTE + """        for r in requests:
             sender = r.get_response_sender()
             for v in pb_utils.get_input_tensor_by_name(r, "IN").as_numpy():
                 if v == -1:
@@ -637,28 +631,14 @@ class TritonPythonModel:
                     pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
-
-DEC_DOUBLE_MODEL = '''import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", 2 * pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
-'''
-
-DEC_ADD_MODEL = '''import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
-            + pb_utils.get_input_tensor_by_name(r, "B").as_numpy()[:1])]) for r in requests]
-'''
+"""
+_IN = 'pb_utils.get_input_tensor_by_name(r, "{}").as_numpy()'
+DEC_DOUBLE_MODEL = _PY_EXECUTE + f"""        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", 2 * {_IN.format("IN")})]) for r in requests]
+"""
+DEC_ADD_MODEL = _PY_EXECUTE + f"""        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", {_IN.format("A")} + {_IN.format("B")}[:1])]) for r in requests]
+"""
 
 # Ensembles of write_decoupled_ensemble_models that must fail to load, and their reason.
 BROKEN_DECOUPLED_ENSEMBLES = {
@@ -673,45 +653,35 @@ def write_decoupled_ensemble_models(repo):
     """Python-backend models (no batching, INT32) and ensembles over them:
       dec_repeat      decoupled: IN [-1] -> one OUT [1] per element, then the final flag alone;
                       -1 answers an error response, an element >= 1000 waits 0.5 s first
-      dec_double      OUT = 2 IN ([1])
-      dec_add         OUT = A + B[0] (A [1], B [-1])
+      dec_double      OUT = 2 IN ([1]);  dec_add: OUT = A + B[0] (A [1], B [-1])
       ens_dec         IN -> dec_repeat -> R -> dec_double -> OUT: decoupled itself
       ens_dec_claims  IN [1] -> dec_double -> OUT, its file says decoupled: the load decides not
-      ens_dec_mixed   dec_add reads dec_repeat's R beside the ensemble input IN: refused
-    Returns the names written."""
-    def tensors(kind, specs):
-        items = ", ".join(f'{{ name: "{n}" data_type: TYPE_INT32 dims: [ {d} ] }}'
-                          for n, d in specs)
-        return f"{kind} [ {items} ]\n"
+      ens_dec_mixed   dec_add reads dec_repeat's R beside the ensemble input IN: refused"""
+    def model(name, config, source=None):
+        (repo / name / "1").mkdir(parents=True, exist_ok=True)
+        (repo / name / "config.pbtxt").write_text(config)
+        if source:
+            (repo / name / "1" / "model.py").write_text(source)
 
-    def python(name, source, inputs, outputs, extra=""):
-        d = repo / name
-        (d / "1").mkdir(parents=True, exist_ok=True)
-        (d / "1" / "model.py").write_text(source)
-        (d / "config.pbtxt").write_text(
-            f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
-            + tensors("input", inputs) + tensors("output", outputs) + extra)
+    def python(name, source, inputs, extra=""):
+        specs = ", ".join(f'{{ name: "{n}" data_type: TYPE_INT32 dims: [ {d} ] }}'
+                          for n, d in inputs)
+        model(name, f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\ninput [ {specs} ]\n'
+              'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n' + extra, source)
 
-    def ensemble(name, inputs, steps, extra=""):
-        d = repo / name
-        (d / "1").mkdir(parents=True, exist_ok=True)
-        (d / "config.pbtxt").write_text(ensemble_config(
-            name, 0, [(n, "INT32", [dim]) for n, dim in inputs], [("OUT", "INT32", [1])],
-            steps, extra=extra))
+    def ensemble(name, dims, steps, extra=""):
+        model(name, ensemble_config(name, 0, [("IN", "INT32", [dims])], [("OUT", "INT32", [1])],
+                                    steps, extra=extra))
 
-    python("dec_repeat", DEC_REPEAT_MODEL, [("IN", "-1")], [("OUT", "1")],
+    python("dec_repeat", DEC_REPEAT_MODEL, [("IN", "-1")],
            "model_transaction_policy { decoupled: true }\n")
-    python("dec_double", DEC_DOUBLE_MODEL, [("IN", "1")], [("OUT", "1")])
-    python("dec_add", DEC_ADD_MODEL, [("A", "1"), ("B", "-1")], [("OUT", "1")])
-    ensemble("ens_dec", [("IN", -1)], [
-        ("dec_repeat", {"IN": "IN"}, {"OUT": "R"}),
-        ("dec_double", {"IN": "R"}, {"OUT": "OUT"})])
-    ensemble("ens_dec_claims", [("IN", 1)], [("dec_double", {"IN": "IN"}, {"OUT": "OUT"})],
+    python("dec_double", DEC_DOUBLE_MODEL, [("IN", "1")])
+    python("dec_add", DEC_ADD_MODEL, [("A", "1"), ("B", "-1")])
+    repeat = ("dec_repeat", {"IN": "IN"}, {"OUT": "R"})
+    ensemble("ens_dec", -1, [repeat, ("dec_double", {"IN": "R"}, {"OUT": "OUT"})])
+    ensemble("ens_dec_claims", 1, [("dec_double", {"IN": "IN"}, {"OUT": "OUT"})],
              extra="model_transaction_policy { decoupled: true }\n")
-    ensemble("ens_dec_mixed", [("IN", -1)], [
-        ("dec_repeat", {"IN": "IN"}, {"OUT": "R"}),
-        ("dec_add", {"A": "R", "B": "IN"}, {"OUT": "OUT"})])
-    return ["dec_repeat", "dec_double", "dec_add", "ens_dec", "ens_dec_claims", "ens_dec_mixed"]
+    ensemble("ens_dec_mixed", -1, [repeat, ("dec_add", {"A": "R", "B": "IN"}, {"OUT": "OUT"})])
 
 
 # ---------------------------------------------------------------------------------------------
