@@ -380,6 +380,16 @@ async fn direct_waits_for_slot_utilization_and_batches_the_sequences() {
 }
 
 #[tokio::test]
+async fn direct_runs_a_lone_sequence_once_the_queue_delay_is_spent() {
+    // Utilization is never reached with one sequence: the timer runs it after 20 ms.
+    let strategy = "direct { max_queue_delay_microseconds: 20000 minimum_slot_utilization: 1.0 }";
+    let (s, log) = scheduler(2, strategy, 1, Gate::opened());
+    assert_eq!(values(s.submit(request(1, 10, true, false)).await).0, 10);
+    assert_eq!(values(s.submit(request(1, 5, false, true)).await).0, 15);
+    assert_eq!(log.lock().clone(), vec![vec![(1, 1)], vec![(1, 1)]]);
+}
+
+#[tokio::test]
 async fn oldest_preserve_ordering_answers_in_acceptance_order_across_sequences() {
     let strategy = "oldest { max_candidate_sequences: 4 preserve_ordering: true }";
     let gate = Gate::new();
