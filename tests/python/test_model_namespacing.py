@@ -151,3 +151,38 @@ def test_explicit_load_of_a_name_loads_it_in_every_namespace(repos):
         assert code == 200 and not any(r["name"] == "simple_ensemble" for r in rows), rows
     finally:
         servers.close()
+
+
+def test_poll_follows_a_composing_model_between_namespaces(tmp_path):
+    """Triton's test_dynamic_resolution: with `composing_model` gone from addsub_repo, both
+    ensembles run subadd_repo's (the one model of that name); back, each runs its own again."""
+    import shutil
+    from nereid_util import wait_until
+    addsub, subadd = tmp_path / "addsub_repo", tmp_path / "subadd_repo"
+    for repo, sign, tag in [(addsub, 1, "addsub"), (subadd, -1, "subadd")]:
+        python_model(repo, "composing_model", sign)
+        ensemble(repo, f"simple_{tag}", "composing_model")
+    args = ["--model-namespacing", "--model-repository", str(subadd),
+            "--model-control-mode", "poll", "--repository-poll-secs", "1"]
+    servers = managed_server(addsub, tmp_path, args, "namespacing_poll")
+    server = next(servers)
+
+    def runs(model, first):
+        try:
+            return np.array_equal(infer(server.http_url, model)[0], first)
+        except InferenceServerException:
+            return False
+
+    try:
+        expect(server.http_url, "simple_addsub", ADD, SUB)
+        shutil.move(addsub / "composing_model", tmp_path / "composing_model")
+        wait_until(lambda: runs("simple_addsub", SUB), 30, "simple_addsub on subadd_repo's model")
+        expect(server.http_url, "composing_model", SUB, ADD)
+        expect(server.http_url, "simple_subadd", SUB, ADD)
+        shutil.move(tmp_path / "composing_model", addsub / "composing_model")
+        wait_until(lambda: runs("simple_addsub", ADD), 30, "simple_addsub on its own model")
+        expect(server.http_url, "simple_subadd", SUB, ADD)
+        with pytest.raises(InferenceServerException, match="ambiguity"):
+            infer(server.http_url, "composing_model")
+    finally:
+        servers.close()

@@ -731,6 +731,22 @@ impl ModelManager {
         if touched.is_empty() {
             return Ok(());
         }
+        // Served ensembles whose steps run on a touched model: with namespacing a step may
+        // now mean a model of another namespace.
+        let served: Vec<String> = self
+            .models
+            .read()
+            .iter()
+            .filter(|(name, entry)| {
+                scan.models.contains_key(*name)
+                    && !touched.contains(*name)
+                    && ensemble_plans(entry)
+                        .any(|p| p.steps.iter().any(|s| touched.contains(&s.model)))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        touched.extend(served.iter().cloned());
+        to_load.extend(served);
         // Ensembles on disk that read a touched model, directly or through other ensembles.
         let composing: BTreeMap<&String, Vec<String>> = scan
             .models
