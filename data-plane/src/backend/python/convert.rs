@@ -198,7 +198,6 @@ pub fn bls_request(request: RequestObject, inputs: Vec<Tensor>) -> Result<InferR
             })
             .collect(),
         context,
-        ..Default::default()
     })
 }
 
