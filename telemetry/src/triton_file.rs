@@ -168,10 +168,12 @@ fn writer_thread(path: &str, rx: Receiver<Command>) {
                 let writes = batches.add(text, frequency);
                 apply(writes, &mut main);
             }
+            // Closed files stay closed: a trace finishing later is not written.
             Ok(Command::Close(done)) => {
                 let writes = batches.close();
                 apply(writes, &mut main);
                 let _ = done.send(());
+                return;
             }
             Err(_) => {
                 let writes = batches.close();
@@ -294,8 +296,14 @@ mod tests {
         file.add(g(1), 0);
         file.add(g(2), 0);
         file.close().await;
+        file.add(g(3), 0);
+        file.close().await;
         let text = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(text, format!("[{},{}]", g(1), g(2)));
+        assert_eq!(
+            text,
+            format!("[{},{}]", g(1), g(2)),
+            "written once, at the first close"
+        );
 
         let rotated = dir.join("rotated.json");
         let file = TraceFile::start(rotated.to_str().unwrap()).unwrap();
