@@ -12,9 +12,12 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// The usual first wait: short enough that a leader change costs little.
     pub const FIRST: Duration = Duration::from_millis(50);
+    /// The usual longest wait: a node that stays down is retried every two seconds.
     pub const MAX: Duration = Duration::from_secs(2);
 
+    /// Waits that start at `first` and double up to `max` (`max` below `first` counts as `first`).
     pub fn new(first: Duration, max: Duration) -> Backoff {
         Backoff {
             first,

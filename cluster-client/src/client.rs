@@ -46,6 +46,7 @@ pub struct ClientConfig {
 
 /// A generated gRPC client (or the bare channel) built on a node's channel.
 pub trait FromChannel {
+    /// Wraps `channel` (already dialed to one node, plaintext or TLS) in the client type.
     fn from_channel(channel: Channel) -> Self;
 }
 

@@ -9,10 +9,18 @@ use crate::failover::leader_hint;
 /// A client configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {
+    /// The address list is empty.
     #[error("no control-plane address")]
     NoAddress,
+    /// One address cannot be made into a gRPC endpoint.
     #[error("control-plane address '{address}': {reason}")]
-    InvalidAddress { address: String, reason: String },
+    InvalidAddress {
+        /// The address as configured.
+        address: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The token cannot be sent as the `authorization` header's value.
     #[error("the auth token has characters not allowed in a header")]
     InvalidToken,
 }
@@ -22,7 +30,12 @@ pub enum ClientError {
 pub enum Failure {
     /// No connection could be opened (refused, timed out, name not resolved).
     #[error("cannot connect to {address}: {error}")]
-    Unreachable { address: String, error: String },
+    Unreachable {
+        /// The node's address.
+        address: String,
+        /// The connection error, as text.
+        error: String,
+    },
     /// The node answered with an error status.
     #[error("{0}")]
     Refused(Status),

@@ -47,6 +47,7 @@ pub struct Pass {
 }
 
 impl Pass {
+    /// A pass over `len` nodes, none tried yet.
     pub fn new(len: usize) -> Pass {
         Pass {
             tried: vec![false; len],

@@ -28,6 +28,8 @@
 //! | agent register, report | `attempt` + `fail_over` + `Backoff` | transient codes | at shutdown |
 //! | agent heartbeat | `attempt` + `fail_over` | transient codes | next tick |
 
+#![warn(missing_docs)]
+
 mod address;
 mod backoff;
 mod client;
