@@ -23,8 +23,11 @@ use crate::{
 /// The three files of a cluster identity, each with the flag that named it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterTlsFiles {
+    /// This process's certificate chain, presented both as a server and as a client.
     pub cert: PemFile,
+    /// The private key of `cert`.
     pub key: PemFile,
+    /// The cluster's CA: the only signer trusted for peers, in both directions.
     pub ca: PemFile,
 }
 
@@ -50,11 +53,13 @@ impl ClusterTlsFiles {
 /// A cluster process's mutual-TLS set-up, every file read and checked.
 #[derive(Clone)]
 pub struct ClusterTls {
+    /// The files it was built from (reloaded when they change).
     pub files: ClusterTlsFiles,
     /// For gRPC ports (ALPN h2).
     pub grpc: Arc<ServerConfig>,
     /// For HTTP ports (ALPN h2, http/1.1).
     pub http: Arc<ServerConfig>,
+    /// How this process dials other cluster members (TLS with `files.client()`).
     pub dial: ClusterDial,
 }
 

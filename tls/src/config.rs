@@ -16,7 +16,9 @@ use crate::{PemFile, TlsError};
 /// certificates must be signed by.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerTlsFiles {
+    /// The certificate chain the server presents.
     pub cert: PemFile,
+    /// The private key of `cert`.
     pub key: PemFile,
     /// `Some`: every client must present a certificate signed by this CA.
     pub client_ca: Option<PemFile>,
@@ -26,7 +28,9 @@ pub struct ServerTlsFiles {
 /// certificate and key when the servers require one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientTlsFiles {
+    /// The CA the servers' certificates must be signed by (the only root trusted).
     pub ca: PemFile,
+    /// The client's certificate chain and key, presented when a server asks for one.
     pub identity: Option<(PemFile, PemFile)>,
 }
 

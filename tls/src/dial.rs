@@ -44,6 +44,7 @@ impl std::fmt::Debug for TlsDialer {
 }
 
 impl TlsDialer {
+    /// A dialer that wraps each connection in TLS with `config`.
     pub fn new(config: Arc<rustls::ClientConfig>) -> Self {
         Self {
             connector: TlsConnector::from(config),
@@ -117,6 +118,7 @@ impl ClusterDial {
         })
     }
 
+    /// Whether connections are wrapped in TLS (false: plaintext).
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
     }

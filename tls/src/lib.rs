@@ -16,6 +16,7 @@
 //! before any port is bound with a message that says what to fix.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod cluster;
 mod config;
@@ -37,18 +38,27 @@ pub use tokio_rustls;
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{flag} '{path}': cannot read the file: {source}")]
+    /// A file could not be read.
     Read {
+        /// The flag that named the file.
         flag: &'static str,
+        /// The path as given.
         path: String,
+        /// The read error.
         source: std::io::Error,
     },
     #[error("{flag} '{path}': {what}")]
+    /// A file was read but its contents are unusable (no PEM block, wrong kind, bad key).
     Invalid {
+        /// The flag that named the file.
         flag: &'static str,
+        /// The path as given.
         path: String,
+        /// What is wrong with the contents.
         what: String,
     },
     #[error("{0}")]
+    /// rustls refused the configuration itself (the message says which part).
     Config(String),
 }
 

@@ -12,11 +12,14 @@ use crate::TlsError;
 /// A PEM file and the flag that named it (for error messages).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PemFile {
+    /// The command-line flag that named the file (e.g. `--cluster-tls-cert`).
     pub flag: &'static str,
+    /// The file's path.
     pub path: PathBuf,
 }
 
 impl PemFile {
+    /// Names the file at `path`, given by `flag`.
     pub fn new(flag: &'static str, path: impl Into<PathBuf>) -> Self {
         Self {
             flag,
