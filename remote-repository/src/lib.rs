@@ -19,6 +19,8 @@
 //! Callers: the data plane's repository module (`--model-repository s3://...`, poll and
 //! explicit loads) and the worker's agent (`ctl models deploy --source s3://...`).
 
+#![warn(missing_docs)]
+
 mod mirror;
 mod plan;
 mod store;
@@ -32,27 +34,72 @@ pub use url::{Provider, RepositoryUrl, is_remote};
 /// Why a remote repository could not be read or mirrored.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
+    /// The URL names no supported object store or has no bucket.
     #[error("repository URL '{url}' is not valid: {reason}")]
-    InvalidUrl { url: String, reason: String },
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The object store client could not be built (bad endpoint, account or settings).
     #[error("cannot open the object store of '{url}': {message}")]
-    Config { url: String, message: String },
+    Config {
+        /// The repository URL.
+        url: String,
+        /// The store client's error.
+        message: String,
+    },
     #[error(
         "access to bucket '{bucket}' was refused; check the credentials (AWS_ACCESS_KEY_ID / \
          AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_ACCOUNT / \
          AZURE_STORAGE_KEY): {message}"
     )]
-    Credentials { bucket: String, message: String },
+    /// The store refused the credentials (or their absence).
+    Credentials {
+        /// The bucket or container.
+        bucket: String,
+        /// The store's answer.
+        message: String,
+    },
+    /// The store has no such bucket or container.
     #[error("bucket '{bucket}' does not exist: {message}")]
-    BucketNotFound { bucket: String, message: String },
+    BucketNotFound {
+        /// The bucket or container.
+        bucket: String,
+        /// The store's answer.
+        message: String,
+    },
+    /// No connection to the store could be made.
     #[error("object store endpoint {endpoint} is unreachable: {message}")]
-    Unreachable { endpoint: String, message: String },
+    Unreachable {
+        /// The endpoint dialed (the provider's default when the URL names none).
+        endpoint: String,
+        /// The connection error.
+        message: String,
+    },
+    /// Any other error the store answered.
     #[error("bucket '{bucket}': {message}")]
-    Store { bucket: String, message: String },
+    Store {
+        /// The bucket or container.
+        bucket: String,
+        /// The store's answer.
+        message: String,
+    },
+    /// One object could not be fetched.
     #[error("cannot download '{object}': {message}")]
-    Download { object: String, message: String },
+    Download {
+        /// The object's key.
+        object: String,
+        /// The store's answer.
+        message: String,
+    },
+    /// The local mirror could not be written.
     #[error("model cache '{path}': {source}")]
     Io {
+        /// The file or folder in the cache.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },

@@ -88,6 +88,7 @@ impl Mirror {
         &self.local
     }
 
+    /// The repository URL this mirror copies from.
     pub fn url(&self) -> &RepositoryUrl {
         &self.url
     }

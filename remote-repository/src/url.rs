@@ -16,11 +16,14 @@ use crate::RemoteError;
 pub enum Provider {
     /// S3 or an S3-compatible server; `endpoint` is set by the `s3://host:port/...` form.
     S3 {
+        /// The `host:port` of an S3-compatible server; `None`: AWS's endpoint.
         endpoint: Option<String>,
     },
+    /// Google Cloud Storage.
     Gcs,
     /// Azure Blob Storage; `account` is set by the `as://account/...` form.
     Azure {
+        /// The storage account; `None`: the one in `AZURE_STORAGE_ACCOUNT`.
         account: Option<String>,
     },
 }
@@ -30,6 +33,7 @@ pub enum Provider {
 pub struct RepositoryUrl {
     /// The URL as the operator wrote it (for messages).
     pub original: String,
+    /// Which object store.
     pub provider: Provider,
     /// The bucket (S3, GCS) or container (Azure).
     pub bucket: String,
