@@ -23,6 +23,8 @@
 //! - [`Store`], [`EtcdConfig`]: where the state of record lives (Nereid's Raft, or etcd).
 //! - [`parse_bytes`]: byte sizes as the flags write them (`512Mi`, `16Gi`).
 
+#![warn(missing_docs)]
+
 mod api;
 mod autoscale;
 mod cluster;

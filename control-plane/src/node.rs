@@ -55,6 +55,8 @@ use crate::watch::WatchHub;
 /// Everything `nereid control-plane` is configured with.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
+    /// This node's id, unique in the cluster: its Raft member id, or its identity among the
+    /// processes sharing an etcd store.
     pub node_id: u64,
     /// gRPC: Raft transport, management and cluster services.
     pub listen: SocketAddr,
@@ -64,11 +66,13 @@ pub struct NodeConfig {
     pub http_listen: Option<SocketAddr>,
     /// Prometheus `/metrics`; `None` disables it.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where the Raft log, snapshots and the state machine are kept (Raft store only).
     pub data_dir: PathBuf,
     /// Initial members (id → gRPC address), this node included. Empty: a single node.
     pub peers: BTreeMap<u64, String>,
     /// Join the cluster a member at this address belongs to, instead of bootstrapping.
     pub join: Option<String>,
+    /// The bearer tokens callers must present (or [`AuthToken::disabled`]).
     pub auth: AuthToken,
     /// The token as a string, for calls this node makes to its peers.
     pub auth_value: Option<String>,
@@ -76,6 +80,7 @@ pub struct NodeConfig {
     pub heartbeat_interval: Duration,
     /// Silence after which the leader declares a worker down.
     pub heartbeat_timeout: Duration,
+    /// How often the leader runs a placement round (assignments, repairs, autoscaling).
     pub placement_interval: Duration,
     /// How long a model with min_replicas 0 keeps the replica requests started (scale from
     /// zero) after routers stop activating it.
@@ -85,14 +90,18 @@ pub struct NodeConfig {
     /// Model cache: when a replica finds no room, evict least-recently-used idle replicas
     /// placed at least this long ago; `None` turns eviction off.
     pub evict_min_residency: Option<Duration>,
+    /// Interval of the Raft leader's heartbeats to its followers.
     pub raft_heartbeat: Duration,
     /// A follower campaigns a random time in `election_timeout_min..election_timeout_max`
     /// after the dead leader's lease (`election_timeout_max`) ends; see `RaftConfig`.
     pub election_timeout_min: Duration,
+    /// Upper end of the election timeout; also the leader's lease.
     pub election_timeout_max: Duration,
+    /// Raft log entries since the last snapshot after which a new snapshot is taken.
     pub snapshot_threshold: u64,
     /// Model repositories whose models are registered at start (when not registered yet).
     pub model_repositories: Vec<PathBuf>,
+    /// Replicas per model version for the models registered from `model_repositories`.
     pub default_replicas: u32,
     /// Mutual TLS on the gRPC and REST ports and to peers; `None`: plaintext.
     pub cluster_tls: Option<ClusterTls>,
@@ -104,7 +113,9 @@ pub struct NodeConfig {
 /// existing etcd shared by any number of stateless control-plane processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Store {
+    /// This node's own Raft group.
     Raft,
+    /// An etcd cluster holding the state of record for every control-plane process.
     Etcd(EtcdConfig),
 }
 
@@ -118,18 +129,26 @@ enum Backend {
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("cannot listen for {what} on {addr}: {source}")]
+    /// A listener could not be bound.
     Bind {
+        /// Which listener: `gRPC`, `REST` or `metrics`.
         what: &'static str,
+        /// The address it was asked for.
         addr: SocketAddr,
+        /// The bind error.
         source: std::io::Error,
     },
     #[error("raft: {0}")]
+    /// The Raft group could not be started or joined.
     Raft(String),
     #[error("etcd store: {0}")]
+    /// The etcd store could not be reached or set up.
     Etcd(String),
     #[error("{0}")]
+    /// A setting that cannot work (the message says which).
     Config(String),
     #[error("gRPC server failed: {0}")]
+    /// A server stopped with an error.
     Serve(String),
 }
 
@@ -169,10 +188,12 @@ impl Listeners {
         self.grpc.local_addr().ok()
     }
 
+    /// Where the REST mirror listens, when enabled.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// Where Prometheus metrics are served, when enabled.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }

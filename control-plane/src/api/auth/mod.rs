@@ -167,6 +167,7 @@ impl AuthToken {
         }))))
     }
 
+    /// Whether callers must present a token (false for [`AuthToken::disabled`]).
     pub fn is_enabled(&self) -> bool {
         self.0.is_some()
     }
