@@ -45,6 +45,8 @@
 //! removed ([`Reason::Evicted`]) and the replica added ([`Addition::evicted`]) in the same plan.
 //! Which replicas may go and how the node is chosen are in `evict.rs`.
 
+#![warn(missing_docs)]
+
 mod evict;
 mod explain;
 mod plan;
@@ -75,6 +77,7 @@ pub use units::{format_bytes, parse_bytes};
 /// A worker node as placement sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
+    /// The worker's node id, unique in the cluster.
     pub id: String,
     /// Memory available to model replicas; the sum of replica memory never exceeds it.
     pub memory_capacity_bytes: u64,
@@ -92,15 +95,21 @@ pub struct NodeView {
 /// One GPU of a node: its device index on the worker and its total memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuView {
+    /// The device index on the worker (`CUDA_VISIBLE_DEVICES` numbering).
     pub index: u32,
+    /// Total memory of the device.
     pub memory_bytes: u64,
 }
 
 /// One version of a model and how many replicas it wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelView {
+    /// The model's registered name.
     pub name: String,
+    /// The version number.
     pub version: i64,
+    /// Replicas the version should have this round (the control plane's view of its floor,
+    /// autoscaler and demand).
     pub replicas_wanted: u32,
     /// Used for replicas until a worker has measured one.
     pub memory_estimate_bytes: u64,
@@ -131,9 +140,13 @@ impl ModelView {
 /// A replica that exists in the current placement (any state short of unloaded).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CurrentReplica {
+    /// The replica's id, unique for the life of the cluster.
     pub id: u64,
+    /// Its model's name.
     pub model: String,
+    /// Its model version.
     pub version: i64,
+    /// The node it is on.
     pub node: String,
     /// Loaded and serving; only ready replicas let a drained replica go.
     pub ready: bool,
@@ -151,9 +164,13 @@ pub struct CurrentReplica {
 /// with the moves in flight, and what eviction needs to know (the model cache).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Load {
+    /// Per node id: utilization in `0.0..=1.0` from its latest heartbeat.
     pub node_utilization: BTreeMap<String, f64>,
+    /// Models routers asked to activate recently (scale from zero).
     pub demanded: BTreeSet<String>,
+    /// The rebalancing budget and the moves in flight.
     pub rebalance: Rebalance,
+    /// What eviction needs to know.
     pub cache: Cache,
 }
 
@@ -191,7 +208,9 @@ pub struct Cache {
 /// moves the leader started that may still be in flight.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rebalance {
+    /// Moves in flight at most; 0 turns rebalancing off.
     pub max_moves: u32,
+    /// The moves started and not known to be finished.
     pub in_flight: Vec<Move>,
 }
 
@@ -200,10 +219,15 @@ pub struct Rebalance {
 /// `replica` only until enough replicas are ready elsewhere; without one the move is void.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Move {
+    /// The moved replica's model.
     pub model: String,
+    /// Its model version.
     pub version: i64,
+    /// The id of the replica being replaced.
     pub replica: u64,
+    /// The node it leaves.
     pub from: String,
+    /// The node its replacement goes to.
     pub to: String,
 }
 
@@ -238,32 +262,55 @@ pub enum Reason {
     /// Remove: a second replica of the same model version on one node. Add: its replacement.
     SpreadConflict,
     /// Unplaced: no eligible node without this model version has enough free memory.
-    NoCapacity { needed: u64, best_free: u64 },
+    NoCapacity {
+        /// Memory one replica needs.
+        needed: u64,
+        /// The most free memory any eligible node has.
+        best_free: u64,
+    },
     /// Add: a replica moves from the more loaded node `from` to `to` (`why` gives the numbers).
     /// Remove: the moved replica on `from`, now that enough replicas are ready elsewhere.
     Rebalance {
+        /// The more loaded node the replica leaves.
         from: String,
+        /// The less loaded node it goes to.
         to: String,
+        /// What justifies it: the utilization figures, or for the removal, that the replacement
+        /// is in place.
         why: String,
     },
     /// Unplaced: every up, undrained node already holds a replica of this model version.
-    NotEnoughNodes { eligible_nodes: usize },
+    NotEnoughNodes {
+        /// The up, undrained nodes (each holding one replica already).
+        eligible_nodes: usize,
+    },
     /// Remove: the replica was idle and the least recently used on its node, and a replica of
     /// `for_model` `version` needed its room. `idle_ms`: how long ago its model was last used
     /// (`None`: not since this leader started).
     Evicted {
+        /// The model whose replica needed the room.
         for_model: String,
+        /// That model's version.
         version: i64,
+        /// How long ago the evicted replica's model was last used.
         idle_ms: Option<u64>,
     },
     /// Unplaced: `cause` (no memory or GPU room) and nothing can be evicted to make room;
     /// `held` says what keeps the replicas that could have made room.
-    CacheFull { cause: Box<Reason>, held: String },
+    CacheFull {
+        /// Why the replica did not fit ([`Reason::NoCapacity`] or [`Reason::NoGpuCapacity`]).
+        cause: Box<Reason>,
+        /// What pins the replicas that could have been evicted (busy, floor, residency).
+        held: String,
+    },
     /// Unplaced: nodes with enough host memory exist, but none has `gpus` GPUs with
     /// `needed_per_gpu` bytes free each; `skipped` says why, node by node (bounded).
     NoGpuCapacity {
+        /// GPUs one replica needs.
         gpus: u32,
+        /// Free memory each of them needs.
         needed_per_gpu: u64,
+        /// Per node, why it could not take the replica.
         skipped: Vec<String>,
     },
 }
@@ -271,9 +318,13 @@ pub enum Reason {
 /// A replica to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Addition {
+    /// The model to load.
     pub model: String,
+    /// Its version.
     pub version: i64,
+    /// The node it goes to.
     pub node: String,
+    /// The rule that added it.
     pub reason: Reason,
     /// The GPU indices of `node` the replica is assigned, ascending; empty for a CPU model.
     pub gpus: Vec<u32>,
@@ -291,24 +342,33 @@ pub struct Addition {
 /// A replica removed to make room for an [`Addition`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evicted {
+    /// The evicted replica's id.
     pub replica: u64,
+    /// Its model.
     pub model: String,
+    /// Its model version.
     pub version: i64,
 }
 
 /// A replica to unload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Removal {
+    /// The replica's id.
     pub replica: u64,
+    /// The rule that removed it.
     pub reason: Reason,
 }
 
 /// Replicas of a model version that no node can take this round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unplaced {
+    /// The model that lacks replicas.
     pub model: String,
+    /// Its version.
     pub version: i64,
+    /// Replicas wanted that could not be placed.
     pub missing: u32,
+    /// Why not.
     pub reason: Reason,
 }
 
