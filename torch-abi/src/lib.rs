@@ -20,6 +20,8 @@
 //! Every call returns a [`Status`] code; a failure also hands back a NUL-terminated message
 //! that the caller frees with `nereid_torch_free_string`. No call unwinds across the boundary.
 
+#![warn(missing_docs)]
+
 use std::ffi::{c_char, c_void};
 
 /// Bumped whenever a type, a symbol or a meaning here changes.
@@ -30,20 +32,30 @@ pub const LIBRARY_NAME: &str = "libnereid_torch_backend.so";
 
 /// Symbol names (NUL-terminated, as `dlsym` takes them).
 pub mod symbol {
+    /// [`AbiVersionFn`]: the library's [`ABI_VERSION`](crate::ABI_VERSION).
     pub const ABI_VERSION: &[u8] = b"nereid_torch_abi_version\0";
+    /// [`LoadFn`]: loads a TorchScript module onto a device.
     pub const LOAD: &[u8] = b"nereid_torch_load\0";
+    /// [`ExecuteFn`]: runs a module's forward on borrowed inputs.
     pub const EXECUTE: &[u8] = b"nereid_torch_execute\0";
+    /// [`FreeModuleFn`]: frees a module [`LOAD`] returned.
     pub const FREE_MODULE: &[u8] = b"nereid_torch_free_module\0";
+    /// [`FreeStringFn`]: frees an error message the library returned.
     pub const FREE_STRING: &[u8] = b"nereid_torch_free_string\0";
+    /// [`CudaDeviceCountFn`]: the CUDA devices libtorch can use.
     pub const CUDA_DEVICE_COUNT: &[u8] = b"nereid_torch_cuda_device_count\0";
+    /// [`SetNumThreadsFn`]: sets libtorch's intra-op thread count.
     pub const SET_NUM_THREADS: &[u8] = b"nereid_torch_set_num_threads\0";
+    /// [`GetNumThreadsFn`]: reads libtorch's intra-op thread count.
     pub const GET_NUM_THREADS: &[u8] = b"nereid_torch_get_num_threads\0";
+    /// [`SetNumInteropThreadsFn`]: sets libtorch's inter-op thread count, once.
     pub const SET_NUM_INTEROP_THREADS: &[u8] = b"nereid_torch_set_num_interop_threads\0";
 }
 
 /// What a call's `i32` result means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
+    /// The call succeeded; no message.
     Ok = 0,
     /// The request's inputs are wrong (shape, size, text): the client's fault.
     InvalidInput = 1,
@@ -56,6 +68,7 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status of a returned code; an unknown code reads as [`Status::Load`].
     pub fn from_code(code: i32) -> Status {
         match code {
             0 => Status::Ok,
@@ -70,15 +83,25 @@ impl Status {
 /// Element types, by the codes that cross the boundary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ElementType {
+    /// Triton's `BOOL`: one byte per element, 0 or 1.
     Bool = 1,
+    /// Triton's `UINT8`.
     Uint8 = 2,
+    /// Triton's `INT8`.
     Int8 = 3,
+    /// Triton's `INT16`, little-endian.
     Int16 = 4,
+    /// Triton's `INT32`, little-endian.
     Int32 = 5,
+    /// Triton's `INT64`, little-endian.
     Int64 = 6,
+    /// Triton's `FP16`: IEEE half precision, little-endian.
     Fp16 = 7,
+    /// Triton's `FP32`, little-endian.
     Fp32 = 8,
+    /// Triton's `FP64`, little-endian.
     Fp64 = 9,
+    /// Triton's `BF16`: bfloat16, little-endian.
     Bf16 = 10,
     /// Triton's `BYTES`: 4-byte little-endian length, then the bytes, per element; travels to
     /// and from TorchScript as a `List[str]`.
@@ -86,6 +109,7 @@ pub enum ElementType {
 }
 
 impl ElementType {
+    /// Every element type, in code order.
     pub const ALL: [ElementType; 11] = [
         ElementType::Bool,
         ElementType::Uint8,
@@ -100,10 +124,12 @@ impl ElementType {
         ElementType::Bytes,
     ];
 
+    /// The code that crosses the boundary.
     pub fn code(self) -> u32 {
         self as u32
     }
 
+    /// The element type of `code`; `None` for a code this build does not know.
     pub fn from_code(code: u32) -> Option<ElementType> {
         ElementType::ALL.into_iter().find(|t| t.code() == code)
     }
@@ -130,11 +156,14 @@ impl ElementType {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct NtStr {
+    /// Start of the UTF-8 bytes.
     pub ptr: *const u8,
+    /// Length in bytes (no NUL terminator).
     pub len: usize,
 }
 
 impl NtStr {
+    /// Borrows `text`; the caller keeps `text` alive for the call.
     pub fn new(text: &str) -> NtStr {
         NtStr {
             ptr: text.as_ptr(),
@@ -161,12 +190,17 @@ pub struct NtLoadSpec {
 /// One input, borrowed for the call: read in place, never kept.
 #[repr(C)]
 pub struct NtInput {
+    /// The input's name, for messages (and the dict key with `dict_inputs`).
     pub name: NtStr,
     /// An [`ElementType`] code.
     pub dtype: u32,
+    /// The dims, `ndim` of them.
     pub shape: *const i64,
+    /// Number of dims.
     pub ndim: usize,
+    /// The elements, in row-major order (see [`ElementType`] for their layout).
     pub data: *const u8,
+    /// Length of `data` in bytes.
     pub len: usize,
 }
 
@@ -174,7 +208,9 @@ pub struct NtInput {
 /// messages.
 #[repr(C)]
 pub struct NtOutputRequest {
+    /// The output's name, for messages.
     pub name: NtStr,
+    /// Its position in the module's returned tuple or list (0 for a lone tensor).
     pub index: usize,
 }
 
@@ -209,10 +245,13 @@ pub type AllocFn = extern "C" fn(
 /// Where outputs go: `alloc(ctx, ...)` for each requested output, in request order.
 #[repr(C)]
 pub struct NtOutputSink {
+    /// The server's context, passed back to `alloc` untouched.
     pub ctx: *mut c_void,
+    /// Returns the buffer of one output (see [`AllocFn`]).
     pub alloc: AllocFn,
 }
 
+/// `() -> ABI_VERSION` of the library's build.
 pub type AbiVersionFn = unsafe extern "C" fn() -> u32;
 /// `(spec, module out, error out) -> status`.
 pub type LoadFn =
@@ -228,12 +267,15 @@ pub type ExecuteFn = unsafe extern "C" fn(
     *const NtOutputSink,
     *mut *mut c_char,
 ) -> i32;
+/// Frees a module that `load` returned; the server calls it once per module.
 pub type FreeModuleFn = unsafe extern "C" fn(*mut NtModule);
+/// Frees an error message the library handed back.
 pub type FreeStringFn = unsafe extern "C" fn(*mut c_char);
 /// `(error out) -> count`, `-1` with an error when libtorch cannot use CUDA.
 pub type CudaDeviceCountFn = unsafe extern "C" fn(*mut *mut c_char) -> i64;
 /// libtorch's intra-op thread count (process-wide).
 pub type SetNumThreadsFn = unsafe extern "C" fn(i32);
+/// libtorch's intra-op thread count.
 pub type GetNumThreadsFn = unsafe extern "C" fn() -> i32;
 /// libtorch's inter-op thread count: 0 set, 1 refused (its pool has already started).
 pub type SetNumInteropThreadsFn = unsafe extern "C" fn(i32) -> i32;
