@@ -15,8 +15,11 @@ use prost_reflect::DynamicMessage;
 /// A config file that could not be parsed, with the position of the problem when known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextError {
+    /// 1-based line of the problem, when the parser knows it.
     pub line: Option<usize>,
+    /// 1-based column of the problem, when the parser knows it.
     pub column: Option<usize>,
+    /// What is wrong, without the position.
     pub message: String,
 }
 

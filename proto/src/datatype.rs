@@ -7,24 +7,38 @@ use crate::pb::inference::DataType as ConfigDataType;
 /// A tensor element type as the KServe v2 protocol names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataType {
+    /// `BOOL`: one byte per element.
     Bool,
+    /// `UINT8`.
     Uint8,
+    /// `UINT16`, little-endian.
     Uint16,
+    /// `UINT32`, little-endian.
     Uint32,
+    /// `UINT64`, little-endian.
     Uint64,
+    /// `INT8`.
     Int8,
+    /// `INT16`, little-endian.
     Int16,
+    /// `INT32`, little-endian.
     Int32,
+    /// `INT64`, little-endian.
     Int64,
+    /// `FP16`: IEEE half precision, little-endian.
     Fp16,
+    /// `FP32`, little-endian.
     Fp32,
+    /// `FP64`, little-endian.
     Fp64,
     /// Variable-length byte strings; each element is a 4-byte little-endian length then bytes.
     Bytes,
+    /// `BF16`: bfloat16, little-endian.
     Bf16,
 }
 
 impl DataType {
+    /// Every element type, in the config enum's order.
     pub const ALL: [DataType; 14] = [
         DataType::Bool,
         DataType::Uint8,
@@ -47,6 +61,7 @@ impl DataType {
         Self::ALL.into_iter().find(|d| d.as_wire() == s)
     }
 
+    /// The wire name (`"FP32"`), as the KServe v2 protocol and Triton's messages spell it.
     pub fn as_wire(self) -> &'static str {
         match self {
             DataType::Bool => "BOOL",

@@ -47,22 +47,27 @@ pub enum ServiceError {
 }
 
 impl ServiceError {
+    /// A [`ServiceError::InvalidArgument`] with `msg`.
     pub fn invalid(msg: impl Into<String>) -> Self {
         ServiceError::InvalidArgument(msg.into())
     }
 
+    /// A [`ServiceError::NotFound`] with `msg`.
     pub fn not_found(msg: impl Into<String>) -> Self {
         ServiceError::NotFound(msg.into())
     }
 
+    /// A [`ServiceError::Unavailable`] with `msg`.
     pub fn unavailable(msg: impl Into<String>) -> Self {
         ServiceError::Unavailable(msg.into())
     }
 
+    /// A [`ServiceError::Unsupported`] with `msg`.
     pub fn unsupported(msg: impl Into<String>) -> Self {
         ServiceError::Unsupported(msg.into())
     }
 
+    /// A [`ServiceError::Internal`] with `msg`.
     pub fn internal(msg: impl Into<String>) -> Self {
         ServiceError::Internal(msg.into())
     }
@@ -113,4 +118,5 @@ impl ServiceError {
     }
 }
 
+/// What every [`InferenceService`](crate::InferenceService) call returns.
 pub type ServiceResult<T> = Result<T, ServiceError>;

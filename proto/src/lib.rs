@@ -25,6 +25,8 @@
 //! - `testing` (cargo feature `testing`): `testing::FakeService`, the fake service of other
 //!   crates' tests.
 
+#![warn(missing_docs)]
+
 pub mod codec;
 mod config_text;
 mod datatype;

@@ -17,32 +17,44 @@ use crate::types::{InferRequest, InferResponse};
 /// `GET /v2` / gRPC `ServerMetadata`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerMetadata {
+    /// The server's name (Triton answers `triton`).
     pub name: String,
+    /// The server's version string.
     pub version: String,
+    /// The protocol extensions the server supports (`model_repository`, `statistics`, ...).
     pub extensions: Vec<String>,
 }
 
 /// One input or output as model metadata describes it (batch dimension shown as -1).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorMetadata {
+    /// The tensor's name in the model.
     pub name: String,
+    /// Its wire datatype (`"FP32"`).
     pub datatype: String,
+    /// Its dims; `-1` for a variable dim, and first for the batch dimension when batching.
     pub shape: Vec<i64>,
 }
 
 /// `GET /v2/models/{m}` / gRPC `ModelMetadata`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelMetadata {
+    /// The model's name.
     pub name: String,
+    /// The versions it serves, as strings.
     pub versions: Vec<String>,
+    /// The platform (`onnxruntime_onnx`, `pytorch_libtorch`, ...) or backend name.
     pub platform: String,
+    /// Its inputs, in config order.
     pub inputs: Vec<TensorMetadata>,
+    /// Its outputs, in config order.
     pub outputs: Vec<TensorMetadata>,
 }
 
 /// One row of the repository index.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelIndexEntry {
+    /// The model's name (its folder in the repository).
     pub name: String,
     /// Empty for a model on disk that was never loaded.
     pub version: String,
@@ -138,14 +150,17 @@ pub trait InferenceService: Send + Sync + 'static {
     async fn server_live(&self) -> bool;
     /// Readiness: live and, with strict readiness, every model loaded successfully.
     async fn server_ready(&self) -> bool;
+    /// What `GET /v2` answers (no I/O, so synchronous).
     fn server_metadata(&self) -> ServerMetadata;
     /// Whether the model version is ready; `NotFound` for an unknown model or version.
     async fn model_ready(&self, name: &str, version: Option<i64>) -> ServiceResult<bool>;
+    /// The model version's metadata; `NotFound` for an unknown model or version.
     async fn model_metadata(
         &self,
         name: &str,
         version: Option<i64>,
     ) -> ServiceResult<ModelMetadata>;
+    /// The model version's configuration as it is served (auto-completed); `NotFound` as above.
     async fn model_config(&self, name: &str, version: Option<i64>) -> ServiceResult<ModelConfig>;
     /// Statistics of one model (version), or of every loaded model when `name` is empty.
     async fn model_statistics(
@@ -175,8 +190,11 @@ pub trait InferenceService: Send + Sync + 'static {
         let _ = name;
         None
     }
+    /// Every model the repository holds, or only the ready versions when `ready_only`.
     async fn repository_index(&self, ready_only: bool) -> ServiceResult<Vec<ModelIndexEntry>>;
+    /// Loads (or reloads) a model; `request` may carry a config override and file contents.
     async fn load_model(&self, name: &str, request: LoadRequest) -> ServiceResult<()>;
+    /// Unloads a model; `request` says whether the models an ensemble uses go too.
     async fn unload_model(&self, name: &str, request: UnloadRequest) -> ServiceResult<()>;
     /// The trace settings, global (`model: None`) or of one model, after applying `update`
     /// (when given). An unknown model is `NotFound`; an unknown key or bad value

@@ -18,8 +18,11 @@ pub type TraceSettingsUpdate = BTreeMap<String, Option<Vec<String>>>;
 /// One log setting's value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LogValue {
+    /// A switch (`log_info`, `log_warning`, `log_error`).
     Bool(bool),
+    /// A level or count (`log_verbose_level`).
     Uint(u32),
+    /// A string (`log_format`, `log_file`).
     Text(String),
 }
 

@@ -29,8 +29,11 @@ pub const SHM_BYTE_SIZE: &str = "shared_memory_byte_size";
 /// A span of a registered region, relative to the region's own start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShmRef {
+    /// The name the region was registered under.
     pub region: String,
+    /// Where the span starts, in bytes from the region's start.
     pub offset: u64,
+    /// The span's length in bytes.
     pub byte_size: u64,
 }
 
@@ -83,27 +86,36 @@ fn non_negative(owner: &str, key: &str, value: &ParamValue) -> ServiceResult<u64
 pub struct ShmInput {
     /// Its index among the request's inputs, so the resolved tensor goes back in its place.
     pub position: usize,
+    /// The input's name.
     pub name: String,
+    /// Its element type.
     pub datatype: DataType,
+    /// Its dims.
     pub shape: Vec<i64>,
+    /// Where its bytes are.
     pub at: ShmRef,
 }
 
 /// A requested output the client wants written into shared memory instead of the response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShmOutput {
+    /// The output's name.
     pub name: String,
+    /// Where its bytes go.
     pub at: ShmRef,
 }
 
 /// The shared-memory tensors of one request, as decoded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShmPlan {
+    /// Inputs read from shared memory, in request order.
     pub inputs: Vec<ShmInput>,
+    /// Outputs to write into shared memory.
     pub outputs: Vec<ShmOutput>,
 }
 
 impl ShmPlan {
+    /// True when the request uses no shared memory at all.
     pub fn is_empty(&self) -> bool {
         self.inputs.is_empty() && self.outputs.is_empty()
     }

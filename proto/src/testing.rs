@@ -76,7 +76,12 @@ pub enum Answer {
 #[derive(Clone, Debug)]
 pub enum Step {
     /// The model's answer; `index` adds the response parameter `index`; `last` marks it final.
-    Respond { index: Option<i64>, last: bool },
+    Respond {
+        /// The response parameter `index`, when set.
+        index: Option<i64>,
+        /// The item is the stream's final one.
+        last: bool,
+    },
     /// An empty final item: no response, `last` set.
     EmptyFinal,
     /// An error item.
@@ -139,6 +144,7 @@ impl FakeModel {
         FakeModel::echo().answer(Answer::Fail(error))
     }
 
+    /// The model answers every request with `answer` instead of the echo.
     pub fn answer(mut self, answer: Answer) -> FakeModel {
         self.answer = answer;
         self
@@ -170,6 +176,7 @@ impl FakeModel {
         self
     }
 
+    /// Sets the config's `max_batch_size`.
     pub fn max_batch_size(mut self, max_batch_size: i32) -> FakeModel {
         self.config.max_batch_size = max_batch_size;
         self
@@ -186,6 +193,7 @@ impl FakeModel {
         self
     }
 
+    /// The platform metadata and config report.
     pub fn platform(mut self, platform: &str) -> FakeModel {
         self.platform = platform.into();
         self
@@ -286,17 +294,32 @@ impl FakeModel {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FakeEvent {
     /// An `infer` or `infer_stream` call arrived.
-    Received { model: String, id: String },
+    Received {
+        /// The model asked for.
+        model: String,
+        /// The request's id.
+        id: String,
+    },
     /// A stream produced an item (a response, an empty final item or an error).
-    Produced { id: String },
+    Produced {
+        /// The request's id.
+        id: String,
+    },
     /// An `infer` future or a response stream was dropped before it finished.
-    Cancelled { model: String, id: String },
+    Cancelled {
+        /// The model asked for.
+        model: String,
+        /// The request's id.
+        id: String,
+    },
 }
 
 /// A request as the service received it.
 #[derive(Clone, Debug)]
 pub struct Received {
+    /// The request as it arrived.
     pub request: InferRequest,
+    /// When it arrived.
     pub at: Instant,
 }
 
@@ -378,16 +401,19 @@ impl FakeService {
         }
     }
 
+    /// The version `server_metadata` reports.
     pub fn version(mut self, version: &str) -> FakeService {
         self.metadata.version = version.into();
         self
     }
 
+    /// The extensions `server_metadata` reports.
     pub fn extensions(mut self, extensions: &[&str]) -> FakeService {
         self.metadata.extensions = extensions.iter().map(|e| e.to_string()).collect();
         self
     }
 
+    /// Serves `model` under `name`.
     pub fn model(mut self, name: &str, model: FakeModel) -> FakeService {
         self.models.insert(name.into(), Some(model));
         self
@@ -418,10 +444,12 @@ impl FakeService {
         self
     }
 
+    /// What `server_live` answers from now on.
     pub fn set_live(&self, live: bool) {
         self.live.store(live, Ordering::SeqCst);
     }
 
+    /// What `server_ready` answers from now on.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }

@@ -65,10 +65,12 @@ impl TraceContext {
         TraceContext::parse(traceparent, Some(&tracestate))
     }
 
+    /// The W3C `traceparent` header value, as validated.
     pub fn traceparent(&self) -> &str {
         &self.traceparent
     }
 
+    /// The W3C `tracestate` header value (several joined with `,`), when given.
     pub fn tracestate(&self) -> Option<&str> {
         self.tracestate.as_deref()
     }

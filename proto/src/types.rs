@@ -19,10 +19,15 @@ use crate::trace_context::TraceContext;
 /// A request or response parameter value (KServe v2 `InferParameter`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum ParamValue {
+    /// `bool_param`.
     Bool(bool),
+    /// `int64_param`.
     Int(i64),
+    /// `uint64_param`.
     Uint(u64),
+    /// `double_param`.
     Double(f64),
+    /// `string_param`.
     String(String),
 }
 
@@ -48,7 +53,9 @@ pub const RESERVED_PARAMETER_KEYS: [&str; 7] = [
 /// A correlation id for the sequence batcher: an integer or a string (0 / "" mean none).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum CorrelationId {
+    /// An integer id.
     Uint(u64),
+    /// A string id.
     String(String),
 }
 
@@ -59,8 +66,11 @@ pub struct RequestOptions {
     pub priority: u64,
     /// Queue timeout in microseconds; 0 means the model's default.
     pub timeout_us: u64,
+    /// The sequence the request belongs to (`sequence_id`); `None` for none.
     pub sequence_id: Option<CorrelationId>,
+    /// The request starts its sequence (`sequence_start`).
     pub sequence_start: bool,
+    /// The request ends its sequence (`sequence_end`).
     pub sequence_end: bool,
 }
 
@@ -196,18 +206,22 @@ impl Tensor {
         })
     }
 
+    /// The tensor's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Its element type.
     pub fn datatype(&self) -> DataType {
         self.datatype
     }
 
+    /// Its dims.
     pub fn shape(&self) -> &[i64] {
         &self.shape
     }
 
+    /// Its bytes, in row-major order (`BYTES` elements length-prefixed).
     pub fn data(&self) -> &Bytes {
         &self.data
     }
@@ -217,6 +231,7 @@ impl Tensor {
         element_count(&self.shape).unwrap_or(0)
     }
 
+    /// Moves out the name, element type, dims and bytes.
     pub fn into_parts(self) -> (String, DataType, Vec<i64>, Bytes) {
         (self.name, self.datatype, self.shape, self.data)
     }
@@ -280,7 +295,9 @@ pub fn format_shape(shape: &[i64]) -> String {
 /// An output the client asked for, with its per-output parameters (e.g. `classification`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RequestedOutput {
+    /// The output's name.
     pub name: String,
+    /// Its parameters (e.g. `classification`, `binary_data`).
     pub parameters: Parameters,
 }
 
@@ -304,7 +321,9 @@ pub struct RequestContext {
 /// A client-facing frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Frontend {
+    /// HTTP/REST (KServe v2 JSON and binary tensors).
     Http,
+    /// gRPC (`GRPCInferenceService`).
     Grpc,
 }
 
@@ -383,27 +402,36 @@ impl RequestContext {
 /// One inference request, as every frontend produces it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InferRequest {
+    /// The model to run.
     pub model_name: String,
     /// `None` asks for the version the model's policy serves as latest.
     pub model_version: Option<i64>,
     /// Client-chosen id, echoed in the response; may be empty.
     pub id: String,
+    /// The reserved parameters: priority, queue timeout, sequence controls.
     pub options: RequestOptions,
     /// Custom parameters, passed to the model.
     pub parameters: Parameters,
+    /// The input tensors, in the order the client sent them.
     pub inputs: Vec<Tensor>,
     /// Outputs to return, in order; empty means every output of the model.
     pub outputs: Vec<RequestedOutput>,
+    /// Trace context, deadline and the receiving frontend.
     pub context: RequestContext,
 }
 
 /// The answer to an [`InferRequest`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InferResponse {
+    /// The model that answered.
     pub model_name: String,
+    /// The version that ran, as a string (Triton answers `"1"`).
     pub model_version: String,
+    /// The request's `id`, echoed.
     pub id: String,
+    /// Response parameters, as the model or the server set them.
     pub parameters: Parameters,
+    /// The output tensors.
     pub outputs: Vec<Tensor>,
 }
 
