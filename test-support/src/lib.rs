@@ -11,6 +11,7 @@
 //! tokio's paused clock (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`).
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 // Only tests call it, and a test fails by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

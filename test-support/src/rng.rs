@@ -18,6 +18,7 @@ impl Rng {
         Rng(state)
     }
 
+    /// The next value of the xorshift64 sequence; every other draw derives from it.
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
