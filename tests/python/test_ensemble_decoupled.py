@@ -102,6 +102,16 @@ def stream(server, values, stop_after=None):
         client.close()
 
 
+def final_flag_merged(answers):
+    """`answers` with a trailing flag-only final response folded into the response before it:
+    the final flag rides on the response that leaves nothing running, so whether it comes with
+    the last data response or alone depends on when dec_repeat's own final flag (sent alone,
+    after its last response) reaches the ensemble."""
+    if len(answers) >= 2 and answers[-1] == ({}, True) and not answers[-2][1]:
+        return answers[:-2] + [(answers[-2][0], True)]
+    return answers
+
+
 def stats(server, model):
     status, _, body = http_raw(server.http_url, "GET", f"/v2/models/{model}/stats")
     assert status == 200, body
@@ -112,12 +122,12 @@ def stats(server, model):
 
 
 def test_each_decoupled_response_runs_the_next_step_and_the_last_is_final(server):
-    answers = stream(server, [1, 2, 3])
+    answers = final_flag_merged(stream(server, [1, 2, 3]))
     # dec_double runs each as it comes (one instance: in order, but the ensemble sends each
     # as it completes); the response that leaves nothing running carries the final flag.
     assert sorted(a[0] for a in answers) == [[2], [4], [6]], answers
     assert [a[1] for a in answers] == [False, False, True], answers
-    assert stream(server, [5]) == [([10], True)]
+    assert final_flag_merged(stream(server, [5])) == [([10], True)]
     assert stream(server, []) == [({}, True)], "no response of dec_repeat: only the final flag"
 
 
@@ -181,7 +191,7 @@ def test_a_failing_step_ends_the_stream_with_its_error(server):
 
 def test_statistics_count_the_ensemble_once_and_each_step_per_run(server):
     before = {m: stats(server, m) for m in ("ens_dec", "dec_repeat", "dec_double")}
-    assert len(stream(server, [4, 5, 6, 7])) == 4
+    assert len(final_flag_merged(stream(server, [4, 5, 6, 7]))) == 4
     # dec_repeat counts its request when it has sent its final flag, which may come a moment
     # after the ensemble's stream ended.
     after = wait_until(
