@@ -13,6 +13,12 @@ Models:
 - sequence_acc       INT32 [1], sequence batching (direct, START/END control inputs, the running
                      sum kept per correlation id in the model): OUTPUT = running sum.
 - repeat_decoupled   decoupled: IN INT32 [-1] -> one response per element, then the final flag.
+- repeat_final_with_last: as repeat_decoupled, but the last response carries the final flag
+                     (the flag alone for an empty IN).
+- bls_decoupled_seen BLS: IN INT32 [-1] sent to repeat_decoupled (SEPARATE) and to
+                     repeat_final_with_last (WITH_LAST) as decoupled calls; each output lists
+                     what the caller's iterator gave: OUT's value, or -1 for a response
+                     without outputs.
 - classify_fp32 / classify_int32: identity FP32 [5] (batching up to 8) and INT32 [4] (no
                      batching) whose outputs name a label file (labels.txt), for the
                      classification extension.
@@ -61,6 +67,45 @@ def identity_source(input_name="INPUT0"):
 
 
 IDENTITY = identity_source()
+
+FINAL_WITH_LAST = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def execute(self, requests):
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            for r in requests:
+                sender = r.get_response_sender()
+                values = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                if len(values) == 0:
+                    sender.send(flags=final)
+                for n, v in enumerate(values):
+                    sender.send(pb_utils.InferenceResponse([
+                        pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))]),
+                        flags=final if n + 1 == len(values) else 0)
+            return None
+""")
+
+BLS_DECOUPLED_SEEN = HEADER + textwrap.dedent("""
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for r in requests:
+                values = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                outputs = []
+                for name, model in (("SEPARATE", "repeat_decoupled"),
+                                    ("WITH_LAST", "repeat_final_with_last")):
+                    call = pb_utils.InferenceRequest(
+                        model_name=model, requested_output_names=["OUT"],
+                        inputs=[pb_utils.Tensor("IN", values)])
+                    seen = []
+                    for response in call.exec(decoupled=True):
+                        if response.has_error():
+                            raise pb_utils.TritonModelException(response.error().message())
+                        out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                        seen.append(-1 if out is None else int(out.as_numpy()[0]))
+                    outputs.append(pb_utils.Tensor(name, np.array(seen, dtype=np.int32)))
+                responses.append(pb_utils.InferenceResponse(outputs))
+            return responses
+""")
 
 SEQUENCE = HEADER + textwrap.dedent("""
     class TritonPythonModel:
@@ -159,6 +204,20 @@ MODELS = {
         io("output", "OUT", "TYPE_INT32", "1"),
         "model_transaction_policy { decoupled: true }",
     ]), DECOUPLED),
+    "repeat_final_with_last": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 0",
+        io("input", "IN", "TYPE_INT32", "-1"),
+        io("output", "OUT", "TYPE_INT32", "1"),
+        "model_transaction_policy { decoupled: true }",
+    ]), FINAL_WITH_LAST),
+    "bls_decoupled_seen": ("\n".join([
+        'backend: "python"',
+        "max_batch_size: 0",
+        io("input", "IN", "TYPE_INT32", "-1"),
+        'output [ { name: "SEPARATE" data_type: TYPE_INT32 dims: [ -1 ] },'
+        ' { name: "WITH_LAST" data_type: TYPE_INT32 dims: [ -1 ] } ]',
+    ]), BLS_DECOUPLED_SEEN),
     "classify_fp32": ("\n".join([
         'backend: "python"',
         "max_batch_size: 8",

@@ -208,9 +208,14 @@ impl Phases {
 #[derive(Debug)]
 pub enum StreamEvent {
     /// A response: outputs (named as the request asked) with its parameters, or this
-    /// response's error.
+    /// response's error. More events follow.
     Response(Result<ModelResponse, BackendError>),
-    /// The request is complete; nothing follows.
+    /// The model's last response, sent together with the final flag (one response marked
+    /// final, as Triton's `TRITONSERVER_RESPONSE_COMPLETE_FINAL` on a response); nothing follows.
+    LastResponse(Result<ModelResponse, BackendError>),
+    /// The final flag alone (the model sent it without a response): the request is complete;
+    /// nothing follows. Triton answers it with an empty final response only where the client
+    /// asked for one.
     Final,
     /// The request failed outside the model's own responses (rejected by the queue, or its
     /// `execute` failed as a whole); sent by the data plane, never by backends. Ends the stream.

@@ -14,8 +14,9 @@
 //! ```
 //!
 //! This is Triton 2.51's rule. Whether the last data response or a flag-only one carries the
-//! final flag depends on when the decoupled step's own final flag comes: Nereid's decoupled
-//! models send it with their last response, so here it is the last data response.
+//! final flag depends on when the decoupled step's own final flag comes: with its last response
+//! (a model that sends them together), the last data response; alone after it (the usual Python
+//! `send(flags=COMPLETE_FINAL)`), a flag-only response once that data response has gone out.
 //!
 //! Nothing is spawned: the stream is the request. A client that goes away drops it, and with
 //! it every step still running.
@@ -342,8 +343,8 @@ mod tests {
         item
     }
 
-    /// repeat and double as stream functions, each marking its last response as Nereid's
-    /// models do; `fail_on`: double fails for this value.
+    /// repeat and double as stream functions, each sending its final flag with its last
+    /// response; `fail_on`: double fails for this value.
     fn models(fail_on: Option<i32>, log: Arc<Mutex<Vec<String>>>) -> StepStream {
         Arc::new(move |r: InferRequest| {
             log.lock().unwrap().push(r.model_name.clone());

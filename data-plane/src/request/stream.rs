@@ -3,11 +3,16 @@
 //!
 //! ```text
 //! infer_stream: check ─► ValidRequest.stream = sink ─► scheduler.submit (runs execute)
-//!   backend ──StreamEvent::Response──► sink ─► rx ─┐ hold one response back, so the one
-//!   (outputs + response parameters)                │
-//!   backend ──StreamEvent::Final─────► sink ─► rx ─┴► before Final goes out with last = true
+//!   backend ──StreamEvent::Response─────► sink ─► rx ─► a response, last = false
+//!   backend ──StreamEvent::LastResponse─► sink ─► rx ─► a response, last = true (sent by the
+//!                                                       model with the final flag)
+//!   backend ──StreamEvent::Final────────► sink ─► rx ─► an empty item, last = true (the flag
+//!                                                       alone)
 //!   queue rejection / execute failed as a whole ─► StreamEvent::Failed ends the stream
 //! ```
+//!
+//! As Triton, every response goes out as the model sent it: none is held back to carry a
+//! final flag the model sent separately.
 //!
 //! A decoupled ensemble streams through [`run_ensemble`]: its checked request goes to
 //! `ensemble::execute_stream`, whose items become this version's responses; the outcome is
@@ -35,7 +40,7 @@ use parking_lot::Mutex;
 
 use super::outcome::{Outcome, backend_error, record_phases};
 use super::{LoadedVersion, Runner, StreamContext};
-use crate::backend::{ModelResponse, StreamEvent, TRACE_PARAMETER};
+use crate::backend::{BackendError, ModelResponse, StreamEvent, TRACE_PARAMETER};
 use crate::classification::{self, Classify};
 use crate::ensemble::{self, EnsemblePlan, EnsembleRequest, EnsembleStreamed};
 use crate::request_check;
@@ -222,16 +227,16 @@ pub(super) fn run_ensemble(
     Ok(stream.boxed())
 }
 
-/// Turns the backend's events into stream items, holding one response back so the response
-/// right before `Final` carries `last: true`.
+/// Turns the backend's events into stream items, each as it comes: a response is `last` only
+/// when the model sent it with the final flag; the flag alone is an empty last item (which
+/// Triton's gRPC stream shows only to a client that asked for empty final responses).
 fn responses(
     loaded: Arc<LoadedVersion>,
     id: String,
     classify: Classify,
     events: mpsc::UnboundedReceiver<StreamEvent>,
 ) -> ResponseStream {
-    let state = (events, None::<ServiceResult<InferResponse>>, false);
-    let stream = futures::stream::unfold(state, move |(mut events, mut held, done)| {
+    let stream = futures::stream::unfold((events, false), move |(mut events, done)| {
         let loaded = loaded.clone();
         let id = id.clone();
         let classify = classify.clone();
@@ -239,56 +244,39 @@ fn responses(
             if done {
                 return None;
             }
-            loop {
-                match events.recv().await {
-                    Some(StreamEvent::Response(r)) => {
-                        let next = r
-                            .map_err(|e| backend_error(&loaded.name, &id, e))
-                            .and_then(|answer| {
-                                let batching = loaded.config.batching();
-                                let tensors = classification::apply(
-                                    answer.tensors,
-                                    &classify,
-                                    &loaded.labels,
-                                    batching,
-                                )?;
-                                Ok(ModelResponse {
-                                    tensors,
-                                    parameters: answer.parameters,
-                                })
-                            })
-                            .map(|answer| loaded.response(id.clone(), answer));
-                        if let Some(previous) = held.replace(next) {
-                            return Some((item(previous, false), (events, held, false)));
-                        }
-                    }
-                    Some(StreamEvent::Failed(e)) => {
-                        // Whatever was held goes first; the failure ends the stream.
-                        let first = match held.take() {
-                            Some(previous) => item(previous, false),
-                            None => return Some((Err(e), (events, None, true))),
-                        };
-                        held = Some(Err(e));
-                        return Some((first, (events, held, false)));
-                    }
-                    Some(StreamEvent::Final) => {
-                        let last = match held.take() {
-                            Some(previous) => item(previous, true),
-                            None => Ok(StreamedResponse {
-                                response: None,
-                                last: true,
-                            }),
-                        };
-                        return Some((last, (events, None, true)));
-                    }
-                    // Every sender is gone without a final flag (the model's process died).
-                    None => {
-                        return held
-                            .take()
-                            .map(|previous| (item(previous, true), (events, None, true)));
-                    }
-                }
-            }
+            let answer = |r: Result<ModelResponse, BackendError>| {
+                r.map_err(|e| backend_error(&loaded.name, &id, e))
+                    .and_then(|answer| {
+                        let batching = loaded.config.batching();
+                        let tensors = classification::apply(
+                            answer.tensors,
+                            &classify,
+                            &loaded.labels,
+                            batching,
+                        )?;
+                        Ok(ModelResponse {
+                            tensors,
+                            parameters: answer.parameters,
+                        })
+                    })
+                    .map(|answer| loaded.response(id.clone(), answer))
+            };
+            let (next, last) = match events.recv().await? {
+                StreamEvent::Response(r) => (item(answer(r), false), false),
+                StreamEvent::LastResponse(r) => (item(answer(r), true), true),
+                StreamEvent::Final => (
+                    Ok(StreamedResponse {
+                        response: None,
+                        last: true,
+                    }),
+                    true,
+                ),
+                // The failure ends the stream.
+                StreamEvent::Failed(e) => (Err(e), true),
+            };
+            // Every sender gone without a final flag (the model's process died) ends the
+            // stream at `recv` above.
+            Some((next, (events, last)))
         }
     });
     stream.boxed()

@@ -226,6 +226,10 @@ fn collect_responses(
             Ok((key, StreamEvent::Response(result))) => {
                 collected.entry(key).or_default().push(result)
             }
+            Ok((key, StreamEvent::LastResponse(result))) => {
+                collected.entry(key).or_default().push(result);
+                open -= 1;
+            }
             Ok((_, StreamEvent::Final | StreamEvent::Failed(_))) => open -= 1,
             Err(_) => break,
         }

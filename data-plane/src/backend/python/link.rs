@@ -262,7 +262,9 @@ impl Link {
         self.streams.lock().remove(&key)
     }
 
-    /// Delivers one decoupled response to its request's target. `is_final` closes the stream.
+    /// Delivers one decoupled stub message to its request's target: a response with the final
+    /// flag becomes one [`StreamEvent::LastResponse`], the flag alone [`StreamEvent::Final`], as
+    /// Triton keeps them apart. `is_final` closes the stream.
     pub fn deliver(
         &self,
         key: u64,
@@ -286,10 +288,16 @@ impl Link {
                     parameters: response.parameters,
                 })
             });
-            delivered = send_event(&stream.target, key, StreamEvent::Response(result));
+            let event = if is_final {
+                StreamEvent::LastResponse(result)
+            } else {
+                StreamEvent::Response(result)
+            };
+            delivered = send_event(&stream.target, key, event);
+        } else if is_final {
+            send_event(&stream.target, key, StreamEvent::Final);
         }
         if is_final {
-            send_event(&stream.target, key, StreamEvent::Final);
             streams.remove(&key);
         } else if !delivered && !stream.cancelled {
             // The client went away: tell the model (`is_cancelled()` becomes true).
@@ -301,13 +309,12 @@ impl Link {
         }
     }
 
-    /// Ends every open stream with `reason` (the stub died).
+    /// Ends every open stream with `reason` (the stub died): an error, then the end.
     pub fn fail_streams(&self, reason: &str) {
         let streams: Vec<(u64, OpenStream)> = self.streams.lock().drain().collect();
         for (key, stream) in streams {
             let error = BackendError::Execution(reason.to_string());
-            send_event(&stream.target, key, StreamEvent::Response(Err(error)));
-            send_event(&stream.target, key, StreamEvent::Final);
+            send_event(&stream.target, key, StreamEvent::LastResponse(Err(error)));
         }
     }
 
@@ -431,8 +438,26 @@ mod tests {
         };
         let names: Vec<&str> = tensors.tensors.iter().map(Tensor::name).collect();
         assert_eq!(names, vec!["B"], "only the requested outputs");
-        assert!(matches!(rx.try_recv(), Ok(StreamEvent::Final)));
+        assert!(
+            matches!(rx.try_recv(), Ok(StreamEvent::Final)),
+            "the flag alone is its own event"
+        );
         assert!(rx.try_recv().is_err(), "nothing is delivered after final");
+    }
+
+    #[test]
+    fn a_response_sent_with_the_final_flag_is_one_last_response() {
+        let (link, _stub, _dir) = link();
+        let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        link.open_stream(6, StreamTarget::Sink(sink), vec!["A".into()]);
+        link.deliver(6, Some(Ok(vec![int32("A", 1)].into())), false);
+        link.deliver(6, Some(Ok(vec![int32("A", 2)].into())), true);
+        assert!(matches!(rx.try_recv(), Ok(StreamEvent::Response(Ok(_)))));
+        let Ok(StreamEvent::LastResponse(Ok(last))) = rx.try_recv() else {
+            panic!("expected the last response");
+        };
+        assert_eq!(last.tensors[0].data().as_ref(), &2i32.to_le_bytes());
+        assert!(rx.try_recv().is_err(), "no separate Final follows");
     }
 
     #[test]
@@ -457,11 +482,12 @@ mod tests {
         let (sink, mut rx) = tokio::sync::mpsc::unbounded_channel();
         link.open_stream(1, StreamTarget::Sink(sink), vec![]);
         link.fail_streams("Stub process 'm_0' is not healthy.");
-        let Ok(StreamEvent::Response(Err(BackendError::Execution(reason)))) = rx.try_recv() else {
+        let Ok(StreamEvent::LastResponse(Err(BackendError::Execution(reason)))) = rx.try_recv()
+        else {
             panic!("expected the death reason");
         };
         assert!(reason.contains("not healthy"));
-        assert!(matches!(rx.try_recv(), Ok(StreamEvent::Final)));
+        assert!(rx.try_recv().is_err(), "the error ends the stream");
         assert!(link.close_stream(1).is_none());
     }
 

@@ -287,11 +287,15 @@ mod tests {
         let bad = br#"{"op": "response", "key": 4, "flags": 1,
             "response": {"outputs": [], "parameters": {"list": [1]}}}"#;
         assert_eq!(dispatch(&link, bad), Ok(()));
-        let Ok(StreamEvent::Response(Err(BackendError::Execution(reason)))) = rx.try_recv() else {
-            panic!("expected the invalid parameter as the response's error");
+        let Ok(StreamEvent::LastResponse(Err(BackendError::Execution(reason)))) = rx.try_recv()
+        else {
+            panic!("expected the invalid parameter as the last response's error");
         };
         assert!(reason.contains("'list'"), "{reason}");
-        assert!(matches!(rx.try_recv(), Ok(StreamEvent::Final)));
+        assert!(
+            rx.try_recv().is_err(),
+            "sent with the final flag: one event"
+        );
     }
 
     #[test]
