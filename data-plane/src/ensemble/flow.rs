@@ -30,8 +30,11 @@ struct Held {
 /// One invocation of a step: its iteration and its inputs, named as the composing model's.
 #[derive(Debug)]
 pub struct Invocation {
+    /// The step (index in the plan).
     pub step: usize,
+    /// The iteration of its inputs: its outputs' iteration, unless the step is decoupled.
     pub iteration: usize,
+    /// Its inputs, named as the composing model's.
     pub inputs: Vec<Tensor>,
 }
 
