@@ -27,14 +27,17 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 )]
 pub struct Cli {
     #[command(subcommand)]
+    /// A subcommand (`sweep`, `placement`); `None`: the plain load test run by `run`.
     pub command: Option<Command>,
     #[command(flatten)]
+    /// The load test's own options, used when no subcommand is given.
     pub run: RunArgs,
 }
 
 // Parsed once per process: the size difference between variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
+/// The tool's subcommands beside the plain load test.
 pub enum Command {
     /// Model-Analyzer-like grid: reload the model with each combination of instance count,
     /// max batch size and queue delay (server must run with `--model-control-mode explicit`),

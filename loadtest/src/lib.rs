@@ -20,6 +20,7 @@
 //! results ([`Level`], [`GridPoint`]) and [`LoadtestError`].
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod cli;
 mod client;

@@ -21,7 +21,9 @@ use crate::stats::{Summary, Totals};
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Level {
+    /// A closed loop with this many requests in flight.
     Concurrency(u64),
+    /// An open loop sending this many requests per second.
     RequestRate(f64),
 }
 
@@ -37,9 +39,11 @@ impl Level {
 /// The batcher / instance settings a sweep row was measured with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct GridPoint {
+    /// Instances per group (`instance_group.count`) the model was reloaded with.
     pub instances: u32,
     /// 0: dynamic batching off (the model's own max_batch_size kept).
     pub max_batch_size: u32,
+    /// `dynamic_batching.max_queue_delay_microseconds` the model was reloaded with.
     pub max_queue_delay_us: u64,
 }
 
