@@ -198,12 +198,9 @@ pub fn steps_from_json(
                     let value = entry.get(&spec.name).ok_or_else(|| {
                         format!("data[{i}] has no value for input '{}'", spec.name)
                     })?;
-                    entry_tensor(spec, value, options, batching).map_err(|e| {
-                        if e.starts_with("input '") {
-                            format!("data[{i}] {e}")
-                        } else {
-                            format!("data[{i}] input '{}': {e}", spec.name)
-                        }
+                    entry_tensor(spec, value, options, batching).map_err(|e| match e {
+                        EntryError::NamesInput(e) => format!("data[{i}] {e}"),
+                        EntryError::Value(e) => format!("data[{i}] input '{}': {e}", spec.name),
                     })
                 })
                 .collect::<Result<Step, String>>()
@@ -211,13 +208,34 @@ pub fn steps_from_json(
         .collect()
 }
 
+/// Why one entry of an `--input-data` file cannot be made into an input tensor; the caller
+/// prefixes the entry's index, and the input's name unless the message already starts with it.
+enum EntryError {
+    /// A message that starts with `input 'NAME'` (shared with the flag-driven path).
+    NamesInput(String),
+    /// A message about the value alone.
+    Value(String),
+}
+
+impl From<String> for EntryError {
+    fn from(message: String) -> Self {
+        EntryError::Value(message)
+    }
+}
+
+impl From<&str> for EntryError {
+    fn from(message: &str) -> Self {
+        EntryError::Value(message.to_string())
+    }
+}
+
 fn entry_tensor(
     spec: &TensorSpec,
     value: &Value,
     options: &InputOptions,
     batching: bool,
-) -> Result<InputTensor, String> {
-    let dtype = datatype(spec)?;
+) -> Result<InputTensor, EntryError> {
+    let dtype = datatype(spec).map_err(EntryError::NamesInput)?;
     let (content, file_shape) = match value {
         Value::Object(o) => {
             if o.contains_key("b64") {
@@ -242,21 +260,22 @@ fn entry_tensor(
     let mut values = Vec::new();
     elements::flatten(content, &mut values);
     let dims = match file_shape {
-        Some(s) => element_dims(spec, batching, Some(&s), None)?,
+        Some(s) => element_dims(spec, batching, Some(&s), None),
         None => element_dims(
             spec,
             batching,
             options.shapes.get(&spec.name),
             Some(values.len()),
-        )?,
-    };
+        ),
+    }
+    .map_err(EntryError::NamesInput)?;
     if values.len() != element_count(&dims) {
-        return Err(format!(
+        return Err(EntryError::Value(format!(
             "{} values given, shape {} needs {}",
             values.len(),
             format_shape(&dims),
             element_count(&dims)
-        ));
+        )));
     }
     let one = elements::json_to_bytes(dtype, &values)?;
     let data = one.repeat(options.batch_size as usize);
