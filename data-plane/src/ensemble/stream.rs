@@ -16,7 +16,8 @@
 //! This is Triton 2.51's rule. Whether the last data response or a flag-only one carries the
 //! final flag depends on when the decoupled step's own final flag comes: with its last response
 //! (a model that sends them together), the last data response; alone after it (the usual Python
-//! `send(flags=COMPLETE_FINAL)`), a flag-only response once that data response has gone out.
+//! `send(flags=COMPLETE_FINAL)`), the last data response if the flag came while that response
+//! was still running downstream, else a flag-only response after it.
 //!
 //! Nothing is spawned: the stream is the request. A client that goes away drops it, and with
 //! it every step still running.
