@@ -288,3 +288,94 @@ fn item(r: ServiceResult<InferResponse>, last: bool) -> ServiceResult<StreamedRe
         last,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use nereid_proto::pb::inference::ModelConfig;
+
+    use super::*;
+    use crate::backend::Health;
+    use crate::config::ValidModelConfig;
+    use crate::repository::Fingerprint;
+    use crate::request::Runner;
+    use crate::scheduler::Scheduler;
+    use crate::scheduler::policy::BatchPolicy;
+    use crate::stats::VersionStats;
+
+    /// A decoupled version with no instances: the test feeds its events itself.
+    fn version() -> Arc<LoadedVersion> {
+        let config = Arc::new(ValidModelConfig::unchecked(ModelConfig::default()));
+        let stats = Arc::new(VersionStats::default());
+        let scheduler = Scheduler::start(
+            "m",
+            BatchPolicy::from_config(&config),
+            Vec::new(),
+            Vec::new(),
+            stats.clone(),
+            4,
+        )
+        .unwrap();
+        Arc::new(LoadedVersion {
+            name: "m".into(),
+            version: 1,
+            config,
+            runner: Runner::Decoupled(scheduler),
+            stats,
+            fingerprint: Fingerprint::of(Path::new("/nonexistent")),
+            health: Arc::new(Health::default()),
+            labels: Default::default(),
+            cache: None,
+            generation: 0,
+        })
+    }
+
+    /// (has a response, last) per item, or "error", for `events` sent up front.
+    async fn items(events: Vec<StreamEvent>) -> Vec<String> {
+        let (sink, rx) = mpsc::unbounded_channel();
+        for event in events {
+            sink.send(event).unwrap();
+        }
+        let stream = responses(version(), "r".into(), Classify::default(), rx);
+        stream
+            .map(|item| match item {
+                Ok(r) => format!("{} {}", r.response.is_some(), r.last),
+                Err(_) => "error".to_string(),
+            })
+            .collect()
+            .await
+    }
+
+    fn ok() -> Result<ModelResponse, BackendError> {
+        Ok(ModelResponse::default())
+    }
+
+    #[tokio::test]
+    async fn each_response_goes_out_as_the_model_sent_it() {
+        use StreamEvent::{Final, LastResponse, Response};
+        // The final flag alone: every response as it came, then an empty last item.
+        assert_eq!(
+            items(vec![Response(ok()), Response(ok()), Final]).await,
+            ["true false", "true false", "false true"]
+        );
+        // The flag with the last response: that response is the last item.
+        assert_eq!(
+            items(vec![Response(ok()), LastResponse(ok())]).await,
+            ["true false", "true true"]
+        );
+        // Nothing follows the last item, nor a failure.
+        assert_eq!(
+            items(vec![LastResponse(ok()), Response(ok())]).await,
+            ["true true"]
+        );
+        let failed = || StreamEvent::Failed(ServiceError::internal("queue"));
+        assert_eq!(
+            items(vec![Response(ok()), failed(), Response(ok())]).await,
+            ["true false", "error"]
+        );
+        // A dead stub: its error is the end.
+        let dead = Err(BackendError::Execution("not healthy".into()));
+        assert_eq!(items(vec![LastResponse(dead)]).await, ["error"]);
+    }
+}
