@@ -72,7 +72,7 @@ pub struct NodeConfig {
     pub peers: BTreeMap<u64, String>,
     /// Join the cluster a member at this address belongs to, instead of bootstrapping.
     pub join: Option<String>,
-    /// The bearer tokens callers must present (or [`AuthToken::disabled`]).
+    /// The bearer tokens callers must present (or `AuthToken::disabled()`).
     pub auth: AuthToken,
     /// The token as a string, for calls this node makes to its peers.
     pub auth_value: Option<String>,
@@ -109,8 +109,8 @@ pub struct NodeConfig {
     pub store: Store,
 }
 
-/// The store behind [`Consensus`]: this node's Raft group (`data_dir`, `peers`, `join`), or an
-/// existing etcd shared by any number of stateless control-plane processes.
+/// The store behind the `Consensus` trait: this node's Raft group (`data_dir`, `peers`, `join`),
+/// or an existing etcd shared by any number of stateless control-plane processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Store {
     /// This node's own Raft group.

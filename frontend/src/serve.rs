@@ -330,7 +330,7 @@ pub fn incoming(
 /// finish.
 ///
 /// Once `stop` is true the listener closes first (new connections go to another listener on
-/// the port, if one shares it with --reuse-port), then for [`HTTP1_CLOSE_WINDOW`] the port goes
+/// the port, if one shares it with --reuse-port), then for `HTTP1_CLOSE_WINDOW` the port goes
 /// on serving the connections it has, every HTTP/1.1 response saying `Connection: close`, so a
 /// keep-alive client learns from a response that the connection ends instead of sending its
 /// next request into a connection the server is closing. Then the rest shut down gracefully:

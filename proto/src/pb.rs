@@ -2,7 +2,7 @@
 //!
 //! Every message of package `inference` derives `prost_reflect::ReflectMessage`, so config text
 //! (`config.pbtxt`) parses straight into [`inference::ModelConfig`] and any message prints as
-//! Triton-style JSON through [`crate::json`].
+//! Triton-style JSON through `json.rs`.
 
 #![allow(clippy::all, missing_docs)]
 

@@ -11,15 +11,15 @@
 //! ```
 //!
 //! What a request costs per message in interpreted Python before (JSON frames, tensor
-//! references, segment bookkeeping, `pb_utils` objects) is done here: the [`channel`] reads
+//! references, segment bookkeeping, `pb_utils` objects) is done here: `channel.rs` reads
 //! frames with the GIL released and decodes them with the protocol crate's own types (the
-//! server uses the same ones), [`segments`] maps and writes the shared-memory files, and
-//! [`tensor`], [`request`], [`response`] and [`sender`] are the `pb_utils` classes a model sees.
-//! What needs Python machinery (DLPack, BLS calls, asyncio) stays in
-//! `triton_python_backend_utils.py`, reached through [`hooks`].
+//! server uses the same ones), `segments.rs` maps and writes the shared-memory files, and
+//! `tensor.rs`, `request.rs`, `response.rs` and `sender.rs` are the `pb_utils` classes a model
+//! sees. What needs Python machinery (DLPack, BLS calls, asyncio) stays in
+//! `triton_python_backend_utils.py`, reached through `hooks.rs`.
 //!
-//! Unsafe code is confined to [`segments`] (mmap, copies between a NumPy array's memory and a
-//! mapping) and [`channel`] (taking ownership of the socket descriptor).
+//! Unsafe code is confined to `segments.rs` (mmap, copies between a NumPy array's memory and a
+//! mapping) and `channel.rs` (taking ownership of the socket descriptor).
 
 mod channel;
 mod convert;

@@ -6,7 +6,7 @@
 //!  └──────────────────────┴──────────────────────────────┘
 //! ```
 //!
-//! A frame never carries tensor data (that lives in shared-memory segments, see [`super::shm`]),
+//! A frame never carries tensor data (that lives in shared-memory segments, see `segment.rs`),
 //! so frames are small; [`MAX_FRAME_BYTES`] guards against a corrupt length prefix.
 
 use std::io::{self, Read};

@@ -101,7 +101,7 @@ impl<K: Clone + PartialEq + Debug + Send> Gate<K> {
     }
 
     /// Announces `key` and blocks this thread until the test releases it: for backends and
-    /// other code that runs on threads of its own. Panics after [`WAIT`].
+    /// other code that runs on threads of its own. Panics after `WAIT`.
     pub fn pass(&self, key: K) {
         let mut state = self.arrive(key.clone());
         let started = Instant::now();
@@ -135,7 +135,7 @@ impl<K: Clone + PartialEq + Debug + Send> Gate<K> {
     }
 
     /// Waits for the next key to arrive (in arrival order) and returns it. Panics after
-    /// [`WAIT`].
+    /// `WAIT`.
     pub async fn arrival(&self) -> K {
         self.wait_for("an arrival at the gate", |state| state.arrivals.pop_front())
             .await

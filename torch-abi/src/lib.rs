@@ -32,23 +32,24 @@ pub const LIBRARY_NAME: &str = "libnereid_torch_backend.so";
 
 /// Symbol names (NUL-terminated, as `dlsym` takes them).
 pub mod symbol {
-    /// [`AbiVersionFn`]: the library's [`ABI_VERSION`](crate::ABI_VERSION).
+    /// [`AbiVersionFn`](crate::AbiVersionFn): the library's [`ABI_VERSION`](crate::ABI_VERSION).
     pub const ABI_VERSION: &[u8] = b"nereid_torch_abi_version\0";
-    /// [`LoadFn`]: loads a TorchScript module onto a device.
+    /// [`LoadFn`](crate::LoadFn): loads a TorchScript module onto a device.
     pub const LOAD: &[u8] = b"nereid_torch_load\0";
-    /// [`ExecuteFn`]: runs a module's forward on borrowed inputs.
+    /// [`ExecuteFn`](crate::ExecuteFn): runs a module's forward on borrowed inputs.
     pub const EXECUTE: &[u8] = b"nereid_torch_execute\0";
-    /// [`FreeModuleFn`]: frees a module [`LOAD`] returned.
+    /// [`FreeModuleFn`](crate::FreeModuleFn): frees a module [`LOAD`] returned.
     pub const FREE_MODULE: &[u8] = b"nereid_torch_free_module\0";
-    /// [`FreeStringFn`]: frees an error message the library returned.
+    /// [`FreeStringFn`](crate::FreeStringFn): frees an error message the library returned.
     pub const FREE_STRING: &[u8] = b"nereid_torch_free_string\0";
-    /// [`CudaDeviceCountFn`]: the CUDA devices libtorch can use.
+    /// [`CudaDeviceCountFn`](crate::CudaDeviceCountFn): the CUDA devices libtorch can use.
     pub const CUDA_DEVICE_COUNT: &[u8] = b"nereid_torch_cuda_device_count\0";
-    /// [`SetNumThreadsFn`]: sets libtorch's intra-op thread count.
+    /// [`SetNumThreadsFn`](crate::SetNumThreadsFn): sets libtorch's intra-op thread count.
     pub const SET_NUM_THREADS: &[u8] = b"nereid_torch_set_num_threads\0";
-    /// [`GetNumThreadsFn`]: reads libtorch's intra-op thread count.
+    /// [`GetNumThreadsFn`](crate::GetNumThreadsFn): reads libtorch's intra-op thread count.
     pub const GET_NUM_THREADS: &[u8] = b"nereid_torch_get_num_threads\0";
-    /// [`SetNumInteropThreadsFn`]: sets libtorch's inter-op thread count, once.
+    /// [`SetNumInteropThreadsFn`](crate::SetNumInteropThreadsFn): sets libtorch's inter-op
+    /// thread count, once.
     pub const SET_NUM_INTEROP_THREADS: &[u8] = b"nereid_torch_set_num_interop_threads\0";
 }
 

@@ -16,7 +16,7 @@
 //!
 //! A backend is chosen by the config's `backend` / `platform`, or by the model file in the
 //! version directories: each backend says which of Triton's platform names and files are its
-//! own ([`Backend::platforms`]), and [`complete`] fills the config from those answers.
+//! own ([`Backend::platforms`]), and `complete` fills the config from those answers.
 //! Instances are synchronous: each runs on its own OS thread owned by the model's
 //! instance pool, so a slow model never blocks the async runtime.
 
@@ -226,7 +226,7 @@ pub enum StreamEvent {
 pub type ResponseSink = tokio::sync::mpsc::UnboundedSender<StreamEvent>;
 
 /// The request parameter that carries a traced request's W3C `traceparent` to its backend,
-/// set by the request path ([`crate::request`]) so the calls a model makes (Python BLS) can
+/// set by the request path (`crate::request`) so the calls a model makes (Python BLS) can
 /// join the request's trace; the Python backend takes it out before the model sees the
 /// parameters, the other backends ignore it.
 pub const TRACE_PARAMETER: &str = "nereid_traceparent";
@@ -300,7 +300,7 @@ impl BackendError {
     }
 }
 
-/// What Triton's configs and model files call a backend's models: how [`complete`] tells which
+/// What Triton's configs and model files call a backend's models: how `complete` tells which
 /// backend a config without one is for, and which platform a config without one gets.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Platforms {

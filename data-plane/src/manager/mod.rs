@@ -88,7 +88,7 @@ pub struct ManagerConfig {
     /// `config.pbtxt` ([`config::config_path`]).
     pub config_name: Option<String>,
     /// `--model-namespacing`: the same model name in several repositories is several models,
-    /// each in its repository's namespace ([`repository::namespace`]).
+    /// each in its repository's namespace (`repository::namespace`).
     pub namespacing: bool,
 }
 
@@ -192,7 +192,7 @@ impl ModelManager {
     }
 
     /// How long an unload waits for the requests it accepted before it refuses the queued
-    /// ones ([`DEFAULT_DRAIN_TIMEOUT`] unless set).
+    /// ones (`DEFAULT_DRAIN_TIMEOUT` unless set).
     pub fn with_unload_drain_timeout(mut self, timeout: Duration) -> ModelManager {
         self.drain_timeout = timeout;
         self
@@ -576,7 +576,7 @@ impl ModelManager {
     /// Unloads a model: it stops taking requests at once (they get UNAVAILABLE while it
     /// drains), then waits for the requests it accepted, queued or running, to be answered, at
     /// most the drain timeout; queued ones still waiting then are refused UNAVAILABLE
-    /// ([`drain`]). Unloading a model that was never loaded succeeds and changes nothing, as in
+    /// (`drain`). Unloading a model that was never loaded succeeds and changes nothing, as in
     /// Triton.
     pub async fn unload(&self, name: &str) -> Result<(), ServiceError> {
         let keys = self.keys_for(name, self.models.read().keys());

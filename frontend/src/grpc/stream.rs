@@ -128,7 +128,7 @@ pub trait StreamHandler: Send + 'static {
     ) -> impl Future<Output = Flow> + Send + 'static;
 }
 
-/// A request's places in the stream's orders (see [`super::stream_order`]).
+/// A request's places in the stream's orders (see `super::stream_order`).
 #[derive(Debug)]
 pub struct Placed<R> {
     /// The sequence it belongs to: it starts after the sequence's previous request.

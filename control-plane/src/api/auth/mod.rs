@@ -132,7 +132,7 @@ impl AuthToken {
         })))
     }
 
-    /// The tokens of a tokens file (see [`tokens`] for its format), plus the single admin
+    /// The tokens of a tokens file (see `tokens.rs` for its format), plus the single admin
     /// token `admin` when one is given too. The file is re-read when it changes.
     pub fn from_tokens_file(path: &Path, admin: Option<&str>) -> Result<Self, AuthTokenError> {
         Self::from_tokens_file_every(path, admin, RELOAD_EVERY)
