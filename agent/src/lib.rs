@@ -30,6 +30,8 @@
 //! concurrent allocation skews the figure; placement takes the largest figure reported for a
 //! version.
 
+#![warn(missing_docs)]
+
 mod client;
 mod companions;
 mod heartbeat;
@@ -64,15 +66,20 @@ pub use worker::run as run_worker;
 pub struct AgentConfig {
     /// Control-plane gRPC addresses (`host:port`), tried in turn.
     pub control_plane: Vec<String>,
+    /// This node's identity in the cluster: the key of its registration, heartbeats and
+    /// assignments.
     pub node_id: String,
     /// Data-plane HTTP and gRPC addresses as other machines reach them.
     pub data_http: String,
+    /// The gRPC counterpart of `data_http`: where routers send this node's inference calls.
     pub data_grpc: String,
+    /// How often the heartbeat task reports this node's utilization and served versions.
     pub heartbeat_interval: Duration,
     /// The data plane's model repository: the agent keeps one symlink per assigned model here.
     pub repository: PathBuf,
     /// Memory the node offers; `None`: the host's total memory.
     pub memory_capacity: Option<u64>,
+    /// The bearer token sent with every control-plane call; `None` when the cluster has no auth.
     pub auth_token: Option<String>,
     /// How the control plane is dialed: plaintext, or TLS with the cluster identity.
     pub cluster_dial: nereid_tls::ClusterDial,
