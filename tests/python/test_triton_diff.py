@@ -702,8 +702,11 @@ def test_decoupled_ensemble_refusals_like_triton(decoupled_ensembles):
     grpc = [grpc_answer(s, grpc_infer("ens_dec", [("IN", "INT32", np.array([1], np.int32))]))
             for s in pair]
     assert grpc[0]["status"] == grpc[1]["status"] == "StatusCode.UNIMPLEMENTED", grpc
-    for answer in (answers[0]["body"]["error"], grpc[0]["message"]):
-        assert "support models with decoupled transaction policy" in answer, answer
+    # Each frontend's own words, as Triton's.
+    assert answers[0]["body"]["error"] == answers[1]["body"]["error"] == (
+        "HTTP end point doesn't support models with decoupled transaction policy"), answers
+    assert grpc[0]["message"] == grpc[1]["message"] == (
+        "ModelInfer RPC doesn't support models with decoupled transaction policy"), grpc
 
 
 _seq_spec = importlib.util.spec_from_file_location("gen_sequence_models",

@@ -92,7 +92,8 @@ impl LoadedVersion {
         let mut outcome = Outcome::start(self.clone(), started);
         if self.streams() {
             // Counted nowhere: Triton refuses these in its frontends, before the model.
-            return Err(outcome.refused_unchecked(stream::refuse_unary(self)));
+            let frontend = request.context.frontend;
+            return Err(outcome.refused_unchecked(stream::refuse_unary(self, frontend)));
         }
         let mut valid = request_check::check(&self.config, request)
             .map_err(|e| outcome.refused_unchecked(e))?;
@@ -199,7 +200,7 @@ impl LoadedVersion {
                 Ok(outputs)
             }
             Runner::Decoupled(_) => {
-                Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self)))
+                Err(outcome.failed(FailureReason::Other, stream::refuse_unary(self, None)))
             }
             Runner::Ensemble(plan) => {
                 if let Some(reason) = (ctx.unavailable)(self) {

@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use nereid_proto::{
-    InferRequest, InferResponse, ParamValue, ResponseStream, ServiceError, ServiceResult,
+    Frontend, InferRequest, InferResponse, ParamValue, ResponseStream, ServiceError, ServiceResult,
     StreamedResponse,
 };
 use tokio::sync::mpsc;
@@ -46,12 +46,21 @@ use crate::ensemble::{self, EnsemblePlan, EnsembleRequest, EnsembleStreamed};
 use crate::request_check;
 use crate::stats::FailureReason;
 
-/// Triton's answer to a unary infer call on a decoupled model.
-pub(super) fn refuse_unary(loaded: &LoadedVersion) -> ServiceError {
-    ServiceError::unsupported(format!(
-        "model '{}' uses the decoupled transaction policy: the HTTP infer end point and the ModelInfer RPC don't support models with decoupled transaction policy; use ModelStreamInfer or generate_stream",
-        loaded.name
-    ))
+/// Triton's answer to a unary infer call on a decoupled model, in the words of the frontend
+/// that received it (an internal call, which has none, gets both).
+pub(super) fn refuse_unary(loaded: &LoadedVersion, frontend: Option<Frontend>) -> ServiceError {
+    ServiceError::unsupported(match frontend {
+        Some(Frontend::Grpc) => {
+            "ModelInfer RPC doesn't support models with decoupled transaction policy".to_string()
+        }
+        Some(Frontend::Http) => {
+            "HTTP end point doesn't support models with decoupled transaction policy".to_string()
+        }
+        None => format!(
+            "model '{}' uses the decoupled transaction policy: the HTTP infer end point and the ModelInfer RPC don't support models with decoupled transaction policy; use ModelStreamInfer or generate_stream",
+            loaded.name
+        ),
+    })
 }
 
 /// The stream of a model that answers once: its one response, marked last.
