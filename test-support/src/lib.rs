@@ -1,5 +1,6 @@
 //! What Nereid's tests share, so they stop copying it: a seeded generator ([`Rng`]), FP32
-//! tensor builders ([`fp32`], [`floats`]), [`eventually`] (poll a condition up to a deadline
+//! tensor builders ([`fp32`], [`floats`]), the workspace and its ONNX Runtime library
+//! ([`workspace`], [`ort_library`]), [`eventually`] (poll a condition up to a deadline
 //! instead of sleeping before an assertion), [`serve_routes`] (gRPC routes on a free port) and a
 //! [`Gate`] (a test backend or fake server
 //! signals "started" and waits for "release", so a test orders events without sleeping).
@@ -18,11 +19,13 @@
 mod eventually;
 mod gate;
 mod grpc;
+mod paths;
 mod rng;
 mod tensor;
 
 pub use eventually::{eventually, eventually_async, eventually_ok, eventually_some};
 pub use gate::Gate;
 pub use grpc::serve_routes;
+pub use paths::{ort_library, workspace};
 pub use rng::Rng;
 pub use tensor::{floats, fp32, fp32_1d, fp32_zeros};

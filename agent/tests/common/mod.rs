@@ -1,31 +1,7 @@
 //! Helpers of the agent's integration tests: where the workspace and its ONNX Runtime library
-//! are (as in the data plane's tests, `data-plane/tests/common`).
+//! are (shared with the data plane's tests through `nereid-test-support`).
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-
-/// The workspace root.
-pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// The ONNX Runtime library: `NEREID_ORT_LIBRARY`, else the one `make setup` recorded in
-/// `.venv/ort-lib-path`.
-pub fn ort_library() -> PathBuf {
-    if let Some(p) = std::env::var_os("NEREID_ORT_LIBRARY") {
-        return PathBuf::from(p);
-    }
-    let record = workspace().join(".venv/ort-lib-path");
-    let p = std::fs::read_to_string(&record)
-        .map(|s| PathBuf::from(s.trim()))
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}: run `make setup`", record.display()));
-    assert!(
-        p.exists(),
-        "ONNX Runtime library not found at {}: run `make setup`",
-        p.display()
-    );
-    p
-}
+// Not every test file that compiles this module uses both.
+#[allow(unused_imports)]
+pub use nereid_test_support::{ort_library, workspace};
