@@ -1,9 +1,9 @@
 //! What Nereid's tests share, so they stop copying it: a seeded generator ([`Rng`]), FP32
-//! tensor builders ([`fp32`], [`floats`]), the workspace and its ONNX Runtime library
-//! ([`workspace`], [`ort_library`]), [`eventually`] (poll a condition up to a deadline
-//! instead of sleeping before an assertion), [`serve_routes`] (gRPC routes on a free port) and a
-//! [`Gate`] (a test backend or fake server
-//! signals "started" and waits for "release", so a test orders events without sleeping).
+//! and INT32 tensor builders ([`fp32`], [`floats`], [`int32_1d`], [`ints`]), the workspace and
+//! its ONNX Runtime library ([`workspace`], [`ort_library`]), [`eventually`] (poll a condition
+//! up to a deadline instead of sleeping before an assertion), [`serve_routes`] (gRPC routes on a
+//! free port) and a [`Gate`] (a test backend or fake server signals "started" and waits for
+//! "release", so a test orders events without sleeping).
 //!
 //! Only ever a dev-dependency: nothing here belongs in a shipped binary.
 //!
@@ -28,4 +28,4 @@ pub use gate::Gate;
 pub use grpc::serve_routes;
 pub use paths::{ort_library, workspace};
 pub use rng::Rng;
-pub use tensor::{floats, fp32, fp32_1d, fp32_zeros};
+pub use tensor::{floats, fp32, fp32_1d, fp32_zeros, int32_1d, ints};

@@ -1,4 +1,4 @@
-//! FP32 tensors from values and back, as nearly every inference test builds them.
+//! FP32 and INT32 tensors from values and back, as nearly every inference test builds them.
 
 use bytes::Bytes;
 use nereid_proto::{DataType, Tensor};
@@ -38,6 +38,34 @@ pub fn floats(t: &Tensor) -> Vec<f32> {
         .collect()
 }
 
+/// A 1-D INT32 tensor of `values` (little-endian, as on the wire).
+pub fn int32_1d(name: &str, values: &[i32]) -> Tensor {
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    match Tensor::new(
+        name,
+        DataType::Int32,
+        vec![values.len() as i64],
+        Bytes::from(data),
+    ) {
+        Ok(t) => t,
+        Err(e) => panic!("test tensor '{name}': {e}"),
+    }
+}
+
+/// The values of an INT32 tensor.
+pub fn ints(t: &Tensor) -> Vec<i32> {
+    assert_eq!(
+        t.datatype(),
+        DataType::Int32,
+        "tensor '{}' is not INT32",
+        t.name()
+    );
+    t.data()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +76,8 @@ mod tests {
         assert_eq!(t.shape(), &[2, 2]);
         assert_eq!(floats(&t), [1.0, -2.5, 0.0, 7.25]);
         assert_eq!(fp32_1d("y", &[3.0]).shape(), &[1]);
+        let i = int32_1d("z", &[4, -5]);
+        assert_eq!(i.shape(), &[2]);
+        assert_eq!(ints(&i), [4, -5]);
     }
 }

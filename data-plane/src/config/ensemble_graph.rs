@@ -29,6 +29,31 @@ pub struct StepNode {
     pub after: Vec<usize>,
 }
 
+#[cfg(test)]
+impl StepNode {
+    /// A step of `model`'s latest version wired by `(model tensor, ensemble tensor)` pairs,
+    /// reading the outputs of the steps `after`: how tests write a plan by hand.
+    pub(crate) fn wired(
+        model: &str,
+        inputs: &[(&str, &str)],
+        outputs: &[(&str, &str)],
+        after: &[usize],
+    ) -> StepNode {
+        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        StepNode {
+            model: model.into(),
+            version: None,
+            inputs: pairs(inputs),
+            outputs: pairs(outputs),
+            after: after.to_vec(),
+        }
+    }
+}
+
 /// An ensemble's checked data flow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Graph {

@@ -222,8 +222,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use bytes::Bytes;
-    use nereid_proto::{DataType, ParamValue};
+    use nereid_proto::ParamValue;
 
     use super::*;
     use crate::ensemble::limit::StepLimits;
@@ -236,18 +235,7 @@ mod tests {
         outputs: &[(&str, &str)],
         after: &[usize],
     ) -> PlanStep {
-        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
-            p.iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect()
-        };
-        PlanStep {
-            model: model.into(),
-            version: None,
-            inputs: pairs(inputs),
-            outputs: pairs(outputs),
-            after: after.to_vec(),
-        }
+        PlanStep::wired(model, inputs, outputs, after)
     }
 
     /// IN ─► left (y = 2x) ─► L ─┐
@@ -272,22 +260,10 @@ mod tests {
     }
 
     fn fp32(name: &str, values: &[f32]) -> Tensor {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new(
-            name,
-            DataType::Fp32,
-            vec![1, values.len() as i64],
-            Bytes::from(bytes),
-        )
-        .unwrap()
+        nereid_test_support::fp32(name, vec![1, values.len() as i64], values)
     }
 
-    fn floats(t: &Tensor) -> Vec<f32> {
-        t.data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
+    use nereid_test_support::floats;
 
     fn input(r: &InferRequest, name: &str) -> Vec<f32> {
         floats(r.inputs.iter().find(|t| t.name() == name).unwrap())

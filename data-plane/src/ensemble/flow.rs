@@ -232,18 +232,7 @@ mod tests {
     }
 
     fn step(model: &str, inputs: &[(&str, &str)], outputs: &[(&str, &str)]) -> PlanStep {
-        let pairs = |p: &[(&str, &str)]| {
-            p.iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect()
-        };
-        PlanStep {
-            model: model.into(),
-            version: None,
-            inputs: pairs(inputs),
-            outputs: pairs(outputs),
-            after: Vec::new(),
-        }
+        PlanStep::wired(model, inputs, outputs, &[])
     }
 
     /// IN -> repeat (decoupled) -> R -> double -> OUT; repeat also -> IDX (an output).

@@ -273,40 +273,15 @@ impl Run {
 mod tests {
     use std::sync::Mutex;
 
-    use bytes::Bytes;
-    use nereid_proto::DataType;
-
     use super::*;
     use crate::ensemble::limit::StepLimits;
     use crate::ensemble::origin::{Origin, Origins};
     use crate::ensemble::plan::PlanStep;
 
-    fn ints(name: &str, values: &[i32]) -> Tensor {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Tensor::new(
-            name,
-            DataType::Int32,
-            vec![values.len() as i64],
-            Bytes::from(bytes),
-        )
-        .unwrap()
-    }
-
-    fn values(t: &Tensor) -> Vec<i32> {
-        t.data()
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
+    use nereid_test_support::{int32_1d as ints, ints as values};
 
     fn step(model: &str, input: (&str, &str), output: (&str, &str)) -> PlanStep {
-        PlanStep {
-            model: model.into(),
-            version: None,
-            inputs: vec![(input.0.into(), input.1.into())],
-            outputs: vec![(output.0.into(), output.1.into())],
-            after: Vec::new(),
-        }
+        PlanStep::wired(model, &[input], &[output], &[])
     }
 
     /// IN -> repeat (decoupled: one response per element) -> R -> double -> OUT.
