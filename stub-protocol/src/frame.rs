@@ -21,10 +21,14 @@ pub const MAX_FRAME_BYTES: usize = 64 << 20;
 /// A frame that could not be written, read or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
+    /// Reading or writing the socket failed (including a frame cut short by EOF).
     #[error("socket I/O failed: {0}")]
     Io(#[from] io::Error),
+    /// A frame body of this many bytes, encoded or announced by a read length prefix,
+    /// exceeds [`MAX_FRAME_BYTES`].
     #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES} bytes")]
     TooLarge(usize),
+    /// The message could not be serialized, or a body is not valid JSON of the expected type.
     #[error("malformed message: {0}")]
     Json(#[from] serde_json::Error),
 }

@@ -13,6 +13,8 @@
 //! is sent in `init`/`auto_complete`; a stub core built from another revision refuses it, so a
 //! stale extension module is a load error rather than a misread frame.
 
+#![warn(missing_docs)]
+
 pub mod frame;
 pub mod message;
 pub mod segment;
