@@ -22,6 +22,8 @@
 //! ([`TelemetryConfig`] parsed from [`MetricsExportFlags`] and the trace flags, [`Telemetry`]
 //! running).
 
+#![warn(missing_docs)]
+
 pub mod logging;
 mod metrics;
 mod otlp;

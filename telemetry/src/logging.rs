@@ -23,7 +23,9 @@ use tracing_subscriber::{EnvFilter, Registry, reload};
 /// Log line format, chosen at startup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
+    /// Human-readable lines (`log_format` `default` or `ISO8601` in `/v2/logging`).
     Text,
+    /// One JSON object per line (`log_format` `json`).
     Json,
 }
 

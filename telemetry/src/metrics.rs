@@ -20,9 +20,15 @@ use axum::routing::get;
 /// The Prometheus type of a family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// A value that only grows, cumulative since the process started; series carry
+    /// [`Value::Number`].
     Counter,
+    /// A value as it is now, free to go up and down; series carry [`Value::Number`].
     Gauge,
+    /// Observations counted into cumulative buckets; series carry [`Value::Histogram`].
     Histogram,
+    /// Quantiles over a recent window with cumulative sum and count; series carry
+    /// [`Value::Summary`].
     Summary,
 }
 
@@ -45,14 +51,20 @@ pub enum Value {
     /// Bucket upper bounds with the cumulative count of observations at or below each (the
     /// implicit `+Inf` bucket is `count`), the sum and the count of observations.
     Histogram {
+        /// `(upper bound, cumulative count)` pairs in increasing bound order, without `+Inf`.
         buckets: Vec<(f64, u64)>,
+        /// The sum of every observed value, in the metric's unit.
         sum: f64,
+        /// How many values were observed; also the count of the implicit `+Inf` bucket.
         count: u64,
     },
     /// Quantiles `(q, value)` with the sum and count of observations.
     Summary {
+        /// `(quantile in [0, 1], value)` pairs over the recent window.
         quantiles: Vec<(f64, f64)>,
+        /// The sum of every observed value since the process started, in the metric's unit.
         sum: f64,
+        /// How many values were observed since the process started.
         count: u64,
     },
 }
@@ -60,20 +72,27 @@ pub enum Value {
 /// One labelled series of a family.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
+    /// `(name, value)` label pairs identifying the series, in the order they are written.
     pub labels: Vec<(String, String)>,
+    /// The series' value; its variant matches the family's [`Kind`].
     pub value: Value,
 }
 
 /// A named metric with its help text, type and series.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Family {
+    /// The metric name as exported (`nv_inference_count`...).
     pub name: String,
+    /// One line describing the metric (Prometheus `# HELP`).
     pub help: String,
+    /// The metric type (Prometheus `# TYPE`), which decides the series' [`Value`] variant.
     pub kind: Kind,
+    /// The series; a family with none is left out of the Prometheus text.
     pub samples: Vec<Sample>,
 }
 
 impl Family {
+    /// A family of `kind` without series yet.
     pub fn new(name: impl Into<String>, help: impl Into<String>, kind: Kind) -> Family {
         Family {
             name: name.into(),
@@ -83,10 +102,12 @@ impl Family {
         }
     }
 
+    /// A [`Kind::Counter`] family without series yet.
     pub fn counter(name: impl Into<String>, help: impl Into<String>) -> Family {
         Family::new(name, help, Kind::Counter)
     }
 
+    /// A [`Kind::Gauge`] family without series yet.
     pub fn gauge(name: impl Into<String>, help: impl Into<String>) -> Family {
         Family::new(name, help, Kind::Gauge)
     }
@@ -121,10 +142,12 @@ impl Family {
 pub struct Labels(pub Vec<(String, String)>);
 
 impl Labels {
+    /// No labels: the family's only series.
     pub fn none() -> Labels {
         Labels(Vec::new())
     }
 
+    /// The `(name, value)` pairs, in the given order.
     pub fn of<const N: usize>(pairs: [(&str, &str); N]) -> Labels {
         Labels(
             pairs
@@ -265,6 +288,7 @@ fn escape_help(v: &str) -> String {
 
 /// Something that reports metric families when asked.
 pub trait Collect: Send + Sync + 'static {
+    /// The families as they are now, built fresh on each call (a scrape, an OTLP export tick).
     fn collect(&self) -> Vec<Family>;
 }
 

@@ -23,7 +23,9 @@ pub enum SpanKind {
 /// An attribute value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AttrValue {
+    /// A string attribute (OTLP `string_value`).
     Text(String),
+    /// An integer attribute (OTLP `int_value`).
     Int(i64),
 }
 

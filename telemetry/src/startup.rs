@@ -34,9 +34,18 @@ pub const DEFAULT_TRACES_URL: &str = "http://localhost:4318/v1/traces";
 /// Everything a process's telemetry needs, parsed and validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TelemetryConfig {
+    /// Triton's trace settings from `--trace-config` (level, rate, count, mode, and the
+    /// `triton` mode's file and log-frequency): the global settings the trace setting API
+    /// starts from.
     pub trace: Settings,
+    /// Where OpenTelemetry-mode spans go: `opentelemetry,url`/`protocol`, else the `OTEL_*`
+    /// traces or generic endpoint, else Triton's `http://localhost:4318/v1/traces`.
     pub spans: Endpoint,
+    /// The span exporter's queue, batch size and delay (`opentelemetry,bsp_*`).
     pub batching: Batching,
+    /// The OTLP resource attributes, `service.name` first: `opentelemetry,resource` items over
+    /// `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`, `service.name` defaulting to the
+    /// process's name.
     pub resource: ResourceAttributes,
     /// OTLP metric export: endpoint and interval; `None` when not asked for.
     pub metrics: Option<(Endpoint, Duration)>,
@@ -53,8 +62,11 @@ impl Default for TelemetryConfig {
 /// The OTLP metric export flags, as the binary parsed them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricsExportFlags {
+    /// The OTLP metrics endpoint (`--otlp-metrics-endpoint`); `None`: no metric export.
     pub endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` (`--otlp-metrics-protocol`); `None`: HTTP/protobuf.
     pub protocol: Option<String>,
+    /// Milliseconds between exports (`--otlp-metrics-interval-ms`); `None`: 60000.
     pub interval_ms: Option<u64>,
 }
 
@@ -262,7 +274,10 @@ fn endpoint(
 
 /// A process's running telemetry: the tracer, log control, and the exporter tasks.
 pub struct Telemetry {
+    /// Starts a request's trace when the trace settings sample it; hand a clone to each
+    /// request path.
     pub tracer: Tracer,
+    /// The log settings as `/v2/logging` reads and changes them.
     pub logs: Arc<LogControl>,
     /// The OTLP span exporter and its task (OpenTelemetry mode).
     spans: Option<(Arc<SpanExporter>, JoinHandle<()>)>,

@@ -96,6 +96,8 @@ impl Tracer {
         Tracer::new(Arc::new(TraceSettingsStore::new(Default::default())), None)
     }
 
+    /// The live trace settings this tracer samples by, which the trace setting API reads and
+    /// changes.
     pub fn settings(&self) -> &Arc<TraceSettingsStore> {
         &self.settings
     }
@@ -195,10 +197,14 @@ impl RequestTrace {
         hex(&self.trace_id)
     }
 
+    /// When the request was received (the frontend's `received` time when it passed one,
+    /// else when [`Tracer::start`] ran): the start of the root span.
     pub fn start_instant(&self) -> Instant {
         self.start
     }
 
+    /// Adds `key = value` to the root span's attributes (e.g. `model.version`), written out
+    /// with the trace when it ends.
     pub fn attribute(&mut self, key: &str, value: AttrValue) {
         self.attributes.push((key.to_string(), value));
     }
