@@ -21,11 +21,8 @@ use etcd_client::{
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{Record, Shared, bounded};
+use super::{REQUEST_TIMEOUT, Record, Shared, bounded};
 use crate::consensus::{Leadership, Member};
-
-/// etcd's answer for a lease it does not know (expired, or revoked already).
-const LEASE_NOT_FOUND: &str = "requested lease not found";
 
 pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(100);
@@ -37,12 +34,10 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             return;
         }
         let mut client = shared.client.clone();
-        if let Some(old) = stale {
-            match bounded(client.lease_revoke(old)).await {
-                Ok(_) => stale = None,
-                Err(e) if e.contains(LEASE_NOT_FOUND) => stale = None,
-                Err(_) => {}
-            }
+        if let Some(old) = stale
+            && revoke(&mut client, old).await == Revoke::Gone
+        {
+            stale = None;
         }
         let lease = match bounded(client.lease_grant(ttl_secs(&shared), None)).await {
             Ok(lease) => lease.id(),
@@ -61,9 +56,7 @@ pub(super) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         lose(&shared, None);
         // On a lost connection the lease expires on its own; revoked later if etcd returns
         // first (a lease etcd no longer knows is gone already).
-        if let Err(e) = bounded(client.lease_revoke(lease)).await
-            && !e.contains(LEASE_NOT_FOUND)
-        {
+        if revoke(&mut client, lease).await == Revoke::Unknown {
             stale = Some(lease);
         }
         match result {
@@ -103,6 +96,30 @@ fn lose(shared: &Shared, leader: Option<(u64, u64)>) {
         *l = next;
         changed
     });
+}
+
+/// What revoking a lease came to.
+#[derive(Debug, PartialEq, Eq)]
+enum Revoke {
+    /// The lease is gone: revoked now, or etcd no longer knows it (expired, revoked before).
+    Gone,
+    /// etcd did not answer in time, or failed otherwise: the lease may still exist.
+    Unknown,
+}
+
+/// Revokes `lease` within [`REQUEST_TIMEOUT`].
+async fn revoke(client: &mut Client, lease: i64) -> Revoke {
+    match tokio::time::timeout(REQUEST_TIMEOUT, client.lease_revoke(lease)).await {
+        Ok(Ok(_)) => Revoke::Gone,
+        Ok(Err(e)) if lease_unknown(&e) => Revoke::Gone,
+        Ok(Err(_)) | Err(_) => Revoke::Unknown,
+    }
+}
+
+/// etcd's answer for a lease it does not know: gRPC NOT_FOUND ("etcdserver: requested lease
+/// not found"), told by its status code, not its words.
+fn lease_unknown(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::NotFound)
 }
 
 /// Campaigns while the lease lives; `Ok` only when told to stop.
@@ -279,4 +296,20 @@ async fn refresh_members(shared: &Shared, client: &mut Client) {
         })
         .collect();
     *shared.members.lock() = members;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_unknown_only_on_not_found() {
+        let not_found = tonic::Status::not_found("etcdserver: requested lease not found");
+        assert!(lease_unknown(&etcd_client::Error::GRpcStatus(not_found)));
+        let unavailable = tonic::Status::unavailable("requested lease not found");
+        assert!(!lease_unknown(&etcd_client::Error::GRpcStatus(unavailable)));
+        assert!(!lease_unknown(&etcd_client::Error::LeaseKeepAliveError(
+            "requested lease not found".into()
+        )));
+    }
 }
