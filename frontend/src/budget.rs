@@ -52,11 +52,14 @@ impl Eq for RequestBudget {}
     "the server is receiving {used} bytes of unfinished requests and this one would take it past {limit} ({BUDGET_FLAG}); retry later"
 )]
 pub struct BudgetExceeded {
+    /// Bytes of unfinished requests already held against the budget when this one was refused.
     pub used: usize,
+    /// The budget's limit in bytes (`--max-buffered-request-bytes`).
     pub limit: usize,
 }
 
 impl RequestBudget {
+    /// A new budget of `limit` bytes, none of them in use.
     pub fn new(limit: usize) -> RequestBudget {
         RequestBudget(Arc::new(Budget {
             limit,
@@ -64,6 +67,7 @@ impl RequestBudget {
         }))
     }
 
+    /// The most request bytes the budget lets the server hold at once.
     pub fn limit(&self) -> usize {
         self.0.limit
     }

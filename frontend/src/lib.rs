@@ -41,6 +41,8 @@
 //! The domain types, the `InferenceService` trait and the gRPC codec live in `nereid-proto`, so a
 //! crate that only implements or calls the service does not depend on this one.
 
+#![warn(missing_docs)]
+
 mod app;
 mod budget;
 mod cuda;

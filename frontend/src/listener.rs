@@ -97,6 +97,7 @@ impl Conn {
         }
     }
 
+    /// The peer's address, when the connection came over TCP.
     pub fn remote_addr(&self) -> Option<SocketAddr> {
         self.remote
     }

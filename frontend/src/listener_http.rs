@@ -60,6 +60,7 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// How an HTTP port serves its connections once accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpServing {
+    /// Deadlines for reading a request's head and body and for idle connections.
     pub timeouts: HttpTimeouts,
     /// HTTP/2 streams one connection may have open at once.
     pub max_concurrent_streams: u32,

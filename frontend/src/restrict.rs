@@ -28,14 +28,23 @@ use http::header::HeaderName;
 /// A group of endpoints that can be put behind a header, named as Triton names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ApiCategory {
+    /// `health`: the server and model liveness and readiness endpoints.
     Health,
+    /// `metadata`: server and model metadata.
     Metadata,
+    /// `inference`: infer requests (and the generate extension).
     Inference,
+    /// `shared-memory`: system and CUDA shared-memory region registration and status.
     SharedMemory,
+    /// `model-config`: model configurations.
     ModelConfig,
+    /// `model-repository`: the repository index and model load/unload.
     ModelRepository,
+    /// `statistics`: model inference statistics.
     Statistics,
+    /// `trace`: the trace settings.
     Trace,
+    /// `logging`: the log settings.
     Logging,
     /// The OpenAI-compatible routes under `/v1/` (Nereid's own category; Triton's OpenAI
     /// frontend is a separate process with its own `--openai-restricted-api`).
@@ -98,34 +107,49 @@ pub struct RequiredHeader {
 /// Why a restricted-API flag value was refused at startup.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RestrictError {
+    /// The value is not of the form `<api>[,<api>...]:<key>=<value>`.
     #[error(
         "{flag} '{value}' is malformed: {why}; expected <api>[,<api>...]:<key>=<value>, e.g. model-repository,statistics:admin-key=secret"
     )]
     Malformed {
+        /// The flag the value came from, for the message.
         flag: &'static str,
+        /// The value as given.
         value: String,
+        /// What is wrong with it.
         why: &'static str,
     },
+    /// The value names an API category that does not exist.
     #[error(
         "{flag} '{value}': unknown API '{api}'; the APIs are {}",
         valid_names()
     )]
     UnknownApi {
+        /// The flag the value came from, for the message.
         flag: &'static str,
+        /// The value as given.
         value: String,
+        /// The unknown API name.
         api: String,
     },
+    /// One API category is restricted by more than one value of the flag.
     #[error(
         "{flag}: API '{api}' is restricted in more than one {flag} value; each API can be in one only"
     )]
     Duplicate {
+        /// The flag the values came from, for the message.
         flag: &'static str,
+        /// The category named twice.
         api: ApiCategory,
     },
+    /// The value's header key is not a valid HTTP header name.
     #[error("{flag} '{value}': '{key}' is not a valid header name")]
     BadHeaderName {
+        /// The flag the value came from, for the message.
         flag: &'static str,
+        /// The value as given.
         value: String,
+        /// The invalid header name.
         key: String,
     },
 }

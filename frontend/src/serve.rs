@@ -43,8 +43,11 @@ use nereid_proto::InferenceService;
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen for {what} on {addr}: {source}")]
 pub struct BindError {
+    /// The service the listener was for (e.g. `HTTP`), for the message.
     pub what: &'static str,
+    /// The address that could not be bound.
     pub addr: SocketAddr,
+    /// The operating system's error.
     pub source: std::io::Error,
 }
 
@@ -105,9 +108,13 @@ fn set_reuse_port(_: &TcpSocket) -> std::io::Result<()> {
 /// deadlines, HTTP/2 stream limits, the request budget and the accept backlog.
 #[derive(Clone, Debug)]
 pub struct PortsConfig {
+    /// The HTTP port's TLS, connection limit and accept settings.
     pub http: PortConfig,
+    /// The gRPC port's TLS, connection limit and accept settings.
     pub grpc: PortConfig,
+    /// The metrics port's TLS, connection limit and accept settings.
     pub metrics: PortConfig,
+    /// Deadlines for the HTTP port's request heads, bodies and idle connections.
     pub http_timeouts: HttpTimeouts,
     /// HTTP/2 streams one connection may have open at once (HTTP and gRPC ports).
     pub max_concurrent_streams: u32,
@@ -181,12 +188,17 @@ pub struct GrpcServing {
 
 /// The listeners of a server (`None`: that service is off) and how its frontends behave.
 pub struct Frontends {
+    /// The HTTP/REST (KServe v2) port's listener; `None`: no HTTP service.
     pub http: Option<TcpListener>,
+    /// The gRPC (KServe v2) port's listener; `None`: no gRPC service.
     pub grpc: Option<TcpListener>,
     /// `/metrics` (or whatever the caller routes), served as it is.
     pub metrics: Option<(TcpListener, axum::Router)>,
+    /// How the HTTP frontend behaves: size limits, compression, restricted APIs.
     pub http_config: HttpConfig,
+    /// How the gRPC frontend behaves: message sizes, compression, restricted APIs.
     pub grpc_config: GrpcConfig,
+    /// How all ports accept and serve connections.
     pub ports: PortsConfig,
     /// Serve the HTTP API on the gRPC port as well ([`GrpcServing::http_api`]).
     pub http_on_grpc_port: bool,

@@ -83,10 +83,14 @@ pub struct GrpcConfig {
 /// are never compressed, as in Triton.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum InferCompression {
+    /// `none`: responses go out uncompressed (the default).
     #[default]
     None,
+    /// `low`: gzip when the client accepts it (tonic compresses at one fixed level).
     Low,
+    /// `medium`: gzip when the client accepts it, the same as `low` in Nereid.
     Medium,
+    /// `high`: gzip when the client accepts it, the same as `low` in Nereid.
     High,
 }
 

@@ -93,6 +93,7 @@ impl ErrorMode {
 /// Whether the stream goes on after a request task or an error report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {
+    /// The stream keeps reading requests and sending responses.
     Continue,
     /// The client is gone, or an error ended the rpc.
     Stop,
@@ -135,6 +136,7 @@ pub struct Placed<R> {
     pub sequence: Option<SequenceKey>,
     /// Whether its messages go out in request order (a model that is not decoupled).
     pub ordered: bool,
+    /// The decoded request, handed to the handler once its turn is placed.
     pub ready: R,
 }
 
@@ -187,8 +189,11 @@ where
 /// What a request is called on the wire, kept before decoding to label its error responses.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Origin {
+    /// The `model_name` field as the client sent it.
     pub model_name: String,
+    /// The `model_version` field as the client sent it; empty for the latest version.
     pub model_version: String,
+    /// The request's `id` field, echoed in its responses; may be empty.
     pub id: String,
 }
 

@@ -70,11 +70,13 @@ impl HttpError {
         (self.status, self.message)
     }
 
+    /// The HTTP status the error is answered with.
     #[cfg(test)]
     pub fn status(&self) -> StatusCode {
         self.status
     }
 
+    /// The error text put in the response body's `error` field.
     #[cfg(test)]
     pub fn message(&self) -> &str {
         &self.message

@@ -21,13 +21,21 @@ use nereid_proto::ServiceError;
 /// A model endpoint: `/v2/models/{m}[/versions/{v}][/<action>]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelAction {
+    /// `/v2/models/{m}[/versions/{v}]`: the model's metadata.
     Metadata,
+    /// `.../ready`: whether the model (version) is ready.
     Ready,
+    /// `.../config`: the model's configuration.
     Config,
+    /// `.../stats`: the model's inference statistics.
     Stats,
+    /// `.../infer`: a KServe v2 inference request.
     Infer,
+    /// `.../generate`: Triton's generate extension, one JSON response.
     Generate,
+    /// `.../generate_stream`: the generate extension, responses as server-sent events.
     GenerateStream,
+    /// `/v2/models/{m}/trace/setting`: the model's trace settings (never per version).
     TraceSetting,
 }
 
@@ -42,35 +50,55 @@ pub enum ShmAction {
 /// A recognised path, with its raw segments.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route {
+    /// `/v2`: the server's metadata.
     ServerMetadata,
+    /// `/v2/health/live`: whether the server is live.
     Live,
+    /// `/v2/health/ready`: whether the server is ready.
     Ready,
     /// `/v2/models/stats`: statistics of every model.
     AllModelStats,
+    /// An endpoint of one model, `/v2/models/{m}[/versions/{v}][/<action>]`.
     Model {
+        /// The model's name, the raw path segment.
         name: String,
         /// Digits, or empty for "latest".
         version: String,
+        /// Which endpoint of the model.
         action: ModelAction,
     },
+    /// `/v2/repository[/{r}]/index`: the models the repository holds.
     RepositoryIndex {
+        /// The `{r}` segment, raw; `None` when the path names no repository.
         repository: Option<String>,
     },
+    /// `/v2/repository[/{r}]/models/{m}/load`: load (or reload) a model.
     RepositoryLoad {
+        /// The `{r}` segment, raw; `None` when the path names no repository.
         repository: Option<String>,
+        /// The model's name, the raw path segment.
         model: String,
     },
+    /// `/v2/repository[/{r}]/models/{m}/unload`: unload a model.
     RepositoryUnload {
+        /// The `{r}` segment, raw; `None` when the path names no repository.
         repository: Option<String>,
+        /// The model's name, the raw path segment.
         model: String,
     },
+    /// `/v2/systemsharedmemory[/region/{name}]/<action>`: system shared-memory regions.
     SystemSharedMemory {
         /// The `/region/{name}` segment, raw; `None` for every region.
         region: Option<String>,
+        /// Status, register or unregister.
         action: ShmAction,
     },
+    /// `/v2/cudasharedmemory[/region/{name}]/<action>`: CUDA shared-memory regions; the region
+    /// segment, raw (`None` for every region), and the action.
     CudaSharedMemory(Option<String>, ShmAction),
+    /// `/v2/trace/setting`: the server-wide trace settings.
     TraceSetting,
+    /// `/v2/logging`: the server's log settings.
     Logging,
 }
 

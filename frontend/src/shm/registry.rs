@@ -33,9 +33,13 @@ const SHM_DIR: &str = "/dev/shm";
 /// What a status request reports for one region (Triton's `RegionStatus`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegionStatus {
+    /// The name the region was registered under.
     pub name: String,
+    /// The shared-memory key it maps (e.g. `/my_region`, an object under `/dev/shm`).
     pub key: String,
+    /// Where the region starts within the object, in bytes.
     pub offset: u64,
+    /// The region's size in bytes.
     pub byte_size: u64,
 }
 
