@@ -12,7 +12,9 @@ use crate::table::SharedTable;
 
 /// Everything `nereid router` reports on `/metrics`.
 pub struct RouterCollector {
+    /// The service whose in-flight count and counters are reported.
     pub router: Arc<RouterService>,
+    /// The routing table the revision and per-replica gauges are read from at each scrape.
     pub table: Arc<SharedTable>,
 }
 

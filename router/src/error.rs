@@ -13,10 +13,18 @@ pub enum RouterError {
     /// The model is not registered with the control plane (Triton's words for a model it does
     /// not have, which Triton's clients look for).
     #[error("Request for unknown model: '{model}' is not found")]
-    UnknownModel { model: String },
+    UnknownModel {
+        /// The model name as the client gave it.
+        model: String,
+    },
     /// The model is registered, but the version is not one of its versions.
     #[error("Request for unknown model: '{model}' version {version} is not found")]
-    UnknownVersion { model: String, version: i64 },
+    UnknownVersion {
+        /// The model name as the client gave it.
+        model: String,
+        /// The requested version, which the model does not have.
+        version: i64,
+    },
     /// The router has had no routing table from the control plane since it started, so it
     /// cannot tell an unknown model from one it has not heard of yet.
     #[error(
@@ -25,14 +33,21 @@ pub enum RouterError {
     NoTable,
     /// The model (version) is registered, but no replica of it is ready right now.
     #[error("{}", no_ready_message(.model, .version))]
-    NoReadyReplica { model: String, version: Option<i64> },
+    NoReadyReplica {
+        /// The model name as the client gave it.
+        model: String,
+        /// The version asked for; `None` when the request let the model's policy choose.
+        version: Option<i64>,
+    },
     /// A sequence request other than a start for a sequence this router has not routed.
     #[error(
         "inference request for sequence {} to model '{model}' must specify the START flag on the first request of the sequence",
         sequence_text(.sequence)
     )]
     SequenceNotStarted {
+        /// The model name as the client gave it.
         model: String,
+        /// The request's `sequence_id`, which has no routed start.
         sequence: CorrelationId,
     },
     /// The replica that holds a sequence's state is gone; the sequence cannot continue.
@@ -41,34 +56,60 @@ pub enum RouterError {
         sequence_text(.sequence)
     )]
     SequenceReplicaGone {
+        /// The model name as the client gave it.
         model: String,
+        /// The request's `sequence_id`.
         sequence: CorrelationId,
+        /// The id (in the routing table) of the replica the sequence was pinned to.
         replica: u64,
     },
     /// The router's in-flight limit is reached.
     #[error("the router is at its limit of {limit} in-flight requests; retry later")]
-    Overloaded { limit: usize },
+    Overloaded {
+        /// The configured maximum of concurrent requests (`max_in_flight`).
+        limit: usize,
+    },
     /// The request cannot be expressed on the worker protocol.
     #[error("{0}")]
     InvalidRequest(String),
     /// The worker could not be reached, or the connection broke.
     #[error("worker at {addr} is unreachable: {message}")]
-    Unreachable { addr: String, message: String },
+    Unreachable {
+        /// The worker's gRPC address (`host:port`).
+        addr: String,
+        /// The transport's description of the failure.
+        message: String,
+    },
     /// The worker answered with an error: passed to the client as the worker classified it.
     #[error("{error}")]
-    Worker { addr: String, error: ServiceError },
+    Worker {
+        /// The worker's gRPC address (`host:port`).
+        addr: String,
+        /// The worker's error, class and message unchanged.
+        error: ServiceError,
+    },
     /// The worker's answer does not decode.
     #[error("worker at {addr} sent a malformed answer: {message}")]
-    BadResponse { addr: String, message: String },
+    BadResponse {
+        /// The worker's gRPC address (`host:port`).
+        addr: String,
+        /// What is wrong with the answer.
+        message: String,
+    },
     /// The control plane refused or failed a call the router made for the client (activation,
     /// repository load/unload); its class and message pass through.
     #[error("control plane: {error}")]
-    ControlPlane { error: ServiceError },
+    ControlPlane {
+        /// The control plane's error, class and message unchanged.
+        error: ServiceError,
+    },
     /// A model asked for by a request (scale from zero) or a repository load did not get a
     /// ready replica in time.
     #[error("model '{model}' has no ready replica after waiting {waited_ms} ms for one to load{}", reason_suffix(.reason))]
     NotReadyInTime {
+        /// The model name as the client gave it.
         model: String,
+        /// How long the router waited for a ready replica, in milliseconds.
         waited_ms: u64,
         /// Why the last replica failed, when one did.
         reason: Option<String>,
@@ -82,13 +123,18 @@ pub enum RouterError {
         "repository {operation} of model '{model}' through the router is off: manage models with `nereid ctl` or the management API, or start the router with --repository-control caller-credential (the caller's own management token is then required)"
     )]
     RepositoryControlOff {
+        /// The model the load/unload named.
         model: String,
+        /// `"load"` or `"unload"`, as it appears in the message.
         operation: &'static str,
     },
     /// The client's deadline (`grpc-timeout`) passed before a worker answered, or before the
     /// request could be forwarded. Never retried: the request may have run.
     #[error("model '{model}': the request's deadline passed before a worker answered")]
-    DeadlineExceeded { model: String },
+    DeadlineExceeded {
+        /// The model name as the client gave it.
+        model: String,
+    },
 }
 
 fn no_ready_message(model: &str, version: &Option<i64>) -> String {
@@ -180,6 +226,7 @@ impl From<RouterError> for ServiceError {
     }
 }
 
+/// The result of a router operation: a value, or the [`RouterError`] that failed it.
 pub type RouterResult<T> = Result<T, RouterError>;
 
 #[cfg(test)]

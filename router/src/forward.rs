@@ -130,6 +130,8 @@ fn classify_infer_status(
 /// How the router connects to workers.
 #[derive(Clone, Debug)]
 pub struct ForwardConfig {
+    /// How long establishing a connection to a worker may take before the call fails as
+    /// unreachable (default 2 s).
     pub connect_timeout: Duration,
     /// Largest message sent to or accepted from a worker.
     pub max_message_size: usize,
@@ -155,6 +157,7 @@ pub struct Workers {
 }
 
 impl Workers {
+    /// An empty pool; connections are made lazily, on a worker's first call.
     pub fn new(config: ForwardConfig) -> Workers {
         Workers {
             config,
@@ -419,6 +422,8 @@ impl Workers {
         Ok((responses, load))
     }
 
+    /// Asks the worker at `addr` for a model's metadata (`ModelMetadata`), errors classified as
+    /// for inference.
     pub async fn model_metadata(
         &self,
         addr: &str,
@@ -431,6 +436,8 @@ impl Workers {
             .map_err(|s| classify_status(addr, s))
     }
 
+    /// Asks the worker at `addr` for a model's configuration (`ModelConfig`); an answer without
+    /// a config is a [`RouterError::BadResponse`].
     pub async fn model_config(
         &self,
         addr: &str,
@@ -448,6 +455,8 @@ impl Workers {
         })
     }
 
+    /// Asks the worker at `addr` for its statistics of the models `request` names
+    /// (`ModelStatistics`), errors classified as for inference.
     pub async fn model_statistics(
         &self,
         addr: &str,

@@ -42,26 +42,52 @@ use crate::wire_scan::ScannedInput;
 /// Why an HTTP inference body could not be scanned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HttpScanError {
+    /// The `Inference-Header-Content-Length` header says the JSON header is longer than the
+    /// whole body.
     #[error("Inference-Header-Content-Length {len} is longer than the request body ({body} bytes)")]
-    HeaderPastEnd { len: usize, body: usize },
+    HeaderPastEnd {
+        /// The header length the client declared, in bytes.
+        len: usize,
+        /// The body's actual length, in bytes.
+        body: usize,
+    },
+    /// The body (or its JSON header part) is empty or only whitespace.
     #[error("the request body is empty; expected an inference request JSON object")]
     Empty,
+    /// The JSON header's first non-whitespace byte is not `{`: an array, a scalar or other text.
     #[error("the request JSON must be an object")]
     NotObject,
+    /// The JSON header is not valid JSON; the text is serde_json's message, prefixed with the
+    /// path of the field it was reading when one is known.
     #[error("failed to parse the request JSON buffer: {0}")]
     Json(String),
+    /// A field the scan reads has the wrong JSON type.
     #[error("'{field}' must be {expected}, got {got}")]
     Type {
+        /// The field's path in the request (`id`, `inputs[0].name`, ...).
         field: String,
+        /// The JSON type the field must have (`"a string"`, `"an array"`, ...).
         expected: &'static str,
+        /// The JSON type the client sent.
         got: &'static str,
     },
+    /// An input's `shape` holds something other than a non-negative integer.
     #[error("input '{input}': shape dimension {index} must be a non-negative integer")]
-    BadDimension { input: String, index: usize },
+    BadDimension {
+        /// The input's name.
+        input: String,
+        /// The zero-based position of the bad dimension in `shape`.
+        index: usize,
+    },
+    /// A parameter whose value is not a string, integer, number or boolean.
     #[error("{owner}parameter '{key}' must be a string, integer, number or boolean, got {got}")]
     BadParameter {
+        /// A message prefix naming what the parameter belongs to; empty for the request's own
+        /// `parameters`.
         owner: String,
+        /// The parameter's key.
         key: String,
+        /// The JSON type the client sent (an array, an object or `null`).
         got: &'static str,
     },
     /// A sequence parameter of the wrong type (the message names it).
@@ -101,7 +127,9 @@ pub struct HttpScanned {
     pub id: String,
     /// The sequence options (the other reserved parameters are the worker's to read).
     pub options: RequestOptions,
+    /// Each input's name and shape, in request order (checked against the request limits).
     pub inputs: Vec<ScannedInput>,
+    /// How many outputs the request asks for; 0 when it names none (all outputs).
     pub outputs: usize,
     /// The first tensor that names a shared-memory region (`input 'x'`, `output 'y'`).
     pub shared_memory: Option<String>,

@@ -41,6 +41,8 @@
 //!
 //! The modules are private; what the binary and the tests use is re-exported here.
 
+#![warn(missing_docs)]
+
 mod activate;
 mod choice;
 mod collector;

@@ -16,6 +16,8 @@ pub trait RandomSource: Send {
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// A generator started at `seed`: the same seed gives the same sequence (tests pass fixed
+    /// seeds; the router seeds from the clock).
     pub fn new(seed: u64) -> SplitMix64 {
         SplitMix64(seed)
     }

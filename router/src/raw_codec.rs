@@ -14,11 +14,15 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 /// A message to send: `head` then `tail` (the pass-through path's version field, often empty).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RawMessage {
+    /// The bulk of the message: usually the client's encoded request, sent uncopied.
     pub head: Bytes,
+    /// Encoded protobuf fields appended after `head` (such as a resolved `model_version`);
+    /// empty when nothing is added. A later field overrides the same field in `head`.
     pub tail: Bytes,
 }
 
 impl RawMessage {
+    /// A message of `head` alone, with an empty `tail`.
     pub fn new(head: Bytes) -> RawMessage {
         RawMessage {
             head,

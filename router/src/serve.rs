@@ -40,15 +40,20 @@ const SHARED_MEMORY_OFF: &str = "the router forwards requests to workers on othe
 /// Everything `nereid router` needs, validated by the binary.
 #[derive(Clone, Debug)]
 pub struct RouterConfig {
+    /// Admission, retries, hedging and worker connections of the routing service.
     pub service: RouterServiceConfig,
+    /// Where and how the router reaches the control plane for its routing table.
     pub control_plane: ControlPlaneConfig,
-    /// `None` disables the endpoint.
+    /// The KServe v2 HTTP port; `None` disables the endpoint.
     pub http_addr: Option<SocketAddr>,
+    /// The KServe v2 gRPC port; `None` disables the endpoint.
     pub grpc_addr: Option<SocketAddr>,
+    /// The Prometheus `/metrics` port; `None` disables the endpoint.
     pub metrics_addr: Option<SocketAddr>,
     /// Bind the ports with SO_REUSEPORT, so a replacement router can listen on them beside this
     /// one and take over without an outage (see docs/router.md).
     pub reuse_port: bool,
+    /// Largest HTTP request body accepted, in bytes (also after decompression).
     pub http_max_input_size: usize,
     /// Restricted APIs, request limits and gRPC sizes of both frontends.
     pub frontend: nereid_frontend::FrontendOptions,
@@ -66,8 +71,10 @@ pub struct RouterConfig {
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RouterServeError {
+    /// A port could not be bound (in use, no permission, bad TLS files).
     #[error(transparent)]
     Bind(#[from] nereid_frontend::BindError),
+    /// The configuration cannot be served; the text says which setting and why.
     #[error("{0}")]
     Config(String),
 }

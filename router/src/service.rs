@@ -93,6 +93,7 @@ pub struct RouterServiceConfig {
     /// replica choice; after it the router weighs its own counts alone until the next report
     /// (see `crate::load`).
     pub load_report_ttl: Duration,
+    /// How the router connects to workers (timeouts, message size, cluster TLS).
     pub forward: ForwardConfig,
 }
 
@@ -158,6 +159,8 @@ pub struct RouterService {
 }
 
 impl RouterService {
+    /// A service routing by `table` (which the control-plane watch keeps current), with its
+    /// random replica choice seeded from the clock.
     pub fn new(config: RouterServiceConfig, table: Arc<SharedTable>) -> RouterService {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

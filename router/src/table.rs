@@ -246,6 +246,7 @@ impl Default for SharedTable {
 }
 
 impl SharedTable {
+    /// A shared table that starts with `table`; watchers see its revision as the first value.
     pub fn new(table: RoutingTable) -> SharedTable {
         SharedTable {
             changes: tokio::sync::watch::Sender::new(table.revision()),

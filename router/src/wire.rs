@@ -17,7 +17,9 @@ use crate::error::{RouterError, RouterResult};
 /// beside it as metadata (`traceparent`, `tracestate`, `grpc-timeout`; see `forward`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerRequest {
+    /// The gRPC message the worker receives.
     pub message: ModelInferRequest,
+    /// Trace context and deadline, sent as request metadata rather than in the message.
     pub context: RequestContext,
 }
 

@@ -24,7 +24,10 @@ use crate::table::Endpoint;
 /// within `[floor, ceiling]`; `ceiling` until enough requests were seen.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HedgeConfig {
+    /// The shortest attempt timeout, however fast the model is (default 1 s).
     pub floor: Duration,
+    /// The longest attempt timeout, and the one used before enough requests were seen
+    /// (default 30 s).
     pub ceiling: Duration,
 }
 
