@@ -43,6 +43,8 @@ pub struct CheckOptions {
 pub struct Checked {
     /// The config file or model directory.
     pub path: PathBuf,
+    /// The complete config (after auto-completion and defaults), or every problem found, each a
+    /// line as described on [`Checked`].
     pub result: Result<ModelConfig, Vec<String>>,
 }
 

@@ -41,6 +41,8 @@
 //!   the C heap), which the worker's agent also reports to the control plane (capacity,
 //!   heartbeats).
 
+#![warn(missing_docs)]
+
 pub mod backend;
 mod check;
 mod classification;

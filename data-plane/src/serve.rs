@@ -35,23 +35,31 @@ const TELEMETRY_FLUSH: Duration = Duration::from_secs(5);
 /// Everything `nereid serve` needs, already validated by the binary.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
+    /// Model repositories, control mode and loading settings.
     pub manager: ManagerConfig,
+    /// Settings of the request path shared by both frontends.
     pub data_plane: DataPlaneConfig,
     /// `None` disables the endpoint.
     pub http_addr: Option<SocketAddr>,
+    /// The gRPC endpoint's address; `None` disables it.
     pub grpc_addr: Option<SocketAddr>,
+    /// The metrics endpoint's address; `None` disables it.
     pub metrics_addr: Option<SocketAddr>,
     /// Which metrics the metrics port reports and how often system metrics are sampled.
     pub metrics: MetricsConfig,
+    /// The largest HTTP request body accepted, in bytes (`--http-max-input-size`).
     pub http_max_input_size: usize,
     /// Restricted APIs, request limits and gRPC sizes of both frontends.
     pub frontend: nereid_frontend::FrontendOptions,
+    /// How often the repositories are rescanned in `poll` control mode (`--repository-poll-secs`).
     pub poll_interval: Duration,
     /// How long in-flight requests and then the models' `finalize` may take after a shutdown
     /// signal, all together; Python stubs still running then are killed.
     pub exit_timeout: Duration,
     /// Fail startup when any model fails to load.
     pub exit_on_error: bool,
+    /// The ONNX Runtime shared library the ONNX backend loads; `None`: none was found, and ONNX
+    /// models fail to load.
     pub onnxruntime_library: Option<PathBuf>,
     /// Interpreter of Python models that name no `EXECUTION_ENV_PATH`; `None`: `python3` on
     /// `PATH`.
@@ -71,8 +79,11 @@ pub struct ServeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
+    /// An endpoint's address could not be bound.
     Bind(#[from] nereid_frontend::BindError),
     #[error("{0}")]
+    /// Startup failed for another reason (e.g. the system metrics probe, or a model under
+    /// `--exit-on-error`); holds the message.
     Startup(String),
     /// The server stopped, but had to kill Python stubs that were still running at the exit
     /// timeout.

@@ -80,6 +80,8 @@ pub struct DataPlane {
 }
 
 impl DataPlane {
+    /// A data plane serving `manager`'s models with `config`; tracing is off and logging
+    /// uses the process's log control until [`DataPlane::with_telemetry`].
     pub fn new(config: DataPlaneConfig, manager: Arc<ModelManager>) -> DataPlane {
         DataPlane {
             config,
@@ -97,6 +99,7 @@ impl DataPlane {
         self
     }
 
+    /// The model manager whose models this data plane serves.
     pub fn manager(&self) -> &Arc<ModelManager> {
         &self.manager
     }

@@ -104,10 +104,12 @@ impl<'a> BatchInputs<'a> {
         self.inputs.iter().find(|i| i.name == name)
     }
 
+    /// The number of model inputs in the batch (one per input name, not per request).
     pub fn len(&self) -> usize {
         self.inputs.len()
     }
 
+    /// Whether the batch has no model inputs at all.
     pub fn is_empty(&self) -> bool {
         self.inputs.is_empty()
     }
@@ -206,10 +208,12 @@ impl<'a> BatchInput<'a> {
         })
     }
 
+    /// The input's name, as the model config declares it.
     pub fn name(&self) -> &'a str {
         self.name
     }
 
+    /// The input's element type, the same in every request of the batch.
     pub fn datatype(&self) -> DataType {
         self.datatype
     }

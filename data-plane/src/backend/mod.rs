@@ -70,14 +70,21 @@ pub enum BackendError {
 /// The kind of device an instance runs on (from `instance_group.kind`, resolved).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
+    /// `KIND_CPU`: the instance runs on the host.
     Cpu,
-    Gpu { device_id: i32 },
+    /// `KIND_GPU`: the instance runs on one GPU.
+    Gpu {
+        /// The CUDA device ordinal of the GPU (as listed in `instance_group.gpus`).
+        device_id: i32,
+    },
 }
 
 /// Everything a backend needs to create one instance of a model version.
 #[derive(Clone, Debug)]
 pub struct InstanceContext {
+    /// The model's name (its directory name in the repository).
     pub model_name: String,
+    /// The version being loaded (the numeric version directory).
     pub version: i64,
     /// The model's directory (`<repo>/<model>`).
     pub model_dir: PathBuf,
@@ -87,6 +94,7 @@ pub struct InstanceContext {
     pub config: Arc<ValidModelConfig>,
     /// Instance name as Triton forms it: `<group name>_<index in group>`.
     pub instance_name: String,
+    /// Where this instance runs: the host, or the one GPU its group placed it on.
     pub device: DeviceKind,
     /// The version's health board: an instance that loses its worker process marks itself
     /// unhealthy here until it has recovered.
@@ -164,7 +172,9 @@ impl ServerHandle {
 /// what most callers read.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelResponse {
+    /// The output tensors, named as the request asked for them.
     pub tensors: Vec<Tensor>,
+    /// Response parameters the model set; empty for joined-batch backends.
     pub parameters: Parameters,
 }
 
@@ -182,7 +192,9 @@ impl From<Vec<Tensor>> for ModelResponse {
 /// rest, reading the outputs, is compute output). Unmarked phases count as compute infer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Phases {
+    /// When the inputs were handed to the model (end of compute input); `None`: unmarked.
     pub inputs_sent: Option<std::time::Instant>,
+    /// When the model's answer came back (end of compute infer); `None`: unmarked.
     pub answered: Option<std::time::Instant>,
 }
 
@@ -237,10 +249,13 @@ pub const TRACE_PARAMETER: &str = "nereid_traceparent";
 pub struct RequestView<'a> {
     /// Unique within the server process; names the request for cancellation and streaming.
     pub key: u64,
+    /// The client's request id (empty when it sent none).
     pub id: &'a str,
+    /// The request's input tensors, as the client sent them (after shape and type checks).
     pub inputs: &'a [Tensor],
     /// Outputs the client asked for (every output of the model when it named none).
     pub outputs: &'a [String],
+    /// The request's parameters (the trace parameter [`TRACE_PARAMETER`] included, when traced).
     pub parameters: &'a Parameters,
     /// The sequence id of `sequence_batching` models.
     pub correlation_id: Option<&'a CorrelationId>,

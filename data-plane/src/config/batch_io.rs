@@ -38,6 +38,7 @@ pub enum BatchInputKind {
 /// One `batch_input` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchInputSpec {
+    /// What the generated tensor holds (`batch_input.kind`).
     pub kind: BatchInputKind,
     /// The model inputs fed with the generated tensor (each gets the same values).
     pub targets: Vec<String>,
@@ -50,6 +51,7 @@ pub struct BatchInputSpec {
 /// One output a `batch_output` (`BATCH_SCATTER_WITH_INPUT_SHAPE`) scatters back per request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScatterOutput {
+    /// The model output to scatter (`batch_output.target_name`).
     pub output: String,
     /// The request input whose shape gives each request's part.
     pub source: String,
@@ -64,7 +66,9 @@ pub struct RaggedBatching {
     /// Inputs with `allow_ragged_batch`: requests may differ in their shape; a batch holds
     /// them concatenated and flattened to one dimension.
     pub ragged_inputs: Vec<String>,
+    /// The `batch_input` entries: tensors the server computes from the batch and feeds the model.
     pub inputs: Vec<BatchInputSpec>,
+    /// The `batch_output` entries: outputs split back to the requests by input shape.
     pub scatter: Vec<ScatterOutput>,
 }
 

@@ -48,13 +48,23 @@ use nereid_proto::pb::inference::{
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: {message}")]
-    Read { path: PathBuf, message: String },
-    #[error("{path}:{error}")]
-    Text {
+    /// The config file could not be read.
+    Read {
+        /// The file that could not be read.
         path: PathBuf,
+        /// The I/O error, as text.
+        message: String,
+    },
+    #[error("{path}:{error}")]
+    /// The config file is not valid protobuf text format.
+    Text {
+        /// The config file.
+        path: PathBuf,
+        /// Where in the file parsing failed, and why.
         error: text::TextError,
     },
     #[error("{}", .0.join("; "))]
+    /// The config parsed but breaks load-time rules: every problem found, one message each.
     Invalid(Vec<String>),
 }
 

@@ -39,6 +39,7 @@ pub use self::warmup::{WarmupData, WarmupInput, WarmupSetting};
 /// A model config that passed every load-time check.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidModelConfig {
+    /// The model's name (the config's `name`, which must match its directory).
     pub name: String,
     /// Triton's platform (`onnxruntime_onnx`, `ensemble`, ...); may be empty when only a
     /// backend is named.
@@ -48,8 +49,11 @@ pub struct ValidModelConfig {
     /// The largest batch a request may carry; 0: the model does not batch, and its tensors
     /// have no batch dimension.
     pub max_batch_size: u32,
+    /// The declared inputs, in config order.
     pub inputs: Vec<InputSpec>,
+    /// The declared outputs, in config order.
     pub outputs: Vec<OutputSpec>,
+    /// Which scheduler serves the model's requests.
     pub scheduling: Scheduling,
     /// Empty for ensembles (they run no instances).
     pub instance_groups: Vec<InstanceGroup>,
@@ -80,7 +84,9 @@ pub struct ValidModelConfig {
 /// One declared input.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputSpec {
+    /// The tensor's name as requests send it.
     pub name: String,
+    /// The element type a request must send.
     pub datatype: DataType,
     /// Without the batch dimension; -1 is any size.
     pub dims: Vec<i64>,
@@ -95,7 +101,9 @@ pub struct InputSpec {
 /// One declared output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutputSpec {
+    /// The tensor's name as responses carry it.
     pub name: String,
+    /// The element type the model produces.
     pub datatype: DataType,
     /// Without the batch dimension; -1 is any size.
     pub dims: Vec<i64>,
@@ -122,6 +130,7 @@ pub enum Scheduling {
 /// One `ensemble_scheduling.step`, its maps sorted by the composing model's tensor name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnsembleStep {
+    /// The composing model this step runs.
     pub model_name: String,
     /// -1: the latest served version.
     pub model_version: i64,
@@ -176,9 +185,11 @@ fn step_models(steps: &[EnsembleStep]) -> Vec<String> {
 /// One `instance_group`, with `KIND_AUTO` already resolved by the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceGroup {
+    /// The group's name; its instances are named `<group name>_<index in group>`.
     pub name: String,
     /// Instances per device (per listed GPU for `KIND_GPU`).
     pub count: u32,
+    /// Where the group's instances run.
     pub kind: GroupKind,
     /// `rate_limiter.resources`: what each instance needs to run under `--rate-limit
     /// execution_count`.
@@ -190,24 +201,31 @@ pub struct InstanceGroup {
 /// One execution accelerator of `optimization.execution_accelerators`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Accelerator {
+    /// The accelerator's name (e.g. `tensorrt`, `cuda`).
     pub name: String,
+    /// The accelerator's settings, by key, passed to the backend as given.
     pub parameters: BTreeMap<String, String>,
 }
 
 /// One `rate_limiter.resources` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupResource {
+    /// The resource's name, shared by every group that asks for it.
     pub name: String,
     /// One pool for the server instead of one per device.
     pub global: bool,
+    /// How many units of the resource each instance needs to run one execution.
     pub count: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// Where an instance group's instances run (`instance_group.kind`, `KIND_AUTO` resolved).
 pub enum GroupKind {
+    /// `KIND_CPU`: on the host.
     Cpu,
     /// On the listed GPUs (the defaults list every visible GPU, or GPU 0 when there is none).
     Gpu {
+        /// The CUDA device ordinals; `count` instances are placed on each.
         gpus: Vec<i32>,
     },
     /// `KIND_MODEL`: the model places itself.
@@ -234,10 +252,12 @@ impl ValidModelConfig {
         self.max_batch_size > 0
     }
 
+    /// The declared input named `name`, if there is one.
     pub fn input(&self, name: &str) -> Option<&InputSpec> {
         self.inputs.iter().find(|i| i.name == name)
     }
 
+    /// The declared output named `name`, if there is one.
     pub fn output(&self, name: &str) -> Option<&OutputSpec> {
         self.outputs.iter().find(|o| o.name == name)
     }

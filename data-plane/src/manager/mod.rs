@@ -69,10 +69,14 @@ pub enum ControlMode {
 /// Settings of the manager.
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
+    /// The model repository directories, searched in order (`--model-repository`).
     pub repositories: Vec<PathBuf>,
+    /// How models get loaded and unloaded (`--model-control-mode`).
     pub control_mode: ControlMode,
     /// Models to load at startup in explicit mode (`*` = all).
     pub startup_models: Vec<String>,
+    /// Complete missing config fields from the model file where the backend can
+    /// (the opposite of Triton's `--disable-auto-complete-config`).
     pub auto_complete: bool,
     /// Bound of each model version's request queue.
     pub queue_capacity: usize,
@@ -148,11 +152,14 @@ impl ModelEntry {
 pub enum LoadSource {
     /// The model's directory in the repositories (config.pbtxt, or an override config).
     Repository {
+        /// A config to use instead of the directory's `config.pbtxt` (a load request's `config`).
         config_override: Option<ModelConfig>,
     },
     /// Files from a load request, with the config that must accompany them.
     Files {
+        /// The model's config, required with uploaded files.
         config: ModelConfig,
+        /// The temporary model directory holding the uploaded files.
         dir: OverrideDir,
     },
 }
@@ -176,6 +183,7 @@ impl ModelManager {
         self.config.config_name.as_deref()
     }
 
+    /// A manager with no models yet, loading through `backends`; nothing loads until startup runs.
     pub fn new(config: ManagerConfig, backends: Backends) -> ModelManager {
         ModelManager {
             rate_limiter: RateLimiter::new(&config.rate_limit),
@@ -203,6 +211,7 @@ impl ModelManager {
         self.cache.as_ref()
     }
 
+    /// How models are loaded and unloaded on this node (`--model-control-mode`).
     pub fn control_mode(&self) -> ControlMode {
         self.config.control_mode
     }

@@ -128,6 +128,7 @@ impl ModelManager {
             })
     }
 
+    /// Whether the startup loads have all finished (successfully or not).
     pub fn startup_done(&self) -> bool {
         self.startup_done.load(Ordering::SeqCst)
     }

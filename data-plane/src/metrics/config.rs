@@ -51,6 +51,7 @@ impl Default for LatencyMetrics {
 /// Everything the metrics endpoint needs to know about what to report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MetricsConfig {
+    /// Which latency metrics (counters, summaries, histograms) are reported.
     pub latencies: LatencyMetrics,
     /// Report `nv_cpu_*` host metrics.
     pub cpu: bool,
@@ -75,16 +76,26 @@ impl Default for MetricsConfig {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MetricsConfigError {
     #[error("--metrics-config '{0}': expected <key>=<value>")]
+    /// A setting that is not `<key>=<value>`; holds the setting.
     NotKeyValue(String),
     #[error(
         "--metrics-config: unknown key '{0}' (known: counter_latencies, summary_latencies, summary_quantiles, histogram_latencies)"
     )]
+    /// A key this server does not know; holds the key.
     UnknownKey(String),
     #[error("--metrics-config {key}: expected true or false, got '{value}'")]
-    NotBool { key: String, value: String },
+    /// A boolean key whose value is neither `true` nor `false`.
+    NotBool {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+    },
     #[error(
         "--metrics-config summary_quantiles: '{0}' is not <quantile>:<error> with both between 0 and 1 (e.g. 0.5:0.05,0.9:0.01)"
     )]
+    /// A `summary_quantiles` value that is not a list of `<quantile>:<error>` pairs in [0, 1];
+    /// holds the value.
     BadQuantile(String),
 }
 

@@ -140,12 +140,17 @@ fn milli(v: u32) -> f64 {
 /// One GPU's readings for the metrics.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuReading {
+    /// The GPU's UUID as NVML reports it (`GPU-...`), which labels its metrics.
     pub uuid: String,
     /// Busy fraction over NVML's last sample period, 0.0..=1.0.
     pub utilization: f64,
+    /// Device memory in use, in bytes.
     pub memory_used_bytes: u64,
+    /// Total device memory, in bytes.
     pub memory_total_bytes: u64,
+    /// Current power draw, in watts; `None` where the GPU does not report it.
     pub power_watts: Option<f64>,
+    /// The power management limit, in watts; `None` where the GPU does not report it.
     pub power_limit_watts: Option<f64>,
     /// Energy since the driver was loaded.
     pub energy_millijoules: Option<u64>,

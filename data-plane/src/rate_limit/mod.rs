@@ -31,6 +31,8 @@ pub use self::ledger::{ResourceKey, ResourceLimits};
 pub struct RateLimitConfig {
     /// `execution_count`: instances run only when their resources are free.
     pub enabled: bool,
+    /// `--rate-limit-resource`: the amount of each resource available, overriding what the
+    /// instance groups ask for.
     pub limits: ResourceLimits,
 }
 

@@ -284,14 +284,19 @@ pub(crate) fn entry_size(response: &ModelResponse) -> usize {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CacheConfigError {
     #[error("--cache-config '{0}': expected <cache>,<key>=<value> (e.g. local,size=1048576)")]
+    /// The value is not `<cache>,<key>=<value>`; holds the value.
     Form(String),
     #[error("--cache-config: the '{0}' cache is not supported; Nereid has the 'local' cache only")]
+    /// A cache other than `local`; holds its name.
     UnknownCache(String),
     #[error("--cache-config local: unknown key '{0}' (the local cache takes 'size')")]
+    /// A key the local cache does not take; holds the key.
     UnknownKey(String),
     #[error("--cache-config local,size={0}: expected a size in bytes, at least 1")]
+    /// A `size` that is not a positive number of bytes; holds the value given.
     Size(String),
     #[error("--cache-config local: 'size' is required (e.g. local,size=1048576)")]
+    /// The local cache was configured without a `size`.
     NoSize,
 }
 

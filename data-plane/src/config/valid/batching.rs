@@ -21,7 +21,10 @@ const DEFAULT_IDLE: Duration = Duration::from_secs(1);
 pub struct DynamicBatching {
     /// Sizes to aim for; positive, sorted ascending, each once.
     pub preferred_batch_sizes: Vec<usize>,
+    /// How long the oldest queued request may wait for a batch to fill (`max_queue_delay_microseconds`;
+    /// zero: a batch runs as soon as an instance is free).
     pub max_queue_delay: Duration,
+    /// Responses leave in the order the requests arrived, even when batches finish out of order.
     pub preserve_ordering: bool,
     /// Number of priority levels (at least 1; level 1 is the highest).
     pub priority_levels: usize,
@@ -59,8 +62,11 @@ pub enum TimeoutAction {
 /// One priority level's queue policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuePolicy {
+    /// How long a request may wait in the queue (`default_timeout_microseconds`; `None`: no limit).
     pub default_timeout: Option<Duration>,
+    /// A request's own timeout may shorten the default (see [`QueuePolicy::timeout_for`]).
     pub allow_timeout_override: bool,
+    /// What happens to a request whose queue timeout expires.
     pub timeout_action: TimeoutAction,
     /// 0 = unbounded.
     pub max_queue_size: usize,
@@ -149,6 +155,7 @@ fn preferred_sizes(sizes: &[i32]) -> Vec<usize> {
 /// `sequence_batching`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SequenceBatching {
+    /// How sequences are placed on instances and batched.
     pub strategy: SequenceStrategy,
     /// A sequence without a request for this long is released (Triton's default: 1 s).
     pub max_idle: Duration,
@@ -176,8 +183,11 @@ pub enum SequenceStrategy {
     },
     /// Up to `max_candidates` live sequences; each round batches the oldest ready requests.
     Oldest {
+        /// The most sequences that may be live at once; further sequences wait for one to end.
         max_candidates: usize,
+        /// Batch sizes to aim for; positive, sorted ascending, each once.
         preferred_batch_sizes: Vec<usize>,
+        /// How long the oldest ready request may wait for a batch to fill (zero: never waits).
         max_queue_delay: Duration,
         /// Answers leave in the order the requests were accepted, across sequences.
         preserve_ordering: bool,
@@ -205,18 +215,27 @@ impl PartialEq for Utilization {
 impl Eq for Utilization {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which sequence control signal a control tensor carries (`control_input.control.kind`).
 pub enum ControlKind {
+    /// `CONTROL_SEQUENCE_START`: true on a sequence's first request.
     Start,
+    /// `CONTROL_SEQUENCE_READY`: true on every request that carries work for its slot.
     Ready,
+    /// `CONTROL_SEQUENCE_END`: true on a sequence's last request.
     End,
+    /// `CONTROL_SEQUENCE_CORRID`: the request's correlation id.
     CorrId,
 }
 
 /// One control tensor the sequence batcher generates for every request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SequenceControl {
+    /// The model input the control tensor is fed through.
     pub name: String,
+    /// The control signal the tensor carries.
     pub kind: ControlKind,
+    /// The tensor's element type (the config's `data_type`, or the type of its `int32_false_true`,
+    /// `fp32_false_true` or `bool_false_true` values).
     pub datatype: DataType,
     /// Encoded `false` and `true` values (boolean kinds only; empty for CORRID).
     pub values: [Vec<u8>; 2],
@@ -225,7 +244,9 @@ pub struct SequenceControl {
 /// One implicit state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateIo {
+    /// The model input a request's state is fed through (`state.input_name`).
     pub input_name: String,
+    /// The model output the next state is read from (`state.output_name`).
     pub output_name: String,
     /// The type of the state a sequence starts with (the first `initial_state`'s, else the
     /// state's).

@@ -11,6 +11,7 @@ use nereid_proto::pb::inference::model_warmup::input::InputDataType;
 /// One `model_warmup` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WarmupSetting {
+    /// The sample's name (`model_warmup.name`), which labels it in warmup logs and errors.
     pub name: String,
     /// 0: the sample is skipped.
     pub batch_size: u32,
@@ -32,8 +33,11 @@ pub struct WarmupInput {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// Where a warmup sample takes an input's values from.
 pub enum WarmupData {
+    /// `zero_data`: every byte zero.
     Zero,
+    /// `random_data`: random values.
     Random,
     /// A file under the model directory's `warmup/` folder.
     File(String),
