@@ -238,7 +238,7 @@ pub enum StreamEvent {
 pub type ResponseSink = tokio::sync::mpsc::UnboundedSender<StreamEvent>;
 
 /// The request parameter that carries a traced request's W3C `traceparent` to its backend,
-/// set by the request path (`crate::request`) so the calls a model makes (Python BLS) can
+/// set by the request path (the `request` module) so the calls a model makes (Python BLS) can
 /// join the request's trace; the Python backend takes it out before the model sees the
 /// parameters, the other backends ignore it.
 pub const TRACE_PARAMETER: &str = "nereid_traceparent";
