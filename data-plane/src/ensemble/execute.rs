@@ -26,7 +26,7 @@ use nereid_proto::{
     ServiceResult, Tensor,
 };
 
-use super::plan::EnsemblePlan;
+use super::plan::{EnsemblePlan, PlanStep};
 use super::step_label;
 
 /// An ensemble request that passed the ensemble's own input checks.
@@ -101,6 +101,12 @@ where
         inputs,
         outputs,
     } = request;
+    let base = InferRequest {
+        id,
+        options,
+        parameters,
+        ..Default::default()
+    };
     let mut tensors: HashMap<String, Tensor> = inputs
         .into_iter()
         .map(|t| (t.name().to_string(), t))
@@ -110,32 +116,17 @@ where
     loop {
         for index in progress.start_ready(plan) {
             let step = &plan.steps[index];
-            let request = InferRequest {
-                model_name: step.model.clone(),
-                model_version: step.version,
-                id: id.clone(),
-                options: options.clone(),
-                parameters: parameters.clone(),
-                // An optional ensemble input the client left out stays out.
-                inputs: step
-                    .inputs
-                    .iter()
-                    .filter_map(|(input, tensor)| {
-                        tensors
-                            .get(tensor)
-                            .map(|t| t.clone().renamed(input.as_str()))
-                    })
-                    .collect(),
-                outputs: step
-                    .outputs
-                    .iter()
-                    .map(|(output, _)| RequestedOutput {
-                        name: output.clone(),
-                        parameters: Parameters::new(),
-                    })
-                    .collect(),
-                ..Default::default()
-            };
+            // An optional ensemble input the client left out stays out.
+            let inputs = step
+                .inputs
+                .iter()
+                .filter_map(|(input, tensor)| {
+                    tensors
+                        .get(tensor)
+                        .map(|t| t.clone().renamed(input.as_str()))
+                })
+                .collect();
+            let request = step_request(step, &base, inputs);
             let call = infer(request);
             let limits = &plan.limits;
             running.push(async move {
@@ -169,6 +160,32 @@ where
             })
         })
         .collect()
+}
+
+/// The request for one step: `base`'s id, options and custom parameters, `inputs` (already
+/// named as the step's model calls them) and the step's mapped outputs asked for by name.
+pub(super) fn step_request(
+    step: &PlanStep,
+    base: &InferRequest,
+    inputs: Vec<Tensor>,
+) -> InferRequest {
+    InferRequest {
+        model_name: step.model.clone(),
+        model_version: step.version,
+        id: base.id.clone(),
+        options: base.options.clone(),
+        parameters: base.parameters.clone(),
+        inputs,
+        outputs: step
+            .outputs
+            .iter()
+            .map(|(output, _)| RequestedOutput {
+                name: output.clone(),
+                parameters: Parameters::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
 }
 
 /// A step's failure as the ensemble's: the same class (a composing model's 400 stays a 400),

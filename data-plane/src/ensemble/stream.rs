@@ -29,11 +29,11 @@ use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, SelectAll};
 use futures::{FutureExt, StreamExt};
 use nereid_proto::{
-    InferRequest, InferResponse, Parameters, RequestedOutput, ResponseStream, ServiceError,
-    ServiceResult, StreamedResponse, Tensor,
+    InferRequest, InferResponse, ResponseStream, ServiceError, ServiceResult, StreamedResponse,
+    Tensor,
 };
 
-use super::execute::{EnsembleRequest, step_error, step_outputs};
+use super::execute::{EnsembleRequest, step_error, step_outputs, step_request};
 use super::flow::{Flow, Invocation};
 use super::plan::EnsemblePlan;
 
@@ -219,23 +219,7 @@ impl Run {
             inputs,
         } = invocation;
         let node = &self.plan.steps[index];
-        let request = InferRequest {
-            model_name: node.model.clone(),
-            model_version: node.version,
-            id: self.base.id.clone(),
-            options: self.base.options.clone(),
-            parameters: self.base.parameters.clone(),
-            inputs,
-            outputs: node
-                .outputs
-                .iter()
-                .map(|(output, _)| RequestedOutput {
-                    name: output.clone(),
-                    parameters: Parameters::new(),
-                })
-                .collect(),
-            ..Default::default()
-        };
+        let request = step_request(node, &self.base, inputs);
         let call = (self.step)(request);
         let limits = self.plan.limits.clone();
         let event = move |response, last| StepEvent {
