@@ -1,8 +1,9 @@
 //! Triton's gRPC channel options (`--grpc-keepalive-*`, `--grpc-http2-*`,
 //! `--grpc-max-connection-age*`), in milliseconds with Triton's defaults, shared by `serve`,
-//! `worker` and `router` through [`crate::tls_args::PortTlsArgs`]. Keepalive time and timeout
-//! and the connection age take effect ([`nereid_frontend::GrpcKeepalive`]); the age grace and
-//! the ping-policing four are accepted and checked only, tonic's server has no counterpart.
+//! `worker` and `router` through the TLS-args module's `PortTlsArgs`, which flattens these.
+//! Keepalive time and timeout and the connection age take effect
+//! ([`nereid_frontend::GrpcKeepalive`]); the age grace and the ping-policing four are accepted
+//! and checked only, tonic's server has no counterpart.
 
 use std::time::Duration;
 

@@ -11,10 +11,11 @@
 //!
 //! No openraft type crosses this boundary: commands and state are [`crate::state`]'s, errors are
 //! [`ConsensusError`]. Unit tests of the layers above use an in-memory implementation;
-//! `conformance` runs one behaviour suite against both stores (Raft and etcd).
+//! `conformance_tests` runs one behaviour suite against both stores (Raft and etcd); it is a
+//! test file (named `_tests`) so that this module, which the stores implement, imports neither.
 
 #[cfg(test)]
-mod conformance;
+mod conformance_tests;
 #[cfg(test)]
 pub mod memory;
 
