@@ -51,7 +51,9 @@
 #                             (`--call-graph dwarf`) the router during its runs, into
 #                             OUT_DIR/proxies/raw/NAME.perf.data; syscalls: `perf stat` of its
 #                             system calls, into NAME.syscalls.txt (CPU figures then include
-#                             perf's own overhead; for finding costs, not for the table)
+#                             perf's own overhead; for finding costs, not for the table).
+#                             dwarf needs line tables: build with `cargo build --profile
+#                             profiling` (release plus line tables) and point NEREID there
 # Quick check (under a minute):
 #   BENCH_PROXY_MODELS=identity BENCH_PROXY_PROTOCOLS=grpc BENCH_PROXY_LAYOUTS=pinned \
 #       BENCH_PROXY_SECS=2 scripts/bench_proxies.sh /tmp/proxies-quick
