@@ -1,210 +1,116 @@
-"""The device half of scripts/gpu_check.sh (issue 19), run on the GPU machine.
+"""The device half of scripts/gpu_check.sh (issues 19 and 39), run on the GPU machine.
 
-Each step is recorded in OUT/gpu_check.json (ok / error / figures) and summed up in
-OUT/gpu_check.md; a failing step does not stop the others.
+Each step is recorded in OUT/gpu_check.json (ok / error / skipped with the reason / figures),
+summed up in OUT/gpu_check.md; a failing step does not stop the others. The JSON's top level
+also carries "ratio_vs_inprocess": {"onnxruntime_backend", "python_backend", "pytorch_backend"}
+(best served rows/s / best in-process rows/s of the same model on the same device, this run).
 
-  env        nvidia-smi's GPU, torch and CUDA versions
-  models     a TorchScript MLP made here with the device's torch (1024 -> 8192 x 4 -> 1024,
-             FP32: about 0.45 GFLOP a row, so a batch of 256 keeps the GPU busy for
-             milliseconds while each request carries only 1 MiB in and out)
-  py_gpu     the MLP in a Python model on KIND_GPU (torch on cuda:<device id>, outputs returned
-             as CUDA tensors through Tensor.from_dlpack), served by `nereid` (no libtorch)
-  ts_gpu     the same file as a TorchScript model on KIND_GPU, served by `nereid-torch` (the
-             PyTorch backend), if that binary starts against the device's libtorch
-  cuda_shm   tritonclient gRPC with inputs and outputs in CUDA shared memory (CuPy buffers,
-             their IPC handles registered with CudaSharedMemoryRegister)
-  metrics    the nv_gpu_* lines of /metrics
-  cluster    a control plane and a worker: the worker's GPU report (NVML) as the control
-             plane shows it, the Python model deployed with `resources.gpus` placed on a GPU,
-             and the GPU memory the worker measured for the replica
-  bench      in-process torch on the GPU (host input -> GPU -> host output, as served) vs the
-             served models, batch 1..256 at concurrency 1, 8 and 32
+Sections (--sections, all by default):
+  torch      env (nvidia-smi, torch, CUDA); models: a TorchScript MLP made here (1024 -> 8192 x 4
+             -> 1024, FP32, about 0.45 GFLOP a row); py_gpu / ts_gpu: it in a Python model and as
+             a TorchScript model on KIND_GPU; py_auto / ts_auto: without instance_group
+             (KIND_AUTO must pick the GPU); cuda_shm: tritonclient with CUDA shared memory (CuPy
+             IPC handles); metrics: nv_gpu_*; inprocess: the MLP in process on the GPU (host in,
+             host out, as served); bench: the served models, batch sweep x concurrency
+  ort        gpu_ort.py: the same MLP as ONNX on ONNX Runtime's CUDA provider (onnxruntime-gpu,
+             carried in parts by scripts/gpu_carry.sh), KIND_GPU and KIND_AUTO, TensorRT
+             attempted, served vs in-process onnxruntime-gpu
+  python     gpu_python.py: Python instances on one GPU: 1, 2, 2 under CUDA MPS, 2 in one stub
+  cluster    gpu_placement.py: worker GPU report, GPU placement, measured GPU memory, and a
+             second model that does not fit beside the first
+
+--dry-run-cpu runs every section's logic on a CPU-only machine: ONNX Runtime on the CPU stands
+in for CUDA (KIND_CPU), the Python model is the MLP in NumPy, the torch steps and MPS are
+skipped with their reason, and the sizes shrink (--width/--hidden/--seconds... still apply).
 """
 
 import argparse
 import base64
 import json
-import os
 import shutil
+import signal
 import subprocess
 import sys
-import threading
-import time
-import traceback
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests/python"))
-from nereid_util import free_port, loopback_listen_args  # noqa: E402
+import gpu_ort
+import gpu_placement
+import gpu_python
+from gpu_lib import (IN, OUT, RESULTS, S, Nereid, best, group, grpc_client, infer, inprocess,
+                     instance_groups, model_config, ratio, skip, step, sweep)
 
-RESULTS = {}
-BATCHES = [1, 8, 32, 128, 256]
-CONCURRENCY = [1, 8, 32]
-SECONDS = 1.5
-WIDTH = 1024
-HIDDEN = 8192
-
-PY_MODEL = """
-import numpy as np
-import torch
-import torch.utils.dlpack
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.device = "cuda:" + args["model_instance_device_id"]
-        self.model = torch.jit.load(args["model_repository"] + "/1/model.pt").to(self.device).eval()
-
-    def execute(self, requests):
-        inputs = [torch.utils.dlpack.from_dlpack(pb_utils.get_input_tensor_by_name(r, "INPUT__0").to_dlpack())
-                  for r in requests]
-        sizes = [t.shape[0] for t in inputs]
-        with torch.inference_mode():
-            y = self.model(torch.cat(inputs).to(self.device, non_blocking=True))
-        out, start = [], 0
-        for n in sizes:
-            part = y[start:start + n].contiguous()
-            start += n
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUTPUT__0", part)]))
-        return out
-"""
-
-
-GPU_COUNT = {"ts_gpu": 2, "py_gpu": 2}  # instances per model on GPU 0 (--py-count changes py_gpu)
-
-
-def config(name, platform_or_backend, group=None):
-    """`group` None: `KIND_GPU` on GPU 0, GPU_COUNT instances; empty: no instance_group, so the
-    server resolves KIND_AUTO."""
-    if group is None:
-        group = f"instance_group [ {{ kind: KIND_GPU count: {GPU_COUNT[name]} gpus: [ 0 ] }} ]\n"
-    return (f'name: "{name}"\n{platform_or_backend}\nmax_batch_size: 256\n'
-            f'input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
-            f'output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]\n'
-            'dynamic_batching { max_queue_delay_microseconds: 200 }\n' + group)
-
-
-def step(name):
-    def wrap(fn):
-        def run(*a, **k):
-            started = time.monotonic()
-            try:
-                value = fn(*a, **k)
-                RESULTS[name] = {"ok": True, **(value or {})}
-            except Exception as e:  # noqa: BLE001 - every step is reported, none stops the rest
-                RESULTS[name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
-                                 "trace": traceback.format_exc()[-3000:]}
-            RESULTS[name]["seconds"] = round(time.monotonic() - started, 1)
-            print(f"== {name}: {json.dumps(RESULTS[name])[:1500]}", flush=True)
-            return RESULTS[name]
-        return run
-    return wrap
-
-
-class Nereid:
-    def __init__(self, binary, repo, logs, name):
-        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
-        self.log = open(Path(logs) / f"{name}.log", "wb")
-        args = [binary, "serve", "--model-repository", str(repo), "--allow-client-shm=true",
-                *loopback_listen_args(self.http, self.grpc, self.metrics)]
-        env = dict(os.environ, NEREID_PYTHON=sys.executable)
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-
-    def ready(self, model, deadline_s=120):
-        end = time.monotonic() + deadline_s
-        url = f"http://127.0.0.1:{self.http}/v2/models/{model}/ready"
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                if urllib.request.urlopen(url, timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{model} not ready in {deadline_s}s")
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+TORCH_STEPS = ("models", "py_gpu", "ts_gpu", "ts_auto", "py_auto", "cuda_shm", "metrics",
+               "inprocess", "bench")
+PY_COUNT = {"n": 2}  # instances of py_gpu (--py-count)
 
 
 @step("env")
 def env():
+    smi = shutil.which("nvidia-smi")
+    info = {"gpu": subprocess.run([smi, "--query-gpu=name,memory.total,driver_version",
+                                   "--format=csv,noheader"], capture_output=True,
+                                  text=True).stdout.strip() if smi else "no nvidia-smi",
+            "python": sys.version.split()[0], "dry_run": S.dry}
+    if not S.dry:
+        import torch
+        info.update(torch=torch.__version__, cuda=torch.version.cuda,
+                    cuda_available=torch.cuda.is_available())
+    return info
+
+
+def torch_mlp():
     import torch
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                          "--format=csv,noheader"], capture_output=True, text=True).stdout
-    return {"gpu": smi.strip(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cuda_available": torch.cuda.is_available()}
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(S.width, S.hidden), torch.nn.ReLU()]
+    for _ in range(3):
+        layers += [torch.nn.Linear(S.hidden, S.hidden), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(S.hidden, S.width)).eval()
 
 
 @step("models")
-def make_models(repo):
+def make_models(repo, mlp):
     import torch
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU()]
-    for _ in range(3):
-        layers += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU()]
-    mlp = torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, WIDTH))
-    scripted = torch.jit.script(mlp.eval())
+    scripted = torch.jit.script(mlp)
     for name, header in [("ts_gpu", 'platform: "pytorch_libtorch"'), ("py_gpu", 'backend: "python"'),
                          ("ts_auto", 'platform: "pytorch_libtorch"'), ("py_auto", 'backend: "python"')]:
         (repo / name / "1").mkdir(parents=True)
         scripted.save(str(repo / name / "1" / "model.pt"))
-        group = "" if name.endswith("_auto") else None
-        (repo / name / "config.pbtxt").write_text(config(name, header, group))
+        count = PY_COUNT["n"] if name == "py_gpu" else 2
+        grp = "" if name.endswith("_auto") else group(count)
+        (repo / name / "config.pbtxt").write_text(model_config(name, header, grp))
     for name in ("py_gpu", "py_auto"):
-        (repo / name / "1" / "model.py").write_text(PY_MODEL)
+        (repo / name / "1" / "model.py").write_text(gpu_python.PY_MODEL)
     return {"repo": str(repo)}
 
 
-def client(server):
-    return grpc_client(server.grpc)
-
-
-def grpc_client(port):
-    import tritonclient.grpc as grpcclient
-    return grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
-
-
-def infer(c, model, x):
-    import tritonclient.grpc as grpcclient
-    inp = grpcclient.InferInput("INPUT__0", list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    return c.infer(model, [inp], client_timeout=60).as_numpy("OUTPUT__0")
-
-
-def reference(repo, x):
-    import torch  # every model file is the same module
+def torch_reference(repo):
+    import torch
     model = torch.jit.load(str(repo / "py_gpu" / "1" / "model.pt")).cuda().eval()
-    with torch.inference_mode():
-        return model(torch.from_numpy(x).cuda()).cpu().numpy()
+
+    def run(x):
+        with torch.inference_mode():
+            return model(torch.from_numpy(x).cuda()).cpu().numpy()
+    return run
 
 
-def served(server, repo, model):
+def served(server, reference, model):
     server.ready(model)
-    x = np.random.default_rng(1).standard_normal((4, WIDTH), dtype=np.float32)
-    c = client(server)
-    y = infer(c, model, x)
-    np.testing.assert_allclose(y, reference(repo, x), rtol=1e-3, atol=1e-3)
-    cfg = c.get_model_config(model, as_json=True)["config"]["instance_group"]
-    return {"instance_group": cfg}
+    x = np.random.default_rng(1).standard_normal((4, S.width), dtype=np.float32)
+    np.testing.assert_allclose(infer(grpc_client(server.grpc), model, x), reference(x),
+                               rtol=1e-3, atol=1e-3)
+    return {"instance_group": instance_groups(server, model)}
 
 
 served_python = step("py_gpu")(served)
 served_torch = step("ts_gpu")(served)
 
 
-def resolved_to_gpu(server, repo, model):
+def resolved_to_gpu(server, reference, model):
     """A config without instance_group (KIND_AUTO) is served on the GPU, as Triton does."""
-    result = served(server, repo, model)
+    result = served(server, reference, model)
     kinds = {g["kind"] for g in result["instance_group"]}
     if kinds != {"KIND_GPU"}:
         raise RuntimeError(f"KIND_AUTO resolved to {kinds}, not KIND_GPU")
@@ -222,8 +128,8 @@ def cuda_shm(server, model):
     # Plain cudaMalloc per buffer (no pool): an IPC handle names a whole allocation, and the
     # server opens it at its base address.
     cp.cuda.set_allocator(None)
-    c = client(server)
-    x = np.random.default_rng(2).standard_normal((8, WIDTH), dtype=np.float32)
+    c = grpc_client(server.grpc)
+    x = np.random.default_rng(2).standard_normal((8, S.width), dtype=np.float32)
     d_in = cp.asarray(x)
     d_out = cp.zeros_like(d_in)
     nbytes = x.nbytes
@@ -231,15 +137,14 @@ def cuda_shm(server, model):
         handle = bytes(cp.cuda.runtime.ipcGetMemHandle(buf.data.ptr))
         c.register_cuda_shared_memory(name, base64.b64encode(handle), 0, nbytes)
     status = c.get_cuda_shared_memory_status(as_json=True)
-    inp = grpcclient.InferInput("INPUT__0", list(x.shape), "FP32")
+    inp = grpcclient.InferInput(IN, list(x.shape), "FP32")
     inp.set_shared_memory("gpu_in", nbytes)
-    out = grpcclient.InferRequestedOutput("OUTPUT__0")
+    out = grpcclient.InferRequestedOutput(OUT)
     out.set_shared_memory("gpu_out", nbytes)
     c.infer(model, [inp], outputs=[out], client_timeout=60)
     cp.cuda.runtime.deviceSynchronize()
     y = cp.asnumpy(d_out)
-    with_plain = infer(c, model, x)
-    np.testing.assert_allclose(y, with_plain, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, infer(c, model, x), rtol=1e-4, atol=1e-4)
     c.unregister_cuda_shared_memory()
     return {"status": status}
 
@@ -247,159 +152,208 @@ def cuda_shm(server, model):
 @step("metrics")
 def metrics(server):
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics}/metrics", timeout=10).read()
-    lines = [l for l in text.decode().splitlines() if l.startswith("nv_gpu")]
+    lines = [line for line in text.decode().splitlines() if line.startswith("nv_gpu")]
     if not lines:
         raise RuntimeError("no nv_gpu_* metrics")
     return {"lines": lines[:40]}
 
 
-def throughput(server, model, batch, concurrency):
-    x = np.random.default_rng(3).standard_normal((batch, WIDTH), dtype=np.float32)
-    counts = [0] * concurrency
-    stop = time.monotonic() + SECONDS
+@step("inprocess")
+def measure_inprocess(repo, weights):
+    """The MLP in process, host input -> device -> host output as served: torch on the GPU,
+    or (dry run) the Python model's NumPy arithmetic on the CPU."""
+    if S.dry:
+        mlp = gpu_python.numpy_mlp(weights)
+        xs = {b: np.random.default_rng(3).standard_normal((b, S.width), dtype=np.float32)
+              for b in S.batches}
+        return {"engine": "numpy", "rates": inprocess(lambda b: mlp(xs[b]))}
+    import torch
+    model = torch.jit.load(str(repo / "py_gpu" / "1" / "model.pt")).cuda().eval()
+    xs = {b: torch.randn(b, S.width).pin_memory() for b in S.batches}
 
-    def work(i):
-        c = client(server)
-        while time.monotonic() < stop:
-            infer(c, model, x)
-            counts[i] += batch
-        c.close()
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(concurrency)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.monotonic() - start)
+    def run(b):
+        with torch.inference_mode():
+            model(xs[b].cuda(non_blocking=True)).cpu()
+    return {"engine": "torch", "rates": inprocess(run)}
 
 
-@step("cluster")
-def cluster(repo, logs):
-    from cluster_util import ControlPlaneNode, WorkerProcess, model_body, wait_replicas, \
-        write_token
-    from nereid_util import wait_until
-    work = Path("/tmp/gpu/cluster")
-    shutil.rmtree(work, ignore_errors=True)  # a fresh control plane each run (no old state)
-    work.mkdir(parents=True)
-    token = write_token(work)
-    cp = ControlPlaneNode(1, work, token).spawn()
-    worker = WorkerProcess("gpu-worker", work, token, [cp.grpc_addr]).spawn()
-    try:
-        wait_until(lambda: cp.api("GET", "/api/v1/nodes")[1].get("nodes"), 60, "worker registered")
-        node = cp.api("GET", "/api/v1/nodes/gpu-worker")[1]
-        body = model_body("py_gpu", repo / "py_gpu", replicas=1, memory=2 << 30)
-        body["resources"].update({"gpus": 1, "gpu_memory_bytes": 8 << 30})
-        code, answer = cp.api("POST", "/api/v1/models", body)
-        if code != 200:
-            raise RuntimeError(f"deploy: {code} {answer}")
-        ready = wait_replicas(cp, "py_gpu",
-                              lambda r: any(x["state"] == "REPLICA_STATE_READY" for x in r),
-                              "a ready replica", deadline_s=120)
-        placement = cp.api("GET", "/api/v1/models/py_gpu/placement")[1]
-        # The measured GPU memory arrives with the next heartbeat after the load.
-        measured = wait_until(
-            lambda: [r for r in cp.api("GET", "/api/v1/models/py_gpu")[1].get("replicas", [])
-                     if int(r.get("measured_gpu_memory_bytes", 0))], 30, "measured GPU memory")
-        x = np.random.default_rng(4).standard_normal((2, WIDTH), dtype=np.float32)
-        y = infer(grpc_client(worker.grpc_port), "py_gpu", x)
-        np.testing.assert_allclose(y, reference(repo, x), rtol=1e-3, atol=1e-3)
-        return {"node": node, "replicas": ready, "placement": placement, "measured": measured}
-    finally:
-        for p in (worker, cp):
-            p.stop()
-            shutil.copy(p.log_path, logs)
+def best_inprocess():
+    r = RESULTS.get("inprocess", {})
+    return max(r["rates"].values()) if r.get("ok") else None
 
 
 @step("bench")
-def bench(repo, servers):
-    import torch
-    model = torch.jit.load(str(repo / "py_gpu" / "1" / "model.pt")).cuda().eval()
-    inproc = {}
-    for batch in BATCHES:
-        x = torch.randn(batch, WIDTH).pin_memory()
-        n, start = 0, time.monotonic()
-        with torch.inference_mode():
-            while time.monotonic() - start < SECONDS:
-                model(x.cuda(non_blocking=True)).cpu()
-                n += batch
-        inproc[batch] = n / (time.monotonic() - start)
-    rows = []
-    for label, (server, name) in servers.items():
-        for conc in CONCURRENCY:
-            for batch in BATCHES:
-                rows.append({"server": label, "concurrency": conc, "batch": batch,
-                             "infer_per_sec": round(throughput(server, name, batch, conc), 1)})
-    best_inproc = max(inproc.values())
-    ratios = {label: max(r["infer_per_sec"] for r in rows if r["server"] == label) / best_inproc
-              for label in servers}
-    return {"inprocess": {str(b): round(v, 1) for b, v in inproc.items()}, "served": rows,
-            "ratio_best_served_to_best_inprocess": {k: round(v, 3) for k, v in ratios.items()}}
+def bench(servers):
+    rows = [row for label, (server, name) in servers.items() for row in sweep(label, server, name)]
+    return {"served": rows, "ratio_best_served_to_best_inprocess": {
+        label: ratio(best(rows, label), best_inprocess()) for label in servers}}
 
 
-def markdown(out):
-    lines = ["# GPU check", "", f"device: {RESULTS.get('env', {}).get('gpu', '?')}", ""]
-    for name, r in RESULTS.items():
-        lines.append(f"- {name}: {'ok' if r['ok'] else 'FAILED: ' + r['error']}")
-    b = RESULTS.get("bench", {})
-    if b.get("ok"):
-        lines += ["", "| server | concurrency | " + " | ".join(f"batch {x}" for x in BATCHES) + " |",
-                  "| --- | --- |" + " --- |" * len(BATCHES)]
-        lines.append("| in-process torch | 1 | " + " | ".join(
-            str(b["inprocess"][str(x)]) for x in BATCHES) + " |")
-        for label in sorted({r["server"] for r in b["served"]}):
-            for conc in CONCURRENCY:
-                cells = [str(r["infer_per_sec"]) for r in b["served"]
-                         if r["server"] == label and r["concurrency"] == conc]
-                lines.append(f"| {label} | {conc} | " + " | ".join(cells) + " |")
-        lines += ["", f"best served / best in-process: {b['ratio_best_served_to_best_inprocess']}"]
-    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
-
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--nereid", required=True)
-    p.add_argument("--nereid-torch", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--no-bench", action="store_true", help="skip the throughput sweep")
-    p.add_argument("--py-count", type=int, default=2,
-                   help="instances (stub processes) of the Python model on the GPU")
-    p.add_argument("--bench-only", choices=["python_backend", "pytorch_backend"],
-                   help="sweep one served model only")
-    a = p.parse_args()
-    GPU_COUNT["py_gpu"] = a.py_count
-    out = Path(a.out)
-    work = Path("/tmp/gpu")
-    logs = work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    repo = work / "repo"
-    shutil.rmtree(repo, ignore_errors=True)
-    env()
-    make_models(repo)
-    plain = Nereid(a.nereid, repo, logs, "nereid")
-    torch_server = Nereid(a.nereid_torch, repo, logs, "nereid_torch")
+def torch_section(a, repo, box, serve):
+    """The issue-19 steps. The model file and the in-process rates always (the other sections
+    use them); the servers only when `serve`. Fills box with the MLP's weights and reference."""
+    if S.dry:
+        for name in TORCH_STEPS:
+            if name != "inprocess":
+                skip(name, "dry run on the CPU: torch on a GPU")
+        box["weights"] = gpu_ort.mlp_weights()
+        box["reference"] = gpu_python.numpy_mlp(box["weights"])
+        measure_inprocess(repo, box["weights"])
+        return
+    mlp = torch_mlp()
+    box["weights"] = gpu_ort.mlp_weights(mlp)
+    if not make_models(repo, mlp)["ok"]:
+        return
+    box["reference"] = torch_reference(repo)
+    measure_inprocess(repo, None)
+    if not serve:
+        return
+    plain = Nereid(a.nereid, repo, "nereid")
+    torch_server = Nereid(a.nereid_torch, repo, "nereid_torch") if a.nereid_torch else None
     servers = {}
     try:
-        if served_python(plain, repo, "py_gpu")["ok"]:
+        if served_python(plain, box["reference"], "py_gpu")["ok"]:
             servers["python_backend"] = (plain, "py_gpu")
             cuda_shm(plain, "py_gpu")
             metrics(plain)
-        if served_torch(torch_server, repo, "ts_gpu")["ok"]:
+        if torch_server and served_torch(torch_server, box["reference"], "ts_gpu")["ok"]:
             servers["pytorch_backend"] = (torch_server, "ts_gpu")
-        auto_torch(torch_server, repo, "ts_auto")
-        auto_python(torch_server, repo, "py_auto")
+        if torch_server:
+            auto_torch(torch_server, box["reference"], "ts_auto")
+        auto_python(plain, box["reference"], "py_auto")
         if a.bench_only:
             servers = {k: v for k, v in servers.items() if k == a.bench_only}
         if servers and not a.no_bench:
-            bench(repo, servers)
+            bench(servers)
     finally:
         plain.stop()
-        torch_server.stop()
+        if torch_server:
+            torch_server.stop()
+
+
+def ratios():
+    """Best served / best in-process of each backend's model, this run (None: not measured)."""
+    b = RESULTS.get("bench", {})
+    torch_ratio = b["ratio_best_served_to_best_inprocess"].get("pytorch_backend") \
+        if b.get("ok") else None
+    py_best, py_where = gpu_python.best_of_run()
+    return {"onnxruntime_backend": gpu_ort.ratio_of_run(),
+            "python_backend": ratio(py_best, best_inprocess()),
+            "pytorch_backend": torch_ratio}, py_where
+
+
+def markdown(out, rv, py_where):
+    lines = ["# GPU check", "", f"device: {RESULTS.get('env', {}).get('gpu', '?')}", ""]
+    for name, r in RESULTS.items():
+        state = "ok" if r.get("ok") else (f"skipped: {r['skipped']}" if r.get("ok") is None
+                                           else f"FAILED: {r['error']}")
+        lines.append(f"- {name}: {state}")
+    lines += ["", f"ratio_vs_inprocess (best served / best in-process): {json.dumps(rv)}"
+              f" (Python's best from {py_where})", ""]
+    for name in ("inprocess", "bench", "ort_bench", "py_1", "py_2", "py_2_mps", "py_2_shared"):
+        r = RESULTS.get(name, {})
+        if not r.get("ok"):
+            continue
+        if "rates" in r or "inprocess" in r:
+            rates = r.get("rates") or r["inprocess"]
+            lines += [f"{name} in-process rows/s by batch: {json.dumps(rates)}", ""]
+        rows = r.get("served", [])
+        if rows:
+            batches = sorted({x["batch"] for x in rows})
+            lines += [f"| {name}: server | concurrency | " + " | ".join(f"batch {x}" for x in batches)
+                      + " |", "| --- | --- |" + " --- |" * len(batches)]
+            for label in sorted({x["server"] for x in rows}):
+                for conc in sorted({x["concurrency"] for x in rows}):
+                    cells = [str(x["infer_per_sec"]) for x in rows
+                             if x["server"] == label and x["concurrency"] == conc]
+                    lines.append(f"| {label} | {conc} | " + " | ".join(cells) + " |")
+            lines.append("")
+    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+
+
+def ints(text):
+    return [int(x) for x in text.split(",")]
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nereid", required=True)
+    p.add_argument("--nereid-torch", help="the binary beside the PyTorch backend library")
+    p.add_argument("--onnxruntime-library", help="onnxruntime-gpu's libonnxruntime.so.* "
+                   "(the ONNX Runtime section is skipped without it)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--sections", default="torch,ort,python,cluster")
+    p.add_argument("--dry-run-cpu", action="store_true",
+                   help="CPU-only machine: ORT CPU stands in for CUDA, small sizes")
+    p.add_argument("--no-bench", action="store_true", help="skip the torch throughput sweep")
+    p.add_argument("--py-count", type=int, default=2,
+                   help="instances (stub processes) of the torch section's Python model")
+    p.add_argument("--bench-only", choices=["python_backend", "pytorch_backend"])
+    p.add_argument("--ort-count", type=int, default=2, help="ONNX Runtime instances on GPU 0")
+    p.add_argument("--py-shared-param", metavar="KEY=VALUE", default="SHARED_STUB_PROCESS=true",
+                   help="the model parameter that hosts a model's instances in one stub "
+                        "process ('' skips that configuration)")
+    p.add_argument("--width", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--seconds", type=float, help="per measured cell")
+    p.add_argument("--batches", type=ints)
+    p.add_argument("--concurrency", type=ints)
+    p.add_argument("--py-batches", type=ints)
+    p.add_argument("--py-concurrency", type=ints)
+    p.add_argument("--work", help="scratch folder (default /tmp/gpu)")
+    a = p.parse_args()
+    if a.dry_run_cpu:
+        S.dry, S.width, S.hidden, S.seconds = True, 64, 256, 0.3
+        S.batches, S.concurrency, S.py_batches, S.py_concurrency = [1, 8, 32], [1, 4], [8, 32], [4]
+    for name in ("width", "hidden", "seconds", "batches", "concurrency", "py_batches",
+                 "py_concurrency"):
+        if getattr(a, name) is not None:
+            setattr(S, name, getattr(a, name))
+    if a.work:
+        S.work = Path(a.work)
+    PY_COUNT["n"] = a.py_count
+    return a
+
+
+def main():
+    a = parse()
+    # `timeout` stops the check with SIGTERM: unwind (servers stopped, the JSON written).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    S.logs.mkdir(parents=True, exist_ok=True)
+    repo = S.work / "repo"
+    for d in S.work.glob("*repo*"):
+        shutil.rmtree(d, ignore_errors=True)
+    repo.mkdir(parents=True)
+    sections = set(a.sections.split(","))
+    env()
+    box = {}
     try:
-        cluster(repo, logs)
+        torch_section(a, repo, box, "torch" in sections)
+        if "weights" not in box:
+            raise RuntimeError("the MLP could not be made: see the models step")
+        if "ort" in sections:
+            library = Path(a.onnxruntime_library) if a.onnxruntime_library else None
+            gpu_ort.run(a.nereid, repo, library, box["weights"], a.ort_count, Nereid)
+        # The Python model's source: the TorchScript file, or (dry run) the NumPy weights.
+        source = box["weights"] if S.dry else repo / "py_gpu" / "1" / "model.pt"
+        if "python" in sections:
+            gpu_python.run(a.nereid, repo, source, a.py_shared_param, Nereid)
+        if "cluster" in sections:
+            model_dir = repo / "py_gpu"
+            if S.dry:
+                model_dir = S.work / "py_cluster" / "py_gpu"
+                gpu_python.write_model(model_dir.parent, "py_gpu", 1, source)
+            gpu_placement.run(a.nereid, repo, model_dir, box["reference"])
     finally:
-        (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1))
-        markdown(out)
+        rv, py_where = ratios()
+        doc = {"ratio_vs_inprocess": rv, "python_backend_best_from": py_where,
+               "settings": {k: (str(v) if isinstance(v, Path) else v)
+                            for k, v in vars(S).items()}, **RESULTS}
+        (out / "gpu_check.json").write_text(json.dumps(doc, indent=1))
+        markdown(out, rv, py_where)
+        print(f"ratio_vs_inprocess: {json.dumps(rv)}", flush=True)
 
 
 if __name__ == "__main__":
