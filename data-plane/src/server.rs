@@ -19,9 +19,10 @@
 //! A sampled request (see `nereid_telemetry::trace_config`) gets a root span `InferRequest`
 //! (child of the caller's `traceparent`) with phases `receive` (frontend decode and checks),
 //! `queue`, `compute_input`, `compute_infer`, `compute_output` and `send` (the frontend's
-//! encoding, closed through the request's response hook). Ensemble steps run with the
-//! ensemble's span as their parent, so each step is a child trace of it. Log lines written
-//! while a traced request runs carry its `trace_id`.
+//! encoding, closed through the request's response hook; a stream records each response
+//! instead). Ensemble steps, a decoupled ensemble's too, run with the ensemble's span as their
+//! parent, so each step is a child trace of it. Log lines written while a traced unary request
+//! runs carry its `trace_id`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,7 +43,7 @@ use nereid_proto::{
 };
 
 use crate::manager::{ControlMode, LoadSource, ModelManager, overrides};
-use crate::request::{RunContext, Runner, StreamContext};
+use crate::request::{RunContext, StreamContext};
 
 /// Triton's server extensions that Nereid implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
@@ -355,15 +356,12 @@ impl RequestPath {
                 .get(&request.model_name, request.model_version)?;
             if loaded.streams() {
                 let steps = path.clone();
-                // A decoupled model's request is traced on its stream (a decoupled ensemble's
-                // is not yet).
-                let trace = matches!(loaded.runner, Runner::Decoupled(_))
-                    .then(|| {
-                        let model = &request.model_name;
-                        path.tracer
-                            .start("InferRequest", SpanKind::Server, model, &request.context)
-                    })
-                    .flatten();
+                // Traced on its stream: a decoupled model's request, or a decoupled ensemble's
+                // (whose steps come back here as its child traces).
+                let model = &request.model_name;
+                let trace =
+                    path.tracer
+                        .start("InferRequest", SpanKind::Server, model, &request.context);
                 let ctx = StreamContext {
                     unavailable: &|loaded| path.manager.unavailable(loaded),
                     step: Arc::new(move |r| steps.stream_model(r)),

@@ -1,6 +1,6 @@
 //! Triton's trace mode: a traced request becomes the JSON objects Triton 2.51 writes (checked
-//! against it by `tests/python/test_triton_diff.py`), grouped with its child traces and handed
-//! to the trace file ([`TraceFile`]).
+//! against it by `tests/python/test_triton_diff_trace.py`), grouped with its child traces and
+//! handed to the trace file ([`TraceFile`]).
 //!
 //! ```text
 //! Tracer::start ─► TritonSink::begin(span, parent span) ─► Ids { id, parent_id, root }

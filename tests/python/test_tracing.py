@@ -387,7 +387,8 @@ def children_of(traces, parent):
 def test_triton_mode_writes_one_json_array_at_shutdown(tmp_path):
     """`triton,file=F` (log-frequency 0): nothing on disk while serving, one JSON array at
     SIGTERM with Triton's objects; HTTP and gRPC stamps, stream requests traced one by one,
-    a decoupled request's two responses, ensemble steps and a BLS call as child traces."""
+    a decoupled request's two responses, ensemble steps and a BLS call as child traces, and a
+    decoupled ensemble's request with each composing-model execution as a child trace."""
     import trace_files
     repo = trace_files.write_repository(tmp_path / "repo")
     file = tmp_path / "trace.json"
@@ -435,6 +436,21 @@ def test_triton_mode_writes_one_json_array_at_shutdown(tmp_path):
     # A trace and its children are written together, the children first.
     order = [o["id"] for o in json.loads(file.read_text())]
     assert order.index(e_id) > max(order.index(i) for i, _ in steps.values())
+    # The decoupled ensemble: its own stamps (no compute: its steps computed), one response
+    # stamp and send pair per response; repeat_decoupled ran once, trace_double once per
+    # response of it, each a child trace with the model's stamps and the ensemble's id.
+    de_id, de1 = by_request(traces, "trace_dec_ens", "de1")
+    assert de1["header"]["model_version"] == 1, de1["header"]
+    assert de1["stamps"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END", "GRPC_WAITREAD_START",
+                             "GRPC_WAITREAD_END"] + ["INFER_RESPONSE_COMPLETE", "GRPC_SEND_START",
+                                                     "GRPC_SEND_END"] * 2, de1["stamps"]
+    de_steps = [t for t in traces.values() if t["header"].get("parent_id") == de_id]
+    assert sorted(t["header"]["model_name"] for t in de_steps) == [
+        "repeat_decoupled", "trace_double", "trace_double"], de_steps
+    for t in de_steps:
+        assert t["header"]["request_id"] == "de1", t["header"]
+        assert t["stamps"] == CHILD_STAMPS, t
+    assert order.index(de_id) > max(order.index(t["header"]["id"]) for t in de_steps)
 
 
 def test_log_frequency_rotates_into_numbered_files(tmp_path):
@@ -481,14 +497,30 @@ def test_opentelemetry_traces_stream_requests_and_bls_calls(receiver, tmp_path):
         trace_files.send_requests(server)
 
         def everything(spans):
-            return len(by_name(spans, "InferRequest")) >= 11  # 7 roots, 4 children
+            return len(by_name(spans, "InferRequest")) >= 15  # 8 roots, 7 children
         spans = receiver.collect(everything, "every request's span")
     finally:
         assert server.stop() == 0, server.log_tail()
     roots = by_name(spans, "InferRequest")
-    ids = {attrs(r.attributes).get("request.id"): r for r in roots}
-    assert {"s1", "s2", "d1"} <= set(ids), sorted(i for i in ids if i)
-    assert len({ids[k].trace_id for k in ("s1", "s2", "d1")}) == 3, "one trace per request"
+    ids = {attrs(r.attributes).get("request.id"): r for r in roots
+           if r.parent_span_id == b""}
+    assert {"s1", "s2", "d1", "de1"} <= set(ids), sorted(i for i in ids if i)
+    assert len({ids[k].trace_id for k in ("s1", "s2", "d1", "de1")}) == 4, \
+        "one trace per request"
+    # The decoupled ensemble: its receive phase (and send, from its last response to the end of
+    # its stream, as a decoupled model's), and each composing-model execution a child
+    # InferRequest span of its span, in its trace.
+    de1 = ids["de1"]
+    assert attrs(de1.attributes)["model.name"] == "trace_dec_ens"
+    assert attrs(de1.attributes)["model.version"] == "1"
+    under = [sp for _, sp in spans if sp.parent_span_id == de1.span_id]
+    phases = sorted(sp.name for sp in under if sp.name != "InferRequest")
+    assert phases == ["receive", "send"], under
+    steps = [sp for sp in under if sp.name == "InferRequest"]
+    assert sorted(attrs(sp.attributes)["model.name"] for sp in steps) == [
+        "repeat_decoupled", "trace_double", "trace_double"], steps
+    assert all(sp.trace_id == de1.trace_id for sp in steps)
+    assert all(de1.start_time_unix_nano <= sp.start_time_unix_nano for sp in steps)
     bls = ids["b1"]
     (call,) = [r for r in roots if r.parent_span_id == bls.span_id]
     assert attrs(call.attributes)["model.name"] == "add_sub"

@@ -547,41 +547,6 @@ def test_ragged_requests_batch_into_one_python_execution(pair):
     assert nereid == triton
 
 
-@pytest.mark.parametrize("tensors", [False, True], ids=["timestamps", "tensors"])
-def test_triton_trace_files_have_tritons_structure(tmp_path, tensors):
-    """Triton's trace mode (`triton,file=F`, level TIMESTAMPS, rate 1) on Nereid and on Triton
-    2.51, the same requests (trace_files.send_requests: HTTP, gRPC, a BLS call made with
-    trace=request.trace(), an ensemble with a BLS step, two gRPC stream requests): the files
-    written at shutdown must hold the same traces, by structure: header keys, timestamp names
-    in file order (the model's and the frontend's), with level TENSORS too the tensors
-    recorded, and parent/child links. Values (ids, nanoseconds, tensor text) are not compared.
-    Decoupled responses are left out: Triton 2.51 records them differently over HTTP and
-    gRPC."""
-    import trace_files
-    from triton_util import TritonServer, nereid_like_triton
-    repo = trace_files.write_repository(tmp_path / "repo")
-    trees = {}
-    for kind, make in (("nereid", nereid_like_triton), ("triton", TritonServer)):
-        file = tmp_path / f"{kind}_trace.json"
-        args = trace_files.trace_args(file, tensors=tensors)
-        server = make(repo, tmp_path, args, name=f"{kind}_traced")
-        server.start()
-        try:
-            wait_until(lambda s=server: http_raw(s.http_url, "GET", "/v2/health/ready")[0] == 200,
-                       90, f"{kind} ready")
-            answer = http_answer(server, "GET", "/v2/trace/setting")
-            answer["body"]["trace_file"] = "F"
-            trees[f"{kind}_settings"] = answer
-            trace_files.send_requests(server, decoupled=False)
-        finally:
-            server.stop()
-        trees[kind] = trace_files.tree(trace_files.read_traces([file]))
-    check_same("trace_settings_triton_mode", trees["nereid_settings"], trees["triton_settings"])
-    check_same("trace_file_structure", trees["nereid"], trees["triton"])
-    assert len(trees["triton"]) == 6, trees["triton"]
-    assert any(root["tensors"] for root in trees["triton"]) == tensors
-
-
 # --------------------------------------------------------------------------------------------
 # Ensembles with a decoupled step (scripts/gen_models.py write_decoupled_ensemble_models): written
 # into both repositories and loaded explicitly (ens_dec_mixed must fail, and `--load-model *`

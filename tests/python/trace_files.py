@@ -1,9 +1,10 @@
 """Triton's trace mode in the tests: a repository of Python models that shows every kind of trace
 (a plain model, a BLS caller passing `trace=request.trace()`, an ensemble with a BLS step, a
-decoupled model), the requests that exercise it over HTTP, gRPC and a gRPC stream, and a reader
-that turns trace files into one record per trace.
+decoupled model, a decoupled ensemble), the requests that exercise it over HTTP, gRPC and a gRPC
+stream, and a reader that turns trace files into one record per trace.
 
-Used by test_tracing.py (Nereid alone) and test_triton_diff.py (Nereid against Triton 2.51)."""
+Used by test_tracing.py (Nereid alone) and test_triton_diff_trace.py (Nereid against Triton
+2.51)."""
 
 import importlib.util
 import json
@@ -14,7 +15,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from nereid_util import ROOT
+from nereid_util import ROOT, http_raw
 
 _spec = importlib.util.spec_from_file_location("gen_python_models",
                                                ROOT / "scripts/gen_python_models.py")
@@ -65,15 +66,51 @@ ENSEMBLE_CONFIG = textwrap.dedent("""
     """)
 
 
+DOUBLE = textwrap.dedent("""
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", 2 * pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+    """)
+
+DOUBLE_CONFIG = textwrap.dedent("""
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """)
+
+# Decoupled: repeat_decoupled answers once per element of IN (then its final flag alone), and
+# trace_double runs once per answer.
+DECOUPLED_ENSEMBLE_CONFIG = textwrap.dedent("""
+    platform: "ensemble"
+    max_batch_size: 0
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    ensemble_scheduling { step [
+      { model_name: "repeat_decoupled" model_version: -1
+        input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "R" } },
+      { model_name: "trace_double" model_version: -1
+        input_map { key: "IN" value: "R" } output_map { key: "OUT" value: "OUT" } } ] }
+    """)
+
+
 def write_repository(path):
-    """add_sub, repeat_decoupled, trace_bls (BLS to add_sub) and trace_ens (add_sub, then
-    trace_bls)."""
+    """add_sub, repeat_decoupled, trace_bls (BLS to add_sub), trace_ens (add_sub, then
+    trace_bls), trace_double (OUT = 2 IN) and trace_dec_ens (repeat_decoupled, then
+    trace_double on each of its responses: a decoupled ensemble)."""
     repo = gen_python_models.write_repository(path, ["add_sub", "repeat_decoupled"])
-    (repo / "trace_bls" / "1").mkdir(parents=True)
-    (repo / "trace_bls" / "1" / "model.py").write_text(BLS)
-    (repo / "trace_bls" / "config.pbtxt").write_text(BLS_CONFIG)
-    (repo / "trace_ens" / "1").mkdir(parents=True)
-    (repo / "trace_ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    for name, config, source in (("trace_bls", BLS_CONFIG, BLS),
+                                 ("trace_ens", ENSEMBLE_CONFIG, None),
+                                 ("trace_double", DOUBLE_CONFIG, DOUBLE),
+                                 ("trace_dec_ens", DECOUPLED_ENSEMBLE_CONFIG, None)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+        if source:
+            (repo / name / "1" / "model.py").write_text(source)
     return repo
 
 
@@ -92,10 +129,17 @@ def _inputs(module, names=("INPUT0", "INPUT1")):
     return out
 
 
+def _dec_ens_input(module):
+    t = module.InferInput("IN", [2], "INT32")
+    t.set_data_from_numpy(np.array([4, 5], np.int32))
+    return [t]
+
+
 def send_requests(server, decoupled=True):
     """One trace of each kind, in order: add_sub over HTTP (`h1`) and gRPC (`g1`), the BLS
     caller (`b1`), the ensemble (`e1`), two add_sub requests on one gRPC stream (`s1`, `s2`)
-    and, with `decoupled`, a decoupled request with two responses on it (`d1`)."""
+    and, with `decoupled`, a decoupled request with two responses on it (`d1`) and a decoupled
+    ensemble request with two responses (`de1`: trace_double ran twice)."""
     h = httpclient.InferenceServerClient(server.http_url)
     g = grpcclient.InferenceServerClient(server.grpc_url)
     try:
@@ -112,7 +156,8 @@ def send_requests(server, decoupled=True):
             t = grpcclient.InferInput("IN", [2], "INT32")
             t.set_data_from_numpy(np.array([4, 5], np.int32))
             g.async_stream_infer("repeat_decoupled", [t], request_id="d1")
-            expected += 2
+            g.async_stream_infer("trace_dec_ens", _dec_ens_input(grpcclient), request_id="de1")
+            expected += 4
         for _ in range(expected):
             _, error = got.get(timeout=30)
             assert error is None, error
@@ -120,6 +165,29 @@ def send_requests(server, decoupled=True):
     finally:
         h.close()
         g.close()
+
+
+def send_decoupled_ensemble(server):
+    """The decoupled ensemble (IN [4, 5]: two responses) on a gRPC stream (`de1`) and through
+    HTTP generate_stream (no request id)."""
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        got = queue.Queue()
+        g.start_stream(callback=lambda result, error: got.put((result, error)))
+        g.async_stream_infer("trace_dec_ens", _dec_ens_input(grpcclient), request_id="de1")
+        answers = []
+        for _ in range(2):
+            result, error = got.get(timeout=30)
+            assert error is None, error
+            answers.append(result.as_numpy("OUT").tolist())
+        assert sorted(answers) == [[8], [10]], answers
+        g.stop_stream()
+    finally:
+        g.close()
+    status, _, body = http_raw(server.http_url, "POST", "/v2/models/trace_dec_ens/generate_stream",
+                               json.dumps({"IN": [4, 5]}).encode())
+    events = [json.loads(c[len("data: "):]) for c in body.decode().split("\n\n") if c]
+    assert status == 200 and sorted(e["OUT"] for e in events) == [8, 10], (status, body)
 
 
 def read_traces(paths):

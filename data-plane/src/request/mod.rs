@@ -77,7 +77,7 @@ pub(crate) struct StreamContext<'a> {
     /// How a decoupled ensemble's steps run: each a response stream, owned by the ensemble's
     /// own stream.
     pub step: ensemble::StepStream,
-    /// The request's trace, when it is sampled (a decoupled model's).
+    /// The request's trace, when it is sampled (a decoupled model's or decoupled ensemble's).
     pub trace: Option<RequestTrace>,
 }
 

@@ -17,6 +17,9 @@
 //! A decoupled ensemble streams through [`run_ensemble`]: its checked request goes to
 //! `ensemble::execute_stream`, whose items become this version's responses; the outcome is
 //! counted when the last item (or an error) goes out, as cancelled if the client drops it first.
+//! Traced, it is traced like a unary ensemble: its own trace records `receive` (up to the
+//! checks), each response handed on and the end, and every step request it sends carries its
+//! context, so each execution of a step (once per iteration) is a child trace of it.
 //!
 //! Plain `infer` refuses decoupled models the way Triton does (UNSUPPORTED). The stream ends
 //! when the model sent its final flag or dropped every sender (a crashed stub). The request's
@@ -31,7 +34,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use nereid_proto::{
     Frontend, InferRequest, InferResponse, ParamValue, ResponseStream, ServiceError, ServiceResult,
-    StreamedResponse,
+    StreamedResponse, Tensor, TraceContext,
 };
 use tokio::sync::mpsc;
 
@@ -42,7 +45,7 @@ use super::outcome::{Outcome, backend_error, record_phases};
 use super::{LoadedVersion, Runner, StreamContext};
 use crate::backend::{BackendError, ModelResponse, StreamEvent, TRACE_PARAMETER};
 use crate::classification::{self, Classify};
-use crate::ensemble::{self, EnsemblePlan, EnsembleRequest, EnsembleStreamed};
+use crate::ensemble::{self, EnsemblePlan, EnsembleRequest, EnsembleStreamed, StepStream};
 use crate::request_check;
 use crate::stats::FailureReason;
 
@@ -87,26 +90,18 @@ pub(super) fn run(
             loaded.name
         )));
     }
+    let mut trace = trace;
     let mut outcome = Outcome::start(loaded.clone(), started);
-    let mut valid =
-        request_check::check(&loaded.config, request).map_err(|e| outcome.refused_unchecked(e))?;
+    let mut valid = request_check::check(&loaded.config, request)
+        .map_err(|e| failed(&mut trace, outcome.refused_unchecked(e)))?;
     let id = valid.id.clone();
     let classify = std::mem::take(&mut valid.classify);
-    let trace = trace.map(|mut t| {
-        if t.wants_tensors() {
-            for tensor in &valid.inputs {
-                t.tensor(true, tensor);
-            }
-        }
+    let trace = trace.map(|t| {
         let traceparent = t.context().traceparent().to_string();
         valid
             .parameters
             .insert(TRACE_PARAMETER.into(), ParamValue::String(traceparent));
-        t.attribute("model.version", AttrValue::Text(loaded.version.to_string()));
-        if !id.is_empty() {
-            t.attribute("request.id", AttrValue::Text(id.clone()));
-        }
-        Arc::new(Mutex::new(t))
+        checked(t, &loaded, &id, &valid.inputs)
     });
     let task_trace = trace.clone();
     let (sink, events) = mpsc::unbounded_channel();
@@ -143,6 +138,43 @@ pub(super) fn run(
     Ok(match trace {
         Some(trace) => traced(stream, trace),
         None => stream,
+    })
+}
+
+/// A streamed request's trace once its checks passed: its input tensors (level TENSORS), its
+/// version and id, shared between the response stream and whatever else records into it.
+fn checked(
+    mut trace: RequestTrace,
+    loaded: &LoadedVersion,
+    id: &str,
+    inputs: &[Tensor],
+) -> Arc<Mutex<RequestTrace>> {
+    if trace.wants_tensors() {
+        for tensor in inputs {
+            trace.tensor(true, tensor);
+        }
+    }
+    trace.attribute("model.version", AttrValue::Text(loaded.version.to_string()));
+    if !id.is_empty() {
+        trace.attribute("request.id", AttrValue::Text(id.to_string()));
+    }
+    Arc::new(Mutex::new(trace))
+}
+
+/// Marks the request's trace (if sampled) failed with `error`, and hands `error` back.
+fn failed(trace: &mut Option<RequestTrace>, error: ServiceError) -> ServiceError {
+    if let Some(trace) = trace {
+        trace.fail(error.to_string());
+    }
+    error
+}
+
+/// `step` with every request it sends marked as a call of the traced request whose context is
+/// `parent`: each step request's own trace (if the tracer takes it) is a child trace of it.
+fn steps_under(step: StepStream, parent: TraceContext) -> StepStream {
+    Arc::new(move |mut request: InferRequest| {
+        request.context.trace = Some(parent.clone());
+        step(request)
     })
 }
 
@@ -184,19 +216,29 @@ pub(super) fn run_ensemble(
     started: Instant,
     ctx: StreamContext<'_>,
 ) -> ServiceResult<ResponseStream> {
+    let mut trace = ctx.trace;
     let mut outcome = Outcome::start(loaded.clone(), started);
     if let Some(reason) = (ctx.unavailable)(&loaded) {
         let e = ServiceError::unavailable(format!(
             "ensemble '{}' is not available: {reason}",
             loaded.name
         ));
-        return Err(outcome.failed(FailureReason::Other, e));
+        return Err(failed(&mut trace, outcome.failed(FailureReason::Other, e)));
     }
-    let mut valid =
-        request_check::check(&loaded.config, request).map_err(|e| outcome.refused_unchecked(e))?;
+    let mut valid = request_check::check(&loaded.config, request)
+        .map_err(|e| failed(&mut trace, outcome.refused_unchecked(e)))?;
     let id = valid.id.clone();
     let classify = std::mem::take(&mut valid.classify);
     let batch_size = valid.batch_size;
+    // Checked: the `receive` phase ends (Triton's QUEUE_START); each step is a child trace.
+    let trace = trace.map(|mut t| {
+        t.phase("receive", t.start_instant(), Instant::now());
+        checked(t, &loaded, &id, &valid.inputs)
+    });
+    let step = match &trace {
+        Some(t) => steps_under(ctx.step, t.lock().context()),
+        None => ctx.step,
+    };
     let request = EnsembleRequest {
         id: valid.id,
         options: valid.options,
@@ -204,7 +246,7 @@ pub(super) fn run_ensemble(
         inputs: valid.inputs,
         outputs: valid.outputs,
     };
-    let items = ensemble::execute_stream(plan, request, ctx.step);
+    let items = ensemble::execute_stream(plan, request, step);
     // Taken by the item that ends the stream; dropped with the stream otherwise (cancelled).
     let mut outcome = Some(outcome);
     let stream = items.map(move |item| {
@@ -233,7 +275,10 @@ pub(super) fn run_ensemble(
             }),
         }
     });
-    Ok(stream.boxed())
+    Ok(match trace {
+        Some(trace) => traced(stream.boxed(), trace),
+        None => stream.boxed(),
+    })
 }
 
 /// Turns the backend's events into stream items, each as it comes: a response is `last` only
@@ -303,6 +348,8 @@ mod tests {
     use std::path::Path;
 
     use nereid_proto::pb::inference::ModelConfig;
+
+    use nereid_telemetry::{SpanKind, Tracer};
 
     use super::*;
     use crate::backend::Health;
@@ -386,5 +433,198 @@ mod tests {
         // A dead stub: its error is the end.
         let dead = Err(BackendError::Execution("not healthy".into()));
         assert_eq!(items(vec![LastResponse(dead)]).await, ["error"]);
+    }
+
+    /// IN -> repeat (decoupled: one response per element, then its final flag alone) -> R ->
+    /// double -> OUT.
+    fn decoupled_ensemble() -> (Arc<LoadedVersion>, Arc<EnsemblePlan>) {
+        use crate::ensemble::limit::StepLimits;
+        use crate::ensemble::origin::{Origin, Origins};
+        use crate::ensemble::plan::PlanStep;
+        let text = r#"
+            name: "e"
+            platform: "ensemble"
+            max_batch_size: 0
+            input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+            output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+            ensemble_scheduling { step [
+              { model_name: "repeat" model_version: -1
+                input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "R" } },
+              { model_name: "double" model_version: -1
+                input_map { key: "x" value: "R" } output_map { key: "y" value: "OUT" } } ] }
+        "#;
+        let wire = crate::config::parse_config_text(Path::new("e/config.pbtxt"), text).unwrap();
+        let plan = Arc::new(EnsemblePlan {
+            name: "e".into(),
+            steps: vec![
+                PlanStep::wired("repeat", &[("IN", "IN")], &[("OUT", "R")], &[]),
+                PlanStep::wired("double", &[("x", "R")], &[("y", "OUT")], &[0]),
+            ],
+            order: vec![0, 1],
+            limits: StepLimits::unlimited(),
+            origins: Origins {
+                steps: vec![Origin::Request, Origin::Step(0)],
+                decoupled_steps: vec![true, false],
+            },
+        });
+        let loaded = Arc::new(LoadedVersion {
+            name: "e".into(),
+            version: 1,
+            config: Arc::new(ValidModelConfig::unchecked(wire)),
+            runner: Runner::Ensemble(plan.clone()),
+            stats: Arc::new(VersionStats::default()),
+            fingerprint: Fingerprint::of(Path::new("/nonexistent")),
+            health: Arc::new(Health::default()),
+            labels: Default::default(),
+            cache: None,
+            generation: 0,
+        });
+        (loaded, plan)
+    }
+
+    /// The composing models as stream functions, each step request traced by `tracer` from
+    /// its own context, as the data plane's stream path traces it (the trace ends with the
+    /// step's stream).
+    fn traced_models(tracer: Tracer) -> StepStream {
+        use nereid_test_support::{int32_1d, ints};
+        Arc::new(move |r: InferRequest| {
+            let trace = tracer.start("InferRequest", SpanKind::Server, &r.model_name, &r.context);
+            let input = ints(&r.inputs[0]);
+            let answer = |model: &str, tensor, last| {
+                Ok(StreamedResponse {
+                    response: Some(InferResponse {
+                        model_name: model.into(),
+                        outputs: vec![tensor],
+                        ..Default::default()
+                    }),
+                    last,
+                })
+            };
+            let mut items: Vec<ServiceResult<StreamedResponse>> = Vec::new();
+            if r.model_name == "repeat" {
+                for v in &input {
+                    items.push(answer("repeat", int32_1d("OUT", &[*v]), false));
+                }
+                items.push(Ok(StreamedResponse {
+                    response: None,
+                    last: true,
+                }));
+            } else {
+                let doubled: Vec<i32> = input.iter().map(|v| v * 2).collect();
+                items.push(answer("double", int32_1d("y", &doubled), true));
+            }
+            let responses = futures::stream::iter(items).map(move |item| {
+                let _open = &trace;
+                item
+            });
+            futures::FutureExt::boxed(futures::future::ready(Ok(responses.boxed())))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_traced_decoupled_ensemble_has_each_step_execution_as_a_child_trace() {
+        use nereid_proto::{Frontend, RequestContext, RequestedOutput};
+        use nereid_telemetry::{MetricsExportFlags, Telemetry, TelemetryConfig};
+        use nereid_test_support::int32_1d;
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("trace.json");
+        let items = [
+            format!("triton,file={}", file.display()),
+            "level=TIMESTAMPS".to_string(),
+            "rate=1".to_string(),
+        ];
+        let config =
+            TelemetryConfig::parse(&items, &MetricsExportFlags::default(), "nereid", |_| None)
+                .unwrap();
+        let telemetry =
+            Telemetry::start(&config, nereid_telemetry::logging::control(), None).unwrap();
+        let tracer = telemetry.tracer.clone();
+
+        let (loaded, plan) = decoupled_ensemble();
+        let request = InferRequest {
+            model_name: "e".into(),
+            id: "r1".into(),
+            inputs: vec![int32_1d("IN", &[1, 2, 3])],
+            outputs: vec![RequestedOutput {
+                name: "OUT".into(),
+                parameters: Default::default(),
+            }],
+            context: RequestContext {
+                received: Some(Instant::now()),
+                frontend: Some(Frontend::Grpc),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let trace = tracer.start("InferRequest", SpanKind::Server, "e", &request.context);
+        assert!(trace.is_some(), "rate 1 traces every request");
+        let ctx = StreamContext {
+            unavailable: &|_| None,
+            step: traced_models(tracer.clone()),
+            trace,
+        };
+        let stream = run_ensemble(loaded, plan, request, Instant::now(), ctx).unwrap();
+        let answers: Vec<_> = stream.collect().await;
+        let data = answers
+            .iter()
+            .filter(|a| a.as_ref().unwrap().response.is_some())
+            .count();
+        assert_eq!(data, 3, "{answers:?}");
+        drop(tracer);
+        telemetry.shutdown(std::time::Duration::from_secs(10)).await;
+
+        // Per trace id: its header and its timestamp names in file order.
+        let objects: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let mut headers = std::collections::BTreeMap::new();
+        let mut stamps: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        for o in &objects {
+            let id = o["id"].as_u64().unwrap();
+            if o.get("model_name").is_some() {
+                headers.insert(id, o.clone());
+            } else if let Some(t) = o.get("timestamps") {
+                let name = t[0]["name"].as_str().unwrap().to_string();
+                stamps.entry(id).or_default().push(name);
+            }
+        }
+        let roots: Vec<u64> = headers
+            .iter()
+            .filter(|(_, h)| h.get("parent_id").is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        let [root] = roots[..] else {
+            panic!("one root trace: {objects:?}");
+        };
+        assert_eq!(headers[&root]["model_name"], "e");
+        assert_eq!(headers[&root]["model_version"], 1);
+        assert_eq!(headers[&root]["request_id"], "r1");
+        let mut expected: Vec<&str> = vec![
+            "REQUEST_START",
+            "QUEUE_START",
+            "REQUEST_END",
+            "GRPC_WAITREAD_START",
+            "GRPC_WAITREAD_END",
+        ];
+        for _ in 0..3 {
+            expected.extend([
+                "INFER_RESPONSE_COMPLETE",
+                "GRPC_SEND_START",
+                "GRPC_SEND_END",
+            ]);
+        }
+        assert_eq!(
+            stamps[&root], expected,
+            "no compute stamps: the steps computed"
+        );
+        // repeat ran once, double once per response of repeat: each a child of the ensemble.
+        let mut children: Vec<&str> = headers
+            .values()
+            .filter(|h| h["parent_id"] == root)
+            .map(|h| h["model_name"].as_str().unwrap())
+            .collect();
+        children.sort_unstable();
+        assert_eq!(children, ["double", "double", "double", "repeat"]);
+        assert_eq!(headers.len(), 5, "{objects:?}");
     }
 }
