@@ -46,7 +46,8 @@ def test_triton_trace_files_have_tritons_structure(tmp_path, tensors):
     assert any(root["tensors"] for root in trees["triton"]) == tensors
 
 
-def test_triton_trace_files_decoupled_ensemble(tmp_path):
+@pytest.mark.parametrize("tensors", [False, True], ids=["timestamps", "tensors"])
+def test_triton_trace_files_decoupled_ensemble(tmp_path, tensors):
     """Triton's trace mode on a decoupled ensemble (trace_files.send_decoupled_ensemble: a gRPC
     stream request and an HTTP generate_stream request, two responses each): Nereid writes the
     traces Triton 2.51 writes, by structure: the ensemble's trace (no compute stamps, the
@@ -54,7 +55,8 @@ def test_triton_trace_files_decoupled_ensemble(tmp_path):
     execution (repeat_decoupled once, trace_double once per response), each with the model's
     stamps and the ensemble's request id. Triton's gRPC stream writes INFER_RESPONSE_COMPLETE
     for the first response only (Nereid: each response, as for a decoupled model), so the
-    frontend's stamps are compared with the repeats of that one left out."""
+    frontend's stamps are compared with the repeats of that one left out. With level TENSORS,
+    the tensors each trace records too (the ensemble's: its input and each response's output)."""
 
     def first_completion_only(node):
         stamps, seen = [], False
@@ -71,7 +73,8 @@ def test_triton_trace_files_decoupled_ensemble(tmp_path):
     trees = {}
     for kind, make in (("nereid", nereid_like_triton), ("triton", TritonServer)):
         file = tmp_path / f"{kind}_trace.json"
-        server = make(repo, tmp_path, trace_files.trace_args(file), name=f"{kind}_dec_traced")
+        args = trace_files.trace_args(file, tensors=tensors)
+        server = make(repo, tmp_path, args, name=f"{kind}_dec_traced")
         server.start()
         try:
             wait_until(lambda s=server: http_raw(s.http_url, "GET", "/v2/health/ready")[0] == 200,
@@ -88,3 +91,6 @@ def test_triton_trace_files_decoupled_ensemble(tmp_path):
         "repeat_decoupled", "trace_double", "trace_double"], grpc
     assert grpc["frontend"].count("GRPC_SEND_START") == 2, grpc
     assert http["frontend"].count("HTTP_SEND_START") == 2, http
+    if tensors:
+        assert grpc["tensors"] == [("TENSOR_BACKEND_OUTPUT", "OUT")] * 2 + [
+            ("TENSOR_QUEUE_INPUT", "IN")], grpc
