@@ -1,13 +1,15 @@
 //! Completing a parsed config with what only the backends know: which backend runs the model
 //! (from its platform, or from the model file in its version directories), the backend's
-//! default model file and auto-complete, and where `KIND_AUTO` instance groups go on a host with
-//! GPUs. Then [`crate::config`]'s defaults and validation make it a [`ValidModelConfig`].
+//! default model file and auto-complete, where `KIND_AUTO` instance groups go on a host with
+//! GPUs, and how many instances a CPU group gets by default. Then [`crate::config`]'s defaults
+//! and validation make it a [`ValidModelConfig`].
 //!
 //! ```text
 //! ModelConfig (parsed) ─► name check ─► fill_platform_and_backend (each backend's Platforms)
 //!     ─► Backend::default_model_filename, Backend::auto_complete (newest version's file)
-//!     ─► GpuDefaults (Backends::visible_gpus, Backend::gpu_support)
-//!     ─► config::fill_defaults_with_gpus ─► visible-GPU check ─► ValidModelConfig::try_from
+//!     ─► InstanceDefaults (Backends::visible_gpus, Backend::gpu_support,
+//!        Backend::default_cpu_instance_count)
+//!     ─► config::fill_defaults_with ─► visible-GPU check ─► ValidModelConfig::try_from
 //! ```
 //!
 //! The manager completes every model it loads here, and `nereid check-config` does the same.
@@ -19,7 +21,7 @@ use nereid_proto::pb::inference::model_instance_group::Kind;
 
 use super::{Backend, Backends, Platforms};
 use crate::config::{
-    ConfigError, ENSEMBLE_PLATFORM, GpuDefaults, ValidModelConfig, fill_defaults_with_gpus,
+    ConfigError, ENSEMBLE_PLATFORM, InstanceDefaults, ValidModelConfig, fill_defaults_with,
 };
 
 /// Options that shape how a config is completed.
@@ -111,9 +113,9 @@ pub(crate) fn complete(
             }
         }
     }
-    let gpus = gpu_defaults(&config, backends);
-    fill_defaults_with_gpus(&mut config, &gpus);
-    unknown_gpus(&config, &gpus.visible)?;
+    let defaults = instance_defaults(&config, backends);
+    fill_defaults_with(&mut config, &defaults);
+    unknown_gpus(&config, &defaults.visible)?;
     ValidModelConfig::try_from(config)
 }
 
@@ -147,30 +149,42 @@ fn unknown_gpus(config: &ModelConfig, visible: &[i32]) -> Result<(), ConfigError
     }
 }
 
-/// The GPU defaults for `config`: the GPUs [`Backends`] sees, and whether the model's backend
-/// can use them (asked only when there are GPUs, so a GPU-less host never touches a GPU
-/// runtime here).
-fn gpu_defaults(config: &ModelConfig, backends: &Backends) -> GpuDefaults {
+/// What the host and the model's backend add to `config`'s defaults: the GPUs [`Backends`]
+/// sees and whether the backend can use them (asked only when there are GPUs, so a GPU-less
+/// host never touches a GPU runtime here), and the backend's default CPU instance count.
+fn instance_defaults(config: &ModelConfig, backends: &Backends) -> InstanceDefaults {
+    if config.platform == ENSEMBLE_PLATFORM {
+        return InstanceDefaults::default();
+    }
+    let backend = backends.get(&config.backend).ok();
+    let cpu_count = backend
+        .as_ref()
+        .map_or(1, |backend| backend.default_cpu_instance_count());
     let count = backends.visible_gpus();
-    if count == 0 || config.platform == ENSEMBLE_PLATFORM {
-        return GpuDefaults::default();
+    if count == 0 {
+        return InstanceDefaults {
+            cpu_count,
+            ..InstanceDefaults::default()
+        };
     }
     let visible: Vec<i32> = (0..count).map(|i| i as i32).collect();
-    let auto_gpu = match backends.get(&config.backend) {
-        Ok(backend) => match backend.gpu_support() {
-            Ok(()) => true,
-            Err(reason) => {
-                tracing::info!(
-                    model = %config.name,
-                    %reason,
-                    "KIND_AUTO instance groups stay on the CPU"
-                );
-                false
-            }
-        },
-        Err(_) => false,
+    let auto_gpu = match backend.map(|backend| backend.gpu_support()) {
+        Some(Ok(())) => true,
+        Some(Err(reason)) => {
+            tracing::info!(
+                model = %config.name,
+                %reason,
+                "KIND_AUTO instance groups stay on the CPU"
+            );
+            false
+        }
+        None => false,
     };
-    GpuDefaults { visible, auto_gpu }
+    InstanceDefaults {
+        visible,
+        auto_gpu,
+        cpu_count,
+    }
 }
 
 /// Fills `platform` from `backend` or vice versa, or both from the model file found in the
@@ -375,6 +389,34 @@ mod tests {
         );
         let c = complete("m", on(vec![2]), &v, &none, options).unwrap();
         assert_eq!(c.instance_groups[0].kind, GroupKind::Gpu { gpus: vec![2] });
+    }
+
+    #[test]
+    fn the_default_cpu_instance_count_is_the_backends() {
+        let backends = Backends::new(None).with_gpu_count(0);
+        let options = CompleteOptions {
+            auto_complete: false,
+        };
+        let count_for = |backend: &str| {
+            let (_d, v) = versions_with("model.onnx");
+            let mut raw = text::parse_model_config(
+                r#"input [{ name: "IN" data_type: TYPE_FP32 dims: [1] }]
+                   output [{ name: "OUT" data_type: TYPE_FP32 dims: [1] }]
+                   instance_group [{ kind: KIND_CPU }, { kind: KIND_CPU count: 3 }]"#,
+            )
+            .unwrap();
+            raw.backend = backend.into();
+            let c = complete("m", raw, &v, &backends, options).unwrap();
+            let counts: Vec<i32> = c.wire().instance_group.iter().map(|g| g.count).collect();
+            let expected = backends.get(backend).unwrap().default_cpu_instance_count();
+            assert_eq!(counts[0], expected as i32, "{backend}");
+            counts
+        };
+        // ONNX Runtime runs two CPU instances by default (as Triton), the others one; a count
+        // the config sets is kept.
+        assert_eq!(count_for("onnxruntime"), vec![2, 3]);
+        assert_eq!(count_for("identity"), vec![1, 3]);
+        assert_eq!(count_for("python"), vec![1, 3]);
     }
 
     #[test]

@@ -358,6 +358,11 @@ pub trait Backend: Send + Sync {
     fn gpu_support(&self) -> Result<(), String> {
         Err(format!("the {} backend runs on the CPU only", self.name()))
     }
+    /// How many instances a `KIND_CPU` instance group that sets no `count` runs (Triton's
+    /// `SetDefaultInstanceCount`). The default: one.
+    fn default_cpu_instance_count(&self) -> u32 {
+        1
+    }
     /// Whether instances run the model in processes of their own
     /// ([`BackendInstance::process_id`]) rather than in this one. Decides how a load's memory
     /// is measured: those processes' memory, or this process's C heap growth across the load

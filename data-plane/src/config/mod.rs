@@ -5,12 +5,14 @@
 //! config.pbtxt ─► text::parse_model_config ─┐
 //! load override (JSON) ─────────────────────┴► backend::complete (what the backends know:
 //!     name check ─► platform/backend from config or files ─► backend auto-complete)
-//!     ─► fill_defaults_with_gpus (version policy, instance groups) ─► ValidModelConfig::try_from
+//!     ─► fill_defaults_with (version policy, instance groups; InstanceDefaults from the
+//!        backend) ─► ValidModelConfig::try_from
 //!        (validate::validate, with ensemble_graph for an ensemble's data flow, then typed fields)
 //! ```
 //!
 //! Nothing here knows the backends: completion by a backend lives in `backend::complete`, one
-//! layer up, and hands the result back to [`fill_defaults_with_gpus`] and validation here.
+//! layer up, and hands the result back to [`fill_defaults_with`] and validation here, with the
+//! backend's answers (GPU use, default CPU instance count) as plain [`InstanceDefaults`].
 
 /// `config.pbtxt` text parsing lives in `nereid-proto` (the control plane reads configs too).
 pub mod text {
@@ -124,34 +126,52 @@ pub fn parse_config_text(path: &Path, text: &str) -> Result<ModelConfig, ConfigE
     })
 }
 
-/// What [`fill_defaults_with_gpus`] places instance groups on: the GPUs the host has, and
-/// whether `KIND_AUTO` may become `KIND_GPU` for this model.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuDefaults {
+/// What [`fill_defaults_with`] needs that the config does not say: the GPUs instance groups can
+/// go on, whether `KIND_AUTO` may become `KIND_GPU` for this model, and how many instances the
+/// model's backend runs on the CPU by default. The backend layer fills it from the model's
+/// backend (`backend::complete`); this module knows no backend by name. `Default`: a host
+/// without GPUs and one CPU instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceDefaults {
     /// The GPU ids the server sees (NVML's numbering); `KIND_GPU` groups that list none are
     /// placed on all of them.
     pub visible: Vec<i32>,
     /// `KIND_AUTO` groups become `KIND_GPU` (there are GPUs and the model's backend can use
     /// them); otherwise `KIND_CPU`.
     pub auto_gpu: bool,
+    /// The `count` a `KIND_CPU` group that sets none gets (the backend's
+    /// `default_cpu_instance_count`: 2 for ONNX Runtime, 1 otherwise, as Triton).
+    pub cpu_count: u32,
+}
+
+impl Default for InstanceDefaults {
+    fn default() -> Self {
+        InstanceDefaults {
+            visible: Vec::new(),
+            auto_gpu: false,
+            cpu_count: 1,
+        }
+    }
 }
 
 /// Defaults Triton fills in every config: version policy (latest 1), the preferred batch size
 /// of a dynamic or oldest-sequence batcher that names none (`max_batch_size`), the optimization
 /// policy's pinned-memory switches (on) and instance groups (one CPU group named after the model when
-/// none is declared; two instances for ONNX Runtime on CPU, one otherwise; an unnamed declared
-/// group is named `<model>_<index>`), as on a host without GPUs: `KIND_AUTO` resolves to
-/// `KIND_CPU`. [`fill_defaults_with_gpus`] is the same on a host with GPUs.
+/// none is declared, of one instance; an unnamed declared group is named `<model>_<index>`), as
+/// on a host without GPUs (`KIND_AUTO` resolves to `KIND_CPU`) for a backend that runs one CPU
+/// instance by default. Enough for what no backend changes (the version policy); a model being
+/// loaded gets [`fill_defaults_with`] its backend's [`InstanceDefaults`].
 pub fn fill_defaults(config: &mut ModelConfig) {
-    fill_defaults_with_gpus(config, &GpuDefaults::default());
+    fill_defaults_with(config, &InstanceDefaults::default());
 }
 
-/// [`fill_defaults`] on a host with `gpus`, as Triton's `NormalizeInstanceGroup`: `KIND_AUTO`
-/// becomes `KIND_GPU` when `gpus.auto_gpu` and every GPU the group lists is visible, else
-/// `KIND_CPU`; a `KIND_GPU` group that lists no GPUs is placed on every visible GPU (GPU 0
-/// when none is visible: the backend then says what is missing). The default count is 1, or 2
-/// for ONNX Runtime on the CPU (Triton's `SetDefaultInstanceCount`).
-pub fn fill_defaults_with_gpus(config: &mut ModelConfig, gpus: &GpuDefaults) {
+/// [`fill_defaults`] with what the host and the model's backend say, as Triton's
+/// `NormalizeInstanceGroup`: `KIND_AUTO` becomes `KIND_GPU` when `defaults.auto_gpu` and every
+/// GPU the group lists is visible, else `KIND_CPU`; a `KIND_GPU` group that lists no GPUs is
+/// placed on every visible GPU (GPU 0 when none is visible: the backend then says what is
+/// missing). A group without a count gets 1 on a GPU and `defaults.cpu_count` on the CPU
+/// (Triton's `SetDefaultInstanceCount`).
+pub fn fill_defaults_with(config: &mut ModelConfig, defaults: &InstanceDefaults) {
     if config
         .version_policy
         .as_ref()
@@ -197,25 +217,26 @@ pub fn fill_defaults_with_gpus(config: &mut ModelConfig, gpus: &GpuDefaults) {
         });
     }
     let name = config.name.clone();
-    let onnxruntime = config.backend == "onnxruntime";
+    let cpu_count = i32::try_from(defaults.cpu_count).unwrap_or(i32::MAX);
     for (index, group) in config.instance_group.iter_mut().enumerate() {
         if group.name.is_empty() {
             group.name = format!("{name}_{index}");
         }
         if group.kind == Kind::Auto as i32 {
-            let on_gpus = gpus.auto_gpu && group.gpus.iter().all(|g| gpus.visible.contains(g));
+            let on_gpus =
+                defaults.auto_gpu && group.gpus.iter().all(|g| defaults.visible.contains(g));
             group.kind = if on_gpus { Kind::Gpu } else { Kind::Cpu } as i32;
         }
         if group.kind == Kind::Gpu as i32 && group.gpus.is_empty() {
-            group.gpus = if gpus.visible.is_empty() {
+            group.gpus = if defaults.visible.is_empty() {
                 vec![0]
             } else {
-                gpus.visible.clone()
+                defaults.visible.clone()
             };
         }
         if group.count == 0 {
-            group.count = if onnxruntime && group.kind == Kind::Cpu as i32 {
-                2
+            group.count = if group.kind == Kind::Cpu as i32 {
+                cpu_count
             } else {
                 1
             };
@@ -249,13 +270,12 @@ mod tests {
     fn defaults_fill_instance_groups_and_policy() {
         let mut c = ModelConfig {
             name: "m".into(),
-            backend: "onnxruntime".into(),
             ..Default::default()
         };
         fill_defaults(&mut c);
         assert_eq!(c.instance_group.len(), 1);
         assert_eq!(c.instance_group[0].name, "m");
-        assert_eq!(c.instance_group[0].count, 2);
+        assert_eq!(c.instance_group[0].count, 1);
         assert_eq!(c.instance_group[0].kind, Kind::Cpu as i32);
         assert!(matches!(
             c.version_policy.unwrap().policy_choice,
@@ -299,58 +319,66 @@ mod tests {
             gpus,
             ..Default::default()
         };
-        let filled = |backend: &str, groups: Vec<ModelInstanceGroup>, gpus: &GpuDefaults| {
+        let filled = |groups: Vec<ModelInstanceGroup>, defaults: &InstanceDefaults| {
             let mut c = ModelConfig {
                 name: "m".into(),
-                backend: backend.into(),
                 instance_group: groups,
                 ..Default::default()
             };
-            fill_defaults_with_gpus(&mut c, gpus);
+            fill_defaults_with(&mut c, defaults);
             c.instance_group
                 .into_iter()
                 .map(|g| (Kind::try_from(g.kind).unwrap(), g.gpus, g.count))
                 .collect::<Vec<_>>()
         };
-        let two = GpuDefaults {
+        let two = InstanceDefaults {
             visible: vec![0, 1],
             auto_gpu: true,
+            cpu_count: 1,
         };
         // KIND_AUTO listing GPUs the host has stays on them; listing one it lacks: the CPU
         // (with the GPUs kept, which validation then refuses, as Triton does).
         assert_eq!(
             filled(
-                "python",
                 vec![group(Kind::Auto, vec![1]), group(Kind::Auto, vec![1, 3])],
                 &two
             ),
             vec![(Kind::Gpu, vec![1], 1), (Kind::Cpu, vec![1, 3], 1)]
         );
-        // ONNX Runtime's default of two instances is for the CPU only.
+        // A backend's default CPU count (ONNX Runtime's two) is for the CPU only.
+        let two_on_cpu = |defaults: &InstanceDefaults| InstanceDefaults {
+            cpu_count: 2,
+            ..defaults.clone()
+        };
         assert_eq!(
-            filled("onnxruntime", vec![group(Kind::Auto, vec![])], &two),
+            filled(vec![group(Kind::Auto, vec![])], &two_on_cpu(&two)),
             vec![(Kind::Gpu, vec![0, 1], 1)]
         );
-        let cpu_only = GpuDefaults {
+        let cpu_only = InstanceDefaults {
             auto_gpu: false,
             ..two.clone()
         };
         assert_eq!(
-            filled("onnxruntime", vec![group(Kind::Auto, vec![])], &cpu_only),
+            filled(vec![group(Kind::Auto, vec![])], &two_on_cpu(&cpu_only)),
             vec![(Kind::Cpu, vec![], 2)]
+        );
+        // A count the config sets is kept.
+        let three = ModelInstanceGroup {
+            count: 3,
+            ..group(Kind::Cpu, vec![])
+        };
+        assert_eq!(
+            filled(vec![three], &two_on_cpu(&cpu_only)),
+            vec![(Kind::Cpu, vec![], 3)]
         );
         // KIND_GPU listing none: every visible GPU, or GPU 0 on a host without any (the
         // backend then says what is missing).
         assert_eq!(
-            filled("pytorch", vec![group(Kind::Gpu, vec![])], &cpu_only),
+            filled(vec![group(Kind::Gpu, vec![])], &cpu_only),
             vec![(Kind::Gpu, vec![0, 1], 1)]
         );
         assert_eq!(
-            filled(
-                "pytorch",
-                vec![group(Kind::Gpu, vec![])],
-                &GpuDefaults::default()
-            ),
+            filled(vec![group(Kind::Gpu, vec![])], &InstanceDefaults::default()),
             vec![(Kind::Gpu, vec![0], 1)]
         );
     }

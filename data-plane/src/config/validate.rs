@@ -22,7 +22,7 @@ pub fn validate(config: &ModelConfig) -> Vec<String> {
             "'max_batch_size' must be non-negative value for {m}"
         ));
     }
-    let is_ensemble = config.platform == "ensemble";
+    let is_ensemble = config.platform == super::ENSEMBLE_PLATFORM;
     if is_ensemble && !config.backend.is_empty() {
         errors.push(format!(
             "Ensemble model '{m}' must have platform type 'ensemble' and empty backend type"

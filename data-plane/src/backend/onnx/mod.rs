@@ -146,6 +146,11 @@ impl Backend for OnnxRuntimeBackend {
         }
     }
 
+    /// Two, as Triton's ONNX Runtime backend (a GPU group still runs one per GPU).
+    fn default_cpu_instance_count(&self) -> u32 {
+        2
+    }
+
     /// The loaded library must have the CUDA execution provider (`onnxruntime-gpu`).
     fn gpu_support(&self) -> Result<(), String> {
         runtime::environment(self.library.as_deref())?;
