@@ -21,17 +21,21 @@
 //! gone (unloaded, removed) stays loaded but shows UNAVAILABLE with the reason, and its
 //! requests fail naming that model, until the model is back.
 //!
-//! What readers ask of the manager (the version a request runs on, readiness, the repository
-//! index) is in [`views`]; `build` makes versions, `drain` empties unloaded ones.
+//! This file holds the model map and loading. What readers ask of the manager (the version a
+//! request runs on, readiness, the repository index) is in [`views`]; `build` makes versions,
+//! `unload` takes models out of service and `drain` empties their versions, `poll` is poll
+//! mode's pass over the repositories.
 
 mod build;
 mod dependencies;
 mod drain;
 mod namespacing;
 pub mod overrides;
+mod poll;
+mod unload;
 mod views;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +50,7 @@ use crate::rate_limit::{RateLimitConfig, RateLimiter};
 
 use crate::request::LoadedVersion;
 use build::{BuildInput, build};
-use dependencies::{ModelsView, ensemble_plans, load_order};
+use dependencies::{ModelsView, load_order};
 use drain::DEFAULT_DRAIN_TIMEOUT;
 use overrides::OverrideDir;
 
@@ -580,209 +584,6 @@ impl ModelManager {
             entry.state = ModelState::Ready;
         }
         entry.reason = reason;
-    }
-
-    /// Unloads a model: it stops taking requests at once (they get UNAVAILABLE while it
-    /// drains), then waits for the requests it accepted, queued or running, to be answered, at
-    /// most the drain timeout; queued ones still waiting then are refused UNAVAILABLE
-    /// (`drain`). Unloading a model that was never loaded succeeds and changes nothing, as in
-    /// Triton.
-    pub async fn unload(&self, name: &str) -> Result<(), ServiceError> {
-        let keys = self.keys_for(name, self.models.read().keys());
-        for key in keys {
-            self.unload_key(&key).await?;
-        }
-        Ok(())
-    }
-
-    /// [`Self::unload`] of one model, by its key.
-    async fn unload_key(&self, name: &str) -> Result<(), ServiceError> {
-        let lock = self.model_lock(name);
-        let _guard = lock.lock().await;
-        let (versions, overridden) = {
-            let mut models = self.models.write();
-            let Some(entry) = models.get_mut(name) else {
-                tracing::debug!(model = %name, "unload of a model that is not loaded: nothing to do");
-                return Ok(());
-            };
-            let versions = std::mem::take(&mut entry.versions);
-            if !versions.is_empty() {
-                entry.failed_versions = versions.keys().copied().collect();
-            }
-            entry.unloading = versions.keys().copied().collect();
-            entry.state = ModelState::Unavailable;
-            entry.reason = UNLOADING.to_string();
-            entry.fingerprint = None;
-            (versions, entry.overridden.take())
-        };
-        let versions: Vec<Arc<LoadedVersion>> = versions.into_values().collect();
-        let started = std::time::Instant::now();
-        let refused = drain::drain(name, &versions, self.drain_timeout).await;
-        if let Some(entry) = self.models.write().get_mut(name) {
-            entry.unloading.clear();
-            entry.reason = UNLOADED.to_string();
-        }
-        drop(overridden);
-        tracing::info!(
-            model = %name,
-            drain_ms = started.elapsed().as_millis() as u64,
-            refused,
-            "model unloaded"
-        );
-        Ok(())
-    }
-
-    /// Unloads an ensemble and then its composing models, through nested ensembles (Triton's
-    /// `unload_dependents`); a composing model that another loaded ensemble still uses stays.
-    /// For any other model this is [`Self::unload`].
-    pub async fn unload_with_composing(&self, name: &str) -> Result<(), ServiceError> {
-        let keys = self.keys_for(name, self.models.read().keys());
-        for key in keys {
-            self.unload_key_with_composing(&key).await?;
-        }
-        Ok(())
-    }
-
-    /// [`Self::unload_with_composing`] of one model, by its key.
-    async fn unload_key_with_composing(&self, name: &str) -> Result<(), ServiceError> {
-        let mut composing: Vec<String> = Vec::new();
-        {
-            let models = self.models.read();
-            let mut next = vec![name.to_string()];
-            while let Some(model) = next.pop() {
-                for plan in models.get(&model).into_iter().flat_map(ensemble_plans) {
-                    for step in &plan.steps {
-                        if step.model != name && !composing.contains(&step.model) {
-                            composing.push(step.model.clone());
-                            next.insert(0, step.model.clone());
-                        }
-                    }
-                }
-            }
-        }
-        self.unload(name).await?;
-        // Outer ensembles come first, so a nested ensemble no longer holds its own models.
-        for model in composing {
-            let still_used = self.models.read().iter().any(|(other, entry)| {
-                *other != model
-                    && ensemble_plans(entry).any(|p| p.steps.iter().any(|s| s.model == model))
-            });
-            if still_used {
-                tracing::info!(model = %model, ensemble = %name, "composing model kept: another loaded ensemble uses it");
-                continue;
-            }
-            if self.is_served(&model) {
-                self.unload(&model).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Server shutdown: unloads every model at once (each as [`Self::unload`]), so the
-    /// instances stop and out-of-process ones (Python stubs) run their `finalize`. Returns when
-    /// every model is out of service; instances finish stopping on their own threads.
-    pub async fn unload_all(&self) {
-        let names: Vec<String> = self
-            .models
-            .read()
-            .iter()
-            .filter(|(_, entry)| !entry.versions.is_empty())
-            .map(|(name, _)| name.clone())
-            .collect();
-        let unloads = names.iter().map(|name| self.unload(name));
-        for (name, result) in names.iter().zip(futures::future::join_all(unloads).await) {
-            if let Err(e) = result {
-                tracing::warn!(model = %name, error = %e, "unloading at shutdown failed");
-            }
-        }
-    }
-
-    /// Poll mode: loads new and changed models, unloads removed ones. Unchanged models are not
-    /// touched; changed ones keep serving their old versions while the new ones load. Ensembles
-    /// reading a changed or removed model are rebuilt too (they may load now, or report the
-    /// model they miss).
-    pub async fn poll_once(&self) -> Result<(), ServiceError> {
-        let scan = self.synced_scan(None).await?;
-        let known: Vec<(String, Option<Fingerprint>, bool)> = self
-            .models
-            .read()
-            .iter()
-            .map(|(n, e)| (n.clone(), e.fingerprint, e.overridden.is_some()))
-            .collect();
-        let mut touched: BTreeSet<String> = BTreeSet::new();
-        for (name, _, overridden) in &known {
-            let gone = !scan.models.contains_key(name) && !scan.duplicates.contains_key(name);
-            if gone && !overridden {
-                tracing::info!(model = %name, "model removed from the repository");
-                let _ = self.unload(name).await;
-                self.models.write().remove(name);
-                touched.insert(name.clone());
-            }
-        }
-        let mut to_load: BTreeSet<String> = BTreeSet::new();
-        for (name, dir) in &scan.models {
-            let previous = known.iter().find(|(n, _, _)| n == name);
-            let changed = match previous {
-                None => true,
-                Some((_, _, true)) => false,
-                Some((_, fp, false)) => *fp != Some(Fingerprint::of(&dir.path)),
-            };
-            if changed {
-                to_load.insert(name.clone());
-            }
-        }
-        for name in scan.duplicates.keys() {
-            if !known.iter().any(|(n, _, _)| n == name) {
-                to_load.insert(name.clone());
-            }
-        }
-        touched.extend(to_load.iter().cloned());
-        if touched.is_empty() {
-            return Ok(());
-        }
-        // Served ensembles whose steps run on a touched model: with namespacing a step may
-        // now mean a model of another namespace.
-        let served: Vec<String> = self
-            .models
-            .read()
-            .iter()
-            .filter(|(name, entry)| {
-                scan.models.contains_key(*name)
-                    && !touched.contains(*name)
-                    && ensemble_plans(entry)
-                        .any(|p| p.steps.iter().any(|s| touched.contains(&s.model)))
-            })
-            .map(|(name, _)| name.clone())
-            .collect();
-        touched.extend(served.iter().cloned());
-        to_load.extend(served);
-        // Ensembles on disk that read a touched model, directly or through other ensembles.
-        let composing: BTreeMap<&String, Vec<String>> = scan
-            .models
-            .iter()
-            .filter_map(|(name, dir)| {
-                let config = config::read_config_file(&dir.path, self.config_name()).ok()?;
-                Some((name, self.composing_of(name, &config, &scan)))
-            })
-            .filter(|(_, steps)| !steps.is_empty())
-            .collect();
-        loop {
-            let more: Vec<String> = composing
-                .iter()
-                .filter(|(name, steps)| {
-                    !touched.contains(name.as_str()) && steps.iter().any(|s| touched.contains(s))
-                })
-                .map(|(name, _)| name.to_string())
-                .collect();
-            if more.is_empty() {
-                break;
-            }
-            touched.extend(more.iter().cloned());
-            to_load.extend(more);
-        }
-        self.load_in_order(&scan, to_load.into_iter().collect())
-            .await;
-        Ok(())
     }
 }
 
