@@ -21,7 +21,9 @@ Sections (--sections, all by default):
 
 --dry-run-cpu runs every section's logic on a CPU-only machine: ONNX Runtime on the CPU stands
 in for CUDA (KIND_CPU), the Python model is the MLP in NumPy, the torch steps and MPS are
-skipped with their reason, and the sizes shrink (--width/--hidden/--seconds... still apply).
+skipped with their reason, and the sizes shrink (--width/--hidden/--seconds... still apply);
+with --onnxruntime-gpu-library it also probes onnxruntime-gpu's library on the CPU
+(gpu_ort.probe_gpu_library).
 """
 
 import argparse
@@ -281,6 +283,8 @@ def parse():
     p.add_argument("--nereid-torch", help="the binary beside the PyTorch backend library")
     p.add_argument("--onnxruntime-library", help="onnxruntime-gpu's libonnxruntime.so.* "
                    "(the ONNX Runtime section is skipped without it)")
+    p.add_argument("--onnxruntime-gpu-library",
+                   help="with --dry-run-cpu: onnxruntime-gpu's library, probed on the CPU")
     p.add_argument("--out", required=True)
     p.add_argument("--sections", default="torch,ort,python,cluster")
     p.add_argument("--dry-run-cpu", action="store_true",
@@ -336,6 +340,9 @@ def main():
         if "ort" in sections:
             library = Path(a.onnxruntime_library) if a.onnxruntime_library else None
             gpu_ort.run(a.nereid, repo, library, box["weights"], a.ort_count, Nereid)
+            if S.dry and a.onnxruntime_gpu_library:
+                gpu_ort.probe_gpu_library(a.nereid, repo, Path(a.onnxruntime_gpu_library),
+                                          box["weights"], Nereid)
         # The Python model's source: the TorchScript file, or (dry run) the NumPy weights.
         source = box["weights"] if S.dry else repo / "py_gpu" / "1" / "model.pt"
         if "python" in sections:

@@ -162,11 +162,21 @@ dry() {
     local bin=/tmp/nereid-gpu-dry out=${OUT:-$ROOT/target/gpu-dry}
     mkdir -p "$bin" "$out"
     cp "${NEREID_DRY_BIN_DIR:-target/release}"/{nereid,libnereid_stub_core.so} "$bin/"
-    local lib
+    local lib gpu_lib=()
     lib=$(ls .venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime.so.* | head -1)
+    # The parts of scripts/gpu_carry.sh, when made, go through scripts/gpu_parts.sh as on the
+    # device (copies: `take` moves them); the library they give is probed on this CPU.
+    if ls -d .gpu-ort/p[0-9][0-9] >/dev/null 2>&1; then
+        local parts=/tmp/nereid-gpu-dry-ort/parts p
+        rm -rf /tmp/nereid-gpu-dry-ort && mkdir -p "$parts" && cp -r .gpu-ort/p[0-9][0-9] "$parts/"
+        for p in "$parts"/p[0-9][0-9]; do
+            NEREID_GPU_DIR=/tmp/nereid-gpu-dry-ort bash scripts/gpu_parts.sh take "$p"
+        done
+        gpu_lib=(--onnxruntime-gpu-library "$(NEREID_GPU_DIR=/tmp/nereid-gpu-dry-ort bash scripts/gpu_parts.sh library)")
+    fi
     NEREID_BIN=$bin/nereid PYTHONUNBUFFERED=1 timeout 600 .venv/bin/python scripts/gpu_check.py \
         --dry-run-cpu --nereid "$bin/nereid" --onnxruntime-library "$lib" --work /tmp/gpu-dry \
-        --out "$out" "$@"
+        ${gpu_lib[@]+"${gpu_lib[@]}"} --out "$out" "$@"
 }
 
 case "${1:-}" in

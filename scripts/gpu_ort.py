@@ -188,6 +188,33 @@ def run(nereid, repo, library, weights, count, server_factory):
         server.stop()
 
 
+@step("ort_gpu_library")
+def probe_gpu_library(nereid, repo, library, weights, server_factory):
+    """Dry run with the carried onnxruntime-gpu library (put back together from its parts):
+    Nereid loads it on this CPU-only machine, KIND_AUTO stays on the CPU (no GPU seen) and
+    serves, and KIND_GPU gets as far as the CUDA provider library, refused with the loader's
+    reason (no CUDA libraries here): what the GPU machine then runs, short of the GPU."""
+    from nereid_util import wait_until
+    probe = repo.parent / "ort_gpu_library_repo"
+    write_onnx(probe / "g_auto" / "1" / "model.onnx", weights)
+    (probe / "g_gpu" / "1").mkdir(parents=True)
+    os.link(probe / "g_auto" / "1" / "model.onnx", probe / "g_gpu" / "1" / "model.onnx")
+    for name, grp in [("g_auto", ""), ("g_gpu", group(1, "KIND_GPU"))]:
+        (probe / name / "config.pbtxt").write_text(model_config(name, HEADER, grp))
+    server = server_factory(nereid, probe, "nereid_ort_gpu_library",
+                            ["--onnxruntime-library", str(library)])
+    try:
+        server.ready("g_auto")
+        reason = wait_until(lambda: server.failed("g_gpu"), 60, "g_gpu refused")
+        if "libonnxruntime_providers_cuda.so" not in reason:
+            raise RuntimeError(f"KIND_GPU did not reach the CUDA provider: {reason}")
+        return {"library": str(library), "kind_auto": instance_groups(server, "g_auto"),
+                **check_outputs(server, "g_auto", probe / "g_auto" / "1" / "model.onnx"),
+                "kind_gpu_refused": reason}
+    finally:
+        server.stop()
+
+
 def ratio_of_run():
     b = RESULTS.get("ort_bench", {})
     return b.get("ratio_best_served_to_best_inprocess") if b.get("ok") else None
