@@ -1,6 +1,7 @@
-"""Nereid Python stub: runs one instance of a Triton Python-backend model (`model.py`).
+"""Nereid Python stub: runs one instance of a Triton Python-backend model (`model.py`), or
+several instances of one model in a shared stub process (model parameter SHARED_STUB_PROCESS).
 
-Started by the server (the *parent*) as `python3 -u nereid_stub.py SOCKET_PATH`; the wire
+Started by the server (the *parent*) as `python3 -u nereid_stub.py SOCKET_PATH [INSTANCES]`; the wire
 protocol is docs/internals/python-stub-protocol.md. The per-message work is compiled: the
 `nereid_stub_core` extension (crate stub-core, the same protocol types as the server) reads and
 writes the frames, maps and writes the shared-memory segments, and is the `pb_utils` Tensor,
@@ -39,6 +40,29 @@ Threads and flow
   clients of the server's shared-memory API cannot name).
 * SIGINT is ignored: the parent decides when the stub stops (a terminal's Ctrl-C reaches the
   whole process group).
+
+A shared stub process (`nereid_stub.py SOCKET_PATH INSTANCES`)
+--------------------------------------------------------------
+
+    parent ══ three connections per member (INSTANCES members, connected in order)
+              member 0: a Stub on the process's main thread   ─┐ each exactly as above: its
+              member 1: a Stub on thread nereid-instance-1    ─┤ own channel, helper, asyncio
+              ...                                              ─┘ loop, segment directory
+
+* Each member is one model instance: the parent sends it its own `init` (its own
+  `model_instance_name`, kind and device id), and it imports `model.py` anew, so every
+  instance has its own `TritonPythonModel` and module globals, as in separate processes.
+  Executions of different members run on their own threads and overlap wherever the model
+  releases the GIL (NumPy, torch, I/O).
+* `pb_utils._channel` is a router: every call goes to the member the calling thread belongs
+  to. A thread belongs to the member whose code started it (`threading.Thread.start` records
+  the starter), so threads a model starts in `initialize` or `execute` log, send decoupled
+  responses and make BLS calls as that instance.
+* A member ends after its `finalize`, or when its commands connection ends (its instance is
+  unloaded); the process exits when the last member has ended. A crash, `sys.exit`, or a
+  protocol error ends the whole process: every member's instance fails its requests and the
+  parent restarts them together.
+
 
 Choices where the protocol document leaves room
 -----------------------------------------------
@@ -180,10 +204,13 @@ class _ExecuteJob:
 # ---------------------------------------------------------------------------------------------
 
 class Stub:
-    """Serves one model instance over one channel; also pb_utils' `_channel`."""
+    """Serves one model instance over one channel; also pb_utils' `_channel` (through a
+    `nereid_stub_shared.Router` in a shared process, whose `Host` is `host`)."""
 
-    def __init__(self, channel):
+    def __init__(self, channel, host=None):
         self._chan = channel
+        self._host = host
+        self._ended = False  # a shared process's member whose instance has ended
         # Main-thread frames the helper read, handed over with the reading role (see
         # `_helper_loop`).
         self._jobs = queue.SimpleQueue()
@@ -204,21 +231,53 @@ class Stub:
         self._loop_lock = threading.Lock()
 
     def serve(self):
-        pb_utils._channel = self
-        threading.Thread(target=self._helper_loop, name="nereid-reader", daemon=True).start()
+        if self._host is None:
+            pb_utils._channel = self
+            helper = self._helper_loop
+        else:
+            self._host.bind(self)
+            helper = self._member_helper
+        threading.Thread(target=helper, name="nereid-reader", daemon=True).start()
         self._main_loop()
+
+    def current(self):
+        """The stub a pb_utils call from this thread goes to: this one."""
+        return self
 
     def exit(self, code):
         """Unlinks every file under the stub's prefix (its own segments and the parent's: the
         parent may be gone, or exiting right after `finalize`) and ends the process at once,
-        from any thread. Nothing reads a segment of a stub that is exiting."""
+        from any thread. Nothing reads a segment of a stub that is exiting.
+
+        In a shared process, `exit(0)` (finalized, or the connection ended) ends only this
+        member (see `_end_member`); any other code ends the process, every member with it."""
+        if self._host is None:
+            self._chan.unlink_prefix()
+            _exit_now(code)
+        if code == 0:
+            self._end_member()
+        self._host.exit_process(code)
+
+    def unlink_prefix(self):
         self._chan.unlink_prefix()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+
+    def _end_member(self):
+        """Ends this member of a shared process: removes its segments, wakes its main thread
+        if it waits for a hand-over, and unwinds the calling thread. The last member to end
+        ends the process."""
+        with self._role_lock:
+            first, self._ended = not self._ended, True
+        if first:
+            self._chan.unlink_prefix()
+            self._jobs.put(None)
+            self._host.member_ended()
+        raise self._host.MemberEnded()
+
+    def _member_helper(self):
+        try:
+            self._helper_loop()
+        except self._host.MemberEnded:
+            pass
 
     # -- channel interface used by triton_python_backend_utils ----------------------------------
 
@@ -377,6 +436,8 @@ class Stub:
     def _main_loop(self):
         job = None
         while True:
+            if self._ended:
+                raise self._host.MemberEnded()
             if job is None:
                 message = self._receive_or_exit()
                 if message[0] not in self._MAIN_OPS:
@@ -543,6 +604,15 @@ class Stub:
                     state.closed = True
 
 
+def _exit_now(code):
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _return_freed_heap():
     """Gives the C heap's free pages back to the system once the model is loaded.
 
@@ -618,13 +688,17 @@ def _exit_code(system_exit):
 
 
 def main(argv):
-    if len(argv) != 2:
-        _warn("usage: nereid_stub.py SOCKET_PATH")
+    count = None
+    if len(argv) == 3 and argv[2].isdigit() and int(argv[2]) > 0:
+        count = int(argv[2])
+    elif len(argv) != 2:
+        _warn("usage: nereid_stub.py SOCKET_PATH [INSTANCES]")
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Three connections, in this order: commands (what the server sends), answers, events.
+    # Three connections, in this order: commands (what the server sends), answers, events;
+    # a shared process opens them member after member.
     fds = []
-    for _ in range(3):
+    for _ in range(3 * (count or 1)):
         # _socket, not socket: the wrapper module and what it imports cost 0.3 MiB per stub.
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
@@ -633,6 +707,11 @@ def main(argv):
             _warn("cannot connect to {}: {}".format(argv[1], e))
             return 1
         fds.append(sock.detach())
+    if count is not None:
+        import nereid_stub_shared
+
+        nereid_stub_shared.serve(fds, count, lambda fds, host: Stub(_core.Channel(*fds), host))
+        return 0
     stub = Stub(_core.Channel(*fds))
     try:
         stub.serve()

@@ -56,7 +56,8 @@ import numpy as np
 
 import nereid_stub_core as _core
 
-# The stub sets this to its channel object; see the module docstring for what it provides.
+# The stub sets this to its channel object; see the module docstring for what it provides. In a
+# shared stub process it is a router to the stub of the instance the calling thread belongs to.
 _channel = None
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -558,9 +559,12 @@ async def _request_async_exec(request, decoupled):
 
 
 def _require_channel(what):
-    if _channel is None:
+    """The calling model instance's stub (in a shared stub process, the one this thread belongs
+    to: what a metric family or a BLS call keeps talking to)."""
+    channel = _channel
+    if channel is None:
         raise TritonModelException("{} needs the Nereid Python stub; it is not running".format(what))
-    return _channel
+    return channel.current()
 
 
 # ---------------------------------------------------------------------------------------------

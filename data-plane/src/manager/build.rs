@@ -331,11 +331,14 @@ fn load_version(
     })
 }
 
-/// The anonymous memory of the processes `instances` run in (Python stubs), together.
+/// The anonymous memory of the processes `instances` run in (Python stubs), together; a
+/// process that several instances share counts once.
 fn processes_memory(instances: &[(String, Box<dyn BackendInstance>)]) -> u64 {
     instances
         .iter()
         .filter_map(|(_, instance)| instance.process_id())
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
         .filter_map(crate::probe::host::process_anon_memory)
         .sum()
 }

@@ -44,7 +44,9 @@ struct Entry {
     /// `model 'm' instance 'i'`, for the log.
     label: String,
     process: Arc<StubProcess>,
-    segments: Option<PathBuf>,
+    /// The shared-memory directories of the process's stubs (one per member of a shared
+    /// stub process).
+    segments: Vec<PathBuf>,
 }
 
 /// One registered stub process; dropping it reaps the process and removes the entry.
@@ -72,7 +74,7 @@ impl Children {
             Entry {
                 label,
                 process: process.clone(),
-                segments: None,
+                segments: Vec::new(),
             },
         );
         Some(Registration {
@@ -93,7 +95,7 @@ impl Children {
             }
         }
         state.closed = true;
-        let left: Vec<(String, Arc<StubProcess>, Option<PathBuf>)> = state
+        let left: Vec<(String, Arc<StubProcess>, Vec<PathBuf>)> = state
             .live
             .values()
             .map(|e| (e.label.clone(), e.process.clone(), e.segments.clone()))
@@ -117,28 +119,30 @@ impl Children {
                     );
                 }
             }
-            if let Some(dir) = segments
-                && let Err(e) = std::fs::remove_dir_all(&dir)
-                && e.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!(path = %dir.display(), error = %e, "cannot remove a killed Python stub's shared-memory directory");
+            for dir in segments {
+                if let Err(e) = std::fs::remove_dir_all(&dir)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    tracing::warn!(path = %dir.display(), error = %e, "cannot remove a killed Python stub's shared-memory directory");
+                }
             }
             killed.push(format!("{label} (pid {pid})"));
         }
         killed
     }
 
-    fn set_segments(&self, id: u64, dir: PathBuf) {
+    fn add_segments(&self, id: u64, dir: PathBuf) {
         if let Some(entry) = self.state.lock().live.get_mut(&id) {
-            entry.segments = Some(dir);
+            entry.segments.push(dir);
         }
     }
 }
 
 impl Registration {
-    /// The stub's shared-memory directory, removed by [`Children::stop_all`] if it kills it.
-    pub fn set_segments(&self, dir: PathBuf) {
-        self.children.set_segments(self.id, dir);
+    /// A shared-memory directory of the process's stubs, removed by [`Children::stop_all`] if
+    /// it kills the process.
+    pub fn add_segments(&self, dir: PathBuf) {
+        self.children.add_segments(self.id, dir);
     }
 }
 
@@ -172,7 +176,7 @@ mod tests {
         let quick_reg = children.register("quick".into(), &quick).unwrap();
         let hung_reg = children.register("hung".into(), &hung).unwrap();
         let segments = tempfile::tempdir().unwrap().keep();
-        hung_reg.set_segments(segments.clone());
+        hung_reg.add_segments(segments.clone());
         // The quick one's owner tears it down while stop_all waits.
         let dropper = std::thread::spawn(move || {
             quick.wait_exit(Duration::from_secs(10));

@@ -1,4 +1,6 @@
-//! [`PythonInstance`]: one model instance as the scheduler sees it — request-level, one stub.
+//! [`PythonInstance`]: one model instance as the scheduler sees it — request-level, one stub:
+//! a process of its own (supervised alone) or a member of a shared stub process (see the
+//! shared module).
 
 use std::sync::Arc;
 
@@ -9,7 +11,8 @@ use super::convert::ModelInfo;
 use super::execute::{self, BatchResult};
 use super::runtime::RuntimeDir;
 use super::settings::StubSettings;
-use super::stub::StubSpec;
+use super::shared::SharedHost;
+use super::stub::{Stub, StubSpec};
 use super::supervisor::{Launcher, Supervised};
 use crate::backend::{
     BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext, Phases, RequestView,
@@ -19,7 +22,43 @@ use nereid_stub_protocol::message::InitArgs;
 /// One instance of a Python model.
 pub struct PythonInstance {
     model: ModelInfo,
-    stubs: Supervised,
+    stubs: Stubs,
+}
+
+/// Where the instance's stub runs.
+enum Stubs {
+    /// A process of its own.
+    Own(Supervised),
+    /// Member `member` of a shared stub process.
+    Member {
+        host: Arc<SharedHost>,
+        member: usize,
+    },
+}
+
+impl Stubs {
+    fn current(&self) -> Result<Arc<Stub>, String> {
+        match self {
+            Stubs::Own(supervised) => supervised.current(),
+            Stubs::Member { host, member } => host.current(*member),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Stubs::Own(supervised) => supervised.pid(),
+            Stubs::Member { host, .. } => host.pid(),
+        }
+    }
+}
+
+impl Drop for PythonInstance {
+    /// A member's `finalize` runs here; a process of its own is finalized by its supervisor.
+    fn drop(&mut self) {
+        if let Stubs::Member { host, member } = &self.stubs {
+            host.finalize_member(*member);
+        }
+    }
 }
 
 impl PythonInstance {
@@ -30,22 +69,9 @@ impl PythonInstance {
         runtime: Arc<RuntimeDir>,
         children: Arc<Children>,
     ) -> Result<Self, BackendError> {
-        let model_file = std::path::absolute(&ctx.model_path)
-            .map_err(|e| load_error(ctx, &format!("model file path: {e}")))?;
         let launcher = Launcher {
-            spec: StubSpec {
-                model: ctx.model_name.clone(),
-                instance: ctx.instance_name.clone(),
-                throwaway: false,
-                python: settings.python,
-                runtime,
-                cwd: version_dir(ctx),
-                start_timeout: settings.start_timeout,
-                initialize_timeout: settings.initialize_timeout,
-                server: ctx.server.clone(),
-                children,
-            },
-            model_file: model_file.to_string_lossy().into_owned(),
+            spec: stub_spec(ctx, settings, runtime, children, &ctx.instance_name),
+            model_file: model_file(ctx)?,
             args: init_args(ctx),
             decoupled: ctx.config.decoupled,
         };
@@ -55,14 +81,61 @@ impl PythonInstance {
         let stubs = Supervised::start(stub, launcher, ctx.health.clone())
             .map_err(|e| load_error(ctx, &e))?;
         Ok(PythonInstance {
-            model: ModelInfo {
-                name: ctx.model_name.clone(),
-                version: ctx.version,
-                decoupled: ctx.config.decoupled,
-            },
-            stubs,
+            model: model_info(ctx),
+            stubs: Stubs::Own(stubs),
         })
     }
+
+    /// Initializes the instance as member `member` of the shared stub process `host`.
+    pub fn load_member(
+        ctx: &InstanceContext,
+        host: Arc<SharedHost>,
+        member: usize,
+    ) -> Result<Self, BackendError> {
+        host.initialize(member, init_args(ctx))?;
+        Ok(PythonInstance {
+            model: model_info(ctx),
+            stubs: Stubs::Member { host, member },
+        })
+    }
+}
+
+fn model_info(ctx: &InstanceContext) -> ModelInfo {
+    ModelInfo {
+        name: ctx.model_name.clone(),
+        version: ctx.version,
+        decoupled: ctx.config.decoupled,
+    }
+}
+
+/// How to start a stub for `ctx`'s model; `instance` names it (a shared process: its first
+/// member).
+pub fn stub_spec(
+    ctx: &InstanceContext,
+    settings: StubSettings,
+    runtime: Arc<RuntimeDir>,
+    children: Arc<Children>,
+    instance: &str,
+) -> StubSpec {
+    StubSpec {
+        model: ctx.model_name.clone(),
+        instance: instance.to_string(),
+        throwaway: false,
+        python: settings.python,
+        runtime,
+        cwd: version_dir(ctx),
+        start_timeout: settings.start_timeout,
+        initialize_timeout: settings.initialize_timeout,
+        server: ctx.server.clone(),
+        children,
+    }
+}
+
+/// `model.py` as an absolute path.
+pub fn model_file(ctx: &InstanceContext) -> Result<String, BackendError> {
+    let file = std::path::absolute(&ctx.model_path)
+        .map_err(|e| load_error(ctx, &format!("model file path: {e}")))?;
+    Ok(file.to_string_lossy().into_owned())
 }
 
 impl BackendInstance for PythonInstance {

@@ -371,6 +371,11 @@ fn send_event(target: &StreamTarget, key: u64, event: StreamEvent) -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     #[error(transparent)]
+    /// Whether [`Self::set_closing`] was called.
+    pub fn is_closing(&self) -> bool {
+        self.state.lock().closing
+    }
+
     Frame(#[from] FrameError),
     #[error(transparent)]
     Shm(#[from] ShmError),

@@ -8,6 +8,9 @@
 //!                 ─► PythonInstance { supervised stub }
 //!  PythonInstance::execute_requests ─► execute ─► execute_done (decoupled: response messages)
 //!  stub dies ─► Health unhealthy ─► supervisor restarts it in the background ─► healthy
+//!  SHARED_STUB_PROCESS: load_instance ─► placement ─► the version's shared host for it (the
+//!      first member launches it; kept here, weakly, while its instances hold it)
+//!      ─► PythonInstance::load_member ─► a member, restarted with its whole process
 //! ```
 //!
 //! The wire protocol is docs/internals/python-stub-protocol.md: length-prefixed JSON frames
@@ -29,13 +32,15 @@ mod process;
 mod reader;
 mod runtime;
 mod settings;
+mod shared;
 mod shm;
 mod stub;
 mod stub_core;
 mod supervisor;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use nereid_proto::pb::inference::ModelConfig;
 use nereid_proto::{message_from_json, message_to_json};
@@ -45,6 +50,7 @@ use self::children::Children;
 pub use self::instance::PythonInstance;
 use self::runtime::RuntimeDir;
 use self::settings::StubSettings;
+use self::shared::{HostKey, HostSpec, SharedHost};
 use self::stub::{Stub, StubSpec};
 use super::params::Params;
 use super::{Backend, BackendError, BackendInstance, InstanceContext, Platforms, ServerHandle};
@@ -59,6 +65,9 @@ pub struct PythonBackend {
     runtime: Mutex<Option<Arc<RuntimeDir>>>,
     /// Every stub process, until it is reaped.
     children: Arc<Children>,
+    /// The shared stub processes of loaded versions, by version load and placement (the
+    /// version's health board tells loads apart: one per load, held by the host).
+    hosts: Mutex<HashMap<(usize, HostKey), Weak<SharedHost>>>,
 }
 
 impl PythonBackend {
@@ -70,6 +79,7 @@ impl PythonBackend {
             default_python,
             runtime: Mutex::new(None),
             children: Arc::default(),
+            hosts: Mutex::default(),
         }
     }
 
@@ -202,9 +212,48 @@ impl Backend for PythonBackend {
             .settings(&ctx.config.name, &ctx.config.parameters, &ctx.model_dir)
             .map_err(BackendError::Load)?;
         let runtime = self.runtime().map_err(fail)?;
-        let instance = PythonInstance::load(ctx, settings, runtime, self.children.clone())?;
+        let placement = settings.shared.and_then(|per_process| {
+            shared::placement(&ctx.config.instance_groups, &ctx.instance_name, per_process)
+        });
+        let instance = match placement {
+            None => PythonInstance::load(ctx, settings, runtime, self.children.clone())?,
+            Some(placement) => {
+                let host = self.shared_host(ctx, settings, runtime, &placement)?;
+                PythonInstance::load_member(ctx, host, placement.member)?
+            }
+        };
         tracing::info!(model = %ctx.model_name, version = ctx.version, instance = %ctx.instance_name, "loaded Python model instance");
         Ok(Box::new(instance))
+    }
+}
+
+impl PythonBackend {
+    /// The shared stub process `placement` names for `ctx`'s version load, launched by its
+    /// first member. The instances of one load are loaded one after the other, so no two
+    /// threads launch the same host.
+    fn shared_host(
+        &self,
+        ctx: &InstanceContext,
+        settings: StubSettings,
+        runtime: Arc<RuntimeDir>,
+        placement: &shared::Placement,
+    ) -> Result<Arc<SharedHost>, BackendError> {
+        let key = (Arc::as_ptr(&ctx.health) as usize, placement.key.clone());
+        if let Some(host) = self.hosts.lock().get(&key).and_then(Weak::upgrade) {
+            return Ok(host);
+        }
+        let first = placement.names.first().unwrap_or(&ctx.instance_name);
+        let host = Arc::new(SharedHost::launch(HostSpec {
+            spec: instance::stub_spec(ctx, settings, runtime, self.children.clone(), first),
+            names: placement.names.clone(),
+            model_file: instance::model_file(ctx)?,
+            decoupled: ctx.config.decoupled,
+            health: ctx.health.clone(),
+        })?);
+        let mut hosts = self.hosts.lock();
+        hosts.retain(|_, host| host.strong_count() > 0);
+        hosts.insert(key, Arc::downgrade(&host));
+        Ok(host)
     }
 }
 

@@ -2,7 +2,7 @@
 //! exit, killing it, and describing how it ended.
 //!
 //! ```text
-//!  spawn: <python> -u <runtime>/nereid_stub.py <socket>   cwd = version dir, stdin = /dev/null,
+//!  spawn: <python> -u <runtime>/nereid_stub.py <socket> [<members>]   cwd = version dir, stdin = /dev/null,
 //!         stdout inherited, stderr piped ─► forwarder thread ─► server stderr + last lines kept
 //!  accept(listener, timeout): poll(listener, pidfd) ─► connection | exited first | timed out
 //!  wait_exit(timeout):        poll(pidfd)           ─► exit status | still running
@@ -42,6 +42,8 @@ pub struct StubCommand<'a> {
     pub socket: &'a Path,
     /// The model's version directory.
     pub cwd: &'a Path,
+    /// A shared stub process: how many instances (members) it hosts.
+    pub members: Option<usize>,
 }
 
 /// Why no connection came.
@@ -80,10 +82,12 @@ impl StubProcess {
     /// Spawns the stub. The error names the interpreter and says what to fix.
     pub fn spawn(command: &StubCommand<'_>) -> Result<Self, String> {
         let python = command.python;
-        let mut child = Command::new(python)
-            .arg("-u")
-            .arg(command.script)
-            .arg(command.socket)
+        let mut child = Command::new(python);
+        child.arg("-u").arg(command.script).arg(command.socket);
+        if let Some(members) = command.members {
+            child.arg(members.to_string());
+        }
+        let mut child = child
             .current_dir(command.cwd)
             .env("PYTHONPATH", python_path(command.runtime_dir))
             .stdin(Stdio::null())
@@ -382,6 +386,7 @@ pub fn shell_process(script: &str, socket: &Path, dir: &Path) -> StubProcess {
         runtime_dir: dir,
         socket,
         cwd: dir,
+        members: None,
     })
     .unwrap()
 }
@@ -436,6 +441,7 @@ mod tests {
                 runtime_dir: dir.path(),
                 socket: Path::new("s"),
                 cwd: dir.path(),
+                members: None,
             })
             .err()
             .unwrap()

@@ -36,17 +36,19 @@ use nereid_stub_protocol::message::{FromStub, KNOWN_STUB_OPS, RESPONSE_FINAL, Re
 /// How long a stub whose socket closed gets to finish exiting before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 
-/// Starts the reader thread.
 /// Starts the reader thread; when the stub is gone it sends the death reason on `deaths`.
+/// `shared`: the stub is a member of a shared stub process, whose connections can end on
+/// purpose (the member was shut down) while the process lives on.
 pub fn spawn(
     link: Arc<Link>,
     events: UnixStream,
     deaths: Sender<String>,
     process: Arc<StubProcess>,
+    shared: bool,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("python-reader-{}", link.instance))
-        .spawn(move || reader_task(&link, events, &deaths, &process))
+        .spawn(move || reader_task(&link, events, &deaths, &process, shared))
 }
 
 fn reader_task(
@@ -54,6 +56,7 @@ fn reader_task(
     stream: UnixStream,
     deaths: &Sender<String>,
     process: &StubProcess,
+    shared: bool,
 ) {
     let mut input = BufReader::new(stream);
     let cause = loop {
@@ -72,9 +75,14 @@ fn reader_task(
             }
         }
     };
-    let detail = match process.stop(EXIT_GRACE) {
-        Some(status) => format!("The stub process {}.", describe_exit(status)),
-        None => format!("The stub process did not exit after {cause}."),
+    let detail = if shared && link.is_closing() {
+        // Shut down on purpose: the other members still use the process.
+        format!("The member was shut down ({cause}).")
+    } else {
+        match process.stop(EXIT_GRACE) {
+            Some(status) => format!("The stub process {}.", describe_exit(status)),
+            None => format!("The stub process did not exit after {cause}."),
+        }
     };
     let reason = unhealthy_reason(&link.instance, &detail);
     if let Some(hook) = link.mark_dead(&reason) {

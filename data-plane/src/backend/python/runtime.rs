@@ -12,6 +12,9 @@ const STUB_SOURCE: &str = include_str!("../../../python/nereid_stub.py");
 /// `import triton_python_backend_utils as pb_utils` in user code finds this.
 const UTILS_FILE: &str = "triton_python_backend_utils.py";
 const UTILS_SOURCE: &str = include_str!("../../../python/triton_python_backend_utils.py");
+/// A shared stub process's members, imported by the stub when it hosts several instances.
+const SHARED_FILE: &str = "nereid_stub_shared.py";
+const SHARED_SOURCE: &str = include_str!("../../../python/nereid_stub_shared.py");
 /// DLPack capsules and GPU tensors, imported by the utils.
 const DLPACK_FILE: &str = "nereid_dlpack.py";
 const DLPACK_SOURCE: &str = include_str!("../../../python/nereid_dlpack.py");
@@ -31,6 +34,7 @@ impl RuntimeDir {
             (STUB_FILE, STUB_SOURCE),
             (UTILS_FILE, UTILS_SOURCE),
             (DLPACK_FILE, DLPACK_SOURCE),
+            (SHARED_FILE, SHARED_SOURCE),
         ] {
             std::fs::write(dir.path().join(name), source).map_err(|e| {
                 format!("cannot write the Python backend's runtime file {name}: {e}")
@@ -62,6 +66,8 @@ mod tests {
         assert_eq!(utils, UTILS_SOURCE);
         let dlpack = std::fs::read_to_string(runtime.path().join(DLPACK_FILE)).unwrap();
         assert_eq!(dlpack, DLPACK_SOURCE);
+        let shared = std::fs::read_to_string(runtime.path().join(SHARED_FILE)).unwrap();
+        assert_eq!(shared, SHARED_SOURCE);
         assert!(
             runtime
                 .path()

@@ -5,6 +5,7 @@
 //! | `EXECUTION_ENV_PATH` | the interpreter: a conda-pack archive (`.tar.gz`/`.tgz`, unpacked once and cached: `env_archive`), a directory (a virtual environment: `<dir>/bin/python3`) or an interpreter file; `$$TRITON_MODEL_DIRECTORY` expands to the model directory; relative paths are relative to the model directory | `--python` (`NEREID_PYTHON`), else `python3` on `PATH` |
 //! | `STUB_TIMEOUT_SECONDS` | how long a new stub may take to start and connect, and to finalize on unload | 30 |
 //! | `INITIALIZE_TIMEOUT_SECONDS` | how long the model's `initialize` (or `auto_complete_config`) may run | 600 |
+//! | `SHARED_STUB_PROCESS` | (a Nereid extension) `true`: the instances of one instance group on one device share one stub process, each on its own thread; a number n ≥ 2: at most n instances per process; `false` or `1`: one process per instance | `false` |
 //!
 //! Triton's `EXECUTION_ENV_PATH` names a conda-pack archive; Nereid takes that, an unpacked
 //! environment, or any interpreter.
@@ -18,6 +19,7 @@ use crate::backend::params::{Params, param};
 pub const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
 pub const STUB_TIMEOUT_SECONDS: &str = "STUB_TIMEOUT_SECONDS";
 pub const INITIALIZE_TIMEOUT_SECONDS: &str = "INITIALIZE_TIMEOUT_SECONDS";
+pub const SHARED_STUB_PROCESS: &str = "SHARED_STUB_PROCESS";
 
 const MODEL_DIRECTORY_VARIABLE: &str = "$$TRITON_MODEL_DIRECTORY";
 const DEFAULT_STUB_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,6 +34,9 @@ pub struct StubSettings {
     pub python: PathBuf,
     pub start_timeout: Duration,
     pub initialize_timeout: Duration,
+    /// `SHARED_STUB_PROCESS`: at most this many instances of one group on one device per stub
+    /// process (`usize::MAX` for all of them); `None`: a process per instance.
+    pub shared: Option<usize>,
 }
 
 impl StubSettings {
@@ -58,7 +63,32 @@ impl StubSettings {
             python,
             start_timeout: seconds(STUB_TIMEOUT_SECONDS, DEFAULT_STUB_TIMEOUT)?,
             initialize_timeout: seconds(INITIALIZE_TIMEOUT_SECONDS, DEFAULT_INITIALIZE_TIMEOUT)?,
+            shared: parameter(SHARED_STUB_PROCESS)
+                .map(|text| {
+                    parse_shared(text).ok_or_else(|| {
+                        format!("model '{m}': parameter {SHARED_STUB_PROCESS} must be 'true', 'false' or the most instances one stub process hosts (a positive integer), got '{text}'")
+                    })
+                })
+                .transpose()?
+                .flatten(),
         })
+    }
+}
+
+/// `true` / `false` (any case, as Triton reads boolean parameters) or a count; a count of 1 is
+/// a process per instance.
+fn parse_shared(text: &str) -> Option<Option<usize>> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("true") {
+        return Some(Some(usize::MAX));
+    }
+    if text.eq_ignore_ascii_case("false") {
+        return Some(None);
+    }
+    match text.parse::<usize>().ok()? {
+        0 => None,
+        1 => Some(None),
+        n => Some(Some(n)),
     }
 }
 
@@ -227,6 +257,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.start_timeout, Duration::from_millis(2500));
         assert_eq!(s.initialize_timeout, Duration::from_secs(7));
+        assert_eq!(s.shared, None);
         for bad in ["0", "-1", "abc", "inf"] {
             let err = StubSettings::new(
                 "m",
@@ -237,6 +268,33 @@ mod tests {
             .unwrap_err();
             assert!(
                 err.starts_with("model 'm': parameter STUB_TIMEOUT_SECONDS"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn shared_stub_process_is_a_boolean_or_a_count() {
+        let dir = model_dir();
+        let shared = |value: &str| {
+            StubSettings::new(
+                "m",
+                &config(&[(SHARED_STUB_PROCESS, value)]),
+                dir.path(),
+                None,
+            )
+            .map(|s| s.shared)
+        };
+        assert_eq!(shared("true"), Ok(Some(usize::MAX)));
+        assert_eq!(shared("TRUE"), Ok(Some(usize::MAX)));
+        assert_eq!(shared("false"), Ok(None));
+        assert_eq!(shared("1"), Ok(None));
+        assert_eq!(shared("4"), Ok(Some(4)));
+        for bad in ["0", "-2", "yes", ""] {
+            let err = shared(bad).unwrap_err();
+            assert!(
+                err.starts_with("model 'm': parameter SHARED_STUB_PROCESS must be 'true', 'false'")
+                    && err.ends_with(&format!("got '{bad}'")),
                 "{err}"
             );
         }

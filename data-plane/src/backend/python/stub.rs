@@ -112,15 +112,42 @@ pub struct Stub {
     /// Both sides' segments; removed when the stub is dropped (after the process is gone).
     segments: shm::SegmentDir,
     next_execute: AtomicU64,
+    /// A member of a shared stub process: its end is not the process's end.
+    shared: bool,
+    /// The events connection, shut down on drop so the reader ends even while a shared
+    /// process lives on.
+    events: Option<UnixStream>,
     /// Dropped last: the process is reaped and its directory gone before shutdown stops
-    /// waiting for it.
-    _registration: Registration,
+    /// waiting for it. Shared by the members of a shared stub process.
+    registration: Arc<Registration>,
 }
 
 impl Stub {
     /// Spawns a stub and waits for it to connect. While `guard` tracks it, another thread can
     /// stop it with [`StartGuard::abort`].
     pub fn launch(spec: &StubSpec, guard: Option<&StartGuard>) -> Result<Stub, StubError> {
+        let mut stubs = Self::spawn(spec, None, guard)?;
+        stubs
+            .pop()
+            .ok_or_else(|| StubError::Start(format!("{}no stub connected", spec.label())))
+    }
+
+    /// Spawns one shared stub process for the instances `members` (in order) and waits for
+    /// every member to connect: one [`Stub`] per member, each with its own connections,
+    /// segment directory and reader thread, all in the one process.
+    pub fn launch_shared(
+        spec: &StubSpec,
+        members: &[String],
+        guard: Option<&StartGuard>,
+    ) -> Result<Vec<Stub>, StubError> {
+        Self::spawn(spec, Some(members), guard)
+    }
+
+    fn spawn(
+        spec: &StubSpec,
+        members: Option<&[String]>,
+        guard: Option<&StartGuard>,
+    ) -> Result<Vec<Stub>, StubError> {
         let label = spec.label();
         let start =
             |what: &str, e: &dyn std::fmt::Display| StubError::Start(format!("{label}{what}: {e}"));
@@ -135,33 +162,73 @@ impl Stub {
             runtime_dir: spec.runtime.path(),
             socket: &socket,
             cwd: &spec.cwd,
+            members: members.map(<[String]>::len),
         })
         .map_err(|e| StubError::Start(format!("{label}{e}")))?;
         let process = Arc::new(process);
-        let who = format!("model '{}' instance '{}'", spec.model, spec.instance);
+        let who = match members {
+            None => format!("model '{}' instance '{}'", spec.model, spec.instance),
+            Some(names) => format!(
+                "model '{}' instances '{}' (a shared stub process)",
+                spec.model,
+                names.join("', '")
+            ),
+        };
         let Some(registration) = spec.children.register(who, &process) else {
             process.kill();
             return Err(StubError::Start(format!(
                 "{label}the server is shutting down"
             )));
         };
+        let registration = Arc::new(registration);
         if let Some(guard) = guard {
             guard.track(&process);
         }
-        let accept = || match process.accept(&listener, spec.start_timeout) {
-            Ok(stream) => Ok(stream),
-            Err(e) => Err(accept_error(spec, &process, e)),
-        };
-        let commands = accept()?;
-        let answers = accept()?;
-        let events = accept()?;
+        let single = [spec.instance.clone()];
+        let names = members.unwrap_or(&single);
+        let mut stubs = Vec::with_capacity(names.len());
+        for name in names {
+            let spec = StubSpec {
+                instance: name.clone(),
+                ..spec.clone()
+            };
+            let shared = members.is_some();
+            stubs.push(Self::connect(
+                &spec,
+                &listener,
+                &process,
+                &registration,
+                shared,
+            )?);
+        }
         // Connected: the socket's directory is not needed any more (nothing is left behind in
         // the temp directory even if the server never gets to drop this stub).
         drop(listener);
         drop(socket_dir);
+        Ok(stubs)
+    }
+
+    /// Accepts one member's three connections and starts its reader.
+    fn connect(
+        spec: &StubSpec,
+        listener: &UnixListener,
+        process: &Arc<StubProcess>,
+        registration: &Arc<Registration>,
+        shared: bool,
+    ) -> Result<Stub, StubError> {
+        let label = spec.label();
+        let start =
+            |what: &str, e: &dyn std::fmt::Display| StubError::Start(format!("{label}{what}: {e}"));
+        let accept = || match process.accept(listener, spec.start_timeout) {
+            Ok(stream) => Ok(stream),
+            Err(e) => Err(accept_error(spec, process, e)),
+        };
+        let commands = accept()?;
+        let answers = accept()?;
+        let events = accept()?;
         let segments = segment_dir(&spec.instance)
             .map_err(|e| start("cannot create the stub's shared-memory directory", &e))?;
-        registration.set_segments(segments.path().to_path_buf());
+        registration.add_segments(segments.path().to_path_buf());
         let link = Arc::new(Link::new(
             spec.model.clone(),
             spec.instance.clone(),
@@ -169,8 +236,9 @@ impl Stub {
             commands,
             &segments.prefix(),
         ));
+        let events_handle = events.try_clone().ok();
         let (tx, deaths) = crossbeam_channel::bounded(1);
-        let reader = reader::spawn(link.clone(), events, tx, process.clone())
+        let reader = reader::spawn(link.clone(), events, tx, process.clone(), shared)
             .map_err(|e| start("cannot start the stub's reader thread", &e))?;
         tracing::debug!(model = %spec.model, instance = %spec.instance, "Python stub connected");
         Ok(Stub {
@@ -178,11 +246,13 @@ impl Stub {
             link,
             answers: Mutex::new(Answers::new(answers)),
             deaths,
-            process,
+            process: process.clone(),
             reader: Some(reader),
             segments,
             next_execute: AtomicU64::new(0),
-            _registration: registration,
+            shared,
+            events: events_handle,
+            registration: registration.clone(),
         })
     }
 
@@ -254,10 +324,12 @@ impl Stub {
                 }
             }
         }
-        if self
-            .process
-            .wait_exit(deadline.saturating_duration_since(Instant::now()))
-            .is_none()
+        // A member of a shared process ends by itself; the process exits with the last one.
+        if !self.shared
+            && self
+                .process
+                .wait_exit(deadline.saturating_duration_since(Instant::now()))
+                .is_none()
         {
             tracing::warn!(model = %self.spec.model, instance = %self.spec.instance, "the Python stub did not exit within {timeout:?} of finalize; killing it");
         }
@@ -277,6 +349,16 @@ impl Stub {
     /// The stub's process id.
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// The stub's process (shared by the members of a shared stub process).
+    pub fn process(&self) -> &Arc<StubProcess> {
+        &self.process
+    }
+
+    /// The process's entry among the server's stubs (shared like the process).
+    pub fn registration(&self) -> &Arc<Registration> {
+        &self.registration
     }
 
     pub fn link(&self) -> &Arc<Link> {
@@ -417,10 +499,17 @@ impl Stub {
 }
 
 impl Drop for Stub {
+    /// Kills a stub of its own; a member of a shared process is only disconnected (the member
+    /// ends, the process lives on while other members do).
     fn drop(&mut self) {
         self.link.set_closing();
-        self.process.stop(Duration::ZERO);
+        if !self.shared {
+            self.process.stop(Duration::ZERO);
+        }
         self.link.shutdown();
+        if let Some(events) = &self.events {
+            let _ = events.shutdown(std::net::Shutdown::Both);
+        }
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
