@@ -353,6 +353,11 @@ impl Link {
         self.state.lock().closing = true;
     }
 
+    /// Whether [`Self::set_closing`] was called.
+    pub fn is_closing(&self) -> bool {
+        self.state.lock().closing
+    }
+
     /// Shuts the socket down both ways, so the reader sees end of stream.
     pub fn shutdown(&self) {
         let _ = self.writer.lock().shutdown(Shutdown::Both);
@@ -371,11 +376,6 @@ fn send_event(target: &StreamTarget, key: u64, event: StreamEvent) -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     #[error(transparent)]
-    /// Whether [`Self::set_closing`] was called.
-    pub fn is_closing(&self) -> bool {
-        self.state.lock().closing
-    }
-
     Frame(#[from] FrameError),
     #[error(transparent)]
     Shm(#[from] ShmError),
