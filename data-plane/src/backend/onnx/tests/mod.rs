@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use nereid_proto::pb::inference::model_config::SchedulingChoice;
+use nereid_proto::pb::inference::model_instance_group::Kind;
 use nereid_proto::pb::inference::model_optimization_policy::execution_accelerators::Accelerator;
 use nereid_proto::pb::inference::model_optimization_policy::{ExecutionAccelerators, Graph};
 use nereid_proto::pb::inference::{
@@ -18,9 +19,10 @@ use nereid_proto::{DataType, Tensor, bytes_elements, push_bytes_element};
 
 use super::OnnxRuntimeBackend;
 use crate::backend::{
-    Backend, BackendError, BackendInstance, BatchInputs, DeviceKind, InstanceContext,
+    Backend, BackendError, BackendInstance, Backends, BatchInputs, CompleteOptions, DeviceKind,
+    InstanceContext, complete,
 };
-use crate::config::ValidModelConfig;
+use crate::config::{GroupKind, ValidModelConfig};
 
 pub(super) fn library() -> PathBuf {
     if let Some(path) = std::env::var_os("NEREID_ORT_LIBRARY") {
@@ -652,6 +654,57 @@ fn kind_gpu_without_a_gpu_build_of_onnx_runtime_is_refused() {
         let e = gpu_err(with_accelerator(name), 0).unwrap();
         assert!(e.contains(provider) && e.contains("onnxruntime-gpu"), "{e}");
     }
+}
+
+/// `KIND_AUTO` on a host with GPUs (a pretend count of 2): an ONNX model goes on every GPU only
+/// when the loaded library has the CUDA provider; with the CPU-only library it stays on the CPU
+/// with ONNX Runtime's CPU count, and loads there.
+#[test]
+fn kind_auto_with_gpus_takes_them_only_with_the_cuda_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let version = dir.path().join("1");
+    std::fs::create_dir_all(&version).unwrap();
+    std::fs::copy(fixture("add_sub.onnx"), version.join("model.onnx")).unwrap();
+    let backends = Backends::new(Some(library())).with_gpu_count(2);
+    let raw = ModelConfig {
+        backend: "onnxruntime".into(),
+        ..add_sub_config()
+    };
+    let options = CompleteOptions {
+        auto_complete: true,
+    };
+    let config = complete(
+        "add_sub",
+        raw,
+        std::slice::from_ref(&version),
+        &backends,
+        options,
+    )
+    .unwrap();
+    let group = &config.wire().instance_group[0];
+    if backend().gpu_support().is_ok() {
+        // onnxruntime-gpu: one group on both GPUs, as Triton.
+        assert_eq!(
+            config.instance_groups[0].kind,
+            GroupKind::Gpu { gpus: vec![0, 1] }
+        );
+        return;
+    }
+    assert_eq!(config.instance_groups[0].kind, GroupKind::Cpu);
+    assert_eq!((group.kind, group.count), (Kind::Cpu as i32, 2));
+    assert!(group.gpus.is_empty());
+    let ctx = InstanceContext {
+        model_path: version.join("model.onnx"),
+        config: Arc::new(config),
+        ..context(add_sub_config(), "add_sub.onnx", DeviceKind::Cpu)
+    };
+    let mut instance = backend().load_instance(&ctx).unwrap();
+    let a = f32_tensor("INPUT0", vec![1, 4], &[1.; 4]);
+    let b = f32_tensor("INPUT1", vec![1, 4], &[2.; 4]);
+    let out = instance
+        .execute(&BatchInputs::single(&[a, b]), &names(&["OUTPUT0"]))
+        .unwrap();
+    assert_eq!(f32_values(&out[0]), vec![3.; 4]);
 }
 
 #[test]
