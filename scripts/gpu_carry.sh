@@ -127,7 +127,11 @@ plan() {
     [ -d "${parts[0]}" ] || { log "no parts yet: run bash scripts/gpu_carry.sh"; exit 1; }
     tree=$(tree_bytes)
     gpu=$(dir_bytes .gpu)
-    [ "$gpu" -gt 0 ] || log "warning: .gpu/ is missing: run bash scripts/gpu_check.sh prepare first"
+    if [ "$gpu" -eq 0 ]; then
+        log "warning: .gpu/ is missing: run bash scripts/gpu_check.sh prepare first" \
+            "(planned with its usual 14 MiB)"
+        gpu=$((14 << 20))
+    fi
     last=${parts[-1]}
     local n=${#parts[@]} k=0 p merged=0
     if [ $((tree + MARGIN + gpu + $(dir_bytes "$last"))) -le "$LIMIT" ]; then
