@@ -119,6 +119,7 @@ fn measure(
             .into_iter()
             .next()
             .ok_or("no result")?
+            .into_answer()
             .map_err(|e| e.to_string())?;
         if out.tensors[0].data() != inputs[0].data() {
             return Err("identity changed the data".into());

@@ -63,7 +63,6 @@ A shared stub process (`nereid_stub.py SOCKET_PATH INSTANCES`)
   protocol error ends the whole process: every member's instance fails its requests and the
   parent restarts them together.
 
-
 Choices where the protocol document leaves room
 -----------------------------------------------
 * Parent segments are mapped shared and writable when the file allows it, so input arrays are
@@ -78,6 +77,10 @@ Choices where the protocol document leaves room
   "Failed to process the request(s) for model instance '<instance>', message: <Type>: <text>"
   followed by "At:" and the model's frames; with an error, `responses` is `[]` and there is no
   segment.
+* A request whose release flags say RESCHEDULE when `execute` returns is listed in
+  `execute_done`'s `rescheduled` (the server runs it again), unless `execute` failed: then, as
+  in Triton, every request is released. A decoupled one's response sender stays open; in
+  default mode `execute` must return None for it (Triton's error otherwise).
 """
 
 import importlib.util
@@ -101,7 +104,6 @@ except ImportError as _error:  # the server copies it next to this file; say wha
 
 import triton_python_backend_utils as pb_utils
 
-_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
 _STUB_FILE = os.path.abspath(__file__)
@@ -540,6 +542,7 @@ class Stub:
             failure = None
         except Exception as e:
             responses, failure = None, self._execute_failure(e)
+        # A decoupled request the model rescheduled keeps its sender open for its next run.
         if failure is not None or not self._decoupled:
             for state in job.states:
                 _close(state)
@@ -559,7 +562,9 @@ class Stub:
                 return
             except Exception as e:  # an output the protocol cannot carry
                 failure = self._execute_failure(e)
-        self._write(self._chan.send_execute_end, job.id, failure)
+        # Decoupled, done: the states say which requests the model rescheduled.
+        self._write(self._chan.send_execute_end, job.id, failure,
+                    job.states if failure is None else None)
 
     def _run_execute(self, job):
         """The responses of a default-mode execute; None for a decoupled one."""
@@ -572,7 +577,6 @@ class Stub:
             if result is not None:
                 raise InvalidExecute("Python model '{}' is using the decoupled mode and the execute "
                                      "function must return None.".format(self._instance_name))
-            self._refuse_rescheduled(job)
             return None
         return self._default_responses(job, result)
 
@@ -582,7 +586,8 @@ class Stub:
             self._instance_name, text)
 
     def _default_responses(self, job, result):
-        """One InferenceResponse per request from execute's return value and response senders."""
+        """One InferenceResponse per request from execute's return value and response senders
+        (None for a request the model rescheduled)."""
         count = len(job.requests)
         if result is None:
             result = [None] * count
@@ -595,13 +600,6 @@ class Stub:
                     count, len(result)))
         return [_response_for(i, state, returned)
                 for i, (state, returned) in enumerate(zip(job.states, result))]
-
-    def _refuse_rescheduled(self, job):
-        for state in job.states:
-            with state.lock:
-                if state.release_flags == _RESCHEDULE and not state.closed:
-                    self.send_response(state, _rescheduling_error(), _FINAL)
-                    state.closed = True
 
 
 def _exit_now(code):
@@ -647,15 +645,15 @@ def _close(state):
         state.closed = True
 
 
-def _rescheduling_error():
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-        "request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by Nereid yet",
-        pb_utils.TritonError.UNSUPPORTED))
-
-
 def _response_for(index, state, returned):
     if state.release_flags == _RESCHEDULE:
-        return _rescheduling_error()
+        # Runs again: no response now (one its sender collected is dropped, as in Triton).
+        if returned is not None:
+            # Triton's words, its spelling included.
+            raise InvalidExecute(
+                "Expected a None object in the execute function return list for reschduled "
+                "request, found type '{}'.".format(type(returned)))
+        return None
     if returned is None:
         if state.collected is None:
             raise InvalidExecute("execute() returned no response for request {} and sent none through "

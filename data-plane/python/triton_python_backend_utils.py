@@ -37,8 +37,9 @@ Differences from Triton worth knowing
   name ("TYPE_FP32"). BF16 tensors have no NumPy view (`as_numpy()` raises, as NumPy has no
   bfloat16); they go through DLPack both ways (`to_dlpack`, `from_dlpack`, e.g. with torch),
   without a copy.
-* Not supported by Nereid yet, raising `TritonModelException`: request rescheduling
-  (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` fails that request).
+* Request rescheduling (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`) runs the
+  request again on models with `sequence_batching { iterative_sequence: true }`; elsewhere the
+  request fails with Triton's error where Triton leaves it unanswered.
 """
 
 import base64

@@ -34,7 +34,9 @@ pub struct ValidRequest {
     /// level) and queue timeout (µs, 0 = the model's default); an ensemble passes them all on
     /// to its steps.
     pub options: RequestOptions,
-    /// The sequence this request belongs to; set for (and only for) `sequence_batching` models.
+    /// The sequence this request belongs to; set for (and only for) `sequence_batching` models
+    /// (an `iterative_sequence` one's request without an id gets its sequence from the
+    /// scheduler).
     pub sequence: Option<SequenceFlags>,
     /// Where a decoupled model's responses go (any number, then [`crate::backend::StreamEvent::Final`]); set
     /// by the streaming endpoints, `None` for plain infer calls.
@@ -280,18 +282,21 @@ fn check_inner(
     let batch_size = batch_size.unwrap_or(1) as usize;
     let sequence = match sequence_batching {
         None => None,
-        Some(_) => {
-            let Some(id) = request.options.sequence_id.clone() else {
+        Some(sb) => {
+            let id = request.options.sequence_id.clone();
+            // `iterative_sequence`: the scheduler gives a request without an id a sequence of
+            // its own.
+            if id.is_none() && !sb.iterative {
                 return Err(ServiceError::invalid(format!(
                     "inference request to model '{m}' must specify a non-zero or non-empty correlation ID"
                 )));
-            };
+            }
             if batch_size != 1 {
                 return Err(ServiceError::invalid(format!(
                     "inference request to model '{m}' must specify batch-size 1 due to requirements of sequence batcher"
                 )));
             }
-            Some(SequenceFlags {
+            id.map(|id| SequenceFlags {
                 id,
                 start: request.options.sequence_start,
                 end: request.options.sequence_end,
@@ -420,6 +425,27 @@ mod tests {
                output [{name: "y" data_type: TYPE_FP32 dims: [2]}]
                sequence_batching { state [{input_name: "si" output_name: "so" data_type: TYPE_FP32 dims: [1]}] }"#,
         )
+    }
+
+    #[test]
+    fn an_iterative_sequence_model_takes_a_request_without_an_id() {
+        let config = valid(
+            r#"name: "s" max_batch_size: 4
+               input [{name: "a" data_type: TYPE_FP32 dims: [2]}]
+               output [{name: "y" data_type: TYPE_FP32 dims: [2]}]
+               sequence_batching { iterative_sequence: true }"#,
+        );
+        let mut r = request(vec![fp32_zeros("a", vec![1, 2])]);
+        r.model_name = "s".into();
+        let valid = check(&config, r).unwrap();
+        assert_eq!(valid.sequence, None, "the scheduler gives it a sequence");
+        let mut r = request(vec![fp32_zeros("a", vec![2, 2])]);
+        r.model_name = "s".into();
+        let e = check(&config, r).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "[request id: r1] inference request to model 's' must specify batch-size 1 due to requirements of sequence batcher"
+        );
     }
 
     #[test]

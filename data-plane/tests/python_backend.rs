@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use nereid_data_plane::backend::{
-    Backend, BackendError, DeviceKind, Health, InstanceContext, Phases, PythonBackend, RequestView,
-    ServerHandle, StreamEvent,
+    Backend, BackendError, DeviceKind, Health, InstanceContext, Phases, PythonBackend,
+    RequestOutcome, RequestView, ServerHandle, StreamEvent,
 };
 use nereid_data_plane::{Backends, ControlMode, DataPlane};
 use nereid_proto::{
@@ -283,7 +283,13 @@ fn dropping_an_instance_finalizes_and_cleans_up() {
     let results = instance
         .execute_requests(&[view], &mut Phases::default())
         .unwrap();
-    let got = results.into_iter().next().unwrap().unwrap().tensors;
+    let got = results
+        .into_iter()
+        .next()
+        .unwrap()
+        .into_answer()
+        .unwrap()
+        .tensors;
     let names: Vec<&str> = got.iter().map(Tensor::name).collect();
     assert_eq!(
         names,
@@ -372,11 +378,13 @@ fn a_decoupled_model_streams_responses_into_the_sink() {
         flags: 0,
         stream: None,
     };
-    let results = instance
+    let mut results = instance
         .execute_requests(&[streamed, unary], &mut Phases::default())
-        .unwrap();
-    assert!(results[0].as_ref().unwrap().tensors.is_empty());
-    let single = &results[1].as_ref().unwrap().tensors;
+        .unwrap()
+        .into_iter()
+        .map(RequestOutcome::into_answer);
+    assert!(results.next().unwrap().unwrap().tensors.is_empty());
+    let single = &results.next().unwrap().unwrap().tensors;
     assert_eq!(single[0].data().as_ref(), &5i32.to_le_bytes());
 
     // The stub sends its responses before `execute` returns, so all are queued by now.

@@ -22,12 +22,13 @@ use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use nereid_stub_protocol::frame::{self, FrameError};
 use nereid_stub_protocol::message::{
-    ErrorCode, ErrorObject, FromStub, KNOWN_PARENT_OPS, RequestObject, TensorRef, ToStub,
+    ErrorCode, ErrorObject, FromStub, KNOWN_PARENT_OPS, RequestObject, ResponseObject, TensorRef,
+    ToStub,
 };
 use pyo3::exceptions::{PyConnectionError, PyValueError};
 use pyo3::prelude::*;
@@ -57,6 +58,8 @@ pub struct Channel {
     /// Cancellation flags of the requests still alive, by key.
     cancels: Mutex<HashMap<u64, Weak<AtomicBool>>>,
     decoupled: AtomicBool,
+    /// `response` messages written so far (see `execute_done`'s `responses_sent`).
+    responses_sent: AtomicU64,
 }
 
 #[pymethods]
@@ -93,6 +96,7 @@ impl Channel {
             stub: OnceLock::new(),
             cancels: Mutex::new(HashMap::new()),
             decoupled: AtomicBool::new(false),
+            responses_sent: AtomicU64::new(0),
         })
     }
 
@@ -149,8 +153,9 @@ impl Channel {
     }
 
     /// `execute_done` for a default-mode execute: one response per request state, outputs
-    /// filtered by what each request asked for, all in one segment. Empties `responses` once
-    /// their data is copied.
+    /// filtered by what each request asked for, all in one segment; a rescheduled request's
+    /// response is `None`, sent empty, and its index listed. Empties `responses` once their data
+    /// is copied.
     fn send_execute_done(
         &self,
         py: Python<'_>,
@@ -160,8 +165,14 @@ impl Channel {
     ) -> PyResult<()> {
         let mut out = Outgoing::default();
         let mut wire = Vec::with_capacity(responses.len());
-        for (state, response) in states.iter().zip(responses.iter()) {
+        let mut rescheduled = Vec::new();
+        for (index, (state, response)) in states.iter().zip(responses.iter()).enumerate() {
             let state = state.cast_into::<RequestState>()?;
+            if state.borrow().rescheduled() {
+                rescheduled.push(index);
+                wire.push((ResponseObject::default(), Vec::new()));
+                continue;
+            }
             let response = response.cast_into::<InferenceResponse>()?;
             let names = state.borrow().requested_output_names.clone();
             wire.push(encode_response(py, &response, &names, &mut out)?);
@@ -185,14 +196,36 @@ impl Channel {
                 responses,
                 error: None,
                 segment,
+                rescheduled,
+                responses_sent: None,
             },
         )
     }
 
-    /// `execute_done` of an execute that failed as a whole (decoupled or not), or of a
-    /// decoupled execute that returned (`message` None).
-    #[pyo3(signature = (id, message=None))]
-    fn send_execute_end(&self, py: Python<'_>, id: u64, message: Option<String>) -> PyResult<()> {
+    /// `execute_done` of an execute that failed as a whole (decoupled or not: nothing is
+    /// rescheduled), or of a decoupled execute that returned (`message` None), listing the
+    /// requests of `states` the model rescheduled.
+    #[pyo3(signature = (id, message=None, states=None))]
+    fn send_execute_end(
+        &self,
+        py: Python<'_>,
+        id: u64,
+        message: Option<String>,
+        states: Option<&Bound<'_, PyList>>,
+    ) -> PyResult<()> {
+        let mut rescheduled = Vec::new();
+        if message.is_none()
+            && let Some(states) = states
+        {
+            for (index, state) in states.iter().enumerate() {
+                if state.cast_into::<RequestState>()?.borrow().rescheduled() {
+                    rescheduled.push(index);
+                }
+            }
+        }
+        // Read before this answer is written: every response counted went out ahead of it.
+        let responses_sent =
+            (!rescheduled.is_empty()).then(|| self.responses_sent.load(Ordering::Acquire));
         self.write_message(
             py,
             &FromStub::ExecuteDone {
@@ -200,6 +233,8 @@ impl Channel {
                 responses: Vec::new(),
                 error: message.map(|m| ErrorObject::new(ErrorCode::Internal, m)),
                 segment: None,
+                rescheduled,
+                responses_sent,
             },
         )
     }
@@ -234,7 +269,9 @@ impl Channel {
                 flags,
                 segment,
             },
-        )
+        )?;
+        self.responses_sent.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Sends `request` as BLS call `id`.

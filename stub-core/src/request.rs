@@ -48,6 +48,11 @@ impl RequestState {
         self.cancelled.load(Ordering::Acquire)
     }
 
+    /// Whether the model rescheduled the request (`set_release_flags(RESCHEDULE)`).
+    pub fn rescheduled(&self) -> bool {
+        self.release_flags == RELEASE_RESCHEDULE
+    }
+
     pub fn new(key: u64, decoupled: bool, requested_output_names: Vec<String>) -> Self {
         RequestState {
             key,

@@ -291,6 +291,16 @@ pub enum FromStub {
         /// tensor data.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         segment: Option<String>,
+        /// Indexes (in `requests`) of the requests the model rescheduled (Triton's
+        /// `set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)`): not complete, to be
+        /// run again; their `responses` entries are empty, and a decoupled one's key stays open.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rescheduled: Vec<usize>,
+        /// With `rescheduled` (decoupled): how many `response` messages the stub had sent in
+        /// all when it wrote this answer, so that the parent runs those requests again only
+        /// once it has delivered their responses (in order, and their segments released).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        responses_sent: Option<u64>,
     },
     /// The answer to [`ToStub::Finalize`]; the stub exits after sending it.
     FinalizeDone {
@@ -501,18 +511,27 @@ mod tests {
             responses,
             error,
             segment,
+            rescheduled,
+            responses_sent,
         } = done
         else {
             panic!("wrong variant");
         };
         assert_eq!((id, error, segment.as_deref()), (2, None, Some("s0")));
         assert_eq!(responses[0].outputs[0].offset, 64);
+        assert!(rescheduled.is_empty(), "absent: nothing rescheduled");
+        assert_eq!(responses_sent, None);
 
         let decoupled_done: FromStub =
             serde_json::from_value(json!({"op": "execute_done", "id": 4, "error": null})).unwrap();
         assert!(
             matches!(decoupled_done, FromStub::ExecuteDone { responses, .. } if responses.is_empty())
         );
+        let again: FromStub = serde_json::from_value(
+            json!({"op": "execute_done", "id": 5, "error": null, "rescheduled": [1]}),
+        )
+        .unwrap();
+        assert!(matches!(again, FromStub::ExecuteDone { rescheduled, .. } if rescheduled == [1]));
 
         let bls: FromStub = serde_json::from_value(json!({
             "op": "bls_request", "id": 9, "decoupled": false,

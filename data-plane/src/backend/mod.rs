@@ -216,6 +216,35 @@ impl Phases {
     }
 }
 
+/// What a request-level execution did with one request.
+#[derive(Debug)]
+pub enum RequestOutcome {
+    /// The request is done: its outputs (a decoupled model's: empty, its responses went to
+    /// its stream) with the response parameters the model set, or its error.
+    Answered(Result<ModelResponse, BackendError>),
+    /// The model handed the request back to run again (Triton's request rescheduling:
+    /// `TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`) instead of completing it; a decoupled
+    /// request's stream stays open. Only the `iterative_sequence` scheduler runs it again.
+    Rescheduled,
+}
+
+/// Triton's answer to a request the model rescheduled where nothing runs it again (a model
+/// without `iterative_sequence`).
+pub const RESCHEDULE_UNSUPPORTED: &str = "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to handle such a flag.";
+
+impl RequestOutcome {
+    /// The request's result where nothing runs a request again (warm-up, direct calls): a
+    /// rescheduled request fails with Triton's error.
+    pub fn into_answer(self) -> Result<ModelResponse, BackendError> {
+        match self {
+            RequestOutcome::Answered(result) => result,
+            RequestOutcome::Rescheduled => {
+                Err(BackendError::InvalidInput(RESCHEDULE_UNSUPPORTED.into()))
+            }
+        }
+    }
+}
+
 /// One event of a decoupled model's response stream.
 #[derive(Debug)]
 pub enum StreamEvent {
@@ -285,16 +314,17 @@ pub trait BackendInstance: Send {
         false
     }
 
-    /// Request-level execution (Python models): one result per request, in order, with the
-    /// response parameters the model set. The outer error fails every request of the batch.
-    /// Decoupled models answer through each request's `stream` and return empty outputs here.
-    /// The backend marks in `phases` when it handed the inputs over and when the model's
+    /// Request-level execution (Python models): one outcome per request, in order: its
+    /// result, with the response parameters the model set, or [`RequestOutcome::Rescheduled`]
+    /// when the model handed it back to run again. The outer error fails every request of the
+    /// batch. Decoupled models answer through each request's `stream` and return empty outputs
+    /// here. The backend marks in `phases` when it handed the inputs over and when the model's
     /// answer came in, which the statistics split into compute input / infer / output.
     fn execute_requests(
         &mut self,
         requests: &[RequestView<'_>],
         phases: &mut Phases,
-    ) -> Result<Vec<Result<ModelResponse, BackendError>>, BackendError> {
+    ) -> Result<Vec<RequestOutcome>, BackendError> {
         let _ = (requests, phases);
         Err(BackendError::Unsupported(
             "this backend executes joined batches, not single requests".into(),

@@ -462,7 +462,7 @@ fn run_sample(
         .execute_requests(&[view], &mut Phases::default())?
         .pop()
     {
-        Some(result) => result.map(drop),
+        Some(outcome) => outcome.into_answer().map(drop),
         None => Err(BackendError::Execution(
             "the warmup request got no answer".into(),
         )),

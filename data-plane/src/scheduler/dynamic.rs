@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use nereid_proto::{ServiceError, Tensor};
 
-use super::engine::{Batcher, Entry, Feed, Job, Refused};
+use super::engine::{Batcher, Done, Entry, Feed, Job, Refused};
 use super::policy::BatchPolicy;
 use super::queue::{Decision, Pending, RequestQueue, ShapeKey};
 use crate::config::TimeoutAction;
@@ -76,7 +76,7 @@ impl Batcher for DynamicBatcher {
     }
 
     fn sweep(&mut self, now: Instant) -> Vec<(Job, ServiceError)> {
-        let gone = self.queue.retain(|job| !job.reply.is_closed());
+        let gone = self.queue.retain(|job| !job.gone());
         let expired = self.queue.expire(now);
         let cancelled = || ServiceError::Cancelled("the client went away".into());
         let timed_out = || {
@@ -115,7 +115,9 @@ impl Batcher for DynamicBatcher {
         }
     }
 
-    fn finished(&mut self, _done: Vec<()>, _now: Instant) -> bool {
+    /// Nothing to do: requests hold nothing here once batched, and none comes back (the
+    /// feed takes no rescheduled request).
+    fn finished(&mut self, _done: Vec<Done<()>>, _now: Instant) -> bool {
         false
     }
 

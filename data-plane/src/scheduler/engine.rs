@@ -17,8 +17,10 @@
 //!   rate limiter (when on): wait until the instance's resources are granted
 //!   Feed::executions ─► run_joined (join + execute) | execute_requests (Python)
 //!   ─► split ─► Feed::produced ─► reply per request (preserve_ordering: arrival order)
-//!   ─► lock: Batcher::finished, sweep, form_batch(self) ─► run it (no hop under load)
-//!                                                        └► none: park as idle
+//!      (a request the model rescheduled: Feed::reschedule ─► back with its tag, unanswered)
+//!   ─► lock: Batcher::finished (queues rescheduled requests again), sweep, form_batch(self)
+//!                                        ─► run it (no hop under load)
+//!                                        └► none: park as idle
 //! ```
 //!
 //! The batching decision plugs in as a [`Batcher`] and its [`Feed`]:
@@ -27,8 +29,16 @@
 //!
 //! Batches form only when an instance is free, so under load they grow by themselves. The
 //! lock is held only for bookkeeping, never while a model runs. A caller that goes away drops
-//! its reply receiver; its request is skipped, before it is batched and again before its batch
-//! runs. Dropping the [`Engine`] stops the timer and lets the instance threads exit once idle.
+//! its reply receiver (a streamed request's client, its stream); its request is skipped, before
+//! it is batched and again before its batch runs, and a request the model rescheduled is not
+//! queued again. Dropping the [`Engine`] stops the timer and lets the instance threads exit
+//! once idle.
+//!
+//! Request rescheduling (Triton's `TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`, a Python model's
+//! `request.set_release_flags(...)`): a request-level backend may hand a request back instead of
+//! answering it. If the feed takes it ([`Feed::reschedule`]: the `iterative_sequence` batcher),
+//! the job goes back to the batcher with its tag and runs again, keeping its key, its reply and
+//! its stream; otherwise it is answered with Triton's error.
 
 mod run;
 
@@ -61,6 +71,22 @@ pub(super) struct Job {
     pub(super) arrived: Instant,
     /// Arrival order, for `preserve_ordering`.
     seq: u64,
+    /// Names the request to a request-level backend (streaming, cancellation); the same in
+    /// every run of a rescheduled request.
+    pub(super) key: u64,
+}
+
+impl Job {
+    /// Whether the caller went away: it dropped its reply, or a streamed request's client
+    /// dropped the stream.
+    pub(super) fn gone(&self) -> bool {
+        self.reply.is_closed()
+            || self
+                .request
+                .stream
+                .as_ref()
+                .is_some_and(|stream| stream.is_closed())
+    }
 }
 
 /// A request a batcher refused, with the error its caller gets.
@@ -73,6 +99,21 @@ pub(super) struct Refused {
 pub(super) struct Entry<T> {
     pub(super) job: Job,
     pub(super) tag: T,
+}
+
+/// A request of a run batch, back to its batcher ([`Batcher::finished`]).
+pub(super) struct Done<T> {
+    pub(super) tag: T,
+    /// The model rescheduled the request and the feed took it ([`Feed::reschedule`]): the job,
+    /// unanswered, to queue again. `None`: it was answered.
+    pub(super) again: Option<Job>,
+}
+
+impl<T> Done<T> {
+    /// An answered request's tag.
+    pub(super) fn answered(tag: T) -> Done<T> {
+        Done { tag, again: None }
+    }
 }
 
 /// The batching decision the engine drives. Lives under the engine's lock: every method is
@@ -99,9 +140,10 @@ pub(super) trait Batcher: Send + 'static {
     fn take_queued(&mut self) -> Vec<Job>;
     /// What the free instance `instance` should run.
     fn form_batch(&mut self, instance: usize, now: Instant) -> Decision<Vec<Entry<Self::Tag>>>;
-    /// The requests of a batch have been answered (or skipped). Returns whether that may have
-    /// made work ready for other instances (a sequence's next request, a freed slot).
-    fn finished(&mut self, done: Vec<Self::Tag>, now: Instant) -> bool;
+    /// The requests of a batch have been answered (or skipped), or come back to queue again
+    /// (rescheduled: [`Done::again`], only where the feed took them). Returns whether that may
+    /// have made work ready for other instances (a sequence's next request, a freed slot).
+    fn finished(&mut self, done: Vec<Done<Self::Tag>>, now: Instant) -> bool;
     /// When [`Batcher::sweep`] has something to do next (a timeout, an idle sequence).
     fn next_wake(&self) -> Option<Instant>;
     /// Whether `form_batch` may differ between instances; when not, the engine stops asking
@@ -129,6 +171,13 @@ pub(super) trait Feed: Send + Sync + 'static {
     /// the batch (the sequence batcher's `direct` slots); `None`: the execution as it is.
     fn padding(&self, _execution: &[Entry<Self::Tag>]) -> Option<Padding> {
         None
+    }
+    /// The model rescheduled `request` (Triton's request rescheduling): whether the batcher
+    /// runs it again. If so, `tag` and `request` are made ready to queue again (what
+    /// [`Feed::executions`] added taken out); if not, the request is answered with Triton's
+    /// error. The default: never (only the `iterative_sequence` batcher reschedules).
+    fn reschedule(&self, _tag: &mut Self::Tag, _request: &mut ValidRequest) -> bool {
+        false
     }
 }
 
@@ -290,6 +339,7 @@ impl<B: Batcher> Engine<B> {
                 reply,
                 arrived: now,
                 seq: 0,
+                key: super::next_key(),
             },
             ticket,
         );
@@ -370,7 +420,7 @@ impl<B: Batcher> Shared<B> {
                         let batch = e.into_inner().unwrap_or_default();
                         let mut done = Vec::with_capacity(batch.len());
                         for entry in batch {
-                            done.push(entry.tag);
+                            done.push(Done::answered(entry.tag));
                             self.respond(
                                 entry.job,
                                 Err(ServiceError::internal(format!(
@@ -403,7 +453,7 @@ impl<B: Batcher> Shared<B> {
 
     /// What instance `worker` does after answering a batch: run the next one it forms
     /// itself, park (marked idle), or stop.
-    fn next_for(&self, worker: usize, done: Vec<B::Tag>) -> Next<B::Tag> {
+    fn next_for(&self, worker: usize, done: Vec<Done<B::Tag>>) -> Next<B::Tag> {
         let mut state = self.state.lock();
         let now = Instant::now();
         let freed = state.batcher.finished(done, now);

@@ -177,14 +177,20 @@ impl Scheduler {
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
 
-/// What a request-level backend sees of a request.
-pub(crate) fn request_view(request: &ValidRequest) -> RequestView<'_> {
+/// A fresh request key: unique within the server process.
+fn next_key() -> u64 {
+    NEXT_KEY.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What a request-level backend sees of a request; `key` names it (the same in every run of
+/// a rescheduled request).
+pub(crate) fn request_view(request: &ValidRequest, key: u64) -> RequestView<'_> {
     let (correlation_id, flags) = match &request.sequence {
         Some(s) => (Some(&s.id), u32::from(s.start) | (u32::from(s.end) << 1)),
         None => (None, 0),
     };
     RequestView {
-        key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+        key,
         id: &request.id,
         inputs: &request.inputs,
         outputs: &request.outputs,
@@ -203,7 +209,7 @@ pub(crate) fn padding_view<'a>(
     parameters: &'a Parameters,
 ) -> RequestView<'a> {
     RequestView {
-        key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+        key: next_key(),
         id: "",
         inputs,
         outputs,

@@ -9,14 +9,19 @@
 //! form_batch: Slots::form_batch(instance) ─► each request with the state it runs on
 //! instance:   Feed::executions: inputs + controls(flags) + state, grouped by signature
 //!             ─► run (state outputs asked for too) ─► Feed::produced keeps the new state
-//! finished:   Slots::finish (END with nothing queued releases the sequence)
+//! finished:   rescheduled (iterative): Slots::requeue, then Slots::finish (END, or with
+//!             `iterative_sequence` any request, with nothing queued releases the sequence)
 //! ```
 //!
 //! `direct` batches are padded to their slots' positions with dummy requests (READY false:
-//! [`Feed::padding`]); `oldest`'s `preserve_ordering` is the engine's. With
-//! `iterative_sequence` a request without a correlation id gets one (and START) here, and every
-//! request ends its sequence (Triton's iterative sequencer when the model never reschedules;
-//! rescheduling itself is not implemented). Differences from Triton: requests whose inputs
+//! [`Feed::padding`]); `oldest`'s `preserve_ordering` is the engine's.
+//!
+//! `iterative_sequence` is Triton's iterative sequencer: a request without a correlation id
+//! gets one (and START) here, and a request ends its sequence when the model is done with it.
+//! The model may instead reschedule it ([`Feed::reschedule`]): it is queued again behind its
+//! sequence, in the same slot, with its id and neither START nor END, and runs again with the
+//! sequence's state; the sequence ends once the model releases the request. A caller that
+//! leaves ends the loop (the engine skips it). Differences from Triton: requests whose inputs
 //! differ in names or shapes run as separate executions (Triton defers them to a later batch).
 
 mod controls;
@@ -30,7 +35,7 @@ use nereid_proto::{CorrelationId, ServiceError, Tensor};
 pub use self::controls::SequencePolicy;
 use self::controls::id_text;
 use self::slots::{Arrival, Refusal, Slots};
-use super::engine::{Batcher, Entry, Feed, Job, Padding, Refused};
+use super::engine::{Batcher, Done, Entry, Feed, Job, Padding, Refused};
 use super::queue::{Decision, ShapeKey};
 use crate::request_check::{SequenceFlags, ValidRequest};
 
@@ -127,7 +132,7 @@ impl Batcher for SequenceBatcher {
             );
         }
         self.slots
-            .retain(|job| !job.reply.is_closed())
+            .retain(|job| !job.gone())
             .into_iter()
             .map(|job| (job, ServiceError::Cancelled("the client went away".into())))
             .collect()
@@ -158,9 +163,13 @@ impl Batcher for SequenceBatcher {
         }
     }
 
-    fn finished(&mut self, done: Vec<SequenceTag>, now: Instant) -> bool {
+    fn finished(&mut self, done: Vec<Done<SequenceTag>>, now: Instant) -> bool {
         let freed = !done.is_empty();
-        for tag in done {
+        for Done { tag, again } in done {
+            // Queued first, so that finishing does not end the sequence.
+            if let Some(job) = again {
+                self.slots.requeue(tag.flags.clone(), job, now);
+            }
             self.slots
                 .finish(&tag.flags.id, tag.flags.end, tag.new_state, now);
         }
@@ -280,6 +289,21 @@ impl Feed for SequenceFeed {
 
     fn extra_outputs(&self) -> &[String] {
         &self.state_outputs
+    }
+
+    /// `iterative_sequence` only: the request continues its sequence, as Triton's iterative
+    /// sequencer queues it again (neither START nor END); the controls and state `executions`
+    /// added are taken out, to be made anew for its next run.
+    fn reschedule(&self, tag: &mut SequenceTag, request: &mut ValidRequest) -> bool {
+        if !self.policy.batching.iterative {
+            return false;
+        }
+        tag.flags.start = false;
+        tag.flags.end = false;
+        tag.state = None;
+        request.inputs.retain(|t| !self.policy.generates(t.name()));
+        request.sequence = Some(tag.flags.clone());
+        true
     }
 
     fn produced(&self, tag: &mut SequenceTag, outputs: Option<(&[String], &[Tensor])>) {

@@ -8,12 +8,21 @@
 //!             outputs request i asked for, in its order, with the response parameters
 //!  decoupled: responses arrive as `response` messages on the reader thread; a request with a
 //!             stream gets them there, one without is collected here until its final flag
+//!  rescheduled (execute_done names it): RequestOutcome::Rescheduled, no response; a streamed
+//!             request's stream stays registered (parked) for the next run of the same request
 //! ```
+//!
+//! A rescheduled request is handed back only once the reader thread has delivered every
+//! response the stub sent before its `execute_done` (which counts them), so its next run's
+//! responses follow them in order and a fast loop cannot pile up stub segments. It keeps its
+//! key from run to run (the scheduler's): responses a model's own thread sends later still
+//! reach its stream. The parked stream is replaced when the request runs again, dropped when
+//! the stub dies, and swept once its client is gone.
 //!
 //! There is no timeout on a model's `execute`: the wait ends with its answer or with the
 //! stub's death (the reader reports both).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -23,11 +32,13 @@ use super::convert::{self, ModelInfo};
 use super::link::StreamTarget;
 use super::shm::Packer;
 use super::stub::{Stub, StubError};
-use crate::backend::{BackendError, ModelResponse, Phases, RequestView, StreamEvent};
+use crate::backend::{
+    BackendError, ModelResponse, Phases, RequestOutcome, RequestView, StreamEvent,
+};
 use nereid_stub_protocol::message::{ErrorObject, FromStub, ResponseObject, TensorRef, ToStub};
 
-/// One result per request, or one error for all.
-pub type BatchResult = Result<Vec<Result<ModelResponse, BackendError>>, BackendError>;
+/// One outcome per request, or one error for all.
+pub type BatchResult = Result<Vec<RequestOutcome>, BackendError>;
 
 /// Runs `requests` on `stub`, marking in `phases` when the inputs were sent and when the
 /// stub's answer came in.
@@ -65,7 +76,7 @@ pub fn execute(
         )));
     }
     phases.inputs_sent = Some(Instant::now());
-    let done = match wait_execute_done(stub, id) {
+    let done = match wait_execute_done(stub, id, requests.len()) {
         Ok(done) => done,
         Err(e) => {
             close_streams(stub, requests);
@@ -74,7 +85,7 @@ pub fn execute(
     };
     phases.answered = Some(Instant::now());
     match collected {
-        Some(collector) => finish_decoupled(stub, requests, model, done.error, collector),
+        Some(collector) => finish_decoupled(stub, requests, model, done, collector),
         None => finish_default(stub, requests, model, done),
     }
 }
@@ -84,10 +95,14 @@ struct ExecuteDone {
     responses: Vec<ResponseObject>,
     error: Option<ErrorObject>,
     segment: Option<String>,
+    /// Per request, whether the model rescheduled it.
+    rescheduled: Vec<bool>,
+    /// With rescheduled requests (decoupled): the stub's `response` messages so far.
+    responses_sent: Option<u64>,
 }
 
-/// The answer to `execute` `id`, skipping stale answers.
-fn wait_execute_done(stub: &Stub, id: u64) -> Result<ExecuteDone, StubError> {
+/// The answer to `execute` `id` (a batch of `requests` requests), skipping stale answers.
+fn wait_execute_done(stub: &Stub, id: u64, requests: usize) -> Result<ExecuteDone, StubError> {
     loop {
         match stub.wait_reply(None)? {
             FromStub::ExecuteDone {
@@ -95,11 +110,24 @@ fn wait_execute_done(stub: &Stub, id: u64) -> Result<ExecuteDone, StubError> {
                 responses,
                 error,
                 segment,
+                rescheduled: indexes,
+                responses_sent,
             } if done == id => {
+                let mut rescheduled = vec![false; requests];
+                for i in indexes {
+                    match rescheduled.get_mut(i) {
+                        Some(r) => *r = true,
+                        None => {
+                            tracing::warn!(instance = %stub.spec().instance, index = i, "ignoring a rescheduled request index past the batch");
+                        }
+                    }
+                }
                 return Ok(ExecuteDone {
                     responses,
                     error,
                     segment,
+                    rescheduled,
+                    responses_sent,
                 });
             }
             other => {
@@ -120,6 +148,8 @@ fn finish_default(
         responses,
         error,
         segment,
+        rescheduled,
+        ..
     } = done;
     let refs: Vec<&TensorRef> = responses.iter().flat_map(|r| &r.outputs).collect();
     // Copy everything out (and release the segment) before looking at the answer.
@@ -146,26 +176,37 @@ fn finish_default(
     Ok(responses
         .into_iter()
         .zip(requests)
-        .map(|(response, request)| {
+        .zip(rescheduled)
+        .map(|((response, request), rescheduled)| {
             let bytes: Vec<Bytes> = data.by_ref().take(response.outputs.len()).collect();
-            if let Some(error) = response.error {
-                return Err(convert::backend_error(error));
+            if rescheduled {
+                return RequestOutcome::Rescheduled;
             }
-            let tensors = convert::tensors_from_refs(&response.outputs, bytes).map_err(|e| {
-                BackendError::Execution(format!(
-                    "model '{}' returned an invalid output: {e}",
-                    model.name
-                ))
-            })?;
-            Ok(ModelResponse {
-                tensors: convert::select_outputs(tensors, request.outputs, &model.name)?,
-                parameters: convert::response_parameters_from_json(
-                    response.parameters,
-                    &model.name,
-                )?,
-            })
+            RequestOutcome::Answered(default_response(model, request, response, bytes))
         })
         .collect())
+}
+
+/// One default-mode response, its outputs read: the outputs `request` asked for, in its order.
+fn default_response(
+    model: &ModelInfo,
+    request: &RequestView<'_>,
+    response: ResponseObject,
+    bytes: Vec<Bytes>,
+) -> Result<ModelResponse, BackendError> {
+    if let Some(error) = response.error {
+        return Err(convert::backend_error(error));
+    }
+    let tensors = convert::tensors_from_refs(&response.outputs, bytes).map_err(|e| {
+        BackendError::Execution(format!(
+            "model '{}' returned an invalid output: {e}",
+            model.name
+        ))
+    })?;
+    Ok(ModelResponse {
+        tensors: convert::select_outputs(tensors, request.outputs, &model.name)?,
+        parameters: convert::response_parameters_from_json(response.parameters, &model.name)?,
+    })
 }
 
 /// Registers every request's stream; returns the channel the stream-less ones report to.
@@ -190,48 +231,78 @@ fn close_streams(stub: &Stub, requests: &[RequestView<'_>]) {
 
 /// Decoupled mode: `execute` returned. If it failed, the error is the whole batch's (the data
 /// plane ends each stream with it); else requests without a stream wait here for their final
-/// response.
+/// response. A rescheduled request's stream is parked until it runs again; one without a
+/// stream (a padding request) is closed, as nothing waits for it.
 fn finish_decoupled(
     stub: &Stub,
     requests: &[RequestView<'_>],
     model: &ModelInfo,
-    error: Option<ErrorObject>,
+    done: ExecuteDone,
     collector: Receiver<(u64, StreamEvent)>,
 ) -> BatchResult {
-    if let Some(error) = error {
+    if let Some(error) = done.error {
         // The data plane ends each request's stream with this error.
         close_streams(stub, requests);
         return Err(convert::backend_error(error));
     }
-    let mut collected = collect_responses(requests, collector);
+    let rescheduled = done.rescheduled;
+    if let Some(sent) = done.responses_sent {
+        stub.link().wait_delivered(sent);
+    }
+    for (r, _) in requests
+        .iter()
+        .zip(&rescheduled)
+        .filter(|(_, again)| **again)
+    {
+        match r.stream {
+            Some(_) => stub.link().park_stream(r.key),
+            None => drop(stub.link().close_stream(r.key)),
+        }
+    }
+    let mut collected = collect_responses(requests, &rescheduled, collector);
     Ok(requests
         .iter()
-        .map(|r| match r.stream {
-            Some(_) => Ok(ModelResponse::default()),
-            None => single_response(model, collected.remove(&r.key).unwrap_or_default()),
+        .zip(rescheduled)
+        .map(|(r, again)| match (again, r.stream) {
+            (true, _) => RequestOutcome::Rescheduled,
+            (false, Some(_)) => RequestOutcome::Answered(Ok(ModelResponse::default())),
+            (false, None) => RequestOutcome::Answered(single_response(
+                model,
+                collected.remove(&r.key).unwrap_or_default(),
+            )),
         })
         .collect())
 }
 
 /// Receives the stream-less requests' responses until each is final (or the stub died and
-/// the channel closed).
+/// the channel closed); rescheduled ones are not waited for.
 fn collect_responses(
     requests: &[RequestView<'_>],
+    rescheduled: &[bool],
     collector: Receiver<(u64, StreamEvent)>,
 ) -> HashMap<u64, Vec<Result<ModelResponse, BackendError>>> {
-    let mut open = requests.iter().filter(|r| r.stream.is_none()).count();
+    let mut open: HashSet<u64> = requests
+        .iter()
+        .zip(rescheduled)
+        .filter(|(r, again)| r.stream.is_none() && !**again)
+        .map(|(r, _)| r.key)
+        .collect();
     let mut collected: HashMap<u64, Vec<_>> = HashMap::new();
-    while open > 0 {
-        match collector.recv() {
+    while !open.is_empty() {
+        let (key, last) = match collector.recv() {
             Ok((key, StreamEvent::Response(result))) => {
-                collected.entry(key).or_default().push(result)
+                collected.entry(key).or_default().push(result);
+                (key, false)
             }
             Ok((key, StreamEvent::LastResponse(result))) => {
                 collected.entry(key).or_default().push(result);
-                open -= 1;
+                (key, true)
             }
-            Ok((_, StreamEvent::Final | StreamEvent::Failed(_))) => open -= 1,
+            Ok((key, StreamEvent::Final | StreamEvent::Failed(_))) => (key, true),
             Err(_) => break,
+        };
+        if last {
+            open.remove(&key);
         }
     }
     collected

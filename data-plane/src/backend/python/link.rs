@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use nereid_proto::Tensor;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::convert;
 use super::shm::{Packer, ParentSegments, ShmError, StubSegments};
@@ -46,6 +46,9 @@ pub struct OpenStream {
     pub outputs: Vec<String>,
     /// `cancel` was sent (the client went away).
     pub cancelled: bool,
+    /// Its request was rescheduled and waits in the scheduler to run again: kept for the
+    /// responses its last run sent that are still on their way, replaced when it runs again.
+    pub parked: bool,
 }
 
 #[derive(Default)]
@@ -66,6 +69,9 @@ pub struct Link {
     parent_segments: Mutex<ParentSegments>,
     stub_segments: Mutex<StubSegments>,
     streams: Mutex<HashMap<u64, OpenStream>>,
+    /// `response` messages delivered so far, and its waiters ([`Self::wait_delivered`]).
+    delivered: Mutex<u64>,
+    delivered_changed: Condvar,
     /// Encoded `release` frames for stub segments, written ahead of the next frame (see
     /// [`Self::take_bytes_deferred`]).
     deferred_releases: Mutex<Vec<u8>>,
@@ -93,6 +99,8 @@ impl Link {
             parent_segments: Mutex::new(ParentSegments::new(shm_prefix)),
             stub_segments: Mutex::new(StubSegments::new(shm_prefix)),
             streams: Mutex::new(HashMap::new()),
+            delivered: Mutex::new(0),
+            delivered_changed: Condvar::new(),
             deferred_releases: Mutex::new(Vec::new()),
             state: Mutex::new(LinkState::default()),
             custom_metrics,
@@ -245,16 +253,29 @@ impl Link {
             .collect())
     }
 
-    /// Registers a decoupled request's destination before its `execute` is sent.
+    /// Registers a decoupled request's destination before its `execute` is sent (again, for
+    /// a rescheduled request: its parked stream is replaced). Drops the parked streams whose
+    /// client is gone: their requests will not run again.
     pub fn open_stream(&self, key: u64, target: StreamTarget, outputs: Vec<String>) {
-        self.streams.lock().insert(
+        let mut streams = self.streams.lock();
+        streams.retain(|_, s| !(s.parked && s.target.is_closed()));
+        streams.insert(
             key,
             OpenStream {
                 target,
                 outputs,
                 cancelled: false,
+                parked: false,
             },
         );
+    }
+
+    /// The request of `key` was rescheduled: its stream stays registered, without an end,
+    /// until it runs again (see [`Self::open_stream`]).
+    pub fn park_stream(&self, key: u64) {
+        if let Some(stream) = self.streams.lock().get_mut(&key) {
+            stream.parked = true;
+        }
     }
 
     /// Removes a stream (its request failed as a whole).
@@ -264,8 +285,30 @@ impl Link {
 
     /// Delivers one decoupled stub message to its request's target: a response with the final
     /// flag becomes one [`StreamEvent::LastResponse`], the flag alone [`StreamEvent::Final`], as
-    /// Triton keeps them apart. `is_final` closes the stream.
+    /// Triton keeps them apart. `is_final` closes the stream. Counts it for
+    /// [`Self::wait_delivered`].
     pub fn deliver(
+        &self,
+        key: u64,
+        response: Option<Result<ModelResponse, BackendError>>,
+        is_final: bool,
+    ) {
+        self.deliver_to_stream(key, response, is_final);
+        *self.delivered.lock() += 1;
+        self.delivered_changed.notify_all();
+    }
+
+    /// Waits until `count` `response` messages of the stub have been delivered, or the stub
+    /// died: a rescheduled request runs again only after its earlier responses went out, in
+    /// order, their segments released.
+    pub fn wait_delivered(&self, count: u64) {
+        let mut delivered = self.delivered.lock();
+        while *delivered < count && self.death_reason().is_none() {
+            self.delivered_changed.wait(&mut delivered);
+        }
+    }
+
+    fn deliver_to_stream(
         &self,
         key: u64,
         response: Option<Result<ModelResponse, BackendError>>,
@@ -309,10 +352,12 @@ impl Link {
         }
     }
 
-    /// Ends every open stream with `reason` (the stub died): an error, then the end.
+    /// Ends every open stream with `reason` (the stub died): an error, then the end. Parked
+    /// streams are only dropped: their requests wait in the scheduler and run again on the
+    /// next stub.
     pub fn fail_streams(&self, reason: &str) {
         let streams: Vec<(u64, OpenStream)> = self.streams.lock().drain().collect();
-        for (key, stream) in streams {
+        for (key, stream) in streams.into_iter().filter(|(_, s)| !s.parked) {
             let error = BackendError::Execution(reason.to_string());
             send_event(&stream.target, key, StreamEvent::LastResponse(Err(error)));
         }
@@ -320,13 +365,19 @@ impl Link {
 
     /// Marks the stub dead; returns the death hook to run unless the stub was being shut down.
     pub fn mark_dead(&self, reason: &str) -> Option<DeathHook> {
-        let mut state = self.state.lock();
-        state.dead = Some(reason.to_string());
-        if state.closing {
-            None
-        } else {
-            state.on_death.take()
-        }
+        let hook = {
+            let mut state = self.state.lock();
+            state.dead = Some(reason.to_string());
+            if state.closing {
+                None
+            } else {
+                state.on_death.take()
+            }
+        };
+        // Under the lock its waiters check the death under: none misses it.
+        let _delivered = self.delivered.lock();
+        self.delivered_changed.notify_all();
+        hook
     }
 
     /// Why the stub is dead, if it is.
@@ -361,6 +412,16 @@ impl Link {
     /// Shuts the socket down both ways, so the reader sees end of stream.
     pub fn shutdown(&self) {
         let _ = self.writer.lock().shutdown(Shutdown::Both);
+    }
+}
+
+impl StreamTarget {
+    /// Whether the client went away (a collected stream is never parked: always `false`).
+    fn is_closed(&self) -> bool {
+        match self {
+            StreamTarget::Sink(sink) => sink.is_closed(),
+            StreamTarget::Collect(_) => false,
+        }
     }
 }
 
@@ -479,6 +540,39 @@ mod tests {
             serde_json::json!({"op": "cancel", "key": 9})
         );
         assert_eq!(next_message(&mut stub)["op"], "finalize", "one cancel only");
+    }
+
+    #[test]
+    fn waiting_for_delivered_responses_ends_with_them_or_with_the_stub() {
+        let (link, _stub, _dir) = link();
+        let link = Arc::new(link);
+        // Every response counts, also one for a request already complete.
+        link.deliver(1, None, true);
+        link.wait_delivered(1);
+        let wait = |count: u64| {
+            let (done, finished) = crossbeam_channel::bounded(1);
+            let link = link.clone();
+            std::thread::spawn(move || {
+                link.wait_delivered(count);
+                let _ = done.send(());
+            });
+            finished
+        };
+        let finished = wait(3);
+        link.deliver(2, None, false);
+        assert!(
+            finished.try_recv().is_err(),
+            "one response is still missing"
+        );
+        link.deliver(2, None, false);
+        finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the third response ends the wait");
+        let finished = wait(10);
+        link.mark_dead("gone");
+        finished
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the stub's death ends the wait");
     }
 
     #[test]

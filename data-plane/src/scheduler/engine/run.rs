@@ -6,7 +6,8 @@
 //! ```text
 //! batch ─► skip closed ─► release PendingMarks ─► Feed::executions
 //!   joined:        run_joined (concat + execute) ─► split_per_request ─┐
-//!   request-level: execute_requests (one result per request) ──────────┴► answer each
+//!   request-level: execute_requests (one outcome per request) ─────────┴► answer each
+//!                  (rescheduled: Feed::reschedule ─► back to the batcher, or Triton's error)
 //! ```
 //!
 //! With ragged batching (the model's `batch_input` / `batch_output` / `allow_ragged_batch`),
@@ -22,9 +23,10 @@ use std::time::Instant;
 
 use nereid_proto::{ServiceError, Tensor};
 
-use super::{Batcher, Entry, Feed, Padding, Shared};
+use super::{Batcher, Done, Entry, Feed, Padding, Shared};
 use crate::backend::{
-    BackendError, BackendInstance, BatchInputs, ModelResponse, Phases, RequestView,
+    BackendError, BackendInstance, BatchInputs, ModelResponse, Phases, RESCHEDULE_UNSUPPORTED,
+    RequestOutcome, RequestView,
 };
 use crate::config::RaggedBatching;
 use crate::scheduler::{ExecTimings, JobResult, batch, padding_view, ragged, request_view};
@@ -34,20 +36,19 @@ use crate::scheduler::{ExecTimings, JobResult, batch, padding_view, ragged, requ
 type Produced = Result<ModelResponse, BackendError>;
 
 impl<B: Batcher> Shared<B> {
-    /// Runs a batch and answers its requests; returns the tags of all of them for
-    /// [`Batcher::finished`].
+    /// Runs a batch and answers its requests; returns all of them for [`Batcher::finished`]
+    /// (the rescheduled ones with their jobs).
     pub(super) fn run_batch(
         &self,
         instance: &mut dyn BackendInstance,
         batch: Vec<Entry<B::Tag>>,
-    ) -> Vec<B::Tag> {
+    ) -> Vec<Done<B::Tag>> {
         let mut done = Vec::with_capacity(batch.len());
         // Requests whose callers left while the batch was formed are dropped here.
-        let (gone, mut live): (Vec<_>, Vec<_>) =
-            batch.into_iter().partition(|e| e.job.reply.is_closed());
+        let (gone, mut live): (Vec<_>, Vec<_>) = batch.into_iter().partition(|e| e.job.gone());
         for mut entry in gone {
             self.feed.produced(&mut entry.tag, None);
-            done.push(entry.tag);
+            done.push(Done::answered(entry.tag));
             self.respond(
                 entry.job,
                 Err(ServiceError::Cancelled("the client went away".into())),
@@ -74,7 +75,7 @@ impl<B: Batcher> Shared<B> {
         &self,
         instance: &mut dyn BackendInstance,
         execution: Vec<Entry<B::Tag>>,
-        done: &mut Vec<B::Tag>,
+        done: &mut Vec<Done<B::Tag>>,
     ) {
         let started = Instant::now();
         let mut names: Vec<String> = Vec::new();
@@ -152,19 +153,20 @@ impl<B: Batcher> Shared<B> {
     }
 
     /// One execution through `execute_requests` (request-level backends: Python): each
-    /// request keeps its own tensors, parameters and outputs; one result comes back per request.
-    /// The batcher's extra outputs (sequence state) are not asked for: as Triton's Python
-    /// backend, such a model's implicit state stays at its initial value.
+    /// request keeps its own tensors, parameters and outputs; one outcome comes back per
+    /// request: its result, or rescheduled. The batcher's extra outputs (sequence state) are
+    /// not asked for: as Triton's Python backend, such a model's implicit state stays at its
+    /// initial value.
     fn run_requests(
         &self,
         instance: &mut dyn BackendInstance,
         execution: Vec<Entry<B::Tag>>,
-        done: &mut Vec<B::Tag>,
+        done: &mut Vec<Done<B::Tag>>,
     ) {
         let started = Instant::now();
         let mut views: Vec<RequestView<'_>> = execution
             .iter()
-            .map(|e| request_view(&e.job.request))
+            .map(|e| request_view(&e.job.request, e.job.key))
             .collect();
         let padding = self.feed.padding(&execution);
         let parameters = Default::default();
@@ -190,19 +192,22 @@ impl<B: Batcher> Shared<B> {
         drop(views);
         let finished = Instant::now();
         let (compute_input, compute_infer, compute_output) = phases.split(started, finished);
-        let results: Vec<Produced> = match result {
-            Ok(per_request) if per_request.len() == execution.len() => per_request,
-            Ok(per_request) => {
-                let e = BackendError::Execution(format!(
-                    "the backend answered {} of {} requests",
-                    per_request.len(),
-                    execution.len()
-                ));
-                vec![Err(e); execution.len()]
-            }
-            Err(e) => vec![Err(e); execution.len()],
+        let failed = |e: BackendError| {
+            (0..execution.len())
+                .map(|_| RequestOutcome::Answered(Err(e.clone())))
+                .collect()
         };
-        if results.iter().any(Result::is_ok) {
+        let results: Vec<RequestOutcome> = match result {
+            Ok(per_request) if per_request.len() == execution.len() => per_request,
+            Ok(per_request) => failed(BackendError::Execution(format!(
+                "the backend answered {} of {} requests",
+                per_request.len(),
+                execution.len()
+            ))),
+            Err(e) => failed(e),
+        };
+        let ran = |r: &RequestOutcome| !matches!(r, RequestOutcome::Answered(Err(_)));
+        if results.iter().any(ran) {
             let size = execution.iter().map(|e| e.job.request.batch_size).sum();
             self.stats
                 .record_execution(size, compute_input, compute_infer, compute_output);
@@ -214,7 +219,35 @@ impl<B: Batcher> Shared<B> {
                 compute_infer,
                 compute_output,
             };
-            self.answer(entry, None, produced, timings, done);
+            match produced {
+                RequestOutcome::Answered(produced) => {
+                    self.answer(entry, None, produced, timings, done)
+                }
+                RequestOutcome::Rescheduled => self.reschedule(entry, timings, done),
+            }
+        }
+    }
+
+    /// A request the model rescheduled: back to the batcher to run again when the feed takes
+    /// it, answered with Triton's error when not, cancelled when its caller left.
+    fn reschedule(&self, entry: Entry<B::Tag>, timings: ExecTimings, done: &mut Vec<Done<B::Tag>>) {
+        let Entry { mut job, mut tag } = entry;
+        if job.gone() {
+            self.feed.produced(&mut tag, None);
+            done.push(Done::answered(tag));
+            self.respond(
+                job,
+                Err(ServiceError::Cancelled("the client went away".into())),
+            );
+        } else if self.feed.reschedule(&mut tag, &mut job.request) {
+            self.feed.produced(&mut tag, None);
+            done.push(Done {
+                tag,
+                again: Some(job),
+            });
+        } else {
+            let error = BackendError::InvalidInput(RESCHEDULE_UNSUPPORTED.into());
+            self.answer(Entry { job, tag }, None, Err(error), timings, done);
         }
     }
 
@@ -226,7 +259,7 @@ impl<B: Batcher> Shared<B> {
         names: Option<&[String]>,
         produced: Produced,
         timings: ExecTimings,
-        done: &mut Vec<B::Tag>,
+        done: &mut Vec<Done<B::Tag>>,
     ) {
         let Entry { job, mut tag } = entry;
         let wanted = &job.request.outputs;
@@ -247,7 +280,7 @@ impl<B: Batcher> Shared<B> {
                 Err(e)
             }
         };
-        done.push(tag);
+        done.push(Done::answered(tag));
         self.respond(job, Ok(JobResult { outputs, timings }));
     }
 }

@@ -173,6 +173,13 @@ impl SequencePolicy {
             .collect()
     }
 
+    /// Whether input `name` is one the batcher generates (a control or a state input), not
+    /// the client's.
+    pub fn generates(&self, name: &str) -> bool {
+        self.batching.controls.iter().any(|c| c.name == name)
+            || self.batching.states.iter().any(|s| s.input_name == name)
+    }
+
     /// Whether batches are padded to fixed slot positions: `direct` with batching.
     pub fn pads(&self) -> bool {
         self.batch_dim && matches!(self.batching.strategy, SequenceStrategy::Direct { .. })

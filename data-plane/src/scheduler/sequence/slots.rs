@@ -6,6 +6,7 @@
 //! event                                   decision
 //! arrive(flags, request, now)         ─► queued behind its sequence (a free slot, else the backlog)
 //!                                        | refused: Full, MissingStart
+//! requeue(flags, request, now)        ─► a rescheduled request queued behind its sequence again
 //! form_batch(instance, now)           ─► Dispatch(the next request of each ready sequence the
 //!                                        instance may run, with its slot position)
 //!                                        | WaitUntil(oldest + delay) | Empty
@@ -110,7 +111,8 @@ pub(crate) struct Slots<T, S> {
     queued: usize,
     /// Arrivals so far.
     arrivals: u64,
-    /// `iterative_sequence`: every request ends its sequence once it finished.
+    /// `iterative_sequence`: every request ends its sequence once it finished, unless it was
+    /// rescheduled ([`Slots::requeue`]).
     iterative: bool,
 }
 
@@ -153,8 +155,9 @@ impl<T, S: Clone> Slots<T, S> {
         }
     }
 
-    /// `iterative_sequence` (Triton's iterative sequencer without rescheduling): a sequence
-    /// ends with each request, as if every request carried END.
+    /// `iterative_sequence` (Triton's iterative sequencer): a sequence ends with each request
+    /// that finishes with nothing queued behind it, as if every request carried END; a
+    /// rescheduled request is queued again first ([`Slots::requeue`]), so its sequence goes on.
     pub(crate) fn iterative(mut self, iterative: bool) -> Slots<T, S> {
         self.iterative = iterative;
         self
@@ -188,39 +191,56 @@ impl<T, S: Clone> Slots<T, S> {
         let mut arrival = Arrival::Queued;
         match self.sequences.get(&flags.id) {
             None if !flags.start => return Err((payload, Refusal::MissingStart)),
-            None => {
+            None => {}
+            Some(s) if s.ending && !flags.start => return Err((payload, Refusal::MissingStart)),
+            Some(s) if flags.start && !s.ending => arrival = Arrival::Restarted,
+            Some(_) => {}
+        }
+        let ending = flags.end || self.iterative;
+        self.queue(flags, payload, now).ending = ending;
+        Ok(arrival)
+    }
+
+    /// A request of sequence `flags.id` the model rescheduled (`iterative_sequence`; `flags`
+    /// neither START nor END), queued again behind the sequence's requests, as Triton's
+    /// iterative sequencer does. Never refused: it was admitted already, so the queue's bound
+    /// does not apply. Its sequence cannot be released while its request runs; were it gone,
+    /// it would start anew from the initial state.
+    pub(crate) fn requeue(&mut self, flags: SequenceFlags, payload: T, now: Instant) {
+        self.queue(flags, payload, now);
+    }
+
+    /// Queues a request behind its sequence, opening the sequence (a free slot, else the
+    /// backlog) when it is not live; returns the sequence.
+    fn queue(&mut self, flags: SequenceFlags, payload: T, now: Instant) -> &mut Sequence<T, S> {
+        let order = self.arrivals;
+        self.queued += 1;
+        self.arrivals += 1;
+        let sequence = match self.sequences.entry(flags.id.clone()) {
+            std::collections::hash_map::Entry::Occupied(live) => live.into_mut(),
+            std::collections::hash_map::Entry::Vacant(new) => {
                 let slot = self.free_slots.pop();
                 if slot.is_none() {
                     self.backlog.push_back(flags.id.clone());
                 }
-                let sequence = Sequence {
+                new.insert(Sequence {
                     queued: VecDeque::new(),
                     running: false,
                     slot,
                     state: None,
                     last_active: now,
                     ending: false,
-                };
-                self.sequences.insert(flags.id.clone(), sequence);
+                })
             }
-            Some(s) if s.ending && !flags.start => return Err((payload, Refusal::MissingStart)),
-            Some(s) if flags.start && !s.ending => arrival = Arrival::Restarted,
-            Some(_) => {}
-        }
-        let Some(sequence) = self.sequences.get_mut(&flags.id) else {
-            return Err((payload, Refusal::MissingStart));
         };
-        sequence.ending = flags.end || self.iterative;
         sequence.last_active = now;
         sequence.queued.push_back(Queued {
             flags,
             payload,
             arrived: now,
-            order: self.arrivals,
+            order,
         });
-        self.queued += 1;
-        self.arrivals += 1;
-        Ok(arrival)
+        sequence
     }
 
     /// Drops the queued requests `keep` refuses (e.g. whose client went away), returning them.

@@ -478,3 +478,55 @@ fn iterative_sequences_end_with_each_request() {
     s.arrive(flags(1, true, false), 3, t).unwrap();
     assert_eq!(taken(s.form_batch(0, t)), vec![(1, 3, None)]);
 }
+
+#[test]
+fn a_rescheduled_request_runs_again_in_its_slot_until_released() {
+    let t = Instant::now();
+    // One slot, a queue bound of one request: sequence 2 waits in the backlog.
+    let mut s: Slots<u32, i64> =
+        Slots::new(SequenceStrategy::DIRECT, 1, IDLE, 1, 1).iterative(true);
+    s.arrive(flags(1, true, false), 1, t).unwrap();
+    assert_eq!(taken(s.form_batch(0, t)), vec![(1, 1, None)]);
+    s.arrive(flags(2, true, false), 2, t).unwrap();
+    // The model reschedules request 1: queued again (past the bound: it was admitted), so
+    // finishing does not release its sequence, and it runs again on the state it left.
+    s.requeue(flags(1, false, false), 1, t);
+    assert_eq!(s.queued(), 2);
+    assert!(
+        !s.finish(&id(1), false, Some(5), t),
+        "rescheduled: still live"
+    );
+    assert_eq!(taken(s.form_batch(0, t)), vec![(1, 1, Some(5))]);
+    assert!(
+        s.release_idle(t + IDLE * 2).is_empty(),
+        "running, it is not idle"
+    );
+    // Released once the model is done with it: sequence 2 takes the slot.
+    assert!(s.finish(&id(1), false, Some(6), t), "released without END");
+    assert_eq!(taken(s.form_batch(0, t)), vec![(2, 2, None)]);
+    assert_eq!(
+        s.arrive(flags(1, false, false), 3, t).unwrap_err().1,
+        Refusal::MissingStart,
+        "the ended sequence must START again"
+    );
+}
+
+#[test]
+fn a_rescheduled_request_queues_behind_its_sequence_and_is_not_idle() {
+    let t = Instant::now();
+    let mut s = oldest(4, 4, &[], 0).iterative(true);
+    s.arrive(flags(1, true, false), 1, t).unwrap();
+    assert_eq!(payloads(s.form_batch(0, t)), vec![1]);
+    // A new START of the same id arrives while 1 runs; the rescheduled 1 goes behind it, as
+    // Triton's iterative sequencer enqueues it.
+    s.arrive(flags(1, true, false), 2, t).unwrap();
+    s.requeue(flags(1, false, false), 1, t);
+    assert!(!s.finish(&id(1), false, Some(7), t));
+    assert_eq!(taken(s.form_batch(0, t)), vec![(1, 2, None)]);
+    assert!(!s.finish(&id(1), false, Some(1), t));
+    // Waiting to run again is not idleness.
+    assert!(s.release_idle(t + IDLE * 2).is_empty());
+    assert_eq!(taken(s.form_batch(0, t + IDLE * 2)), vec![(1, 1, Some(1))]);
+    assert!(s.finish(&id(1), false, None, t + IDLE * 2));
+    assert_eq!(s.queued(), 0);
+}
