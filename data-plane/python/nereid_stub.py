@@ -74,7 +74,7 @@ Choices where the protocol document leaves room
   that comes with references it cannot decode).
 * Outputs are filtered by the request's `requested_output_names` unless that list is empty.
 * An `execute_done` error message is the complete text for the client, in Triton's form:
-  "Failed to process the request(s) for model instance '<instance>', message: <Type>: <text>"
+  "Failed to process the request(s) for model '<instance>', message: <Type>: <text>"
   followed by "At:" and the model's frames; with an error, `responses` is `[]` and there is no
   segment.
 * A request whose release flags say RESCHEDULE when `execute` returns is listed in
@@ -582,7 +582,7 @@ class Stub:
 
     def _execute_failure(self, exc):
         text = str(exc) if isinstance(exc, InvalidExecute) else exception_summary(exc)
-        return "Failed to process the request(s) for model instance '{}', message: {}".format(
+        return "Failed to process the request(s) for model '{}', message: {}".format(
             self._instance_name, text)
 
     def _default_responses(self, job, result):

@@ -225,7 +225,7 @@ def test_a_default_mode_model_answers_from_the_last_run(server):
         with pytest.raises(InferenceServerException) as e:
             c.infer("iterate_bad", [in_tensor(2)])
     assert e.value.status() == "StatusCode.INTERNAL"
-    assert ("Failed to process the request(s) for model instance 'iterate_bad_0_0', message: "
+    assert ("Failed to process the request(s) for model 'iterate_bad_0_0', message: "
             "Expected a None object in the execute function return list for reschduled request, "
             "found type '<class ") in e.value.message(), e.value.message()
 

@@ -173,7 +173,7 @@ def test_execute_raising_or_returning_wrong_count_fails_batch(parent):
     message = reply["error"]["message"]
     assert reply["id"] == 7 and reply.get("responses", []) == [] and reply["error"]["code"] == "INTERNAL"
     assert message.startswith(
-        "Failed to process the request(s) for model instance 'm_0', message: TritonModelException: boom")
+        "Failed to process the request(s) for model 'm_0', message: TritonModelException: boom")
     assert "\n\nAt:\n" in message and "model.py(" in message and "): execute" in message
     assert "nereid_stub.py" not in message
     parent.execute([{"inputs": []}, {"inputs": []}], execute_id=8)

@@ -95,7 +95,7 @@ def test_a_response_for_a_rescheduled_request_fails_the_call(parent):
     reply = parent.recv_op("execute_done")
     assert "rescheduled" not in reply
     assert reply["error"]["message"] == (
-        "Failed to process the request(s) for model instance 'm_0', message: Expected a None "
+        "Failed to process the request(s) for model 'm_0', message: Expected a None "
         "object in the execute function return list for reschduled request, found type "
         "'<class 'triton_python_backend_utils.InferenceResponse'>'.")
 
