@@ -75,14 +75,14 @@ fn reader_task(
             }
         }
     };
-    let detail = if shared && link.is_closing() {
-        // Shut down on purpose: the other members still use the process.
-        format!("The member was shut down ({cause}).")
-    } else {
-        match process.stop(EXIT_GRACE) {
+    let detail = match process.wait_exit(Duration::ZERO) {
+        Some(status) => format!("The stub process {}.", describe_exit(status)),
+        // A member shut down on purpose: the other members still use the process.
+        None if shared && link.is_closing() => format!("The member was shut down ({cause})."),
+        None => match process.stop(EXIT_GRACE) {
             Some(status) => format!("The stub process {}.", describe_exit(status)),
             None => format!("The stub process did not exit after {cause}."),
-        }
+        },
     };
     let reason = unhealthy_reason(&link.instance, &detail);
     if let Some(hook) = link.mark_dead(&reason) {

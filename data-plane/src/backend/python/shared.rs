@@ -39,6 +39,9 @@ use nereid_stub_protocol::message::InitArgs;
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(30);
+/// How long a dead process's replacement waits for it to be reaped (SIGKILL cannot be
+/// ignored; this only bounds a process stuck in the kernel).
+const EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Which shared process hosts an instance: processes are per instance group and device, each
 /// with at most the configured number of members.
@@ -324,11 +327,11 @@ fn supervise(inner: &Arc<Inner>, guard: &StartGuard, events: &Sender<Event>, rx:
             (stubs, state.process.take())
         };
         tracing::warn!(model = %host.spec.model, instances = %host.names.join(", "), "the shared Python stub process died; restarting it with its instances");
-        for stub in &old.0 {
-            stub.link().set_closing();
-        }
+        // Reaped before the members are dropped, so that every member's reader, however
+        // late, reports how the process ended (not that its member was shut down).
         if let Some((process, _)) = &old.1 {
             process.kill();
+            process.wait_exit(EXIT_WAIT);
         }
         drop(old);
         let mut retry = FIRST_RETRY;
