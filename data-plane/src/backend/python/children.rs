@@ -175,8 +175,11 @@ mod tests {
         let (hung, _hung_dir) = sh("exec sleep 30");
         let quick_reg = children.register("quick".into(), &quick).unwrap();
         let hung_reg = children.register("hung".into(), &hung).unwrap();
+        // A shared stub process has a directory per member.
         let segments = tempfile::tempdir().unwrap().keep();
+        let member_segments = tempfile::tempdir().unwrap().keep();
         hung_reg.add_segments(segments.clone());
+        hung_reg.add_segments(member_segments.clone());
         // The quick one's owner tears it down while stop_all waits.
         let dropper = std::thread::spawn(move || {
             quick.wait_exit(Duration::from_secs(10));
@@ -191,6 +194,10 @@ mod tests {
         let status = hung.wait_exit(Duration::ZERO).expect("reaped");
         assert_eq!(describe_exit(status), "was killed by signal 9 (SIGKILL)");
         assert!(!segments.exists(), "its shared-memory directory is removed");
+        assert!(
+            !member_segments.exists(),
+            "every member's directory is removed"
+        );
         // Closed: a stub started now is refused.
         let (late, _late_dir) = sh("exec sleep 30");
         assert!(children.register("late".into(), &late).is_none());
