@@ -8,6 +8,7 @@ One explicit-mode server on a repository written here:
                    the barrier times out and the requests fail); x == 2 waits inside `execute`;
                    x == 666 waits until another request is inside `execute`, then `os._exit(3)`.
 - `shared_gpu`     the same code, 2 KIND_GPU instances on GPU 0 (the model never touches it).
+- `shared_capped`  the same code, 3 instances, SHARED_STUB_PROCESS "2": processes of 2 and 1.
 - `shared_stream`  decoupled, 2 instances: sends its responses from a thread it starts.
 - `shared_bls`     2 instances calling `plain_add` (a stub of its own) through BLS.
 No sleep synchronizes anything: the models wait on events and barriers with timeouts, the test
@@ -150,6 +151,8 @@ MODELS = {
     "shared_echo": (ECHO, config("shared_echo", ECHO_IO, "{ count: 2 kind: KIND_CPU }", SHARED)),
     "shared_gpu": (ECHO, config("shared_gpu", ECHO_IO, "{ count: 2 kind: KIND_GPU gpus: [ 0 ] }",
                                 SHARED)),
+    "shared_capped": (ECHO, config("shared_capped", ECHO_IO, "{ count: 3 kind: KIND_CPU }",
+                                   SHARED.replace('"true"', '"2"'))),
     "shared_stream": (STREAM, config("shared_stream", """
         input [ { name: "n" data_type: TYPE_INT32 dims: [ 1 ] } ]
         output [ { name: "i" data_type: TYPE_INT32 dims: [ 1 ] },
@@ -178,18 +181,18 @@ def server(repo, tmp_path_factory):
     yield from managed_server(repo, tmp_path_factory.mktemp("logs"), args, "server_shared_stub")
 
 
-def init_records(repo, model, not_pid=None):
-    """Both instances' `initialize` records, once both exist (and show another pid than
+def init_records(repo, model, not_pid=None, count=2):
+    """The instances' `initialize` records, once all `count` exist (and show another pid than
     `not_pid`)."""
     def ready():
         records = {}
         for path in Path(repo / model).glob("init_*.json"):
             record = json.loads(path.read_text())
             records[record["model_instance_name"]] = record
-        if len(records) == 2 and all(r["pid"] != not_pid for r in records.values()):
+        if len(records) == count and all(r["pid"] != not_pid for r in records.values()):
             return records
         return None
-    return wait_until(ready, 60, f"{model}'s two initialize records")
+    return wait_until(ready, 60, f"{model}'s {count} initialize records")
 
 
 def echo(server, x):
@@ -245,6 +248,14 @@ def test_instances_share_one_process_each_with_its_own_initialize(server, repo):
     log = server.log_tail(200000)
     for instance in ("shared_echo_0_0", "shared_echo_0_1"):
         assert f"initialized {instance}" in log, "each instance logs as itself"
+
+
+def test_a_count_caps_the_instances_per_process(server, repo):
+    records = init_records(repo, "shared_capped", count=3)
+    pid = {name: r["pid"] for name, r in records.items()}
+    assert pid["shared_capped_0_0"] == pid["shared_capped_0_1"] != pid["shared_capped_0_2"]
+    assert stub_command_line(pid["shared_capped_0_0"])[-1] == b"2"
+    assert stub_command_line(pid["shared_capped_0_2"])[-1] == b"1"
 
 
 def test_executions_of_two_instances_overlap(server, repo):
