@@ -6,7 +6,8 @@ the request's id and flags across runs (START once, then neither START nor END),
 model answering from its last run, Triton's errors (a response returned for a rescheduled
 request; rescheduling on a model without `iterative_sequence`), a client that cancels its stream
 stopping the loop and freeing the model's one sequence slot, a stub crash in the middle of a
-loop, and that the loop reuses the instance's shared-memory segments instead of piling them up.
+loop, a BLS caller iterating the runs' responses, and that the loop reuses the instance's
+shared-memory segments instead of piling them up.
 
 The models are written by this file into its own repository (`write_repository`, shared with
 test_triton_diff_reschedule.py). Runs its own server.
@@ -89,6 +90,32 @@ class TritonPythonModel:
         return responses
 '''
 
+# Calls `iterate` through BLS (decoupled) with its own IN, returning OUT = [the `left` value of
+# each response, then -1 for an empty final one].
+BLS_ITERATE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="iterate", requested_output_names=["OUT"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")])
+            seen = []
+            for r in call.exec(decoupled=True):
+                if r.has_error():
+                    raise pb_utils.TritonModelException(r.error().message())
+                out = pb_utils.get_output_tensor_by_name(r, "OUT")
+                seen.append(-1 if out is None else int(out.as_numpy()[0]))
+            seen = (seen + [-2, -2, -2])[:3]
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array(seen, np.int64))]))
+        return responses
+'''
+
 CONFIG = '''name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -109,6 +136,7 @@ MODELS = {
     "iterate_plain": (ITERATE, DECOUPLED),
     "iterate_plain_default": (ITERATE_DEFAULT.format(bad=False), ""),
     "iterate_sequence": (ITERATE, f"{DECOUPLED}\nsequence_batching {{ direct {{ }} }}"),
+    "bls_iterate": (BLS_ITERATE, ""),
 }
 
 RESCHEDULE_UNSUPPORTED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, "
@@ -216,6 +244,12 @@ def test_generate_stream_sends_an_event_per_run(server):
     assert status == 200, body
     events = [json.loads(chunk[len("data: "):]) for chunk in body.decode().split("\n\n") if chunk]
     assert [e["OUT"][:2] for e in events] == [[2, 1], [1, 0], [0, 0]], events
+
+
+def test_a_bls_caller_iterates_the_responses_of_every_run(server):
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        out = c.infer("bls_iterate", [in_tensor(3)]).as_numpy("OUT").tolist()
+    assert out == [2, 1, 0], "one response per run, the last one final"
 
 
 def test_a_default_mode_model_answers_from_the_last_run(server):

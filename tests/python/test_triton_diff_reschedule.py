@@ -2,8 +2,9 @@
 models on `sequence_batching { iterative_sequence: true }` that call
 `request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)` give the same responses on
 both servers: one per run of a decoupled request over a gRPC stream and over generate_stream,
-with the same flags and correlation ids; a default-mode model's answer from its last run; the
-errors for a missing START and for a response returned for a rescheduled request.
+with the same flags and correlation ids; what a BLS caller's iterator gives; a default-mode
+model's answer from its last run; the errors for a missing START and for a response returned
+for a rescheduled request.
 
 The models are test_python_reschedule.py's (the ones Triton answers: there, rescheduling on a
 model without `iterative_sequence` leaves the request unanswered, where Nereid answers Triton's
@@ -21,7 +22,7 @@ from nereid_util import http_raw
 from test_python_reschedule import Stream, in_tensor, stream_once, write_repository
 from triton_util import TRITON_BIN, start_pair
 
-MODELS = ["iterate", "iterate_default", "iterate_bad"]
+MODELS = ["iterate", "iterate_default", "iterate_bad", "bls_iterate"]
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +122,12 @@ def test_a_default_mode_model_and_its_error_like_triton(pair):
     # Triton's text, after Nereid's "[request id: ...] model '...' failed to execute: " prefix.
     assert nereid[1][1].endswith(triton[1][1]), (nereid, triton)
     assert triton[1][1].startswith("Failed to process the request(s) for model 'iterate_bad_0_0'")
+
+
+def test_a_bls_caller_like_triton(pair):
+    def run(server):
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            return c.infer("bls_iterate", [in_tensor(3)]).as_numpy("OUT").tolist()
+
+    nereid, triton = both(pair, run)
+    assert nereid == triton == [2, 1, 0]
