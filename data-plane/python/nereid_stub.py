@@ -708,7 +708,8 @@ def main(argv):
     if count is not None:
         import nereid_stub_shared
 
-        nereid_stub_shared.serve(fds, count, lambda fds, host: Stub(_core.Channel(*fds), host))
+        nereid_stub_shared.serve(fds, count, lambda fds, host: Stub(_core.Channel(*fds), host),
+                                 _exit_now, _exit_code)
         return 0
     stub = Stub(_core.Channel(*fds))
     try:

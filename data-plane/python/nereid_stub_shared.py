@@ -24,7 +24,6 @@ on a GPU, one CUDA context.
   flight of all of them and restarts them together.
 """
 
-import os
 import sys
 import threading
 import traceback
@@ -37,22 +36,16 @@ class MemberEnded(BaseException):
     an Exception, so model code that catches Exception does not stop it."""
 
 
-def exit_now(code):
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 class Host:
     """The members of the process: which member each thread belongs to, and the process's end
     once no member is left."""
 
     MemberEnded = MemberEnded
 
-    def __init__(self, count):
+    def __init__(self, count, exit_now, exit_code):
+        # The stub's own process exit and `SystemExit` reading, so both kinds of stub end alike.
+        self._exit_now = exit_now
+        self.exit_code = exit_code
         self._lock = threading.Lock()
         self._live = count
         self._local = threading.local()
@@ -79,7 +72,7 @@ class Host:
             self._live -= 1
             last = self._live == 0
         if last:
-            exit_now(0)
+            self._exit_now(0)
 
     def exit_process(self, code):
         """Ends the process, every member with it (their segments removed first)."""
@@ -88,7 +81,7 @@ class Host:
                 stub.unlink_prefix()
             except Exception:  # one member's cleanup must not keep the others' files
                 pass
-        exit_now(code)
+        self._exit_now(code)
 
 
 class Router:
@@ -140,16 +133,6 @@ def threads_inherit_their_member(host):
     threading.Thread._bootstrap_inner = bootstrap_in_member
 
 
-def _exit_code(system_exit):
-    code = system_exit.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    sys.stderr.write("{}\n".format(code))
-    return 1
-
-
 def run_member(host, stub):
     """Serves one member until its instance ends; `sys.exit` in model code or a failure ends
     the process, as it ends a stub of its own."""
@@ -158,16 +141,18 @@ def run_member(host, stub):
     except MemberEnded:
         pass
     except SystemExit as e:
-        host.exit_process(_exit_code(e))
+        host.exit_process(host.exit_code(e))
     except BaseException:
         sys.stderr.write("nereid stub: stub failed:\n" + traceback.format_exc())
         host.exit_process(1)
 
 
-def serve(fds, count, make_stub):
+def serve(fds, count, make_stub, exit_now, exit_code):
     """Serves `count` members over `fds` (three per member, in order); `make_stub(fds, host)`
-    makes a member's Stub. Never returns: the last member to end exits the process."""
-    host = Host(count)
+    makes a member's Stub; `exit_now(code)` ends the process and `exit_code(SystemExit)` reads a
+    model's `sys.exit`, the single stub's own. Never returns: the last member to end exits the
+    process."""
+    host = Host(count, exit_now, exit_code)
     pb_utils._channel = Router(host)
     threads_inherit_their_member(host)
     host.stubs = [make_stub(fds[3 * i:3 * i + 3], host) for i in range(count)]
