@@ -103,6 +103,9 @@ pub(crate) fn complete(
         if config.default_model_filename.is_empty() {
             config.default_model_filename = backend.default_model_filename().to_string();
         }
+        backend
+            .check_parameters(&config)
+            .map_err(|e| ConfigError::Invalid(vec![e]))?;
         if options.auto_complete {
             // The newest version's file is the one Triton auto-completes from.
             if let Some(dir) = versions.last() {
@@ -417,6 +420,28 @@ mod tests {
         assert_eq!(count_for("onnxruntime"), vec![2, 3]);
         assert_eq!(count_for("identity"), vec![1, 3]);
         assert_eq!(count_for("python"), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_backend_parameter_is_checked_without_auto_complete() {
+        let backends = Backends::new(None).with_gpu_count(0);
+        let (_d, v) = versions_with("model.py");
+        let raw = text::parse_model_config(
+            r#"backend: "python"
+               parameters { key: "SHARED_STUB_PROCESS" value: { string_value: "zwei" } }"#,
+        )
+        .unwrap();
+        let options = CompleteOptions {
+            auto_complete: false,
+        };
+        let Err(ConfigError::Invalid(errors)) = complete("m", raw, &v, &backends, options) else {
+            panic!("a bad SHARED_STUB_PROCESS value was accepted");
+        };
+        assert!(
+            errors[0].contains("parameter SHARED_STUB_PROCESS must be")
+                && errors[0].contains("'zwei'"),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -371,6 +371,13 @@ pub trait Backend: Send + Sync {
     fn platforms(&self) -> Platforms {
         Platforms::default()
     }
+    /// Checks the `parameters` this backend reads from a model's config (names the parameter and
+    /// what is wrong), without loading anything, so `check-config` and every load report a bad
+    /// value the same way. The default: the backend reads none.
+    fn check_parameters(&self, config: &ModelConfig) -> Result<(), String> {
+        let _ = config;
+        Ok(())
+    }
     /// Fills what the config leaves out (inputs, outputs, `max_batch_size`) from the model file,
     /// the way Triton's backend does. Called only when auto-complete is enabled. The default
     /// keeps the config as it is: for backends with no file to read a signature from.

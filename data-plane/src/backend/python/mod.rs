@@ -134,6 +134,10 @@ impl Backend for PythonBackend {
         "model.py"
     }
 
+    fn check_parameters(&self, config: &ModelConfig) -> Result<(), String> {
+        settings::check_parameters(&config.name, &parameters(config))
+    }
+
     /// No platform name; a `model.py` is a Python model.
     fn platforms(&self) -> Platforms {
         Platforms {

@@ -48,31 +48,50 @@ impl StubSettings {
         model_dir: &Path,
         default_python: Option<&Path>,
     ) -> Result<Self, String> {
-        let parameter = |key: &str| param(parameters, key);
-        let python = resolve_interpreter(parameter(EXECUTION_ENV_PATH), model_dir, default_python)
-            .map_err(|e| format!("model '{m}': {e}"))?;
-        let seconds = |key: &str, default: Duration| -> Result<Duration, String> {
-            match parameter(key) {
-                None => Ok(default),
-                Some(text) => parse_seconds(text).ok_or_else(|| {
-                    format!("model '{m}': parameter {key} must be a positive number of seconds, got '{text}'")
-                }),
-            }
-        };
+        let python = resolve_interpreter(
+            param(parameters, EXECUTION_ENV_PATH),
+            model_dir,
+            default_python,
+        )
+        .map_err(|e| format!("model '{m}': {e}"))?;
+        let (start_timeout, initialize_timeout, shared) = tunables(m, parameters)?;
         Ok(StubSettings {
             python,
-            start_timeout: seconds(STUB_TIMEOUT_SECONDS, DEFAULT_STUB_TIMEOUT)?,
-            initialize_timeout: seconds(INITIALIZE_TIMEOUT_SECONDS, DEFAULT_INITIALIZE_TIMEOUT)?,
-            shared: parameter(SHARED_STUB_PROCESS)
-                .map(|text| {
-                    parse_shared(text).ok_or_else(|| {
-                        format!("model '{m}': parameter {SHARED_STUB_PROCESS} must be 'true', 'false' or the most instances one stub process hosts (a positive integer), got '{text}'")
-                    })
-                })
-                .transpose()?
-                .flatten(),
+            start_timeout,
+            initialize_timeout,
+            shared,
         })
     }
+}
+
+/// Checks the parameters of model `m` that need no file system (the timeouts and
+/// `SHARED_STUB_PROCESS`): what `check-config` and a load report before any stub starts.
+pub fn check_parameters(m: &str, parameters: &Params) -> Result<(), String> {
+    tunables(m, parameters).map(drop)
+}
+
+/// The start and initialize timeouts and `SHARED_STUB_PROCESS`, each checked.
+fn tunables(m: &str, parameters: &Params) -> Result<(Duration, Duration, Option<usize>), String> {
+    let parameter = |key: &str| param(parameters, key);
+    let seconds = |key: &str, default: Duration| -> Result<Duration, String> {
+        match parameter(key) {
+            None => Ok(default),
+            Some(text) => parse_seconds(text).ok_or_else(|| {
+                format!("model '{m}': parameter {key} must be a positive number of seconds, got '{text}'")
+            }),
+        }
+    };
+    let start = seconds(STUB_TIMEOUT_SECONDS, DEFAULT_STUB_TIMEOUT)?;
+    let initialize = seconds(INITIALIZE_TIMEOUT_SECONDS, DEFAULT_INITIALIZE_TIMEOUT)?;
+    let shared = parameter(SHARED_STUB_PROCESS)
+        .map(|text| {
+            parse_shared(text).ok_or_else(|| {
+                format!("model '{m}': parameter {SHARED_STUB_PROCESS} must be 'true', 'false' or the most instances one stub process hosts (a positive integer), got '{text}'")
+            })
+        })
+        .transpose()?
+        .flatten();
+    Ok((start, initialize, shared))
 }
 
 /// `true` / `false` (any case, as Triton reads boolean parameters) or a count; a count of 1 is
