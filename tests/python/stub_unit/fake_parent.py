@@ -127,12 +127,24 @@ class FakeParent:
         if self.events not in readable:
             # An answer is ready: take any event written before it first.
             early_events, _, _ = select.select([self.events], [], [], 0)
-            sock = self.events if early_events else self.conn
+            readable = early_events + [self.conn]
+        # An events connection at its end (a stub that has answered and exited) is readable
+        # too; the answer still waiting on the other connection comes first then.
+        if self.events in readable and self._at_end(self.events) and self.conn in readable:
+            sock = self.conn
         else:
-            sock = self.events
+            sock = self.events if self.events in readable else self.conn
         header = self._read(4, sock)
         (length,) = _HEADER.unpack(header)
         return json.loads(self._read(length, sock))
+
+    @staticmethod
+    def _at_end(sock):
+        """Whether `sock` (known readable) holds no more data, only its end."""
+        try:
+            return sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _read(self, n, sock):
         data = b""
