@@ -209,26 +209,17 @@ impl Flow {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-    use nereid_proto::DataType;
-
     use super::*;
     use crate::ensemble::limit::StepLimits;
     use crate::ensemble::origin::{Origin, Origins};
     use crate::ensemble::plan::PlanStep;
 
     fn int(name: &str, v: i32) -> Tensor {
-        Tensor::new(
-            name,
-            DataType::Int32,
-            vec![1],
-            Bytes::copy_from_slice(&v.to_le_bytes()),
-        )
-        .unwrap()
+        nereid_test_support::int32_1d(name, &[v])
     }
 
     fn value(t: &Tensor) -> i32 {
-        i32::from_le_bytes(t.data()[..4].try_into().unwrap())
+        nereid_test_support::ints(t)[0]
     }
 
     fn step(model: &str, inputs: &[(&str, &str)], outputs: &[(&str, &str)]) -> PlanStep {

@@ -454,7 +454,6 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use nereid_proto::DataType;
     use nereid_stub_protocol::frame::{decode, read_frame};
     use serde_json::Value;
 
@@ -478,13 +477,7 @@ mod tests {
     }
 
     fn int32(name: &str, v: i32) -> Tensor {
-        Tensor::new(
-            name,
-            DataType::Int32,
-            vec![1],
-            Bytes::copy_from_slice(&v.to_le_bytes()),
-        )
-        .unwrap()
+        nereid_test_support::int32_1d(name, &[v])
     }
 
     #[test]

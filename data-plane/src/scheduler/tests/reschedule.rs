@@ -10,9 +10,8 @@ use std::collections::HashMap;
 use std::pin::pin;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures::poll;
-use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor};
+use nereid_proto::{CorrelationId, ServiceError, Tensor};
 use nereid_test_support::Gate;
 use parking_lot::Mutex;
 
@@ -49,17 +48,11 @@ struct Iterating {
 }
 
 fn int32(name: &str, v: i32) -> Tensor {
-    Tensor::new(
-        name,
-        DataType::Int32,
-        vec![1],
-        Bytes::copy_from_slice(&v.to_le_bytes()),
-    )
-    .unwrap()
+    nereid_test_support::int32_1d(name, &[v])
 }
 
 fn value(t: &Tensor) -> i32 {
-    i32::from_le_bytes(t.data()[..4].try_into().unwrap())
+    nereid_test_support::ints(t)[0]
 }
 
 impl BackendInstance for Iterating {
