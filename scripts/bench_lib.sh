@@ -84,9 +84,11 @@ start_serve() {
         --http-address 127.0.0.1 --http-port "$http_port"
         --grpc-address 127.0.0.1 --grpc-port "$grpc_port"
         --metrics-address 127.0.0.1 --metrics-port "$metrics_port"
-        --allow-client-shm=true --exit-on-error)
-    LOG_SUFFIX=" &" log_cmd "${serve[@]}"
-    "${serve[@]}" >"$log" 2>&1 &
+        --exit-on-error)
+    # Client shared memory through the environment, not the flag, so a baseline binary older
+    # than the flag (NEREID_BASELINE) starts too; it had shared memory on without asking.
+    LOG_SUFFIX=" &" log_cmd NEREID_ALLOW_CLIENT_SHM=true "${serve[@]}"
+    NEREID_ALLOW_CLIENT_SHM=true "${serve[@]}" >"$log" 2>&1 &
     SERVER_PID=$!
     local deadline=$((SECONDS + 120))
     until curl -sf -o /dev/null "http://$HTTP$ready"; do
