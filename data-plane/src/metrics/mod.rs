@@ -428,16 +428,13 @@ fn micros(d: StatisticDuration) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::time::Duration;
 
     use nereid_proto::pb::inference::ModelConfig;
     use nereid_telemetry::render_prometheus;
 
     use super::*;
-    use crate::backend::Health;
     use crate::config::ValidModelConfig;
-    use crate::repository::Fingerprint;
     use crate::request::Runner;
     use crate::scheduler::Scheduler;
     use crate::scheduler::policy::BatchPolicy;
@@ -469,18 +466,7 @@ mod tests {
             4,
         )
         .unwrap();
-        Arc::new(LoadedVersion {
-            name: name.into(),
-            version: 1,
-            config,
-            runner: Runner::Batched(scheduler),
-            stats,
-            fingerprint: Fingerprint::of(Path::new("/nonexistent")),
-            health: Arc::new(Health::default()),
-            labels: Default::default(),
-            cache: None,
-            generation: 0,
-        })
+        LoadedVersion::for_test(name, config, Runner::Batched(scheduler), stats)
     }
 
     fn filled() -> Arc<LoadedVersion> {

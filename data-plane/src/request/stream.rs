@@ -352,9 +352,7 @@ mod tests {
     use nereid_telemetry::{SpanKind, Tracer};
 
     use super::*;
-    use crate::backend::Health;
     use crate::config::ValidModelConfig;
-    use crate::repository::Fingerprint;
     use crate::request::Runner;
     use crate::scheduler::Scheduler;
     use crate::scheduler::policy::BatchPolicy;
@@ -373,18 +371,7 @@ mod tests {
             4,
         )
         .unwrap();
-        Arc::new(LoadedVersion {
-            name: "m".into(),
-            version: 1,
-            config,
-            runner: Runner::Decoupled(scheduler),
-            stats,
-            fingerprint: Fingerprint::of(Path::new("/nonexistent")),
-            health: Arc::new(Health::default()),
-            labels: Default::default(),
-            cache: None,
-            generation: 0,
-        })
+        LoadedVersion::for_test("m", config, Runner::Decoupled(scheduler), stats)
     }
 
     /// (has a response, last) per item, or "error", for `events` sent up front.
@@ -467,18 +454,12 @@ mod tests {
                 decoupled_steps: vec![true, false],
             },
         });
-        let loaded = Arc::new(LoadedVersion {
-            name: "e".into(),
-            version: 1,
-            config: Arc::new(ValidModelConfig::unchecked(wire)),
-            runner: Runner::Ensemble(plan.clone()),
-            stats: Arc::new(VersionStats::default()),
-            fingerprint: Fingerprint::of(Path::new("/nonexistent")),
-            health: Arc::new(Health::default()),
-            labels: Default::default(),
-            cache: None,
-            generation: 0,
-        });
+        let loaded = LoadedVersion::for_test(
+            "e",
+            Arc::new(ValidModelConfig::unchecked(wire)),
+            Runner::Ensemble(plan.clone()),
+            Arc::new(VersionStats::default()),
+        );
         (loaded, plan)
     }
 

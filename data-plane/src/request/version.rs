@@ -60,6 +60,28 @@ pub enum Runner {
 }
 
 impl LoadedVersion {
+    /// Version 1 of `name` as a unit test needs it: no directory, healthy, no labels, no cache.
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        name: &str,
+        config: Arc<ValidModelConfig>,
+        runner: Runner,
+        stats: Arc<VersionStats>,
+    ) -> Arc<Self> {
+        Arc::new(LoadedVersion {
+            name: name.into(),
+            version: 1,
+            config,
+            runner,
+            stats,
+            fingerprint: Fingerprint::of(std::path::Path::new("/nonexistent")),
+            health: Arc::new(Health::default()),
+            labels: Default::default(),
+            cache: None,
+            generation: 0,
+        })
+    }
+
     /// The plan of an ensemble version.
     pub fn plan(&self) -> Option<&Arc<EnsemblePlan>> {
         match &self.runner {
