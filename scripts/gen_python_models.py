@@ -169,6 +169,15 @@ def identity(dtype, dims, max_batch):
     ])
 
 
+# A decoupled model that answers IN (INT32, any length) with one OUT per element.
+REPEAT_CONFIG = "\n".join([
+    'backend: "python"',
+    "max_batch_size: 0",
+    io("input", "IN", "TYPE_INT32", "-1"),
+    io("output", "OUT", "TYPE_INT32", "1"),
+    "model_transaction_policy { decoupled: true }",
+])
+
 MODELS = {
     "add_sub": ("\n".join([
         'backend: "python"',
@@ -197,20 +206,8 @@ MODELS = {
         "  ]",
         "}",
     ]), SEQUENCE),
-    "repeat_decoupled": ("\n".join([
-        'backend: "python"',
-        "max_batch_size: 0",
-        io("input", "IN", "TYPE_INT32", "-1"),
-        io("output", "OUT", "TYPE_INT32", "1"),
-        "model_transaction_policy { decoupled: true }",
-    ]), DECOUPLED),
-    "repeat_final_with_last": ("\n".join([
-        'backend: "python"',
-        "max_batch_size: 0",
-        io("input", "IN", "TYPE_INT32", "-1"),
-        io("output", "OUT", "TYPE_INT32", "1"),
-        "model_transaction_policy { decoupled: true }",
-    ]), FINAL_WITH_LAST),
+    "repeat_decoupled": (REPEAT_CONFIG, DECOUPLED),
+    "repeat_final_with_last": (REPEAT_CONFIG, FINAL_WITH_LAST),
     "bls_decoupled_seen": ("\n".join([
         'backend: "python"',
         "max_batch_size: 0",

@@ -122,24 +122,24 @@ def check_outputs(server, model, path):
     return {"max_abs_diff": diff, "max_abs_output": scale}
 
 
-@step("ort_gpu")
-def served_gpu(server, path):
-    server.ready("onnx_gpu")
-    groups = instance_groups(server, "onnx_gpu")
+def served_on_the_gpu(server, model, path, what):
+    """`model` READY with every instance group of the GPU's kind, and its outputs right."""
+    server.ready(model)
+    groups = instance_groups(server, model)
     kinds = {g["kind"] for g in groups}
     if kinds != {S.gpu_kind}:
-        raise RuntimeError(f"onnx_gpu runs on {kinds}, not {S.gpu_kind}")
-    return {"instance_group": groups, **check_outputs(server, "onnx_gpu", path)}
+        raise RuntimeError(f"{what} {kinds}, not {S.gpu_kind}")
+    return {"instance_group": groups, **check_outputs(server, model, path)}
+
+
+@step("ort_gpu")
+def served_gpu(server, path):
+    return served_on_the_gpu(server, "onnx_gpu", path, "onnx_gpu runs on")
 
 
 @step("ort_auto")
 def served_auto(server, path):
-    server.ready("onnx_auto")
-    groups = instance_groups(server, "onnx_auto")
-    kinds = {g["kind"] for g in groups}
-    if kinds != {S.gpu_kind}:
-        raise RuntimeError(f"KIND_AUTO resolved to {kinds}, not {S.gpu_kind}")
-    return {"instance_group": groups, **check_outputs(server, "onnx_auto", path)}
+    return served_on_the_gpu(server, "onnx_auto", path, "KIND_AUTO resolved to")
 
 
 @step("ort_trt")
