@@ -12,6 +12,7 @@ use tonic::codegen::{BoxFuture, http};
 use crate::forward::{MODEL_INFER_PATH, MODEL_STREAM_INFER_PATH};
 use crate::passthrough::{ModelInferRoute, PassThroughConfig};
 use crate::raw_codec::RawCodec;
+use crate::raw_serve;
 use crate::service::RouterService;
 use crate::stream_passthrough::ModelStreamInferRoute;
 
@@ -35,7 +36,7 @@ pub fn grpc_routes(
     nereid_frontend::restrict(routes, restricted)
 }
 
-/// The server side of a pass-through rpc: bytes both ways, gzip and deflate accepted, the
+/// tonic's server side of a pass-through rpc: bytes both ways, gzip and deflate accepted, the
 /// frontend's message size limit.
 fn raw_server(config: &PassThroughConfig) -> tonic::server::Grpc<RawCodec> {
     let max = config.grpc.max_message_size;
@@ -46,8 +47,8 @@ fn raw_server(config: &PassThroughConfig) -> tonic::server::Grpc<RawCodec> {
         .max_encoding_message_size(max)
 }
 
-/// The tower service of a pass-through rpc: tonic's server with the raw codec, unary or
-/// streaming.
+/// The tower service of a pass-through rpc: unary calls framed by the router (`raw_serve`)
+/// unless compressed, streams and compressed calls by tonic's server with the raw codec.
 #[derive(Clone)]
 enum RawRoute {
     Unary(ModelInferRoute),
@@ -67,6 +68,9 @@ impl tonic::codegen::Service<http::Request<axum::body::Body>> for RawRoute {
         let route = self.clone();
         Box::pin(async move {
             Ok(match route {
+                RawRoute::Unary(rpc) if raw_serve::frames_itself(call.headers()) => {
+                    raw_serve::serve_unary(rpc, call).await
+                }
                 RawRoute::Unary(rpc) => raw_server(rpc.config()).unary(rpc, call).await,
                 RawRoute::Stream(rpc) => raw_server(rpc.config()).streaming(rpc, call).await,
             })

@@ -25,7 +25,7 @@
 //! - `passthrough`: unary gRPC `ModelInfer` forwarded as bytes (`wire_scan` reads what
 //!   routing needs, `raw_codec` moves the bytes); the router's gRPC routes.
 //! - `grpc_routes`: the router's gRPC service, assembled from the two pass-through routes and
-//!   the frontend's typed ones.
+//!   the frontend's typed ones; `raw_serve` frames unary `ModelInfer` on the client's side.
 //! - `stream_passthrough`: gRPC `ModelStreamInfer` forwarded the same way, each request on a
 //!   worker stream of its own, over `nereid_frontend`'s stream skeleton (orders, error modes).
 //! - `http_passthrough` (with `http_scan` and `http_forward`): HTTP inference forwarded as
@@ -59,6 +59,7 @@ mod passthrough;
 mod random;
 mod raw_call;
 mod raw_codec;
+mod raw_serve;
 mod serve;
 mod service;
 mod stream_passthrough;

@@ -3,7 +3,8 @@
 //! back to the client as the worker encoded it. No tensor is decoded or re-encoded.
 //!
 //! ```text
-//! client ─ModelInfer─► the frontend's restricted-API check ─► ModelInferRoute (RawCodec)
+//! client ─ModelInfer─► the frontend's restricted-API check ─► ModelInferRoute (framed by
+//!   raw_serve; a compressed call by tonic's server with RawCodec)
 //!   ─► RouterService::infer_raw
 //!        wire_scan::scan_request   model, version, sequence options, tensor names/shapes
 //!        RequestLimits, shared memory refused, version parsed      (INVALID_ARGUMENT / ...)
@@ -25,6 +26,7 @@ use bytes::Bytes;
 use nereid_frontend::{GrpcConfig, RequestLimits, grpc_request_context};
 use nereid_proto::{RequestContext, ResponseHook, ServiceError, ServiceResult, parse_version};
 use tonic::codegen::BoxFuture;
+use tonic::metadata::MetadataMap;
 
 use crate::choice::Ask;
 use crate::raw_codec::RawMessage;
@@ -111,8 +113,27 @@ impl ModelInferRoute {
     pub(crate) fn config(&self) -> &PassThroughConfig {
         &self.config
     }
+
+    /// The worker's answer to one `ModelInfer` message whose call carried `metadata`, however
+    /// the call was framed (`raw_serve`, or tonic's server for a compressed call).
+    pub(crate) async fn answer(
+        &self,
+        message: Bytes,
+        metadata: &MetadataMap,
+    ) -> Result<Bytes, tonic::Status> {
+        let mut context = grpc_request_context(metadata, Instant::now());
+        let hook = ResponseHook::new();
+        context.response_hook = hook.clone();
+        let answer = self
+            .router
+            .infer_raw(message, context, &self.config)
+            .await?;
+        hook.finish(Instant::now());
+        Ok(answer)
+    }
 }
 
+/// A compressed call, inflated by tonic's server (`grpc_routes`).
 impl tonic::server::UnaryService<Bytes> for ModelInferRoute {
     type Response = RawMessage;
     type Future = BoxFuture<tonic::Response<RawMessage>, tonic::Status>;
@@ -120,14 +141,8 @@ impl tonic::server::UnaryService<Bytes> for ModelInferRoute {
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
         let route = self.clone();
         Box::pin(async move {
-            let mut context = grpc_request_context(request.metadata(), Instant::now());
-            let hook = ResponseHook::new();
-            context.response_hook = hook.clone();
-            let answer = route
-                .router
-                .infer_raw(request.into_inner(), context, &route.config)
-                .await?;
-            hook.finish(Instant::now());
+            let (metadata, _, message) = request.into_parts();
+            let answer = route.answer(message, &metadata).await?;
             Ok(tonic::Response::new(RawMessage::new(answer)))
         })
     }

@@ -23,7 +23,7 @@ use tonic::{Code, Status};
 use crate::raw_codec::RawMessage;
 
 /// Length of the gRPC message prefix: compression flag (1 byte), length (4 bytes, big-endian).
-const PREFIX: usize = 5;
+pub(crate) const PREFIX: usize = 5;
 /// Messages up to this size are sent as one DATA frame, copied once; larger ones as frames of
 /// their own parts, not copied (a frame after one of more than 256 bytes costs h2 another
 /// system call, which copying a small message is cheaper than).
@@ -42,9 +42,9 @@ fn prefix(len: usize) -> Result<[u8; PREFIX], Status> {
     Ok(out)
 }
 
-/// The request body's DATA frames for `message`: one buffer when small, else the prefix, the
-/// head and the tail (when not empty) as they are.
-pub(crate) fn request_frames(message: &RawMessage) -> Result<Vec<Bytes>, Status> {
+/// The DATA frames of `message` (a request to a worker, or an answer to a client): one buffer
+/// when small, else the prefix, the head and the tail (when not empty) as they are.
+pub(crate) fn message_frames(message: &RawMessage) -> Result<Vec<Bytes>, Status> {
     let len = message.head.len() + message.tail.len();
     let prefix = prefix(len)?;
     if len <= COPY_LIMIT {
@@ -61,10 +61,10 @@ pub(crate) fn request_frames(message: &RawMessage) -> Result<Vec<Bytes>, Status>
     Ok(frames)
 }
 
-/// The request body for `message` (see [`request_frames`]): the end of the stream is known
+/// The request body for `message` (see [`message_frames`]): the end of the stream is known
 /// with its last frame, so it goes out on that frame.
 pub(crate) fn request_body(message: &RawMessage) -> Result<tonic::body::Body, Status> {
-    let mut frames = request_frames(message)?;
+    let mut frames = message_frames(message)?;
     let body = if frames.len() == 1 {
         axum::body::Body::from(frames.remove(0))
     } else {
@@ -205,9 +205,9 @@ mod tests {
             head: Bytes::from_static(b"client bytes"),
             tail: Bytes::from_static(b"\x12\x011"),
         };
-        let frames = request_frames(&message).unwrap();
+        let frames = message_frames(&message).unwrap();
         assert_eq!(frames, vec![Bytes::from(framed(b"client bytes\x12\x011"))]);
-        let bare = request_frames(&RawMessage::new(Bytes::from_static(b"x"))).unwrap();
+        let bare = message_frames(&RawMessage::new(Bytes::from_static(b"x"))).unwrap();
         assert_eq!(bare, vec![Bytes::from(framed(b"x"))]);
     }
 
@@ -219,12 +219,12 @@ mod tests {
             head: head.clone(),
             tail: tail.clone(),
         };
-        let frames = request_frames(&message).unwrap();
+        let frames = message_frames(&message).unwrap();
         assert_eq!(frames.len(), 3);
         assert_eq!(frames.concat(), framed(&[&head[..], &tail[..]].concat()));
         // The head is the client's buffer itself, not a copy.
         assert_eq!(frames[1].as_ptr(), head.as_ptr());
-        let without_tail = request_frames(&RawMessage::new(head.clone())).unwrap();
+        let without_tail = message_frames(&RawMessage::new(head.clone())).unwrap();
         assert_eq!(without_tail.len(), 2);
         assert_eq!(without_tail.concat(), framed(&head));
     }

@@ -163,6 +163,78 @@ async fn malformed_bytes_are_invalid_argument_and_the_router_serves_on() {
     .await;
 }
 
+/// `ModelInfer` on `grpc` (a ready client of the router) with `messages` as its request
+/// stream, sent as they are, compressed or not as `grpc` is set up.
+async fn raw_calls(
+    grpc: &mut tonic::client::Grpc<Channel>,
+    messages: Vec<Vec<u8>>,
+) -> Result<Bytes, tonic::Status> {
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/inference.GRPCInferenceService/ModelInfer",
+    );
+    let stream = futures::stream::iter(
+        messages
+            .into_iter()
+            .map(|m| RawMessage::new(Bytes::from(m))),
+    );
+    grpc.client_streaming(tonic::Request::new(stream), path, RawCodec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn unary_calls_framed_by_the_router_answer_as_tonics_server() {
+    bounded(async {
+        let (_workers, router, _) = cluster(64).await;
+        let mut small = config(&[]);
+        small.grpc.max_message_size = 200;
+        let addr = serve_router(router, small).await;
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let request = prost::Message::encode_to_vec(&raw_request());
+        let expected = raw_call(addr, request.clone()).await.unwrap();
+        let expected: ModelInferResponse = prost::Message::decode(expected).unwrap();
+        assert_eq!(
+            expected.raw_output_contents,
+            raw_request().raw_input_contents
+        );
+
+        // A compressed call goes through tonic's server, which inflates it: the same answer.
+        let mut gzip = tonic::client::Grpc::new(channel.clone())
+            .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        let answer = raw_calls(&mut gzip, vec![request.clone()]).await.unwrap();
+        let answer: ModelInferResponse = prost::Message::decode(answer).unwrap();
+        assert_eq!(answer.raw_output_contents, expected.raw_output_contents);
+
+        // The framing's errors are tonic's, word for word.
+        let mut plain = tonic::client::Grpc::new(channel.clone());
+        let status = raw_calls(&mut plain, vec![]).await.unwrap_err();
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::Internal, "Missing request message.")
+        );
+        let status = raw_calls(&mut plain, vec![vec![0; 201]]).await.unwrap_err();
+        assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+        assert_eq!(
+            status.message(),
+            "Error, decoded message length too large: found 201 bytes, the limit is: 200 bytes"
+        );
+        // A second message in a unary call is not read, as tonic's server does not.
+        let answer = raw_calls(&mut plain, vec![request.clone(), vec![0xff; 3]])
+            .await
+            .unwrap();
+        let answer: ModelInferResponse = prost::Message::decode(answer).unwrap();
+        assert_eq!(answer.raw_output_contents, expected.raw_output_contents);
+        // And the router serves on.
+        assert!(raw_call(addr, request).await.is_ok());
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_killed_worker_is_retried_around_and_sequences_stick() {
     bounded(async {
