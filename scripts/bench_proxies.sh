@@ -47,6 +47,9 @@
 #   BENCH_PROXY_CPUS          taskset CPU list of the proxies in the pinned layout (default 0)
 #   BENCH_WORKER_CPUS         taskset CPU list of the worker in the pinned layout  (default 1)
 #   BENCH_ROUTER_ARGS         extra `nereid router` flags, e.g. "--threads 1"       (default none)
+#   NEREID_BASELINE           another `nereid` binary (an older build): its router runs beside
+#                             the first as the target `baseline` (same flags, same CPUs, the same
+#                             worker), so both routers are compared in one run (default none)
 #   BENCH_PROXY_PERF          1 (or dwarf, for binaries without frame pointers): `perf record -g`
 #                             (`--call-graph dwarf`) the router during its runs, into
 #                             OUT_DIR/proxies/raw/NAME.perf.data; syscalls: `perf stat` of its
@@ -82,10 +85,12 @@ PROXY_CPUS=${BENCH_PROXY_CPUS:-0}
 WORKER_CPUS=${BENCH_WORKER_CPUS:-1}
 PERF=${BENCH_PROXY_PERF:-}
 read -r -a ROUTER_ARGS <<<"${BENCH_ROUTER_ARGS:-}"
+BASELINE=${NEREID_BASELINE:-}
 TARGETS=(direct router nginx haproxy)
+[[ -n $BASELINE ]] && TARGETS+=(baseline)
 READY_SECS=120
 
-for f in "$PY" "$NEREID" "$LOADTEST"; do
+for f in "$PY" "$NEREID" "$LOADTEST" ${BASELINE:+"$BASELINE"}; do
     if [[ ! -x $f ]]; then
         echo "error: $f is missing; run 'make bench' (or set NEREID, LOADTEST, PYTHON)" >&2
         exit 1
@@ -128,6 +133,7 @@ FAILED=()
 PIDS=()
 NGINX_WORKERS=()
 LOADTEST_PID=
+BASELINE_PID=
 
 COMMANDS=$DIR/commands.txt
 # shellcheck source=scripts/bench_lib.sh
@@ -304,9 +310,9 @@ loadtest() {
     local name=$1 model=$2 proto=$3 conc=$4 target=$5
     local url=127.0.0.1:${PORTS[$target/$proto]}
     say "nereid-loadtest $name"
-    local w0 r0 n0 h0 t0 w1 r1 n1 h1 t1
+    local w0 r0 n0 h0 b0 t0 w1 r1 n1 h1 b1 t1
     w0=$(cpu_ticks "$WORKER_PID") r0=$(cpu_ticks "$ROUTER_PID") n0=$(cpu_ticks "${NGINX_WORKERS[@]}")
-    h0=$(cpu_ticks "$HAPROXY_PID") t0=$(date +%s.%N)
+    h0=$(cpu_ticks "$HAPROXY_PID") b0=$(cpu_ticks ${BASELINE_PID:+"$BASELINE_PID"}) t0=$(date +%s.%N)
     local cmd=("$LOADTEST" -q -m "$model" -i "$proto" -u "$url" --concurrency-range "$conc"
         --warmup-secs 1 --duration-secs "$SECS" -p "$INTERVAL_MS" --json "$RAW/$name.json")
     log_cmd "${cmd[@]}"
@@ -335,11 +341,11 @@ loadtest() {
         wait "$perf_pid" || true
     fi
     w1=$(cpu_ticks "$WORKER_PID") r1=$(cpu_ticks "$ROUTER_PID") n1=$(cpu_ticks "${NGINX_WORKERS[@]}")
-    h1=$(cpu_ticks "$HAPROXY_PID") t1=$(date +%s.%N)
+    h1=$(cpu_ticks "$HAPROXY_PID") b1=$(cpu_ticks ${BASELINE_PID:+"$BASELINE_PID"}) t1=$(date +%s.%N)
     awk -v t0="$t0" -v t1="$t1" -v w=$((w1 - w0)) -v r=$((r1 - r0)) -v n=$((n1 - n0)) -v h=$((h1 - h0)) \
-        -v hz="$TICK" 'BEGIN {
-        printf "{\"wall_s\": %.3f, \"worker_cpu_s\": %.3f, \"router_cpu_s\": %.3f, \"nginx_cpu_s\": %.3f, \"haproxy_cpu_s\": %.3f}\n",
-            t1 - t0, w / hz, r / hz, n / hz, h / hz
+        -v b=$((b1 - b0)) -v hz="$TICK" 'BEGIN {
+        printf "{\"wall_s\": %.3f, \"worker_cpu_s\": %.3f, \"router_cpu_s\": %.3f, \"nginx_cpu_s\": %.3f, \"haproxy_cpu_s\": %.3f, \"baseline_cpu_s\": %.3f}\n",
+            t1 - t0, w / hz, r / hz, n / hz, h / hz, b / hz
     }' >"$RAW/$name.cpu.json"
 }
 
@@ -350,11 +356,13 @@ run_layout() {
         proxy_pin=$PROXY_CPUS worker_pin=$WORKER_CPUS
     fi
     local CP_PORT CP_HTTP_PORT W_HTTP W_GRPC W_METRICS R_HTTP R_GRPC R_METRICS N_HTTP N_GRPC H_HTTP H_GRPC
+    local B_HTTP B_GRPC B_METRICS
     read -r CP_PORT CP_HTTP_PORT W_HTTP W_GRPC W_METRICS R_HTTP R_GRPC R_METRICS N_HTTP N_GRPC H_HTTP H_GRPC \
-        < <(free_ports 12)
+        B_HTTP B_GRPC B_METRICS < <(free_ports 15)
     local CP=127.0.0.1:$CP_PORT
     declare -gA PORTS=([direct/grpc]=$W_GRPC [direct/http]=$W_HTTP [router/grpc]=$R_GRPC [router/http]=$R_HTTP
-        [nginx/grpc]=$N_GRPC [nginx/http]=$N_HTTP [haproxy/grpc]=$H_GRPC [haproxy/http]=$H_HTTP)
+        [nginx/grpc]=$N_GRPC [nginx/http]=$N_HTTP [haproxy/grpc]=$H_GRPC [haproxy/http]=$H_HTTP
+        [baseline/grpc]=$B_GRPC [baseline/http]=$B_HTTP)
 
     say "layout $LAYOUT: proxies on CPUs ${proxy_pin:-any}, worker on CPUs ${worker_pin:-any}; logs in $DIR"
     echo "# layout $LAYOUT" >>"$COMMANDS"
@@ -369,6 +377,11 @@ run_layout() {
     start router "$proxy_pin" "$NEREID" router --control-plane "$CP" --auth-token-file "$WORK/token" \
         --http-address 127.0.0.1 --http-port "$R_HTTP" --grpc-address 127.0.0.1 --grpc-port "$R_GRPC" \
         --metrics-address 127.0.0.1 --metrics-port "$R_METRICS" "${ROUTER_ARGS[@]}"
+    if [[ -n $BASELINE ]]; then
+        start baseline "$proxy_pin" "$BASELINE" router --control-plane "$CP" --auth-token-file "$WORK/token" \
+            --http-address 127.0.0.1 --http-port "$B_HTTP" --grpc-address 127.0.0.1 --grpc-port "$B_GRPC" \
+            --metrics-address 127.0.0.1 --metrics-port "$B_METRICS" "${ROUTER_ARGS[@]}"
+    fi
     write_nginx_conf "$DIR/$LAYOUT-nginx.conf"
     start nginx "$proxy_pin" "$NGINX" -p "$WORK/nginx-$LAYOUT" -e "$DIR/$LAYOUT-nginx-error.log" \
         -c "$DIR/$LAYOUT-nginx.conf"
@@ -377,11 +390,11 @@ run_layout() {
 
     for m in "${MODELS[@]}"; do
         wait_until "model $m on the worker" http_ok "http://127.0.0.1:$W_HTTP/v2/models/$m/ready"
-        for target in router nginx haproxy; do
+        for target in "${TARGETS[@]:1}"; do
             wait_until "model $m through $target (HTTP)" http_ok "http://127.0.0.1:${PORTS[$target/http]}/v2/models/$m/ready"
         done
     done
-    for target in direct router nginx haproxy; do
+    for target in "${TARGETS[@]}"; do
         wait_until "gRPC through $target" grpc_live "127.0.0.1:${PORTS[$target/grpc]}"
     done
     mapfile -t NGINX_WORKERS < <(children "$NGINX_PID")
@@ -448,6 +461,8 @@ def load(path):
 
 
 runs = {}
+if any(raw.glob("*_baseline_r*.cpu.json")):
+    PROXIES += ("baseline",)
 for path in sorted(raw.glob("*.cpu.json")):
     name = path.name[: -len(".cpu.json")]
     layout, rest = name.split("_", 1)
@@ -531,10 +546,8 @@ print(f"{machine['nginx']}; {machine['haproxy']}. Medians of {rounds} run(s) per
 for layout in results["layouts"]:
     print(f"\n**{layout}**: {layouts[layout]}.\n")
     print("| model | protocol | conc. | direct infer/s | direct p50 µs "
-          "| router ratio | router +p50 µs | router CPU µs/req "
-          "| nginx ratio | nginx +p50 µs | nginx CPU µs/req "
-          "| haproxy ratio | haproxy +p50 µs | haproxy CPU µs/req |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          + "".join(f"| {p} ratio | {p} +p50 µs | {p} CPU µs/req " for p in PROXIES) + "|")
+    print("|---|---|---:|---:|---:" + "|---:|---:|---:" * len(PROXIES) + "|")
     for row in (r for r in rows if r["layout"] == layout):
         cells = [row["model"], row["protocol"], str(row["concurrency"]),
                  fmt(row["direct"]["throughput"]), fmt(row["direct"]["p50_us"])]
