@@ -45,6 +45,7 @@
 
 mod app;
 mod budget;
+mod cork;
 mod cuda;
 mod forward;
 #[doc(hidden)]
@@ -66,6 +67,7 @@ mod shm;
 /// The HTTP application: KServe v2 routes and the OpenAI-compatible `/v1/` routes.
 pub use app::router;
 pub use budget::{BUDGET_FLAG, BudgetExceeded, DEFAULT_MAX_BUFFERED_REQUEST_BYTES, RequestBudget};
+pub use cork::Corked;
 pub use forward::HeaderForward;
 /// The `ModelStreamInfer` skeleton, generic over a [`StreamHandler`]: the typed handler and the
 /// router's pass-through share its reading, request orders, error reporting and cancellation.

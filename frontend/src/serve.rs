@@ -31,6 +31,7 @@ use tokio_stream::StreamExt;
 
 use crate::app::router;
 use crate::budget::RequestBudget;
+use crate::cork::Corked;
 use crate::grpc::{GrpcConfig, routes};
 use crate::grpc_buffer::{BufferMessagesLayer, HTTP_API_PREFIX};
 use crate::http::HttpConfig;
@@ -293,7 +294,7 @@ pub async fn serve_grpc_port(
     // after the connections it accepted, and tonic sends GOAWAY on every connection and waits
     // for their calls. In that order a client reconnecting on GOAWAY reaches another listener
     // on the port (--reuse-port), and no accepted connection is dropped unserved.
-    let incoming = incoming(what, listener, port, stop);
+    let incoming = incoming(what, listener, port, stop).map(|conn| conn.map(Corked::new));
     let mut buffering = BufferMessagesLayer::new(serving.budget, serving.max_message_size);
     let routes = match serving.http_api {
         Some(http) => {

@@ -188,7 +188,11 @@ impl Workers {
             // pings to grow them.
             .initial_connection_window_size(16 * 1024 * 1024)
             .initial_stream_window_size(4 * 1024 * 1024);
-        let channel = self.config.dial.lazy(&endpoint);
+        let channel = if self.config.dial.is_tls() {
+            self.config.dial.lazy(&endpoint)
+        } else {
+            endpoint.connect_with_connector_lazy(CorkedDialer)
+        };
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
@@ -532,5 +536,38 @@ mod tests {
             tonic::Status::cancelled("gone"),
         );
         assert!(matches!(plain, RouterError::Worker { .. }), "{plain:?}");
+    }
+}
+
+/// Dials a worker in plaintext with writes corked for one pass of the connection's task
+/// (`nereid_frontend::Corked`): the frames of every call sent meanwhile leave together.
+#[derive(Clone, Copy, Debug)]
+struct CorkedDialer;
+
+type CorkedTcp = hyper_util::rt::TokioIo<nereid_frontend::Corked<tokio::net::TcpStream>>;
+
+impl tonic::codegen::Service<http::Uri> for CorkedDialer {
+    type Response = CorkedTcp;
+    type Error = std::io::Error;
+    type Future = tonic::codegen::BoxFuture<CorkedTcp, std::io::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        Box::pin(async move {
+            let host = uri.host().unwrap_or_default();
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port = uri.port_u16().unwrap_or(80);
+            let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+            tcp.set_nodelay(true)?;
+            Ok(hyper_util::rt::TokioIo::new(nereid_frontend::Corked::new(
+                tcp,
+            )))
+        })
     }
 }
