@@ -17,7 +17,13 @@
 //!
 //! The deferral relies on the owner polling its reads before it flushes on each pass, as h2's
 //! connection task does (it reads until `Pending`, then flushes); the wake-up guarantees that
-//! pass comes.
+//! pass comes. It pays off on tokio's current-thread scheduler (the router's default), which
+//! runs woken tasks in wake order on the one thread: the connection's next pass comes after the
+//! tasks woken before it, whose frames it then carries too. On the multi-threaded scheduler a
+//! task that wakes itself may be handed to another worker thread, which it would wake: measured
+//! on `serve` (identity gRPC, concurrency 1) that cost 14 % more CPU per request and 40 µs of
+//! p50. So [`Corked::for_this_runtime`] corks only on a current-thread runtime and otherwise
+//! passes every call straight through.
 
 use std::io;
 use std::pin::Pin;
@@ -33,6 +39,8 @@ const CORK_LIMIT: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct Corked<T> {
     inner: T,
+    /// Writes are held (else every call passes straight through).
+    corked: bool,
     pending: BytesMut,
     /// A flush was deferred and the task woken.
     deferred: bool,
@@ -41,14 +49,32 @@ pub struct Corked<T> {
 }
 
 impl<T> Corked<T> {
-    /// Wraps `inner`.
+    /// Wraps `inner`, corked.
     pub fn new(inner: T) -> Corked<T> {
         Corked {
             inner,
+            corked: true,
             pending: BytesMut::new(),
             deferred: false,
             read_since: false,
         }
+    }
+
+    /// Wraps `inner`, corked when the runtime this runs on is a current-thread one (see the
+    /// module docs), else passing every call through.
+    pub fn for_this_runtime(inner: T) -> Corked<T> {
+        let current_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+        });
+        Corked {
+            corked: current_thread,
+            ..Corked::new(inner)
+        }
+    }
+
+    /// Whether writes are held for the owner's next pass.
+    pub fn is_corked(&self) -> bool {
+        self.corked
     }
 
     /// The wrapped I/O object.
@@ -88,6 +114,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Corked<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if !self.corked {
+            return Pin::new(&mut self.inner).poll_write(cx, buf);
+        }
         if self.pending.len() + buf.len() > CORK_LIMIT {
             ready!(self.drain(cx))?;
         }
@@ -103,6 +132,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Corked<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if !self.corked {
+            return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        }
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         if self.pending.len() + len > CORK_LIMIT {
             ready!(self.drain(cx))?;
@@ -118,7 +150,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Corked<T> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        self.corked || self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -244,6 +276,26 @@ mod tests {
         // Nothing pending: a flush passes straight through.
         flush(&mut io, &mut cx);
         assert_eq!(io.get_ref().writes, 1);
+    }
+
+    #[test]
+    fn uncorked_writes_pass_straight_through() {
+        let waker = Arc::new(Counter(AtomicUsize::new(0))).into();
+        let mut cx = Context::from_waker(&waker);
+        // Not on any runtime: nothing to gather for.
+        let mut io = Corked::for_this_runtime(Sink::default());
+        assert!(!io.is_corked());
+        write(&mut io, &mut cx, b"at once");
+        assert_eq!(io.get_ref().writes, 1);
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(current.block_on(async { Corked::for_this_runtime(()).is_corked() }));
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        assert!(!multi.block_on(async { Corked::for_this_runtime(()).is_corked() }));
     }
 
     #[test]

@@ -294,7 +294,8 @@ pub async fn serve_grpc_port(
     // after the connections it accepted, and tonic sends GOAWAY on every connection and waits
     // for their calls. In that order a client reconnecting on GOAWAY reaches another listener
     // on the port (--reuse-port), and no accepted connection is dropped unserved.
-    let incoming = incoming(what, listener, port, stop).map(|conn| conn.map(Corked::new));
+    let incoming =
+        incoming(what, listener, port, stop).map(|conn| conn.map(Corked::for_this_runtime));
     let mut buffering = BufferMessagesLayer::new(serving.budget, serving.max_message_size);
     let routes = match serving.http_api {
         Some(http) => {

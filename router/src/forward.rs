@@ -540,7 +540,8 @@ mod tests {
 }
 
 /// Dials a worker in plaintext with writes corked for one pass of the connection's task
-/// (`nereid_frontend::Corked`): the frames of every call sent meanwhile leave together.
+/// (`nereid_frontend::Corked`, on the router's default current-thread runtime): the frames of
+/// every call sent meanwhile leave together.
 #[derive(Clone, Copy, Debug)]
 struct CorkedDialer;
 
