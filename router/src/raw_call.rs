@@ -99,14 +99,51 @@ pub(crate) fn head_status(status: http::StatusCode, headers: &http::HeaderMap) -
     ))
 }
 
+/// DATA frames gathered into one buffer: the first kept whole (usually the whole message
+/// arrives in it), later ones appended to a copy of it once there are any.
+#[derive(Debug, Default)]
+pub(crate) struct Frames {
+    first: Option<Bytes>,
+    gathered: BytesMut,
+}
+
+impl Frames {
+    /// One DATA frame's bytes.
+    pub(crate) fn push(&mut self, data: Bytes) {
+        match self.first.take() {
+            None if self.gathered.is_empty() => self.first = Some(data),
+            first => {
+                if let Some(first) = first {
+                    self.gathered.reserve(first.len() + data.len());
+                    self.gathered.put(first);
+                }
+                self.gathered.put(data);
+            }
+        }
+    }
+
+    /// The bytes so far.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &self.first {
+            Some(first) => first,
+            None => &self.gathered,
+        }
+    }
+
+    /// The bytes so far, taken (the first frame itself when nothing followed it).
+    pub(crate) fn take(&mut self) -> Bytes {
+        match self.first.take() {
+            Some(first) => first,
+            None => std::mem::take(&mut self.gathered).freeze(),
+        }
+    }
+}
+
 /// The one message of a unary answer, gathered from its DATA frames.
 #[derive(Debug)]
 pub(crate) struct UnaryAnswer {
     max_message_size: usize,
-    /// The first frame, kept whole: usually the whole message arrives in it.
-    first: Option<Bytes>,
-    /// Later frames, appended to the first once there are any.
-    rest: BytesMut,
+    frames: Frames,
 }
 
 impl UnaryAnswer {
@@ -114,29 +151,19 @@ impl UnaryAnswer {
     pub(crate) fn new(max_message_size: usize) -> UnaryAnswer {
         UnaryAnswer {
             max_message_size,
-            first: None,
-            rest: BytesMut::new(),
+            frames: Frames::default(),
         }
     }
 
     /// One DATA frame's bytes.
     pub(crate) fn push(&mut self, data: Bytes) {
-        match &mut self.first {
-            None if self.rest.is_empty() => self.first = Some(data),
-            first => {
-                if let Some(first) = first.take() {
-                    self.rest.reserve(first.len() + data.len());
-                    self.rest.put(first);
-                }
-                self.rest.put(data);
-            }
-        }
+        self.frames.push(data);
     }
 
     /// The message, once the body ended with `trailers`: their grpc-status when it is not OK
     /// (or missing), else the one message (its prefix checked: not compressed, within the
     /// size limit, complete).
-    pub(crate) fn finish(self, trailers: Option<&http::HeaderMap>) -> Result<Bytes, Status> {
+    pub(crate) fn finish(mut self, trailers: Option<&http::HeaderMap>) -> Result<Bytes, Status> {
         match trailers.and_then(Status::from_header_map) {
             Some(status) if status.code() != Code::Ok => return Err(status),
             Some(_) => {}
@@ -146,10 +173,7 @@ impl UnaryAnswer {
                 ));
             }
         }
-        let mut data = match self.first {
-            Some(first) => first,
-            None => self.rest.freeze(),
-        };
+        let mut data = self.frames.take();
         if data.is_empty() {
             return Err(Status::internal("Missing response message."));
         }

@@ -21,13 +21,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::http;
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use hyper::body::{Body, Frame, SizeHint};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
 use crate::passthrough::ModelInferRoute;
-use crate::raw_call::{PREFIX, message_frames};
+use crate::raw_call::{Frames, PREFIX, message_frames};
 use crate::raw_codec::RawMessage;
 
 /// The header naming a request's compression.
@@ -124,10 +124,8 @@ async fn read_message(
 #[derive(Debug)]
 struct RequestMessage {
     max_message_size: usize,
-    /// The first frame, kept whole: usually the whole message arrives in it.
-    first: Option<Bytes>,
-    /// The frames so far, once there is more than one.
-    gathered: BytesMut,
+    /// The frames so far, until the message is complete.
+    frames: Frames,
     /// The message's length, once its prefix is here.
     len: Option<usize>,
     /// The message, once complete; later bytes are dropped.
@@ -140,8 +138,7 @@ impl RequestMessage {
     fn new(max_message_size: usize) -> RequestMessage {
         RequestMessage {
             max_message_size,
-            first: None,
-            gathered: BytesMut::new(),
+            frames: Frames::default(),
             len: None,
             done: None,
             reset: false,
@@ -153,40 +150,21 @@ impl RequestMessage {
         if self.done.is_some() || data.is_empty() {
             return Ok(());
         }
-        match self.first.take() {
-            None if self.gathered.is_empty() => self.first = Some(data),
-            first => {
-                if let Some(first) = first {
-                    self.gathered.put(first);
-                }
-                self.gathered.put(data);
-            }
-        }
-        let have = self.here().len();
+        self.frames.push(data);
+        let have = self.frames.bytes().len();
         if self.len.is_none() && have >= PREFIX {
             let mut prefix = [0u8; PREFIX];
-            prefix.copy_from_slice(&self.here()[..PREFIX]);
+            prefix.copy_from_slice(&self.frames.bytes()[..PREFIX]);
             self.len = Some(self.checked_prefix(&prefix)?);
         }
         if let Some(len) = self.len
             && have >= PREFIX + len
         {
-            let mut all = match self.first.take() {
-                Some(first) => first,
-                None => std::mem::take(&mut self.gathered).freeze(),
-            };
+            let mut all = self.frames.take();
             all.advance(PREFIX);
             self.done = Some(all.split_to(len));
         }
         Ok(())
-    }
-
-    /// The bytes received so far.
-    fn here(&self) -> &[u8] {
-        match &self.first {
-            Some(first) => first,
-            None => &self.gathered,
-        }
     }
 
     /// The message length a prefix declares, checked as tonic's decoder checks it.
@@ -224,7 +202,7 @@ impl RequestMessage {
     fn finish(self) -> Result<Bytes, Status> {
         match self.done {
             Some(message) => Ok(message),
-            None if self.reset || self.here().is_empty() => {
+            None if self.reset || self.frames.bytes().is_empty() => {
                 Err(Status::internal("Missing request message."))
             }
             None => Err(Status::internal("Unexpected EOF decoding stream.")),
