@@ -27,6 +27,9 @@
 //! - [`RequestBudget`]: the server-wide bound on bytes of requests still arriving (`budget`),
 //!   charged by HTTP bodies (`listener_http`) and gRPC messages (`grpc_buffer`, which also
 //!   keeps tonic from reserving a message's declared length before its bytes arrive).
+//! - [`Corked`]: an HTTP/2 connection's writes held for one pass of its task, so the frames of
+//!   every call answered meanwhile leave in one system call (`cork`; gRPC ports and the
+//!   router's worker connections, on a current-thread runtime only).
 //! - `orca`: the ORCA `endpoint-load-metrics` header on the generate and OpenAI routes, and in
 //!   `ModelStreamInfer`'s initial metadata when asked (the router asks, to weigh workers' load).
 //! - [`RestrictedApis`] (in [`HttpConfig`] and [`GrpcConfig`]): Triton's restricted APIs,
