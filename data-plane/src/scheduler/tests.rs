@@ -7,3 +7,13 @@ mod dynamic;
 mod ragged;
 mod reschedule;
 mod sequence;
+
+use crate::config::text::parse_model_config;
+use crate::config::{ValidModelConfig, fill_defaults};
+
+/// The valid config `text` describes, defaults filled in as a load fills them.
+fn valid_config(text: &str) -> ValidModelConfig {
+    let mut wire = parse_model_config(text).unwrap();
+    fill_defaults(&mut wire);
+    ValidModelConfig::try_from(wire).unwrap()
+}

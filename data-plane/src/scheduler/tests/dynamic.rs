@@ -12,9 +12,9 @@ use futures::poll;
 use nereid_proto::{DataType, ServiceError, Tensor};
 use nereid_test_support::Gate;
 
+use super::valid_config;
 use crate::backend::{BackendError, BackendInstance, BatchInputs};
-use crate::config::text::parse_model_config;
-use crate::config::{ValidModelConfig, fill_defaults};
+use crate::config::ValidModelConfig;
 use crate::request_check::ValidRequest;
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchPolicy;
@@ -41,15 +41,12 @@ impl BackendInstance for Gated {
 
 /// A valid config of model "m" (input "x", output "y", both UINT32 [1]) with `batching`.
 fn config(batching: &str) -> ValidModelConfig {
-    let mut wire = parse_model_config(&format!(
+    valid_config(&format!(
         r#"name: "m" backend: "identity"
            input [{{name: "x" data_type: TYPE_UINT32 dims: [1]}}]
            output [{{name: "y" data_type: TYPE_UINT32 dims: [1]}}]
            {batching}"#
     ))
-    .unwrap();
-    fill_defaults(&mut wire);
-    ValidModelConfig::try_from(wire).unwrap()
 }
 
 fn scheduler(batching: &str, instances: usize) -> (Scheduler, Arc<VersionStats>, Gate<u32>) {

@@ -11,9 +11,8 @@ use futures::poll;
 use nereid_proto::{DataType, Tensor};
 use nereid_test_support::Gate;
 
+use super::valid_config;
 use crate::backend::{BackendError, BackendInstance, BatchInputs};
-use crate::config::text::parse_model_config;
-use crate::config::{ValidModelConfig, fill_defaults};
 use crate::request_check::ValidRequest;
 use crate::scheduler::policy::BatchPolicy;
 use crate::scheduler::{JobResult, Scheduler};
@@ -98,9 +97,7 @@ fn answer(result: JobResult) -> (Vec<i32>, Vec<i64>, Vec<i32>) {
 
 #[tokio::test]
 async fn requests_of_different_lengths_form_one_batch_and_get_their_own_parts() {
-    let mut wire = parse_model_config(CONFIG).unwrap();
-    fill_defaults(&mut wire);
-    let config = ValidModelConfig::try_from(wire).unwrap();
+    let config = valid_config(CONFIG);
     let stats = Arc::new(VersionStats::default());
     let gate = Gate::new();
     let instance = Box::new(RaggedSum { gate: gate.clone() }) as Box<dyn BackendInstance>;

@@ -15,12 +15,11 @@ use nereid_proto::{CorrelationId, ServiceError, Tensor};
 use nereid_test_support::Gate;
 use parking_lot::Mutex;
 
+use super::valid_config;
 use crate::backend::{
     BackendError, BackendInstance, BatchInputs, ModelResponse, Phases, RESCHEDULE_UNSUPPORTED,
     RequestOutcome, RequestView, StreamEvent,
 };
-use crate::config::text::parse_model_config;
-use crate::config::{ValidModelConfig, fill_defaults};
 use crate::request_check::{SequenceFlags, ValidRequest};
 use crate::scheduler::policy::BatchPolicy;
 use crate::scheduler::{JobResult, Scheduler};
@@ -101,15 +100,12 @@ impl BackendInstance for Iterating {
 
 /// Model "m" (INT32 INPUT, OUTPUT, `max_batch_size` 0, one instance) with `batching`.
 fn scheduler(batching: &str, gate: Gate<usize>) -> (Scheduler, Log) {
-    let mut wire = parse_model_config(&format!(
+    let config = valid_config(&format!(
         r#"name: "m" backend: "python"
            input [{{name: "INPUT" data_type: TYPE_INT32 dims: [1]}}]
            output [{{name: "OUTPUT" data_type: TYPE_INT32 dims: [1]}}]
            {batching}"#
-    ))
-    .unwrap();
-    fill_defaults(&mut wire);
-    let config = ValidModelConfig::try_from(wire).unwrap();
+    ));
     let log = Log::default();
     let instance = Iterating {
         gate,

@@ -16,9 +16,8 @@ use nereid_proto::{CorrelationId, DataType, ServiceError, Tensor};
 use nereid_test_support::Gate;
 use parking_lot::Mutex;
 
+use super::valid_config;
 use crate::backend::{BackendError, BackendInstance, BatchInputs};
-use crate::config::text::parse_model_config;
-use crate::config::{ValidModelConfig, fill_defaults};
 use crate::request_check::{SequenceFlags, ValidRequest};
 use crate::scheduler::policy::BatchPolicy;
 use crate::scheduler::{JobResult, Scheduler};
@@ -119,17 +118,14 @@ fn scheduler(
     instances: usize,
     gate: Gate<i64>,
 ) -> (Arc<Scheduler>, Log) {
-    let mut wire = parse_model_config(&format!(
+    let config = valid_config(&format!(
         r#"name: "m" backend: "identity" max_batch_size: {max_batch}
            input [{{name: "INPUT" data_type: TYPE_INT32 dims: [1]}}]
            output [{{name: "OUTPUT" data_type: TYPE_INT32 dims: [1]}},
                    {{name: "START_OUT" data_type: TYPE_INT32 dims: [1]}},
                    {{name: "END_OUT" data_type: TYPE_INT32 dims: [1]}}]
            sequence_batching {{ {strategy} {CONTROLS} }}"#
-    ))
-    .unwrap();
-    fill_defaults(&mut wire);
-    let config = ValidModelConfig::try_from(wire).unwrap();
+    ));
     let log = Log::default();
     let instances = (0..instances)
         .map(|i| {
