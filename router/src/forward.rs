@@ -561,10 +561,8 @@ impl tonic::codegen::Service<http::Uri> for CorkedDialer {
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         Box::pin(async move {
-            let host = uri.host().unwrap_or_default();
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let port = uri.port_u16().unwrap_or(80);
-            let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+            let (host, port) = nereid_tls::host_and_port(&uri)?;
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             tcp.set_nodelay(true)?;
             Ok(hyper_util::rt::TokioIo::new(nereid_frontend::Corked::new(
                 tcp,

@@ -52,19 +52,19 @@ impl TlsDialer {
     }
 }
 
-/// The server name a certificate must carry for `uri` (its host; an IPv6 literal unbracketed)
-/// and the port to dial (the scheme's default when the URI has none).
-fn target(uri: &Uri) -> io::Result<(ServerName<'static>, String, u16)> {
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
-    let host = uri
-        .host()
-        .ok_or_else(|| invalid(format!("address '{uri}' has no host")))?;
+/// The host of `uri` to dial (an IPv6 literal unbracketed) and its port (the scheme's default
+/// when the URI has none): what a connector given a peer's URI connects to.
+pub fn host_and_port(uri: &Uri) -> io::Result<(String, u16)> {
+    let host = uri.host().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("address '{uri}' has no host"),
+        )
+    })?;
     let host = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let name = ServerName::try_from(host.clone())
-        .map_err(|e| invalid(format!("'{host}' is not a valid TLS server name: {e}")))?;
     let port = uri
         .port_u16()
         .unwrap_or(if uri.scheme_str() == Some("http") {
@@ -72,6 +72,18 @@ fn target(uri: &Uri) -> io::Result<(ServerName<'static>, String, u16)> {
         } else {
             443
         });
+    Ok((host, port))
+}
+
+/// The server name a certificate must carry for `uri` (its host), with [`host_and_port`].
+fn target(uri: &Uri) -> io::Result<(ServerName<'static>, String, u16)> {
+    let (host, port) = host_and_port(uri)?;
+    let name = ServerName::try_from(host.clone()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("'{host}' is not a valid TLS server name: {e}"),
+        )
+    })?;
     Ok((name, host, port))
 }
 

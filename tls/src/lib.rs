@@ -28,7 +28,7 @@ mod testing;
 
 pub use cluster::{ClusterTls, ClusterTlsFiles};
 pub use config::{ClientTlsFiles, ServerTlsFiles, client_config, server_config};
-pub use dial::{ClusterDial, TlsDialer};
+pub use dial::{ClusterDial, TlsDialer, host_and_port};
 pub use pem::PemFile;
 pub use reload::ReloadingCertResolver;
 pub use rustls;
